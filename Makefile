@@ -1,0 +1,31 @@
+# decoderlab -- every install step lives here, so a fresh clone needs only `make test` or `make demo`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo demo-statquest bench clean
+
+install: $(STAMP)
+
+# torch==2.13.0 first: the CPU build on this machine's disk, so pip never resolves a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/decoderlab train --preset statquest --out runs/statquest
+	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "what is statquest"
+	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"
+
+bench: $(STAMP)
+	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

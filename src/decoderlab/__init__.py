@@ -1,0 +1,21 @@
+"""decoderlab: build, verify, train, inspect and chat with decoder-only (GPT-style) transformers."""
+
+__version__ = "0.1.0"
+
+from .attention import Attention, MultiHeadAttention, SelfAttention
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import LESSON_PAIRS, lesson_tokenizer, pair_inputs_and_labels, tokenizer_for_pairs
+from .generation import KVCache, greedy_response
+from .model import PRESETS, DecoderBlock, DecoderOnlyTransformer, ModelConfig, preset
+from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
+from .tokenizers import Tokenizer, WordTokenizer
+
+__all__ = [
+    "Attention", "MultiHeadAttention", "SelfAttention",
+    "load_checkpoint", "save_checkpoint",
+    "LESSON_PAIRS", "lesson_tokenizer", "pair_inputs_and_labels", "tokenizer_for_pairs",
+    "KVCache", "greedy_response",
+    "PRESETS", "DecoderBlock", "DecoderOnlyTransformer", "ModelConfig", "preset",
+    "LearnedPositionEncoding", "PositionEncoding", "RotaryEmbedding",
+    "Tokenizer", "WordTokenizer",
+]

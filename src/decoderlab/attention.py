@@ -1,0 +1,408 @@
+"""Self-attention: the lessons' classes and the multi-head attention of the model.
+
+``SelfAttention`` and ``Attention`` are the classes of the lessons (StatQuest, "Coding Self-Attention in
+PyTorch" and "Coding a ChatGPT Like Transformer From Scratch in PyTorch"), with their names, arguments and
+defaults. ``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses: one set of projections, the head
+split and the masking rules are shared code, and only the kernel differs:
+
+- ``explicit``: the lessons' math, softmax(Q Kᵀ / sqrt(d_k) + mask) V, written out so that the attention
+  percents can be returned;
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (fused, memory linear in T).
+
+Source: Vaswani et al. 2017, "Attention Is All You Need", eq. (1) and section 3.2.2.
+
+Mask convention everywhere in decoderlab (as in the lesson): a boolean mask whose **True marks a similarity
+to ignore**.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .generation import LayerKVCache
+
+KERNELS = ("sdpa", "explicit")
+
+#: The lesson fills masked similarities with -1e9 ("an approximation of negative infinity").
+LESSON_MASK_VALUE = -1e9
+
+
+def _check_last_dim(x: torch.Tensor, d_model: int, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have shape (T, d_model) or (B, T, d_model); got shape {tuple(x.shape)}")
+    if x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name} has last dimension {x.shape[-1]}, but d_model is {d_model}; "
+            f"expected shape (T, {d_model}) or (B, T, {d_model}), got {tuple(x.shape)}"
+        )
+
+
+def _check_mask(mask: torch.Tensor, sims_shape: torch.Size) -> torch.Tensor:
+    """Check that a boolean 'True = ignore' mask broadcasts to the similarities; return it as bool."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a boolean torch.Tensor (True = ignore), got {type(mask).__name__}")
+    try:
+        torch.broadcast_shapes(mask.shape, sims_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} cannot broadcast to the similarities of shape {tuple(sims_shape)} "
+            f"(queries x keys); allowed: any shape that broadcasts to {tuple(sims_shape)}"
+        ) from None
+    if mask.dtype != torch.bool:
+        if mask.dtype.is_floating_point:
+            raise ValueError(f"mask must be boolean (True = ignore), got dtype {mask.dtype}")
+        mask = mask.bool()
+    return mask
+
+
+def _lesson_dims(x: torch.Tensor, row_dim: int, col_dim: int) -> tuple[int, int]:
+    """The lesson's row/col indexes, shifted past any leading batch dimensions."""
+    lead = x.dim() - 2
+    return row_dim + lead if row_dim >= 0 else row_dim, col_dim + lead if col_dim >= 0 else col_dim
+
+
+class SelfAttention(nn.Module):
+    """Self-attention exactly as the lesson codes it (StatQuest, "Coding Self-Attention in PyTorch").
+
+    ``W_q``, ``W_k``, ``W_v`` are ``nn.Linear(d_model, d_model, bias=False)``; ``forward`` returns
+    softmax(Q Kᵀ / sqrt(d_k)) V.
+
+    Args:
+        d_model: number of encoded values per token.
+        row_dim, col_dim: the lesson's row and column indexes of an unbatched (T, d_model) input. For batched
+            input (B, T, d_model) they are shifted past the batch dimension, so each row of a batch gives the
+            same numbers as that row alone.
+
+    Shapes: ``token_encodings`` (T, d_model) or (B, T, d_model) -> same shape.
+
+    Raises:
+        ValueError: the last dimension of the input is not d_model.
+
+    Reference (the lesson): after ``torch.manual_seed(42)``, ``SelfAttention(d_model=2, row_dim=0, col_dim=1)``
+    on ``[[1.16, 0.23], [0.57, 1.36], [4.41, -2.16]]`` gives
+    ``[[1.0100, 1.0641], [0.2040, 0.7057], [3.4989, 2.2427]]``.
+    """
+
+    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
+        super().__init__()
+        self.d_model = d_model
+        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.row_dim = row_dim
+        self.col_dim = col_dim
+
+    def forward(self, token_encodings: torch.Tensor) -> torch.Tensor:
+        _check_last_dim(token_encodings, self.d_model, "token_encodings")
+        q = self.W_q(token_encodings)
+        k = self.W_k(token_encodings)
+        v = self.W_v(token_encodings)
+        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
+        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
+        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
+        attention_percents = F.softmax(scaled_sims, dim=col)
+        attention_scores = torch.matmul(attention_percents, v)
+        return attention_scores
+
+
+class Attention(nn.Module):
+    """(Masked) attention exactly as the lesson codes it (StatQuest, "Coding a ChatGPT Like Transformer").
+
+    Queries, keys and values may come from different encodings, so this also does encoder-decoder
+    (cross) attention: queries from one sequence of length T_q, keys and values from another of length T_k.
+
+    Args:
+        d_model: number of encoded values per token.
+        row_dim, col_dim: the lesson's row and column indexes (shifted past batch dimensions for batched input).
+
+    Shapes: ``encodings_for_q`` (T_q, d_model) or (B, T_q, d_model); ``encodings_for_k`` and
+    ``encodings_for_v`` (T_k, d_model) or (B, T_k, d_model); ``mask`` boolean, broadcastable to (T_q, T_k)
+    (or (B, T_q, T_k)), **True marks a similarity to ignore**: it is filled with -1e9 before the softmax, as
+    in the lesson. Returns (T_q, d_model) or (B, T_q, d_model).
+
+    Raises:
+        ValueError: a last dimension is not d_model; keys and values differ in length; the mask cannot
+            broadcast to the similarities.
+    """
+
+    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
+        super().__init__()
+        self.d_model = d_model
+        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.row_dim = row_dim
+        self.col_dim = col_dim
+
+    def forward(
+        self,
+        encodings_for_q: torch.Tensor,
+        encodings_for_k: torch.Tensor,
+        encodings_for_v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        _check_last_dim(encodings_for_q, self.d_model, "encodings_for_q")
+        _check_last_dim(encodings_for_k, self.d_model, "encodings_for_k")
+        _check_last_dim(encodings_for_v, self.d_model, "encodings_for_v")
+        if encodings_for_k.shape[:-1] != encodings_for_v.shape[:-1]:
+            raise ValueError(
+                f"encodings_for_k {tuple(encodings_for_k.shape)} and encodings_for_v "
+                f"{tuple(encodings_for_v.shape)} must have the same number of tokens"
+            )
+        q = self.W_q(encodings_for_q)
+        k = self.W_k(encodings_for_k)
+        v = self.W_v(encodings_for_v)
+        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
+        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
+        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
+        if mask is not None:
+            mask = _check_mask(mask, scaled_sims.shape)
+            scaled_sims = scaled_sims.masked_fill(mask=mask, value=LESSON_MASK_VALUE)
+        attention_percents = F.softmax(scaled_sims, dim=col)
+        attention_scores = torch.matmul(attention_percents, v)
+        return attention_scores
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Multi-head attention used by the model
+# ----------------------------------------------------------------------------------------------------------
+
+
+def build_ignore_mask(
+    t_q: int,
+    t_k: int,
+    *,
+    causal: bool,
+    padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """Combine the masking rules into one boolean mask, True = ignore, broadcastable to (B, H, T_q, T_k).
+
+    - ``causal``: query i (the i-th of the last T_q positions) may see keys 0 .. (T_k - T_q + i); the
+      queries are aligned with the *end* of the keys, which is what a KV cache needs.
+    - ``padding_mask``: (B, T_k) bool, True marks a padded key.
+    - ``attn_mask``: any bool mask broadcastable to (B, H, T_q, T_k), True = ignore.
+
+    Returns None when nothing is masked.
+    """
+    mask = None
+    if causal:
+        i = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)
+        j = torch.arange(t_k, device=device).unsqueeze(0)
+        mask = j > i  # (T_q, T_k)
+    if padding_mask is not None:
+        pm = padding_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, T_k)
+        mask = pm if mask is None else (mask | pm)
+    if attn_mask is not None:
+        mask = attn_mask if mask is None else (mask | attn_mask)
+    return mask
+
+
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float = 0.0,
+    record: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lessons' math: softmax(Q Kᵀ / sqrt(d_head), masked) V, per head.
+
+    Shapes: q (B, H, T_q, d_head); k, v (B, H, T_k, d_head); mask bool broadcastable to (B, H, T_q, T_k),
+    True = ignore. Returns (out (B, H, T_q, d_head), attention percents (B, H, T_q, T_k)). A query whose keys
+    are all masked gets percents of zero and an output of zero (not NaN).
+
+    If ``record`` is a dict, the intermediates are stored in it: ``sims`` (Q Kᵀ), ``scaled_sims``, ``mask``,
+    ``percents`` and ``head_out``.
+    """
+    sims = torch.matmul(q, k.transpose(-2, -1))
+    scaled = sims / math.sqrt(q.size(-1))
+    all_masked = None
+    if mask is not None:
+        scaled_masked = scaled.masked_fill(mask, float("-inf"))
+        all_masked = mask.all(dim=-1, keepdim=True)
+        if all_masked.any():
+            # keep softmax finite on rows with no visible key; they are zeroed below
+            scaled_masked = scaled_masked.masked_fill(all_masked, 0.0)
+        else:
+            all_masked = None
+    else:
+        scaled_masked = scaled
+    percents = F.softmax(scaled_masked, dim=-1)
+    if all_masked is not None:
+        percents = percents.masked_fill(all_masked, 0.0)
+    p = F.dropout(percents, p=dropout_p) if dropout_p > 0 else percents
+    out = torch.matmul(p, v)
+    if record is not None:
+        record.update(sims=sims, scaled_sims=scaled, mask=mask, percents=percents, head_out=out)
+    return out, percents
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with decoderlab's mask convention (True = ignore).
+
+    Shapes as :func:`explicit_attention`. ``is_causal`` may be set only when ``mask`` is None and T_q == T_k
+    (the fused causal path). A query whose keys are all masked returns zeros (not NaN).
+    """
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+    keep = ~mask
+    all_masked = mask.all(dim=-1, keepdim=True)
+    has_empty = bool(all_masked.any())
+    if has_empty:
+        keep = keep | all_masked  # let the kernel see something; zeroed below
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+    if has_empty:
+        out = out.masked_fill(all_masked, 0.0)
+    return out
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (causal) attention with one set of projections and two kernels (``sdpa`` | ``explicit``).
+
+    The queries, keys and values come from one fused projection ``qkv`` (d_model -> 3 d_model), split into
+    ``n_head`` heads of size d_head = d_model / n_head; the heads' outputs are concatenated and, if
+    ``out_proj``, projected by ``proj`` (d_model -> d_model). With n_head=1 and no output projection this is
+    exactly the lesson's ``Attention`` (the 37-parameter StatQuest model).
+
+    Args:
+        d_model, n_head: sizes; d_model must be divisible by n_head.
+        bias: biases in the projections.
+        dropout: dropout on the attention percents and on the output.
+        kernel: ``"sdpa"`` or ``"explicit"``; both compute the same function (tested to 1e-5).
+        out_proj: whether to apply the output projection.
+        rope: an optional rotary embedding (``positions.RotaryEmbedding``) applied to queries and keys.
+
+    ``forward(x, kv=None, *, causal=True, padding_mask=None, attn_mask=None, positions=None, cache=None,
+    return_weights=False)``:
+        x: (B, T_q, d_model) queries' input (and keys'/values' input when ``kv`` is None).
+        kv: (B, T_k, d_model) keys'/values' input for cross-attention.
+        padding_mask: (B, T_k) bool, True = padded key. attn_mask: bool, broadcastable to (B, H, T_q, T_k),
+        True = ignore. positions: (T_q,) or (B, T_q) positions of the queries, for rope.
+        cache: a per-layer KV cache; new keys/values are appended and attention runs over all cached ones.
+    Returns (B, T_q, d_model), or (that, percents (B, H, T_q, T_k)) when ``return_weights`` (which uses the
+    explicit kernel whatever the configured one).
+
+    Setting ``self.record = {}`` makes the next forward pass store its intermediates there (used by
+    ``decoderlab.trace``): q, k, v (B, H, T, d_head), sims, scaled_sims, mask, percents, head_out, out.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int = 1,
+        *,
+        bias: bool = False,
+        dropout: float = 0.0,
+        kernel: str = "sdpa",
+        out_proj: bool = True,
+        rope: nn.Module | None = None,
+    ):
+        super().__init__()
+        if n_head < 1 or d_model % n_head != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head}), with n_head >= 1")
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown attention kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
+        self.d_model = d_model
+        self.n_head = n_head
+        self.d_head = d_model // n_head
+        self.kernel = kernel
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias) if out_proj else None
+        self.resid_dropout = nn.Dropout(dropout)
+        self.rope = rope
+        self.record: dict | None = None
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_head, self.d_head).transpose(1, 2)
+
+    def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
+        """The shared projections: returns q (B, H, T_q, d_head), k, v (B, H, T_k, d_head)."""
+        if kv is None:
+            q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, w[: self.d_model], None if b is None else b[: self.d_model])
+            k, v = F.linear(kv, w[self.d_model :], None if b is None else b[self.d_model :]).split(
+                self.d_model, dim=-1
+            )
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | None = None,
+        *,
+        causal: bool = True,
+        padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: "LayerKVCache | None" = None,
+        return_weights: bool = False,
+    ):
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}); got {tuple(x.shape)}")
+        if kv is not None and (kv.dim() != 3 or kv.shape[-1] != self.d_model):
+            raise ValueError(f"kv must have shape (B, T_k, {self.d_model}); got {tuple(kv.shape)}")
+        q, k, v = self.project(x, kv)
+        if self.rope is not None:
+            q_pos = positions
+            k_pos = positions if kv is None else None
+            q = self.rope(q, q_pos)
+            k = self.rope(k, k_pos)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        t_q, t_k = q.size(2), k.size(2)
+        if attn_mask is not None:
+            attn_mask = _check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
+        if padding_mask is not None and tuple(padding_mask.shape) != (q.size(0), t_k):
+            raise ValueError(
+                f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
+            )
+        fused_causal = causal and padding_mask is None and attn_mask is None and t_q == t_k
+        p_drop = self.dropout if self.training else 0.0
+        record = self.record
+        use_explicit = self.kernel == "explicit" or return_weights or record is not None
+        if use_explicit or not fused_causal:
+            mask = build_ignore_mask(
+                t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
+            )
+        else:
+            mask = None
+        weights = None
+        if use_explicit:
+            rec = {} if record is not None else None
+            y, weights = explicit_attention(q, k, v, mask, p_drop, record=rec)
+        elif fused_causal:
+            y = sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop)
+        else:
+            y = sdpa_attention(q, k, v, mask, dropout_p=p_drop)
+        b = y.size(0)
+        y = y.transpose(1, 2).reshape(b, t_q, self.d_model)
+        if self.proj is not None:
+            y = self.proj(y)
+        y = self.resid_dropout(y)
+        if record is not None:
+            record.update(rec, q=q, k=k, v=v, out=y)
+        if return_weights:
+            return y, weights
+        return y

@@ -1,0 +1,187 @@
+"""Checkpoints: a directory with ``model.safetensors``, ``config.json`` and ``tokenizer.json``.
+
+Layout of a checkpoint directory::
+
+    model.safetensors   the weights (safetensors; tied tensors stored once)
+    config.json         the ModelConfig
+    tokenizer.json      the tokenizer
+    meta.json           what the model was trained on ("task": "pairs" | "lm") and by which version
+    (training state files written by decoderlab.training, for --resume)
+
+Everything is written atomically: files go to a temporary name and are renamed into place, and a whole
+directory is assembled next to its destination and swapped in, so a run killed while saving leaves the
+previous checkpoint loadable. ``load_checkpoint`` needs no training code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+META_FILE = "meta.json"
+REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
+_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes (``_orig_mod.`` from torch.compile, ``module.`` from DDP, ...) from keys."""
+    out = {}
+    for k, v in state.items():
+        while k.startswith(_PREFIXES):
+            k = k.split(".", 1)[1]
+        out[k] = v
+    return out
+
+
+def unwrap_model(model):
+    """The ``DecoderOnlyTransformer`` inside a compiled or DDP-wrapped module."""
+    for attr in ("_orig_mod", "module"):
+        while hasattr(model, attr) and isinstance(getattr(model, attr), torch.nn.Module):
+            model = getattr(model, attr)
+    return model
+
+
+def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dict | None = None,
+                    extra_files: dict[str, bytes] | None = None) -> Path:
+    """Write a checkpoint directory atomically (see the module docstring) and return its path.
+
+    Args:
+        directory: destination; replaced as a whole if it exists.
+        model: a ``DecoderOnlyTransformer`` (compiled or wrapped is fine).
+        tokenizer: any decoderlab tokenizer.
+        meta: extra metadata for ``meta.json`` (e.g. ``{"task": "pairs"}``).
+        extra_files: more files to place in the directory (name -> bytes).
+
+    Raises:
+        ValueError: the tokenizer's vocabulary size differs from the model's num_tokens.
+    """
+    from safetensors.torch import save_model
+
+    from . import __version__
+
+    model = unwrap_model(model)
+    if tokenizer.vocab_size != model.config.num_tokens:
+        raise ValueError(
+            f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
+            f"{model.config.num_tokens}"
+        )
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    try:
+        save_model(model, str(tmp / WEIGHTS_FILE))
+        (tmp / CONFIG_FILE).write_text(model.config.to_json(), encoding="utf-8")
+        tokenizer.save(tmp / TOKENIZER_FILE)
+        (tmp / META_FILE).write_text(
+            json.dumps({"decoderlab_version": __version__, **(meta or {})}, indent=2), encoding="utf-8"
+        )
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
+        old = None
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def check_checkpoint_dir(directory: str | os.PathLike) -> Path:
+    """Raise ``FileNotFoundError`` naming the directory and the missing files, if it is not a checkpoint."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+    missing = [f for f in REQUIRED if not (directory / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"checkpoint directory {directory} is incomplete: missing {', '.join(missing)} "
+            f"(a checkpoint holds {', '.join(REQUIRED)})"
+        )
+    return directory
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+    p = Path(directory) / META_FILE
+    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+
+
+def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu"):
+    """Load ``(model, tokenizer)`` from a checkpoint directory, without any training code.
+
+    Works for checkpoints written from compiled (``_orig_mod.``) and DDP-wrapped (``module.``) models.
+    The model is returned in eval mode.
+
+    Raises:
+        FileNotFoundError: the directory or one of its required files is missing (named).
+        ValueError: the tokenizer's vocabulary size does not match the config's num_tokens; a weight is
+            missing or mis-shaped (named).
+    """
+    from safetensors.torch import load_file
+
+    from .model import DecoderOnlyTransformer, ModelConfig
+    from .tokenizers import Tokenizer
+
+    directory = check_checkpoint_dir(directory)
+    config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
+    if tokenizer.vocab_size != config.num_tokens:
+        raise ValueError(
+            f"checkpoint {directory}: tokenizer vocabulary size {tokenizer.vocab_size} does not match "
+            f"config num_tokens {config.num_tokens}"
+        )
+    model = DecoderOnlyTransformer(config)
+    state = clean_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(map_location)))
+    load_weights(model, state, source=str(directory / WEIGHTS_FILE))
+    model.eval()
+    return model, tokenizer
+
+
+def load_weights(model, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
+    """Copy ``state`` into ``model``; tied weights may be stored once. Raises ``ValueError`` naming a missing,
+    unexpected or mis-shaped tensor."""
+    own = model.state_dict()
+    tied = {"fc_layer.weight"} if model.config.tie_weights else set()
+    if tied and "we.weight" not in state and "fc_layer.weight" in state:
+        state = {**state, "we.weight": state["fc_layer.weight"]}
+    missing = [k for k in own if k not in state and k not in tied]
+    unexpected = [k for k in state if k not in own]
+    if missing:
+        raise ValueError(f"{source}: missing tensor(s) {missing[:5]}")
+    if unexpected:
+        raise ValueError(f"{source}: unexpected tensor(s) {unexpected[:5]}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise ValueError(f"{source}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    model.load_state_dict(state, strict=False)

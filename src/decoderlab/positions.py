@@ -1,0 +1,118 @@
+"""Position information: the lesson's sinusoidal ``PositionEncoding``, learned positions, and rotary (RoPE).
+
+Sources: sinusoidal -- Vaswani et al. 2017, section 3.5, and the StatQuest lesson; learned -- Radford et al.
+2019 (GPT-2); rotary -- Su et al. 2021, "RoFormer", eq. (34).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+POSITIONS = ("sinusoidal", "learned", "rope", "none")
+
+
+def _check_length(t: int, max_len: int) -> None:
+    if t > max_len:
+        raise ValueError(f"sequence length T={t} is longer than max_len={max_len}; allowed: T <= {max_len}")
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
+    """pe[pos, 2i] = sin(pos / 10000^(2i/d_model)), pe[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
+
+    Shape (max_len, d_model); an odd d_model simply has one more sine column than cosine columns.
+    """
+    pe = torch.zeros(max_len, d_model)
+    position = torch.arange(start=0, end=max_len, step=1).float().unsqueeze(1)
+    embedding_index = torch.arange(start=0, end=d_model, step=2).float()
+    div_term = 1 / torch.tensor(10000.0) ** (embedding_index / d_model)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+    return pe
+
+
+class PositionEncoding(nn.Module):
+    """Sinusoidal position encoding, as in the lesson.
+
+    Buffer ``pe`` has shape (max_len, d_model). ``forward(word_embeddings)`` takes (T, d_model) or
+    (B, T, d_model) and adds the first T rows of ``pe`` (or the rows at ``positions``, shape (T,) or (B, T),
+    when given -- used by the KV cache and by left-padded batches).
+
+    Raises:
+        ValueError: T > max_len (naming both), or the last dimension is not d_model.
+    """
+
+    def __init__(self, d_model: int = 2, max_len: int = 6):
+        super().__init__()
+        self.d_model = d_model
+        self.max_len = max_len
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model))
+
+    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if word_embeddings.shape[-1] != self.d_model:
+            raise ValueError(
+                f"word_embeddings has last dimension {word_embeddings.shape[-1]}, but d_model is {self.d_model}"
+            )
+        t = word_embeddings.size(-2)
+        if positions is None:
+            _check_length(t, self.max_len)
+            return word_embeddings + self.pe[:t, :]
+        _check_length(int(positions.max()) + 1, self.max_len)
+        return word_embeddings + self.pe[positions]
+
+
+class LearnedPositionEncoding(nn.Module):
+    """Learned absolute positions (GPT-2's ``wpe``): an ``nn.Embedding(max_len, d_model)`` added to the input.
+
+    Shapes as :class:`PositionEncoding`. Raises ``ValueError`` for T > max_len.
+    """
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.d_model = d_model
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.zeros(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        t = word_embeddings.size(-2)
+        if positions is None:
+            _check_length(t, self.max_len)
+            return word_embeddings + self.weight[:t]
+        _check_length(int(positions.max()) + 1, self.max_len)
+        return word_embeddings + self.weight[positions]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding applied to queries and keys of shape (B, H, T, d_head), d_head even.
+
+    Pairs (x[2i], x[2i+1]) are rotated by the angle pos * base^(-2i/d_head) (RoFormer eq. 34, interleaved
+    pairs). ``forward(x, positions=None)``: positions (T,) or (B, T); default 0..T-1.
+    """
+
+    def __init__(self, d_head: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        if d_head % 2 != 0:
+            raise ValueError(f"rope needs an even head size, got d_head={d_head}")
+        self.d_head = d_head
+        self.max_len = max_len
+        inv_freq = base ** (-torch.arange(0, d_head, 2).float() / d_head)
+        angles = torch.arange(max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        t = x.size(-2)
+        if positions is None:
+            _check_length(t, self.max_len)
+            cos, sin = self.cos[:t], self.sin[:t]  # (T, d/2)
+        else:
+            _check_length(int(positions.max()) + 1, self.max_len)
+            cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
+            if cos.dim() == 3:
+                cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        r1 = x1 * cos - x2 * sin
+        r2 = x1 * sin + x2 * cos
+        return torch.stack((r1, r2), dim=-1).flatten(-2)

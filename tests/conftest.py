@@ -1,0 +1,28 @@
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+if not SHARED.is_dir():  # a clone next to shared/
+    SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def statquest_checkpoint(tmp_path_factory):
+    """The lesson's model trained once per test session (seed 42, 30 epochs), as a checkpoint directory."""
+    from decoderlab.training import train_pairs
+
+    out = tmp_path_factory.mktemp("statquest") / "ckpt"
+    train_pairs(out=out)
+    return out

@@ -1,0 +1,149 @@
+"""ModelConfig, presets, and the two attention kernels computing the same function (issue: model)."""
+
+import math
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.attention import MultiHeadAttention
+from decoderlab.model import ModelConfig
+
+
+@pytest.mark.parametrize("name,total", [("statquest", 37), ("gpt2", 124_439_808)])
+def test_preset_parameter_counts(name, total):
+    with torch.device("meta") if name == "gpt2" else torch.device("cpu"):
+        m = dl.DecoderOnlyTransformer(name)
+    assert m.num_parameters() == total
+
+
+def test_gpt2_non_embedding_count():
+    with torch.device("meta"):
+        m = dl.DecoderOnlyTransformer("gpt2")
+    assert m.num_parameters(non_embedding=True) == 124_439_808 - 50257 * 768 - 1024 * 768
+
+
+def test_presets_are_what_they_say():
+    b = dl.preset("baby-shakespeare")
+    assert (b.n_layer, b.n_head, b.d_model, b.max_len, b.position, b.norm, b.mlp, b.tie_weights, b.ff_size) == (
+        4, 4, 128, 64, "learned", "layernorm", "gelu", True, 512)
+    s = dl.preset("shakespeare-char")
+    assert (s.n_layer, s.n_head, s.d_model, s.max_len, s.dropout) == (6, 6, 384, 256, 0.2)
+    q = dl.preset("statquest")
+    assert (q.n_layer, q.n_head, q.norm, q.mlp, q.position, q.dropout) == (1, 1, "none", "none", "sinusoidal", 0.0)
+
+
+def test_config_round_trips_through_json():
+    c = dl.preset("baby-shakespeare", position="rope", norm="rmsnorm")
+    assert ModelConfig.from_json(c.to_json()) == c
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(d_model=10, n_head=3), "divisible by n_head"),
+    (dict(d_model=12, n_head=4, position="rope"), "rope.*even head size"),
+    (dict(d_model=-2), "d_model must be a positive integer"),
+    (dict(n_layer=0), "n_layer must be a positive integer"),
+    (dict(d_ff=-1), "d_ff"),
+    (dict(norm="batchnorm"), "allowed: none, layernorm, rmsnorm"),
+    (dict(position="alibi"), "allowed: sinusoidal, learned, rope, none"),
+    (dict(mlp="swiglu"), "allowed: none, gelu"),
+    (dict(attention="flash"), "allowed: sdpa, explicit"),
+    (dict(dropout=1.5), "dropout"),
+])
+def test_invalid_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{"num_tokens": 10, "d_model": 8, "n_head": 2, **kwargs})
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="known presets: statquest, baby-shakespeare"):
+        dl.preset("gpt5")
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        ModelConfig.from_dict({"num_tokens": 3, "d_modle": 4})
+
+
+def _pair(d_model, n_head, bias, seed=0):
+    torch.manual_seed(seed)
+    a = MultiHeadAttention(d_model, n_head, bias=bias, kernel="sdpa")
+    b = MultiHeadAttention(d_model, n_head, bias=bias, kernel="explicit")
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernels_agree_on_random_configs(seed):
+    g = torch.Generator().manual_seed(seed)
+    n_head = int(torch.randint(1, 5, (1,), generator=g))
+    d_head = int(torch.randint(1, 9, (1,), generator=g))  # odd head sizes included
+    d_model = n_head * d_head
+    max_len = 16
+    a, b = _pair(d_model, n_head, bias=bool(seed % 2), seed=seed)
+    for t in (1, 7, max_len):
+        for bsz in (1, 3):
+            x = torch.randn(bsz, t, d_model, generator=g)
+            assert (a(x) - b(x)).abs().max() <= 1e-5
+            # an additional key-padding mask (never masking a row entirely here)
+            pm = torch.rand(bsz, t, generator=g) < 0.3
+            pm[:, 0] = False
+            assert (a(x, padding_mask=pm) - b(x, padding_mask=pm)).abs().max() <= 1e-5
+            # cross-attention with a different key length, no causal mask
+            kv = torch.randn(bsz, t + 5, d_model, generator=g)
+            assert (a(x, kv, causal=False) - b(x, kv, causal=False)).abs().max() <= 1e-5
+            # the explicit kernel can return the attention percents; rows sum to 1, future keys get 0
+            y, w = b(x, return_weights=True)
+            assert torch.allclose(w.sum(-1), torch.ones(()), atol=1e-6)
+            assert w.triu(1).abs().max() == 0
+
+
+def test_kernels_agree_in_the_model():
+    torch.manual_seed(0)
+    cfg = dl.preset("baby-shakespeare", n_layer=2, d_model=48, n_head=4, max_len=32, num_tokens=50)
+    a = dl.DecoderOnlyTransformer(cfg)
+    b = dl.DecoderOnlyTransformer(cfg.replace(attention="explicit"))
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 50, (2, 32))
+    assert (a(ids) - b(ids)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+def test_fully_masked_rows_are_zero_not_nan(kernel):
+    torch.manual_seed(0)
+    att = MultiHeadAttention(8, 2, kernel=kernel, out_proj=False)
+    x = torch.randn(2, 4, 8)
+    pm = torch.zeros(2, 4, dtype=torch.bool)
+    pm[1, :] = True  # every key of the second sequence is padding
+    y = att(x, padding_mask=pm)
+    assert not torch.isnan(y).any()
+    assert torch.equal(y[1], torch.zeros_like(y[1]))
+    assert y[0].abs().sum() > 0
+    # with causal masking plus padding of the first keys, early queries see nothing
+    pm2 = torch.zeros(2, 4, dtype=torch.bool)
+    pm2[:, :2] = True
+    y2 = att(x, padding_mask=pm2)
+    assert torch.equal(y2[:, :2], torch.zeros_like(y2[:, :2])) and not torch.isnan(y2).any()
+
+
+def test_gpt2_initialisation():
+    torch.manual_seed(0)
+    cfg = dl.preset("shakespeare-char", n_layer=8, dropout=0.0)
+    m = dl.DecoderOnlyTransformer(cfg)
+    assert abs(m.blocks[0].attention.qkv.weight.std().item() - 0.02) < 1e-3
+    assert abs(m.we.weight.std().item() - 0.02) < 1e-3
+    want = 0.02 / math.sqrt(2 * 8)
+    assert abs(m.blocks[0].mlp.proj.weight.std().item() - want) < 5e-4
+    assert abs(m.blocks[3].attention.proj.weight.std().item() - want) < 5e-4
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned", "rope", "none"])
+@pytest.mark.parametrize("norm", ["none", "layernorm", "rmsnorm"])
+def test_every_combination_builds_and_is_causal(position, norm):
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_tokens=11, d_model=12, n_layer=2, n_head=3, max_len=10, position=position, norm=norm,
+                      mlp="gelu", bias=True, tie_weights=True, attention="sdpa", attn_out_proj=True)
+    m = dl.DecoderOnlyTransformer(cfg).eval()
+    ids = torch.randint(0, 11, (2, 10))
+    out = m(ids)
+    assert out.shape == (2, 10, 11)
+    ids2 = ids.clone()
+    ids2[:, 6:] = (ids2[:, 6:] + 1) % 11  # changing the future does not change the past
+    assert torch.allclose(m(ids2)[:, :6], out[:, :6], atol=1e-6)
