@@ -147,3 +147,15 @@ def test_every_combination_builds_and_is_causal(position, norm):
     ids2 = ids.clone()
     ids2[:, 6:] = (ids2[:, 6:] + 1) % 11  # changing the future does not change the past
     assert torch.allclose(m(ids2)[:, :6], out[:, :6], atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+def test_multihead_and_block_accept_unbatched_input(kernel):
+    torch.manual_seed(0)
+    cfg = dl.preset("baby-shakespeare", d_model=16, n_head=2, n_layer=1, max_len=8, num_tokens=10, attention=kernel)
+    block = dl.DecoderBlock(cfg)
+    x = torch.randn(3, 5, 16)
+    yb = block(x)
+    for i in range(3):
+        assert torch.allclose(block(x[i]), yb[i], atol=1e-6)
+        assert torch.allclose(block.attention(x[i]), block.attention(x)[i], atol=1e-6)

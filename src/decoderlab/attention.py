@@ -292,7 +292,8 @@ class MultiHeadAttention(nn.Module):
 
     ``forward(x, kv=None, *, causal=True, padding_mask=None, attn_mask=None, positions=None, cache=None,
     return_weights=False)``:
-        x: (B, T_q, d_model) queries' input (and keys'/values' input when ``kv`` is None).
+        x: (B, T_q, d_model) queries' input (and keys'/values' input when ``kv`` is None); an unbatched
+            (T_q, d_model) input gives (T_q, d_model).
         kv: (B, T_k, d_model) keys'/values' input for cross-attention.
         padding_mask: (B, T_k) bool, True = padded key. attn_mask: bool, broadcastable to (B, H, T_q, T_k),
         True = ignore. positions: (T_q,) or (B, T_q) positions of the queries, for rope.
@@ -359,8 +360,15 @@ class MultiHeadAttention(nn.Module):
         cache: "LayerKVCache | None" = None,
         return_weights: bool = False,
     ):
+        if x.dim() == 2 and (kv is None or kv.dim() == 2):  # unbatched (T, d_model), as the lesson's blocks
+            out = self.forward(
+                x[None], None if kv is None else kv[None], causal=causal,
+                padding_mask=None if padding_mask is None else padding_mask.reshape(1, -1),
+                attn_mask=attn_mask, positions=positions, cache=cache, return_weights=return_weights,
+            )
+            return (out[0][0], out[1][0]) if return_weights else out[0]
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}); got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (B, T, {self.d_model}) or (T, {self.d_model}); got {tuple(x.shape)}")
         if kv is not None and (kv.dim() != 3 or kv.shape[-1] != self.d_model):
             raise ValueError(f"kv must have shape (B, T_k, {self.d_model}); got {tuple(kv.shape)}")
         q, k, v = self.project(x, kv)
