@@ -1,0 +1,252 @@
+"""GPT-2 weights in and out (decoderlab.hf): same logits as Hugging Face, round trips, and bad inputs.
+
+Everything is built locally from a small random GPT2LMHeadModel; nothing is downloaded.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+import decoderlab as dl  # noqa: E402
+from decoderlab.hf import from_gpt2, to_gpt2  # noqa: E402
+
+SMALL = dict(vocab_size=100, n_positions=32, n_embd=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None)
+
+
+def small_gpt2(seed=0, **overrides) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**{**SMALL, **overrides})).eval()
+    with torch.no_grad():  # HF initialises biases and LayerNorms to 0/1: make every tensor matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return small_gpt2()
+
+
+@pytest.fixture(scope="module")
+def ids():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 100, (3, 32), generator=g)
+
+
+@pytest.mark.parametrize("hf_attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+def test_logits_equal_hugging_face(hf_model, ids, kernel, hf_attention):
+    hf_model.set_attn_implementation(hf_attention)
+    assert hf_model.config._attn_implementation == hf_attention
+    ref = logits(hf_model, ids)
+    ours = from_gpt2(hf_model, attention=kernel)
+    assert ours.config.attention == kernel and not ours.training
+    for t in (1, 7, 32):
+        diff = (logits(ours, ids[:, :t]) - ref[:, :t]).abs().max().item()
+        assert diff < 1e-5, (kernel, hf_attention, t, diff)
+    assert ref.abs().max() > 0.1  # the comparison is not between near-zero logits
+
+
+def test_config_mapping(hf_model):
+    m = from_gpt2(hf_model)
+    c = m.config
+    assert (c.num_tokens, c.d_model, c.n_layer, c.n_head, c.max_len, c.ff_size) == (100, 64, 2, 4, 32, 256)
+    assert (c.position, c.norm, c.mlp, c.bias, c.tie_weights, c.lm_head_bias, c.attn_out_proj) == (
+        "learned", "layernorm", "gelu", True, True, False, True)
+    assert m.fc_layer.weight is m.we.weight
+    assert torch.equal(m.blocks[1].attention.qkv.weight, hf_model.transformer.h[1].attn.c_attn.weight.t())
+
+
+def test_round_trip_ours_to_hf_directory_to_ours(tmp_path, ids):
+    torch.manual_seed(3)
+    cfg = dl.preset("gpt2", num_tokens=100, d_model=64, n_layer=2, n_head=4, max_len=32, d_ff=96, norm_eps=1e-6)
+    ours = dl.DecoderOnlyTransformer(cfg).eval()
+    hf = to_gpt2(ours, tmp_path / "gpt2-small-copy", attn_implementation="eager")
+    assert isinstance(hf, GPT2LMHeadModel)
+    files = {p.name for p in (tmp_path / "gpt2-small-copy").iterdir()}
+    assert {"config.json", "model.safetensors"} <= files
+    written = json.loads((tmp_path / "gpt2-small-copy" / "config.json").read_text())
+    assert (written["n_inner"], written["layer_norm_epsilon"], written["n_embd"]) == (96, 1e-6, 64)
+    assert (logits(hf, ids) - logits(ours, ids)).abs().max().item() < 1e-5
+    back = from_gpt2(tmp_path / "gpt2-small-copy", attention=cfg.attention)
+    assert back.config == cfg.replace(init="gpt2")
+    assert torch.equal(logits(back, ids), logits(ours, ids))
+    # writing again replaces the directory
+    to_gpt2(back, tmp_path / "gpt2-small-copy")
+    assert torch.equal(logits(from_gpt2(tmp_path / "gpt2-small-copy"), ids), logits(ours, ids))
+
+
+def test_bias_free_and_untied_models_export(tmp_path):
+    torch.manual_seed(4)
+    ours = dl.DecoderOnlyTransformer("baby-shakespeare", n_layer=2, tie_weights=False).eval()
+    assert not ours.config.bias
+    ids = torch.randint(0, 65, (2, 64))
+    hf = to_gpt2(ours, tmp_path / "baby").eval()
+    assert not hf.config.tie_word_embeddings
+    assert torch.count_nonzero(hf.transformer.h[0].attn.c_attn.bias) == 0
+    assert (logits(hf, ids) - logits(ours, ids)).abs().max().item() < 1e-5
+    back = from_gpt2(tmp_path / "baby")
+    assert back.config.bias and not back.config.tie_weights
+    assert back.fc_layer.weight is not back.we.weight
+    assert torch.equal(logits(back, ids), logits(ours, ids))
+
+
+def test_untied_hugging_face_model(ids):
+    hf = small_gpt2(seed=5, tie_word_embeddings=False)
+    assert not torch.equal(hf.lm_head.weight, hf.transformer.wte.weight)
+    for source in (hf, hf.state_dict()):
+        ours = from_gpt2(source, n_head=4)
+        assert not ours.config.tie_weights
+        assert (logits(ours, ids) - logits(hf, ids)).abs().max().item() < 1e-5
+
+
+def test_from_state_dict_with_and_without_prefix(hf_model, ids):
+    ref = logits(hf_model, ids)
+    full = hf_model.state_dict()
+    bare = hf_model.transformer.state_dict()  # GPT2Model names: "h.0...", no lm_head
+    assert any(k.startswith("transformer.h.0.") for k in full) and "h.0.ln_1.weight" in bare
+    # the causal-mask buffers of older transformers versions are ignored
+    old_style = {**full, "transformer.h.0.attn.bias": torch.ones(1, 1, 32, 32, dtype=torch.bool),
+                 "transformer.h.0.attn.masked_bias": torch.tensor(-1e4)}
+    for state in (full, bare, old_style):
+        ours = from_gpt2(state, n_head=4)
+        assert (ours.config.n_layer, ours.config.max_len, ours.config.ff_size) == (2, 32, 256)
+        assert (logits(ours, ids) - ref).abs().max().item() < 1e-5
+    with_config = from_gpt2(full, config=hf_model.config)
+    assert torch.equal(logits(with_config, ids), logits(from_gpt2(full, n_head=4), ids))
+    with_dict = from_gpt2(full, config=hf_model.config.to_dict(), attention="explicit")
+    assert (logits(with_dict, ids) - ref).abs().max().item() < 1e-5
+
+
+def test_from_directory_with_pytorch_model_bin_and_shards(tmp_path, hf_model, ids):
+    ref = logits(hf_model, ids)
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "config.json").write_text(hf_model.config.to_json_string())
+    torch.save(hf_model.state_dict(), d / "pytorch_model.bin")
+    assert (logits(from_gpt2(d), ids) - ref).abs().max().item() < 1e-5
+    sharded = tmp_path / "sharded"
+    hf_model.save_pretrained(sharded, max_shard_size="50KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert (logits(from_gpt2(str(sharded)), ids) - ref).abs().max().item() < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Bad inputs
+# ------------------------------------------------------------------------------------------------------------
+
+_GPT = dict(num_tokens=50, d_model=32, n_layer=1, n_head=2, max_len=16)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("position", "rope"), ("position", "sinusoidal"), ("position", "none"),
+    ("norm", "rmsnorm"), ("norm", "none"), ("mlp", "none"),
+    ("attn_out_proj", False), ("lm_head_bias", True),
+])
+def test_to_gpt2_rejects_what_gpt2_cannot_express(tmp_path, field, value):
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", **_GPT, **{field: value}))
+    with pytest.raises(ValueError, match=rf"{field}={value!r}"):
+        to_gpt2(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_to_gpt2_rejects_the_lesson_model():
+    with pytest.raises(ValueError, match="position='sinusoidal'"):
+        to_gpt2(dl.DecoderOnlyTransformer(num_tokens=5, d_model=2, max_len=6))
+
+
+def test_missing_tensor_is_named(hf_model):
+    state = dict(hf_model.state_dict())
+    del state["transformer.h.1.mlp.c_fc.bias"]
+    with pytest.raises(ValueError, match=r"missing tensor 'h\.1\.mlp\.c_fc\.bias'.*\(256,\)"):
+        from_gpt2(state, n_head=4)
+
+
+def test_misshaped_tensor_is_named(hf_model):
+    state = dict(hf_model.state_dict())
+    state["transformer.h.0.attn.c_attn.weight"] = state["transformer.h.0.attn.c_attn.weight"].t()
+    with pytest.raises(ValueError, match=r"'h\.0\.attn\.c_attn\.weight' has shape \(192, 64\), expected \(64, 192\)"):
+        from_gpt2(state, n_head=4)
+    state = dict(hf_model.state_dict())
+    state["transformer.ln_f.bias"] = torch.zeros(63)
+    with pytest.raises(ValueError, match=r"'ln_f\.bias' has shape \(63,\), expected \(64,\)"):
+        from_gpt2(state, config=hf_model.config)
+
+
+def test_unexpected_tensor_and_missing_size_tensor(hf_model):
+    state = {**hf_model.state_dict(), "transformer.h.0.attn.q_proj.weight": torch.zeros(64, 64)}
+    with pytest.raises(ValueError, match=r"unexpected tensor.*h\.0\.attn\.q_proj\.weight"):
+        from_gpt2(state, n_head=4)
+    state = {k: v for k, v in hf_model.state_dict().items() if k != "transformer.wte.weight"}
+    with pytest.raises(ValueError, match="missing tensor 'wte.weight'"):
+        from_gpt2(state, n_head=4)
+
+
+def test_state_dict_needs_n_head(hf_model):
+    with pytest.raises(ValueError, match="n_head cannot be inferred"):
+        from_gpt2(hf_model.state_dict())
+    with pytest.raises(ValueError, match="n_head=8 contradicts the config's n_head=4"):
+        from_gpt2(hf_model.state_dict(), config=hf_model.config, n_head=8)
+    with pytest.raises(ValueError, match="divisible by n_head"):
+        from_gpt2(hf_model.state_dict(), n_head=5)
+
+
+def test_tied_config_with_different_lm_head(hf_model):
+    state = dict(hf_model.state_dict())
+    state["lm_head.weight"] = state["lm_head.weight"] + 1.0
+    with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight"):
+        from_gpt2(state, config=hf_model.config)
+
+
+def test_directory_errors_name_the_directory(tmp_path, hf_model):
+    empty = tmp_path / "no-weights"
+    empty.mkdir()
+    (empty / "config.json").write_text(hf_model.config.to_json_string())
+    with pytest.raises(FileNotFoundError, match=r"no-weights has no weights file.*model\.safetensors"):
+        from_gpt2(empty)
+    no_config = tmp_path / "no-config"
+    no_config.mkdir()
+    with pytest.raises(FileNotFoundError, match="no-config has no config.json"):
+        from_gpt2(no_config)
+    with pytest.raises(FileNotFoundError, match="does-not-exist does not exist"):
+        from_gpt2(tmp_path / "does-not-exist")
+
+
+@pytest.mark.parametrize("option,value,match", [
+    ("activation_function", "relu", "activation_function 'relu'"),
+    ("scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx=True"),
+    ("reorder_and_upcast_attn", True, "reorder_and_upcast_attn=True"),
+    ("scale_attn_weights", False, "scale_attn_weights=False"),
+    ("model_type", "llama", "model_type 'llama'"),
+])
+def test_gpt2_options_we_do_not_implement(hf_model, option, value, match):
+    config = {**hf_model.config.to_dict(), option: value}
+    with pytest.raises(ValueError, match=match):
+        from_gpt2(hf_model.state_dict(), config=config)
+
+
+def test_wrong_source_type():
+    with pytest.raises(TypeError, match="got int"):
+        from_gpt2(42)
+    with pytest.raises(TypeError, match="not a tensor"):
+        from_gpt2({"wte.weight": [1, 2]}, n_head=1)
+    with pytest.raises(TypeError, match="DecoderOnlyTransformer"):
+        to_gpt2(torch.nn.Linear(2, 2))
+
+
+def test_missing_transformers_gives_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'decoderlab\[hf\]'"):
+        to_gpt2(dl.DecoderOnlyTransformer(dl.preset("gpt2", **_GPT)))
