@@ -65,10 +65,64 @@ def cmd_generate(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# verify, explain (the glass box)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="recompute a checkpoint's forward pass in float64 NumPy and compare every step")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("text", help="the input text")
+    p.add_argument("--tol", type=float, default=1e-5, help="tolerance per step (x max(1, max |value|))")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    from .checkpoint import load_checkpoint
+    from .glassbox import verify
+
+    model, tok = load_checkpoint(args.checkpoint)
+    report = verify(model, args.text, tol=args.tol, tokenizer=tok)
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def add_explain(sub) -> None:
+    from .glassbox import EXAMPLES
+
+    p = sub.add_parser("explain", help="print every attention number step by step (a worked example or a checkpoint)")
+    p.add_argument("--example", default=None,
+                   help=f"a worked example: {', '.join(EXAMPLES)}")
+    p.add_argument("--checkpoint", default=None, help="checkpoint directory")
+    p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
+    p.add_argument("--layer", type=int, default=None, help="only this layer (default: all)")
+    p.add_argument("--head", type=int, default=None, help="only this head (default: all)")
+    p.add_argument("--top-k", type=int, default=5, help="next-token probabilities to show per position")
+    p.add_argument("--png", default=None, help="write attention heatmaps to this PNG file")
+    p.add_argument("--html", default=None, help="write a self-contained HTML report to this file")
+    p.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args) -> int:
+    from .glassbox import explain, explain_example
+
+    if args.example is not None:
+        if args.checkpoint is not None or args.png or args.html:
+            raise ValueError("--example takes no --checkpoint, --png or --html")
+        print(explain_example(args.example))
+        return 0
+    if args.checkpoint is None or args.text is None:
+        raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
+    print(explain(args.checkpoint, args.text, layer=args.layer, head=args.head, top_k=args.top_k,
+                  png=args.png, html=args.html))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_generate]
+COMMANDS = [add_train, add_generate, add_verify, add_explain]
 
 
 def build_parser() -> argparse.ArgumentParser:
