@@ -6,6 +6,7 @@ from .attention import Attention, MultiHeadAttention, SelfAttention
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import LESSON_PAIRS, lesson_tokenizer, pair_inputs_and_labels, tokenizer_for_pairs
 from .generation import KVCache, greedy_response
+from .glassbox import Trace, VerifyReport, explain, explain_example, trace, verify
 from .model import PRESETS, DecoderBlock, DecoderOnlyTransformer, ModelConfig, preset
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
 from .tokenizers import Tokenizer, WordTokenizer
@@ -15,6 +16,7 @@ __all__ = [
     "load_checkpoint", "save_checkpoint",
     "LESSON_PAIRS", "lesson_tokenizer", "pair_inputs_and_labels", "tokenizer_for_pairs",
     "KVCache", "greedy_response",
+    "Trace", "VerifyReport", "explain", "explain_example", "trace", "verify",
     "PRESETS", "DecoderBlock", "DecoderOnlyTransformer", "ModelConfig", "preset",
     "LearnedPositionEncoding", "PositionEncoding", "RotaryEmbedding",
     "Tokenizer", "WordTokenizer",
