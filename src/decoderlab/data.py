@@ -6,12 +6,186 @@ and the ``LightningDataModule`` for language-model training live here too.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from .tokenizers import EOS, Tokenizer, WordTokenizer
+
+# ---------------------------------------------------------------------------------------------------------------
+# Corpus -> token ids: read a corpus, tokenize it once into a memmap cached on disk, split by position.
+# ---------------------------------------------------------------------------------------------------------------
+
+#: the corpus ``read_corpus(None)`` gives: tinyshakespeare, shipped as package data (provenance in SOURCES.md)
+EMBEDDED_CORPUS = "tinyshakespeare.txt"
+
+
+def embedded_corpus_path() -> Path:
+    """Path of the embedded tinyshakespeare corpus (``decoderlab/corpora/tinyshakespeare.txt``, ~1.1 MB).
+
+    Raises:
+        FileNotFoundError: the package was installed without its data files.
+    """
+    try:
+        path = Path(str(resources.files(__package__).joinpath("corpora", EMBEDDED_CORPUS)))
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - not imported as a package
+        path = Path(__file__).with_name("corpora") / EMBEDDED_CORPUS
+    if not path.is_file():
+        raise FileNotFoundError(f"the embedded corpus {path} is missing; reinstall decoderlab with its package data")
+    return path
+
+
+def _read_utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid "
+            f"({e.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    return text.removeprefix("\ufeff")  # a byte-order mark is not text
+
+
+def read_corpus(path: str | os.PathLike | None = None) -> str:
+    """The text of a corpus.
+
+    Args:
+        path: None for the embedded tinyshakespeare; a text file; or a folder, whose ``.txt`` files (searched
+            recursively, skipping hidden names) are read in sorted order of their relative paths and joined
+            with ``"\\n"``. Files are decoded as UTF-8 (a leading byte-order mark is dropped).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist; a folder holds no ``.txt`` file (both named).
+        ValueError: a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte);
+            the corpus is empty or only whitespace.
+    """
+    if path is None:
+        path = embedded_corpus_path()
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(
+            (f for f in path.rglob("*.txt")
+             if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts)),
+            key=lambda f: f.relative_to(path).as_posix(),
+        )
+        if not files:
+            raise FileNotFoundError(f"corpus folder {path} holds no .txt files")
+        text = "\n".join(_read_utf8(f) for f in files)
+        what = f"corpus folder {path} ({len(files)} .txt file{'s' if len(files) > 1 else ''})"
+    elif path.is_file():
+        text = _read_utf8(path)
+        what = f"corpus file {path}"
+    else:
+        raise FileNotFoundError(f"corpus path {path} does not exist (give a text file, a folder of .txt files, "
+                                f"or nothing for the embedded tinyshakespeare)")
+    if not text.strip():
+        raise ValueError(f"{what} is empty: it has {len(text)} characters and none but whitespace")
+    return text
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype for ids ``0 .. vocab_size - 1``: uint16 up to 65,536 tokens, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def default_cache_dir() -> Path:
+    """``$DECODERLAB_CACHE`` or ``$XDG_CACHE_HOME/decoderlab`` (``~/.cache/decoderlab``), plus ``/tokens``."""
+    root = os.environ.get("DECODERLAB_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "decoderlab"
+    return Path(root) / "tokens"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's JSON (``to_dict``, keys sorted): equal for tokenizers that encode alike."""
+    return _sha256(json.dumps(tokenizer.to_dict(), sort_keys=True, ensure_ascii=False).encode("utf-8"))
+
+
+def corpus_cache_path(text: str, tokenizer, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where :func:`corpus_tokens` keeps the token ids of ``text`` under ``tokenizer``: a file named by the
+    sha256 of the text's UTF-8 bytes and of the tokenizer's JSON, and the dtype."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    dtype = token_dtype(tokenizer.vocab_size)
+    return cache_dir / f"tokens-{_sha256(text.encode('utf-8'))[:24]}-{tokenizer_fingerprint(tokenizer)[:24]}.{dtype.name}"
+
+
+def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = None) -> np.memmap:
+    """The token ids of ``text`` as a read-only 1-D ``np.memmap`` (uint16 when ``tokenizer.vocab_size`` <=
+    65,536, else uint32), tokenized once and cached on disk.
+
+    The cache file (see :func:`corpus_cache_path`) is keyed by the sha256 of the text and of the tokenizer's
+    JSON, so a second call with the same text and tokenizer maps the existing file without encoding; it is
+    written atomically (temporary file, then ``os.replace``), so a killed run never leaves a partial one.
+
+    Args:
+        text: the corpus (e.g. from :func:`read_corpus`).
+        tokenizer: any decoderlab tokenizer (``encode``/``encode_array``, ``vocab_size``, ``to_dict``).
+        cache_dir: folder for the cache files (created if needed); None = :func:`default_cache_dir`.
+
+    Raises:
+        TypeError: ``text`` is not a string.
+        ValueError: the text encodes to no tokens; the tokenizer produced an id outside ``0 .. vocab_size-1``.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"corpus_tokens needs the corpus as a str, got {type(text).__name__}")
+    path = corpus_cache_path(text, tokenizer, cache_dir)
+    dtype = token_dtype(tokenizer.vocab_size)
+    if not (path.is_file() and path.stat().st_size > 0 and path.stat().st_size % dtype.itemsize == 0):
+        encode = getattr(tokenizer, "encode_array", None)
+        ids = np.asarray(encode(text) if encode is not None else tokenizer.encode(text), dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"the corpus ({len(text)} characters) encodes to no tokens with this "
+                             f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)} tokenizer")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= tokenizer.vocab_size:
+            raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
+                             f"0 .. {tokenizer.vocab_size - 1}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(ids.astype(dtype).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def split_tokens(tokens, val_fraction: float = 0.1):
+    """Split a 1-D token array by position: the first ``floor(n * (1 - val_fraction))`` tokens for training,
+    the rest for validation. Returns ``(train, val)`` as views (slices of a memmap stay memmaps).
+
+    Raises:
+        ValueError: ``val_fraction`` not in (0, 1); ``tokens`` not 1-D; a split would be empty (naming n).
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if np.ndim(tokens) != 1:
+        raise ValueError(f"tokens must be a 1-D array, got shape {np.shape(tokens)}")
+    n = len(tokens)
+    n_train = math.floor(n * (1 - val_fraction) + 1e-9)
+    if n_train == 0 or n_train == n:
+        raise ValueError(f"{n} tokens are too few to split with val_fraction={val_fraction}: "
+                         f"train would get {n_train} and validation {n - n_train}")
+    return tokens[:n_train], tokens[n_train:]
+
 
 #: ignored by ``nn.CrossEntropyLoss`` (its default ignore_index)
 IGNORE_INDEX = -100

@@ -1,16 +1,29 @@
 """Tokenizers behind one interface: text -> token ids -> text.
 
 Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, ``vocab_size``,
-``save(path)``, ``load(path)``, and special-token ids ``eos_id`` / ``pad_id`` (None when the vocabulary has no
-such token). ``WordTokenizer`` is the lesson's vocabulary (``token_to_id`` / ``id_to_token``).
+``save(path)``, ``Tokenizer.load(path)``, ``tokens(ids)`` (token strings for labels), ``token_bytes(id)`` (the
+UTF-8 bytes one token stands for) and special-token ids ``eos_id`` / ``pad_id`` (None when the vocabulary has
+no such token).
+
+Kinds (``TOKENIZERS``, and :func:`build_tokenizer` to make one from a corpus):
+
+* ``"word"`` -- :class:`WordTokenizer`, the lesson's word vocabulary (``token_to_id`` / ``id_to_token``).
+* ``"char"`` -- :class:`CharTokenizer`, one token per character: ``<PAD>`` = 0, ``<EOS>`` = 1, then the
+  corpus's distinct characters in sorted order (tinyshakespeare: 65 characters -> vocab_size 67).
+* ``"bpe"`` -- :class:`BPETokenizer`, byte-level BPE trained with Hugging Face ``tokenizers`` (the GPT-2
+  scheme, Radford et al. 2019): ``<PAD>`` = 0, ``<EOS>`` = 1, the 256 byte tokens, then the learned merges.
+  Round-trips any UTF-8 text exactly; saved as a plain Hugging Face ``tokenizer.json``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
+
+import numpy as np
 
 EOS = "<EOS>"
 PAD = "<PAD>"
@@ -48,6 +61,19 @@ class Tokenizer:
     def tokens(self, ids: Iterable[int]) -> list[str]:
         """Each id as its token string (for labels in tables and plots)."""
         return [self.id_to_token[int(i)] for i in ids]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes of one token as ``decode`` writes it (without any separator between tokens).
+
+        Raises:
+            ValueError: ``token_id`` is not in the vocabulary.
+        """
+        (i,) = self._check_ids([token_id])
+        return self.id_to_token[i].encode("utf-8")
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as a 1-D int64 NumPy array (subclasses may make this faster for whole corpora)."""
+        return np.asarray(self.encode(text), dtype=np.int64)
 
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
         out = []
@@ -112,13 +138,11 @@ class WordTokenizer(Tokenizer):
     separator = " "
 
     def __init__(self, words: Sequence[str], *, eos: bool = True, pad: bool = False, unk: bool = False):
-        vocab: list[str] = []
-        for w in words:
-            if w not in vocab:
-                vocab.append(w)
+        seen = dict.fromkeys(words)  # first-appearance order, duplicates dropped, in linear time
         for flag, tok in ((eos, EOS), (pad, PAD), (unk, UNK)):
-            if flag and tok not in vocab:
-                vocab.append(tok)
+            if flag:
+                seen.setdefault(tok)
+        vocab = list(seen)
         if not vocab:
             raise ValueError("a WordTokenizer needs at least one word")
         self.token_to_id = {w: i for i, w in enumerate(vocab)}
@@ -165,4 +189,334 @@ class WordTokenizer(Tokenizer):
         return tok
 
 
-TOKENIZERS: dict[str, type[Tokenizer]] = {"word": WordTokenizer}
+def _special_pattern(specials: Iterable[str]) -> re.Pattern:
+    return re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character: ``<PAD>`` = 0, ``<EOS>`` = 1, then the distinct characters in sorted order,
+    then ``<unk>`` (last) when built with ``unk=True``. The classic character-level language-model vocabulary
+    (Karpathy's char-rnn / nanoGPT "shakespeare_char"); tinyshakespeare gives vocab_size 67.
+
+    ``encode`` treats the literal strings ``"<EOS>"`` / ``"<PAD>"`` in the text as ordinary characters
+    (``"<"``, ``"E"``, ...), so any text encodes the same wherever it came from; pass ``allow_special=True``
+    to turn them into the special ids instead. ``decode`` writes special tokens as their strings
+    (``skip_special=True`` drops them).
+
+    Args:
+        chars: the characters of the vocabulary (any iterable of 1-character strings; sorted and de-duplicated).
+        unk: add ``<unk>``; characters not in the vocabulary then encode to it instead of raising.
+
+    Raises:
+        ValueError: an entry of ``chars`` is not a single character; ``encode`` of a character not in the
+            vocabulary (naming the character, its code point and its position) unless built with ``unk``.
+    """
+
+    kind = "char"
+    separator = ""
+
+    def __init__(self, chars: Iterable[str], *, unk: bool = False):
+        chars = sorted(set(chars))
+        bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
+        if bad:
+            raise ValueError(f"CharTokenizer characters must be 1-character strings, got {bad[:5]!r}")
+        self._set_vocab([PAD, EOS, *chars, *([UNK] if unk else [])])
+
+    def _set_vocab(self, vocab: list[str]) -> None:
+        self.token_to_id = {t: i for i, t in enumerate(vocab)}
+        self.id_to_token = dict(enumerate(vocab))
+        specials = [t for t in (PAD, EOS, UNK) if t in self.token_to_id]
+        self._special_ids = {self.token_to_id[t] for t in specials}
+        self._special_re = _special_pattern(specials)
+
+    @classmethod
+    def from_text(cls, text: str, *, unk: bool = False) -> "CharTokenizer":
+        """The vocabulary of the characters of ``text``.
+
+        Raises:
+            TypeError: ``text`` is not a string.  ValueError: ``text`` is empty.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"CharTokenizer.from_text needs a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("CharTokenizer.from_text needs a non-empty text to take its characters from")
+        return cls(text, unk=unk)
+
+    @property
+    def unk_id(self) -> int | None:
+        return self.token_to_id.get(UNK)
+
+    def _encode_plain(self, text: str, full: str, offset: int) -> list[int]:
+        table = self.token_to_id
+        unk = self.unk_id
+        if unk is not None:
+            return [table.get(c, unk) for c in text]
+        try:
+            return [table[c] for c in text]
+        except KeyError:
+            pass
+        pos = next(p for p, c in enumerate(text) if c not in table) + offset
+        line = full.count("\n", 0, pos) + 1
+        col = pos - (full.rfind("\n", 0, pos) + 1) + 1
+        c = full[pos]
+        raise ValueError(
+            f"character {c!r} (U+{ord(c):04X}) at position {pos} (line {line}, column {col}) is not in this "
+            f"CharTokenizer's vocabulary of {self.vocab_size} tokens; build the tokenizer from a text that "
+            f"contains it, or with unk=True to map unknown characters to {UNK}"
+        )
+
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+        """Token ids of ``text``, one per character (positions in errors count characters from 0).
+
+        With ``allow_special=True`` the literal strings ``"<PAD>"``, ``"<EOS>"`` (and ``"<unk>"`` if present)
+        become their special ids.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"CharTokenizer.encode needs a str, got {type(text).__name__}")
+        if not allow_special:
+            return self._encode_plain(text, text, 0)
+        ids: list[int] = []
+        offset = 0
+        for k, part in enumerate(self._special_re.split(text)):
+            if k % 2:
+                ids.append(self.token_to_id[part])
+            else:
+                ids.extend(self._encode_plain(part, text, offset))
+            offset += len(part)
+        return ids
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        ids = self._check_ids(ids)
+        if skip_special:
+            ids = [i for i in ids if i not in self._special_ids]
+        return "".join([self.id_to_token[i] for i in ids])
+
+    def to_dict(self) -> dict:
+        return {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CharTokenizer":
+        vocab = data.get("vocab")
+        if (not isinstance(vocab, list) or vocab[:2] != [PAD, EOS]
+                or any(not isinstance(t, str) or (len(t) != 1 and t != UNK) for t in vocab[2:])
+                or len(set(vocab)) != len(vocab)):
+            raise ValueError(f"not a CharTokenizer vocabulary: expected [{PAD!r}, {EOS!r}, distinct characters"
+                             f"..., optional {UNK!r}], got {str(vocab)[:80]}")
+        tok = cls.__new__(cls)
+        tok._set_vocab(vocab)
+        return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The byte-level BPE alphabet (GPT-2, Radford et al. 2019): a reversible map from the 256 byte values to
+    printable characters. Bytes that are printable Latin-1 characters stand for themselves; the others
+    (control characters, space, ...) take the characters U+0100, U+0101, ... in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(0x100 + extra)
+            extra += 1
+    return out
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+#: a cut after "<non-space>\n" and before a non-space character is a boundary of the byte-level
+#: pre-tokenizer's regex in every context, so text split there encodes exactly as the whole does
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+_CHUNK_CHARS = 1 << 18
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (GPT-2's scheme, Radford et al. 2019) trained and run by Hugging Face ``tokenizers``.
+
+    Text is split by the byte-level pre-tokenizer (``add_prefix_space=False``, no normalizer), each piece is
+    written as bytes over a 256-character alphabet, and learned merges join frequent byte pairs. Every
+    UTF-8 text round-trips exactly: ``decode(encode(text)) == text`` (emoji, CJK, combining accents,
+    whitespace, text never seen in training). Vocabulary: ``<PAD>`` = 0, ``<EOS>`` = 1, the 256 byte tokens,
+    then the merges. ``save`` writes a plain Hugging Face ``tokenizer.json``; ``Tokenizer.load`` also loads a
+    bare one made elsewhere (e.g. GPT-2's, whose ``<|endoftext|>`` then serves as ``eos_id``).
+
+    ``encode`` treats the literal strings ``"<PAD>"`` / ``"<EOS>"`` as text; ``allow_special=True`` turns them
+    into the special ids. ``decode`` writes special tokens as their strings (``skip_special=True`` drops
+    them). A token may hold part of a character's UTF-8 bytes; ``token_bytes(id)`` gives its raw bytes for
+    streaming decoders, and ``decode`` of an incomplete sequence shows U+FFFD for the partial character.
+
+    Make one with :meth:`train`, or wrap a ``tokenizers.Tokenizer``.
+    """
+
+    kind = "bpe"
+    separator = ""
+    specials = (PAD, EOS)
+    #: 256 byte tokens + the 2 special tokens + at least one merge
+    min_vocab_size = 256 + 2 + 1
+
+    def __init__(self, hf_tokenizer):
+        self._hf = hf_tokenizer
+        # literal "<EOS>" in a text is text: only allow_special=True makes special ids (see encode)
+        self._hf.encode_special_tokens = True
+        self.token_to_id = dict(self._hf.get_vocab(with_added_tokens=True))
+        self.id_to_token = {i: t for t, i in self.token_to_id.items()}
+        spec = json.loads(self._hf.to_str())
+        added = {a["content"]: a["id"] for a in spec.get("added_tokens") or [] if a.get("special")}
+        self._special_ids = set(added.values())
+        self._special_re = _special_pattern(added) if added else None
+        pre, dec = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
+        self._byte_level = dec.get("type") == "ByteLevel"
+        # the safe-cut chunking in encode_array holds for exactly this pipeline
+        self._chunkable = (self._byte_level and spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
+                           and pre.get("use_regex", True))
+
+    @classmethod
+    def train(cls, texts: Iterable[str] | str, vocab_size: int) -> "BPETokenizer":
+        """Train byte-level BPE on ``texts`` (strings, or one string) up to ``vocab_size`` tokens.
+
+        The result may have fewer tokens than asked when the texts offer fewer merges; ``vocab_size`` on the
+        result is the actual size.
+
+        Raises:
+            TypeError: ``vocab_size`` is not an int.
+            ValueError: ``vocab_size`` < 259 (256 bytes + 2 specials + 1 merge), naming the value and minimum.
+        """
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+            raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
+        if vocab_size < cls.min_vocab_size:
+            raise ValueError(
+                f"vocab_size {vocab_size} is too small for byte-level BPE: the minimum is {cls.min_vocab_size} "
+                f"(256 byte tokens + {len(cls.specials)} special tokens {', '.join(cls.specials)} + 1 merge)"
+            )
+        if isinstance(texts, str):
+            texts = [texts]
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=int(vocab_size), special_tokens=list(cls.specials), show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf)
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.id_to_token) + 1
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self.token_to_id.get(EOS)
+        return eos if eos is not None else self.token_to_id.get("<|endoftext|>")
+
+    @property
+    def hf_tokenizer(self):
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._hf
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+        """Token ids of ``text``. With ``allow_special=True`` the literal ``"<PAD>"`` / ``"<EOS>"`` strings
+        become their special ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"BPETokenizer.encode needs a str, got {type(text).__name__}")
+        if not allow_special or self._special_re is None:
+            return self._encode_plain(text) if len(text) <= _CHUNK_CHARS else self.encode_array(text).tolist()
+        ids: list[int] = []
+        for k, part in enumerate(self._special_re.split(text)):
+            if k % 2:
+                ids.append(self.token_to_id[part])
+            elif part:
+                ids.extend(self._encode_plain(part))
+        return ids
+
+    def encode_array(self, text: str, chunk_chars: int = _CHUNK_CHARS) -> np.ndarray:
+        """``encode(text)`` as an int64 array, encoding a large text in pieces of about ``chunk_chars``
+        characters cut where the byte-level pre-tokenizer always splits (after a single newline that follows
+        a non-space and before a non-space), so the result equals encoding the whole text at once while the
+        memory of Hugging Face's per-call encodings stays bounded."""
+        if not isinstance(text, str):
+            raise TypeError(f"BPETokenizer.encode needs a str, got {type(text).__name__}")
+        if not self._chunkable or len(text) <= chunk_chars:
+            return np.asarray(self._encode_plain(text), dtype=np.int64)
+        parts, start, n = [], 0, len(text)
+        while start < n:
+            m = _SAFE_CUT.search(text, start + chunk_chars) if start + chunk_chars < n else None
+            end = m.start() if m else n
+            parts.append(np.asarray(self._encode_plain(text[start:end]), dtype=np.int64))
+            start = end
+        return np.concatenate(parts)
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        return self._hf.decode(self._check_ids(ids), skip_special_tokens=skip_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (a token may hold part of a character's UTF-8 bytes); special
+        tokens give their string's UTF-8 bytes, e.g. ``b"<EOS>"``.
+
+        Raises:
+            ValueError: ``token_id`` is not in the vocabulary.
+        """
+        (i,) = self._check_ids([token_id])
+        tok = self.id_to_token[i]
+        if i in self._special_ids or not self._byte_level:
+            return self._hf.decode([i], skip_special_tokens=False).encode("utf-8")
+        return bytes(_BYTE_OF_CHAR[c] for c in tok)
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        """Each token as readable text (its bytes as UTF-8; bytes of a partial character as ``\\xNN``)."""
+        return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+
+    def to_dict(self) -> dict:
+        return json.loads(self._hf.to_str())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BPETokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        data = {k: v for k, v in data.items() if k != "decoderlab_tokenizer"}
+        try:
+            hf = HFTokenizer.from_str(json.dumps(data))
+        except Exception as e:  # tokenizers raises its own Exception type for malformed files
+            raise ValueError(f"not a valid Hugging Face tokenizer.json: {e}") from e
+        return cls(hf)
+
+
+TOKENIZERS: dict[str, type[Tokenizer]] = {"word": WordTokenizer, "char": CharTokenizer, "bpe": BPETokenizer}
+
+#: vocabulary size for ``build_tokenizer("bpe", text)`` when none is given
+DEFAULT_BPE_VOCAB_SIZE = 1024
+
+
+def build_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Tokenizer:
+    """Build a tokenizer of ``kind`` from a corpus ``text``.
+
+    * ``"char"``: :meth:`CharTokenizer.from_text` (ids: ``<PAD>`` 0, ``<EOS>`` 1, sorted characters).
+    * ``"word"``: a :class:`WordTokenizer` of the text's whitespace-separated words in first-appearance order,
+      then ``<EOS>``, ``<PAD>``, ``<unk>`` (unknown words in prompts map to ``<unk>``).
+    * ``"bpe"``: :meth:`BPETokenizer.train` with ``vocab_size`` (default ``DEFAULT_BPE_VOCAB_SIZE`` = 1024).
+
+    Raises:
+        TypeError: ``text`` is not a string.
+        ValueError: unknown ``kind`` (naming the allowed kinds); empty text; ``vocab_size`` given for
+            ``"char"`` / ``"word"`` (their size follows from the text) or too small for ``"bpe"``.
+    """
+    if kind not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; allowed: {', '.join(TOKENIZERS)}")
+    if not isinstance(text, str):
+        raise TypeError(f"build_tokenizer needs the corpus as a str, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("cannot build a tokenizer from an empty text")
+    if kind == "bpe":
+        return BPETokenizer.train([text], DEFAULT_BPE_VOCAB_SIZE if vocab_size is None else vocab_size)
+    if vocab_size is not None:
+        raise ValueError(f"vocab_size={vocab_size} only applies to the bpe tokenizer; a {kind} tokenizer's "
+                         f"size is set by the text's distinct {'characters' if kind == 'char' else 'words'}")
+    if kind == "char":
+        return CharTokenizer.from_text(text)
+    return WordTokenizer.from_texts([text], eos=True, pad=True, unk=True)
