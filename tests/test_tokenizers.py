@@ -71,6 +71,10 @@ def test_char_unknown_character_names_character_and_position():
     assert "unk=True" in msg
     with pytest.raises(ValueError, match=r"'é' \(U\+00E9\) at position 0"):
         tok.encode("é")
+    with pytest.raises(ValueError, match=r"'X' \(U\+0058\) at position 5 \(line 2, column 3\)"):
+        tok.encode_array("ab\ncaXb")
+    with pytest.raises(ValueError, match=r"'😀' \(U\+1F600\) at position 1"):
+        tok.encode_array("a😀")
     with pytest.raises(TypeError, match="str"):
         tok.encode(["a"])
 
@@ -80,6 +84,7 @@ def test_char_unk_maps_unknown_characters():
     assert [tok.id_to_token[i] for i in range(tok.vocab_size)] == [PAD, EOS, "a", "b", "n", UNK]
     assert tok.unk_id == 5
     assert tok.encode("bandana!") == [3, 2, 4, 5, 2, 4, 2, 5]
+    assert tok.encode_array("bandana!😀\U0010ffff").tolist() == [3, 2, 4, 5, 2, 4, 2, 5, 5, 5]
     assert tok.decode(tok.encode("nab")) == "nab"
 
 

@@ -228,6 +228,7 @@ class CharTokenizer(Tokenizer):
         specials = [t for t in (PAD, EOS, UNK) if t in self.token_to_id]
         self._special_ids = {self.token_to_id[t] for t in specials}
         self._special_re = _special_pattern(specials)
+        self._lut = None  # built by encode_array
 
     @classmethod
     def from_text(cls, text: str, *, unk: bool = False) -> "CharTokenizer":
@@ -283,6 +284,23 @@ class CharTokenizer(Tokenizer):
             else:
                 ids.extend(self._encode_plain(part, text, offset))
             offset += len(part)
+        return ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as an int64 array, by a table lookup on the text's code points (for corpora)."""
+        if not isinstance(text, str):
+            raise TypeError(f"CharTokenizer.encode needs a str, got {type(text).__name__}")
+        if self._lut is None:  # code point -> id, -1 where not in the vocabulary
+            chars = [t for t in self.token_to_id if len(t) == 1]
+            self._lut = np.full(max(map(ord, chars), default=0) + 2, -1, dtype=np.int64)
+            for c in chars:
+                self._lut[ord(c)] = self.token_to_id[c]
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        ids = self._lut[np.minimum(cps, len(self._lut) - 1)]  # the last slot is always -1
+        if (ids < 0).any():
+            if self.unk_id is None:
+                self._encode_plain(text, text, 0)  # raises, naming the first unknown character
+            ids[ids < 0] = self.unk_id
         return ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
