@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -877,7 +877,8 @@ def explain_trace(tr: Trace, model=None, tokenizer=None, *, batch: int = 0) -> s
                 out += ["", _matrix("MLP output:", np_(lt.mlp_out), pos_labels, dims), "",
                         _matrix("residual: + MLP output:", np_(lt.resid_2), pos_labels, dims)]
     if small and cfg.num_tokens <= 16:
-        cols = tokenizer.tokens(range(cfg.num_tokens)) if tokenizer is not None else [str(j) for j in range(cfg.num_tokens)]
+        vocab = range(cfg.num_tokens)
+        cols = tokenizer.tokens(vocab) if tokenizer is not None else [str(j) for j in vocab]
         out += ["", _matrix("logits (fc_layer output; one column per vocabulary token):", np_(tr.logits), pos_labels,
                             cols)]
     out += ["", "top next-token probabilities at each position:"]
@@ -944,7 +945,8 @@ def explain(model, text_or_ids, tokenizer=None, *, layer=None, head=None, top_k:
         from . import plotting
 
         if png_path is not None:
-            plotting.save_attention_png(tr, png_path)
+            title = "attention percents: " + " ".join(_label(s) for s in tr.labels())
+            plotting.save_attention_png(tr, png_path, title=title)
         if html_path is not None:
             plotting.write_html_report(tr, html_path, text=text)
     return text

@@ -80,7 +80,9 @@ def attention_figure(tr, *, batch: int = 0, title: str | None = None):
             ax.set_xlabel("key (looked at)", fontsize=8)
             ax.set_ylabel("query (looking)", fontsize=8)
             ax.set_title(f"layer {lt.index}, head {lt.heads[c]}", fontsize=9)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention percent (grey hatched = masked)")
+    bar = fig.colorbar(image, ax=axes, shrink=0.8)
+    bar.set_label("attention percent (grey hatched = masked)", fontsize=8)
+    bar.ax.tick_params(labelsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
