@@ -23,6 +23,9 @@ demo: $(STAMP)
 	$(VENV)/bin/decoderlab train --preset statquest --out runs/statquest
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "what is statquest"
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"
+	rm -rf runs/demo
+	$(VENV)/bin/decoderlab train --out runs/demo
+	$(VENV)/bin/decoderlab sample --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 --seed 1
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

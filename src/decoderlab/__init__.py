@@ -11,6 +11,8 @@ from .model import PRESETS, DecoderBlock, DecoderOnlyTransformer, ModelConfig, p
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
 from .tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, build_tokenizer
 from .data import corpus_tokens, embedded_corpus_path, read_corpus, split_tokens
+from .data import TokenDataModule
+from .training import TrainConfig, TrainSummary, train_lm
 
 __all__ = [
     "Attention", "MultiHeadAttention", "SelfAttention",
@@ -22,4 +24,5 @@ __all__ = [
     "LearnedPositionEncoding", "PositionEncoding", "RotaryEmbedding",
     "Tokenizer", "WordTokenizer", "CharTokenizer", "BPETokenizer", "build_tokenizer",
     "corpus_tokens", "embedded_corpus_path", "read_corpus", "split_tokens",
+    "TokenDataModule", "TrainConfig", "TrainSummary", "train_lm",
 ]

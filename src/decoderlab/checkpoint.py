@@ -70,7 +70,7 @@ def unwrap_model(model):
 
 
 def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dict | None = None,
-                    extra_files: dict[str, bytes] | None = None) -> Path:
+                    extra_files: dict[str, bytes] | None = None, inplace: bool = False) -> Path:
     """Write a checkpoint directory atomically (see the module docstring) and return its path.
 
     Args:
@@ -79,6 +79,10 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
         tokenizer: any decoderlab tokenizer.
         meta: extra metadata for ``meta.json`` (e.g. ``{"task": "pairs"}``).
         extra_files: more files to place in the directory (name -> bytes).
+        inplace: keep the directory and whatever else it holds (a training run's ``lightning/`` and
+            ``logs/``) and replace the checkpoint's files one by one, each atomically (temporary file, then
+            rename). Every file is either the old or the new version, so an interrupted save leaves a
+            loadable checkpoint as long as config and tokenizer are unchanged (true within one run).
 
     Raises:
         ValueError: the tokenizer's vocabulary size differs from the model's num_tokens.
@@ -94,6 +98,8 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
             f"{model.config.num_tokens}"
         )
     directory = Path(directory)
+    if inplace:
+        return _save_inplace(directory, model, tokenizer, meta, extra_files)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
     try:
@@ -115,6 +121,29 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return directory
+
+
+def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
+    from safetensors.torch import save_model
+
+    from . import __version__
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WEIGHTS_FILE}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_model(model, tmp)
+        os.replace(tmp, directory / WEIGHTS_FILE)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    atomic_write_text(directory / CONFIG_FILE, model.config.to_json())
+    tokenizer.save(directory / TOKENIZER_FILE)  # atomic (Tokenizer.save)
+    for name, data in (extra_files or {}).items():
+        atomic_write_bytes(directory / name, data)
+    atomic_write_text(directory / META_FILE, json.dumps({"decoderlab_version": __version__, **(meta or {})}, indent=2))
     return directory
 
 

@@ -18,24 +18,95 @@ from .tokenizers import EOS
 
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train a model (default: baby-shakespeare on the embedded tinyshakespeare)")
-    p.add_argument("--preset", default=None, help="model preset (statquest trains the lesson's pairs)")
-    p.add_argument("--out", default=None, help="checkpoint directory to write")
+    p.add_argument("--preset", default=None,
+                   help="model preset (default baby-shakespeare; statquest trains the lesson's pairs)")
+    p.add_argument("--out", default=None, help="run/checkpoint directory to write (default runs/<timestamp>)")
     p.add_argument("--epochs", type=int, default=30, help="epochs for pair training (statquest)")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=None, help="random seed (default 42)")
+    g = p.add_argument_group("language-model training (defaults: decoderlab.training.TrainConfig)")
+    g.add_argument("--data", default=None, help="a text file or a folder of .txt files (default: the embedded "
+                                                "tinyshakespeare)")
+    g.add_argument("--tokenizer", default="char", choices=("char", "word", "bpe"))
+    g.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
+    g.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default 2000)")
+    g.add_argument("--batch-size", type=int, default=None, help="sequences per batch per process (default 12)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    g.add_argument("--min-lr", type=float, default=None, help="final learning rate of the cosine (default 1e-4)")
+    g.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 100)")
+    g.add_argument("--precision", default=None, choices=("32", "bf16-mixed"))
+    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--eval-every", type=int, default=None, help="steps between validations (default 250)")
+    g.add_argument("--val-batches", type=int, default=None, help="cap on validation batches (default: all)")
+    g.add_argument("--grad-clip", type=float, default=None, help="gradient norm clip, 0 = off (default 1.0)")
+    g.add_argument("--accumulate", type=int, default=None, help="batches per optimizer step (default 1)")
+    g.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
+                   help="continue a run (its directory or a .ckpt; without a value: --out)")
+    g.add_argument("--devices", default="1", help="processes/devices per node (Lightning)")
+    g.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, fsdp, ...")
+    g.add_argument("--num-nodes", type=int, default=1)
+    g.add_argument("--no-progress-bar", action="store_true", help="hide Lightning's progress bar")
     p.set_defaults(func=cmd_train)
 
 
+_TRAIN_OPTIONS = ("max_steps", "batch_size", "lr", "min_lr", "warmup", "precision", "compile", "seed",
+                  "eval_every", "val_batches", "grad_clip", "accumulate")
+
+
 def cmd_train(args) -> int:
-    name = args.preset or "statquest"
+    name = args.preset or "baby-shakespeare"
     if name == "statquest":
         from .training import train_pairs
 
         out = args.out or "runs/statquest"
-        model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=args.seed)
+        model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=42 if args.seed is None else args.seed)
         print(f"trained the lesson's model ({model.num_parameters()} parameters) on its two pairs; "
               f"checkpoint written to {out}")
         return 0
-    raise SystemExit(f"decoderlab: error: preset {name!r} is not trainable from the CLI yet")
+    from .training import NonFiniteLossError, train_lm
+
+    overrides = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
+    devices = int(args.devices) if str(args.devices).isdigit() else args.devices
+    try:
+        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                                 out=args.out, config_overrides=overrides, resume=args.resume, devices=devices,
+                                 strategy=args.strategy, num_nodes=args.num_nodes,
+                                 progress_bar=not args.no_progress_bar)
+    except NonFiniteLossError as e:
+        print(f"decoderlab: error: {e}", file=sys.stderr)
+        return 1
+    if s.is_global_zero:
+        print(f"trained {name} ({s.num_parameters:,} parameters) for {s.steps} steps: "
+              f"train loss {s.train_loss:.4f}, val loss {s.val_loss:.4f} nats/token "
+              f"(perplexity {s.val_ppl:.2f}, {s.val_bpb:.3f} bits per byte), "
+              f"{s.tokens_per_second:,.0f} tokens per second; checkpoint written to {s.run_dir}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sample
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="print a sample from a language model checkpoint")
+    p.add_argument("--checkpoint", required=True, help="checkpoint (or training run) directory")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=300)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=cmd_sample)
+
+
+def cmd_sample(args) -> int:
+    from .checkpoint import load_checkpoint
+    from .generation import generate
+
+    model, tok = load_checkpoint(args.checkpoint)
+    ids = generate(model, tok.encode(args.prompt), args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, seed=args.seed, tokenizer=tok)
+    print(args.prompt + tok.decode(ids))
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -122,7 +193,7 @@ def cmd_explain(args) -> int:
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_generate, add_verify, add_explain]
+COMMANDS = [add_train, add_sample, add_generate, add_verify, add_explain]
 
 
 def build_parser() -> argparse.ArgumentParser:

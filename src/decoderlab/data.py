@@ -255,3 +255,231 @@ def pair_dataloader(pairs, tokenizer, batch_size: int = 1, shuffle: bool = False
     """The lesson's ``TensorDataset`` + ``DataLoader`` over :func:`pair_inputs_and_labels`."""
     inputs, labels = pair_inputs_and_labels(pairs, tokenizer)
     return DataLoader(TensorDataset(inputs, labels), batch_size=batch_size, shuffle=shuffle)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Language-model batches: random windows of a token memmap, served by a LightningDataModule (helper R)
+# ---------------------------------------------------------------------------------------------------------
+
+import lightning as L  # noqa: E402  (model.py imports it anyway)
+
+
+class _TokenSource:
+    """A 1-D token array that pickles as (file, byte offset, length, dtype) when it is a view of a memmap,
+    so each DataLoader worker re-opens the file once instead of receiving a copy of the data."""
+
+    def __init__(self, tokens):
+        import numpy as np
+
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.numpy()
+        tokens = np.asarray(tokens) if not isinstance(tokens, np.memmap) else tokens
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D array of token ids, got shape {tuple(tokens.shape)}")
+        if tokens.dtype.kind not in "iu":
+            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        self.array = tokens
+        self.file = self._file_position(tokens)
+
+    @staticmethod
+    def _file_position(tokens):
+        import mmap
+
+        import numpy as np
+
+        mm = getattr(tokens, "_mmap", None)
+        name = getattr(tokens, "filename", None)
+        if not isinstance(tokens, np.memmap) or mm is None or name is None or not tokens.flags.c_contiguous:
+            return None
+        base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+        start = tokens.offset - tokens.offset % mmap.ALLOCATIONGRANULARITY  # where numpy's mmap begins
+        return (str(name), start + tokens.ctypes.data - base, len(tokens), tokens.dtype.str)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getstate__(self):
+        if self.file is None:
+            return {"array": self.array, "file": None}
+        return {"array": None, "file": self.file}
+
+    def __setstate__(self, state):
+        import numpy as np
+
+        self.file = state["file"]
+        self.array = state["array"]
+        if self.array is None:  # one memmap per process, opened here, reused for every batch
+            name, offset, length, dtype = self.file
+            self.array = np.memmap(name, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+
+
+def window_offsets(seed: int, batch: int, global_batch: int, num_windows: int):
+    """Start positions of the ``global_batch`` random windows of training batch number ``batch``.
+
+    A pure function of (seed, batch): ``numpy.random.default_rng([seed, batch])`` draws ``global_batch``
+    integers in [0, num_windows). Resuming at batch k, or splitting the rows over ranks, therefore sees
+    exactly the windows an uninterrupted single-process run would. Returns an int64 array (global_batch,).
+    """
+    import numpy as np
+
+    return np.random.default_rng([int(seed), int(batch)]).integers(0, num_windows, size=global_batch, dtype=np.int64)
+
+
+class RandomWindowBatches(torch.utils.data.Dataset):
+    """Training batches: item ``k`` is batch number ``k`` of the run, as ``(inputs, targets)``.
+
+    Each of the ``batch_size * world_size`` rows of global batch ``k`` is a window of ``max_len + 1``
+    consecutive tokens starting at :func:`window_offsets`; this rank keeps rows
+    ``[rank * batch_size, (rank + 1) * batch_size)``. inputs = window[:-1], targets = window[1:], both
+    (batch_size, max_len) int64.
+    """
+
+    def __init__(self, tokens, max_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.source = tokens if isinstance(tokens, _TokenSource) else _TokenSource(tokens)
+        self.max_len, self.batch_size, self.seed = int(max_len), int(batch_size), int(seed)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.num_windows = len(self.source) - self.max_len
+        if self.num_windows < 1:
+            raise ValueError(f"{len(self.source)} tokens are too few for one window of max_len+1 = {self.max_len + 1}")
+        self._arange = None
+
+    def __getitem__(self, k: int):
+        import numpy as np
+
+        offsets = window_offsets(self.seed, k, self.batch_size * self.world_size, self.num_windows)
+        offsets = offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        if self._arange is None:
+            self._arange = np.arange(self.max_len + 1, dtype=np.int64)
+        rows = torch.from_numpy(self.source.array[offsets[:, None] + self._arange].astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]
+
+    def __len__(self) -> int:  # map-style dataset of unbounded batches; the sampler decides which
+        return 2**62
+
+
+class _CountingSampler(torch.utils.data.Sampler):
+    """Yields batch numbers start, start+1, ... without end (the run stops at max_steps)."""
+
+    def __init__(self, start: int):
+        self.start = int(start)
+
+    def __iter__(self):
+        k = self.start
+        while True:
+            yield k
+            k += 1
+
+
+class SequentialWindows(torch.utils.data.Dataset):
+    """Validation: the non-overlapping windows of a split, grouped into batches.
+
+    Window ``i`` has inputs ``tokens[i*max_len : (i+1)*max_len]`` and targets shifted by one, so the input
+    windows do not overlap, the target windows do not overlap, and every token but the first is predicted
+    exactly once: ``(len(tokens) - 1) // max_len`` windows. Item ``j`` is batch ``j`` of ``batch_size``
+    windows (the last may be smaller); with ``max_batches`` only the first ``max_batches`` batches.
+    """
+
+    def __init__(self, tokens, max_len: int, batch_size: int, max_batches: int | None = None,
+                 rank: int = 0, world_size: int = 1):
+        self.source = tokens if isinstance(tokens, _TokenSource) else _TokenSource(tokens)
+        self.max_len, self.batch_size = int(max_len), int(batch_size)
+        self.num_windows = (len(self.source) - 1) // self.max_len
+        if self.num_windows < 1:
+            raise ValueError(f"{len(self.source)} tokens are too few for one window of max_len+1 = {self.max_len + 1}")
+        n = -(-self.num_windows // self.batch_size)
+        if max_batches is not None:
+            n = min(n, int(max_batches))
+        self.batches = list(range(int(rank), n, int(world_size)))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, j: int):
+        import numpy as np
+
+        b = self.batches[j]
+        first = b * self.batch_size
+        count = min(self.batch_size, self.num_windows - first)
+        starts = (first + np.arange(count, dtype=np.int64)) * self.max_len
+        rows = torch.from_numpy(self.source.array[starts[:, None] + np.arange(self.max_len + 1)].astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]
+
+
+def check_split_lengths(train_len: int, val_len: int, max_len: int) -> None:
+    """Raise ``ValueError`` naming the lengths when a split is shorter than one window (max_len + 1 tokens)."""
+    short = [f"{name} split has {n} tokens" for name, n in (("train", train_len), ("validation", val_len))
+             if n < max_len + 1]
+    if short:
+        raise ValueError(
+            f"the corpus is too short for max_len={max_len}: {' and '.join(short)}, but each split needs at least "
+            f"max_len+1 = {max_len + 1} tokens (train {train_len}, validation {val_len} tokens); use a longer "
+            f"corpus or a smaller max_len"
+        )
+
+
+class TokenDataModule(L.LightningDataModule):
+    """A ``LightningDataModule`` over the train and validation token splits of a corpus.
+
+    Training batches are random windows of ``max_len + 1`` tokens (``RandomWindowBatches``): inputs and
+    targets shifted by one, each (batch_size, max_len) int64. Batch number k is a pure function of
+    (seed, k), and the number of batches served is the DataModule's state (``state_dict`` / Lightning
+    checkpoint), so ``--resume`` continues with exactly the batches the uninterrupted run would have seen.
+    Under DDP each rank serves ``batch_size`` rows of a global batch of ``batch_size * world_size`` rows: rank
+    r takes its slice, so 2 processes with batch B/2 see the rows of one process with batch B.
+
+    Validation: all non-overlapping windows of the validation split (``SequentialWindows``) in batches of
+    ``val_batch_size``, at most ``val_batches`` batches (None: all), shared out across ranks.
+
+    The token arrays may be NumPy memmaps (``corpus_tokens``): they stay memory-mapped, and DataLoader
+    workers each re-open the file once.
+
+    Raises:
+        ValueError: a split shorter than max_len + 1 tokens (naming the lengths); batch_size < 1.
+    """
+
+    def __init__(self, train_tokens, val_tokens, *, max_len: int, batch_size: int, seed: int = 0,
+                 val_batch_size: int = 64, val_batches: int | None = None, num_workers: int = 0):
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if val_batches is not None and val_batches < 1:
+            raise ValueError(f"val_batches must be None (all) or >= 1, got {val_batches!r}")
+        self.train_source, self.val_source = _TokenSource(train_tokens), _TokenSource(val_tokens)
+        check_split_lengths(len(self.train_source), len(self.val_source), max_len)
+        self.max_len, self.batch_size, self.seed = int(max_len), int(batch_size), int(seed)
+        self.val_batch_size, self.val_batches, self.num_workers = int(val_batch_size), val_batches, int(num_workers)
+        #: number of training batches already consumed (the sampler's state)
+        self.batches_served = 0
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    def train_dataloader(self):
+        rank, world = self._rank_world()
+        ds = RandomWindowBatches(self.train_source, self.max_len, self.batch_size, self.seed, rank, world)
+        return DataLoader(ds, batch_size=None, sampler=_CountingSampler(self.batches_served),
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def val_dataloader(self):
+        rank, world = self._rank_world()
+        ds = SequentialWindows(self.val_source, self.max_len, self.val_batch_size, self.val_batches, rank, world)
+        return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            self.batches_served += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batches_served": self.batches_served, "batch_size": self.batch_size,
+                "max_len": self.max_len}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("max_len", self.max_len) != self.max_len:
+            raise ValueError(f"the checkpoint's data used max_len={state['max_len']}, this run uses {self.max_len}")
+        self.seed = int(state["seed"])
+        self.batches_served = int(state["batches_served"])
