@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 from .attention import Attention, MultiHeadAttention, SelfAttention
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import LESSON_PAIRS, lesson_tokenizer, pair_inputs_and_labels, tokenizer_for_pairs
-from .generation import KVCache, greedy_response
+from .generation import (KVCache, generate, generate_batch, greedy_response, stream, stream_text,
+                         TextStreamer)
 from .glassbox import Trace, VerifyReport, explain, explain_example, trace, verify
 from .model import PRESETS, DecoderBlock, DecoderOnlyTransformer, ModelConfig, preset
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
@@ -18,7 +19,7 @@ __all__ = [
     "Attention", "MultiHeadAttention", "SelfAttention",
     "load_checkpoint", "save_checkpoint",
     "LESSON_PAIRS", "lesson_tokenizer", "pair_inputs_and_labels", "tokenizer_for_pairs",
-    "KVCache", "greedy_response",
+    "KVCache", "greedy_response", "generate", "generate_batch", "stream", "stream_text", "TextStreamer",
     "Trace", "VerifyReport", "explain", "explain_example", "trace", "verify",
     "PRESETS", "DecoderBlock", "DecoderOnlyTransformer", "ModelConfig", "preset",
     "LearnedPositionEncoding", "PositionEncoding", "RotaryEmbedding",

@@ -386,7 +386,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
             )
-        fused_causal = causal and padding_mask is None and attn_mask is None and t_q == t_k
+        # one query (a KV-cache decode step) sees every cached key: no mask needed either
+        fused_causal = causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1)
         p_drop = self.dropout if self.training else 0.0
         record = self.record
         use_explicit = self.kernel == "explicit" or return_weights or record is not None

@@ -114,9 +114,21 @@ def cmd_sample(args) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _add_sampling_options(p, temperature_help: str) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=None, help="longest continuation in tokens (default 200)")
+    p.add_argument("--temperature", type=float, default=None, help=temperature_help)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the K most probable tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: P in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+
+
 def add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="continue a prompt with a trained model")
+    p = sub.add_parser("generate", help="continue a prompt with a trained model (streamed as it is produced)")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_sampling_options(p, "sampling temperature, 0 = greedy (default 1.0)")
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="stop before this text (repeatable)")
+    p.add_argument("--no-stream", action="store_true", help="print the continuation at the end")
     p.add_argument("prompt", help="the prompt text")
     p.set_defaults(func=cmd_generate)
 
@@ -130,9 +142,79 @@ def cmd_generate(args) -> int:
         ids = tok.encode(args.prompt)
         if not ids or ids[-1] != tok.eos_id:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
-        print(tok.decode(greedy_response(model, ids, tok.eos_id)))
+        print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
         return 0
-    raise SystemExit("decoderlab: error: this checkpoint was not trained on prompt/response pairs")
+    from .generation import generate, stream_text
+
+    kwargs = dict(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, stop=args.stop, seed=args.seed, tokenizer=tok)
+    n = 200 if args.max_new_tokens is None else args.max_new_tokens
+    if args.no_stream:
+        print(tok.decode(generate(model, tok.encode(args.prompt), n, **kwargs)))
+        return 0
+    kwargs.pop("tokenizer")
+    for piece in stream_text(model, tok, args.prompt, n, **kwargs):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chat
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, Ctrl-D)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else 1.0)")
+    p.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(args) -> int:
+    from .checkpoint import load_checkpoint, read_meta
+    from .generation import ChatSession
+
+    model, tok = load_checkpoint(args.checkpoint)
+    session = ChatSession(model, tok, pairs=read_meta(args.checkpoint).get("task") == "pairs",
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          max_new_tokens=args.max_new_tokens, seed=args.seed)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # pragma: no cover - not on every platform
+        pass
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("decoderlab chat -- /help for commands, Ctrl-D to exit")
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print()
+            return 0
+        except KeyboardInterrupt:
+            print("\n(Ctrl-D to exit)")
+            continue
+        if not line.strip():
+            continue
+        message = session.command(line)
+        if message is not None:
+            print(message, flush=True)
+            continue
+        try:
+            for piece in session.reply(line):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
+        except (KeyError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            print(f"error: {msg}", flush=True)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -193,7 +275,7 @@ def cmd_explain(args) -> int:
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_sample, add_generate, add_verify, add_explain]
+COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain]
 
 
 def build_parser() -> argparse.ArgumentParser:

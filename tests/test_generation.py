@@ -1,0 +1,448 @@
+"""The inference engine (issue 5): KV cache == the lesson's loop, sampling, stops, batches, text streaming, CLI.
+
+Exactness is tested on float64 models, so that equal math gives equal argmax/samples with no float32 ties.
+"""
+
+import io
+import random
+import sys
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.checkpoint import save_checkpoint
+from decoderlab.cli import main as cli_main
+from decoderlab.generation import (ChatSession, Sampler, StopMatcher, TextStreamer, generate, generate_batch,
+                                   greedy_response, stream, stream_text)
+from decoderlab.tokenizers import BPETokenizer, CharTokenizer
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread avoids waiting on a second one when the machine is busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# Every preset family, shrunk (same norm/position/mlp/bias/tying choices), plus rope/rmsnorm and no positions.
+FAMILIES = {
+    "statquest": dict(),
+    "baby-shakespeare": dict(d_model=16, n_layer=2, n_head=4, max_len=12),
+    "shakespeare-char": dict(d_model=24, n_layer=2, n_head=6, max_len=10),
+    "gpt2": dict(num_tokens=97, d_model=16, n_layer=2, n_head=2, max_len=12),
+    "rope-rmsnorm": dict(d_model=16, n_layer=2, n_head=2, max_len=9, position="rope", norm="rmsnorm"),
+    "no-positions": dict(d_model=16, n_layer=1, n_head=2, max_len=8, position="none"),
+}
+
+
+def make_model(family: str, kernel: str, seed: int = 0) -> dl.DecoderOnlyTransformer:
+    torch.manual_seed(seed)
+    base = "baby-shakespeare" if family in ("rope-rmsnorm", "no-positions") else family
+    m = dl.DecoderOnlyTransformer(dl.preset(base, **FAMILIES[family], attention=kernel)).double()
+    if m.config.init == "gpt2":  # random weights far from uniform logits, so greedy paths vary
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(20.0)
+    return m.eval()
+
+
+def lesson_loop(model, prompt, n, keep):
+    """The lesson's greedy loop, written out: the whole window through the model for every new token,
+    the window restarting on its last ``keep`` tokens when it passes max_len (decoderlab's rule)."""
+    max_len = model.config.max_len
+    ids = list(prompt)
+    start = max(0, len(ids) - max_len)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            if len(ids) - start > max_len:
+                start = len(ids) - keep
+            logits = model(torch.tensor(ids[start:]))
+            t = int(torch.argmax(logits[-1]))
+            ids.append(t)
+            out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_with_cache_equals_the_lesson_loop(family, kernel):
+    model = make_model(family, kernel)
+    cfg = model.config
+    rng = random.Random(f"{family}{kernel}")
+    for trial in range(3):
+        t = rng.randint(1, cfg.max_len)
+        prompt = [rng.randrange(cfg.num_tokens) for _ in range(t)]
+        n = rng.randint(1, 2 * cfg.max_len + 3)  # most runs pass max_len
+        keep = [None, cfg.max_len, 1][trial]
+        k = dl.generation.default_keep(cfg.max_len) if keep is None else keep
+        want = lesson_loop(model, prompt, n, k)
+        assert generate(model, prompt, n, temperature=0, keep=keep) == want
+        assert generate(model, prompt, n, temperature=0, keep=keep, use_cache=False) == want
+    # a prompt longer than max_len continues on its last max_len tokens
+    long_prompt = [rng.randrange(cfg.num_tokens) for _ in range(cfg.max_len + 3)]
+    assert generate(model, long_prompt, 5, temperature=0) == lesson_loop(model, long_prompt[3:], 5,
+                                                                          dl.generation.default_keep(cfg.max_len))
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampling_with_the_same_seed_is_the_same_with_and_without_cache(family, kernel):
+    model = make_model(family, kernel, seed=1)
+    cfg = model.config
+    prompt = [1, 2, 3][: cfg.max_len]
+    n = 2 * cfg.max_len + 5
+    for opts in (dict(), dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.9)):
+        a = generate(model, prompt, n, seed=11, **opts)
+        assert a == generate(model, prompt, n, seed=11, use_cache=False, **opts)
+        assert len(set(a)) > 1
+    assert a == generate(model, prompt, n, seed=11, **opts)  # reproducible
+
+
+def test_trained_statquest_cache_matches_greedy_response(statquest_checkpoint):
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    for prompt in ("what is statquest <EOS>", "statquest is what <EOS>"):
+        ids = tok.encode(prompt)
+        want = greedy_response(model, ids, tok.eos_id)
+        got = generate(model, ids, model.config.max_len - len(ids), temperature=0)
+        assert tok.decode(got) == tok.decode(want) == "awesome <EOS>"
+        assert generate(model, ids, 9, temperature=0, stop=tok.eos_id) == want[:-1]
+
+
+def test_generation_leaves_training_mode_and_global_rng_alone():
+    model = make_model("shakespeare-char", "sdpa")  # dropout 0.2: must be off while generating
+    model.train()
+    state = torch.get_rng_state()
+    a = generate(model, [1, 2], 15, seed=3)
+    assert torch.equal(state, torch.get_rng_state())
+    assert model.training
+    assert a == generate(model, [1, 2], 15, seed=3, use_cache=False)
+    assert generate(model, [1, 2], 0) == []
+    # the streaming twin yields the same tokens one at a time, and grad mode is not leaked to the caller
+    it = stream(model, [1, 2], 15, seed=3)
+    first = next(it)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    assert [first, *it] == a
+
+
+# ---- the sampler ----------------------------------------------------------------------------------------------
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]], dtype=torch.float64)
+    logits = probs.log()
+
+    def kept(**kw):
+        return torch.isfinite(Sampler(**kw).filter(logits))[0].nonzero().flatten().tolist()
+
+    assert kept(top_p=0.5) == [1]
+    assert kept(top_p=0.79) == [1, 3]
+    assert kept(top_p=0.81) == [1, 2, 3]
+    assert kept(top_p=1e-9) == [1]  # always at least one token
+    assert kept(top_p=1.0) == [0, 1, 2, 3]
+    assert kept(top_k=2) == [1, 3]
+    assert kept(top_k=100) == [0, 1, 2, 3]  # clamped to the vocabulary
+    # the draw follows the distribution (inverse CDF on one uniform per row)
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    draws = Sampler(temperature=1.0)(logits.expand(n, 4), [g] * n)
+    freq = torch.bincount(draws, minlength=4).double() / n
+    assert torch.allclose(freq, probs[0], atol=0.015)
+    draws = Sampler(temperature=1.0, top_p=0.79)(logits.expand(n, 4), [g] * n)
+    freq = torch.bincount(draws, minlength=4).double() / n
+    assert torch.allclose(freq, torch.tensor([0, 0.625, 0, 0.375], dtype=torch.float64), atol=0.015)
+    assert Sampler(temperature=0)(logits, []).tolist() == [1]
+
+
+def test_sampling_options_on_a_model():
+    model = make_model("baby-shakespeare", "sdpa", seed=2)
+    greedy = generate(model, [5], 20, temperature=0)
+    assert generate(model, [5], 20, top_k=1, seed=4) == greedy
+    assert generate(model, [5], 20, top_p=1e-9, seed=4) == greedy
+    assert generate(model, [5], 20, top_k=1000, seed=4) == generate(model, [5], 20, seed=4)
+    assert generate(model, [5], 20, top_p=1.0, seed=4) == generate(model, [5], 20, seed=4)
+    assert generate(model, [5], 20, seed=4) != generate(model, [5], 20, seed=5)
+
+
+# ---- stop sequences -----------------------------------------------------------------------------------------
+
+
+def test_stop_matcher_holds_back_prefixes():
+    m = StopMatcher([(7, 8, 9), (3,)])
+    assert m.push(1) == ([1], None)
+    assert m.push(7) == ([], None)
+    assert m.push(8) == ([], None)
+    assert m.push(7) == ([7, 8], None)  # 7 8 7: "7" may still start 7 8 9
+    assert m.push(8) == ([], None)
+    assert m.push(9) == ([], (7, 8, 9))
+    m = StopMatcher([(7, 8, 9)])
+    m.push(7)
+    assert m.flush() == [7]
+
+
+def test_stop_tokens_and_strings():
+    text = "abcabcabd ab cd"
+    tok = CharTokenizer.from_text(text)
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
+                                                n_layer=1, n_head=2, max_len=16)).double()
+    full = generate(model, tok.encode("ab"), 40, seed=9)
+    # a single stop id: everything before its first occurrence
+    t = full[len(full) // 2]
+    got = generate(model, tok.encode("ab"), 40, seed=9, stop=[t])
+    assert got == full[: full.index(t)]
+    # a two-token stop sequence (as ids, or as text through the tokenizer)
+    j = next(i for i in range(3, len(full) - 1) if min(full[i:i + 2]) > 1)  # no <PAD>/<EOS> in the pair
+    pair = tuple(full[j:j + 2])
+    first = next(i for i in range(len(full) - 1) if tuple(full[i:i + 2]) == pair)
+    assert generate(model, tok.encode("ab"), 40, seed=9, stop=pair) == full[:first]
+    s = tok.decode(list(pair))
+    assert list(stream(model, "ab", 40, seed=9, stop=s, tokenizer=tok)) == full[:first]
+    assert generate(model, "ab", 40, seed=9, stop=[s], tokenizer=tok) == full[:first]
+    # the streaming generator returns the stop sequence it matched
+    gen = stream(model, "ab", 40, seed=9, stop=s, tokenizer=tok)
+    with pytest.raises(StopIteration) as end:
+        while True:
+            next(gen)
+    assert end.value.value == pair
+
+
+# ---- batched generation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,kernel", [("baby-shakespeare", "sdpa"), ("rope-rmsnorm", "explicit"),
+                                           ("statquest", "explicit"), ("gpt2", "sdpa")])
+def test_batch_equals_each_prompt_alone(family, kernel):
+    model = make_model(family, kernel, seed=3)
+    cfg = model.config
+    rng = random.Random(family)
+    lengths = [1, cfg.max_len, max(1, cfg.max_len // 2), 2, cfg.max_len + 2]
+    prompts = [[rng.randrange(cfg.num_tokens) for _ in range(t)] for t in lengths]
+    n = 2 * cfg.max_len + 1
+    for opts in (dict(temperature=0), dict(seed=21, temperature=0.9), dict(seed=5, top_k=4)):
+        batch = generate_batch(model, prompts, n, **opts)
+        assert batch == [generate(model, p, n, **opts) for p in prompts]
+        assert batch == generate_batch(model, prompts, n, use_cache=False, **opts)
+    # stops end rows at different times; per-row seeds
+    alone = [generate(model, p, n, seed=s) for p, s in zip(prompts, range(5))]
+    stop = alone[0][3]
+    batch = generate_batch(model, prompts, n, seed=list(range(5)), stop=stop)
+    assert batch == [generate(model, p, n, seed=s, stop=stop) for p, s in zip(prompts, range(5))]
+    assert batch[0] == alone[0][: alone[0].index(stop)]
+
+
+# ---- text streaming -----------------------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """A stand-in byte-level tokenizer: one token per byte (ids 0..255), <EOS> = 256."""
+
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def pieces_of(tok, ids):
+    s = TextStreamer(tok)
+    out = [s.put(i) for i in ids]
+    out.append(s.end())
+    return [p for p in out if p]
+
+
+TEXT = "héllo wörld, naïve café -- 日本語のテキスト, emoji 😀🎉 and ∑ maths. "
+
+
+def test_text_streamer_never_splits_a_character_byte_level():
+    tok = ByteTokenizer()
+    ids = tok.encode(TEXT)
+    pieces = pieces_of(tok, ids)
+    assert "".join(pieces) == tok.decode(ids) == TEXT
+    assert all("\ufffd" not in p for p in pieces)
+    assert "😀" in pieces and "日" in pieces  # four and three bytes held until complete
+    # a character that never completes is written as decode writes it
+    cut = tok.encode("ab日")[:-1]
+    assert "".join(pieces_of(tok, cut)) == tok.decode(cut) == "ab\ufffd"
+
+
+def test_text_streamer_with_bpe_tokens_that_split_characters():
+    tok = BPETokenizer.train([TEXT * 30], 320)
+    ids = tok.encode(TEXT * 2)
+    assert tok.decode(ids) == TEXT * 2
+    splits = [i for i in ids if tok.decode([i]).endswith("\ufffd") or tok.decode([i]).startswith("\ufffd")]
+    assert splits, "the test needs BPE tokens that end or start inside a character"
+    pieces = pieces_of(tok, ids)
+    assert "".join(pieces) == tok.decode(ids)
+    assert all("\ufffd" not in p for p in pieces)
+    # forced sequences: single bytes of a 4-byte character, then continuing text
+    emoji = [i for i in range(tok.vocab_size) if tok.token_bytes(i) in (b"\xf0", b"\x9f", b"\x98", b"\x80")]
+    forced = tok.encode("a") + sorted(emoji, key=lambda i: b"\xf0\x9f\x98\x80".index(tok.token_bytes(i))) \
+        + tok.encode("日本")
+    pieces = pieces_of(tok, forced)
+    assert "".join(pieces) == tok.decode(forced) == "a😀日本"
+    assert "😀" in pieces
+
+
+def test_stream_text_equals_decode_of_generate():
+    tok = BPETokenizer.train([TEXT * 30], 320)
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
+                                                n_layer=1, n_head=2, max_len=16))
+    ids = generate(model, "日本", 60, seed=2, tokenizer=tok)
+    pieces = list(stream_text(model, tok, "日本", 60, seed=2))
+    assert "".join(pieces) == tok.decode(ids)
+    words = dl.lesson_tokenizer()
+    m = make_model("statquest", "explicit")
+    ids = generate(m, [0, 1], 8, seed=1)
+    assert "".join(stream_text(m, words, [0, 1], 8, seed=1)) == words.decode(ids)  # separators kept
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    model = make_model("baby-shakespeare", "sdpa")
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
+        generate(model, [1], -1)
+    for t in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(model, [1], 3, temperature=t)
+    for p in (0, 0.0, 1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+            generate(model, [1], 3, top_p=p)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1, got 0"):
+        generate(model, [1], 3, top_k=0)
+    with pytest.raises(ValueError, match=r"token id 65 is out of range; allowed ids are 0 \.\. 64"):
+        generate(model, [1, 65], 3)
+    with pytest.raises(ValueError, match="token id -1 is out of range"):
+        generate_batch(model, [[1], [-1]], 3)
+    with pytest.raises(ValueError, match="empty and the model has no start token"):
+        generate(model, [], 3)
+    with pytest.raises(ValueError, match="keep must be in 1 .. max_len=12"):
+        generate(model, [1], 3, keep=13)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        generate_batch(model, [], 3)
+    with pytest.raises(ValueError, match="one int per prompt"):
+        generate_batch(model, [[1], [2]], 3, seed=[1, 2, 3])
+
+
+def test_empty_prompt_starts_from_eos():
+    tok = CharTokenizer.from_text("abc def")
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=8,
+                                                n_layer=1, n_head=2, max_len=8)).double()
+    assert generate(model, [], 6, seed=1, tokenizer=tok) == generate(model, [tok.eos_id], 6, seed=1)
+
+
+def test_stop_strings_the_tokenizer_cannot_encode():
+    model = make_model("statquest", "explicit")
+    words = dl.lesson_tokenizer()
+    with pytest.raises(ValueError, match="stop string 'hello' cannot be encoded by the tokenizer"):
+        generate(model, [0], 3, stop="hello", tokenizer=words)
+    chars = CharTokenizer.from_text("abc")
+    m2 = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=chars.vocab_size, d_model=8,
+                                             n_layer=1, n_head=2, max_len=8))
+    with pytest.raises(ValueError, match="stop string 'xyz' cannot be encoded"):
+        generate(m2, [2], 3, stop=["a", "xyz"], tokenizer=chars)
+    with pytest.raises(TypeError, match="needs the tokenizer"):
+        generate(model, [0], 3, stop="awesome")
+    with pytest.raises(ValueError, match="must not be empty"):
+        generate(model, [0], 3, stop="", tokenizer=words)
+    with pytest.raises(ValueError, match="stop token id 9 is out of range"):
+        generate(model, [0], 3, stop=9)
+    assert generate(model, [0], 3, temperature=0, stop="<EOS>", tokenizer=words) == \
+        generate(model, [0], 3, temperature=0, stop=words.eos_id)
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_checkpoint(tmp_path_factory):
+    tok = CharTokenizer.from_text("to be or not to be, that is the question\n")
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
+                                                n_layer=1, n_head=2, max_len=24))
+    out = tmp_path_factory.mktemp("lm") / "ckpt"
+    save_checkpoint(out, model, tok, meta={"task": "lm"})
+    return out
+
+
+def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatch):
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    args = ["--max-new-tokens", "30", "--temperature", "0.8", "--top-k", "8", "--top-p", "0.95", "--seed", "3"]
+    ids = generate(model, tok.encode("to be"), 30, temperature=0.8, top_k=8, top_p=0.95, seed=3)
+    want = tok.decode(ids)
+    writes = []
+    real_write = sys.stdout.write
+
+    def recording_write(s):
+        writes.append(s)
+        return real_write(s)
+
+    monkeypatch.setattr(sys.stdout, "write", recording_write)
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "to be"]) == 0
+    monkeypatch.undo()
+    assert capsys.readouterr().out == want + "\n"
+    assert len(writes) > 5  # piece by piece, not all at the end
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "--no-stream", "to be"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    j = next(i for i in range(3, len(ids) - 1) if min(ids[i:i + 2]) > 1)  # two characters, no specials
+    first = next(i for i in range(len(ids) - 1) if ids[i:i + 2] == ids[j:j + 2])
+    stop = tok.decode(ids[j:j + 2])
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "--stop", stop, "to be"]) == 0
+    assert capsys.readouterr().out == tok.decode(ids[:first]) + "\n"
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--top-p", "2", "to be"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_cli_chat_with_the_lesson_model(statquest_checkpoint, capsys, monkeypatch):
+    lines = iter(["what is statquest", "/temperature 0.7", "/temperature -1", "/top_k 20", "/help", "/reset",
+                  "/temperature 0", "statquest is what", "what is hello", "/nope"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "awesome"
+    assert out[1] == "(temperature = 0.7)"
+    assert out[2].startswith("error: /temperature '-1'")
+    assert out[3] == "(top_k = 20)"
+    assert "/reset" in "\n".join(out) and "(conversation reset)" in out
+    i = out.index("(temperature = 0)")
+    assert out[i + 1] == "awesome"
+    assert out[i + 2].startswith("error: unknown word 'hello'")
+    assert out[-1].startswith("unknown command /nope")
+
+
+def test_chat_session_continues_the_conversation(statquest_checkpoint):
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    chat = ChatSession(model, tok, pairs=True)
+    assert "".join(chat.reply("what is statquest")) == "awesome"
+    assert tok.decode(chat.history) == "what is statquest <EOS> awesome <EOS>"
+    # the next turn continues the history (the model sees its last max_len tokens)
+    prompt = chat.history + tok.encode("statquest <EOS>")
+    want = generate(model, prompt, model.config.max_len, temperature=0, stop=tok.eos_id)
+    assert "".join(chat.reply("statquest")) == tok.decode(want)
+    chat.command("/reset")
+    assert chat.history == []
+
+
+def test_chat_reads_stdin_until_end_of_file(statquest_checkpoint, capsys, monkeypatch):
+    """The real input() on a non-terminal stdin: two turns, then end of input (Ctrl-D) exits with 0."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("what is statquest\n/reset\nstatquest is what\n"))
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["awesome", "(conversation reset)", "awesome"]
