@@ -159,3 +159,10 @@ def test_multihead_and_block_accept_unbatched_input(kernel):
     for i in range(3):
         assert torch.allclose(block(x[i]), yb[i], atol=1e-6)
         assert torch.allclose(block.attention(x[i]), block.attention(x)[i], atol=1e-6)
+
+
+def test_lesson_keywords_override_a_preset():
+    m = dl.DecoderOnlyTransformer("baby-shakespeare", d_model=64, num_tokens=10, max_len=8)
+    assert (m.config.d_model, m.config.num_tokens, m.config.max_len, m.config.n_layer) == (64, 10, 8, 4)
+    m2 = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=1, d_model=64, n_head=4), num_tokens=20)
+    assert (m2.config.num_tokens, m2.config.d_model) == (20, 64)

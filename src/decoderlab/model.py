@@ -285,10 +285,11 @@ class DecoderOnlyTransformer(L.LightningModule):
     def __init__(self, config: ModelConfig | str | None = None, *, num_tokens: int | None = None,
                  d_model: int | None = None, max_len: int | None = None, lr: float = 0.1, **overrides):
         super().__init__()
+        lesson = {k: v for k, v in dict(num_tokens=num_tokens, d_model=d_model, max_len=max_len).items()
+                  if v is not None}
+        overrides = {**lesson, **overrides}
         if config is None:
-            lesson = {k: v for k, v in dict(num_tokens=num_tokens, d_model=d_model, max_len=max_len).items()
-                      if v is not None}
-            config = preset("statquest", **{"num_tokens": 4, **lesson, **overrides})
+            config = preset("statquest", **{"num_tokens": 4, **overrides})
         elif isinstance(config, str):
             config = preset(config, **overrides)
         elif isinstance(config, dict):
