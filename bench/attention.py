@@ -24,15 +24,21 @@ Run: ``python bench/attention.py`` (about a minute on a quiet machine); prints o
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import json
-import re
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
+import os
+
+# Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine, spinning threads of a 2-thread
+# torch process fight the other jobs (measured here: a 40 ms step took 250 ms). Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 D_MODEL, N_HEAD = 384, 6
 TS = (256, 1024, 4096)
@@ -130,7 +136,8 @@ def main() -> None:
         for k, seconds in time_kernels(t).items():
             results[(k, t)]["ms"] = 1e3 * seconds
     print(f"MultiHeadAttention d_model={D_MODEL} n_head={N_HEAD} batch 1, causal, float32 CPU, "
-          f"torch {torch.__version__}, 2 threads; forward+backward; time = median of "
+          f"torch {torch.__version__}, 2 threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
+          f"forward+backward; time = median of "
           f"{'/'.join(str(REPS[t]) for t in TS)} repetitions at T={'/'.join(map(str, TS))}")
     print()
     print("| T | explicit ms | sdpa ms | time explicit/sdpa | explicit peak MiB | sdpa peak MiB "
