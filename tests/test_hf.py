@@ -4,6 +4,7 @@ Everything is built locally from a small random GPT2LMHeadModel; nothing is down
 """
 
 import json
+import os
 import sys
 
 import pytest
@@ -76,6 +77,9 @@ def test_round_trip_ours_to_hf_directory_to_ours(tmp_path, ids):
     hf = to_gpt2(ours, tmp_path / "gpt2-small-copy", attn_implementation="eager")
     assert isinstance(hf, GPT2LMHeadModel)
     files = {p.name for p in (tmp_path / "gpt2-small-copy").iterdir()}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "gpt2-small-copy").stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
     assert {"config.json", "model.safetensors"} <= files
     written = json.loads((tmp_path / "gpt2-small-copy" / "config.json").read_text())
     assert (written["n_inner"], written["layer_norm_epsilon"], written["n_embd"]) == (96, 1e-6, 64)

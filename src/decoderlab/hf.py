@@ -447,6 +447,9 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual permissions
             hf.save_pretrained(str(tmp), safe_serialization=True)
             _replace_directory(tmp, directory)
         except BaseException:
