@@ -425,9 +425,17 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
         return model(tokens, positions=length - p, padding_mask=pad_buf[:, : length + 1], cache=cache)[:, -1]
 
     def full() -> torch.Tensor:  # the lesson's loop: the whole window, every step
-        return torch.stack([
-            model(torch.tensor(r[s:], dtype=torch.long, device=device))[-1] for r, s in zip(rows, starts)
-        ])
+        if b == 1:
+            return model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
+        groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
+        for i, (r, s) in enumerate(zip(rows, starts)):
+            groups.setdefault(len(r) - s, []).append(i)
+        out = [None] * b
+        for members in groups.values():
+            tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
+            for i, row_logits in zip(members, model(tokens)[:, -1]):
+                out[i] = row_logits
+        return torch.stack(out)
 
     logits = prefill() if use_cache else full()
     for step in range(max_new_tokens):
