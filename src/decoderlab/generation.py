@@ -202,6 +202,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
         if self.greedy:
             return logits.argmax(dim=-1)
+        if logits.dtype in (torch.float16, torch.bfloat16):  # a CDF needs more precision than 8 bits
+            logits = logits.float()
         probs = torch.softmax(self.filter(logits), dim=-1)
         cdf = probs.cumsum(dim=-1)
         if len(generators) == 1:
