@@ -13,8 +13,8 @@ import torch
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
 from decoderlab.cli import main as cli_main
-from decoderlab.generation import (ChatSession, Sampler, StopMatcher, TextStreamer, generate, generate_batch,
-                                   greedy_response, stream, stream_text)
+from decoderlab.generation import (ChatSession, DecodeStep, KVCache, Sampler, StopMatcher, TextStreamer, generate,
+                                   generate_batch, greedy_response, stream, stream_text)
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer
 
 
@@ -87,6 +87,34 @@ def test_greedy_with_cache_equals_the_lesson_loop(family, kernel):
     long_prompt = [rng.randrange(cfg.num_tokens) for _ in range(cfg.max_len + 3)]
     assert generate(model, long_prompt, 5, temperature=0) == lesson_loop(model, long_prompt[3:], 5,
                                                                           dl.generation.default_keep(cfg.max_len))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decode_step_equals_the_model_forward(family):
+    """The functional decode step gives the model's own logits (float64), unpadded and left-padded."""
+    model = make_model(family, "explicit", seed=4)
+    cfg = model.config
+    step = DecodeStep.for_model(model)
+    assert step is not None
+    torch.manual_seed(0)
+    ids = torch.randint(cfg.num_tokens, (3, cfg.max_len))
+    pads = torch.tensor([[0], [2], [cfg.max_len - 2]])
+    pad_mask = torch.arange(cfg.max_len)[None] < pads  # (3, max_len), True = padded
+    positions = (torch.arange(cfg.max_len)[None] - pads).clamp_min(0)
+    with torch.no_grad():
+        for padded in (False, True):
+            want = model(ids, padding_mask=pad_mask if padded else None, positions=positions if padded else None)
+            cache = KVCache.for_model(model)
+            t0 = 2
+            model(ids[:, :t0], padding_mask=pad_mask[:, :t0] if padded else None,
+                  positions=positions[:, :t0] if padded else None, cache=cache)
+            for t in range(t0, cfg.max_len):
+                got = step(ids[:, t:t + 1], positions[:, t:t + 1] if padded else t,
+                           pad_mask[:, :t + 1] if padded else None, cache)
+                rows = [0, 1] if padded and t < cfg.max_len - 2 else [0, 1, 2]  # row 2 is all padding early
+                assert torch.allclose(got[rows], want[rows, t], atol=1e-10, rtol=1e-12), (padded, t)
+    model.blocks[0].attention.record = {}  # the glass box is recording: the engine calls the model instead
+    assert DecodeStep.for_model(model) is None
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
