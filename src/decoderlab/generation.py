@@ -2,6 +2,13 @@
 
 Inference lives apart from the model (as nanochat's engine apart from its gpt.py): the model only knows how
 to run a forward pass over new tokens with an optional ``KVCache``.
+
+Public API: :func:`generate` / :func:`stream` (one prompt; tokens as a list or yielded as produced),
+:func:`generate_batch` (prompts of different lengths, left-padded), :func:`stream_text` / :class:`TextStreamer`
+(text pieces that never split a character), :class:`Sampler` (greedy, temperature, top-k, top-p),
+:class:`ChatSession` (the ``decoderlab chat`` loop), :func:`greedy_response` (the lesson's loop). With the cache
+the tokens are exactly those of the lesson's loop (``use_cache=False``), greedy or seeded; see :func:`stream`
+for the context-window rule past max_len.
 """
 
 from __future__ import annotations
