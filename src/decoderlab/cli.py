@@ -123,7 +123,10 @@ def _add_sampling_options(p, temperature_help: str) -> None:
 
 
 def add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="continue a prompt with a trained model (streamed as it is produced)")
+    p = sub.add_parser("generate", help="continue a prompt with a trained model (streamed as it is produced)",
+                       description="Continue a prompt. A model trained on prompt/response pairs (the lesson's "
+                                   "statquest) answers greedily with <EOS> appended to the prompt, as in the "
+                                   "lesson; the sampling options apply to language models.")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
     _add_sampling_options(p, "sampling temperature, 0 = greedy (default 1.0)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
