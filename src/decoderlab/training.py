@@ -505,7 +505,7 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None
         return None
     if resume is True:
         if run_dir is None:
-            raise ValueError("resume=True needs the run directory (out=...) to resume from")
+            raise ValueError("resume without a directory needs the run directory to resume from (--out / out=)")
         resume = run_dir
     path = Path(resume)
     if path.suffix == ".ckpt":
@@ -669,7 +669,8 @@ def train_lm(
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*(does not have many workers|resuming from a checkpoint "
-                                                      r"that ended|`training_step` returned).*")
+                                                      r"that ended|`training_step` returned|exists and is not "
+                                                      r"empty).*")
             trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None,
                         weights_only=False)
     finally:
