@@ -69,7 +69,34 @@ def _lesson_dims(x: torch.Tensor, row_dim: int, col_dim: int) -> tuple[int, int]
     return row_dim + lead if row_dim >= 0 else row_dim, col_dim + lead if col_dim >= 0 else col_dim
 
 
-class SelfAttention(nn.Module):
+class _LessonAttention(nn.Module):
+    """What the lesson's two classes share: the weights W_q, W_k, W_v and the math of the lesson."""
+
+    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
+        super().__init__()
+        self.d_model = d_model
+        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
+        self.row_dim = row_dim
+        self.col_dim = col_dim
+
+    def _attend(self, encodings_for_q, encodings_for_k, encodings_for_v, mask=None) -> torch.Tensor:
+        q = self.W_q(encodings_for_q)
+        k = self.W_k(encodings_for_k)
+        v = self.W_v(encodings_for_v)
+        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
+        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
+        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
+        if mask is not None:
+            mask = _check_mask(mask, scaled_sims.shape)
+            scaled_sims = scaled_sims.masked_fill(mask=mask, value=LESSON_MASK_VALUE)
+        attention_percents = F.softmax(scaled_sims, dim=col)
+        attention_scores = torch.matmul(attention_percents, v)
+        return attention_scores
+
+
+class SelfAttention(_LessonAttention):
     """Self-attention exactly as the lesson codes it (StatQuest, "Coding Self-Attention in PyTorch").
 
     ``W_q``, ``W_k``, ``W_v`` are ``nn.Linear(d_model, d_model, bias=False)``; ``forward`` returns
@@ -91,29 +118,12 @@ class SelfAttention(nn.Module):
     ``[[1.0100, 1.0641], [0.2040, 0.7057], [3.4989, 2.2427]]``.
     """
 
-    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
-        super().__init__()
-        self.d_model = d_model
-        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.row_dim = row_dim
-        self.col_dim = col_dim
-
     def forward(self, token_encodings: torch.Tensor) -> torch.Tensor:
         _check_last_dim(token_encodings, self.d_model, "token_encodings")
-        q = self.W_q(token_encodings)
-        k = self.W_k(token_encodings)
-        v = self.W_v(token_encodings)
-        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
-        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
-        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
-        attention_percents = F.softmax(scaled_sims, dim=col)
-        attention_scores = torch.matmul(attention_percents, v)
-        return attention_scores
+        return self._attend(token_encodings, token_encodings, token_encodings)
 
 
-class Attention(nn.Module):
+class Attention(_LessonAttention):
     """(Masked) attention exactly as the lesson codes it (StatQuest, "Coding a ChatGPT Like Transformer").
 
     Queries, keys and values may come from different encodings, so this also does encoder-decoder
@@ -133,15 +143,6 @@ class Attention(nn.Module):
             broadcast to the similarities.
     """
 
-    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
-        super().__init__()
-        self.d_model = d_model
-        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.row_dim = row_dim
-        self.col_dim = col_dim
-
     def forward(
         self,
         encodings_for_q: torch.Tensor,
@@ -157,18 +158,7 @@ class Attention(nn.Module):
                 f"encodings_for_k {tuple(encodings_for_k.shape)} and encodings_for_v "
                 f"{tuple(encodings_for_v.shape)} must have the same number of tokens"
             )
-        q = self.W_q(encodings_for_q)
-        k = self.W_k(encodings_for_k)
-        v = self.W_v(encodings_for_v)
-        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
-        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
-        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
-        if mask is not None:
-            mask = _check_mask(mask, scaled_sims.shape)
-            scaled_sims = scaled_sims.masked_fill(mask=mask, value=LESSON_MASK_VALUE)
-        attention_percents = F.softmax(scaled_sims, dim=col)
-        attention_scores = torch.matmul(attention_percents, v)
-        return attention_scores
+        return self._attend(encodings_for_q, encodings_for_k, encodings_for_v, mask)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -72,6 +72,22 @@ def unwrap_model(model):
     return model
 
 
+def replace_directory(tmp: Path, directory: Path) -> None:
+    """Swap the fully written directory ``tmp`` into place at ``directory`` (renames only; the old one, if
+    any, is moved aside first and deleted last). ``tmp`` gets the usual directory permissions (mkdtemp
+    makes it 0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    old = None
+    if directory.exists():
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dict | None = None,
                     extra_files: dict[str, bytes] | None = None, inplace: bool = False) -> Path:
     """Write a checkpoint directory atomically (see the module docstring) and return its path.
@@ -114,13 +130,7 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
         )
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
-        old = None
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

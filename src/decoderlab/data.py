@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from .checkpoint import atomic_write_bytes
 from .tokenizers import EOS, Tokenizer, WordTokenizer
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -154,17 +154,7 @@ def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = No
             raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
                              f"0 .. {tokenizer.vocab_size - 1}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(ids.astype(dtype).tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(path, ids.astype(dtype).tobytes())
     return np.memmap(path, dtype=dtype, mode="r")
 
 

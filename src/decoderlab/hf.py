@@ -330,16 +330,6 @@ def _read_directory(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     )
 
 
-def _replace_directory(tmp: Path, directory: Path) -> None:
-    old = None
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------
@@ -424,7 +414,7 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
             norm; no MLP; no attention output projection; a bias in the LM head), naming field and value.
         ImportError: transformers is not installed (``pip install 'decoderlab[hf]'``).
     """
-    from .checkpoint import unwrap_model
+    from .checkpoint import replace_directory, unwrap_model
 
     model = unwrap_model(model)
     if not isinstance(model, DecoderOnlyTransformer):
@@ -447,11 +437,8 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
         try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the directory the usual permissions
             hf.save_pretrained(str(tmp), safe_serialization=True)
-            _replace_directory(tmp, directory)
+            replace_directory(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
