@@ -248,3 +248,51 @@ def test_checkpoint_missing_or_incomplete(tmp_path, statquest_checkpoint, capsys
         dl.load_checkpoint(broken)
     assert cli_main(["generate", "--checkpoint", str(broken), "what"]) == 2
     assert "incomplete" in capsys.readouterr().err
+
+
+def test_lesson_classes_reject_bad_sizes():
+    for bad in (0, -2, "2", 2.0):
+        with pytest.raises(ValueError, match="d_model must be a positive integer"):
+            dl.SelfAttention(d_model=bad)
+        with pytest.raises(ValueError, match="d_model must be a positive integer"):
+            dl.Attention(d_model=bad)
+
+
+def test_train_refuses_an_out_directory_with_other_files(tmp_path, capsys):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("important")
+    assert cli_main(["train", "--preset", "statquest", "--out", str(precious)]) == 2
+    assert "refusing to replace" in capsys.readouterr().err and "thesis.txt" in str(list(precious.iterdir()))
+    assert (precious / "thesis.txt").read_text() == "important"
+    with pytest.raises(FileExistsError, match="it is a file"):
+        dl.save_checkpoint(precious / "thesis.txt", dl.DecoderOnlyTransformer(num_tokens=5), dl.lesson_tokenizer())
+
+
+def test_statquest_training_rejects_language_model_options(capsys):
+    assert cli_main(["train", "--preset", "statquest", "--data", "x.txt", "--max-steps", "3"]) == 2
+    assert "--data, --max-steps apply to language-model presets only" in capsys.readouterr().err
+
+
+def test_pair_generation_rejects_sampling_options(statquest_checkpoint, capsys):
+    assert cli_main(["generate", "--checkpoint", str(statquest_checkpoint), "--temperature", "0.5", "what"]) == 2
+    assert "--temperature do not apply" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_files_are_named(tmp_path, statquest_checkpoint, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(statquest_checkpoint, bad)
+    weights = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(weights[:100])
+    with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file"):
+        dl.load_checkpoint(bad)
+    (bad / "model.safetensors").write_bytes(weights)
+    (bad / "config.json").write_text("{oops")
+    with pytest.raises(ValueError, match="config.json is not a valid ModelConfig JSON file"):
+        dl.load_checkpoint(bad)
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        dl.load_checkpoint(bad / "config.json")
+    assert cli_main(["generate", "--checkpoint", str(bad), "what"]) == 2
+    assert "config.json" in capsys.readouterr().err

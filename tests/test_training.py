@@ -208,7 +208,7 @@ def test_run_directory_and_summary(full_run):
     assert tok2.vocab_size == tok.vocab_size
     x = torch.tensor(tok.encode("First Citizen:"))
     torch.testing.assert_close(loaded(x), model(x))
-    assert (out / "logs" / "csv" / "metrics.csv").is_file()
+    assert (out / "logs" / "csv" / "version_0" / "metrics.csv").is_file()
 
 
 def test_resume_reproduces_the_uninterrupted_run(full_run, tmp_path, text, cache):
@@ -221,6 +221,9 @@ def test_resume_reproduces_the_uninterrupted_run(full_run, tmp_path, text, cache
     assert resumed.steps == 8
     np.testing.assert_allclose(resumed.train_losses, uninterrupted.train_losses, rtol=0, atol=1e-6)
     assert resumed.val_loss == pytest.approx(uninterrupted.val_loss, abs=1e-6)
+    # the resumed run logs to a new version; the first run's metrics are kept
+    first_log = (out / "logs" / "csv" / "version_0" / "metrics.csv").read_text()
+    assert "val_loss" in first_log and (out / "logs" / "csv" / "version_1" / "metrics.csv").is_file()
 
 
 def test_resume_without_checkpoint(tmp_path, text, cache):

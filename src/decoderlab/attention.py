@@ -74,6 +74,8 @@ class _LessonAttention(nn.Module):
 
     def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
         super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
         self.d_model = d_model
         self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
         self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)

@@ -31,14 +31,19 @@ REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 _PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
 
 
+def _usual_mode(path, directory: bool = False) -> None:
+    """Give a file made by mkstemp/mkdtemp (0600/0700) the permissions a plain open/mkdir would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        _usual_mode(tmp)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -76,9 +81,7 @@ def replace_directory(tmp: Path, directory: Path) -> None:
     """Swap the fully written directory ``tmp`` into place at ``directory`` (renames only; the old one, if
     any, is moved aside first and deleted last). ``tmp`` gets the usual directory permissions (mkdtemp
     makes it 0700)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
+    _usual_mode(tmp, directory=True)
     old = None
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
@@ -116,9 +119,10 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
             f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
             f"{model.config.num_tokens}"
         )
-    directory = Path(directory)
+    directory = Path(directory).absolute()
     if inplace:
         return _save_inplace(directory, model, tokenizer, meta, extra_files)
+    check_output_dir(directory, extra_files)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
     try:
@@ -145,6 +149,7 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WEIGHTS_FILE}.", suffix=".tmp")
     os.close(fd)
+    _usual_mode(tmp)
     try:
         save_model(model, tmp)
         os.replace(tmp, directory / WEIGHTS_FILE)
@@ -160,9 +165,30 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
     return directory
 
 
+def check_output_dir(directory: str | os.PathLike, extra_files: dict | None = None) -> Path:
+    """Check that a checkpoint may be written to ``directory`` (replacing it as a whole): it must not exist,
+    or be an empty directory, or hold only a checkpoint's own files. Anything else would be deleted, so it
+    raises ``FileExistsError`` naming the directory and what it holds."""
+    directory = Path(directory).absolute()
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"cannot write a checkpoint to {directory}: it is a file, not a directory")
+    if directory.is_dir():
+        own = set(REQUIRED) | {META_FILE} | set(extra_files or ())
+        foreign = sorted(p.name for p in directory.iterdir() if p.name not in own)
+        if foreign:
+            raise FileExistsError(
+                f"refusing to replace {directory}: it holds files that are not part of a checkpoint "
+                f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); choose another output directory"
+            )
+    return directory
+
+
 def check_checkpoint_dir(directory: str | os.PathLike) -> Path:
     """Raise ``FileNotFoundError`` naming the directory and the missing files, if it is not a checkpoint."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint {directory} is a file; a checkpoint is a directory holding "
+                                f"{', '.join(REQUIRED)}")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
     missing = [f for f in REQUIRED if not (directory / f).is_file()]
@@ -196,7 +222,10 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     from .tokenizers import Tokenizer
 
     directory = check_checkpoint_dir(directory)
-    config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    try:
+        config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+        raise ValueError(f"{directory / CONFIG_FILE} is not a valid ModelConfig JSON file: {e}") from None
     tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
     if tokenizer.vocab_size != config.num_tokens:
         raise ValueError(
@@ -204,7 +233,11 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             f"config num_tokens {config.num_tokens}"
         )
     model = DecoderOnlyTransformer(config)
-    state = clean_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(map_location)))
+    try:
+        state = load_file(str(directory / WEIGHTS_FILE), device=str(map_location))
+    except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
+        raise ValueError(f"{directory / WEIGHTS_FILE} is not a readable safetensors file: {e}") from None
+    state = clean_state_dict(state)
     load_weights(model, state, source=str(directory / WEIGHTS_FILE))
     model.eval()
     return model, tokenizer

@@ -26,7 +26,7 @@ def add_train(sub) -> None:
     g = p.add_argument_group("language-model training (defaults: decoderlab.training.TrainConfig)")
     g.add_argument("--data", default=None, help="a text file or a folder of .txt files (default: the embedded "
                                                 "tinyshakespeare)")
-    g.add_argument("--tokenizer", default="char", choices=("char", "word", "bpe"))
+    g.add_argument("--tokenizer", default=None, choices=("char", "word", "bpe"), help="default char")
     g.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
     g.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default 2000)")
     g.add_argument("--batch-size", type=int, default=None, help="sequences per batch per process (default 12)")
@@ -57,8 +57,20 @@ def cmd_train(args) -> int:
     if name == "statquest":
         from .training import train_pairs
 
+        lm_only = [opt for opt in ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision",
+                                   "compile", "eval_every", "val_batches", "grad_clip", "accumulate", "resume")
+                   if getattr(args, opt) is not None]
+        lm_only += [opt for opt, default in (("devices", "1"), ("strategy", "auto"), ("num_nodes", 1))
+                    if getattr(args, opt) != default]
+        if lm_only:
+            raise ValueError(
+                f"--preset statquest trains the lesson's two pairs; {', '.join('--' + o.replace('_', '-') for o in lm_only)} "
+                "apply to language-model presets only (statquest takes --out, --epochs, --seed, --lr, --batch-size)"
+            )
         out = args.out or "runs/statquest"
-        model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=42 if args.seed is None else args.seed)
+        model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=42 if args.seed is None else args.seed,
+                                 lr=0.1 if args.lr is None else args.lr,
+                                 batch_size=1 if args.batch_size is None else args.batch_size)
         print(f"trained the lesson's model ({model.num_parameters()} parameters) on its two pairs; "
               f"checkpoint written to {out}")
         return 0
@@ -67,7 +79,7 @@ def cmd_train(args) -> int:
     overrides = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     devices = int(args.devices) if str(args.devices).isdigit() else args.devices
     try:
-        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size,
                                  out=args.out, config_overrides=overrides, resume=args.resume, devices=devices,
                                  strategy=args.strategy, num_nodes=args.num_nodes,
                                  progress_bar=not args.no_progress_bar)
@@ -142,6 +154,11 @@ def cmd_generate(args) -> int:
 
     model, tok = load_checkpoint(args.checkpoint)
     if read_meta(args.checkpoint).get("task") == "pairs":
+        sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+                    if getattr(args, o) is not None]
+        if sampling:
+            raise ValueError(f"{', '.join('--' + o.replace('_', '-') for o in sampling)} do not apply: a model trained "
+                             "on prompt/response pairs answers greedily until <EOS>, as in the lesson")
         ids = tok.encode(args.prompt)
         if not ids or ids[-1] != tok.eos_id:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
@@ -297,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2

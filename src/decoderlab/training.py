@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import time
@@ -20,12 +21,22 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from .checkpoint import atomic_write_text, save_checkpoint, unwrap_model
+from .checkpoint import atomic_write_text, check_output_dir, save_checkpoint, unwrap_model
 from .data import (LESSON_PAIRS, SequentialWindows, TokenDataModule, check_split_lengths, corpus_tokens,
                    pair_dataloader, read_corpus, split_tokens, tokenizer_for_pairs)
 from .model import DecoderOnlyTransformer, preset
 from .positions import LearnedPositionEncoding
 from .tokenizers import Tokenizer, build_tokenizer
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning prints an advertisement ("Tip: ... litlogger") with every Trainer; keep real messages."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLightningTips())
 
 
 def train_pairs(
@@ -56,6 +67,8 @@ def train_pairs(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tokenizer = tokenizer_for_pairs(pairs)
+    if out is not None:
+        check_output_dir(out)  # before training, so a bad --out loses no work
     L.seed_everything(seed, verbose=False)
     model = DecoderOnlyTransformer(preset(preset_name, num_tokens=tokenizer.vocab_size), lr=lr)
     longest = max(len(p.split()) + len(r.split()) + 1 for p, r in pairs)
@@ -72,7 +85,9 @@ def train_pairs(
         enable_model_summary=False,
         deterministic=True,
     )
-    trainer.fit(model, train_dataloaders=loader)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(no `val_dataloader`|does not have many workers|LeafSpec).*")
+        trainer.fit(model, train_dataloaders=loader)
     model.eval()
     if out is not None:
         save_checkpoint(out, model, tokenizer, meta={"task": "pairs"})
@@ -408,11 +423,12 @@ def _loggers(run_dir: Path | None):
         return False
     from lightning.pytorch.loggers import CSVLogger
 
-    loggers = [CSVLogger(str(run_dir), name="logs", version="csv")]
+    # a new version directory per (resumed) run, so a resume never deletes the metrics logged before it
+    loggers = [CSVLogger(str(Path(run_dir) / "logs"), name="csv")]
     if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        loggers.append(TensorBoardLogger(str(run_dir), name="logs", version="tensorboard"))
+        loggers.append(TensorBoardLogger(str(Path(run_dir) / "logs"), name="tensorboard"))
     return loggers
 
 
