@@ -394,3 +394,25 @@ def test_ddp_two_processes_match_one(tmp_path, text, cache):
     ddp_model, _ = load_checkpoint(tmp_path / "ddp")  # written by rank 0 from the unwrapped module
     for (name, a), b in zip(ddp_model.state_dict().items(), single_model.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=name)
+
+
+class InterruptAt(L.Callback):
+    """Raises KeyboardInterrupt (Ctrl-C) at step ``step``."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_says_what_was_kept(tmp_path, text, cache, capsys):
+    out = tmp_path / "run"
+    with pytest.raises((SystemExit, KeyboardInterrupt)):
+        run(text, out, cache, callbacks=[InterruptAt(6)])
+    err = capsys.readouterr().err
+    assert f"interrupted at step 6; the checkpoint in {out} (step 4) is loadable" in err
+    assert f"decoderlab train --resume {out}" in err
+    model, _ = load_checkpoint(out)
+    assert json.loads((out / "meta.json").read_text())["step"] == 4

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from .checkpoint import atomic_write_text, check_output_dir, save_checkpoint, unwrap_model
+from .checkpoint import (CONFIG_FILE, TOKENIZER_FILE, atomic_write_text, check_output_dir, read_meta,
+                         save_checkpoint, unwrap_model)
 from .data import (LESSON_PAIRS, SequentialWindows, TokenDataModule, check_split_lengths, corpus_tokens,
                    pair_dataloader, read_corpus, split_tokens, tokenizer_for_pairs)
 from .model import DecoderOnlyTransformer, preset
@@ -386,6 +388,21 @@ class NonFiniteLossGuard(L.Callback):
             )
 
 
+class InterruptNotice(L.Callback):
+    """On Ctrl-C, says what was kept: the step of the last written checkpoint and how to continue."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
+            step = read_meta(self.run_dir).get("step") if (self.run_dir / CONFIG_FILE).is_file() else None
+            kept = (f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
+                    else "no checkpoint was written yet")
+            print(f"\ndecoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "
+                  f"decoderlab train --resume {self.run_dir}", file=sys.stderr)
+
+
 class ExportCheckpoint(L.Callback):
     """After each validation, (rank 0) writes the decoderlab checkpoint files of the run directory in place
     (``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json``), each atomically."""
@@ -597,7 +614,6 @@ def train_lm(
             non-UTF-8 file (named, with the byte offset); a resumed corpus that differs from the run's.
         NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
     """
-    from .checkpoint import CONFIG_FILE, TOKENIZER_FILE
     from .model import ModelConfig
     from .model import preset as preset_config
 
@@ -661,7 +677,8 @@ def train_lm(
     history, metrics, guard = LossHistory(), LMMetrics(bytes_per_token), NonFiniteLossGuard(run_dir)
     exporter = ExportCheckpoint(run_dir, tok, meta, metrics)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
-                           accelerator=accelerator, callbacks=[history, metrics, guard, exporter, *callbacks],
+                           accelerator=accelerator,
+                           callbacks=[history, metrics, guard, exporter, InterruptNotice(run_dir), *callbacks],
                            progress_bar=progress_bar, logger=logger)
     if trainer.is_global_zero and resumed is None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -686,7 +703,7 @@ def train_lm(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*(does not have many workers|resuming from a checkpoint "
                                                       r"that ended|`training_step` returned|exists and is not "
-                                                      r"empty).*")
+                                                      r"empty|LeafSpec).*")
             trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None,
                         weights_only=False)
     finally:
