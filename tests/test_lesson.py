@@ -296,3 +296,11 @@ def test_corrupt_checkpoint_files_are_named(tmp_path, statquest_checkpoint, caps
         dl.load_checkpoint(bad / "config.json")
     assert cli_main(["generate", "--checkpoint", str(bad), "what"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_sample_keeps_word_separators(statquest_checkpoint, capsys):
+    assert cli_main(["sample", "--checkpoint", str(statquest_checkpoint), "--prompt", "what is",
+                     "--max-new-tokens", "3", "--seed", "1"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words[:2] == ["what", "is"] and len(words) == 5
+    assert set(words) <= set(dl.lesson_tokenizer().token_to_id)

@@ -115,9 +115,10 @@ def cmd_sample(args) -> int:
     from .generation import generate
 
     model, tok = load_checkpoint(args.checkpoint)
-    ids = generate(model, tok.encode(args.prompt), args.max_new_tokens, temperature=args.temperature,
+    prompt_ids = tok.encode(args.prompt)
+    ids = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, seed=args.seed, tokenizer=tok)
-    print(args.prompt + tok.decode(ids))
+    print(tok.decode(prompt_ids + ids))  # decoded together, so word tokens keep their separators
     return 0
 
 
