@@ -254,3 +254,22 @@ def test_missing_transformers_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install 'decoderlab\[hf\]'"):
         to_gpt2(dl.DecoderOnlyTransformer(dl.preset("gpt2", **_GPT)))
+
+
+def test_to_gpt2_never_deletes_foreign_files(tmp_path):
+    from decoderlab.hf import to_gpt2
+
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=1, n_head=2, d_model=16, num_tokens=20, max_len=8))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="refusing to replace.*keep.txt"):
+        to_gpt2(model, mine)
+    assert (mine / "keep.txt").read_text() == "mine"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(FileExistsError, match="it is a file"):
+        to_gpt2(model, afile)
+    to_gpt2(model, tmp_path / "out")
+    to_gpt2(model, tmp_path / "out")  # a directory of its own files may be replaced
+    assert (tmp_path / "out" / "config.json").is_file()

@@ -276,7 +276,7 @@ def test_statquest_training_rejects_language_model_options(capsys):
 
 def test_pair_generation_rejects_sampling_options(statquest_checkpoint, capsys):
     assert cli_main(["generate", "--checkpoint", str(statquest_checkpoint), "--temperature", "0.5", "what"]) == 2
-    assert "--temperature do not apply" in capsys.readouterr().err
+    assert "--temperature does not apply" in capsys.readouterr().err
 
 
 def test_corrupt_checkpoint_files_are_named(tmp_path, statquest_checkpoint, capsys):
@@ -304,3 +304,31 @@ def test_sample_keeps_word_separators(statquest_checkpoint, capsys):
     words = capsys.readouterr().out.split()
     assert words[:2] == ["what", "is"] and len(words) == 5
     assert set(words) <= set(dl.lesson_tokenizer().token_to_id)
+
+
+def test_out_directory_with_foreign_files_of_checkpoint_names_is_refused(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    assert cli_main(["train", "--preset", "statquest", "--out", str(mine)]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (mine / "config.json").read_text() == '{"mine": true}'
+
+
+def test_verify_failure_prints_an_error_line(statquest_checkpoint, capsys):
+    assert cli_main(["verify", "--checkpoint", str(statquest_checkpoint), "--tol", "1e-12", "what is statquest"]) == 1
+    assert "decoderlab: error: verify failed" in capsys.readouterr().err
+
+
+def test_corrupt_tokenizer_and_meta_are_named(tmp_path, statquest_checkpoint):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(statquest_checkpoint, bad)
+    (bad / "meta.json").write_text("{oops")
+    with pytest.raises(ValueError, match="meta.json is not a valid JSON file"):
+        dl.load_checkpoint(bad)
+    shutil.copy(statquest_checkpoint / "meta.json", bad / "meta.json")
+    (bad / "tokenizer.json").write_text("")
+    with pytest.raises(ValueError, match="tokenizer.json is not a valid tokenizer JSON file"):
+        dl.load_checkpoint(bad)

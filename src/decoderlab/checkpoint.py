@@ -165,22 +165,37 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
     return directory
 
 
-def check_output_dir(directory: str | os.PathLike, extra_files: dict | None = None) -> Path:
-    """Check that a checkpoint may be written to ``directory`` (replacing it as a whole): it must not exist,
-    or be an empty directory, or hold only a checkpoint's own files. Anything else would be deleted, so it
-    raises ``FileExistsError`` naming the directory and what it holds."""
+def check_output_dir(directory: str | os.PathLike, extra_files: dict | None = None, *,
+                     allowed: set[str] | None = None, what: str = "a decoderlab checkpoint") -> Path:
+    """Check that ``directory`` may be replaced as a whole by a new checkpoint: it must not exist, or be empty,
+    or hold only the files of ``what`` (by default a decoderlab checkpoint, recognised by its ``meta.json``).
+    Anything else would be deleted, so it raises ``FileExistsError`` naming the directory and what it holds.
+
+    ``allowed``: the file names that may be replaced (default: a decoderlab checkpoint's own files).
+    """
     directory = Path(directory).absolute()
     if directory.exists() and not directory.is_dir():
-        raise FileExistsError(f"cannot write a checkpoint to {directory}: it is a file, not a directory")
+        raise FileExistsError(f"cannot write {what} to {directory}: it is a file, not a directory")
     if directory.is_dir():
-        own = set(REQUIRED) | {META_FILE} | set(extra_files or ())
-        foreign = sorted(p.name for p in directory.iterdir() if p.name not in own)
+        names = [p.name for p in directory.iterdir()]
+        own = allowed if allowed is not None else set(REQUIRED) | {META_FILE} | set(extra_files or ())
+        foreign = sorted(n for n in names if n not in own)
+        if not foreign and allowed is None and names and "decoderlab_version" not in _meta_or_empty(directory):
+            foreign = sorted(names)  # files with our names, but not written by decoderlab
         if foreign:
             raise FileExistsError(
-                f"refusing to replace {directory}: it holds files that are not part of a checkpoint "
+                f"refusing to replace {directory}: it holds files that are not part of {what} "
                 f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); choose another output directory"
             )
     return directory
+
+
+def _meta_or_empty(directory: Path) -> dict:
+    try:
+        meta = read_meta(directory)
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def check_checkpoint_dir(directory: str | os.PathLike) -> Path:
@@ -201,8 +216,17 @@ def check_checkpoint_dir(directory: str | os.PathLike) -> Path:
 
 
 def read_meta(directory: str | os.PathLike) -> dict:
+    """The checkpoint's ``meta.json`` as a dict ({} when absent). Raises ``ValueError`` naming a corrupt file."""
     p = Path(directory) / META_FILE
-    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+    if not p.is_file():
+        return {}
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p} is not a valid JSON file: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{p} must hold a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu"):
@@ -224,8 +248,9 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     directory = check_checkpoint_dir(directory)
     try:
         config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as e:
         raise ValueError(f"{directory / CONFIG_FILE} is not a valid ModelConfig JSON file: {e}") from None
+    read_meta(directory)  # a corrupt meta.json is named here rather than misread later
     tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
     if tokenizer.vocab_size != config.num_tokens:
         raise ValueError(

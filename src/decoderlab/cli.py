@@ -65,7 +65,7 @@ def cmd_train(args) -> int:
         if lm_only:
             raise ValueError(
                 f"--preset statquest trains the lesson's two pairs; {', '.join('--' + o.replace('_', '-') for o in lm_only)} "
-                "apply to language-model presets only (statquest takes --out, --epochs, --seed, --lr, --batch-size)"
+                f"{'applies' if len(lm_only) == 1 else 'apply'} to language-model presets only (statquest takes --out, --epochs, --seed, --lr, --batch-size)"
             )
         out = args.out or "runs/statquest"
         model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=42 if args.seed is None else args.seed,
@@ -158,7 +158,7 @@ def cmd_generate(args) -> int:
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
                     if getattr(args, o) is not None]
         if sampling:
-            raise ValueError(f"{', '.join('--' + o.replace('_', '-') for o in sampling)} do not apply: a model trained "
+            raise ValueError(f"{', '.join('--' + o.replace('_', '-') for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not apply: a model trained "
                              "on prompt/response pairs answers greedily until <EOS>, as in the lesson")
         ids = tok.encode(args.prompt)
         if not ids or ids[-1] != tok.eos_id:
@@ -258,6 +258,9 @@ def cmd_verify(args) -> int:
     model, tok = load_checkpoint(args.checkpoint)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
+    if not report.ok:
+        print(f"decoderlab: error: verify failed: some steps differ from the float64 reference by more than "
+              f"--tol {args.tol}", file=sys.stderr)
     return 0 if report.ok else 1
 
 

@@ -399,6 +399,11 @@ def from_gpt2(source: Any, config: Any = None, attention: str = "sdpa", *,
     return model
 
 
+#: the files ``save_pretrained`` writes; ``to_gpt2`` replaces a directory holding only these
+HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+            "pytorch_model.bin"}
+
+
 def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, **gpt2_kwargs):
     """A Hugging Face ``GPT2LMHeadModel`` with our model's weights; written to ``path`` if given.
 
@@ -433,7 +438,10 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
     hf.to(model.we.weight.dtype)
     hf.train(model.training)
     if path is not None:
+        from .checkpoint import check_output_dir
+
         directory = Path(path)
+        check_output_dir(directory, allowed=HF_FILES, what="a Hugging Face GPT-2 directory")
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
         try:

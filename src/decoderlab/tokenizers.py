@@ -106,8 +106,10 @@ class Tokenizer:
             path = path / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer file at {path}")
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not a valid tokenizer JSON file: {e}") from None
         kind = data.get("decoderlab_tokenizer") if isinstance(data, dict) else None
         if kind is None and isinstance(data, dict) and "model" in data:  # a bare Hugging Face tokenizer.json
             kind = "bpe"

@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from .checkpoint import (CONFIG_FILE, TOKENIZER_FILE, atomic_write_text, check_output_dir, read_meta,
+from .checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, atomic_write_text, check_output_dir, read_meta,
                          save_checkpoint, unwrap_model)
 from .data import (LESSON_PAIRS, SequentialWindows, TokenDataModule, check_split_lengths, corpus_tokens,
                    pair_dataloader, read_corpus, split_tokens, tokenizer_for_pairs)
@@ -379,9 +379,11 @@ class NonFiniteLossGuard(L.Callback):
     def on_before_backward(self, trainer, pl_module, loss):
         if not bool(torch.isfinite(loss)):
             where = ""
-            if self.run_dir is not None:
+            if self.run_dir is not None and (Path(self.run_dir) / WEIGHTS_FILE).is_file():
                 where = (f"; the last good checkpoint is kept in {self.run_dir} (weights) and "
                          f"{Path(self.run_dir) / LIGHTNING_DIR / LAST_CKPT} (for --resume)")
+            elif self.run_dir is not None:
+                where = "; no checkpoint had been written yet (the first is written at the first evaluation)"
             raise NonFiniteLossError(
                 f"the training loss became {float(loss.detach())} at step {trainer.global_step + 1}: training stopped "
                 f"before this update{where}. Try a lower --lr, --grad-clip 1.0 or --precision 32."
