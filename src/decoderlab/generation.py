@@ -774,14 +774,28 @@ def stream_text(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: i
     (temperature, top_k, top_p, stop, seed, use_cache, keep). The pieces joined equal
     ``tokenizer.decode(generate(...))`` for the same arguments.
     """
+    yield from _text_pieces(tokenizer, stream(model, prompt, max_new_tokens, tokenizer=tokenizer, **kwargs))
+
+
+def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = None):
+    """Whole-character text pieces of the ids ``tokens`` yields (appended to ``produced`` if given); returns
+    the token generator's own return value (the stop sequence that ended it, or None)."""
     streamer = TextStreamer(tokenizer)
-    for token in stream(model, prompt, max_new_tokens, tokenizer=tokenizer, **kwargs):
+    while True:
+        try:
+            token = next(tokens)
+        except StopIteration as end:
+            result = end.value
+            break
+        if produced is not None:
+            produced.append(token)
         piece = streamer.put(token)
         if piece:
             yield piece
     tail = streamer.end()
     if tail:
         yield tail
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -847,21 +861,8 @@ class ChatSession:
         seed = None if self.seed is None else self.seed + self.turn
         gen = stream(self.model, history, self.max_new_tokens, self.temperature, self.top_k, self.top_p,
                      stop=None if eos is None else [eos], seed=seed, tokenizer=tok)
-        streamer = TextStreamer(tok)
         produced: list[int] = []
-        while True:
-            try:
-                token = next(gen)
-            except StopIteration as end:
-                matched = end.value
-                break
-            produced.append(token)
-            piece = streamer.put(token)
-            if piece:
-                yield piece
-        tail = streamer.end()
-        if tail:
-            yield tail
+        matched = yield from _text_pieces(tok, gen, produced)
         history += produced + (list(matched) if matched else [])
         self.history = history[-self.model.config.max_len :]  # all the model can see
         self.turn += 1
