@@ -56,6 +56,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 

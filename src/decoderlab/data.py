@@ -198,6 +198,8 @@ def tokenizer_for_pairs(pairs: Sequence[tuple[str, str]]) -> WordTokenizer:
 
 
 def check_pairs(pairs) -> None:
+    """Raise ``ValueError`` (naming the pair's index) unless ``pairs`` is a non-empty list of
+    (prompt, response) string tuples with non-empty prompts."""
     if not isinstance(pairs, (list, tuple)) or not pairs:
         raise ValueError("pairs must be a non-empty list of (prompt, response) string pairs")
     for i, pair in enumerate(pairs):

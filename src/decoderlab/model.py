@@ -197,6 +197,8 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm the config asks for, over the last dimension (d_model): LayerNorm (Ba et al. 2016), RMSNorm,
+    or an identity for norm='none' (the lesson)."""
     if cfg.norm == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
     if cfg.norm == "rmsnorm":
