@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
 
 demo: $(STAMP)

@@ -13,8 +13,10 @@ import torch
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
 from decoderlab.cli import main as cli_main
-from decoderlab.generation import (ChatSession, DecodeStep, KVCache, Sampler, StopMatcher, TextStreamer, generate,
-                                   generate_batch, greedy_response, stream, stream_text)
+from decoderlab.cli import chat_command
+from decoderlab.generation import (ChatSession, KVCache, Sampler, StopMatcher, TextStreamer, generate,
+                                   generate_batch, stream, stream_text)
+from decoderlab.lesson import greedy_response
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer
 
 
@@ -91,11 +93,11 @@ def test_greedy_with_cache_equals_the_lesson_loop(family, kernel):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_decode_step_equals_the_model_forward(family):
-    """The functional decode step gives the model's own logits (float64), unpadded and left-padded."""
+    """The engine's one-token step (``model.decode``) gives the model's own logits (float64), unpadded and
+    left-padded, also while the glass box records."""
     model = make_model(family, "explicit", seed=4)
     cfg = model.config
-    step = DecodeStep.for_model(model)
-    assert step is not None
+    step = model.decode
     torch.manual_seed(0)
     ids = torch.randint(cfg.num_tokens, (3, cfg.max_len))
     pads = torch.tensor([[0], [2], [cfg.max_len - 2]])
@@ -113,8 +115,14 @@ def test_decode_step_equals_the_model_forward(family):
                            pad_mask[:, :t + 1] if padded else None, cache)
                 rows = [0, 1] if padded and t < cfg.max_len - 2 else [0, 1, 2]  # row 2 is all padding early
                 assert torch.allclose(got[rows], want[rows, t], atol=1e-10, rtol=1e-12), (padded, t)
-    model.blocks[0].attention.record = {}  # the glass box is recording: the engine calls the model instead
-    assert DecodeStep.for_model(model) is None
+    model.blocks[0].attention.record = {}  # the glass box is recording: the same blocks, the same numbers
+    cache = KVCache.for_model(model)
+    with torch.no_grad():
+        want = model(ids[:, :3])[:, 2]
+        model(ids[:, :2], cache=cache)
+        got = step(ids[:, 2:3], 2, None, cache)
+    assert torch.allclose(got, want, atol=1e-10, rtol=1e-12)
+    assert model.blocks[0].attention.record["percents"].shape == (3, cfg.n_head, 1, 3)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
@@ -465,7 +473,7 @@ def test_chat_session_continues_the_conversation(statquest_checkpoint):
     prompt = chat.history + tok.encode("statquest <EOS>")
     want = generate(model, prompt, model.config.max_len, temperature=0, stop=tok.eos_id)
     assert "".join(chat.reply("statquest")) == tok.decode(want)
-    chat.command("/reset")
+    chat_command(chat, "/reset")
     assert chat.history == []
 
 

@@ -18,8 +18,8 @@ import torch
 
 from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
-from decoderlab.data import (RandomWindowBatches, SequentialWindows, TokenDataModule, read_corpus,
-                             window_offsets)
+from decoderlab.data import RandomWindowBatches, SequentialWindows, read_corpus, window_offsets
+from decoderlab.training import TokenDataModule
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import (NonFiniteLossError, TrainConfig, configure_optimizers, lr_at,
@@ -240,7 +240,7 @@ class PoisonAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step + 1 == self.step:
             with torch.no_grad():
-                pl_module.blocks[0].mlp.fc.weight.fill_(float("nan"))
+                pl_module.model.blocks[0].mlp.fc.weight.fill_(float("nan"))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text, cache):

@@ -1,29 +1,49 @@
-"""decoderlab: build, verify, train, inspect and chat with decoder-only (GPT-style) transformers."""
+"""decoderlab: build, verify, train, inspect and chat with decoder-only (GPT-style) transformers.
 
-__version__ = "0.1.0"
+``import decoderlab`` is light: the names below are loaded on first use (PEP 562), so the command line,
+loading a checkpoint and generating never import Lightning, matplotlib or transformers.
+"""
 
-from .attention import Attention, MultiHeadAttention, SelfAttention
-from .checkpoint import load_checkpoint, save_checkpoint
-from .data import LESSON_PAIRS, lesson_tokenizer, pair_inputs_and_labels, tokenizer_for_pairs
-from .generation import (KVCache, generate, generate_batch, greedy_response, stream, stream_text,
-                         TextStreamer)
-from .glassbox import Trace, VerifyReport, explain, explain_example, trace, verify
-from .model import PRESETS, DecoderBlock, DecoderOnlyTransformer, ModelConfig, preset
-from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
-from .tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, build_tokenizer
-from .data import corpus_tokens, embedded_corpus_path, read_corpus, split_tokens
-from .data import TokenDataModule
-from .training import TrainConfig, TrainSummary, train_lm
+from __future__ import annotations
 
-__all__ = [
-    "Attention", "MultiHeadAttention", "SelfAttention",
-    "load_checkpoint", "save_checkpoint",
-    "LESSON_PAIRS", "lesson_tokenizer", "pair_inputs_and_labels", "tokenizer_for_pairs",
-    "KVCache", "greedy_response", "generate", "generate_batch", "stream", "stream_text", "TextStreamer",
-    "Trace", "VerifyReport", "explain", "explain_example", "trace", "verify",
-    "PRESETS", "DecoderBlock", "DecoderOnlyTransformer", "ModelConfig", "preset",
-    "LearnedPositionEncoding", "PositionEncoding", "RotaryEmbedding",
-    "Tokenizer", "WordTokenizer", "CharTokenizer", "BPETokenizer", "build_tokenizer",
-    "corpus_tokens", "embedded_corpus_path", "read_corpus", "split_tokens",
-    "TokenDataModule", "TrainConfig", "TrainSummary", "train_lm",
-]
+import importlib
+
+from ._version import __version__
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "Attention": "lesson", "SelfAttention": "lesson", "LESSON_PAIRS": "lesson", "lesson_tokenizer": "lesson",
+    "pair_inputs_and_labels": "lesson", "tokenizer_for_pairs": "lesson", "greedy_response": "lesson",
+    "MultiHeadAttention": "attention", "KVCache": "attention",
+    "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
+    "generate": "generation", "generate_batch": "generation", "stream": "generation", "stream_text": "generation",
+    "TextStreamer": "generation",
+    "Trace": "glassbox", "VerifyReport": "glassbox", "explain": "glassbox", "explain_example": "glassbox",
+    "trace": "glassbox", "verify": "glassbox",
+    "PRESETS": "model", "DecoderBlock": "model", "DecoderOnlyTransformer": "model", "ModelConfig": "model",
+    "preset": "model",
+    "LearnedPositionEncoding": "positions", "PositionEncoding": "positions", "RotaryEmbedding": "positions",
+    "Tokenizer": "tokenizers", "WordTokenizer": "tokenizers", "CharTokenizer": "tokenizers",
+    "BPETokenizer": "tokenizers", "build_tokenizer": "tokenizers",
+    "corpus_tokens": "data", "embedded_corpus_path": "data", "read_corpus": "data", "split_tokens": "data",
+    "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
+    "train_pairs": "training",
+}
+_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
+               "positions", "tokenizers", "training", "cli")
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # next time a plain attribute
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'decoderlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,9 +1,8 @@
-"""Self-attention: the lessons' classes and the multi-head attention of the model.
+"""Attention: the multi-head attention of the model, its two kernels, and the KV cache it writes into.
 
-``SelfAttention`` and ``Attention`` are the classes of the lessons (StatQuest, "Coding Self-Attention in
-PyTorch" and "Coding a ChatGPT Like Transformer From Scratch in PyTorch"), with their names, arguments and
-defaults. ``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses: one set of projections, the head
-split and the masking rules are shared code, and only the kernel differs:
+``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses (the lessons' own ``SelfAttention`` and
+``Attention`` classes live in :mod:`decoderlab.lesson`): one set of projections, the head split and the
+masking rules are shared code, and only the kernel differs:
 
 - ``explicit``: the lessons' math, softmax(Q Kᵀ / sqrt(d_k) + mask) V, written out so that the attention
   percents can be returned;
@@ -18,22 +17,14 @@ to ignore**.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .generation import LayerKVCache
-
 KERNELS = ("sdpa", "explicit")
 
-#: The lesson fills masked similarities with -1e9 ("an approximation of negative infinity").
-LESSON_MASK_VALUE = -1e9
 
-
-def _check_last_dim(x: torch.Tensor, d_model: int, name: str) -> None:
+def check_last_dim(x: torch.Tensor, d_model: int, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 2:
@@ -45,7 +36,7 @@ def _check_last_dim(x: torch.Tensor, d_model: int, name: str) -> None:
         )
 
 
-def _check_mask(mask: torch.Tensor, sims_shape: torch.Size) -> torch.Tensor:
+def check_mask(mask: torch.Tensor, sims_shape: torch.Size) -> torch.Tensor:
     """Check that a boolean 'True = ignore' mask broadcasts to the similarities; return it as bool."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a boolean torch.Tensor (True = ignore), got {type(mask).__name__}")
@@ -61,106 +52,6 @@ def _check_mask(mask: torch.Tensor, sims_shape: torch.Size) -> torch.Tensor:
             raise ValueError(f"mask must be boolean (True = ignore), got dtype {mask.dtype}")
         mask = mask.bool()
     return mask
-
-
-def _lesson_dims(x: torch.Tensor, row_dim: int, col_dim: int) -> tuple[int, int]:
-    """The lesson's row/col indexes, shifted past any leading batch dimensions."""
-    lead = x.dim() - 2
-    return row_dim + lead if row_dim >= 0 else row_dim, col_dim + lead if col_dim >= 0 else col_dim
-
-
-class _LessonAttention(nn.Module):
-    """What the lesson's two classes share: the weights W_q, W_k, W_v and the math of the lesson."""
-
-    def __init__(self, d_model: int = 2, row_dim: int = 0, col_dim: int = 1):
-        super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
-        self.d_model = d_model
-        self.W_q = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_k = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.W_v = nn.Linear(in_features=d_model, out_features=d_model, bias=False)
-        self.row_dim = row_dim
-        self.col_dim = col_dim
-
-    def _attend(self, encodings_for_q, encodings_for_k, encodings_for_v, mask=None) -> torch.Tensor:
-        q = self.W_q(encodings_for_q)
-        k = self.W_k(encodings_for_k)
-        v = self.W_v(encodings_for_v)
-        row, col = _lesson_dims(k, self.row_dim, self.col_dim)
-        sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
-        scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
-        if mask is not None:
-            mask = _check_mask(mask, scaled_sims.shape)
-            scaled_sims = scaled_sims.masked_fill(mask=mask, value=LESSON_MASK_VALUE)
-        attention_percents = F.softmax(scaled_sims, dim=col)
-        attention_scores = torch.matmul(attention_percents, v)
-        return attention_scores
-
-
-class SelfAttention(_LessonAttention):
-    """Self-attention exactly as the lesson codes it (StatQuest, "Coding Self-Attention in PyTorch").
-
-    ``W_q``, ``W_k``, ``W_v`` are ``nn.Linear(d_model, d_model, bias=False)``; ``forward`` returns
-    softmax(Q Kᵀ / sqrt(d_k)) V.
-
-    Args:
-        d_model: number of encoded values per token.
-        row_dim, col_dim: the lesson's row and column indexes of an unbatched (T, d_model) input. For batched
-            input (B, T, d_model) they are shifted past the batch dimension, so each row of a batch gives the
-            same numbers as that row alone.
-
-    Shapes: ``token_encodings`` (T, d_model) or (B, T, d_model) -> same shape.
-
-    Raises:
-        ValueError: the last dimension of the input is not d_model.
-
-    Reference (the lesson): after ``torch.manual_seed(42)``, ``SelfAttention(d_model=2, row_dim=0, col_dim=1)``
-    on ``[[1.16, 0.23], [0.57, 1.36], [4.41, -2.16]]`` gives
-    ``[[1.0100, 1.0641], [0.2040, 0.7057], [3.4989, 2.2427]]``.
-    """
-
-    def forward(self, token_encodings: torch.Tensor) -> torch.Tensor:
-        _check_last_dim(token_encodings, self.d_model, "token_encodings")
-        return self._attend(token_encodings, token_encodings, token_encodings)
-
-
-class Attention(_LessonAttention):
-    """(Masked) attention exactly as the lesson codes it (StatQuest, "Coding a ChatGPT Like Transformer").
-
-    Queries, keys and values may come from different encodings, so this also does encoder-decoder
-    (cross) attention: queries from one sequence of length T_q, keys and values from another of length T_k.
-
-    Args:
-        d_model: number of encoded values per token.
-        row_dim, col_dim: the lesson's row and column indexes (shifted past batch dimensions for batched input).
-
-    Shapes: ``encodings_for_q`` (T_q, d_model) or (B, T_q, d_model); ``encodings_for_k`` and
-    ``encodings_for_v`` (T_k, d_model) or (B, T_k, d_model); ``mask`` boolean, broadcastable to (T_q, T_k)
-    (or (B, T_q, T_k)), **True marks a similarity to ignore**: it is filled with -1e9 before the softmax, as
-    in the lesson. Returns (T_q, d_model) or (B, T_q, d_model).
-
-    Raises:
-        ValueError: a last dimension is not d_model; keys and values differ in length; the mask cannot
-            broadcast to the similarities.
-    """
-
-    def forward(
-        self,
-        encodings_for_q: torch.Tensor,
-        encodings_for_k: torch.Tensor,
-        encodings_for_v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        _check_last_dim(encodings_for_q, self.d_model, "encodings_for_q")
-        _check_last_dim(encodings_for_k, self.d_model, "encodings_for_k")
-        _check_last_dim(encodings_for_v, self.d_model, "encodings_for_v")
-        if encodings_for_k.shape[:-1] != encodings_for_v.shape[:-1]:
-            raise ValueError(
-                f"encodings_for_k {tuple(encodings_for_k.shape)} and encodings_for_v "
-                f"{tuple(encodings_for_v.shape)} must have the same number of tokens"
-            )
-        return self._attend(encodings_for_q, encodings_for_k, encodings_for_v, mask)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -373,17 +264,20 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(k, v)
         t_q, t_k = q.size(2), k.size(2)
         if attn_mask is not None:
-            attn_mask = _check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
+            attn_mask = check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
         if padding_mask is not None and tuple(padding_mask.shape) != (q.size(0), t_k):
             raise ValueError(
                 f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
             )
-        # one query (a KV-cache decode step) sees every cached key: no mask needed either
+        # one query (a KV-cache decode step) sees every cached key: at most the padding mask applies
+        decode_step = causal and t_q == 1 and attn_mask is None
         fused_causal = causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1)
         p_drop = self.dropout if self.training else 0.0
         record = self.record
         use_explicit = self.kernel == "explicit" or return_weights or record is not None
-        if use_explicit or not fused_causal:
+        if decode_step and not use_explicit and padding_mask is not None:
+            mask = padding_mask[:, None, None, :]  # (B, 1, 1, T_k), True = ignore
+        elif use_explicit or not fused_causal:
             mask = build_ignore_mask(
                 t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
             )
@@ -407,3 +301,62 @@ class MultiHeadAttention(nn.Module):
         if return_weights:
             return y, weights
         return y
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The KV cache the attention layers write into while decoding
+# ----------------------------------------------------------------------------------------------------------
+
+
+class LayerKVCache:
+    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head).
+
+    ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
+    returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
+    shared length once per forward pass.
+    """
+
+    def __init__(self, owner: "KVCache"):
+        self.owner = owner
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.owner.length
+        end = start + k_new.size(2)
+        if end > self.owner.capacity:
+            raise ValueError(f"KV cache is full: {end} tokens would exceed its capacity of {self.owner.capacity}")
+        if self.k is None or self.k.size(0) != k_new.size(0) or self.k.dtype != k_new.dtype:
+            b, h, _, d = k_new.shape
+            self.k = k_new.new_empty(b, h, self.owner.capacity, d)
+            self.v = v_new.new_empty(b, h, self.owner.capacity, d)
+        self.k[:, :, start:end] = k_new
+        self.v[:, :, start:end] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """A per-layer key/value cache for a ``DecoderOnlyTransformer``, allocated once per generation call.
+
+    Args:
+        n_layer: number of decoder blocks.
+        capacity: most tokens it holds (the model's max_len).
+
+    ``length`` is the number of positions already cached; the model's forward pass reads it (new tokens get
+    positions length .. length+T-1) and then calls ``advance(T)``. ``reset()`` empties it for reuse.
+    """
+
+    def __init__(self, n_layer: int, capacity: int):
+        self.capacity = capacity
+        self.length = 0
+        self.layers = [LayerKVCache(self) for _ in range(n_layer)]
+
+    @classmethod
+    def for_model(cls, model) -> "KVCache":
+        return cls(model.config.n_layer, model.config.max_len)
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def reset(self) -> None:
+        self.length = 0

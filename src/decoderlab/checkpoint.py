@@ -23,41 +23,17 @@ from pathlib import Path
 
 import torch
 
+from ._version import __version__
+from .files import atomic_write_bytes, atomic_write_text, replace_directory, usual_mode
+from .model import DecoderOnlyTransformer, ModelConfig
+from .tokenizers import Tokenizer
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "meta.json"
 REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 _PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
-
-
-def _usual_mode(path, directory: bool = False) -> None:
-    """Give a file made by mkstemp/mkdtemp (0600/0700) the permissions a plain open/mkdir would give."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _usual_mode(tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -76,20 +52,6 @@ def unwrap_model(model):
         while hasattr(model, attr) and isinstance(getattr(model, attr), torch.nn.Module):
             model = getattr(model, attr)
     return model
-
-
-def replace_directory(tmp: Path, directory: Path) -> None:
-    """Swap the fully written directory ``tmp`` into place at ``directory`` (renames only; the old one, if
-    any, is moved aside first and deleted last). ``tmp`` gets the usual directory permissions (mkdtemp
-    makes it 0700)."""
-    _usual_mode(tmp, directory=True)
-    old = None
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dict | None = None,
@@ -111,8 +73,6 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
         ValueError: the tokenizer's vocabulary size differs from the model's num_tokens.
     """
     from safetensors.torch import save_model
-
-    from . import __version__
 
     model = unwrap_model(model)
     if tokenizer.vocab_size != model.config.num_tokens:
@@ -145,12 +105,10 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
 def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
     from safetensors.torch import save_model
 
-    from . import __version__
-
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WEIGHTS_FILE}.", suffix=".tmp")
     os.close(fd)
-    _usual_mode(tmp)
+    usual_mode(tmp)
     try:
         save_model(model, tmp)
         os.replace(tmp, directory / WEIGHTS_FILE)
@@ -242,9 +200,6 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             missing or mis-shaped (named).
     """
     from safetensors.torch import load_file
-
-    from .model import DecoderOnlyTransformer, ModelConfig
-    from .tokenizers import Tokenizer
 
     directory = check_checkpoint_dir(directory)
     try:

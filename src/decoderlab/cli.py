@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .tokenizers import EOS
-
 # ---------------------------------------------------------------------------------------------------------
 # train
 # ---------------------------------------------------------------------------------------------------------
@@ -95,35 +93,7 @@ def cmd_train(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# sample
-# ---------------------------------------------------------------------------------------------------------
-
-
-def add_sample(sub) -> None:
-    p = sub.add_parser("sample", help="print a sample from a language model checkpoint")
-    p.add_argument("--checkpoint", required=True, help="checkpoint (or training run) directory")
-    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=300)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.set_defaults(func=cmd_sample)
-
-
-def cmd_sample(args) -> int:
-    from .checkpoint import load_checkpoint
-    from .generation import generate
-
-    model, tok = load_checkpoint(args.checkpoint)
-    prompt_ids = tok.encode(args.prompt)
-    ids = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature,
-                   top_k=args.top_k, seed=args.seed, tokenizer=tok)
-    print(tok.decode(prompt_ids + ids))  # decoded together, so word tokens keep their separators
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------------
-# generate
+# generate (and its alias sample)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -135,46 +105,78 @@ def _add_sampling_options(p, temperature_help: str) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
 
 
-def add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="continue a prompt with a trained model (streamed as it is produced)",
-                       description="Continue a prompt. A model trained on prompt/response pairs (the lesson's "
-                                   "statquest) answers greedily with <EOS> appended to the prompt, as in the "
-                                   "lesson; the sampling options apply to language models.")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+GENERATE_DESCRIPTION = (
+    "Continue a prompt. A model trained on prompt/response pairs (the lesson's statquest) answers greedily with "
+    "<EOS> appended to the prompt, as in the lesson; the sampling options apply to language models. "
+    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options).")
+
+
+def _add_generate_options(p) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint (or training run) directory")
     _add_sampling_options(p, "sampling temperature, 0 = greedy (default 1.0)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="print the continuation at the end")
-    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--echo", action="store_true",
+                   help="print the prompt followed by its continuation, decoded together (a pair-trained model "
+                        "then continues the text instead of answering)")
+    p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
+                   help="the prompt text (or give it as the positional argument; default: a newline)")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text")
     p.set_defaults(func=cmd_generate)
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a trained model (streamed as it is produced)",
+                       description=GENERATE_DESCRIPTION)
+    _add_generate_options(p)
+
+
+def add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="alias of `generate --no-stream --echo`: print a prompt and its continuation",
+                       description=GENERATE_DESCRIPTION)
+    _add_generate_options(p)
+    p.set_defaults(no_stream=True, echo=True)
 
 
 def cmd_generate(args) -> int:
     from .checkpoint import load_checkpoint, read_meta
-    from .generation import greedy_response
 
+    if args.prompt is not None and args.prompt_option is not None:
+        raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
+    prompt = args.prompt if args.prompt is not None else args.prompt_option
     model, tok = load_checkpoint(args.checkpoint)
-    if read_meta(args.checkpoint).get("task") == "pairs":
+    if read_meta(args.checkpoint).get("task") == "pairs" and not args.echo:
+        from .lesson import greedy_response
+
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
                     if getattr(args, o) is not None]
         if sampling:
             raise ValueError(f"{', '.join('--' + o.replace('_', '-') for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not apply: a model trained "
                              "on prompt/response pairs answers greedily until <EOS>, as in the lesson")
-        ids = tok.encode(args.prompt)
+        if prompt is None:
+            raise ValueError("give the prompt to answer, e.g. \"what is statquest\"")
+        ids = tok.encode(prompt)
         if not ids or ids[-1] != tok.eos_id:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
         print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
         return 0
     from .generation import generate, stream_text
 
+    prompt = "\n" if prompt is None else prompt
     kwargs = dict(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
                   top_p=args.top_p, stop=args.stop, seed=args.seed, tokenizer=tok)
     n = 200 if args.max_new_tokens is None else args.max_new_tokens
+    prompt_ids = tok.encode(prompt)
     if args.no_stream:
-        print(tok.decode(generate(model, tok.encode(args.prompt), n, **kwargs)))
+        ids = generate(model, prompt_ids, n, **kwargs)
+        # decoded together with the prompt, so word tokens keep their separators
+        print(tok.decode(prompt_ids + ids) if args.echo else tok.decode(ids))
         return 0
     kwargs.pop("tokenizer")
-    for piece in stream_text(model, tok, args.prompt, n, **kwargs):
+    if args.echo:
+        sys.stdout.write(prompt)
+    for piece in stream_text(model, tok, prompt_ids, n, **kwargs):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -184,6 +186,54 @@ def cmd_generate(args) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # chat
 # ---------------------------------------------------------------------------------------------------------
+
+
+CHAT_HELP = """commands:
+  /reset              forget the conversation
+  /temperature T      sampling temperature (0 = greedy)
+  /top_k K            sample among the K most probable tokens (/top_k off to disable)
+  /top_p P            nucleus sampling, P in (0, 1] (/top_p off to disable)
+  /max_new_tokens N   longest reply, in tokens
+  /help               this help
+Ctrl-D exits."""
+
+
+def chat_command(session, line: str) -> str | None:
+    """Run a ``/command`` of ``decoderlab chat`` on ``session`` (a ``ChatSession``) and return its message, or
+    None when ``line`` is not a command."""
+    from .generation.sampling import check_int, check_sampling
+
+    line = line.strip()
+    if not line.startswith("/"):
+        return None
+    name, _, arg = line[1:].partition(" ")
+    arg = arg.strip()
+    try:
+        if name == "help":
+            return CHAT_HELP
+        if name == "reset":
+            session.reset()
+            return "(conversation reset)"
+        if name == "temperature":
+            t = float(arg)
+            check_sampling(t, session.top_k, session.top_p)
+            session.temperature = t
+            return f"(temperature = {t:g})"
+        if name in ("top_k", "top_p"):
+            if arg.lower() in ("off", "none", ""):
+                setattr(session, name, None)
+                return f"({name} off)"
+            value = int(arg) if name == "top_k" else float(arg)
+            check_sampling(session.temperature, value if name == "top_k" else session.top_k,
+                           value if name == "top_p" else session.top_p)
+            setattr(session, name, value)
+            return f"({name} = {value:g})"
+        if name == "max_new_tokens":
+            session.max_new_tokens = check_int("max_new_tokens", int(arg), 0)
+            return f"(max_new_tokens = {session.max_new_tokens})"
+    except (ValueError, TypeError) as e:
+        return f"error: /{name} {arg!r}: {e}"
+    return f"unknown command /{name}; type /help"
 
 
 def add_chat(sub) -> None:
@@ -220,7 +270,7 @@ def cmd_chat(args) -> int:
             continue
         if not line.strip():
             continue
-        message = session.command(line)
+        message = chat_command(session, line)
         if message is not None:
             print(message, flush=True)
             continue
@@ -264,12 +314,14 @@ def cmd_verify(args) -> int:
     return 0 if report.ok else 1
 
 
-def add_explain(sub) -> None:
-    from .glassbox import EXAMPLES
+#: the worked examples of ``decoderlab.glassbox.EXAMPLES`` (named here so that --help imports no torch)
+EXAMPLE_NAMES = ("self-attention-101", "statquest-self-attention", "position-encoding")
 
+
+def add_explain(sub) -> None:
     p = sub.add_parser("explain", help="print every attention number step by step (a worked example or a checkpoint)")
     p.add_argument("--example", default=None,
-                   help=f"a worked example: {', '.join(EXAMPLES)}")
+                   help=f"a worked example: {', '.join(EXAMPLE_NAMES)}")
     p.add_argument("--checkpoint", default=None, help="checkpoint directory")
     p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
     p.add_argument("--layer", type=int, default=None, help="only this layer (default: all)")

@@ -1,7 +1,9 @@
 """Data: text -> token ids -> training batches.
 
-The lesson's pair scheme (prompt / response -> inputs and labels) lives here; the corpus -> memmap pipeline
-and the ``LightningDataModule`` for language-model training live here too.
+The corpus -> memmap pipeline (read, tokenize once, cache, split by position) and the windows a language
+model trains and is evaluated on (``RandomWindowBatches``, ``SequentialWindows``). No Lightning here: the
+``LightningDataModule`` over these lives in :mod:`decoderlab.training.datamodule`; the lesson's pair scheme
+in :mod:`decoderlab.lesson`.
 """
 
 from __future__ import annotations
@@ -9,17 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
-from .checkpoint import atomic_write_bytes
-from .tokenizers import EOS, Tokenizer, WordTokenizer
+from .files import atomic_write_bytes
 
 # ---------------------------------------------------------------------------------------------------------------
 # Corpus -> token ids: read a corpus, tokenize it once into a memmap cached on disk, split by position.
@@ -177,92 +177,15 @@ def split_tokens(tokens, val_fraction: float = 0.1):
     return tokens[:n_train], tokens[n_train:]
 
 
-#: ignored by ``nn.CrossEntropyLoss`` (its default ignore_index)
-IGNORE_INDEX = -100
-
-#: The lesson's two prompt/response pairs.
-LESSON_PAIRS: list[tuple[str, str]] = [("what is statquest", "awesome"), ("statquest is what", "awesome")]
-
-
-def lesson_tokenizer() -> WordTokenizer:
-    """The lesson's vocabulary: what=0, is=1, statquest=2, awesome=3, <EOS>=4."""
-    return WordTokenizer(["what", "is", "statquest", "awesome"])
-
-
-def tokenizer_for_pairs(pairs: Sequence[tuple[str, str]]) -> WordTokenizer:
-    """A ``WordTokenizer`` over the words of the pairs (first-appearance order), then ``<EOS>``, then
-    ``<PAD>`` only if the pairs have different lengths (so the lesson's pairs give the lesson's 5 tokens)."""
-    check_pairs(pairs)
-    lengths = {len(p.split()) + len(r.split()) for p, r in pairs}
-    return WordTokenizer.from_texts([t for pair in pairs for t in pair], pad=len(lengths) > 1)
-
-
-def check_pairs(pairs) -> None:
-    """Raise ``ValueError`` (naming the pair's index) unless ``pairs`` is a non-empty list of
-    (prompt, response) string tuples with non-empty prompts."""
-    if not isinstance(pairs, (list, tuple)) or not pairs:
-        raise ValueError("pairs must be a non-empty list of (prompt, response) string pairs")
-    for i, pair in enumerate(pairs):
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
-            raise ValueError(f"pair {i} must be a (prompt, response) tuple of two strings, got {pair!r}")
-        if not pair[0].split():
-            raise ValueError(f"pair {i} has an empty prompt")
-
-
-def pair_inputs_and_labels(
-    pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn (prompt, response) pairs into training inputs and labels exactly as the lesson does.
-
-    inputs = prompt + ``<EOS>`` + response; labels = inputs shifted left by one, ending in ``<EOS>``. Pairs
-    of different lengths are padded at the end: inputs with ``<PAD>``, labels with -100 (ignored by the loss).
-
-    Returns (inputs, labels), both (N, T) int64 tensors.
-
-    Raises:
-        ValueError: empty/malformed pairs; the tokenizer has no ``<EOS>``; padding is needed but the tokenizer
-            has no ``<PAD>``.
-        KeyError: a word not in the tokenizer's vocabulary.
-    """
-    check_pairs(pairs)
-    eos = tokenizer.eos_id
-    if eos is None:
-        raise ValueError(f"the tokenizer has no {EOS} token, which the pair scheme needs")
-    rows_in, rows_lab = [], []
-    for prompt, response in pairs:
-        ids = tokenizer.encode(prompt) + [eos] + tokenizer.encode(response)
-        rows_in.append(ids)
-        rows_lab.append(ids[1:] + [eos])
-    t = max(len(r) for r in rows_in)
-    if any(len(r) != t for r in rows_in) and tokenizer.pad_id is None:
-        raise ValueError("the pairs have different lengths, so they need a <PAD> token, which the tokenizer lacks; "
-                         "build it with WordTokenizer(..., pad=True) or tokenizer_for_pairs(pairs)")
-    pad = tokenizer.pad_id
-    inputs = torch.tensor([r + [pad] * (t - len(r)) for r in rows_in], dtype=torch.long)
-    labels = torch.tensor([r + [IGNORE_INDEX] * (t - len(r)) for r in rows_lab], dtype=torch.long)
-    return inputs, labels
-
-
-def pair_dataloader(pairs, tokenizer, batch_size: int = 1, shuffle: bool = False) -> DataLoader:
-    """The lesson's ``TensorDataset`` + ``DataLoader`` over :func:`pair_inputs_and_labels`."""
-    inputs, labels = pair_inputs_and_labels(pairs, tokenizer)
-    return DataLoader(TensorDataset(inputs, labels), batch_size=batch_size, shuffle=shuffle)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# Language-model batches: random windows of a token memmap, served by a LightningDataModule (helper R)
+# Language-model batches: random windows of a token memmap, served to the training loop (training.datamodule)
 # ---------------------------------------------------------------------------------------------------------
 
-import lightning as L  # noqa: E402  (model.py imports it anyway)
-
-
-class _TokenSource:
+class TokenSource:
     """A 1-D token array that pickles as (file, byte offset, length, dtype) when it is a view of a memmap,
     so each DataLoader worker re-opens the file once instead of receiving a copy of the data."""
 
     def __init__(self, tokens):
-        import numpy as np
-
         if isinstance(tokens, torch.Tensor):
             tokens = tokens.numpy()
         tokens = np.asarray(tokens) if not isinstance(tokens, np.memmap) else tokens
@@ -275,10 +198,6 @@ class _TokenSource:
 
     @staticmethod
     def _file_position(tokens):
-        import mmap
-
-        import numpy as np
-
         mm = getattr(tokens, "_mmap", None)
         name = getattr(tokens, "filename", None)
         if not isinstance(tokens, np.memmap) or mm is None or name is None or not tokens.flags.c_contiguous:
@@ -296,8 +215,6 @@ class _TokenSource:
         return {"array": None, "file": self.file}
 
     def __setstate__(self, state):
-        import numpy as np
-
         self.file = state["file"]
         self.array = state["array"]
         if self.array is None:  # one memmap per process, opened here, reused for every batch
@@ -312,8 +229,6 @@ def window_offsets(seed: int, batch: int, global_batch: int, num_windows: int):
     integers in [0, num_windows). Resuming at batch k, or splitting the rows over ranks, therefore sees
     exactly the windows an uninterrupted single-process run would. Returns an int64 array (global_batch,).
     """
-    import numpy as np
-
     return np.random.default_rng([int(seed), int(batch)]).integers(0, num_windows, size=global_batch, dtype=np.int64)
 
 
@@ -327,7 +242,7 @@ class RandomWindowBatches(torch.utils.data.Dataset):
     """
 
     def __init__(self, tokens, max_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.source = tokens if isinstance(tokens, _TokenSource) else _TokenSource(tokens)
+        self.source = tokens if isinstance(tokens, TokenSource) else TokenSource(tokens)
         self.max_len, self.batch_size, self.seed = int(max_len), int(batch_size), int(seed)
         self.rank, self.world_size = int(rank), int(world_size)
         self.num_windows = len(self.source) - self.max_len
@@ -336,8 +251,6 @@ class RandomWindowBatches(torch.utils.data.Dataset):
         self._arange = None
 
     def __getitem__(self, k: int):
-        import numpy as np
-
         offsets = window_offsets(self.seed, k, self.batch_size * self.world_size, self.num_windows)
         offsets = offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         if self._arange is None:
@@ -349,7 +262,7 @@ class RandomWindowBatches(torch.utils.data.Dataset):
         return 2**62
 
 
-class _CountingSampler(torch.utils.data.Sampler):
+class CountingSampler(torch.utils.data.Sampler):
     """Yields batch numbers start, start+1, ... without end (the run stops at max_steps)."""
 
     def __init__(self, start: int):
@@ -373,7 +286,7 @@ class SequentialWindows(torch.utils.data.Dataset):
 
     def __init__(self, tokens, max_len: int, batch_size: int, max_batches: int | None = None,
                  rank: int = 0, world_size: int = 1):
-        self.source = tokens if isinstance(tokens, _TokenSource) else _TokenSource(tokens)
+        self.source = tokens if isinstance(tokens, TokenSource) else TokenSource(tokens)
         self.max_len, self.batch_size = int(max_len), int(batch_size)
         self.num_windows = (len(self.source) - 1) // self.max_len
         if self.num_windows < 1:
@@ -387,8 +300,6 @@ class SequentialWindows(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, j: int):
-        import numpy as np
-
         b = self.batches[j]
         first = b * self.batch_size
         count = min(self.batch_size, self.num_windows - first)
@@ -407,71 +318,3 @@ def check_split_lengths(train_len: int, val_len: int, max_len: int) -> None:
             f"max_len+1 = {max_len + 1} tokens (train {train_len}, validation {val_len} tokens); use a longer "
             f"corpus or a smaller max_len"
         )
-
-
-class TokenDataModule(L.LightningDataModule):
-    """A ``LightningDataModule`` over the train and validation token splits of a corpus.
-
-    Training batches are random windows of ``max_len + 1`` tokens (``RandomWindowBatches``): inputs and
-    targets shifted by one, each (batch_size, max_len) int64. Batch number k is a pure function of
-    (seed, k), and the number of batches served is the DataModule's state (``state_dict`` / Lightning
-    checkpoint), so ``--resume`` continues with exactly the batches the uninterrupted run would have seen.
-    Under DDP each rank serves ``batch_size`` rows of a global batch of ``batch_size * world_size`` rows: rank
-    r takes its slice, so 2 processes with batch B/2 see the rows of one process with batch B.
-
-    Validation: all non-overlapping windows of the validation split (``SequentialWindows``) in batches of
-    ``val_batch_size``, at most ``val_batches`` batches (None: all), shared out across ranks.
-
-    The token arrays may be NumPy memmaps (``corpus_tokens``): they stay memory-mapped, and DataLoader
-    workers each re-open the file once.
-
-    Raises:
-        ValueError: a split shorter than max_len + 1 tokens (naming the lengths); batch_size < 1.
-    """
-
-    def __init__(self, train_tokens, val_tokens, *, max_len: int, batch_size: int, seed: int = 0,
-                 val_batch_size: int = 64, val_batches: int | None = None, num_workers: int = 0):
-        super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if val_batches is not None and val_batches < 1:
-            raise ValueError(f"val_batches must be None (all) or >= 1, got {val_batches!r}")
-        self.train_source, self.val_source = _TokenSource(train_tokens), _TokenSource(val_tokens)
-        check_split_lengths(len(self.train_source), len(self.val_source), max_len)
-        self.max_len, self.batch_size, self.seed = int(max_len), int(batch_size), int(seed)
-        self.val_batch_size, self.val_batches, self.num_workers = int(val_batch_size), val_batches, int(num_workers)
-        #: number of training batches already consumed (the sampler's state)
-        self.batches_served = 0
-
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 0, 1
-        return trainer.global_rank, trainer.world_size
-
-    def train_dataloader(self):
-        rank, world = self._rank_world()
-        ds = RandomWindowBatches(self.train_source, self.max_len, self.batch_size, self.seed, rank, world)
-        return DataLoader(ds, batch_size=None, sampler=_CountingSampler(self.batches_served),
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def val_dataloader(self):
-        rank, world = self._rank_world()
-        ds = SequentialWindows(self.val_source, self.max_len, self.val_batch_size, self.val_batches, rank, world)
-        return DataLoader(ds, batch_size=None, shuffle=False, num_workers=0)
-
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
-            self.batches_served += 1
-        return batch
-
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "batches_served": self.batches_served, "batch_size": self.batch_size,
-                "max_len": self.max_len}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("max_len", self.max_len) != self.max_len:
-            raise ValueError(f"the checkpoint's data used max_len={state['max_len']}, this run uses {self.max_len}")
-        self.seed = int(state["seed"])
-        self.batches_served = int(state["batches_served"])

@@ -44,6 +44,8 @@ from typing import Any, Mapping
 
 import torch
 
+from .checkpoint import check_output_dir, unwrap_model
+from .files import replace_directory
 from .model import DecoderOnlyTransformer, ModelConfig, preset
 
 __all__ = ["from_gpt2", "to_gpt2", "gpt2_config_to_model_config", "model_config_to_gpt2_config"]
@@ -419,8 +421,6 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
             norm; no MLP; no attention output projection; a bias in the LM head), naming field and value.
         ImportError: transformers is not installed (``pip install 'decoderlab[hf]'``).
     """
-    from .checkpoint import replace_directory, unwrap_model
-
     model = unwrap_model(model)
     if not isinstance(model, DecoderOnlyTransformer):
         raise TypeError(f"to_gpt2 takes a DecoderOnlyTransformer, got {type(model).__name__}")
@@ -438,8 +438,6 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
     hf.to(model.we.weight.dtype)
     hf.train(model.training)
     if path is not None:
-        from .checkpoint import check_output_dir
-
         directory = Path(path)
         check_output_dir(directory, allowed=HF_FILES, what="a Hugging Face GPT-2 directory")
         directory.parent.mkdir(parents=True, exist_ok=True)

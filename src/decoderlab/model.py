@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -262,8 +261,9 @@ class DecoderBlock(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
-class DecoderOnlyTransformer(L.LightningModule):
-    """A decoder-only (GPT-style) transformer; a ``lightning.LightningModule`` as in the lesson.
+class DecoderOnlyTransformer(nn.Module):
+    """A decoder-only (GPT-style) transformer: a plain ``torch.nn.Module`` (the lesson's is a
+    ``LightningModule``; here Lightning wraps it for training, see :mod:`decoderlab.training`).
 
     Build it from a config or a preset, or with the lesson's arguments::
 
@@ -273,12 +273,11 @@ class DecoderOnlyTransformer(L.LightningModule):
 
     ``forward(token_ids)``: (T,) -> logits (T, num_tokens) as in the lesson, or (B, T) -> (B, T, num_tokens).
     Optional keywords: ``padding_mask`` (B, T_k) bool, True = padded key; ``positions`` (T,) or (B, T); and
-    ``cache`` (a ``generation.KVCache``) for decoding.
+    ``cache`` (an ``attention.KVCache``) for decoding; ``decode`` is the engine's one-token step.
 
-    Training (Lightning): ``training_step(batch, batch_idx)`` takes ``(inputs, labels)``, each (B, T) or (T,),
-    labels of -100 are ignored; the loss is ``nn.CrossEntropyLoss``. ``configure_optimizers`` returns
-    Adam(lr=0.1) as in the lesson, unless ``self.train_config`` (set by ``decoderlab.training``) asks for
-    AdamW with a schedule.
+    Training: ``compute_loss((inputs, labels))`` is the lesson's ``nn.CrossEntropyLoss`` (labels of -100
+    ignored), and ``configure_optimizers()`` the lesson's Adam(lr=0.1); ``decoderlab.training.LitModel``
+    wraps the model for Lightning's ``Trainer`` (the lesson's ``training_step``).
 
     Raises:
         ValueError: token ids outside [0, num_tokens), a sequence longer than max_len, a bad shape.
@@ -303,7 +302,6 @@ class DecoderOnlyTransformer(L.LightningModule):
         config.validate()
         self.config = config
         self.lr = lr
-        self.train_config = None  # set by decoderlab.training for AdamW + schedule
         cfg = config
 
         self.we = nn.Embedding(num_embeddings=cfg.num_tokens, embedding_dim=cfg.d_model)
@@ -395,24 +393,41 @@ class DecoderOnlyTransformer(L.LightningModule):
                 )
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
-        x = self.we(token_ids)
+        logits = self._logits(token_ids, padding_mask, positions, cache)
+        return logits[0] if unbatched else logits
+
+    def decode(self, tokens: torch.Tensor, positions, padding_mask: torch.Tensor | None, cache) -> torch.Tensor:
+        """One KV-cache decode step, for the generation engine: the same blocks as ``forward`` without its
+        argument checks (the engine made them once per call).
+
+        Args:
+            tokens: (B, 1) the new token of each row.
+            positions: an int (every row at that position) or (B, 1) per-row positions.
+            padding_mask: None, or (B, T_k) bool over the cached keys and the new one, True = padded.
+            cache: the ``KVCache`` holding the earlier keys and values (advanced by one).
+
+        Returns the logits of the new tokens, (B, num_tokens).
+        """
+        if isinstance(positions, int):
+            positions = torch.full((1,), positions, dtype=torch.long, device=tokens.device)
+        return self._logits(tokens, padding_mask, positions, cache)[:, -1]
+
+    def _logits(self, token_ids, padding_mask, positions, cache) -> torch.Tensor:
+        """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits."""
+        x = self.we(token_ids)  # (B, T, d_model)
         if self.pe is not None:
-            x = self.pe(x, positions)
+            x = self.pe(x, positions)  # + position encodings (rope is applied inside attention instead)
         x = self.drop(x)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.blocks):  # (B, T, d_model) -> (B, T, d_model)
             x = block(x, padding_mask=padding_mask, positions=positions,
                       cache=None if cache is None else cache.layers[i])
         if cache is not None:
-            cache.advance(t)
-        logits = self.fc_layer(self.norm_f(x))
-        return logits[0] if unbatched else logits
+            cache.advance(token_ids.size(1))
+        return self.fc_layer(self.norm_f(x))  # (B, T, num_tokens)
 
-    # -- Lightning --------------------------------------------------------------------------------------------
-    def configure_optimizers(self):
-        if self.train_config is not None:
-            from .training import configure_optimizers
-
-            return configure_optimizers(self, self.train_config)
+    # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The lesson's optimizer: ``Adam(self.parameters(), lr=self.lr)`` (lr 0.1 by default)."""
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     def compute_loss(self, batch) -> torch.Tensor:
@@ -420,15 +435,3 @@ class DecoderOnlyTransformer(L.LightningModule):
         input_tokens, labels = batch[0], batch[1]
         output = self.forward(input_tokens)
         return self.loss(output.reshape(-1, output.size(-1)), labels.reshape(-1))
-
-    def training_step(self, batch, batch_idx):
-        loss = self.compute_loss(batch)
-        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False,
-                 batch_size=batch[0].shape[0] if batch[0].dim() > 1 else 1)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        loss = self.compute_loss(batch)
-        self.log("val_loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True,
-                 batch_size=batch[0].shape[0] if batch[0].dim() > 1 else 1)
-        return loss

@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .files import atomic_write_text
+
 EOS = "<EOS>"
 PAD = "<PAD>"
 UNK = "<unk>"
@@ -93,8 +95,6 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"
-        from .checkpoint import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=1))
         return path
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import atomic_write_bytes, atomic_write_text
+
 #: at most this many tokens get a tick label on each axis (longer inputs get evenly spaced ticks)
 MAX_TICK_LABELS = 64
 #: up to this many tokens, each visible cell shows its percent and masked cells are hatched
@@ -111,8 +113,6 @@ def save_attention_png(tr, path: str | os.PathLike, *, batch: int = 0, title: st
     """Draw :func:`attention_figure` and write it to ``path`` atomically; returns the path.
 
     Raises ``FileNotFoundError`` naming the directory when it does not exist (nothing is written)."""
-    from .checkpoint import atomic_write_bytes
-
     path = _check_parent(path, "PNG")
     data = figure_png_bytes(attention_figure(tr, batch=batch, title=title))
     atomic_write_bytes(path, data)
@@ -189,8 +189,6 @@ def html_report(tr, *, text: str | None = None, title: str = "decoderlab: inside
 def write_html_report(tr, path: str | os.PathLike, *, text: str | None = None,
                       title: str = "decoderlab: inside the model", batch: int = 0) -> Path:
     """Write :func:`html_report` to ``path`` atomically; ``FileNotFoundError`` naming a missing directory."""
-    from .checkpoint import atomic_write_text
-
     path = _check_parent(path, "HTML")
     atomic_write_text(path, html_report(tr, text=text, title=title, batch=batch))
     return path

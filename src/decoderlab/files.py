@@ -1,0 +1,57 @@
+"""Files written so that an interrupted write loses nothing: write to a temporary place, then replace.
+
+The one mechanism used by checkpoints, tokenizers, the token cache, reports and ``hf.to_gpt2``: a file is
+written under a temporary name in its destination directory and renamed into place (``os.replace`` is atomic
+on POSIX); a directory is assembled beside its destination and swapped in. Ground layer: imports nothing
+from decoderlab.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def usual_mode(path, directory: bool = False) -> None:
+    """Give a file made by mkstemp/mkdtemp (0600/0700) the permissions a plain open/mkdir would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        usual_mode(tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def replace_directory(tmp: Path, directory: Path) -> None:
+    """Swap the fully written directory ``tmp`` into place at ``directory`` (renames only; the old one, if
+    any, is moved aside first and deleted last). ``tmp`` gets the usual directory permissions (mkdtemp
+    makes it 0700)."""
+    usual_mode(tmp, directory=True)
+    old = None
+    if directory.exists():
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

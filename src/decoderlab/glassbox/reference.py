@@ -1,0 +1,246 @@
+"""``verify``: the whole forward pass again, independently, in float64 NumPy from the extracted weights (the
+lesson's "we can extract the weights ... and use them to validate the math"), compared step by step with
+the model's own float32 (or other dtype) numbers from :func:`~decoderlab.glassbox.trace.trace`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .trace import Trace, trace, unwrap
+
+
+
+def _np_weights(model) -> dict[str, np.ndarray]:
+    return {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
+
+
+def np_sinusoidal(t: int, d_model: int) -> np.ndarray:
+    """pe[pos, 2i] = sin(pos / 10000^(2i/d_model)), pe[pos, 2i+1] = cos(same angle) (the lesson's squiggles)."""
+    pe = np.zeros((t, d_model))
+    for pos in range(t):
+        for col in range(d_model):
+            two_i = col - (col % 2)
+            angle = pos / 10000.0 ** (two_i / d_model)
+            pe[pos, col] = math.sin(angle) if col % 2 == 0 else math.cos(angle)
+    return pe
+
+
+def _np_rope(x: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of (B, H, T, d_head) by pos * base^(-2i/d_head)."""
+    t, d = x.shape[-2], x.shape[-1]
+    out = np.empty_like(x)
+    for i in range(d // 2):
+        theta = np.arange(t) * base ** (-2.0 * i / d)  # (T,)
+        c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+        a, b = x[..., 2 * i : 2 * i + 1], x[..., 2 * i + 1 : 2 * i + 2]
+        out[..., 2 * i : 2 * i + 1] = a * c - b * s
+        out[..., 2 * i + 1 : 2 * i + 2] = a * s + b * c
+    return out
+
+
+def _np_norm(kind: str, x: np.ndarray, w: dict, prefix: str, eps: float) -> np.ndarray:
+    if kind == "none":
+        return x
+    if kind == "layernorm":
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        y = (x - mu) / np.sqrt(var + eps)
+    elif kind == "rmsnorm":
+        y = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
+    else:  # pragma: no cover - configs are validated
+        raise ValueError(f"unknown norm {kind!r}")
+    y = y * w[prefix + ".weight"]
+    if prefix + ".bias" in w:
+        y = y + w[prefix + ".bias"]
+    return y
+
+
+def _np_linear(x: np.ndarray, w: dict, prefix: str) -> np.ndarray:
+    """nn.Linear's math: x Wᵀ + b."""
+    y = x @ w[prefix + ".weight"].T
+    if prefix + ".bias" in w:
+        y = y + w[prefix + ".bias"]
+    return y
+
+
+def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
+    """The forward pass of ``model`` on ``token_ids`` ((T,) or (B, T)), recomputed in float64 NumPy.
+
+    Only the model's config and its extracted weights (``state_dict``) are used; no torch module does any
+    of the math. Sinusoidal and rotary positions are recomputed from their formulas. Returns the steps in
+    order as ``(name, array)``: word embeddings, + positions, then per layer norm_1, q, k, v (B, H, T, d_head),
+    sims, scaled sims, mask, percents (B, H, T, T), head out, attention out, residual 1, norm_2, mlp out,
+    residual 2, then final norm and logits (B, T, num_tokens).
+    """
+    model = unwrap(model)
+    cfg = model.config
+    w = _np_weights(model)
+    ids = np.asarray(token_ids.detach().cpu() if isinstance(token_ids, torch.Tensor) else token_ids, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    b, t = ids.shape
+    h, dh, d = cfg.n_head, cfg.d_head, cfg.d_model
+    steps: list[tuple[str, np.ndarray]] = []
+
+    x = w["we.weight"][ids]  # (B, T, d)
+    steps.append(("word embeddings", x))
+    if cfg.position == "sinusoidal":
+        x = x + np_sinusoidal(t, d)
+    elif cfg.position == "learned":
+        x = x + w["pe.weight"][:t]
+    steps.append(("+ positions", x))
+    mask = np.arange(t)[None, :] > np.arange(t)[:, None]  # (T, T) True = a later key: ignored
+
+    for i in range(cfg.n_layer):
+        p = f"blocks.{i}."
+        n1 = _np_norm(cfg.norm, x, w, p + "norm_1", cfg.norm_eps)
+        qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, 3d)
+
+        def heads(m):
+            return m.reshape(b, t, h, dh).transpose(0, 2, 1, 3)
+
+        q, k, v = heads(qkv[..., :d]), heads(qkv[..., d : 2 * d]), heads(qkv[..., 2 * d :])
+        if cfg.position == "rope":
+            q, k = _np_rope(q), _np_rope(k)
+        sims = q @ k.transpose(0, 1, 3, 2)
+        scaled = sims / math.sqrt(dh)
+        masked = np.where(mask, -np.inf, scaled)
+        e = np.exp(masked - masked.max(axis=-1, keepdims=True))
+        percents = e / e.sum(axis=-1, keepdims=True)
+        head_out = percents @ v  # (B, H, T, dh)
+        concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, d)
+        attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
+        r1 = x + attn
+        steps += [(f"layer {i} norm_1", n1), (f"layer {i} q", q), (f"layer {i} k", k), (f"layer {i} v", v),
+                  (f"layer {i} sims Q K^T", sims), (f"layer {i} scaled sims", scaled),
+                  (f"layer {i} mask", mask.astype(np.float64)), (f"layer {i} percents", percents),
+                  (f"layer {i} head out", head_out), (f"layer {i} attention out", attn),
+                  (f"layer {i} residual 1", r1)]
+        x = r1
+        if cfg.mlp != "none":
+            n2 = _np_norm(cfg.norm, r1, w, p + "norm_2", cfg.norm_eps)
+            m = _np_linear(_np_gelu_tanh(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
+            x = r1 + m
+            steps += [(f"layer {i} norm_2", n2), (f"layer {i} mlp out", m), (f"layer {i} residual 2", x)]
+    nf = _np_norm(cfg.norm, x, w, "norm_f", cfg.norm_eps)
+    steps.append(("final norm", nf))
+    steps.append(("logits", _np_linear(nf, w, "fc_layer")))
+    return steps
+
+
+def _torch_steps(tr: Trace) -> list[tuple[str, torch.Tensor]]:
+    """The same steps as :func:`numpy_forward`, from a full trace."""
+    steps = [("word embeddings", tr.word_embeddings), ("+ positions", tr.encoded)]
+    t = tr.token_ids.size(1)
+    for lt in tr.layers:
+        i = lt.index
+        mask = lt.mask if lt.mask is not None else torch.zeros(t, t, dtype=torch.bool)
+        steps += [(f"layer {i} norm_1", lt.normed), (f"layer {i} q", lt.q), (f"layer {i} k", lt.k),
+                  (f"layer {i} v", lt.v), (f"layer {i} sims Q K^T", lt.sims),
+                  (f"layer {i} scaled sims", lt.scaled_sims), (f"layer {i} mask", mask),
+                  (f"layer {i} percents", lt.percents), (f"layer {i} head out", lt.head_out),
+                  (f"layer {i} attention out", lt.attn_out), (f"layer {i} residual 1", lt.resid_1)]
+        if lt.mlp_out is not None:
+            steps += [(f"layer {i} norm_2", lt.normed_2), (f"layer {i} mlp out", lt.mlp_out),
+                      (f"layer {i} residual 2", lt.resid_2)]
+    steps += [("final norm", tr.final_normed), ("logits", tr.logits)]
+    return steps
+
+
+@dataclass
+class VerifyStep:
+    """One row of a :class:`VerifyReport`: the step, its shape, max |torch - NumPy|, max |NumPy| and ok."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    max_abs_ref: float
+    ok: bool
+
+
+@dataclass
+class VerifyReport:
+    """The per-step comparison of the model's forward pass with the float64 NumPy recomputation.
+
+    A step is ok when max |torch - NumPy| <= tol * max(1, max |NumPy|): an absolute tolerance for values of
+    order one, relative for larger ones (float32 keeps about 7 significant digits).
+    """
+
+    steps: list[VerifyStep]
+    tol: float
+    dtype: str = "float32"
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.steps)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(s.max_abs_diff for s in self.steps)
+
+    def step(self, name: str) -> VerifyStep:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"no step {name!r}; steps: {', '.join(s.name for s in self.steps)}")
+
+    def table(self) -> str:
+        """The report as a fixed-width text table."""
+        w = max(len(s.name) for s in self.steps)
+        lines = [f"{'step':<{w}}  {'shape':<22}  {'max |diff|':>11}  {'max |ref|':>10}  ok",
+                 f"{'-' * w}  {'-' * 22}  {'-' * 11}  {'-' * 10}  --"]
+        for s in self.steps:
+            lines.append(f"{s.name:<{w}}  {str(s.shape):<22}  {s.max_abs_diff:11.3e}  {s.max_abs_ref:10.3g}  "
+                         f"{'ok' if s.ok else 'FAIL'}")
+        bad = [s.name for s in self.steps if not s.ok]
+        lines.append(
+            f"{len(self.steps)} steps, {self.dtype} model vs float64 NumPy, tolerance {self.tol:g} "
+            f"(x max(1, max |ref|)): " + ("all ok" if not bad else f"{len(bad)} FAILED: {', '.join(bad)}")
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyReport:
+    """Recompute the whole forward pass in float64 NumPy from the extracted weights and compare every step.
+
+    Args:
+        model: a ``DecoderOnlyTransformer``.
+        token_ids: ids (T,) or (B, T) (tensor or list), or a text when ``tokenizer`` is given.
+        tol: tolerance; a step passes when max |diff| <= tol * max(1, max |NumPy value|).
+
+    Returns a :class:`VerifyReport` (``.ok``, ``.steps``, ``.table()``). The torch side is a full
+    :func:`trace` (explicit kernel, eval mode); the NumPy side is :func:`numpy_forward`.
+
+    Raises:
+        ValueError: tol <= 0; bad ids (as :func:`trace`).
+    """
+    if not (isinstance(tol, (int, float)) and tol > 0):
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    model = unwrap(model)
+    tr = trace(model, token_ids, tokenizer=tokenizer)
+    ref = numpy_forward(model, tr.token_ids)
+    ours = _torch_steps(tr)
+    assert [n for n, _ in ref] == [n for n, _ in ours], "step lists differ"  # same recipe on both sides
+    steps = []
+    for (name, r), (_, o) in zip(ref, ours):
+        o64 = o.detach().to("cpu", torch.float64).numpy()
+        if o64.shape != r.shape:
+            o64 = np.broadcast_to(o64, r.shape)
+        diff = float(np.abs(o64 - r).max()) if r.size else 0.0
+        scale = float(np.abs(r).max()) if r.size else 0.0
+        steps.append(VerifyStep(name, tuple(r.shape), diff, scale, diff <= tol * max(1.0, scale)))
+    return VerifyReport(steps=steps, tol=float(tol), dtype=str(model.we.weight.dtype).replace("torch.", ""))
+
+

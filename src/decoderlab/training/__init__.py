@@ -1,0 +1,24 @@
+"""Training with Lightning: the lesson's pair training and language-model runs.
+
+- :mod:`.config`: ``TrainConfig``, optimizer groups, schedule, evaluation (plain torch);
+- :mod:`.module`: ``LitModel``, the ``LightningModule`` around a ``DecoderOnlyTransformer``;
+- :mod:`.datamodule`: ``TokenDataModule`` (random windows, resumable, DDP-sliced);
+- :mod:`.callbacks`, :mod:`.trainer`: metrics, guards, export, the ``Trainer`` factory;
+- :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson).
+"""
+
+from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,
+                        NonFiniteLossGuard, StepProgressBar)
+from .config import PRECISIONS, TrainConfig, configure_optimizers, evaluate_lm, lr_at, parameter_groups
+from .datamodule import TokenDataModule
+from .lm import RUN_FILE, SUMMARY_FILE, TrainSummary, default_run_dir, resolve_resume, train_lm
+from .module import LitModel
+from .pairs import train_pairs
+from .trainer import make_trainer
+
+__all__ = [
+    "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
+    "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
+    "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
+    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer",
+]

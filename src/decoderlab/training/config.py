@@ -1,0 +1,206 @@
+"""Hyper-parameters of a language-model run, the optimizer and its learning-rate schedule, and evaluation.
+
+Plain torch (no Lightning): ``TrainConfig``, ``lr_at`` (warm-up then cosine), ``parameter_groups`` (every
+parameter in exactly one group: decay for matrices, none for the rest), ``configure_optimizers`` (AdamW +
+``LambdaLR``), ``evaluate_lm`` (mean cross-entropy over non-overlapping windows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint import unwrap_model
+from ..data import SequentialWindows
+from ..positions import LearnedPositionEncoding
+
+PRECISIONS = ("32", "bf16-mixed")
+#: the names Lightning's ``Trainer(precision=...)`` uses for ours
+PRECISION_ALIASES = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-mixed"}
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of a language-model run (the defaults are ``decoderlab train``'s).
+
+    Attributes:
+        max_steps: optimizer steps (each of ``accumulate`` batches).
+        batch_size: sequences (windows of max_len + 1 tokens) per batch on each process.
+        lr: peak learning rate, reached after ``warmup`` steps.
+        min_lr: learning rate at the end of the cosine decay (at ``max_steps``).
+        warmup: steps of linear warm-up.
+        weight_decay: AdamW decoupled weight decay, applied to weight matrices only.
+        betas, eps: AdamW's.
+        grad_clip: clip the global gradient norm to this value (0 = no clipping).
+        accumulate: batches per optimizer step (gradient accumulation).
+        precision: "32" or "bf16-mixed" (bfloat16 autocast; weights and optimizer state stay float32).
+        compile: ``torch.compile`` the model: False, True (inductor) or a backend name (e.g. "eager").
+        seed: seeds the initial weights and, with the batch number, every training window.
+        eval_every: optimizer steps between validations (and checkpoints).
+        val_batches: validate on at most this many batches of ``val_batch_size`` windows (None: all windows).
+        val_batch_size: windows per validation batch.
+        val_fraction: the last fraction of the corpus (by position) used for validation.
+        log_every: optimizer steps between logged training metrics.
+        num_workers: DataLoader worker processes (0: batches are cut in the training process).
+        fused: fused AdamW kernel (None: use it when this PyTorch build has it).
+    """
+
+    max_steps: int = 2000
+    batch_size: int = 12
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    accumulate: int = 1
+    precision: str = "32"
+    compile: bool | str = False
+    seed: int = 42
+    eval_every: int = 250
+    val_batches: int | None = None
+    val_batch_size: int = 64
+    val_fraction: float = 0.1
+    log_every: int = 50
+    num_workers: int = 0
+    fused: bool | None = None
+
+    def __post_init__(self):
+        self.betas = tuple(self.betas)
+        self.validate()
+
+    def validate(self) -> "TrainConfig":
+        """Raise ``ValueError`` naming the offending field, its value and what is allowed."""
+        for name in ("max_steps", "batch_size", "accumulate", "eval_every", "log_every", "val_batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("warmup", "num_workers", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.val_batches is not None and (not isinstance(self.val_batches, int) or self.val_batches < 1):
+            raise ValueError(f"val_batches must be None (all) or an integer >= 1, got {self.val_batches!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr (learning rate) must be a finite number > 0, got {self.lr!r}")
+        if not (isinstance(self.min_lr, (int, float)) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must be between 0 and lr={self.lr}, got {self.min_lr!r}")
+        for name in ("weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps!r}")
+        if self.precision not in PRECISION_ALIASES:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warm-up ``lr * (step + 1) / warmup`` for
+    ``step < warmup``, then cosine decay from ``lr`` to ``min_lr``, reaching ``min_lr`` at ``step = max_steps``
+    (and staying there)."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.max_steps - cfg.warmup)
+    ratio = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
+
+
+def parameter_groups(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """Names of the parameters that get weight decay and of those that do not.
+
+    Decayed: weight matrices of linear layers (attention projections, MLP). Not decayed: biases, norm
+    weights, token and learned position embeddings (and ``fc_layer.weight`` when it is tied to the token
+    embedding: each shared tensor is listed once, under its first name).
+    """
+    model = unwrap_model(model)
+    embedding_ids = set()
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Embedding, LearnedPositionEncoding)):
+            embedding_ids.add(id(module.weight))
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():  # named_parameters lists a shared tensor once
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and id(p) not in embedding_ids else no_decay).append(name)
+    return decay, no_decay
+
+
+def _fused_adamw_available() -> bool:
+    try:
+        p = torch.nn.Parameter(torch.zeros(2))
+        p.grad = torch.zeros(2)
+        torch.optim.AdamW([p], lr=1e-3, fused=True).step()
+        return True
+    except (RuntimeError, TypeError, ValueError):  # pragma: no cover - older builds
+        return False
+
+
+def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
+    """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
+    ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. Returns Lightning's
+    ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    decay, no_decay = parameter_groups(model)
+    params = dict(unwrap_model(model).named_parameters())
+    groups = [
+        {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
+        {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
+    ]
+    fused = _fused_adamw_available() if cfg.fused is None else cfg.fused
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=bool(fused))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+
+@torch.no_grad()
+def evaluate_lm(model, tokens, max_len: int | None = None, batch_size: int = 64,
+                max_batches: int | None = None, precision: str = "32") -> float:
+    """Mean cross-entropy (nats per token) over the non-overlapping windows of ``tokens``.
+
+    The windows are :class:`decoderlab.data.SequentialWindows`' (every token but the first predicted exactly
+    once), at most ``max_batches`` batches of ``batch_size`` windows.
+    """
+    model = unwrap_model(model)
+    max_len = max_len or model.config.max_len
+    ds = SequentialWindows(tokens, max_len, batch_size, max_batches)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for j in range(len(ds)):
+            x, y = ds[j]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                     reduction="sum")
+            total += float(loss)
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / count

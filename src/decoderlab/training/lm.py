@@ -1,0 +1,324 @@
+"""``train_lm``: a GPT-style language model on a corpus, in a few readable steps (settings, data, model and
+trainer, fit, summary)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+
+from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE
+from ..data import check_split_lengths, corpus_tokens, read_corpus, split_tokens
+from ..files import atomic_write_text
+from ..model import DecoderOnlyTransformer, ModelConfig
+from ..model import preset as preset_config
+from ..tokenizers import Tokenizer, build_tokenizer
+from .callbacks import (LAST_CKPT, LIGHTNING_DIR, ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory,
+                        NonFiniteLossGuard)
+from .config import TrainConfig, evaluate_lm
+from .datamodule import TokenDataModule
+from .module import LitModel
+from .trainer import make_trainer
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class TrainSummary:
+    """What ``train_lm`` reports. Losses are nats per token.
+
+    Attributes:
+        steps: optimizer steps done (in total, including those before a resume).
+        train_loss: mean training loss of the last min(50, steps) steps.
+        val_loss: validation loss of the final model over all (or ``val_batches``) validation windows.
+        val_ppl: ``exp(val_loss)``; val_bpb: bits per byte.
+        tokens_per_second: training tokens (all processes) per second spent in training steps.
+        train_seconds: seconds spent in training steps; wall_seconds: of the whole ``trainer.fit``.
+        train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
+        run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
+    """
+
+    steps: int
+    train_loss: float
+    val_loss: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    tokens_per_second: float
+    train_seconds: float
+    wall_seconds: float
+    num_parameters: int
+    train_losses: list[float]
+    val_history: list[tuple[int, float]]
+    run_dir: str | None
+    is_global_zero: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_run_dir() -> Path:
+    """``runs/<UTC timestamp>`` (shared by all processes of a multi-process run on one machine)."""
+    env = os.environ.get("DECODERLAB_RUN_DIR")
+    if env:
+        return Path(env)
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+
+
+def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None) -> tuple[Path, Path] | None:
+    """``(run_dir, last.ckpt)`` for ``resume`` = a run directory, a Lightning ``.ckpt`` file, or True (the
+    ``run_dir``). Raises ``FileNotFoundError`` naming where it looked when there is no checkpoint."""
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        if run_dir is None:
+            raise ValueError("resume without a directory needs the run directory to resume from (--out / out=)")
+        resume = run_dir
+    path = Path(resume)
+    if path.suffix == ".ckpt":
+        if not path.is_file():
+            raise FileNotFoundError(f"cannot resume: no checkpoint file {path}")
+        rdir = path.parent.parent if path.parent.name == LIGHTNING_DIR else path.parent
+        return rdir, path
+    ckpt = path / LIGHTNING_DIR / LAST_CKPT
+    if not ckpt.is_file():
+        raise FileNotFoundError(
+            f"cannot resume: no training checkpoint {ckpt} (a run directory written by `decoderlab train` holds "
+            f"one after its first evaluation)"
+        )
+    return path, ckpt
+
+
+def _corpus_text(corpus, text):
+    if text is not None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"the corpus text is empty: it has {len(text)} characters and none but whitespace")
+        return text
+    return read_corpus(corpus)
+
+
+def train_lm(
+    corpus: str | os.PathLike | None = None,
+    *,
+    text: str | None = None,
+    preset: str = "baby-shakespeare",
+    tokenizer: str | Tokenizer = "char",
+    vocab_size: int | None = None,
+    out: str | os.PathLike | None = None,
+    train_config: TrainConfig | None = None,
+    config_overrides: dict | None = None,
+    model_overrides: dict | None = None,
+    resume: str | os.PathLike | bool | None = None,
+    devices: int | str = 1,
+    strategy: str = "auto",
+    num_nodes: int = 1,
+    accelerator: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
+    callbacks: Sequence[L.Callback] = (),
+    progress_bar: bool = True,
+    logger: bool = True,
+):
+    """Train a GPT-style language model on a corpus with Lightning; return ``(model, tokenizer, summary)``.
+
+    The corpus (``corpus`` path: a text file or a folder of .txt files; None = the embedded tinyshakespeare;
+    or ``text``) is tokenized once (``corpus_tokens``, cached memmap), split by position (last
+    ``val_fraction`` for validation) and served as random windows (``TokenDataModule``). The model is the
+    ``preset`` with ``num_tokens`` = the tokenizer's vocabulary (plus ``model_overrides``), trained with
+    AdamW + warm-up/cosine (``configure_optimizers``) for ``train_config.max_steps`` steps.
+
+    The run directory ``out`` (default ``runs/<timestamp>``) receives, each written atomically:
+    ``config.json``, ``tokenizer.json``, ``model.safetensors``, ``meta.json`` (``"task": "lm"``) -- a
+    decoderlab checkpoint, refreshed at every evaluation and at the end -- plus ``run.json`` (the run's
+    settings), ``summary.json``, ``lightning/last.ckpt`` and ``lightning/best-step*.ckpt`` (for ``resume``),
+    and ``logs/`` (CSV; TensorBoard when installed).
+
+    ``resume`` (a run directory, a ``.ckpt`` file, or True for ``out``) continues that run: model config,
+    tokenizer and (unless given) train config and corpus come from the run directory; optimizer, schedule,
+    step, data-sampler position and loss history from the Lightning checkpoint. ``config_overrides``
+    (field -> value) are applied on top of ``train_config`` (or of the resumed run's, or the defaults).
+
+    ``devices``, ``strategy`` ("ddp", "fsdp", ...), ``num_nodes``: passed to Lightning; ``batch_size`` is
+    per process (global batch = batch_size * processes).
+
+    Raises:
+        FileNotFoundError: missing corpus path; ``resume`` without a checkpoint there.
+        ValueError: bad config values; an empty corpus or a split shorter than max_len + 1 tokens; a
+            non-UTF-8 file (named, with the byte offset); a resumed corpus that differs from the run's.
+        NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
+    """
+    run = _plan_run(out, resume, train_config, config_overrides, corpus)
+    corpus = run.corpus if corpus is None and text is None else corpus
+    corpus_text = _corpus_text(corpus, text)
+    tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, tokenizer, vocab_size, model_overrides)
+    cfg, run_dir = run.cfg, run.run_dir
+
+    tokens = corpus_tokens(corpus_text, tok, cache_dir)
+    train_tokens, val_tokens = split_tokens(tokens, cfg.val_fraction)
+    check_split_lengths(len(train_tokens), len(val_tokens), model_cfg.max_len)
+    bytes_per_token = len(corpus_text.encode("utf-8")) / len(tokens)
+    dm = TokenDataModule(train_tokens, val_tokens, max_len=model_cfg.max_len, batch_size=cfg.batch_size,
+                         seed=cfg.seed, val_batch_size=cfg.val_batch_size, val_batches=cfg.val_batches,
+                         num_workers=cfg.num_workers)
+
+    L.seed_everything(cfg.seed, verbose=False)
+    model = DecoderOnlyTransformer(model_cfg)
+    meta = {"task": "lm", "preset": None if run.resumed else preset, "tokenizer": getattr(tok, "kind", None),
+            "bytes_per_token": bytes_per_token}
+    history, metrics = LossHistory(), LMMetrics(bytes_per_token)
+    exporter = ExportCheckpoint(run_dir, tok, meta, metrics)
+    trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
+                           accelerator=accelerator,
+                           callbacks=[history, metrics, NonFiniteLossGuard(run_dir), exporter,
+                                      InterruptNotice(run_dir), *callbacks],
+                           progress_bar=progress_bar, logger=logger)
+    if trainer.is_global_zero and not run.resumed:
+        _write_run_files(run_dir, model_cfg, tok, cfg, corpus if text is None else None, corpus_text, preset,
+                         devices, strategy, num_nodes)
+    if cfg.compile:  # each decoder block in place (Module.compile): state-dict keys stay plain
+        for block in model.blocks:
+            block.compile(backend="inductor" if cfg.compile is True else str(cfg.compile))
+
+    wall = _fit(trainer, LitModel(model, cfg), dm, run.ckpt_path, run_dir)
+    model.eval()
+    return model, tok, _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg, wall,
+                                  bytes_per_token, run_dir)
+
+
+@dataclass
+class _Run:
+    """Where a run writes and what it continues: the run directory, the Lightning checkpoint to resume
+    from (None for a fresh run), the train config, and the resumed run's recorded settings."""
+
+    run_dir: Path
+    ckpt_path: Path | None
+    cfg: TrainConfig
+    info: dict
+
+    @property
+    def resumed(self) -> bool:
+        return self.ckpt_path is not None
+
+    @property
+    def corpus(self):
+        return self.info.get("corpus")
+
+
+def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
+    """Step 1: the run directory, what to resume, and the effective ``TrainConfig`` (validated)."""
+    run_dir = Path(out) if out is not None else None
+    resumed = resolve_resume(resume, run_dir)
+    info: dict = {}
+    ckpt_path = None
+    if resumed is not None:
+        run_dir, ckpt_path = resumed
+        run_file = run_dir / RUN_FILE
+        if not run_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"cannot resume: {run_dir} lacks {RUN_FILE} or {CONFIG_FILE} of a training run")
+        info = json.loads(run_file.read_text(encoding="utf-8"))
+        if train_config is None:
+            train_config = TrainConfig.from_dict(info["train_config"])
+    else:
+        if run_dir is None:
+            run_dir = default_run_dir()
+        if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
+            raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
+                             f"with --resume {run_dir}, or train into another --out directory")
+    cfg = train_config if train_config is not None else TrainConfig()
+    if config_overrides:
+        cfg = cfg.replace(**config_overrides)  # validates
+    cfg.validate()
+    return _Run(run_dir, ckpt_path, cfg, info)
+
+
+def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, vocab_size, model_overrides):
+    """Step 2: the tokenizer and the model config -- the run's own when resuming, else new ones."""
+    if run.resumed:
+        sha = hashlib.sha256(corpus_text.encode("utf-8")).hexdigest()
+        if run.info.get("corpus_sha256") not in (None, sha):
+            raise ValueError(f"cannot resume {run.run_dir}: the corpus differs from the one the run was trained on "
+                             f"({run.info.get('corpus')!r}, sha256 {run.info['corpus_sha256'][:12]}...)")
+        tok = Tokenizer.load(run.run_dir / TOKENIZER_FILE)
+        model_cfg = ModelConfig.from_json((run.run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        if tok.vocab_size != model_cfg.num_tokens:
+            raise ValueError(f"cannot resume {run.run_dir}: tokenizer vocabulary size {tok.vocab_size} does not "
+                             f"match config num_tokens {model_cfg.num_tokens}")
+        return tok, model_cfg
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, corpus_text, vocab_size)
+    model_cfg = preset_config(preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
+    if model_cfg.num_tokens != tok.vocab_size:
+        raise ValueError(f"model num_tokens {model_cfg.num_tokens} does not match the tokenizer's vocabulary "
+                         f"size {tok.vocab_size}")
+    return tok, model_cfg
+
+
+def _write_run_files(run_dir: Path, model_cfg, tok, cfg: TrainConfig, corpus, corpus_text: str, preset: str,
+                     devices, strategy, num_nodes) -> None:
+    """Step 3 (fresh runs, rank 0): config, tokenizer and ``run.json`` before the first step."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / CONFIG_FILE, model_cfg.to_json())
+    tok.save(run_dir / TOKENIZER_FILE)
+    info = {"corpus": None if corpus is None else str(Path(corpus).resolve()),
+            "corpus_sha256": hashlib.sha256(corpus_text.encode("utf-8")).hexdigest(), "preset": preset,
+            "tokenizer": getattr(tok, "kind", None), "train_config": cfg.to_dict(), "devices": devices,
+            "strategy": strategy, "num_nodes": num_nodes}
+    atomic_write_text(run_dir / RUN_FILE, json.dumps(info, indent=2))
+
+
+def _fit(trainer: L.Trainer, lit: LitModel, dm: TokenDataModule, ckpt_path, run_dir: Path) -> float:
+    """Step 4: ``trainer.fit``; returns its wall seconds. Processes launched by Lightning (DDP) find the run
+    directory in ``DECODERLAB_RUN_DIR``."""
+    env_set = "DECODERLAB_RUN_DIR" not in os.environ
+    if env_set:
+        os.environ["DECODERLAB_RUN_DIR"] = str(run_dir)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*(does not have many workers|resuming from a checkpoint "
+                                                      r"that ended|`training_step` returned|exists and is not "
+                                                      r"empty|LeafSpec).*")
+            trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+    finally:
+        if env_set:
+            os.environ.pop("DECODERLAB_RUN_DIR", None)
+    return time.perf_counter() - t0
+
+
+def _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg: TrainConfig, wall: float,
+               bytes_per_token: float, run_dir: Path) -> TrainSummary:
+    """Step 5: the final evaluation (unless the last one was at this step), the final export, the summary."""
+    val_loss = None
+    if trainer.is_global_zero:
+        if metrics.history and metrics.history[-1][0] == trainer.global_step:
+            val_loss = metrics.history[-1][1]
+        else:
+            val_loss = evaluate_lm(model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches,
+                                   cfg.precision)
+            metrics.history.append((trainer.global_step, val_loss))
+        exporter.export(trainer, model)
+    last = history.losses[-50:]
+    summary = TrainSummary(
+        steps=trainer.global_step,
+        train_loss=sum(last) / len(last) if last else float("nan"),
+        val_loss=val_loss,
+        val_ppl=math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+        val_bpb=val_loss / (bytes_per_token * math.log(2)) if val_loss is not None else None,
+        tokens_per_second=history.tokens / history.train_seconds if history.train_seconds else 0.0,
+        train_seconds=history.train_seconds, wall_seconds=wall,
+        num_parameters=model.num_parameters(),
+        train_losses=list(history.losses), val_history=list(metrics.history),
+        run_dir=str(run_dir), is_global_zero=trainer.is_global_zero,
+    )
+    if trainer.is_global_zero:
+        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
+    return summary

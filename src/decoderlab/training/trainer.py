@@ -1,0 +1,69 @@
+"""The Lightning ``Trainer`` of a language-model run: steps, accumulation, clipping, precision, validation
+cadence, loggers and checkpoints, from a :class:`TrainConfig`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+
+from .callbacks import LIGHTNING_DIR, StepProgressBar
+from .config import PRECISION_ALIASES, TrainConfig
+
+
+def _loggers(run_dir: Path | None):
+    if run_dir is None:
+        return False
+    from lightning.pytorch.loggers import CSVLogger
+
+    # a new version directory per (resumed) run, so a resume never deletes the metrics logged before it
+    loggers = [CSVLogger(str(Path(run_dir) / "logs"), name="csv")]
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(str(Path(run_dir) / "logs"), name="tensorboard"))
+    return loggers
+
+
+def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, devices: int | str = 1,
+                 strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
+                 callbacks: Sequence[L.Callback] = (), progress_bar: bool = True, logger: bool = True,
+                 checkpointing: bool = True) -> L.Trainer:
+    """A Lightning ``Trainer`` for language-model training with ``cfg``.
+
+    ``max_steps``, gradient clipping (global norm), ``accumulate_grad_batches``, precision, validation every
+    ``eval_every`` optimizer steps (``val_check_interval`` in batches, counted across the endless training
+    windows), a step-counting progress bar, a CSV logger (and TensorBoard when installed) under
+    ``run_dir/logs``, and ``ModelCheckpoint`` keeping the best (lowest ``val_loss``) and the last Lightning
+    checkpoint in ``run_dir/lightning``. ``devices``, ``strategy`` ("auto", "ddp", "fsdp", ...),
+    ``num_nodes`` and ``accelerator`` go to Lightning unchanged.
+    """
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    run_dir = Path(run_dir) if run_dir is not None else None
+    cbs = list(callbacks)
+    if progress_bar:
+        cbs.append(StepProgressBar(cfg.max_steps * cfg.accumulate, refresh_rate=max(1, min(25, cfg.eval_every))))
+    loggers = _loggers(run_dir) if logger else False
+    if loggers:
+        cbs.append(LearningRateMonitor(logging_interval="step"))
+    if checkpointing and run_dir is not None:
+        cbs.append(ModelCheckpoint(dirpath=str(run_dir / LIGHTNING_DIR), filename="best-step{step}",
+                                   auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
+                                   save_last=True))
+    return L.Trainer(
+        accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes,
+        precision=PRECISION_ALIASES[cfg.precision],
+        max_steps=cfg.max_steps, max_epochs=-1,
+        accumulate_grad_batches=cfg.accumulate,
+        gradient_clip_val=cfg.grad_clip or None, gradient_clip_algorithm="norm",
+        val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, use_distributed_sampler=False,
+        log_every_n_steps=cfg.log_every, logger=loggers,
+        enable_checkpointing=bool(checkpointing and run_dir is not None),
+        enable_progress_bar=progress_bar, enable_model_summary=False,
+        callbacks=cbs, default_root_dir=str(run_dir) if run_dir is not None else None,
+    )
