@@ -221,8 +221,10 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
         """The shared projections: returns q (B, H, T_q, d_head), k, v (B, H, T_k, d_head)."""
-        if kv is None:
-            q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        if kv is None:  # one matmul, then one view: (B, T, 3 d_model) -> 3 x (B, H, T, d_head)
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+            return q, k, v
         else:
             w, b = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[: self.d_model], None if b is None else b[: self.d_model])
@@ -295,7 +297,8 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(b, t_q, self.d_model)
         if self.proj is not None:
             y = self.proj(y)
-        y = self.resid_dropout(y)
+        if p_drop:
+            y = self.resid_dropout(y)
         if record is not None:
             record.update(rec, q=q, k=k, v=v, out=y)
         if return_weights:

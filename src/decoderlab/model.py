@@ -215,7 +215,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+        y = self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        return self.dropout(y) if self.training and self.dropout.p else y
 
 
 class DecoderBlock(nn.Module):
@@ -417,7 +418,7 @@ class DecoderOnlyTransformer(nn.Module):
         x = self.we(token_ids)  # (B, T, d_model)
         if self.pe is not None:
             x = self.pe(x, positions)  # + position encodings (rope is applied inside attention instead)
-        x = self.drop(x)
+        x = self.drop(x)  # (the glass box's trace reads the encoded input here)
         for i, block in enumerate(self.blocks):  # (B, T, d_model) -> (B, T, d_model)
             x = block(x, padding_mask=padding_mask, positions=positions,
                       cache=None if cache is None else cache.layers[i])

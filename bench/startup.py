@@ -1,0 +1,70 @@
+"""Start-up time of the command line: what a user waits for before anything happens.
+
+In one run, alternating, the median wall time of:
+    (a) python -c "pass" + building decoderlab's argparse parser (no torch): the floor for --help,
+    (b) decoderlab --help,
+    (c) python -c "import torch",
+    (d) decoderlab generate on the trained statquest checkpoint (one answer of the lesson's model),
+and the ratios (b)/(a) (target <= 1.2) and (d)/(c) (target <= 1.5).
+
+    python bench/startup.py [--repeats 7] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+FLOOR = "import argparse, sys; sys.argv=['decoderlab', '--help']\n" \
+        "p = argparse.ArgumentParser(prog='decoderlab'); s = p.add_subparsers()\n" \
+        "[s.add_parser(n, help=n).add_argument('--x' + str(i)) for i, n in enumerate('abcdefgh')]\n" \
+        "p.format_help()"
+
+
+def timed(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = str(Path(tmp) / "statquest")
+        subprocess.run([str(BIN / "decoderlab"), "train", "--preset", "statquest", "--out", ckpt], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cases = {
+            "python + argparse (floor)": [sys.executable, "-c", FLOOR],
+            "decoderlab --help": [str(BIN / "decoderlab"), "--help"],
+            'python -c "import torch"': [sys.executable, "-c", "import torch"],
+            "decoderlab generate (statquest)": [str(BIN / "decoderlab"), "generate", "--checkpoint", ckpt,
+                                                "what is statquest"],
+        }
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(args.repeats):  # alternate, so that load from other jobs hits every case alike
+            for name, cmd in cases.items():
+                times[name].append(timed(cmd))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    names = list(cases)
+    ratio = {names[0]: 1.0, names[1]: med[names[1]] / med[names[0]], names[2]: 1.0,
+             names[3]: med[names[3]] / med[names[2]]}
+    against = {names[0]: "", names[1]: "vs floor (target <= 1.2)", names[2]: "",
+               names[3]: "vs import torch (target <= 1.5)"}
+    print(f"| command | median wall s (of {args.repeats}) | ratio |")
+    print("|---|---:|---|")
+    for k in names:
+        r = f"{ratio[k]:.2f}x {against[k]}" if against[k] else ""
+        print(f"| {k} | {med[k]:.3f} | {r} |")
+
+
+if __name__ == "__main__":
+    main()
