@@ -88,6 +88,7 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
     try:
         save_model(model, str(tmp / WEIGHTS_FILE))
+        usual_mode(tmp / WEIGHTS_FILE)  # safetensors creates it 0600; the other files get the usual 0644
         (tmp / CONFIG_FILE).write_text(model.config.to_json(), encoding="utf-8")
         tokenizer.save(tmp / TOKENIZER_FILE)
         (tmp / META_FILE).write_text(
@@ -108,9 +109,9 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WEIGHTS_FILE}.", suffix=".tmp")
     os.close(fd)
-    usual_mode(tmp)
     try:
-        save_model(model, tmp)
+        save_model(model, tmp)  # safetensors writes a new file (mkstemp's 0600 would not survive it)
+        usual_mode(tmp)  # so the mode is set after writing: 0644 under umask 022, as the other files
         os.replace(tmp, directory / WEIGHTS_FILE)
     except BaseException:
         if os.path.exists(tmp):

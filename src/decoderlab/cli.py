@@ -7,88 +7,354 @@ API lacks. Errors a user can cause (bad paths, bad values) print ``decoderlab: e
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+from ._version import __version__
+
+# ---------------------------------------------------------------------------------------------------------
+# Defaults and choices, mirrored here so that `decoderlab --help` imports no torch. Each mirror is checked
+# against its source (TrainConfig, train_pairs, PRESETS, POSITIONS/NORMS/MLPS, TOKENIZERS ...) by
+# tests/test_package.py, so the help cannot drift from what the library does.
+# ---------------------------------------------------------------------------------------------------------
+
+#: ``decoderlab.training.TrainConfig``'s defaults for the fields that have a flag
+TRAIN_DEFAULTS = {"max_steps": 2000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100,
+                  "precision": "32", "compile": False, "seed": 42, "eval_every": 250, "val_batches": None,
+                  "grad_clip": 1.0, "accumulate": 1, "log_every": 50}
+#: ``decoderlab.training.train_pairs``' defaults (the lesson: 30 epochs, seed 42, Adam lr 0.1, batch size 1)
+PAIR_DEFAULTS = {"max_epochs": 30, "seed": 42, "lr": 0.1, "batch_size": 1}
+#: ``decoderlab.training.PRECISIONS``
+PRECISIONS = ("32", "bf16-mixed")
+#: ``decoderlab.model.PRESETS``: names, and the shape fields a flag can override
+PRESET_NAMES = ("statquest", "baby-shakespeare", "shakespeare-char", "gpt2")
+DEFAULT_PRESET = "baby-shakespeare"
+SHAPE_FIELDS = ("n_layer", "n_head", "d_model", "max_len", "dropout", "position", "norm", "mlp")
+PRESET_SHAPES = {
+    "statquest": dict(n_layer=1, n_head=1, d_model=2, max_len=6, dropout=0.0, position="sinusoidal", norm="none",
+                      mlp="none"),
+    "baby-shakespeare": dict(n_layer=4, n_head=4, d_model=128, max_len=64, dropout=0.0, position="learned",
+                             norm="layernorm", mlp="gelu"),
+    "shakespeare-char": dict(n_layer=6, n_head=6, d_model=384, max_len=256, dropout=0.2, position="learned",
+                             norm="layernorm", mlp="gelu"),
+    "gpt2": dict(n_layer=12, n_head=12, d_model=768, max_len=1024, dropout=0.0, position="learned",
+                 norm="layernorm", mlp="gelu"),
+}
+#: ``decoderlab.positions.POSITIONS``, ``decoderlab.model.NORMS``, ``decoderlab.model.MLPS``
+MODEL_CHOICES = {"position": ("sinusoidal", "learned", "rope", "none"), "norm": ("none", "layernorm", "rmsnorm"),
+                 "mlp": ("none", "gelu")}
+#: ``decoderlab.tokenizers.TOKENIZERS`` and ``DEFAULT_BPE_VOCAB_SIZE``
+TOKENIZER_KINDS = ("word", "char", "bpe")
+DEFAULT_TOKENIZER = "char"
+DEFAULT_BPE_VOCAB_SIZE = 1024
+#: what generate and chat use for options not given (``ChatSession``'s for language models)
+GENERATE_DEFAULTS = {"max_new_tokens": 200, "temperature": 1.0}
+
+#: the Python names in library messages -> the flags a user typed (see :func:`_in_flag_words`)
+FIELD_FLAGS = {**{f: "--" + f.replace("_", "-") for f in (*TRAIN_DEFAULTS, "vocab_size", "n_layer", "n_head",
+                                                          "d_model", "max_len", "dropout")},
+               "max_epochs": "--epochs"}
+_FIELD_RE = re.compile(r"(?<![\w./-])(" + "|".join(sorted(FIELD_FLAGS, key=len, reverse=True)) + r")(?![\w/-]|\.\w)")
+
+
+def _in_flag_words(message: str) -> str:
+    """A library message in the words of the command line: ``max_steps must be ...`` -> ``--max-steps must
+    be ...`` (whole words only; names inside paths and file names are left alone)."""
+    return _FIELD_RE.sub(lambda m: FIELD_FLAGS[m.group(1)], str(message))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with decoderlab's one-line errors: ``decoderlab: error: --max-steps must be an integer, got
+    'x' (see decoderlab train --help)`` and exit status 2."""
+
+    def error(self, message: str):
+        m = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        if m:
+            flag = m.group(1).split("/")[-1]
+            message = f"{flag} {m.group(2)}" if m.group(2).startswith("must ") else f"{flag}: {m.group(2)}"
+        self.exit(2, f"decoderlab: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, minimum=None, what: str = ""):
+    """An argparse type: an int or float (>= ``minimum`` if given), with an error in our words."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}{what}, "
+                                             f"got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{what}, got {text}")
+        return value
+    return parse
+
+
+_DEVICES_HELP = "a number of devices >= 1, -1 (all), 'auto', or device indices such as 0,1"
+
+
+def _devices(text: str):
+    """``--devices``: an int >= 1, -1, "auto", or a comma-separated list of device indices ("0,1", "1,")."""
+    value = text.strip()
+    if value == "auto" or ("," in value and re.fullmatch(r"\d+(,\d+)*,?", value)):
+        return value
+    if re.fullmatch(r"-1|[1-9]\d*", value):
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be {_DEVICES_HELP}; got {text!r}")
+
 
 # ---------------------------------------------------------------------------------------------------------
 # train
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _default(field: str) -> str:
+    value = TRAIN_DEFAULTS[field]
+    return "all" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+#: (flag, TrainConfig field, argparse type, help); each help gets "(default ...)" from TRAIN_DEFAULTS
+TRAIN_OPTIONS = (
+    ("--max-steps", "max_steps", int, "optimizer steps"),
+    ("--batch-size", "batch_size", int, "sequences per batch per process (statquest: pairs per batch)"),
+    ("--lr", "lr", float, "peak learning rate (statquest: Adam's learning rate)"),
+    ("--min-lr", "min_lr", float, "learning rate at the end of the cosine decay"),
+    ("--warmup", "warmup", int, "steps of linear warm-up (keep it below --max-steps)"),
+    ("--eval-every", "eval_every", int, "optimizer steps between evaluations (and checkpoints)"),
+    ("--val-batches", "val_batches", int, "evaluate on at most this many batches of 64 windows"),
+    ("--log-every", "log_every", int, "optimizer steps between progress lines and logged train-loss rows"),
+    ("--grad-clip", "grad_clip", float, "clip the gradient norm to this, 0 = no clipping"),
+    ("--accumulate", "accumulate", int, "batches per optimizer step (gradient accumulation)"),
+)
+
+
+def add_model_shape_options(parser) -> None:
+    """Add the model-shape flags (``--n-layer``, ``--n-head``, ``--d-model``, ``--max-len``, ``--dropout``,
+    ``--position``, ``--norm``, ``--mlp``) to ``parser``: ``ModelConfig`` fields on top of ``--preset``.
+    :func:`model_overrides` reads them back. Used by ``train`` (and ``finetune``)."""
+    g = parser.add_argument_group("model shape (ModelConfig fields on top of --preset; default: the preset's)")
+
+    def presets(field: str) -> str:  # statquest trains the lesson's fixed model
+        return ", ".join(f"{name} {PRESET_SHAPES[name][field]}" for name in PRESET_NAMES if name != "statquest")
+
+    g.add_argument("--n-layer", type=int, default=None, metavar="N",
+                   help=f"decoder blocks (default: {presets('n_layer')})")
+    g.add_argument("--n-head", type=int, default=None, metavar="N",
+                   help=f"attention heads; must divide --d-model (default: {presets('n_head')})")
+    g.add_argument("--d-model", type=int, default=None, metavar="N",
+                   help=f"values per token, the embedding size (default: {presets('d_model')})")
+    g.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help=f"context length in tokens; each data split needs more tokens than this "
+                        f"(default: {presets('max_len')})")
+    g.add_argument("--dropout", type=float, default=None, metavar="P",
+                   help=f"dropout probability in [0, 1) (default: {presets('dropout')})")
+    for field, what in (("position", "position encoding"), ("norm", "normalisation (pre-norm)"),
+                        ("mlp", "MLP after attention")):
+        g.add_argument(f"--{field}", choices=MODEL_CHOICES[field], default=None,
+                       help=f"{what} (default: {presets(field)})")
+
+
+def model_overrides(args) -> dict:
+    """The ``ModelConfig`` fields given with :func:`add_model_shape_options`' flags, as ``{field: value}``."""
+    return {f: getattr(args, f) for f in SHAPE_FIELDS if getattr(args, f, None) is not None}
+
+
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (default: baby-shakespeare on the embedded tinyshakespeare)")
-    p.add_argument("--preset", default=None,
-                   help="model preset (default baby-shakespeare; statquest trains the lesson's pairs)")
-    p.add_argument("--out", default=None, help="run/checkpoint directory to write (default runs/<timestamp>)")
-    p.add_argument("--epochs", type=int, default=30, help="epochs for pair training (statquest)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default 42)")
+    p = sub.add_parser("train", help="train a model (default: baby-shakespeare on the embedded tinyshakespeare)",
+                       description="Train a language model on text (a preset's shape, changed by the model-shape "
+                                   "flags), or with --preset statquest the lesson's model on its two pairs. "
+                                   "Progress: a bar on a terminal; plain lines when the output is redirected or "
+                                   "with --no-progress-bar.")
+    p.add_argument("--preset", default=None, choices=PRESET_NAMES,
+                   help=f"model preset (default {DEFAULT_PRESET}; statquest trains the lesson's pairs)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="run/checkpoint directory to write (default runs/<timestamp>; statquest: runs/statquest)")
+    p.add_argument("--epochs", type=int, default=None, metavar="N",
+                   help=f"epochs of pair training, statquest only (default {PAIR_DEFAULTS['max_epochs']})")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help=f"random seed of the weights and batches (default {TRAIN_DEFAULTS['seed']})")
     g = p.add_argument_group("language-model training (defaults: decoderlab.training.TrainConfig)")
-    g.add_argument("--data", default=None, help="a text file or a folder of .txt files (default: the embedded "
-                                                "tinyshakespeare)")
-    g.add_argument("--tokenizer", default=None, choices=("char", "word", "bpe"), help="default char")
-    g.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
-    g.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default 2000)")
-    g.add_argument("--batch-size", type=int, default=None, help="sequences per batch per process (default 12)")
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
-    g.add_argument("--min-lr", type=float, default=None, help="final learning rate of the cosine (default 1e-4)")
-    g.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 100)")
-    g.add_argument("--precision", default=None, choices=("32", "bf16-mixed"))
-    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    g.add_argument("--eval-every", type=int, default=None, help="steps between validations (default 250)")
-    g.add_argument("--val-batches", type=int, default=None, help="cap on validation batches (default: all)")
-    g.add_argument("--grad-clip", type=float, default=None, help="gradient norm clip, 0 = off (default 1.0)")
-    g.add_argument("--accumulate", type=int, default=None, help="batches per optimizer step (default 1)")
+    g.add_argument("--data", default=None, metavar="PATH",
+                   help="a UTF-8 text file or a folder of .txt files (default: the embedded tinyshakespeare)")
+    g.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
+                   help=f"tokenizer built from the data (default {DEFAULT_TOKENIZER})")
+    g.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help=f"BPE vocabulary size, at least 259 (default {DEFAULT_BPE_VOCAB_SIZE}; bpe only)")
+    for flag, field, kind, text in TRAIN_OPTIONS:
+        lesson = f"; statquest {PAIR_DEFAULTS[field]:g}" if field in PAIR_DEFAULTS else ""
+        g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind is int else "X",
+                       help=f"{text} (default {_default(field)}{lesson})")
+    g.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights (default "
+                        f"{_default('precision')})")
+    g.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the decoder blocks (default: off)")
     g.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
-                   help="continue a run (its directory or a .ckpt; without a value: --out)")
-    g.add_argument("--devices", default="1", help="processes/devices per node (Lightning)")
-    g.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, fsdp, ...")
-    g.add_argument("--num-nodes", type=int, default=1)
-    g.add_argument("--no-progress-bar", action="store_true", help="hide Lightning's progress bar")
+                   help="continue a run: its directory or a .ckpt; without a value: --out (default: a new run)")
+    g.add_argument("--devices", type=_devices, default="1", metavar="N",
+                   help=f"{_DEVICES_HELP}, per node (default %(default)s)")
+    g.add_argument("--strategy", default="auto",
+                   help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ... (default %(default)s)")
+    g.add_argument("--num-nodes", type=_number(int, 1), default=1, metavar="N",
+                   help="machines (default %(default)s)")
+    g.add_argument("--no-progress-bar", action="store_true",
+                   help="plain progress lines instead of the bar (the default when the output is not a terminal)")
+    add_model_shape_options(p)
     p.set_defaults(func=cmd_train)
 
 
-_TRAIN_OPTIONS = ("max_steps", "batch_size", "lr", "min_lr", "warmup", "precision", "compile", "seed",
-                  "eval_every", "val_batches", "grad_clip", "accumulate")
+#: flags that apply to language-model training only (statquest trains the lesson's pairs)
+_LM_ONLY = ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision", "compile", "eval_every",
+            "val_batches", "log_every", "grad_clip", "accumulate", "resume", *SHAPE_FIELDS)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_out_dir(out) -> None:
+    """``--out`` must be a directory, or not exist yet below directories: an existing file gets one sentence."""
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"--out {out} is a file, not a directory" if p == path
+                                 else f"--out {out}: {p} is a file, not a directory")
+            return
+
+
+@contextmanager
+def _warnings_as_lines():
+    """decoderlab's own warnings as ``decoderlab: warning: ...`` lines in the words of the flags (other
+    libraries' warnings are shown as usual)."""
+    package = str(Path(__file__).resolve().parent)
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if str(Path(filename).resolve()).startswith(package) and issubclass(category, UserWarning):
+            print(f"decoderlab: warning: {_in_flag_words(message)}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", UserWarning)
+        warnings.showwarning = showwarning
+        yield
 
 
 def cmd_train(args) -> int:
-    name = args.preset or "baby-shakespeare"
-    if name == "statquest":
-        from .training import train_pairs
+    try:
+        with _warnings_as_lines():
+            return _train(args)
+    except ValueError as e:
+        raise ValueError(_in_flag_words(e)) from None
 
-        lm_only = [opt for opt in ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision",
-                                   "compile", "eval_every", "val_batches", "grad_clip", "accumulate", "resume")
-                   if getattr(args, opt) is not None]
-        lm_only += [opt for opt, default in (("devices", "1"), ("strategy", "auto"), ("num_nodes", 1))
-                    if getattr(args, opt) != default]
-        if lm_only:
-            raise ValueError(
-                f"--preset statquest trains the lesson's two pairs; {', '.join('--' + o.replace('_', '-') for o in lm_only)} "
-                f"{'applies' if len(lm_only) == 1 else 'apply'} to language-model presets only (statquest takes --out, --epochs, --seed, --lr, --batch-size)"
-            )
-        out = args.out or "runs/statquest"
-        model, tok = train_pairs(out=out, max_epochs=args.epochs, seed=42 if args.seed is None else args.seed,
-                                 lr=0.1 if args.lr is None else args.lr,
-                                 batch_size=1 if args.batch_size is None else args.batch_size)
-        print(f"trained the lesson's model ({model.num_parameters()} parameters) on its two pairs; "
-              f"checkpoint written to {out}")
-        return 0
+
+def _train(args) -> int:
+    name = args.preset or DEFAULT_PRESET
+    if args.out is not None:
+        _check_out_dir(args.out)
+    if name == "statquest":
+        return _train_statquest(args)
+    if args.epochs is not None:
+        raise ValueError(f"--epochs applies to --preset statquest only; a language model trains for --max-steps "
+                         f"(default {TRAIN_DEFAULTS['max_steps']})")
     from .training import NonFiniteLossError, train_lm
 
-    overrides = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
-    devices = int(args.devices) if str(args.devices).isdigit() else args.devices
+    overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OPTIONS if getattr(args, field) is not None}
+    overrides.update({f: getattr(args, f) for f in ("precision", "compile", "seed") if getattr(args, f) is not None})
+    shape = model_overrides(args)
+    if args.resume is not None:
+        if shape:
+            raise ValueError(f"{', '.join(_flag(f) for f in shape)}: a resumed run keeps its model shape "
+                             f"(its config.json); give the shape flags to a new run")
+        _check_not_finished(args)
+    elif shape:
+        from .model import preset
+
+        preset(name, **shape)  # the shape's errors before the corpus is read and tokenized
+    _check_strategy(args.strategy)
+    progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
     try:
-        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size,
-                                 out=args.out, config_overrides=overrides, resume=args.resume, devices=devices,
-                                 strategy=args.strategy, num_nodes=args.num_nodes,
-                                 progress_bar=not args.no_progress_bar)
+        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
+                                 vocab_size=args.vocab_size, out=args.out, config_overrides=overrides,
+                                 model_overrides=shape or None, resume=args.resume, devices=args.devices,
+                                 strategy=args.strategy, num_nodes=args.num_nodes, progress_bar=progress)
     except NonFiniteLossError as e:
         print(f"decoderlab: error: {e}", file=sys.stderr)
         return 1
     if s.is_global_zero:
-        print(f"trained {name} ({s.num_parameters:,} parameters) for {s.steps} steps: "
-              f"train loss {s.train_loss:.4f}, val loss {s.val_loss:.4f} nats/token "
-              f"(perplexity {s.val_ppl:.2f}, {s.val_bpb:.3f} bits per byte), "
-              f"{s.tokens_per_second:,.0f} tokens per second; checkpoint written to {s.run_dir}")
+        print(f"trained {name} ({s.num_parameters:,} parameters) for {s.steps} steps: train loss {s.train_loss:.4f} "
+              f"(mean of the last {s.train_loss_steps} steps), {s.tokens_per_second:,.0f} tokens per second")
+        if s.val_loss is not None:
+            step = s.val_history[-1][0] if s.val_history else s.steps
+            print(f"final evaluation at step {step}: val loss {s.val_loss:.4f} nats/token (perplexity "
+                  f"{s.val_ppl:.2f}, {s.val_bpb:.3f} bits per byte); checkpoint written to {s.run_dir}")
+    return 0
+
+
+def _check_strategy(strategy: str) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    known = ("auto", *StrategyRegistry.available_strategies())
+    if strategy not in known:
+        common = [k for k in known if "find_unused" not in k]
+        raise ValueError(f"--strategy {strategy!r} is not a Lightning strategy; known: {', '.join(common)}")
+
+
+def _check_not_finished(args) -> None:
+    """Resuming a run that already reached its --max-steps would train nothing: say so, and how to continue."""
+    from .checkpoint import read_meta
+    from .training import RUN_FILE, resolve_resume
+
+    run_dir, _ = resolve_resume(args.resume, Path(args.out) if args.out is not None else None)
+    try:
+        planned = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))["train_config"]["max_steps"]
+        step = read_meta(run_dir).get("step")
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # train_lm names what is wrong with the run directory
+    max_steps = args.max_steps if args.max_steps is not None else planned
+    if isinstance(step, int) and step >= max_steps:
+        raise ValueError(f"{run_dir} is already finished: it trained {step} steps of --max-steps {max_steps}; to "
+                         f"continue it, give a larger --max-steps: decoderlab train --resume {run_dir} "
+                         f"--max-steps {2 * step}")
+
+
+def _train_statquest(args) -> int:
+    from .lesson import LESSON_PAIRS, greedy_response, pair_inputs_and_labels
+    from .training import train_pairs
+
+    lm_only = [opt for opt in _LM_ONLY if getattr(args, opt) is not None]
+    lm_only += [opt for opt, default in (("devices", "1"), ("strategy", "auto"), ("num_nodes", 1))
+                if getattr(args, opt) != default]
+    if lm_only:
+        raise ValueError(
+            f"--preset statquest trains the lesson's two pairs; {', '.join(_flag(o) for o in lm_only)} "
+            f"{'applies' if len(lm_only) == 1 else 'apply'} to language-model presets only (statquest takes "
+            f"--out, --epochs, --seed, --lr, --batch-size)"
+        )
+    out = args.out or "runs/statquest"
+    pick = {k: v for k, v in (("max_epochs", args.epochs), ("seed", args.seed), ("lr", args.lr),
+                              ("batch_size", args.batch_size)) if v is not None}
+    settings = {**PAIR_DEFAULTS, **pick}
+    model, tok = train_pairs(out=out, **settings)
+    import torch
+
+    with torch.no_grad():
+        loss = float(model.compute_loss(pair_inputs_and_labels(LESSON_PAIRS, tok)))
+    print(f"trained the lesson's model ({model.num_parameters()} parameters) for {settings['max_epochs']} epochs "
+          f"on its two pairs: final loss {loss:.4f} (mean cross-entropy over both pairs)")
+    answers = []
+    for prompt, _ in LESSON_PAIRS:
+        ids = greedy_response(model, tok.encode(prompt) + [tok.eos_id], tok.eos_id)
+        answers.append(tok.decode(ids[:-1] if ids and ids[-1] == tok.eos_id else ids))
+        print(f'  "{prompt}" -> {answers[-1]}')
+    verdict = ('both lesson prompts are answered "awesome"' if all(a == "awesome" for a in answers)
+               else 'not both lesson prompts are answered "awesome" (try more --epochs or another --seed)')
+    print(f"{verdict}; checkpoint written to {out}")
     return 0
 
 
@@ -98,31 +364,47 @@ def cmd_train(args) -> int:
 
 
 def _add_sampling_options(p, temperature_help: str) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=None, help="longest continuation in tokens (default 200)")
-    p.add_argument("--temperature", type=float, default=None, help=temperature_help)
-    p.add_argument("--top-k", type=int, default=None, help="sample among the K most probable tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: P in (0, 1]")
-    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help=f"longest continuation in tokens (default {GENERATE_DEFAULTS['max_new_tokens']}; a "
+                        "pair-trained model answers until <EOS>)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help=temperature_help)
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample among the K most probable tokens; 0 = no top-k filter (default: no filter)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no "
+                        "filter)")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seed for reproducible sampling (default: fresh entropy)")
+
+
+def _add_checkpoint_option(p, required: bool = True) -> None:
+    p.add_argument("--checkpoint", required=required, default=None, metavar="DIR",
+                   help="a decoderlab checkpoint or training run directory, or a Hugging Face GPT-2 directory "
+                        "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
+                        "merges.txt)" + ("" if required else " (default: none)"))
 
 
 GENERATE_DESCRIPTION = (
     "Continue a prompt. A model trained on prompt/response pairs (the lesson's statquest) answers greedily with "
     "<EOS> appended to the prompt, as in the lesson; the sampling options apply to language models. "
-    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options).")
+    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). "
+    r"--stop understands the backslash escapes \n \t \r \\ \0 \xHH \uHHHH, so --stop '\n\n' stops at a blank line.")
 
 
 def _add_generate_options(p) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint (or training run) directory")
-    _add_sampling_options(p, "sampling temperature, 0 = greedy (default 1.0)")
+    _add_checkpoint_option(p)
+    _add_sampling_options(p, f"sampling temperature, 0 = greedy (default {GENERATE_DEFAULTS['temperature']:g})")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
-                   help="stop before this text (repeatable)")
-    p.add_argument("--no-stream", action="store_true", help="print the continuation at the end")
+                   help=r"stop before this text; backslash escapes such as \n and \t are understood (repeatable; "
+                        "default: none)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="print the continuation at the end (default: stream it as it is produced)")
     p.add_argument("--echo", action="store_true",
                    help="print the prompt followed by its continuation, decoded together (a pair-trained model "
-                        "then continues the text instead of answering)")
+                        "then continues the text instead of answering; default: the continuation only)")
     p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
                    help="the prompt text (or give it as the positional argument; default: a newline)")
-    p.add_argument("prompt", nargs="?", default=None, help="the prompt text")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -139,21 +421,80 @@ def add_sample(sub) -> None:
     p.set_defaults(no_stream=True, echo=True)
 
 
-def cmd_generate(args) -> int:
-    from .checkpoint import load_checkpoint, read_meta
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "0": "\0", "'": "'", '"': '"', "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v"}
+_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.|$)", re.S)
 
+
+def unescape(text: str, flag: str = "--stop") -> str:
+    r"""``text`` with the backslash escapes a user types in a shell turned into characters: ``\n`` (newline),
+    ``\t``, ``\r``, ``\\``, ``\0``, ``\'``, ``\"``, ``\a``, ``\b``, ``\f``, ``\v``, ``\xHH``, ``\uHHHH`` and
+    ``\UHHHHHHHH`` (as in Python string literals). Any other character stands for itself.
+
+    Raises:
+        ValueError: an unknown escape (``\q``) or a lone backslash at the end, showing ``text`` as typed.
+    """
+    def replace(m: re.Match) -> str:
+        e = m.group(1)
+        if len(e) > 1:
+            return chr(int(e[1:], 16))
+        if e in _ESCAPES:
+            return _ESCAPES[e]
+        what = "ends with a lone backslash" if e == "" else f"has an unknown escape \\{e}"
+        raise ValueError(rf"{flag} '{text}' {what}; known escapes: \n \t \r \\ \0 \xHH \uHHHH (write \\ for a "
+                         "backslash)")
+
+    return _ESCAPE_RE.sub(replace, text)
+
+
+def _stops(typed: list[str] | None, tok) -> list[str] | None:
+    """The --stop strings, unescaped and checked against the tokenizer; errors show them as typed."""
+    if typed is None:
+        return None
+    stops = []
+    for raw in typed:
+        stop = unescape(raw)
+        if stop == "":
+            raise ValueError("--stop '' is empty; give the text to stop before")
+        if stop not in getattr(tok, "token_to_id", {}):
+            try:
+                ids = tok.encode(stop)
+            except (KeyError, ValueError) as e:
+                msg = e.args[0] if e.args else e
+                raise ValueError(f"--stop '{raw}' cannot be encoded by this model's tokenizer: {msg}") from None
+            if not ids:
+                raise ValueError(f"--stop '{raw}' encodes to no tokens")
+        stops.append(stop)
+    return stops
+
+
+def _load(directory):
+    """A decoderlab checkpoint or a Hugging Face GPT-2 directory (``decoderlab.hf.load_any_checkpoint``)."""
+    from .hf import load_any_checkpoint
+
+    return load_any_checkpoint(directory)
+
+
+def _is_pairs(directory) -> bool:
+    from .checkpoint import read_meta
+
+    return read_meta(directory).get("task") == "pairs"
+
+
+def cmd_generate(args) -> int:
     if args.prompt is not None and args.prompt_option is not None:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
     prompt = args.prompt if args.prompt is not None else args.prompt_option
-    model, tok = load_checkpoint(args.checkpoint)
-    if read_meta(args.checkpoint).get("task") == "pairs" and not args.echo:
+    model, tok = _load(args.checkpoint)
+    if _is_pairs(args.checkpoint) and not args.echo:
         from .lesson import greedy_response
 
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
                     if getattr(args, o) is not None]
         if sampling:
-            raise ValueError(f"{', '.join('--' + o.replace('_', '-') for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not apply: a model trained "
-                             "on prompt/response pairs answers greedily until <EOS>, as in the lesson")
+            raise ValueError(f"{', '.join(_flag(o) for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not "
+                             "apply: a model trained on prompt/response pairs answers greedily until <EOS>, as in "
+                             "the lesson")
         if prompt is None:
             raise ValueError("give the prompt to answer, e.g. \"what is statquest\"")
         ids = tok.encode(prompt)
@@ -164,9 +505,9 @@ def cmd_generate(args) -> int:
     from .generation import generate, stream_text
 
     prompt = "\n" if prompt is None else prompt
-    kwargs = dict(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, stop=args.stop, seed=args.seed, tokenizer=tok)
-    n = 200 if args.max_new_tokens is None else args.max_new_tokens
+    kwargs = dict(temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
+                  top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok), seed=args.seed, tokenizer=tok)
+    n = GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
     prompt_ids = tok.encode(prompt)
     if args.no_stream:
         ids = generate(model, prompt_ids, n, **kwargs)
@@ -187,30 +528,47 @@ def cmd_generate(args) -> int:
 # chat
 # ---------------------------------------------------------------------------------------------------------
 
+#: the slash commands of ``decoderlab chat``: (name, argument, help); the settings are named as their flags
+CHAT_COMMANDS = (
+    ("/temperature", "T", "sampling temperature (0 = greedy)"),
+    ("/top-k", "K", "sample among the K most probable tokens (0 or off: no top-k filter)"),
+    ("/top-p", "P", "nucleus sampling, P in (0, 1] (off: no top-p filter)"),
+    ("/max-new-tokens", "N", "longest reply, in tokens"),
+    ("/seed", "S", "seed the sampling of the next turns (off: fresh entropy)"),
+    ("/reset", "", "forget the conversation"),
+    ("/help", "", "this help"),
+    ("/quit", "", "leave (also /exit, Ctrl-D)"),
+)
+CHAT_HELP = "commands (the settings are named as the flags; /top_k, /max_new_tokens ... work too):\n" + "\n".join(
+    f"  {f'{name} {arg}'.strip():<19} {text}" for name, arg, text in CHAT_COMMANDS)
 
-CHAT_HELP = """commands:
-  /reset              forget the conversation
-  /temperature T      sampling temperature (0 = greedy)
-  /top_k K            sample among the K most probable tokens (/top_k off to disable)
-  /top_p P            nucleus sampling, P in (0, 1] (/top_p off to disable)
-  /max_new_tokens N   longest reply, in tokens
-  /help               this help
-Ctrl-D exits."""
+
+class ChatExit(Exception):
+    """Raised by :func:`chat_command` for ``/quit`` and ``/exit``: the conversation is over."""
 
 
 def chat_command(session, line: str) -> str | None:
     """Run a ``/command`` of ``decoderlab chat`` on ``session`` (a ``ChatSession``) and return its message, or
-    None when ``line`` is not a command."""
+    None when ``line`` is not a command. Settings are named as their flags (``/top-k 20``,
+    ``/max-new-tokens 50``; the underscore forms work too); see ``CHAT_COMMANDS``.
+
+    Raises:
+        ChatExit: ``/quit`` or ``/exit``.
+    """
     from .generation.sampling import check_int, check_sampling
 
     line = line.strip()
     if not line.startswith("/"):
         return None
-    name, _, arg = line[1:].partition(" ")
+    typed, _, arg = line[1:].partition(" ")
+    name = typed.lower().replace("_", "-")
     arg = arg.strip()
+    off = arg.lower() in ("off", "none", "")
     try:
         if name == "help":
             return CHAT_HELP
+        if name in ("quit", "exit"):
+            raise ChatExit
         if name == "reset":
             session.reset()
             return "(conversation reset)"
@@ -219,45 +577,54 @@ def chat_command(session, line: str) -> str | None:
             check_sampling(t, session.top_k, session.top_p)
             session.temperature = t
             return f"(temperature = {t:g})"
-        if name in ("top_k", "top_p"):
-            if arg.lower() in ("off", "none", ""):
-                setattr(session, name, None)
-                return f"({name} off)"
-            value = int(arg) if name == "top_k" else float(arg)
-            check_sampling(session.temperature, value if name == "top_k" else session.top_k,
-                           value if name == "top_p" else session.top_p)
-            setattr(session, name, value)
-            return f"({name} = {value:g})"
-        if name == "max_new_tokens":
-            session.max_new_tokens = check_int("max_new_tokens", int(arg), 0)
-            return f"(max_new_tokens = {session.max_new_tokens})"
+        if name == "top-k":
+            k = None if off else int(arg)
+            k = None if k == 0 else k  # 0 = no top-k filter, as the flag
+            check_sampling(session.temperature, k, session.top_p)
+            session.top_k = k
+            return "(top-k off)" if k is None else f"(top-k = {k})"
+        if name == "top-p":
+            p = None if off else float(arg)
+            check_sampling(session.temperature, session.top_k, p)
+            session.top_p = p
+            return "(top-p off)" if p is None else f"(top-p = {p:g})"
+        if name == "max-new-tokens":
+            session.max_new_tokens = check_int("max-new-tokens", int(arg), 0)
+            return f"(max-new-tokens = {session.max_new_tokens})"
+        if name == "seed":
+            session.seed = None if off else int(arg)
+            return "(seed off)" if session.seed is None else f"(seed = {session.seed})"
     except (ValueError, TypeError) as e:
-        return f"error: /{name} {arg!r}: {e}"
-    return f"unknown command /{name}; type /help"
+        return f"error: /{typed} {arg!r}: {str(e).replace('top_k', 'top-k').replace('top_p', 'top-p')}"
+    return f"unknown command /{typed}; type /help"
 
 
 def add_chat(sub) -> None:
-    p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, Ctrl-D)")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
-    _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else 1.0)")
+    p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, /quit)",
+                       description="Talk with a model: each line you type is a turn, and the model's reply "
+                                   "continues the conversation. Slash commands (/help) change the settings; "
+                                   "/quit, /exit or Ctrl-D leave.\n\n" + CHAT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_checkpoint_option(p)
+    _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else "
+                             f"{GENERATE_DEFAULTS['temperature']:g})")
     p.set_defaults(func=cmd_chat)
 
 
 def cmd_chat(args) -> int:
-    from .checkpoint import load_checkpoint, read_meta
     from .generation import ChatSession
 
-    model, tok = load_checkpoint(args.checkpoint)
-    session = ChatSession(model, tok, pairs=read_meta(args.checkpoint).get("task") == "pairs",
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          max_new_tokens=args.max_new_tokens, seed=args.seed)
+    model, tok = _load(args.checkpoint)
+    session = ChatSession(model, tok, pairs=_is_pairs(args.checkpoint),
+                          temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k,
+                          top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # pragma: no cover - not on every platform
         pass
     interactive = sys.stdin.isatty()
     if interactive:
-        print("decoderlab chat -- /help for commands, Ctrl-D to exit")
+        print("decoderlab chat -- /help for commands, /quit or Ctrl-D to leave")
     while True:
         try:
             line = input("> " if interactive else "")
@@ -266,11 +633,14 @@ def cmd_chat(args) -> int:
                 print()
             return 0
         except KeyboardInterrupt:
-            print("\n(Ctrl-D to exit)")
+            print("\n(/quit or Ctrl-D to leave)")
             continue
         if not line.strip():
             continue
-        message = chat_command(session, line)
+        try:
+            message = chat_command(session, line)
+        except ChatExit:
+            return 0
         if message is not None:
             print(message, flush=True)
             continue
@@ -295,17 +665,17 @@ def cmd_chat(args) -> int:
 
 def add_verify(sub) -> None:
     p = sub.add_parser("verify", help="recompute a checkpoint's forward pass in float64 NumPy and compare every step")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_checkpoint_option(p)
     p.add_argument("text", help="the input text")
-    p.add_argument("--tol", type=float, default=1e-5, help="tolerance per step (x max(1, max |value|))")
+    p.add_argument("--tol", type=float, default=1e-5,
+                   help="tolerance per step, times max(1, max |value|) (default %(default)g)")
     p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args) -> int:
-    from .checkpoint import load_checkpoint
     from .glassbox import verify
 
-    model, tok = load_checkpoint(args.checkpoint)
+    model, tok = _load(args.checkpoint)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
     if not report.ok:
@@ -320,15 +690,18 @@ EXAMPLE_NAMES = ("self-attention-101", "statquest-self-attention", "position-enc
 
 def add_explain(sub) -> None:
     p = sub.add_parser("explain", help="print every attention number step by step (a worked example or a checkpoint)")
-    p.add_argument("--example", default=None,
-                   help=f"a worked example: {', '.join(EXAMPLE_NAMES)}")
-    p.add_argument("--checkpoint", default=None, help="checkpoint directory")
+    p.add_argument("--example", default=None, metavar="NAME",
+                   help=f"a worked example: {', '.join(EXAMPLE_NAMES)} (default: none)")
+    _add_checkpoint_option(p, required=False)
     p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
-    p.add_argument("--layer", type=int, default=None, help="only this layer (default: all)")
-    p.add_argument("--head", type=int, default=None, help="only this head (default: all)")
-    p.add_argument("--top-k", type=int, default=5, help="next-token probabilities to show per position")
-    p.add_argument("--png", default=None, help="write attention heatmaps to this PNG file")
-    p.add_argument("--html", default=None, help="write a self-contained HTML report to this file")
+    p.add_argument("--layer", type=int, default=None, metavar="N", help="only this layer (default: all)")
+    p.add_argument("--head", type=int, default=None, metavar="N", help="only this head (default: all)")
+    p.add_argument("--top-k", type=int, default=5, metavar="K",
+                   help="next-token probabilities to show per position (default %(default)s)")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="write attention heatmaps to this PNG file (default: none)")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="write a self-contained HTML report to this file (default: none)")
     p.set_defaults(func=cmd_explain)
 
 
@@ -342,8 +715,12 @@ def cmd_explain(args) -> int:
         return 0
     if args.checkpoint is None or args.text is None:
         raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
-    print(explain(args.checkpoint, args.text, layer=args.layer, head=args.head, top_k=args.top_k,
+    model, tok = _load(args.checkpoint)
+    print(explain(model, args.text, tok, layer=args.layer, head=args.head, top_k=args.top_k,
                   png=args.png, html=args.html))
+    for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):
+        if path:
+            print(f"wrote {what} to {path}")
     return 0
 
 
@@ -355,11 +732,12 @@ COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_expla
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="decoderlab",
         description="Build, verify, train, inspect and chat with decoder-only (GPT-style) transformers.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"decoderlab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
     return parser

@@ -46,6 +46,10 @@ def embedded_corpus_path() -> Path:
 
 def _read_utf8(path: Path) -> str:
     data = path.read_bytes()
+    nul = data.find(b"\0")
+    if nul >= 0:  # text has no NUL bytes; images, archives, model weights and UTF-16 text do
+        raise ValueError(f"{path} is a binary file, not text: it holds a NUL byte at byte offset {nul}; give a "
+                         f"UTF-8 text file (a UTF-16 text must be converted to UTF-8 first)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -66,8 +70,8 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
 
     Raises:
         FileNotFoundError: ``path`` does not exist; a folder holds no ``.txt`` file (both named).
-        ValueError: a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte);
-            the corpus is empty or only whitespace.
+        ValueError: a file is binary (holds a NUL byte) or not valid UTF-8 (naming the file and the byte
+            offset of the first NUL or invalid byte); the corpus is empty or only whitespace.
     """
     if path is None:
         path = embedded_corpus_path()

@@ -44,11 +44,13 @@ from typing import Any, Mapping
 
 import torch
 
-from .checkpoint import check_output_dir, unwrap_model
-from .files import replace_directory
+from .checkpoint import CONFIG_FILE, check_output_dir, load_checkpoint, unwrap_model
+from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig, preset
+from .tokenizers import BPETokenizer, Tokenizer
 
-__all__ = ["from_gpt2", "to_gpt2", "gpt2_config_to_model_config", "model_config_to_gpt2_config"]
+__all__ = ["from_gpt2", "to_gpt2", "gpt2_config_to_model_config", "model_config_to_gpt2_config",
+           "load_any_checkpoint", "is_gpt2_directory", "gpt2_tokenizer"]
 
 _INSTALL_HINT = "pip install 'decoderlab[hf]'"
 _IGNORED_BLOCK_KEYS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of older transformers versions
@@ -401,16 +403,22 @@ def from_gpt2(source: Any, config: Any = None, attention: str = "sdpa", *,
     return model
 
 
-#: the files ``save_pretrained`` writes; ``to_gpt2`` replaces a directory holding only these
+#: GPT-2's tokenizer files: Hugging Face's ``tokenizer.json``, or ``vocab.json`` + ``merges.txt``
+GPT2_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
+#: the files ``save_pretrained`` (and a tokenizer's) write; ``to_gpt2`` replaces a directory holding only these
 HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-            "pytorch_model.bin"}
+            "pytorch_model.bin", *GPT2_TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"}
 
 
-def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, **gpt2_kwargs):
+def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, *, tokenizer=None,
+            **gpt2_kwargs):
     """A Hugging Face ``GPT2LMHeadModel`` with our model's weights; written to ``path`` if given.
 
-    The directory gets ``config.json`` and ``model.safetensors`` (via ``save_pretrained``), written to a
-    temporary directory next to ``path`` and renamed into place (an existing directory is replaced).
+    The directory gets ``config.json`` and ``model.safetensors`` (via ``save_pretrained``), and with a
+    byte-level BPE ``tokenizer`` (``BPETokenizer``) GPT-2's tokenizer files too (``tokenizer.json``,
+    ``vocab.json``, ``merges.txt``), so that the directory is a whole model for Hugging Face and for
+    ``decoderlab generate --checkpoint`` (:func:`load_any_checkpoint`). It is written to a temporary
+    directory next to ``path`` and renamed into place (an existing directory is replaced).
     ``bias=False`` models are written with zero biases (same function; read back as ``bias=True``).
     Extra keyword arguments go to ``GPT2Config`` (e.g. ``attn_implementation="eager"``).
 
@@ -418,12 +426,20 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
 
     Raises:
         ValueError: a ModelConfig field GPT-2 cannot express (rope, sinusoidal or no positions; rmsnorm or no
-            norm; no MLP; no attention output projection; a bias in the LM head), naming field and value.
+            norm; no MLP; no attention output projection; a bias in the LM head), naming field and value; a
+            ``tokenizer`` that is not a byte-level BPE, or whose vocabulary size is not the model's.
         ImportError: transformers is not installed (``pip install 'decoderlab[hf]'``).
     """
     model = unwrap_model(model)
     if not isinstance(model, DecoderOnlyTransformer):
         raise TypeError(f"to_gpt2 takes a DecoderOnlyTransformer, got {type(model).__name__}")
+    if tokenizer is not None:
+        if not (isinstance(tokenizer, BPETokenizer) and tokenizer.byte_level):
+            raise ValueError(f"GPT-2's tokenizer files hold a byte-level BPE; a {getattr(tokenizer, 'kind', '?')} "
+                             "tokenizer has none (leave tokenizer= out to write the model alone)")
+        if tokenizer.vocab_size != model.config.num_tokens:
+            raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's "
+                             f"num_tokens {model.config.num_tokens}")
     gpt2_config = model_config_to_gpt2_config(model.config, **gpt2_kwargs)
     _, GPT2LMHeadModel = _require_transformers()
     hf = GPT2LMHeadModel(gpt2_config)
@@ -444,8 +460,80 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
         try:
             hf.save_pretrained(str(tmp), safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save(tmp / "tokenizer.json")
+                tokenizer.save_gpt2_files(tmp)
+            for f in tmp.iterdir():  # safetensors creates model.safetensors 0600: all files get the usual mode
+                usual_mode(f)
             replace_directory(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return hf
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Any checkpoint directory: decoderlab's or Hugging Face GPT-2's
+# ----------------------------------------------------------------------------------------------------------
+
+
+def is_gpt2_directory(directory: str | os.PathLike) -> bool:
+    """True when ``directory`` holds a Hugging Face GPT-2 ``config.json`` (``model_type`` "gpt2", or GPT-2's
+    ``n_embd``) rather than a decoderlab one (``d_model``)."""
+    config_file = Path(directory) / CONFIG_FILE
+    if not config_file.is_file():
+        return False
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(config, dict) and "d_model" not in config and (
+        config.get("model_type") == "gpt2" or "n_embd" in config)
+
+
+def gpt2_tokenizer(directory: str | os.PathLike) -> BPETokenizer:
+    """The byte-level BPE tokenizer of a Hugging Face GPT-2 directory: its ``tokenizer.json``, or else its
+    ``vocab.json`` + ``merges.txt`` (``BPETokenizer.from_gpt2_files``).
+
+    Raises:
+        FileNotFoundError: neither is there; the message names what is missing and how to go on.
+        ValueError: a tokenizer file that cannot be read (named).
+    """
+    directory = Path(directory)
+    if (directory / "tokenizer.json").is_file():
+        tok = Tokenizer.load(directory / "tokenizer.json")
+        if not isinstance(tok, BPETokenizer):
+            raise ValueError(f"{directory / 'tokenizer.json'} holds a {tok.kind} tokenizer, not GPT-2's byte-level "
+                             "BPE")
+        return tok
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if vocab.is_file() and merges.is_file():
+        return BPETokenizer.from_gpt2_files(vocab, merges)
+    missing = " and ".join(f.name for f in (vocab, merges) if not f.is_file())
+    raise FileNotFoundError(
+        f"GPT-2 directory {directory} has weights but no tokenizer: it needs tokenizer.json, or vocab.json and "
+        f"merges.txt ({missing} missing). Copy the tokenizer files of the model next to its weights, or load "
+        f"the weights alone in Python with decoderlab.hf.from_gpt2({str(directory)!r}) and a tokenizer of "
+        "your own"
+    )
+
+
+def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu"):
+    """``(model, tokenizer)`` from a decoderlab checkpoint directory (``load_checkpoint``) or a Hugging Face
+    GPT-2 directory (``config.json`` with GPT-2's fields, ``model.safetensors`` / sharded safetensors /
+    ``pytorch_model.bin``, and ``tokenizer.json`` or ``vocab.json`` + ``merges.txt``: :func:`from_gpt2` and
+    :func:`gpt2_tokenizer`). The model is in eval mode. This is what the command line's ``--checkpoint``
+    takes.
+
+    Raises:
+        FileNotFoundError: the directory, its weights or its tokenizer files are missing (named).
+        ValueError: a file that cannot be read; a tokenizer whose vocabulary size is not the model's.
+    """
+    if not is_gpt2_directory(directory):
+        return load_checkpoint(directory, map_location=map_location)
+    tokenizer = gpt2_tokenizer(directory)  # before the weights: a missing tokenizer is found at once
+    model = from_gpt2(directory).to(map_location)
+    if tokenizer.vocab_size != model.config.num_tokens:
+        raise ValueError(f"GPT-2 directory {directory}: the tokenizer has {tokenizer.vocab_size} tokens but the "
+                         f"model's vocab_size is {model.config.num_tokens}")
+    return model, tokenizer

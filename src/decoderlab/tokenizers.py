@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -394,8 +395,8 @@ class BPETokenizer(Tokenizer):
     def train(cls, texts: Iterable[str] | str, vocab_size: int) -> "BPETokenizer":
         """Train byte-level BPE on ``texts`` (strings, or one string) up to ``vocab_size`` tokens.
 
-        The result may have fewer tokens than asked when the texts offer fewer merges; ``vocab_size`` on the
-        result is the actual size.
+        The result may have fewer tokens than asked when the texts offer fewer merges (then a ``UserWarning``
+        names both numbers); ``vocab_size`` on the result is the actual size.
 
         Raises:
             TypeError: ``vocab_size`` is not an int.
@@ -421,7 +422,56 @@ class BPETokenizer(Tokenizer):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
         hf.train_from_iterator(texts, trainer=trainer)
+        tok = cls(hf)
+        if tok.vocab_size < vocab_size:
+            warnings.warn(f"the BPE vocabulary has {tok.vocab_size} tokens, fewer than the vocab_size {vocab_size} "
+                          f"asked for: the text offers no more merges (a larger corpus would)", UserWarning,
+                          stacklevel=2)
+        return tok
+
+    @classmethod
+    def from_gpt2_files(cls, vocab_file: str | os.PathLike, merges_file: str | os.PathLike) -> "BPETokenizer":
+        """GPT-2's tokenizer files -- ``vocab.json`` (token -> id) and ``merges.txt`` (the merges in order), as
+        Hugging Face's ``GPT2Tokenizer`` writes them -- as a byte-level BPE: the byte-level pre-tokenizer
+        without a prefix space and the byte-level decoder, as GPT-2. ``<|endoftext|>`` (GPT-2's end of text,
+        then ``eos_id``) and decoderlab's ``<PAD>`` / ``<EOS>`` are special tokens when in the vocabulary.
+
+        Raises:
+            FileNotFoundError: a file is missing (named).  ValueError: a file is not in this format.
+        """
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+
+        for f in (vocab_file, merges_file):
+            if not Path(f).is_file():
+                raise FileNotFoundError(f"no GPT-2 tokenizer file {f}")
+        try:
+            hf = HFTokenizer(models.BPE.from_file(str(vocab_file), str(merges_file)))
+            vocab = hf.get_vocab()
+        except Exception as e:  # tokenizers raises its own Exception type for malformed files
+            raise ValueError(f"{vocab_file} and {merges_file} are not GPT-2 tokenizer files: {e}") from None
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        specials = [t for t in ("<|endoftext|>", *cls.specials) if t in vocab]
+        if specials:
+            hf.add_special_tokens(specials)
         return cls(hf)
+
+    @property
+    def byte_level(self) -> bool:
+        """True when this is a byte-level BPE (GPT-2's scheme), which :meth:`save_gpt2_files` can write."""
+        return self._byte_level and json.loads(self._hf.to_str()).get("model", {}).get("type") == "BPE"
+
+    def save_gpt2_files(self, directory: str | os.PathLike) -> list[Path]:
+        """Write GPT-2's tokenizer files ``vocab.json`` and ``merges.txt`` into ``directory`` (which must
+        exist); :meth:`from_gpt2_files` reads them back. Returns their paths.
+
+        Raises:
+            ValueError: the tokenizer is not a byte-level BPE.
+        """
+        if not self.byte_level:
+            raise ValueError("only a byte-level BPE tokenizer has GPT-2 tokenizer files (vocab.json, merges.txt)")
+        return [Path(f) for f in self._hf.model.save(str(directory))]
 
     @property
     def vocab_size(self) -> int:

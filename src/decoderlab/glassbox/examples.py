@@ -128,7 +128,8 @@ def _example_statquest_self_attention() -> str:
 
 
 def _example_position_encoding() -> str:
-    pe4 = PositionEncoding(d_model=4, max_len=2).pe.numpy()
+    pe4 = PositionEncoding(d_model=4, max_len=2).pe.numpy().astype(np.float64)
+    prec = 5
     ref4 = np_sinusoidal(2, 4)
     pe2 = PositionEncoding(d_model=2, max_len=3).pe.numpy()
     ref2 = np_sinusoidal(3, 2)
@@ -139,10 +140,12 @@ def _example_position_encoding() -> str:
         "",
         "d_model = 4, two tokens:",
         "  pos 0: i = 0 -> sin(0) = 0, cos(0) = 1; i = 1 -> sin(0) = 0, cos(0) = 1",
-        f"  pos 1: i = 0 -> sin(1) = {math.sin(1):.4f}, cos(1) = {math.cos(1):.4f}; "
-        f"i = 1 -> sin(1/100) = {math.sin(0.01):.4f}, cos(1/100) = {math.cos(0.01):.4f}",
+        # the values of the table below, rounded as there: cos(1/100) = 0.99995 is 1.0000 or 0.9999 at four
+        # decimals depending on its last float32 bit, so five decimals show the same number in both places
+        f"  pos 1: i = 0 -> sin(1) = {pe4[1, 0]:.{prec}f}, cos(1) = {pe4[1, 1]:.{prec}f}; "
+        f"i = 1 -> sin(1/100) = {pe4[1, 2]:.{prec}f}, cos(1/100) = {pe4[1, 3]:.{prec}f}",
         matrix("decoderlab.PositionEncoding(d_model=4, max_len=2).pe:", pe4, ["pos 0", "pos 1"],
-                ["sin i=0", "cos i=0", "sin i=1", "cos i=1"]),
+                ["sin i=0", "cos i=0", "sin i=1", "cos i=1"], prec=prec),
         check_line(pe4, ref4),
         "",
         "The lesson's defaults in its table, max_len = 3, d_model = 2 (first column sine, second cosine):",

@@ -79,7 +79,8 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     of the math. Sinusoidal and rotary positions are recomputed from their formulas. Returns the steps in
     order as ``(name, array)``: word embeddings, + positions, then per layer norm_1, q, k, v (B, H, T, d_head),
     sims, scaled sims, mask, percents (B, H, T, T), head out, attention out, residual 1, norm_2, mlp out,
-    residual 2, then final norm and logits (B, T, num_tokens).
+    residual 2, then final norm and logits (B, T, num_tokens). A model without norms (``norm="none"``, the
+    lesson's) has no norm steps; one without an MLP no norm_2, mlp out and residual 2.
     """
     model = unwrap(model)
     cfg = model.config
@@ -90,6 +91,7 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     b, t = ids.shape
     h, dh, d = cfg.n_head, cfg.d_head, cfg.d_model
     steps: list[tuple[str, np.ndarray]] = []
+    normed = cfg.norm != "none"  # a model without norms has no norm steps to list
 
     x = w["we.weight"][ids]  # (B, T, d)
     steps.append(("word embeddings", x))
@@ -120,7 +122,8 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
         concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, d)
         attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
         r1 = x + attn
-        steps += [(f"layer {i} norm_1", n1), (f"layer {i} q", q), (f"layer {i} k", k), (f"layer {i} v", v),
+        steps += [(f"layer {i} norm_1", n1)] if normed else []
+        steps += [(f"layer {i} q", q), (f"layer {i} k", k), (f"layer {i} v", v),
                   (f"layer {i} sims Q K^T", sims), (f"layer {i} scaled sims", scaled),
                   (f"layer {i} mask", mask.astype(np.float64)), (f"layer {i} percents", percents),
                   (f"layer {i} head out", head_out), (f"layer {i} attention out", attn),
@@ -130,9 +133,11 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
             n2 = _np_norm(cfg.norm, r1, w, p + "norm_2", cfg.norm_eps)
             m = _np_linear(_np_gelu_tanh(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
             x = r1 + m
-            steps += [(f"layer {i} norm_2", n2), (f"layer {i} mlp out", m), (f"layer {i} residual 2", x)]
+            steps += [(f"layer {i} norm_2", n2)] if normed else []
+            steps += [(f"layer {i} mlp out", m), (f"layer {i} residual 2", x)]
     nf = _np_norm(cfg.norm, x, w, "norm_f", cfg.norm_eps)
-    steps.append(("final norm", nf))
+    if normed:
+        steps.append(("final norm", nf))
     steps.append(("logits", _np_linear(nf, w, "fc_layer")))
     return steps
 
@@ -141,18 +146,21 @@ def _torch_steps(tr: Trace) -> list[tuple[str, torch.Tensor]]:
     """The same steps as :func:`numpy_forward`, from a full trace."""
     steps = [("word embeddings", tr.word_embeddings), ("+ positions", tr.encoded)]
     t = tr.token_ids.size(1)
+    normed = tr.config.norm != "none"
     for lt in tr.layers:
         i = lt.index
         mask = lt.mask if lt.mask is not None else torch.zeros(t, t, dtype=torch.bool)
-        steps += [(f"layer {i} norm_1", lt.normed), (f"layer {i} q", lt.q), (f"layer {i} k", lt.k),
+        steps += [(f"layer {i} norm_1", lt.normed)] if normed else []
+        steps += [(f"layer {i} q", lt.q), (f"layer {i} k", lt.k),
                   (f"layer {i} v", lt.v), (f"layer {i} sims Q K^T", lt.sims),
                   (f"layer {i} scaled sims", lt.scaled_sims), (f"layer {i} mask", mask),
                   (f"layer {i} percents", lt.percents), (f"layer {i} head out", lt.head_out),
                   (f"layer {i} attention out", lt.attn_out), (f"layer {i} residual 1", lt.resid_1)]
         if lt.mlp_out is not None:
-            steps += [(f"layer {i} norm_2", lt.normed_2), (f"layer {i} mlp out", lt.mlp_out),
-                      (f"layer {i} residual 2", lt.resid_2)]
-    steps += [("final norm", tr.final_normed), ("logits", tr.logits)]
+            steps += [(f"layer {i} norm_2", lt.normed_2)] if normed else []
+            steps += [(f"layer {i} mlp out", lt.mlp_out), (f"layer {i} residual 2", lt.resid_2)]
+    steps += [("final norm", tr.final_normed)] if normed else []
+    steps.append(("logits", tr.logits))
     return steps
 
 

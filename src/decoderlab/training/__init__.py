@@ -8,7 +8,7 @@
 """
 
 from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,
-                        NonFiniteLossGuard, StepProgressBar)
+                        NonFiniteLossGuard, PlainProgress, StepProgressBar)
 from .config import PRECISIONS, TrainConfig, configure_optimizers, evaluate_lm, lr_at, parameter_groups
 from .datamodule import TokenDataModule
 from .lm import RUN_FILE, SUMMARY_FILE, TrainSummary, default_run_dir, resolve_resume, train_lm
@@ -18,7 +18,7 @@ from .trainer import make_trainer
 
 __all__ = [
     "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
-    "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
+    "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
     "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer",
 ]

@@ -23,7 +23,7 @@ from ..model import DecoderOnlyTransformer, ModelConfig
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
 from .callbacks import (LAST_CKPT, LIGHTNING_DIR, ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory,
-                        NonFiniteLossGuard)
+                        NonFiniteLossGuard, PlainProgress)
 from .config import TrainConfig, evaluate_lm
 from .datamodule import TokenDataModule
 from .module import LitModel
@@ -39,7 +39,7 @@ class TrainSummary:
 
     Attributes:
         steps: optimizer steps done (in total, including those before a resume).
-        train_loss: mean training loss of the last min(50, steps) steps.
+        train_loss: mean training loss of the last ``train_loss_steps`` = min(50, steps) steps.
         val_loss: validation loss of the final model over all (or ``val_batches``) validation windows.
         val_ppl: ``exp(val_loss)``; val_bpb: bits per byte.
         tokens_per_second: training tokens (all processes) per second spent in training steps.
@@ -61,6 +61,7 @@ class TrainSummary:
     val_history: list[tuple[int, float]]
     run_dir: str | None
     is_global_zero: bool = True
+    train_loss_steps: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -126,7 +127,7 @@ def train_lm(
     accelerator: str = "auto",
     cache_dir: str | os.PathLike | None = None,
     callbacks: Sequence[L.Callback] = (),
-    progress_bar: bool = True,
+    progress_bar: bool | str = True,
     logger: bool = True,
 ):
     """Train a GPT-style language model on a corpus with Lightning; return ``(model, tokenizer, summary)``.
@@ -151,6 +152,12 @@ def train_lm(
     ``devices``, ``strategy`` ("ddp", "fsdp", ...), ``num_nodes``: passed to Lightning; ``batch_size`` is
     per process (global batch = batch_size * processes).
 
+    ``progress_bar``: True for a step-counting bar; "plain" for a plain line on standard output every
+    ``log_every`` steps (step/total, train loss, learning rate, tokens/s, elapsed, ETA) and one per
+    evaluation, final evaluation included (:class:`~decoderlab.training.callbacks.PlainProgress`: for logs);
+    False for none. A warm-up of at least ``max_steps`` steps warns (``UserWarning``): the learning rate would
+    never reach its peak and decay.
+
     Raises:
         FileNotFoundError: missing corpus path; ``resume`` without a checkpoint there.
         ValueError: bad config values; an empty corpus or a split shorter than max_len + 1 tokens; a
@@ -158,6 +165,9 @@ def train_lm(
         NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
     """
     run = _plan_run(out, resume, train_config, config_overrides, corpus)
+    if run.cfg.warmup >= run.cfg.max_steps:
+        warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
+                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, tokenizer, vocab_size, model_overrides)
@@ -287,11 +297,27 @@ def _fit(trainer: L.Trainer, lit: LitModel, dm: TokenDataModule, ckpt_path, run_
             warnings.filterwarnings("ignore", message=r".*(does not have many workers|resuming from a checkpoint "
                                                       r"that ended|`training_step` returned|exists and is not "
                                                       r"empty|LeafSpec).*")
+            # handled here: a moved run directory keeps working (run_dir is where the run is now), and the
+            # validation metrics are summed over processes by LMMetrics before they are logged
+            warnings.filterwarnings("ignore", message=r".*(The dirpath has changed from|It is recommended to use "
+                                                      r"`self\.log\('val_(ppl|bpb)', \.\.\., sync_dist=True\)).*")
             trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     finally:
         if env_set:
             os.environ.pop("DECODERLAB_RUN_DIR", None)
     return time.perf_counter() - t0
+
+
+def _log_final_evaluation(trainer, val_loss: float, bytes_per_token: float) -> None:
+    """The final evaluation (made after ``fit``) in the loggers and, with plain progress, as a line."""
+    values = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)),
+              "val_bpb": val_loss / (bytes_per_token * math.log(2))}
+    for lg in trainer.loggers:  # Lightning's rows name step k + 1 "step k": the evaluations in fit do too
+        lg.log_metrics(values, step=max(0, trainer.global_step - 1))
+        lg.save()
+    for cb in trainer.callbacks:
+        if isinstance(cb, PlainProgress):
+            cb.validation_line(trainer.global_step, val_loss, bytes_per_token)
 
 
 def _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg: TrainConfig, wall: float,
@@ -305,6 +331,7 @@ def _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg:
             val_loss = evaluate_lm(model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches,
                                    cfg.precision)
             metrics.history.append((trainer.global_step, val_loss))
+            _log_final_evaluation(trainer, val_loss, bytes_per_token)
         exporter.export(trainer, model)
     last = history.losses[-50:]
     summary = TrainSummary(
@@ -317,7 +344,7 @@ def _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg:
         train_seconds=history.train_seconds, wall_seconds=wall,
         num_parameters=model.num_parameters(),
         train_losses=list(history.losses), val_history=list(metrics.history),
-        run_dir=str(run_dir), is_global_zero=trainer.is_global_zero,
+        run_dir=str(run_dir), is_global_zero=trainer.is_global_zero, train_loss_steps=len(last),
     )
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import lightning as L
 
-from .callbacks import LIGHTNING_DIR, StepProgressBar
+from .callbacks import LIGHTNING_DIR, PlainProgress, StepProgressBar
 from .config import PRECISION_ALIASES, TrainConfig
 
 
@@ -30,13 +30,14 @@ def _loggers(run_dir: Path | None):
 
 def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, devices: int | str = 1,
                  strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
-                 callbacks: Sequence[L.Callback] = (), progress_bar: bool = True, logger: bool = True,
+                 callbacks: Sequence[L.Callback] = (), progress_bar: bool | str = True, logger: bool = True,
                  checkpointing: bool = True) -> L.Trainer:
     """A Lightning ``Trainer`` for language-model training with ``cfg``.
 
     ``max_steps``, gradient clipping (global norm), ``accumulate_grad_batches``, precision, validation every
     ``eval_every`` optimizer steps (``val_check_interval`` in batches, counted across the endless training
-    windows), a step-counting progress bar, a CSV logger (and TensorBoard when installed) under
+    windows), progress (``progress_bar``: True for a step-counting bar, "plain" for a plain line every
+    ``log_every`` steps and one per evaluation (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
     ``run_dir/logs``, and ``ModelCheckpoint`` keeping the best (lowest ``val_loss``) and the last Lightning
     checkpoint in ``run_dir/lightning``. ``devices``, ``strategy`` ("auto", "ddp", "fsdp", ...),
     ``num_nodes`` and ``accelerator`` go to Lightning unchanged.
@@ -45,8 +46,13 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
 
     run_dir = Path(run_dir) if run_dir is not None else None
     cbs = list(callbacks)
-    if progress_bar:
-        cbs.append(StepProgressBar(cfg.max_steps * cfg.accumulate, refresh_rate=max(1, min(25, cfg.eval_every))))
+    if progress_bar not in (True, False, "plain"):
+        raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
+    bar = progress_bar is True
+    if bar:
+        cbs.append(StepProgressBar(cfg.max_steps))
+    elif progress_bar == "plain":
+        cbs.append(PlainProgress(cfg.max_steps, cfg.log_every))
     loggers = _loggers(run_dir) if logger else False
     if loggers:
         cbs.append(LearningRateMonitor(logging_interval="step"))
@@ -62,8 +68,9 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
         gradient_clip_val=cfg.grad_clip or None, gradient_clip_algorithm="norm",
         val_check_interval=cfg.eval_every * cfg.accumulate, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, use_distributed_sampler=False,
-        log_every_n_steps=cfg.log_every, logger=loggers,
+        # a run shorter than log_every still logs its train loss once (at its last step)
+        log_every_n_steps=min(cfg.log_every, cfg.max_steps), logger=loggers,
         enable_checkpointing=bool(checkpointing and run_dir is not None),
-        enable_progress_bar=progress_bar, enable_model_summary=False,
+        enable_progress_bar=bar, enable_model_summary=False,
         callbacks=cbs, default_root_dir=str(run_dir) if run_dir is not None else None,
     )
