@@ -26,3 +26,22 @@ def statquest_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("statquest") / "ckpt"
     train_pairs(out=out)
     return out
+
+
+@pytest.fixture(scope="session")
+def decoderlab_cli():
+    """Run the real command line in a subprocess (``python -m decoderlab.cli ARGS``, as the console script
+    does): returns the CompletedProcess (returncode, stdout, stderr as text; stdout is not a terminal)."""
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+
+    def run(*args, stdin: str | None = None, cwd=None, env: dict | None = None, timeout: float = 300):
+        environ = {**os.environ, "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+        environ.pop("DECODERLAB_RUN_DIR", None)
+        return subprocess.run([sys.executable, "-m", "decoderlab.cli", *map(str, args)], input=stdin,
+                              capture_output=True, text=True, cwd=cwd, env=environ, timeout=timeout)
+
+    return run

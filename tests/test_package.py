@@ -77,3 +77,72 @@ def test_layers_contract_holds_and_an_upward_import_breaks_it(tmp_path):
     bad = subprocess.run([exe, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode != 0
     assert "decoderlab.model -> decoderlab.generation" in bad.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line's help: defaults from one source, choices, a help line for every option (issue 14)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_cli_mirrors_agree_with_the_library():
+    """--help reads its defaults and choices from mirrors in cli.py (no torch); they equal the library's."""
+    import dataclasses
+    import inspect
+
+    from decoderlab import cli
+    from decoderlab.model import MLPS, NORMS, PRESETS
+    from decoderlab.positions import POSITIONS
+    from decoderlab.tokenizers import DEFAULT_BPE_VOCAB_SIZE, TOKENIZERS
+    from decoderlab.training import PRECISIONS, TrainConfig, train_pairs
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert cli.TRAIN_DEFAULTS == {k: defaults[k] for k in cli.TRAIN_DEFAULTS}
+    params = inspect.signature(train_pairs).parameters
+    assert cli.PAIR_DEFAULTS == {k: params[k].default for k in cli.PAIR_DEFAULTS}
+    assert cli.PRECISIONS == PRECISIONS
+    assert cli.PRESET_NAMES == tuple(PRESETS)
+    assert cli.PRESET_SHAPES == {name: {f: PRESETS[name][f] for f in cli.SHAPE_FIELDS} for name in PRESETS}
+    assert cli.MODEL_CHOICES == {"position": POSITIONS, "norm": NORMS, "mlp": MLPS}
+    assert cli.TOKENIZER_KINDS == tuple(TOKENIZERS) and cli.DEFAULT_BPE_VOCAB_SIZE == DEFAULT_BPE_VOCAB_SIZE
+    # every TrainConfig field with a flag is named by the flag in error messages
+    assert {f for _, f, _, _ in cli.TRAIN_OPTIONS} <= set(cli.FIELD_FLAGS)
+
+
+def test_every_option_has_a_help_line_its_default_and_its_choices():
+    import argparse
+
+    from decoderlab import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"train", "sample", "generate", "chat", "verify", "explain"}
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"decoderlab {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, where
+            if action.option_strings and not action.required:
+                assert "default" in action.help, where
+            if action.choices:
+                assert "{" + ",".join(map(str, action.choices)) + "}" in text, where
+    helps = {a.option_strings[-1]: a.help for a in sub.choices["train"]._actions if a.option_strings}
+    assert "--preset {statquest,baby-shakespeare,shakespeare-char,gpt2}" in sub.choices["train"].format_help()
+    assert helps["--max-steps"] == "optimizer steps (default 2000)"
+    assert helps["--lr"] == "peak learning rate (statquest: Adam's learning rate) (default 0.001; statquest 0.1)"
+    assert helps["--n-layer"] == "decoder blocks (default: baby-shakespeare 4, shakespeare-char 6, gpt2 12)"
+
+
+def test_version_and_one_line_argument_errors(decoderlab_cli):
+    from decoderlab import __version__
+
+    r = decoderlab_cli("--version")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"decoderlab {__version__}\n", "")
+    r = decoderlab_cli("train", "--max-steps", "abc")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "decoderlab: error: --max-steps must be an integer, got 'abc' (see decoderlab train --help)\n"
+    r = decoderlab_cli("train", "--preset", "gpt3")
+    assert r.returncode == 2
+    assert r.stderr.startswith("decoderlab: error: --preset: invalid choice: 'gpt3' (choose from ")
+    assert r.stderr.endswith("gpt2') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1

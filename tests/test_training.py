@@ -6,6 +6,7 @@ Tiny models, tiny corpora and a few steps each; the runs are shared through modu
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -324,7 +325,7 @@ def test_checkpoint_tokenizer_mismatch(full_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-steps", "0"], "max_steps must be an integer >= 1, got 0"),
+    (["--max-steps", "0"], "--max-steps must be an integer >= 1, got 0"),  # the flag, not the field (issue 14)
     (["--lr", "-0.01"], "lr (learning rate) must be a finite number > 0, got -0.01"),
     (["--data", "/nonexistent/corpus.txt"], "corpus path /nonexistent/corpus.txt does not exist"),
     (["--resume", "/nonexistent/run"], "no training checkpoint /nonexistent/run/lightning/last.ckpt"),
@@ -416,3 +417,107 @@ def test_ctrl_c_says_what_was_kept(tmp_path, text, cache, capsys):
     assert f"decoderlab train --resume {out}" in err
     model, _ = load_checkpoint(out)
     assert json.loads((out / "meta.json").read_text())["step"] == 4
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line tells what happens (issue 14): shape flags, plain progress lines, warnings, errors
+# ---------------------------------------------------------------------------------------------------------
+
+TRAIN_LINE = re.compile(r"step (\d)/4  train loss \d+\.\d{4}  lr \d\.\d\de-\d\d  [\d,]+ tokens/s  elapsed \d+:\d\d  "
+                        r"ETA \d+:\d\d")
+VAL_LINE = re.compile(r"step (\d)/4  val loss \d+\.\d{4}  perplexity \d+\.\d\d  \d+\.\d{3} bits per byte")
+
+
+def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab_cli):
+    """`decoderlab train --no-progress-bar ... > log.txt`: plain lines (no carriage returns), the model shape from
+    the flags, decoderlab's own warnings only, a labelled summary; resuming the finished run says so."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    out = tmp_path / "run"
+    r = decoderlab_cli("train", "--data", corpus, "--out", out, "--tokenizer", "bpe", "--vocab-size", "20000",
+                       "--max-steps", "4", "--eval-every", "2", "--log-every", "3", "--warmup", "4",
+                       "--batch-size", "2", "--val-batches", "2", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
+                       "--max-len", "16", "--position", "rope", "--norm", "rmsnorm", "--no-progress-bar",
+                       env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stdout + r.stderr
+    vocab = json.loads((out / "config.json").read_text())["num_tokens"]
+    assert r.stderr.splitlines() == [
+        "decoderlab: warning: --warmup (4 steps) is at least --max-steps (4): the learning rate rises for the whole "
+        "run and never reaches its peak or decays",
+        f"decoderlab: warning: the BPE vocabulary has {vocab} tokens, fewer than the --vocab-size 20000 asked for: the "
+        "text offers no more merges (a larger corpus would)",
+    ]
+    lines = r.stdout.splitlines()
+    kinds = [("train", int(m[1])) if (m := TRAIN_LINE.fullmatch(ln)) else ("val", int(m[1]))
+             if (m := VAL_LINE.fullmatch(ln)) else ln for ln in lines]
+    assert kinds[:4] == [("val", 2), ("train", 3), ("train", 4), ("val", 4)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert lines[4] == (f"trained baby-shakespeare ({summary['num_parameters']:,} parameters) for 4 steps: train loss "
+                        f"{summary['train_loss']:.4f} (mean of the last 4 steps), "
+                        f"{summary['tokens_per_second']:,.0f} tokens per second")
+    assert lines[5].startswith(f"final evaluation at step 4: val loss {summary['val_loss']:.4f} nats/token (perplexity ")
+    assert lines[5].endswith(f"; checkpoint written to {out}") and len(lines) == 6
+    config = json.loads((out / "config.json").read_text())
+    assert {k: config[k] for k in ("n_layer", "n_head", "d_model", "max_len", "position", "norm")} == dict(
+        n_layer=1, n_head=2, d_model=16, max_len=16, position="rope", norm="rmsnorm")
+    rows = (out / "logs" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert any(row.split(",")[header.index("train_loss")] for row in rows[1:])  # the train loss is in the CSV
+    # the final evaluation (made after fit, at step 4) is logged too
+    assert sum(1 for row in rows[1:] if row.split(",")[header.index("val_loss")]) == 2
+
+    r = decoderlab_cli("train", "--resume", out, env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"decoderlab: error: {out} is already finished: it trained 4 steps of --max-steps 4; to continue "
+                        f"it, give a larger --max-steps: decoderlab train --resume {out} --max-steps 8\n")
+
+
+def test_short_runs_log_their_train_loss():
+    from decoderlab.training import make_trainer
+
+    trainer = make_trainer(TrainConfig(max_steps=4, warmup=1), progress_bar="plain", logger=False)
+    assert trainer.log_every_n_steps == 4  # log_every 50 would log nothing in a 4-step run
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--max-steps", "0"], "--max-steps must be an integer >= 1, got 0"),
+    (["--devices", "0"], "--devices must be a number of devices >= 1, -1 (all), 'auto', or device indices such as "
+                         "0,1; got '0' (see decoderlab train --help)"),
+    (["--devices", "abc"], "--devices must be a number of devices >= 1, -1 (all), 'auto', or device indices such as "
+                           "0,1; got 'abc' (see decoderlab train --help)"),
+    (["--strategy", "dpp"], "--strategy 'dpp' is not a Lightning strategy; known: auto, ddp, ddp_spawn, ddp_fork, "
+                            "ddp_notebook, deepspeed, fsdp, single_device, single_xla, xla, single_tpu (and variants "
+                            "such as fsdp_cpu_offload, deepspeed_stage_2)"),
+    (["--n-head", "3", "--d-model", "16"], "--d-model (16) must be divisible by --n-head (3); allowed --n-head for "
+                                           "--d-model 16: 1, 2, 4, 8, 16"),
+    (["--out", "notes.txt"], "--out notes.txt is a file, not a directory"),
+    (["--out", "notes.txt/run"], "--out notes.txt/run: notes.txt is a file, not a directory"),
+    (["--data", "weights.bin"], "weights.bin is a binary file, not text: it holds a NUL byte at byte offset 3; give a "
+                                "UTF-8 text file (a UTF-16 text must be converted to UTF-8 first)"),
+    (["--data", "short.txt"], "the corpus is too short for --max-len=64: validation split has 3 tokens, but each split "
+                              "needs at least --max-len+1 = 65 tokens (train 27, validation 3 tokens); use a longer "
+                              "corpus or a smaller --max-len"),
+])
+def test_cli_train_errors_name_the_flags(argv, line, tmp_path, decoderlab_cli):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "weights.bin").write_bytes(b"PK\x03\x00\x14\x00 binary")
+    (tmp_path / "short.txt").write_text("To be, or not to be, that is")
+    r = decoderlab_cli("train", *argv, cwd=tmp_path, env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
+
+
+def test_progress_bar_counts_steps_also_after_a_resume(tmp_path, text, cache, capsys):
+    out = tmp_path / "run"
+    kw = dict(text=text, out=out, model_overrides=TINY, cache_dir=cache, accelerator="cpu", progress_bar=True)
+    train_lm(train_config=tiny_config(max_steps=2, eval_every=2), **kw)
+    first = capsys.readouterr().out
+    kw["out"] = None
+    train_lm(resume=out, config_overrides={"max_steps": 4}, **kw)
+    second = capsys.readouterr().out
+    for frames, start, total in ((first, 0, 2), (second, 2, 4)):
+        train = [f for f in re.split(r"[\r\n]", frames) if f.strip()]
+        assert "Epoch" not in frames and "v_num" not in frames
+        assert re.match(rf"train:\s+\d+%\|[^|]*\| {start}/{total} \[", train[0]), train[0]
+        last = [f for f in train if f.startswith("train")][-1]
+        assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00, [\d.]+step/s", last), last

@@ -90,6 +90,7 @@ def _number(kind, minimum=None, what: str = ""):
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}{what}, got {text}")
         return value
+    parse.integer = kind is int
     return parse
 
 
@@ -116,18 +117,19 @@ def _default(field: str) -> str:
     return "all" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-#: (flag, TrainConfig field, argparse type, help); each help gets "(default ...)" from TRAIN_DEFAULTS
+#: (flag, TrainConfig field, argparse type, help); each help gets "(default ...)" from TRAIN_DEFAULTS; the
+#: values are checked by TrainConfig, whose messages are put in the flags' words
 TRAIN_OPTIONS = (
-    ("--max-steps", "max_steps", int, "optimizer steps"),
-    ("--batch-size", "batch_size", int, "sequences per batch per process (statquest: pairs per batch)"),
-    ("--lr", "lr", float, "peak learning rate (statquest: Adam's learning rate)"),
-    ("--min-lr", "min_lr", float, "learning rate at the end of the cosine decay"),
-    ("--warmup", "warmup", int, "steps of linear warm-up (keep it below --max-steps)"),
-    ("--eval-every", "eval_every", int, "optimizer steps between evaluations (and checkpoints)"),
-    ("--val-batches", "val_batches", int, "evaluate on at most this many batches of 64 windows"),
-    ("--log-every", "log_every", int, "optimizer steps between progress lines and logged train-loss rows"),
-    ("--grad-clip", "grad_clip", float, "clip the gradient norm to this, 0 = no clipping"),
-    ("--accumulate", "accumulate", int, "batches per optimizer step (gradient accumulation)"),
+    ("--max-steps", "max_steps", _number(int), "optimizer steps"),
+    ("--batch-size", "batch_size", _number(int), "sequences per batch per process (statquest: pairs per batch)"),
+    ("--lr", "lr", _number(float), "peak learning rate (statquest: Adam's learning rate)"),
+    ("--min-lr", "min_lr", _number(float), "learning rate at the end of the cosine decay"),
+    ("--warmup", "warmup", _number(int), "steps of linear warm-up (keep it below --max-steps)"),
+    ("--eval-every", "eval_every", _number(int), "optimizer steps between evaluations (and checkpoints)"),
+    ("--val-batches", "val_batches", _number(int), "evaluate on at most this many batches of 64 windows"),
+    ("--log-every", "log_every", _number(int), "optimizer steps between progress lines and logged train-loss rows"),
+    ("--grad-clip", "grad_clip", _number(float), "clip the gradient norm to this, 0 = no clipping"),
+    ("--accumulate", "accumulate", _number(int), "batches per optimizer step (gradient accumulation)"),
 )
 
 
@@ -140,16 +142,16 @@ def add_model_shape_options(parser) -> None:
     def presets(field: str) -> str:  # statquest trains the lesson's fixed model
         return ", ".join(f"{name} {PRESET_SHAPES[name][field]}" for name in PRESET_NAMES if name != "statquest")
 
-    g.add_argument("--n-layer", type=int, default=None, metavar="N",
+    g.add_argument("--n-layer", type=_number(int), default=None, metavar="N",
                    help=f"decoder blocks (default: {presets('n_layer')})")
-    g.add_argument("--n-head", type=int, default=None, metavar="N",
+    g.add_argument("--n-head", type=_number(int), default=None, metavar="N",
                    help=f"attention heads; must divide --d-model (default: {presets('n_head')})")
-    g.add_argument("--d-model", type=int, default=None, metavar="N",
+    g.add_argument("--d-model", type=_number(int), default=None, metavar="N",
                    help=f"values per token, the embedding size (default: {presets('d_model')})")
-    g.add_argument("--max-len", type=int, default=None, metavar="N",
+    g.add_argument("--max-len", type=_number(int), default=None, metavar="N",
                    help=f"context length in tokens; each data split needs more tokens than this "
                         f"(default: {presets('max_len')})")
-    g.add_argument("--dropout", type=float, default=None, metavar="P",
+    g.add_argument("--dropout", type=_number(float), default=None, metavar="P",
                    help=f"dropout probability in [0, 1) (default: {presets('dropout')})")
     for field, what in (("position", "position encoding"), ("norm", "normalisation (pre-norm)"),
                         ("mlp", "MLP after attention")):
@@ -172,20 +174,20 @@ def add_train(sub) -> None:
                    help=f"model preset (default {DEFAULT_PRESET}; statquest trains the lesson's pairs)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run/checkpoint directory to write (default runs/<timestamp>; statquest: runs/statquest)")
-    p.add_argument("--epochs", type=int, default=None, metavar="N",
+    p.add_argument("--epochs", type=_number(int), default=None, metavar="N",
                    help=f"epochs of pair training, statquest only (default {PAIR_DEFAULTS['max_epochs']})")
-    p.add_argument("--seed", type=int, default=None, metavar="N",
+    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
                    help=f"random seed of the weights and batches (default {TRAIN_DEFAULTS['seed']})")
     g = p.add_argument_group("language-model training (defaults: decoderlab.training.TrainConfig)")
     g.add_argument("--data", default=None, metavar="PATH",
                    help="a UTF-8 text file or a folder of .txt files (default: the embedded tinyshakespeare)")
     g.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
                    help=f"tokenizer built from the data (default {DEFAULT_TOKENIZER})")
-    g.add_argument("--vocab-size", type=int, default=None, metavar="N",
+    g.add_argument("--vocab-size", type=_number(int), default=None, metavar="N",
                    help=f"BPE vocabulary size, at least 259 (default {DEFAULT_BPE_VOCAB_SIZE}; bpe only)")
     for flag, field, kind, text in TRAIN_OPTIONS:
         lesson = f"; statquest {PAIR_DEFAULTS[field]:g}" if field in PAIR_DEFAULTS else ""
-        g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind is int else "X",
+        g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind.integer else "X",
                        help=f"{text} (default {_default(field)}{lesson})")
     g.add_argument("--precision", default=None, choices=PRECISIONS,
                    help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights (default "
@@ -301,8 +303,9 @@ def _check_strategy(strategy: str) -> None:
 
     known = ("auto", *StrategyRegistry.available_strategies())
     if strategy not in known:
-        common = [k for k in known if "find_unused" not in k]
-        raise ValueError(f"--strategy {strategy!r} is not a Lightning strategy; known: {', '.join(common)}")
+        common = [k for k in known if not re.search(r"find_unused|stage|offload|debug", k)]
+        raise ValueError(f"--strategy {strategy!r} is not a Lightning strategy; known: {', '.join(common)} (and "
+                         f"variants such as fsdp_cpu_offload, deepspeed_stage_2)")
 
 
 def _check_not_finished(args) -> None:
@@ -321,6 +324,8 @@ def _check_not_finished(args) -> None:
         raise ValueError(f"{run_dir} is already finished: it trained {step} steps of --max-steps {max_steps}; to "
                          f"continue it, give a larger --max-steps: decoderlab train --resume {run_dir} "
                          f"--max-steps {2 * step}")
+    if isinstance(step, int):
+        print(f"resuming {run_dir} at step {step} of --max-steps {max_steps}", flush=True)
 
 
 def _train_statquest(args) -> int:
@@ -364,16 +369,16 @@ def _train_statquest(args) -> int:
 
 
 def _add_sampling_options(p, temperature_help: str) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--max-new-tokens", type=_number(int), default=None, metavar="N",
                    help=f"longest continuation in tokens (default {GENERATE_DEFAULTS['max_new_tokens']}; a "
                         "pair-trained model answers until <EOS>)")
-    p.add_argument("--temperature", type=float, default=None, metavar="T", help=temperature_help)
-    p.add_argument("--top-k", type=int, default=None, metavar="K",
+    p.add_argument("--temperature", type=_number(float), default=None, metavar="T", help=temperature_help)
+    p.add_argument("--top-k", type=_number(int), default=None, metavar="K",
                    help="sample among the K most probable tokens; 0 = no top-k filter (default: no filter)")
-    p.add_argument("--top-p", type=float, default=None, metavar="P",
+    p.add_argument("--top-p", type=_number(float), default=None, metavar="P",
                    help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no "
                         "filter)")
-    p.add_argument("--seed", type=int, default=None, metavar="N",
+    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
                    help="seed for reproducible sampling (default: fresh entropy)")
 
 
@@ -582,20 +587,20 @@ def chat_command(session, line: str) -> str | None:
             k = None if k == 0 else k  # 0 = no top-k filter, as the flag
             check_sampling(session.temperature, k, session.top_p)
             session.top_k = k
-            return "(top-k off)" if k is None else f"(top-k = {k})"
+            return f"({typed} off)" if k is None else f"({typed} = {k})"
         if name == "top-p":
             p = None if off else float(arg)
             check_sampling(session.temperature, session.top_k, p)
             session.top_p = p
-            return "(top-p off)" if p is None else f"(top-p = {p:g})"
+            return f"({typed} off)" if p is None else f"({typed} = {p:g})"
         if name == "max-new-tokens":
-            session.max_new_tokens = check_int("max-new-tokens", int(arg), 0)
-            return f"(max-new-tokens = {session.max_new_tokens})"
+            session.max_new_tokens = check_int(typed, int(arg), 0)
+            return f"({typed} = {session.max_new_tokens})"
         if name == "seed":
             session.seed = None if off else int(arg)
             return "(seed off)" if session.seed is None else f"(seed = {session.seed})"
     except (ValueError, TypeError) as e:
-        return f"error: /{typed} {arg!r}: {str(e).replace('top_k', 'top-k').replace('top_p', 'top-p')}"
+        return f"error: /{typed} {arg!r}: {e}"
     return f"unknown command /{typed}; type /help"
 
 
@@ -667,7 +672,7 @@ def add_verify(sub) -> None:
     p = sub.add_parser("verify", help="recompute a checkpoint's forward pass in float64 NumPy and compare every step")
     _add_checkpoint_option(p)
     p.add_argument("text", help="the input text")
-    p.add_argument("--tol", type=float, default=1e-5,
+    p.add_argument("--tol", type=_number(float), default=1e-5,
                    help="tolerance per step, times max(1, max |value|) (default %(default)g)")
     p.set_defaults(func=cmd_verify)
 
@@ -694,9 +699,9 @@ def add_explain(sub) -> None:
                    help=f"a worked example: {', '.join(EXAMPLE_NAMES)} (default: none)")
     _add_checkpoint_option(p, required=False)
     p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
-    p.add_argument("--layer", type=int, default=None, metavar="N", help="only this layer (default: all)")
-    p.add_argument("--head", type=int, default=None, metavar="N", help="only this head (default: all)")
-    p.add_argument("--top-k", type=int, default=5, metavar="K",
+    p.add_argument("--layer", type=_number(int), default=None, metavar="N", help="only this layer (default: all)")
+    p.add_argument("--head", type=_number(int), default=None, metavar="N", help="only this head (default: all)")
+    p.add_argument("--top-k", type=_number(int), default=5, metavar="K",
                    help="next-token probabilities to show per position (default %(default)s)")
     p.add_argument("--png", default=None, metavar="FILE",
                    help="write attention heatmaps to this PNG file (default: none)")

@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
 
@@ -25,9 +26,11 @@ LAST_CKPT = "last.ckpt"
 class _DropLightningTips(logging.Filter):
     """Lightning prints an advertisement ("Tip: ... litlogger") with every Trainer, and banners that tell a
     user nothing ("GPU available: False, used: False", "TPU available: False, using: 0 TPU cores", "`Trainer.fit`
-    stopped: `max_steps=...` reached"); keep real messages (a GPU that is available, a run stopped early)."""
+    stopped: `max_steps=...` reached", the end of every run; "Restoring states from the checkpoint path at
+    ...", said by decoderlab's own resume line); keep real messages (a GPU that is available, a run stopped early)."""
 
-    _NOISE = re.compile(r"litlogger|^(GPU|TPU|HPU|IPU) available: False|^`Trainer\.fit` stopped: `max_steps=")
+    _NOISE = re.compile(r"litlogger|^(GPU|TPU|HPU|IPU) available: False|^`Trainer\.fit` stopped: `max_(steps|epochs)="
+                        r"|^Restor(ing|ed all) states from the checkpoint")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self._NOISE.search(record.getMessage())
@@ -183,17 +186,21 @@ class StepProgressBar(TQDMProgressBar):
     def total_train_batches(self):
         return self._total
 
+    @property
+    def train_description(self) -> str:
+        return "train"
+
     def init_train_tqdm(self):
-        bar = super().init_train_tqdm()
-        bar.unit = "step"
-        return bar
+        """Lightning's training bar, counting steps from the (resumed) step to ``max_steps``."""
+        step = min(self.trainer.global_step, self._total)
+        return Tqdm(desc=self.train_description, total=self._total, initial=step, unit="step",
+                    position=2 * self.process_position, disable=self.is_disabled, leave=True, dynamic_ncols=True,
+                    file=sys.stdout, smoothing=0, bar_format=self.BAR_FORMAT)
 
     def on_train_epoch_start(self, trainer, *_):
-        super().on_train_epoch_start(trainer)
-        bar = self.train_progress_bar
-        bar.reset(total=self._total)
-        bar.initial = bar.n = min(trainer.global_step, self._total)
-        bar.set_description("train")
+        # one endless epoch: Lightning's would reset the bar to "Epoch 0" and count its batches from 0
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         bar = self.train_progress_bar
