@@ -13,7 +13,7 @@ import torch
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
 from decoderlab.cli import main as cli_main
-from decoderlab.cli import chat_command
+from decoderlab.cli import CHAT_HELP, chat_command
 from decoderlab.generation import (ChatSession, KVCache, Sampler, StopMatcher, TextStreamer, generate,
                                    generate_batch, stream, stream_text)
 from decoderlab.lesson import greedy_response
@@ -482,3 +482,70 @@ def test_chat_reads_stdin_until_end_of_file(statquest_checkpoint, capsys, monkey
     monkeypatch.setattr(sys, "stdin", io.StringIO("what is statquest\n/reset\nstatquest is what\n"))
     assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
     assert capsys.readouterr().out.splitlines() == ["awesome", "(conversation reset)", "awesome"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# arguments as typed, chat like other chats (issue 14)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_unescape_understands_the_usual_backslash_escapes():
+    from decoderlab.cli import unescape
+
+    assert unescape(r"\n\n") == "\n\n"
+    assert unescape(r"a\tb\\c\x41\u00e9\r\0") == "a\tb\\cA\u00e9\r\0"
+    assert unescape("no escapes: \u00e9") == "no escapes: \u00e9"
+    with pytest.raises(ValueError) as e:
+        unescape(r"end\q")
+    assert str(e.value) == (r"--stop 'end\q' has an unknown escape \q; known escapes: \n \t \r \\ \0 \xHH \uHHHH "
+                            r"(write \\ for a backslash)")
+    with pytest.raises(ValueError, match=r"'end\\' ends with a lone backslash"):
+        unescape("end\\")
+
+
+def test_cli_stop_with_escapes_as_typed(lm_checkpoint, decoderlab_cli):
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    ids = generate(model, tok.encode("to be"), 80, seed=3, stop="\n", tokenizer=tok)
+    want = tok.decode(ids)
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--no-stream", "--seed", "3", "--max-new-tokens", "80",
+                       "--stop", r"\n", "to be")
+    assert (r.returncode, r.stdout, r.stderr) == (0, want + "\n", "")
+    assert "\n" not in want
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--stop", r"\q", "to be")
+    assert r.returncode == 2
+    assert r.stderr == (r"decoderlab: error: --stop '\q' has an unknown escape \q; known escapes: \n \t \r \\ \0 "
+                        r"\xHH \uHHHH (write \\ for a backslash)" + "\n")
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--stop", r"\n\u00e9", "to be")
+    assert r.returncode == 2
+    assert r.stderr.startswith(r"decoderlab: error: --stop '\n\u00e9' cannot be encoded by this model's tokenizer: "
+                               "character '\u00e9' (U+00E9)")
+
+
+def test_cli_passes_top_k_0_through(lm_checkpoint, capsys, monkeypatch):
+    """--top-k 0 means "no top-k filter"; the CLI hands the 0 to the library unchanged."""
+    import decoderlab.generation
+
+    seen = {}
+
+    def fake_generate(model, prompt_ids, n, **kwargs):
+        seen.update(kwargs)
+        return []
+
+    monkeypatch.setattr(decoderlab.generation, "generate", fake_generate)
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--top-k", "0", "to be"]) == 0
+    assert seen["top_k"] == 0
+
+
+def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
+    stdin = ("what is statquest\n/top-k 3\n/top_k 0\n/max-new-tokens 4\n/max_new_tokens x\n/top-p 0.9\n/help\n"
+             "/quit\nwhat is statquest\n")
+    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
+    assert (r.returncode, r.stderr) == (0, "")
+    out = r.stdout.splitlines()
+    assert out[:6] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)",
+                       "error: /max_new_tokens 'x': invalid literal for int() with base 10: 'x'", "(top-p = 0.9)"]
+    assert out[6:] == CHAT_HELP.splitlines()  # and nothing after /quit
+    for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
+        assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
+    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/exit\nwhat is statquest\n")
+    assert (r.returncode, r.stdout) == (0, "")

@@ -1,6 +1,7 @@
 """The lessons' building blocks, numbers and task (issue: foundation)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -332,3 +333,18 @@ def test_corrupt_tokenizer_and_meta_are_named(tmp_path, statquest_checkpoint):
     (bad / "tokenizer.json").write_text("")
     with pytest.raises(ValueError, match="tokenizer.json is not a valid tokenizer JSON file"):
         dl.load_checkpoint(bad)
+
+
+def test_cli_train_statquest_says_what_it_learned(tmp_path, decoderlab_cli):
+    """`decoderlab train --preset statquest`: the final loss and whether both lesson prompts answer "awesome"."""
+    out = tmp_path / "sq"
+    r = decoderlab_cli("train", "--preset", "statquest", "--out", out)
+    assert (r.returncode, r.stderr) == (0, "")  # no Lightning banners
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"trained the lesson's model \(37 parameters\) for 30 epochs on its two pairs: final loss "
+                        r"0\.\d{4} \(mean cross-entropy over both pairs\)", lines[0]), lines[0]
+    assert lines[1:] == ['  "what is statquest" -> awesome', '  "statquest is what" -> awesome',
+                         f'both lesson prompts are answered "awesome"; checkpoint written to {out}']
+    (tmp_path / "notes.txt").write_text("mine")
+    r = decoderlab_cli("train", "--preset", "statquest", "--out", "notes.txt", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "decoderlab: error: --out notes.txt is a file, not a directory\n")

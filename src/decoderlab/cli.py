@@ -333,7 +333,7 @@ def _train_statquest(args) -> int:
     from .training import train_pairs
 
     lm_only = [opt for opt in _LM_ONLY if getattr(args, opt) is not None]
-    lm_only += [opt for opt, default in (("devices", "1"), ("strategy", "auto"), ("num_nodes", 1))
+    lm_only += [opt for opt, default in (("devices", 1), ("strategy", "auto"), ("num_nodes", 1))
                 if getattr(args, opt) != default]
     if lm_only:
         raise ValueError(
