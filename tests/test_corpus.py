@@ -217,3 +217,21 @@ def test_split_bad_inputs():
 def test_no_stray_files_in_package_corpora():
     names = sorted(os.listdir(embedded_corpus_path().parent))
     assert names == ["SOURCES.md", "tinyshakespeare.txt"]
+
+
+def test_read_corpus_calls_a_binary_file_binary(tmp_path):
+    """Issue 14: not "convert from latin1" for an image, an archive or model weights."""
+    png = tmp_path / "plot.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(ValueError) as e:
+        read_corpus(png)
+    assert str(e.value) == (f"{png} is not UTF-8 text: byte 0x89 at byte offset 0 is invalid (invalid start byte); it "
+                            "is a binary file, not text (it holds a NUL byte at byte offset 8): give a UTF-8 text file")
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_bytes(b"abc\x00\x00")
+    with pytest.raises(ValueError, match=r"zeros\.txt is a binary file, not text: it holds a NUL byte at byte offset 3"):
+        read_corpus(zeros)
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("hello".encode("utf-16"))
+    with pytest.raises(ValueError, match=r"it is UTF-16 text \(it starts with a UTF-16 byte-order mark\): convert it"):
+        read_corpus(utf16)

@@ -321,3 +321,35 @@ def test_explain_bad_inputs(statquest_checkpoint, tmp_path, capsys):
     # text without a tokenizer
     with pytest.raises(ValueError, match="needs a tokenizer"):
         dl.trace(model, "what is")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# small truths (issue 14)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_position_encoding_example_rounds_text_and_table_alike(capsys):
+    """cos(1/100) = 0.99995: the text said 1.0000 while the table said 0.9999."""
+    assert cli_main(["explain", "--example", "position-encoding"]) == 0
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("pos 1: i = 0"))
+    said = re.findall(r"= (-?\d+\.\d+)", line)
+    row = next(ln for ln in text.splitlines() if ln.startswith("pos 1") and "i =" not in ln)
+    assert said == row.split()[2:] == ["0.84147", "0.54030", "0.01000", "0.99995"]
+
+
+def test_cli_verify_lists_no_norm_steps_without_norms(statquest_checkpoint, decoderlab_cli):
+    r = decoderlab_cli("verify", "--checkpoint", statquest_checkpoint, "what is statquest <EOS>")
+    assert (r.returncode, r.stderr) == (0, "")
+    steps = [ln.split()[0] + " " + ln.split()[1] for ln in r.stdout.splitlines()[2:-1]]
+    assert "norm" not in r.stdout
+    assert r.stdout.splitlines()[-1] == (f"{len(steps)} steps, float32 model vs float64 NumPy, tolerance 1e-05 "
+                                         "(x max(1, max |ref|)): all ok")
+
+
+def test_cli_explain_says_which_files_it_wrote(statquest_checkpoint, tmp_path, decoderlab_cli):
+    r = decoderlab_cli("explain", "--checkpoint", statquest_checkpoint, "what is statquest <EOS>", "--png", "a.png",
+                       "--html", "report.html", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[-2:] == ["wrote attention heatmaps to a.png", "wrote HTML report to report.html"]
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "report.html").stat().st_size > 0

@@ -273,3 +273,86 @@ def test_to_gpt2_never_deletes_foreign_files(tmp_path):
     to_gpt2(model, tmp_path / "out")
     to_gpt2(model, tmp_path / "out")  # a directory of its own files may be replaced
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face GPT-2 directories are checkpoints too (issue 14)
+# ---------------------------------------------------------------------------------------------------------
+
+CORPUS = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+          "arrows of outrageous fortune, or to take arms against a sea of troubles.\n") * 4
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    """A byte-level BPE trained here (GPT-2's scheme, a small vocabulary)."""
+    from decoderlab.tokenizers import BPETokenizer
+
+    return BPETokenizer.train(CORPUS, 300)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dirs(tmp_path_factory, bpe):
+    """A randomly initialised GPT-2 in Hugging Face layout, with the tokenizer as vocab.json + merges.txt
+    ("files"), without a tokenizer ("bare"), and written by to_gpt2 with the tokenizer ("exported")."""
+    root = tmp_path_factory.mktemp("hf-dirs")
+    hf = small_gpt2(vocab_size=bpe.vocab_size)
+    for name in ("files", "bare"):
+        hf.save_pretrained(root / name)
+    bpe.hf_tokenizer.model.save(str(root / "files"))  # vocab.json, merges.txt: as GPT2Tokenizer's files
+    to_gpt2(from_gpt2(hf), root / "exported", tokenizer=bpe)
+    return hf, root
+
+
+def test_load_any_checkpoint_reads_a_gpt2_directory(gpt2_dirs, bpe):
+    from decoderlab.hf import load_any_checkpoint
+
+    hf, root = gpt2_dirs
+    text = "whether 'tis nobler \u00e9t\u00e9 \U0001F600"
+    for name in ("files", "exported"):
+        model, tok = load_any_checkpoint(root / name)
+        assert tok.encode(text) == bpe.encode(text) and tok.decode(tok.encode(text)) == text
+        ids = torch.tensor([tok.encode(text)])
+        assert (logits(model, ids) - logits(hf, ids)).abs().max().item() < 1e-5
+    assert {p.name for p in (root / "exported").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                                                "vocab.json", "merges.txt"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in (root / "exported").iterdir()} == {
+        p.name: 0o666 & ~umask for p in (root / "exported").iterdir()}  # model.safetensors too, not 0600
+
+
+def test_to_gpt2_writes_tokenizer_files_only_for_byte_level_bpe(tmp_path):
+    from decoderlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.from_text("abc")
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=tok.vocab_size, d_model=8, n_layer=1, n_head=2,
+                                                max_len=8))
+    with pytest.raises(ValueError, match="a char tokenizer has none"):
+        to_gpt2(model, tmp_path / "x", tokenizer=tok)
+
+
+def test_cli_commands_take_a_gpt2_directory(gpt2_dirs, bpe, decoderlab_cli):
+    hf, root = gpt2_dirs
+    model = from_gpt2(root / "files")
+    want = bpe.decode(dl.generate(model, bpe.encode("To be"), 8, seed=1, tokenizer=bpe))
+    r = decoderlab_cli("generate", "--checkpoint", root / "files", "--no-stream", "--seed", "1", "--max-new-tokens", "8",
+                       "To be")
+    assert (r.returncode, r.stdout, r.stderr) == (0, want + "\n", "")
+    r = decoderlab_cli("verify", "--checkpoint", root / "exported", "To be, or not")
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout.splitlines()[-1].endswith("all ok")
+    r = decoderlab_cli("explain", "--checkpoint", root / "files", "To be, or not")
+    assert r.returncode == 0 and "=> the top next token after" in r.stdout
+    r = decoderlab_cli("chat", "--checkpoint", root / "files", "--seed", "1", "--max-new-tokens", "3", stdin="To be\n")
+    assert (r.returncode, r.stderr) == (0, "") and len(r.stdout.splitlines()) == 1
+
+
+def test_gpt2_directory_without_tokenizer_says_what_is_missing(gpt2_dirs, decoderlab_cli):
+    _, root = gpt2_dirs
+    r = decoderlab_cli("generate", "--checkpoint", root / "bare", "To be")
+    assert (r.returncode, r.stdout) == (2, "")
+    bare = root / "bare"
+    assert r.stderr == (f"decoderlab: error: GPT-2 directory {bare} has weights but no tokenizer: it needs "
+                        "tokenizer.json, or vocab.json and merges.txt (vocab.json and merges.txt missing). Copy the "
+                        "tokenizer files of the model next to its weights, or load the weights alone in Python with "
+                        f"decoderlab.hf.from_gpt2({str(bare)!r}) and a tokenizer of your own\n")

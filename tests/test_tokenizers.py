@@ -268,3 +268,21 @@ def test_load_bad_files(tmp_path):
     (tmp_path / "badhf.json").write_text(json.dumps({"model": {"type": "Nonsense"}}))
     with pytest.raises(ValueError, match="not a valid Hugging Face tokenizer.json"):
         Tokenizer.load(tmp_path / "badhf.json")
+
+
+def test_bpe_smaller_than_asked_says_so_with_both_numbers():
+    with pytest.warns(UserWarning) as record:
+        tok = BPETokenizer.train("abab abab abab", 5000)
+    assert str(record[0].message) == (f"the BPE vocabulary has {tok.vocab_size} tokens, fewer than the vocab_size 5000 "
+                                      "asked for: the text offers no more merges (a larger corpus would)")
+
+
+def test_bpe_gpt2_files_round_trip(tmp_path, bpe):
+    """vocab.json + merges.txt (GPT-2's tokenizer files) hold the same byte-level BPE."""
+    names = sorted(p.name for p in bpe.save_gpt2_files(tmp_path))
+    assert names == ["merges.txt", "vocab.json"]
+    back = BPETokenizer.from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    text = "To be, or not to be \u00e9\U0001F600\n\n  x"
+    assert back.encode(text) == bpe.encode(text) and back.decode(back.encode(text)) == text
+    assert (back.vocab_size, back.eos_id, back.pad_id) == (bpe.vocab_size, bpe.eos_id, bpe.pad_id)
+    assert back.byte_level

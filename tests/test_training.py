@@ -494,7 +494,10 @@ def test_short_runs_log_their_train_loss():
     (["--out", "notes.txt"], "--out notes.txt is a file, not a directory"),
     (["--out", "notes.txt/run"], "--out notes.txt/run: notes.txt is a file, not a directory"),
     (["--data", "weights.bin"], "weights.bin is a binary file, not text: it holds a NUL byte at byte offset 3; give a "
-                                "UTF-8 text file (a UTF-16 text must be converted to UTF-8 first)"),
+                                "UTF-8 text file"),
+    (["--data", "model.pt"], "model.pt is not UTF-8 text: byte 0x80 at byte offset 0 is invalid (invalid start byte); "
+                             "it is a binary file, not text (it holds a NUL byte at byte offset 2): give a UTF-8 text "
+                             "file"),
     (["--data", "short.txt"], "the corpus is too short for --max-len=64: validation split has 3 tokens, but each split "
                               "needs at least --max-len+1 = 65 tokens (train 27, validation 3 tokens); use a longer "
                               "corpus or a smaller --max-len"),
@@ -502,6 +505,7 @@ def test_short_runs_log_their_train_loss():
 def test_cli_train_errors_name_the_flags(argv, line, tmp_path, decoderlab_cli):
     (tmp_path / "notes.txt").write_text("my notes\n")
     (tmp_path / "weights.bin").write_bytes(b"PK\x03\x00\x14\x00 binary")
+    (tmp_path / "model.pt").write_bytes(b"\x80\x02\x00\x8a\nlz")  # a pickle's first bytes
     (tmp_path / "short.txt").write_text("To be, or not to be, that is")
     r = decoderlab_cli("train", *argv, cwd=tmp_path, env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
@@ -521,3 +525,17 @@ def test_progress_bar_counts_steps_also_after_a_resume(tmp_path, text, cache, ca
         assert re.match(rf"train:\s+\d+%\|[^|]*\| {start}/{total} \[", train[0]), train[0]
         last = [f for f in train if f.startswith("train")][-1]
         assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00, [\d.]+step/s", last), last
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_checkpoint_files_share_one_mode(tmp_path, inplace):
+    """model.safetensors was 0600 (safetensors' own file) among 0644 files; now all get the umask's mode."""
+    tok = CharTokenizer.from_text("abc")
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, **TINY))
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "ck", model, tok, inplace=inplace)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ck").iterdir()}
+    assert modes == dict.fromkeys(["config.json", "meta.json", "model.safetensors", "tokenizer.json"], 0o644)

@@ -46,17 +46,22 @@ def embedded_corpus_path() -> Path:
 
 def _read_utf8(path: Path) -> str:
     data = path.read_bytes()
-    nul = data.find(b"\0")
-    if nul >= 0:  # text has no NUL bytes; images, archives, model weights and UTF-16 text do
-        raise ValueError(f"{path} is a binary file, not text: it holds a NUL byte at byte offset {nul}; give a "
-                         f"UTF-8 text file (a UTF-16 text must be converted to UTF-8 first)")
+    nul = data.find(b"\0")  # text has no NUL bytes; images, archives, model weights (and UTF-16 text) do
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid "
-            f"({e.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        bad = f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid ({e.reason})"
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            hint = ("it is UTF-16 text (it starts with a UTF-16 byte-order mark): convert it to UTF-8 (e.g. iconv -f "
+                    "utf-16 -t utf-8)")
+        elif nul >= 0:
+            hint = f"it is a binary file, not text (it holds a NUL byte at byte offset {nul}): give a UTF-8 text file"
+        else:
+            hint = "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        raise ValueError(f"{bad}; {hint}") from None
+    if nul >= 0:
+        raise ValueError(f"{path} is a binary file, not text: it holds a NUL byte at byte offset {nul}; give a UTF-8 "
+                         "text file")
     return text.removeprefix("\ufeff")  # a byte-order mark is not text
 
 
@@ -70,8 +75,9 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
 
     Raises:
         FileNotFoundError: ``path`` does not exist; a folder holds no ``.txt`` file (both named).
-        ValueError: a file is binary (holds a NUL byte) or not valid UTF-8 (naming the file and the byte
-            offset of the first NUL or invalid byte); the corpus is empty or only whitespace.
+        ValueError: a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte,
+            and saying when it is UTF-16 or binary) or is binary (holds a NUL byte, named with its offset); the
+            corpus is empty or only whitespace.
     """
     if path is None:
         path = embedded_corpus_path()
