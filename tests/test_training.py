@@ -539,3 +539,23 @@ def test_checkpoint_files_share_one_mode(tmp_path, inplace):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ck").iterdir()}
     assert modes == dict.fromkeys(["config.json", "meta.json", "model.safetensors", "tokenizer.json"], 0o644)
+
+
+def test_resuming_a_moved_run_is_quiet(tmp_path, text, cache, capsys):
+    """Lightning's "dirpath has changed" warning (the run directory was moved: handled, run_dir is where it is now),
+    its sync_dist hint for metrics LMMetrics has already summed over processes, and its banners stay away."""
+    import shutil
+    import warnings
+
+    run(text, tmp_path / "a", cache, tiny_config(max_steps=2, eval_every=2))
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, s = train_lm(text=text, resume=tmp_path / "b", config_overrides={"max_steps": 4}, model_overrides=TINY,
+                           cache_dir=cache, progress_bar=False, accelerator="cpu")
+    assert s.steps == 4
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "dirpath has changed" in m or "sync_dist" in m], said
+    err = capsys.readouterr().err
+    assert "Restoring states" not in err and "GPU available" not in err and "Trainer.fit" not in err, err
