@@ -498,9 +498,9 @@ def test_short_runs_log_their_train_loss():
     (["--data", "model.pt"], "model.pt is not UTF-8 text: byte 0x80 at byte offset 0 is invalid (invalid start byte); "
                              "it is a binary file, not text (it holds a NUL byte at byte offset 2): give a UTF-8 text "
                              "file"),
-    (["--data", "short.txt"], "the corpus is too short for --max-len=64: validation split has 3 tokens, but each split "
-                              "needs at least --max-len+1 = 65 tokens (train 27, validation 3 tokens); use a longer "
-                              "corpus or a smaller --max-len"),
+    (["--data", "short.txt"], "the corpus is too short for --max-len=64: train split has 25 tokens and validation split "
+                              "has 3 tokens, but each split needs at least --max-len+1 = 65 tokens (train 25, validation "
+                              "3 tokens); use a longer corpus or a smaller --max-len"),
 ])
 def test_cli_train_errors_name_the_flags(argv, line, tmp_path, decoderlab_cli):
     (tmp_path / "notes.txt").write_text("my notes\n")
