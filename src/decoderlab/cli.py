@@ -161,25 +161,28 @@ def cmd_generate(args) -> int:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
         print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
         return 0
-    from .generation import generate, stream_text
+    from .generation import stream_text
 
     prompt = "\n" if prompt is None else prompt
-    kwargs = dict(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, stop=args.stop, seed=args.seed, tokenizer=tok)
     n = 200 if args.max_new_tokens is None else args.max_new_tokens
-    prompt_ids = tok.encode(prompt)
-    if args.no_stream:
-        ids = generate(model, prompt_ids, n, **kwargs)
-        # decoded together with the prompt, so word tokens keep their separators
-        print(tok.decode(prompt_ids + ids) if args.echo else tok.decode(ids))
-        return 0
-    kwargs.pop("tokenizer")
-    if args.echo:
-        sys.stdout.write(prompt)
-    for piece in stream_text(model, tok, prompt_ids, n, **kwargs):
-        sys.stdout.write(piece)
+    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends the text (see stream_text);
+    # with --echo the prompt and its continuation are decoded together, so word tokens keep their separators
+    pieces = stream_text(model, tok, tok.encode(prompt), n, temperature=1.0 if args.temperature is None
+                         else args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
+                         seed=args.seed, echo=args.echo)
+    written: list[str] = []
+    try:
+        for piece in pieces:
+            if args.no_stream:
+                written.append(piece)
+            else:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: keep what was produced, say so in one line
+        sys.stdout.write("".join(written) + "\n")
         sys.stdout.flush()
-    sys.stdout.write("\n")
+        raise
+    sys.stdout.write("".join(written) + "\n")
     return 0
 
 
@@ -195,7 +198,7 @@ CHAT_HELP = """commands:
   /top_p P            nucleus sampling, P in (0, 1] (/top_p off to disable)
   /max_new_tokens N   longest reply, in tokens
   /help               this help
-Ctrl-D exits."""
+Ctrl-C stops a reply; Ctrl-D (or Ctrl-C at the prompt) exits."""
 
 
 def chat_command(session, line: str) -> str | None:
@@ -265,8 +268,12 @@ def cmd_chat(args) -> int:
             if interactive:
                 print()
             return 0
-        except KeyboardInterrupt:
-            print("\n(Ctrl-D to exit)")
+        except KeyboardInterrupt:  # at the prompt: leave (main prints the one line, exit status 130)
+            print()
+            raise
+        except UnicodeDecodeError as e:  # bytes on standard input that are not UTF-8
+            print(f"error: the input is not UTF-8 text: byte 0x{e.object[e.start]:02x} at byte {e.start} "
+                  f"({e.reason})", flush=True)
             continue
         if not line.strip():
             continue
@@ -278,8 +285,8 @@ def cmd_chat(args) -> int:
             for piece in session.reply(line):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
+            sys.stdout.write("\n(reply stopped)")
         except (KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             print(f"error: {msg}", flush=True)
@@ -374,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the command has written what it produced; one line, no traceback
+        sys.stdout.flush()
+        print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
