@@ -141,7 +141,8 @@ class Sampler:
         self._check_rows(logits)
         m = logits.amax(dim=-1, keepdim=True)
         posinf = m == float("inf")
-        shifted = (logits - m.masked_fill(posinf, 0.0)) / self.temperature
+        # the maxima are 0 exactly, also where the temperature underflows the dtype (0 / 0 would be NaN)
+        shifted = torch.where(logits == m, 0.0, (logits - m.masked_fill(posinf, 0.0)) / self.temperature)
         only_inf = torch.zeros_like(logits).masked_fill(logits != float("inf"), float("-inf"))
         return torch.where(posinf, only_inf, shifted)
 
