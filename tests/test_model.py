@@ -166,3 +166,45 @@ def test_lesson_keywords_override_a_preset():
     assert (m.config.d_model, m.config.num_tokens, m.config.max_len, m.config.n_layer) == (64, 10, 8, 4)
     m2 = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=1, d_model=64, n_head=4), num_tokens=20)
     assert (m2.config.num_tokens, m2.config.d_model) == (20, 64)
+
+
+def test_half_precision_attention_is_finite_where_float32_is():
+    """Scaled scores near -2e4 (Q Kᵀ near -8e4, past float16's 65504): the explicit kernel was all NaN."""
+    from decoderlab.attention import build_ignore_mask, explicit_attention, sdpa_attention
+
+    t, d = 5, 16
+    q = torch.full((1, 2, t, d), 100.0)
+    k = -50.0 - torch.arange(t, dtype=torch.float32).view(1, 1, t, 1).expand(1, 2, t, d) / 4  # exact in bf16
+    v = torch.randn(1, 2, t, d, generator=torch.Generator().manual_seed(0))
+    mask = build_ignore_mask(t, t, causal=True)
+    want, want_p = explicit_attention(q, k, v, mask)
+    assert -2.1e4 < float((q @ k.transpose(-2, -1))[0, 0, 1, 1]) / math.sqrt(d) < -2.0e4
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 5e-2)):
+        out, p = explicit_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        assert out.dtype == p.dtype == dtype
+        assert torch.isfinite(out).all() and torch.isfinite(p).all()
+        assert (p.float() - want_p).abs().max() < tol and (out.float() - want).abs().max() < 5 * tol
+        assert (p.float()[..., 0, 1:] == 0).all()  # causal
+        s = sdpa_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        assert (s.float() - want).abs().max() < 5 * tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_trace_and_return_weights_of_a_half_model_are_finite_and_causal(dtype):
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=2, n_head=2, max_len=12))
+    with torch.no_grad():
+        model.blocks[0].attention.qkv.weight.mul_(1200.0)  # Q Kᵀ far past float16's range
+    ids = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = dl.trace(model, ids)
+    assert ref.layers[0].sims.abs().max() > 7e4  # Q Kᵀ does not fit in float16, the scaled scores do
+    model = model.to(dtype)
+    tr = dl.trace(model, ids)
+    for lt in tr.layers:
+        p = lt.percents
+        assert torch.isfinite(p).all() and (p.triu(1) == 0).all()
+        assert torch.allclose(p.sum(-1), torch.ones(()), atol=1e-3)
+    assert torch.isfinite(tr.logits).all()
+    x = model.drop(model.pe(model.we(ids)))
+    _, w = model.blocks[0].attention(model.blocks[0].norm_1(x), return_weights=True)
+    assert w.dtype == dtype and torch.isfinite(w).all() and (w.float().triu(1) == 0).all()
