@@ -208,3 +208,62 @@ def test_trace_and_return_weights_of_a_half_model_are_finite_and_causal(dtype):
     x = model.drop(model.pe(model.we(ids)))
     _, w = model.blocks[0].attention(model.blocks[0].norm_1(x), return_weights=True)
     assert w.dtype == dtype and torch.isfinite(w).all() and (w.float().triu(1) == 0).all()
+
+
+def _tied(m) -> bool:
+    return m.fc_layer.weight is m.we.weight
+
+
+def test_weight_tying_survives_every_way_of_loading(tmp_path):
+    """baby-shakespeare: 804,096 parameters with the head tied to the embedding (812,416 when untied)."""
+    from decoderlab.checkpoint import load_checkpoint, save_checkpoint
+    from decoderlab.hf import from_gpt2, ours_to_gpt2_state
+    from decoderlab.tokenizers import CharTokenizer
+
+    torch.manual_seed(0)
+    src = dl.DecoderOnlyTransformer("baby-shakespeare")
+    state = src.state_dict()
+    ids = torch.randint(0, 65, (1, 12))
+    want = src(ids)
+
+    a = dl.DecoderOnlyTransformer("baby-shakespeare")
+    a.load_state_dict(state, assign=True)  # the meta-device loading pattern's call
+    with torch.device("meta"):
+        b = dl.DecoderOnlyTransformer("baby-shakespeare")
+    b.load_state_dict(state, assign=True)
+    with torch.device("meta"):
+        c = dl.DecoderOnlyTransformer("baby-shakespeare")
+    c.to_empty(device="cpu")
+    c.load_state_dict(state)
+    tok = CharTokenizer([chr(ord("a") + i) for i in range(63)])
+    save_checkpoint(tmp_path / "ckpt", src, tok)
+    d, _ = load_checkpoint(tmp_path / "ckpt")
+    e = from_gpt2(ours_to_gpt2_state(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True))), n_head=4)
+    f = dl.DecoderOnlyTransformer("baby-shakespeare").half().float()
+    for name, m in dict(assign=a, meta_assign=b, meta_to_empty=c, load_checkpoint=d, from_gpt2=e, half=f).items():
+        assert _tied(m), name
+        assert m.num_parameters() == (804_096 if name != "from_gpt2" else e.num_parameters()), name
+        if name != "from_gpt2" and name != "half":
+            assert torch.equal(m(ids), want), name
+    assert e.num_parameters() == dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True)).num_parameters()
+    # one optimizer step later the head is still the embedding
+    before = a.we.weight.detach().clone()
+    opt = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    a.compute_loss((ids, ids)).backward()
+    opt.step()
+    assert _tied(a) and len(opt.param_groups[0]["params"]) == len({id(p) for p in a.parameters()})
+    assert not torch.equal(a.we.weight, before) and torch.equal(a.fc_layer.weight, a.we.weight)
+
+
+def test_rope_tables_survive_the_meta_device():
+    torch.manual_seed(0)
+    cfg = dl.preset("baby-shakespeare", d_model=16, n_layer=1, n_head=2, max_len=8, position="rope")
+    src = dl.DecoderOnlyTransformer(cfg)
+    ids = torch.randint(0, 65, (1, 8))
+    for assign in (False, True):
+        with torch.device("meta"):
+            m = dl.DecoderOnlyTransformer(cfg)
+        if not assign:
+            m.to_empty(device="cpu")
+        m.load_state_dict(src.state_dict(), assign=assign)
+        assert torch.equal(m(ids), src(ids))

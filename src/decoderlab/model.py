@@ -319,8 +319,9 @@ class DecoderOnlyTransformer(nn.Module):
         self.blocks = nn.ModuleList([DecoderBlock(cfg, rope) for _ in range(cfg.n_layer)])
         self.norm_f = make_norm(cfg)
         self.fc_layer = nn.Linear(in_features=cfg.d_model, out_features=cfg.num_tokens, bias=cfg.lm_head_bias)
-        if cfg.tie_weights:
-            self.fc_layer.weight = self.we.weight
+        self.tie_weights()
+        # load_state_dict(..., assign=True) puts the state's tensors in place one by one: tie them again
+        self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.tie_weights())
         self.loss = nn.CrossEntropyLoss(ignore_index=-100)
         if cfg.init == "gpt2":
             self.apply(self._gpt2_init)
@@ -336,6 +337,21 @@ class DecoderOnlyTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def tie_weights(self) -> None:
+        """With ``config.tie_weights``, make ``fc_layer.weight`` the word embedding parameter ``we.weight`` (one
+        tensor, counted and updated once). Called at construction and again after every way of loading or
+        moving the model that can put separate tensors in place: ``load_state_dict(..., assign=True)`` (the
+        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``)."""
+        if self.config.tie_weights and self.fc_layer.weight is not self.we.weight:
+            self.fc_layer.weight = self.we.weight
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module converts each module's parameters on its own; where it makes new Parameter objects (to_empty
+        # from the meta device) the shared one becomes two. Re-tie after every conversion.
+        super()._apply(fn, recurse)
+        self.tie_weights()
+        return self
 
     # -- sizes ------------------------------------------------------------------------------------------------
     @property

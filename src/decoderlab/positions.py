@@ -96,12 +96,30 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rope needs an even head size, got d_head={d_head}")
         self.d_head = d_head
         self.max_len = max_len
-        inv_freq = base ** (-torch.arange(0, d_head, 2).float() / d_head)
-        angles = torch.arange(max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.base = base
+        cos, sin = self._table()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.base ** (-torch.arange(0, self.d_head, 2).float() / self.d_head)
+        angles = torch.arange(self.max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
+        return angles.cos(), angles.sin()
+
+    def _apply(self, fn, recurse=True):
+        # cos/sin are not in the state dict (computed, not learned): after ``to_empty`` (the meta-device loading
+        # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
+        super()._apply(fn, recurse)
+        if self.cos.device.type != "meta":
+            cos, sin = self._table()
+            self.cos = cos.to(self.cos.device, self.cos.dtype)
+            self.sin = sin.to(self.sin.device, self.sin.dtype)
+        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cos.is_meta:  # built on the meta device and loaded with assign=True: the table was never made
+            cos, sin = self._table()
+            self.cos, self.sin = cos.to(x.device), sin.to(x.device)
         t = x.size(-2)
         if positions is None:
             _check_length(t, self.max_len)
