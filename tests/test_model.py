@@ -267,3 +267,52 @@ def test_rope_tables_survive_the_meta_device():
             m.to_empty(device="cpu")
         m.load_state_dict(src.state_dict(), assign=assign)
         assert torch.equal(m(ids), src(ids))
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none"])
+def test_left_padding_gives_the_unpadded_logits(position):
+    """model(ids, padding_mask=pm) with left padding: the real tokens get the logits of the unpadded run (the
+    pads were counted in the positions: 0.024 and 0.73 max difference for learned and sinusoidal)."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=32, n_layer=2, n_head=2, max_len=16,
+                                                position=position)).double().eval()
+    with torch.no_grad():
+        if position == "learned":
+            model.pe.weight.mul_(50.0)  # positions that matter
+        rows = [torch.randint(0, 65, (n,)) for n in (9, 5, 7)]
+        t = max(len(r) for r in rows)
+        ids = torch.stack([torch.cat([torch.zeros(t - len(r), dtype=torch.long), r]) for r in rows])
+        pm = torch.stack([torch.arange(t) < t - len(r) for r in rows])  # True = padded (on the left)
+        out = model(ids, padding_mask=pm)
+        for i, r in enumerate(rows):
+            torch.testing.assert_close(out[i, t - len(r):], model(r), atol=1e-10, rtol=0)
+        # the same positions given explicitly; a KV cache continuing the padded prefill
+        pos = dl.DecoderOnlyTransformer.positions_from_mask(pm, t)
+        assert pos[1].tolist() == [0, 0, 0, 0, 0, 1, 2, 3, 4]
+        torch.testing.assert_close(model(ids, padding_mask=pm, positions=pos), out, atol=0, rtol=0)
+        from decoderlab.attention import KVCache
+
+        cache = KVCache.for_model(model)
+        model(ids[:, :-1], padding_mask=pm[:, :-1], cache=cache)
+        last = model(ids[:, -1:], padding_mask=pm, cache=cache)
+        torch.testing.assert_close(last[:, 0], out[:, -1], atol=1e-10, rtol=0)
+
+
+def test_negative_positions_are_refused():
+    torch.manual_seed(0)
+    for position in ("learned", "sinusoidal", "rope", "none"):
+        model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=1, n_head=2, max_len=8,
+                                                    position=position))
+        ids = torch.tensor([[1, 2, 3]])
+        with pytest.raises(ValueError, match=r"positions must be >= 0 \(the first token is at position 0\), "
+                                             r"got -1; allowed: 0 \.\. 7"):
+            model(ids, positions=torch.tensor([-1, 0, 1]))
+        with pytest.raises(ValueError, match="longer than max_len=8"):
+            model(ids, positions=torch.tensor([6, 7, 8]))
+        with pytest.raises(TypeError, match="positions must be a tensor of integer positions"):
+            model(ids, positions=torch.tensor([0.0, 1.0, 2.0]))
+    for pe in (dl.PositionEncoding(d_model=4, max_len=6), dl.LearnedPositionEncoding(4, 6)):
+        with pytest.raises(ValueError, match="positions must be >= 0"):
+            pe(torch.zeros(2, 4), positions=torch.tensor([-2, 0]))
+    with pytest.raises(ValueError, match="positions must be >= 0"):
+        dl.RotaryEmbedding(4, 6)(torch.zeros(1, 1, 2, 4), positions=torch.tensor([0, -1]))

@@ -146,7 +146,8 @@ def cmd_generate(args) -> int:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
     prompt = args.prompt if args.prompt is not None else args.prompt_option
     model, tok = load_checkpoint(args.checkpoint)
-    if read_meta(args.checkpoint).get("task") == "pairs" and not args.echo:
+    pairs = read_meta(args.checkpoint).get("task") == "pairs"
+    if pairs and not args.echo:
         from .lesson import greedy_response
 
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
@@ -165,11 +166,12 @@ def cmd_generate(args) -> int:
 
     prompt = "\n" if prompt is None else prompt
     n = 200 if args.max_new_tokens is None else args.max_new_tokens
-    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends the text (see stream_text);
-    # with --echo the prompt and its continuation are decoded together, so word tokens keep their separators
+    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
+    # (in a pair-trained model it separates prompt and answer: the text goes on); with --echo the prompt and
+    # its continuation are decoded together, so word tokens keep their separators
     pieces = stream_text(model, tok, tok.encode(prompt), n, temperature=1.0 if args.temperature is None
                          else args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
-                         seed=args.seed, echo=args.echo)
+                         seed=args.seed, echo=args.echo, stop_at_eos=not pairs)
     written: list[str] = []
     try:
         for piece in pieces:

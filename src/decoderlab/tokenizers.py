@@ -64,6 +64,9 @@ class Tokenizer:
     kind = "base"
     #: how ``decode`` joins tokens (" " for words, "" for characters and bytes)
     separator = ""
+    #: control tokens are words of the text (a word vocabulary: the text "<EOS>" encodes to ``eos_id``), so
+    #: text output may show them; otherwise they have no text form and text output leaves them out
+    specials_are_text = False
 
     token_to_id: dict[str, int]
     id_to_token: dict[int, str]
@@ -170,6 +173,7 @@ class WordTokenizer(Tokenizer):
 
     kind = "word"
     separator = " "
+    specials_are_text = True
 
     def __init__(self, words: Sequence[str], *, eos: bool = True, pad: bool = False, unk: bool = False):
         seen = dict.fromkeys(words)  # first-appearance order, duplicates dropped, in linear time

@@ -22,8 +22,9 @@ from .sampling import as_scalar, is_integer
 
 def text_decoder(tokenizer) -> Callable[[list[int]], str]:
     """``ids -> text`` for text output: a decoderlab tokenizer's ``decode`` with ``skip_special=True`` (control
-    tokens such as ``<EOS>`` are not text), any other tokenizer's plain ``decode``."""
-    if isinstance(tokenizer, Tokenizer):
+    tokens such as ``<EOS>`` are not text: the text "<EOS>" is five characters), except for a word vocabulary,
+    where ``<EOS>`` is a word as in the lesson ("awesome <EOS>"); any other tokenizer's plain ``decode``."""
+    if isinstance(tokenizer, Tokenizer) and not tokenizer.specials_are_text:
         return lambda ids: tokenizer.decode(ids, skip_special=True)
     return tokenizer.decode
 

@@ -17,9 +17,11 @@ class TextStreamer:
     emitted boundary, decoded together with the ids just before it (so word separators come out right), minus
     the text already emitted. While that text ends in U+FFFD -- a byte-level BPE token ended in the middle of
     a UTF-8 character -- nothing is emitted and the ids are held until the character completes. Control
-    tokens (``<EOS>``, ``<PAD>``, ``<unk>``) are not text: a decoderlab tokenizer decodes with
-    ``skip_special=True``, so they never appear as if the model had written "<EOS>". The concatenation of
-    all pieces (``put`` ... then ``end``) equals ``tokenizer.decode(all ids, skip_special=True)``.
+    tokens (``<EOS>``, ``<PAD>``, ``<unk>``) of a character or BPE vocabulary are not text: they are decoded
+    with ``skip_special=True``, so they never appear as if the model had written "<EOS>" (in a word
+    vocabulary they are words, written as the lesson writes them: "awesome <EOS>"). The concatenation of all
+    pieces (``put`` ... then ``end``) equals ``tokenizer.decode(all ids, skip_special=True)`` (plain
+    ``decode`` for a word vocabulary).
 
     ``context``: ids before the first one put (e.g. the prompt), decoded only as context so that the first
     piece starts with the right separator; their own text is not emitted.
