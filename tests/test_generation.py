@@ -790,3 +790,31 @@ def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
     assert proc.returncode == 130
     assert err == b"decoderlab: interrupted (generate stopped by Ctrl-C)\n"
     assert set((first + out).decode()) <= {"a", "\n"}
+
+
+def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
+    """Ctrl-C during a reply stops the reply and the conversation goes on; at the prompt it leaves (130)."""
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    lines = iter(["what is statquest", "statquest is what", KeyboardInterrupt])
+
+    def fake_input(prompt=""):
+        line = next(lines)
+        if line is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return line
+
+    real_call = Sampler.__call__
+    calls = []
+
+    def interrupted(self, logits, generators):
+        calls.append(1)
+        if len(calls) == 1:  # the first reply's first token
+            raise KeyboardInterrupt
+        return real_call(self, logits, generators)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 130
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["(reply stopped)", "awesome"]
+    assert out.err == "decoderlab: interrupted (chat stopped by Ctrl-C)\n"

@@ -319,3 +319,11 @@ def test_explain_bad_inputs(statquest_checkpoint, tmp_path, capsys):
     # text without a tokenizer
     with pytest.raises(ValueError, match="needs a tokenizer"):
         dl.trace(model, "what is")
+
+
+def test_trace_accepts_integers_of_any_kind():
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=2, n_head=2, max_len=8))
+    a = dl.trace(model, [1, 2, 3], layers=np.int64(1), heads=np.int32(0), top_k=np.int64(3))
+    b = dl.trace(model, [1, 2, 3], layers=1, heads=0, top_k=3)
+    assert [lt.index for lt in a.layers] == [1] and torch.equal(a.top_k_ids, b.top_k_ids)

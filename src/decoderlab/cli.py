@@ -271,7 +271,8 @@ def cmd_chat(args) -> int:
                 print()
             return 0
         except KeyboardInterrupt:  # at the prompt: leave (main prints the one line, exit status 130)
-            print()
+            if interactive:
+                print()
             raise
         except UnicodeDecodeError as e:  # bytes on standard input that are not UTF-8
             print(f"error: the input is not UTF-8 text: byte 0x{e.object[e.start]:02x} at byte {e.start} "
@@ -283,12 +284,14 @@ def cmd_chat(args) -> int:
         if message is not None:
             print(message, flush=True)
             continue
+        wrote = False
         try:
             for piece in session.reply(line):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
+                wrote = True
         except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
-            sys.stdout.write("\n(reply stopped)")
+            sys.stdout.write(("\n" if wrote else "") + "(reply stopped)")
         except (KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             print(f"error: {msg}", flush=True)
