@@ -325,8 +325,9 @@ def generate_batch(model, prompts: Sequence, max_new_tokens: int, temperature: f
     The prompts are left-padded to a common length; a padding mask hides the padded keys and each row gets
     its own positions, so every prompt starts at position 0 exactly as when generated alone. Each row follows
     its own context window (the rule of :func:`stream`); when a row's window slides, or the shared cache is
-    full, the cache is re-prefilled with every row's current window. A row that hits a stop sequence is done
-    (the others go on); the call ends when all rows are done or after max_new_tokens steps.
+    full, the cache is re-prefilled with every row's current window. A row that hits a stop (token ids, a stop
+    string in its text, or the tokenizer's ``<EOS>``) is done (the others go on); the call ends when all rows
+    are done or after max_new_tokens steps.
 
     Sampling: every row has its own ``torch.Generator``. ``seed`` an int seeds each row's generator with that
     same int, so row i gives the same tokens as ``generate(model, prompts[i], ..., seed=seed)`` (and equal
