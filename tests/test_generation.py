@@ -6,6 +6,7 @@ Exactness is tested on float64 models, so that equal math gives equal argmax/sam
 import io
 import random
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from decoderlab.cli import main as cli_main
 from decoderlab.cli import CHAT_HELP, chat_command
 from decoderlab.generation import (ChatSession, KVCache, Sampler, StopMatcher, TextStreamer, generate,
                                    generate_batch, stream, stream_text)
+from decoderlab.generation.stops import Stops
 from decoderlab.lesson import greedy_response
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer
 
@@ -226,21 +228,24 @@ def test_stop_tokens_and_strings():
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
                                                 n_layer=1, n_head=2, max_len=16)).double()
-    full = generate(model, tok.encode("ab"), 40, seed=9)
+    # no control tokens in this stream (the model would sample them: it is random)
+    kw = dict(seed=9, tokenizer=tok, suppress_tokens=(tok.pad_id, tok.eos_id))
+    full = generate(model, tok.encode("ab"), 40, **kw)
+    assert len(full) == 40 and min(full) > 1
     # a single stop id: everything before its first occurrence
     t = full[len(full) // 2]
-    got = generate(model, tok.encode("ab"), 40, seed=9, stop=[t])
+    got = generate(model, tok.encode("ab"), 40, stop=[t], **kw)
     assert got == full[: full.index(t)]
     # a two-token stop sequence (as ids, or as text through the tokenizer)
     j = next(i for i in range(3, len(full) - 1) if min(full[i:i + 2]) > 1)  # no <PAD>/<EOS> in the pair
     pair = tuple(full[j:j + 2])
     first = next(i for i in range(len(full) - 1) if tuple(full[i:i + 2]) == pair)
-    assert generate(model, tok.encode("ab"), 40, seed=9, stop=pair) == full[:first]
+    assert generate(model, tok.encode("ab"), 40, stop=pair, **kw) == full[:first]
     s = tok.decode(list(pair))
-    assert list(stream(model, "ab", 40, seed=9, stop=s, tokenizer=tok)) == full[:first]
-    assert generate(model, "ab", 40, seed=9, stop=[s], tokenizer=tok) == full[:first]
+    assert list(stream(model, "ab", 40, stop=s, **kw)) == full[:first]
+    assert generate(model, "ab", 40, stop=[s], **kw) == full[:first]
     # the streaming generator returns the stop sequence it matched
-    gen = stream(model, "ab", 40, seed=9, stop=s, tokenizer=tok)
+    gen = stream(model, "ab", 40, stop=s, **kw)
     with pytest.raises(StopIteration) as end:
         while True:
             next(gen)
@@ -354,8 +359,8 @@ def test_bad_inputs():
     for p in (0, 0.0, 1.5, -0.1, float("nan")):
         with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
             generate(model, [1], 3, top_p=p)
-    with pytest.raises(ValueError, match="top_k must be an integer >= 1, got 0"):
-        generate(model, [1], 3, top_k=0)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 0, got -1"):  # 0: no top-k filter
+        generate(model, [1], 3, top_k=-1)
     with pytest.raises(ValueError, match=r"token id 65 is out of range; allowed ids are 0 \.\. 64"):
         generate(model, [1, 65], 3)
     with pytest.raises(ValueError, match="token id -1 is out of range"):
@@ -375,7 +380,8 @@ def test_empty_prompt_starts_from_eos():
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=8,
                                                 n_layer=1, n_head=2, max_len=8)).double()
-    assert generate(model, [], 6, seed=1, tokenizer=tok) == generate(model, [tok.eos_id], 6, seed=1)
+    plain = dict(suppress_tokens=(), stop_at_eos=False)  # the tokenizer only for its start token
+    assert generate(model, [], 6, seed=1, tokenizer=tok, **plain) == generate(model, [tok.eos_id], 6, seed=1)
 
 
 def test_stop_strings_the_tokenizer_cannot_encode():
@@ -414,8 +420,10 @@ def lm_checkpoint(tmp_path_factory):
 
 def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatch):
     model, tok = dl.load_checkpoint(lm_checkpoint)
-    args = ["--max-new-tokens", "30", "--temperature", "0.8", "--top-k", "8", "--top-p", "0.95", "--seed", "3"]
-    ids = generate(model, tok.encode("to be"), 30, temperature=0.8, top_k=8, top_p=0.95, seed=3)
+    args = ["--max-new-tokens", "30", "--temperature", "0.8", "--top-k", "8", "--top-p", "0.95", "--seed", "13"]
+    # with its tokenizer, as the CLI: <PAD> never sampled, <EOS> ends the text (this seed runs all 30 tokens)
+    ids = generate(model, tok.encode("to be"), 30, temperature=0.8, top_k=8, top_p=0.95, seed=13, tokenizer=tok)
+    assert len(ids) == 30
     want = tok.decode(ids)
     writes = []
     real_write = sys.stdout.write
@@ -527,11 +535,11 @@ def test_cli_passes_top_k_0_through(lm_checkpoint, capsys, monkeypatch):
 
     seen = {}
 
-    def fake_generate(model, prompt_ids, n, **kwargs):
+    def fake_stream_text(model, tok, prompt_ids, n, **kwargs):
         seen.update(kwargs)
-        return []
+        return iter([])
 
-    monkeypatch.setattr(decoderlab.generation, "generate", fake_generate)
+    monkeypatch.setattr(decoderlab.generation, "stream_text", fake_stream_text)
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--top-k", "0", "to be"]) == 0
     assert seen["top_k"] == 0
 
@@ -549,3 +557,331 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
         assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/exit\nwhat is statquest\n")
     assert (r.returncode, r.stdout) == (0, "")
+
+
+# ---- issue 13: stop strings on text, control tokens, argument kinds, numerics, invalid Unicode, Ctrl-C -------
+
+
+def bigram_model(num_tokens: int, next_of: dict[int, int], max_len: int = 64) -> dl.DecoderOnlyTransformer:
+    """A model whose greedy choice is ``next_of[last token]``: identity word embeddings, attention that adds
+    nothing (zero values), no positions, and a head that maps each token to its successor (logit 10, else 0)."""
+    cfg = dl.preset("statquest", num_tokens=num_tokens, d_model=num_tokens, max_len=max_len, position="none")
+    m = dl.DecoderOnlyTransformer(cfg)
+    with torch.no_grad():
+        m.we.weight.copy_(torch.eye(num_tokens))
+        m.blocks[0].attention.qkv.weight.zero_()
+        m.fc_layer.weight.zero_()
+        m.fc_layer.bias.zero_()
+        for a, b in next_of.items():
+            m.fc_layer.weight[b, a] = 10.0
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def newline_bpe():
+    """A byte-level BPE that learned "\\n\\n" as one token (and "ab"), with a model that writes "\\n" after
+    "a" and after "\\n" -- one newline token at a time, never the "\\n\\n" token -- and "x" -> "ab" -> "c" -> "\\n"."""
+    tok = BPETokenizer.train(["ab ab abab pab\n\n" * 50 + "abc c p a b x\n\n"], 270)
+    (nn,), (nl,) = tok.encode("\n\n"), tok.encode("\n")
+    (a,), (ab,), (c,), (p,), (x,) = (tok.encode(s) for s in ("a", "ab", "c", "p", "x"))
+    assert tok.decode([nn]) == "\n\n" and nn != nl
+    model = bigram_model(tok.vocab_size, {p: a, a: nl, nl: nl, x: ab, ab: c, c: nl})
+    return tok, model, dict(nl=nl, nn=nn, a=a, ab=ab, c=c, p=p, x=x)
+
+
+def test_stop_string_matches_the_text_however_the_model_spells_it(newline_bpe):
+    tok, model, ids = newline_bpe
+    nl, a = ids["nl"], ids["a"]
+    # the issue's input: the model writes single "\n" tokens; the stop "\n\n" is one token of the vocabulary
+    assert generate(model, "p", 6, temperature=0, tokenizer=tok) == [a] + [nl] * 5  # (no stop: six tokens)
+    assert generate(model, "a", 6, temperature=0, stop="\n\n", tokenizer=tok) == []  # was six "\n"
+    assert generate(model, "p", 6, temperature=0, stop="\n\n", tokenizer=tok) == [a]
+    assert "".join(stream_text(model, tok, "p", 6, temperature=0, stop="\n\n")) == "a"
+    assert list(stream(model, "p", 6, temperature=0, stop=["zz", "\n\n"], tokenizer=tok)) == [a]
+    gen = stream(model, "p", 6, temperature=0, stop="\n\n", tokenizer=tok)
+    assert next(gen) == a
+    with pytest.raises(StopIteration) as end:
+        next(gen)
+    assert end.value.value == (nl, nl)  # the tokens that spelled the stop
+    # with and without the cache, and in a batch (rows stop at different places)
+    assert generate(model, "p", 6, temperature=0, stop="\n\n", tokenizer=tok, use_cache=False) == [a]
+    assert generate_batch(model, ["p", "a", "ab"], 6, temperature=0, stop="\n\n", tokenizer=tok) == \
+        [[a], [], [ids["c"]]]
+    # token-id stops keep working next to text stops
+    assert generate(model, "p", 6, temperature=0, stop=[a], tokenizer=tok) == []
+    assert generate(model, "p", 6, temperature=0, stop=(a, nl), tokenizer=tok) == []
+    assert generate(model, "p", 6, temperature=0, stop=[(nl, nl), "zz"], tokenizer=tok) == [a]
+
+
+def test_stop_string_that_begins_inside_a_token(newline_bpe):
+    """"ab" then "c": the stop "bc" begins inside the token "ab". The ids end before that token; the text ends
+    exactly before the stop."""
+    tok, model, ids = newline_bpe
+    prompt = [ids["p"], ids["ab"]]  # continues "c", "\n", "\n", ...
+    assert generate(model, prompt, 5, temperature=0, tokenizer=tok) == [ids["c"]] + [ids["nl"]] * 4
+    assert generate(model, prompt, 5, temperature=0, stop="c\n\n", tokenizer=tok) == []
+    assert "".join(stream_text(model, tok, prompt, 5, temperature=0, stop="\n\n")) == "c"
+    # a stop that begins in the prompt's last token's text is not looked for in the prompt
+    assert "".join(stream_text(model, tok, prompt, 5, temperature=0, stop="bc")) == "c\n\n\n\n"
+    # "x" -> "ab", "c": the stop "bc" begins inside the generated token "ab"
+    assert generate(model, "x", 5, temperature=0, tokenizer=tok)[:2] == [ids["ab"], ids["c"]]
+    assert generate(model, "x", 5, temperature=0, stop="bc", tokenizer=tok) == []
+    assert "".join(stream_text(model, tok, "x", 5, temperature=0, stop="bc")) == "a"
+    assert "".join(stream_text(model, tok, "x", 5, temperature=0, stop="c\n")) == "ab"
+    gen = stream(model, "x", 5, temperature=0, stop="bc", tokenizer=tok)
+    with pytest.raises(StopIteration) as end:
+        next(gen)
+    assert end.value.value == (ids["ab"], ids["c"])
+    # the matcher itself: "ab" is held ("b" may start "bc"); "c" completes the stop; the tail is "a"
+    stops = Stops((), ["bc"], tok.decode)
+    assert stops.push(ids["ab"]) == ([], None)
+    assert stops.push(ids["c"]) == ([], (ids["ab"], ids["c"]))
+    assert stops.tail == "a"
+
+
+def test_stream_text_never_writes_what_becomes_a_stop(newline_bpe):
+    tok, model, ids = newline_bpe
+    for stop in ("\n\n", "a\n\n", "\n\n\n"):
+        pieces = list(stream_text(model, tok, "p", 8, temperature=0, stop=stop))
+        text = "a\n\n\n\n\n\n\n\n"
+        assert "".join(pieces) == text[: text.index(stop)]
+
+
+def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path):
+    """The real console script: --stop "\\n\\n" ends the output before the first blank line."""
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "ckpt", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    cmd = [exe, "generate", "--checkpoint", str(tmp_path / "ckpt"), "--temperature", "0", "--max-new-tokens", "6"]
+    r = subprocess.run(cmd + ["--stop", "\n\n", "p"], capture_output=True, text=True, env=_env())
+    assert (r.returncode, r.stdout, r.stderr) == (0, "a\n", "")  # was "a" and six newlines
+    r = subprocess.run(cmd + ["--no-stream", "--echo", "--stop", "\n\n", "p"], capture_output=True, text=True,
+                       env=_env())
+    assert (r.returncode, r.stdout) == (0, "pa\n")
+
+
+def _env():
+    import os
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def biased_char_model(tok, bias: dict[int, float], max_len: int = 32) -> dl.DecoderOnlyTransformer:
+    """Every step draws from the same distribution: softmax of ``bias`` (0 for the other tokens)."""
+    m = bigram_model(tok.vocab_size, {}, max_len=max_len)
+    with torch.no_grad():
+        for i, b in bias.items():
+            m.fc_layer.bias[i] = b
+    return m
+
+
+def test_control_tokens_are_never_sampled_or_written_as_text(tmp_path):
+    tok = CharTokenizer.from_text("hello world\n")
+    pad, eos = tok.pad_id, tok.eos_id
+    model = biased_char_model(tok, {pad: 3.0, eos: -1.0})  # <PAD> is the most probable token
+    # without a tokenizer the engine cannot know <PAD> (the issue's 24 in 2,000 were far fewer than here)
+    assert generate(model, [2], 2000, seed=0).count(pad) > 500
+    ids = generate(model, [2], 2000, seed=0, tokenizer=tok, stop_at_eos=False)
+    assert len(ids) == 2000 and pad not in ids and ids.count(eos) > 5
+    assert generate(model, [2], 50, seed=0, suppress_tokens=[pad, eos]).count(pad) == 0
+    assert generate(model, [2], 50, temperature=0, tokenizer=tok, stop_at_eos=False)[0] != pad  # greedy too
+    # <EOS> ends the text: the ids stop before it
+    ids = generate(model, [2], 2000, seed=0, tokenizer=tok)
+    assert eos not in ids and len(ids) < 2000
+    full = generate(model, [2], 2000, seed=0, tokenizer=tok, stop_at_eos=False)
+    assert ids == full[: full.index(eos)]
+    # text output never shows a control token as text
+    text = "".join(stream_text(model, tok, [2], 2000, seed=0, stop_at_eos=False))
+    assert "<EOS>" not in text and "<PAD>" not in text
+    assert text == tok.decode(full, skip_special=True)
+    assert "".join(pieces_of(tok, [eos, 3, pad, 4, eos])) == tok.decode([3, 4])
+    words = dl.lesson_tokenizer()
+    assert words.decode([3, 4], skip_special=True) == "awesome" and words.special_ids == {4}
+    # the CLI: `sample` ends at <EOS>, prints no control token
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm"})
+    import subprocess
+
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    r = subprocess.run([exe, "sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
+                        "--prompt", "h"], capture_output=True, text=True, env=_env())
+    assert r.returncode == 0 and r.stderr == ""
+    want = "h" + "".join(stream_text(model, tok, "h", 2000, seed=0)) + "\n"
+    assert r.stdout == want and "<" not in r.stdout
+
+
+def test_numbers_of_any_kind_are_accepted():
+    import numpy as np
+
+    model = make_model("baby-shakespeare", "sdpa", seed=2)
+    want = generate(model, [5], 12, temperature=0.7, top_k=3, top_p=0.9, seed=4, keep=6)
+    for kinds in (dict(top_k=np.int64(3), temperature=np.float32(0.7), top_p=np.float64(0.9)),
+                  dict(top_k=torch.tensor(3), temperature=torch.tensor(0.7, dtype=torch.float64),
+                       top_p=torch.tensor(0.9, dtype=torch.float64)),
+                  dict(top_k=3, temperature=0.7, top_p=0.9, seed=np.int64(4), keep=np.int32(6)),
+                  dict(top_k=3, temperature=0.7, top_p=0.9, max_new_tokens=torch.tensor(12))):
+        kw = dict(temperature=0.7, top_k=3, top_p=0.9, seed=4, keep=6, max_new_tokens=12, **{})
+        kw.update(kinds)
+        n = kw.pop("max_new_tokens")
+        got = generate(model, [5], n, **kw)
+        if kinds.get("temperature") is not None and isinstance(kinds["temperature"], np.float32):
+            assert got == generate(model, [5], 12, temperature=float(np.float32(0.7)), top_k=3, top_p=0.9, seed=4,
+                                   keep=6)
+        else:
+            assert got == want
+    assert generate(model, np.array([5, 6]), 4, temperature=0) == generate(model, [5, 6], 4, temperature=0)
+    assert generate(model, [5], 4, temperature=0, stop=np.int64(3)) == generate(model, [5], 4, temperature=0,
+                                                                                   stop=3)
+    # top_k=0 means no top-k filter (as in Hugging Face)
+    assert generate(model, [5], 20, top_k=0, seed=4) == generate(model, [5], 20, seed=4)
+    # still refused: bools, floats for integers, text, tensors with more than one value
+    for bad in (True, 3.0, "3", torch.tensor([3, 4])):
+        with pytest.raises(TypeError, match="top_k must be an integer >= 0"):
+            generate(model, [5], 3, top_k=bad)
+    with pytest.raises(TypeError, match="temperature must be a number >= 0"):
+        generate(model, [5], 3, temperature="hot")
+
+
+def test_stream_text_checks_its_arguments_at_the_call():
+    model = make_model("statquest", "explicit")
+    words = dl.lesson_tokenizer()
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
+        stream_text(model, words, "what", -1)  # not iterated
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        stream_text(model, words, "what", 3, top_p=2)
+    with pytest.raises(KeyError, match="unknown word"):
+        stream_text(model, words, "hello", 3)
+
+
+def test_sampling_is_safe_at_the_extremes():
+    inf = float("inf")
+    g = [torch.Generator().manual_seed(0)]
+    logits = torch.tensor([[1.0, 3.0, 2.0, -inf]])
+    # a tiny temperature is the argmax (logits / 1e-30 overflow to inf: no NaN may drive the choice)
+    for t in (1e-30, 1e-300, 5e-324):
+        assert Sampler(temperature=t)(logits, g).tolist() == [1]
+        assert Sampler(temperature=t, top_k=2, top_p=0.5)(logits, g).tolist() == [1]
+    # huge logits, and +inf logits: only the +inf tokens can be chosen
+    assert Sampler(temperature=1.0)(torch.tensor([[3e38, -3e38, 1e38]]), g).tolist() == [0]
+    picks = {Sampler(temperature=0.5)(torch.tensor([[inf, 0.0, inf, -inf]]), g).item() for _ in range(50)}
+    assert picks == {0, 2}
+    assert Sampler(temperature=0)(torch.tensor([[0.0, inf, 1.0]]), []).tolist() == [1]
+    # half-precision logits; a huge temperature is (close to) uniform
+    assert Sampler(temperature=1e-20)(torch.tensor([[1.0, 3.0, 2.0]], dtype=torch.float16), g).tolist() == [1]
+    draws = Sampler(temperature=1e30)(torch.tensor([[0.0, 50.0]]).expand(4000, 2), g * 4000)
+    assert 1800 < int(draws.sum()) < 2200
+    # no token possible, or NaN logits: a clear error, never a pick
+    for bad in (torch.tensor([[-inf, -inf]]), torch.tensor([[0.0, float("nan")]])):
+        for t in (0, 1.0, 1e-30):
+            with pytest.raises(ValueError, match="NaN|every logit of a row is -inf"):
+                Sampler(temperature=t)(bad, g)
+    with pytest.raises(ValueError, match="every logit of a row is -inf"):
+        Sampler(temperature=1.0, suppress=[0, 1])(torch.tensor([[5.0, 1.0]]), g)
+    # end to end: a tiny temperature gives the greedy tokens
+    model = make_model("gpt2", "sdpa", seed=1)
+    assert generate(model, [3, 4], 15, temperature=1e-30, seed=0) == generate(model, [3, 4], 15, temperature=0)
+
+
+def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_path):
+    """$'para\\xff' (a byte that is not UTF-8; Python makes it U+DCFF): one error line and exit status 2 for
+    every checkpoint kind and command; chat reports it and goes on."""
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "bpe", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab")).encode()
+    for ckpt, commands in ((tmp_path / "bpe", ("generate", "sample", "stop", "explain", "verify")),
+                           (lm_checkpoint, ("generate", "chat"))):
+        for argv in ([b"generate", b"--checkpoint", bytes(ckpt), b"to be\xff"],
+                     [b"sample", b"--checkpoint", bytes(ckpt), b"--prompt", b"to be\xff"],
+                     [b"generate", b"--checkpoint", bytes(ckpt), b"--stop", b"\xff", b"to be"],
+                     [b"explain", b"--checkpoint", bytes(ckpt), b"to be\xff"],
+                     [b"verify", b"--checkpoint", bytes(ckpt), b"to be\xff"]):
+            if (b"stop" if b"--stop" in argv else argv[0]).decode() not in commands:
+                continue
+            r = subprocess.run([exe, *argv], capture_output=True, env=_env())
+            err = r.stderr.decode("utf-8", "backslashreplace")
+            assert r.returncode == 2, (argv, err)
+            assert err.count("\n") == 1 and err.startswith("decoderlab: error: "), (argv, err)
+            assert "not valid Unicode: U+DCFF" in err and "0xff" in err, (argv, err)
+        if "chat" not in commands:
+            continue
+        r = subprocess.run([exe, b"chat", b"--checkpoint", bytes(ckpt)], input=b"to be\xff\n", capture_output=True,
+                           env=_env())
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+        assert r.stdout.startswith(b"error: ") and (b"0xff" in r.stdout), r.stdout
+
+
+def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
+    """Ctrl-C while `generate` / `sample` run: the text so far, one line on stderr, exit status 130."""
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    want = tok.decode(generate(model, "to be", 4, seed=13, tokenizer=tok))
+    real_call = Sampler.__call__
+    calls = []
+
+    def interrupted(self, logits, generators):
+        calls.append(1)
+        if len(calls) == 5:  # during the fifth token
+            raise KeyboardInterrupt
+        return real_call(self, logits, generators)
+
+    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    for command, out in (("generate", want + "\n"), ("sample", "to be" + want + "\n")):
+        calls.clear()
+        assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--seed", "13", "--prompt", "to be"]) == 130
+        got = capsys.readouterr()
+        assert got.out == out
+        assert got.err == f"decoderlab: interrupted ({command} stopped by Ctrl-C)\n"
+
+
+def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
+    """A real SIGINT to the console script while it streams: no traceback, one line, exit status 130."""
+    import signal
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    proc = subprocess.Popen([exe, "generate", "--checkpoint", str(tmp_path / "c"), "--temperature", "0",
+                             "--max-new-tokens", "100000000", "p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env())
+    try:
+        first = proc.stdout.read(3)  # "a\n\n": it is generating
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first == b"a\n\n"
+    assert proc.returncode == 130
+    assert err == b"decoderlab: interrupted (generate stopped by Ctrl-C)\n"
+    assert set((first + out).decode()) <= {"a", "\n"}
+
+
+def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
+    """Ctrl-C during a reply stops the reply and the conversation goes on; at the prompt it leaves (130)."""
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    lines = iter(["what is statquest", "statquest is what", KeyboardInterrupt])
+
+    def fake_input(prompt=""):
+        line = next(lines)
+        if line is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return line
+
+    real_call = Sampler.__call__
+    calls = []
+
+    def interrupted(self, logits, generators):
+        calls.append(1)
+        if len(calls) == 1:  # the first reply's first token
+            raise KeyboardInterrupt
+        return real_call(self, logits, generators)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 130
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["(reply stopped)", "awesome"]
+    assert out.err == "decoderlab: interrupted (chat stopped by Ctrl-C)\n"

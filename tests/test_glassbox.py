@@ -353,3 +353,11 @@ def test_cli_explain_says_which_files_it_wrote(statquest_checkpoint, tmp_path, d
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[-2:] == ["wrote attention heatmaps to a.png", "wrote HTML report to report.html"]
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "report.html").stat().st_size > 0
+
+
+def test_trace_accepts_integers_of_any_kind():
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=2, n_head=2, max_len=8))
+    a = dl.trace(model, [1, 2, 3], layers=np.int64(1), heads=np.int32(0), top_k=np.int64(3))
+    b = dl.trace(model, [1, 2, 3], layers=1, heads=0, top_k=3)
+    assert [lt.index for lt in a.layers] == [1] and torch.equal(a.top_k_ids, b.top_k_ids)

@@ -348,3 +348,16 @@ def test_cli_train_statquest_says_what_it_learned(tmp_path, decoderlab_cli):
     (tmp_path / "notes.txt").write_text("mine")
     r = decoderlab_cli("train", "--preset", "statquest", "--out", "notes.txt", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, "decoderlab: error: --out notes.txt is a file, not a directory\n")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lesson_attention_with_a_mask_works_in_half_precision(dtype):
+    """The lesson's -1e9 fill does not fit in float16 (it raised a torch overflow error): float32 inside."""
+    torch.manual_seed(42)
+    attention = dl.Attention(d_model=2, row_dim=0, col_dim=1)
+    x = torch.tensor([[1.16, 0.23], [0.57, 1.36], [4.41, -2.16]])
+    mask = torch.triu(torch.ones(3, 3, dtype=torch.bool), diagonal=1)
+    want = attention(x, x, x, mask=mask)
+    got = attention.to(dtype)(x.to(dtype), x.to(dtype), x.to(dtype), mask=mask)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert torch.allclose(got.float(), want, atol=3e-2)

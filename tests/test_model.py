@@ -166,3 +166,153 @@ def test_lesson_keywords_override_a_preset():
     assert (m.config.d_model, m.config.num_tokens, m.config.max_len, m.config.n_layer) == (64, 10, 8, 4)
     m2 = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=1, d_model=64, n_head=4), num_tokens=20)
     assert (m2.config.num_tokens, m2.config.d_model) == (20, 64)
+
+
+def test_half_precision_attention_is_finite_where_float32_is():
+    """Scaled scores near -2e4 (Q Kᵀ near -8e4, past float16's 65504): the explicit kernel was all NaN."""
+    from decoderlab.attention import build_ignore_mask, explicit_attention, sdpa_attention
+
+    t, d = 5, 16
+    q = torch.full((1, 2, t, d), 100.0)
+    k = -50.0 - torch.arange(t, dtype=torch.float32).view(1, 1, t, 1).expand(1, 2, t, d) / 4  # exact in bf16
+    v = torch.randn(1, 2, t, d, generator=torch.Generator().manual_seed(0))
+    mask = build_ignore_mask(t, t, causal=True)
+    want, want_p = explicit_attention(q, k, v, mask)
+    assert -2.1e4 < float((q @ k.transpose(-2, -1))[0, 0, 1, 1]) / math.sqrt(d) < -2.0e4
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 5e-2)):
+        out, p = explicit_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        assert out.dtype == p.dtype == dtype
+        assert torch.isfinite(out).all() and torch.isfinite(p).all()
+        assert (p.float() - want_p).abs().max() < tol and (out.float() - want).abs().max() < 5 * tol
+        assert (p.float()[..., 0, 1:] == 0).all()  # causal
+        s = sdpa_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        assert (s.float() - want).abs().max() < 5 * tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_trace_and_return_weights_of_a_half_model_are_finite_and_causal(dtype):
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=2, n_head=2, max_len=12))
+    with torch.no_grad():
+        model.blocks[0].attention.qkv.weight.mul_(1200.0)  # Q Kᵀ far past float16's range
+    ids = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(1))
+    ref = dl.trace(model, ids)
+    assert ref.layers[0].sims.abs().max() > 7e4  # Q Kᵀ does not fit in float16, the scaled scores do
+    model = model.to(dtype)
+    tr = dl.trace(model, ids)
+    for lt in tr.layers:
+        p = lt.percents
+        assert torch.isfinite(p).all() and (p.triu(1) == 0).all()
+        assert torch.allclose(p.sum(-1), torch.ones(()), atol=1e-3)
+    assert torch.isfinite(tr.logits).all()
+    x = model.drop(model.pe(model.we(ids)))
+    _, w = model.blocks[0].attention(model.blocks[0].norm_1(x), return_weights=True)
+    assert w.dtype == dtype and torch.isfinite(w).all() and (w.float().triu(1) == 0).all()
+
+
+def _tied(m) -> bool:
+    return m.fc_layer.weight is m.we.weight
+
+
+def test_weight_tying_survives_every_way_of_loading(tmp_path):
+    """baby-shakespeare: 804,096 parameters with the head tied to the embedding (812,416 when untied)."""
+    from decoderlab.checkpoint import load_checkpoint, save_checkpoint
+    from decoderlab.hf import from_gpt2, ours_to_gpt2_state
+    from decoderlab.tokenizers import CharTokenizer
+
+    torch.manual_seed(0)
+    src = dl.DecoderOnlyTransformer("baby-shakespeare")
+    state = src.state_dict()
+    ids = torch.randint(0, 65, (1, 12))
+    want = src(ids)
+
+    a = dl.DecoderOnlyTransformer("baby-shakespeare")
+    a.load_state_dict(state, assign=True)  # the meta-device loading pattern's call
+    with torch.device("meta"):
+        b = dl.DecoderOnlyTransformer("baby-shakespeare")
+    b.load_state_dict(state, assign=True)
+    with torch.device("meta"):
+        c = dl.DecoderOnlyTransformer("baby-shakespeare")
+    c.to_empty(device="cpu")
+    c.load_state_dict(state)
+    tok = CharTokenizer([chr(ord("a") + i) for i in range(63)])
+    save_checkpoint(tmp_path / "ckpt", src, tok)
+    d, _ = load_checkpoint(tmp_path / "ckpt")
+    e = from_gpt2(ours_to_gpt2_state(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True))), n_head=4)
+    f = dl.DecoderOnlyTransformer("baby-shakespeare").half().float()
+    for name, m in dict(assign=a, meta_assign=b, meta_to_empty=c, load_checkpoint=d, from_gpt2=e, half=f).items():
+        assert _tied(m), name
+        assert m.num_parameters() == (804_096 if name != "from_gpt2" else e.num_parameters()), name
+        if name != "from_gpt2" and name != "half":
+            assert torch.equal(m(ids), want), name
+    assert e.num_parameters() == dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True)).num_parameters()
+    # one optimizer step later the head is still the embedding
+    before = a.we.weight.detach().clone()
+    opt = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    a.compute_loss((ids, ids)).backward()
+    opt.step()
+    assert _tied(a) and len(opt.param_groups[0]["params"]) == len({id(p) for p in a.parameters()})
+    assert not torch.equal(a.we.weight, before) and torch.equal(a.fc_layer.weight, a.we.weight)
+
+
+def test_rope_tables_survive_the_meta_device():
+    torch.manual_seed(0)
+    cfg = dl.preset("baby-shakespeare", d_model=16, n_layer=1, n_head=2, max_len=8, position="rope")
+    src = dl.DecoderOnlyTransformer(cfg)
+    ids = torch.randint(0, 65, (1, 8))
+    for assign in (False, True):
+        with torch.device("meta"):
+            m = dl.DecoderOnlyTransformer(cfg)
+        if not assign:
+            m.to_empty(device="cpu")
+        m.load_state_dict(src.state_dict(), assign=assign)
+        assert torch.equal(m(ids), src(ids))
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none"])
+def test_left_padding_gives_the_unpadded_logits(position):
+    """model(ids, padding_mask=pm) with left padding: the real tokens get the logits of the unpadded run (the
+    pads were counted in the positions: 0.024 and 0.73 max difference for learned and sinusoidal)."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=32, n_layer=2, n_head=2, max_len=16,
+                                                position=position)).double().eval()
+    with torch.no_grad():
+        if position == "learned":
+            model.pe.weight.mul_(50.0)  # positions that matter
+        rows = [torch.randint(0, 65, (n,)) for n in (9, 5, 7)]
+        t = max(len(r) for r in rows)
+        ids = torch.stack([torch.cat([torch.zeros(t - len(r), dtype=torch.long), r]) for r in rows])
+        pm = torch.stack([torch.arange(t) < t - len(r) for r in rows])  # True = padded (on the left)
+        out = model(ids, padding_mask=pm)
+        for i, r in enumerate(rows):
+            torch.testing.assert_close(out[i, t - len(r):], model(r), atol=1e-10, rtol=0)
+        # the same positions given explicitly; a KV cache continuing the padded prefill
+        pos = dl.DecoderOnlyTransformer.positions_from_mask(pm, t)
+        assert pos[1].tolist() == [0, 0, 0, 0, 0, 1, 2, 3, 4]
+        torch.testing.assert_close(model(ids, padding_mask=pm, positions=pos), out, atol=0, rtol=0)
+        from decoderlab.attention import KVCache
+
+        cache = KVCache.for_model(model)
+        model(ids[:, :-1], padding_mask=pm[:, :-1], cache=cache)
+        last = model(ids[:, -1:], padding_mask=pm, cache=cache)
+        torch.testing.assert_close(last[:, 0], out[:, -1], atol=1e-10, rtol=0)
+
+
+def test_negative_positions_are_refused():
+    torch.manual_seed(0)
+    for position in ("learned", "sinusoidal", "rope", "none"):
+        model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=16, n_layer=1, n_head=2, max_len=8,
+                                                    position=position))
+        ids = torch.tensor([[1, 2, 3]])
+        with pytest.raises(ValueError, match=r"positions must be >= 0 \(the first token is at position 0\), "
+                                             r"got -1; allowed: 0 \.\. 7"):
+            model(ids, positions=torch.tensor([-1, 0, 1]))
+        with pytest.raises(ValueError, match="longer than max_len=8"):
+            model(ids, positions=torch.tensor([6, 7, 8]))
+        with pytest.raises(TypeError, match="positions must be a tensor of integer positions"):
+            model(ids, positions=torch.tensor([0.0, 1.0, 2.0]))
+    for pe in (dl.PositionEncoding(d_model=4, max_len=6), dl.LearnedPositionEncoding(4, 6)):
+        with pytest.raises(ValueError, match="positions must be >= 0"):
+            pe(torch.zeros(2, 4), positions=torch.tensor([-2, 0]))
+    with pytest.raises(ValueError, match="positions must be >= 0"):
+        dl.RotaryEmbedding(4, 6)(torch.zeros(1, 1, 2, 4), positions=torch.tensor([0, -1]))

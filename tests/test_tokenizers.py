@@ -286,3 +286,31 @@ def test_bpe_gpt2_files_round_trip(tmp_path, bpe):
     assert back.encode(text) == bpe.encode(text) and back.decode(back.encode(text)) == text
     assert (back.vocab_size, back.eos_id, back.pad_id) == (bpe.vocab_size, bpe.eos_id, bpe.pad_id)
     assert back.byte_level
+
+
+def test_every_tokenizer_refuses_invalid_unicode_the_same_way():
+    """"ab\\udcffcd": a lone surrogate, as Python makes from the byte 0xff in a command-line argument."""
+    from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer, build_tokenizer
+
+    bad = "ab\udcffcd"
+    want = (r"text is not valid Unicode: U\+DCFF at position 2 is a lone surrogate, Python's stand-in for the "
+            r"byte 0xff")
+    bpe = BPETokenizer.train(["abcd abcd ab cd"], 262)
+    calls = [bpe.encode, lambda t: bpe.encode(t, allow_special=True), bpe.encode_array,
+             lambda t: bpe.encode_array("x" * 50 + t, chunk_chars=8),
+             CharTokenizer.from_text("abcd").encode, CharTokenizer.from_text("abcd", unk=True).encode,
+             CharTokenizer.from_text("abcd", unk=True).encode_array,
+             WordTokenizer(["ab", "cd"], unk=True).encode]
+    for encode in calls:
+        with pytest.raises(ValueError, match=want.replace("position 2", "position (2|52)")):
+            encode(bad)
+    for kind in ("char", "word", "bpe"):
+        with pytest.raises(ValueError, match="the corpus is not valid Unicode: U\\+DCFF at position 2"):
+            build_tokenizer(kind, bad)
+    with pytest.raises(ValueError, match="training text 1 is not valid Unicode: U\\+D800 at position 0"):
+        BPETokenizer.train(["ok", "\ud800"], 262)
+    # control tokens are named, and left out of text by decode(skip_special=True), by every kind
+    char, words = CharTokenizer.from_text("abcd", unk=True), WordTokenizer(["ab"], pad=True, unk=True)
+    assert char.special_ids == {0, 1, char.unk_id} and words.special_ids == {1, 2, 3} and bpe.special_ids == {0, 1}
+    for tok in (char, words, bpe):
+        assert tok.decode([tok.eos_id, *tok.encode("ab"), tok.pad_id], skip_special=True) == "ab"

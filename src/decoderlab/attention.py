@@ -106,7 +106,15 @@ def explicit_attention(
 
     If ``record`` is a dict, the intermediates are stored in it: ``sims`` (Q Kᵀ), ``scaled_sims``, ``mask``,
     ``percents`` and ``head_out``.
+
+    Half precision (float16, bfloat16): Q Kᵀ is computed and softmaxed in float32 (float16 overflows past
+    65504 before the division by sqrt(d_head): q and k of size 100 over 8 dimensions already give 8e4), so the
+    result is finite wherever the float32 one is; the recorded sims, scaled sims and percents are float32,
+    the returned percents and output have the input's dtype.
     """
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half:
+        q, k = q.float(), k.float()
     sims = torch.matmul(q, k.transpose(-2, -1))
     scaled = sims / math.sqrt(q.size(-1))
     all_masked = None
@@ -124,10 +132,10 @@ def explicit_attention(
     if all_masked is not None:
         percents = percents.masked_fill(all_masked, 0.0)
     p = F.dropout(percents, p=dropout_p) if dropout_p > 0 else percents
-    out = torch.matmul(p, v)
+    out = torch.matmul(p.to(v.dtype), v)
     if record is not None:
         record.update(sims=sims, scaled_sims=scaled, mask=mask, percents=percents, head_out=out)
-    return out, percents
+    return out, percents.to(v.dtype) if half else percents
 
 
 def sdpa_attention(

@@ -491,7 +491,8 @@ def cmd_generate(args) -> int:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
     prompt = args.prompt if args.prompt is not None else args.prompt_option
     model, tok = _load(args.checkpoint)
-    if _is_pairs(args.checkpoint) and not args.echo:
+    pairs = _is_pairs(args.checkpoint)
+    if pairs and not args.echo:
         from .lesson import greedy_response
 
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
@@ -507,25 +508,30 @@ def cmd_generate(args) -> int:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
         print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
         return 0
-    from .generation import generate, stream_text
+    from .generation import stream_text
 
     prompt = "\n" if prompt is None else prompt
-    kwargs = dict(temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
-                  top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok), seed=args.seed, tokenizer=tok)
     n = GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
-    prompt_ids = tok.encode(prompt)
-    if args.no_stream:
-        ids = generate(model, prompt_ids, n, **kwargs)
-        # decoded together with the prompt, so word tokens keep their separators
-        print(tok.decode(prompt_ids + ids) if args.echo else tok.decode(ids))
-        return 0
-    kwargs.pop("tokenizer")
-    if args.echo:
-        sys.stdout.write(prompt)
-    for piece in stream_text(model, tok, prompt_ids, n, **kwargs):
-        sys.stdout.write(piece)
+    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
+    # (in a pair-trained model it separates prompt and answer: the text goes on); with --echo the prompt and
+    # its continuation are decoded together, so word tokens keep their separators
+    pieces = stream_text(model, tok, tok.encode(prompt), n,
+                         temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok),
+                         seed=args.seed, echo=args.echo, stop_at_eos=not pairs)
+    written: list[str] = []
+    try:
+        for piece in pieces:
+            if args.no_stream:
+                written.append(piece)
+            else:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: keep what was produced, say so in one line
+        sys.stdout.write("".join(written) + "\n")
         sys.stdout.flush()
-    sys.stdout.write("\n")
+        raise
+    sys.stdout.write("".join(written) + "\n")
     return 0
 
 
@@ -546,6 +552,8 @@ CHAT_COMMANDS = (
 )
 CHAT_HELP = "commands (the settings are named as the flags; /top_k, /max_new_tokens ... work too):\n" + "\n".join(
     f"  {f'{name} {arg}'.strip():<19} {text}" for name, arg, text in CHAT_COMMANDS)
+
+CHAT_HELP += "\nCtrl-C stops a reply; Ctrl-D, /quit (or Ctrl-C at the prompt) exits."
 
 
 class ChatExit(Exception):
@@ -637,8 +645,13 @@ def cmd_chat(args) -> int:
             if interactive:
                 print()
             return 0
-        except KeyboardInterrupt:
-            print("\n(/quit or Ctrl-D to leave)")
+        except KeyboardInterrupt:  # at the prompt: leave (main prints the one line, exit status 130)
+            if interactive:
+                print()
+            raise
+        except UnicodeDecodeError as e:  # bytes on standard input that are not UTF-8
+            print(f"error: the input is not UTF-8 text: byte 0x{e.object[e.start]:02x} at byte {e.start} "
+                  f"({e.reason})", flush=True)
             continue
         if not line.strip():
             continue
@@ -649,12 +662,14 @@ def cmd_chat(args) -> int:
         if message is not None:
             print(message, flush=True)
             continue
+        wrote = False
         try:
             for piece in session.reply(line):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
+                wrote = True
+        except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
+            sys.stdout.write(("\n" if wrote else "") + "(reply stopped)")
         except (KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             print(f"error: {msg}", flush=True)
@@ -757,6 +772,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the command has written what it produced; one line, no traceback
+        sys.stdout.flush()
+        print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

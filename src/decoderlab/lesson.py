@@ -50,13 +50,18 @@ class _LessonAttention(nn.Module):
         q = self.W_q(encodings_for_q)
         k = self.W_k(encodings_for_k)
         v = self.W_v(encodings_for_v)
+        dtype = v.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            # half precision: the similarities, the -1e9 fill and the softmax in float32 (float16 cannot hold
+            # -1e9, and Q Kᵀ overflows it past 65504); the percents are applied to V in its own dtype
+            q, k = q.float(), k.float()
         row, col = _lesson_dims(k, self.row_dim, self.col_dim)
         sims = torch.matmul(q, k.transpose(dim0=row, dim1=col))
         scaled_sims = sims / torch.tensor(k.size(col) ** 0.5)
         if mask is not None:
             mask = check_mask(mask, scaled_sims.shape)
             scaled_sims = scaled_sims.masked_fill(mask=mask, value=LESSON_MASK_VALUE)
-        attention_percents = F.softmax(scaled_sims, dim=col)
+        attention_percents = F.softmax(scaled_sims, dim=col).to(dtype)
         attention_scores = torch.matmul(attention_percents, v)
         return attention_scores
 
@@ -101,7 +106,9 @@ class Attention(_LessonAttention):
     Shapes: ``encodings_for_q`` (T_q, d_model) or (B, T_q, d_model); ``encodings_for_k`` and
     ``encodings_for_v`` (T_k, d_model) or (B, T_k, d_model); ``mask`` boolean, broadcastable to (T_q, T_k)
     (or (B, T_q, T_k)), **True marks a similarity to ignore**: it is filled with -1e9 before the softmax, as
-    in the lesson. Returns (T_q, d_model) or (B, T_q, d_model).
+    in the lesson. Returns (T_q, d_model) or (B, T_q, d_model). In float16/bfloat16 the similarities, the
+    -1e9 fill and the softmax are computed in float32 (float16 cannot hold -1e9), the output has the input's
+    dtype.
 
     Raises:
         ValueError: a last dimension is not d_model; keys and values differ in length; the mask cannot

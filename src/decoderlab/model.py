@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import KERNELS, MultiHeadAttention
-from .positions import POSITIONS, LearnedPositionEncoding, PositionEncoding, RotaryEmbedding
+from .positions import POSITIONS, LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
 
 NORMS = ("none", "layernorm", "rmsnorm")
 MLPS = ("none", "gelu")
@@ -273,15 +273,19 @@ class DecoderOnlyTransformer(nn.Module):
         DecoderOnlyTransformer("gpt2")
 
     ``forward(token_ids)``: (T,) -> logits (T, num_tokens) as in the lesson, or (B, T) -> (B, T, num_tokens).
-    Optional keywords: ``padding_mask`` (B, T_k) bool, True = padded key; ``positions`` (T,) or (B, T); and
-    ``cache`` (an ``attention.KVCache``) for decoding; ``decode`` is the engine's one-token step.
+    Optional keywords: ``padding_mask`` (B, T_k) bool, True = padded key; ``positions`` (T,) or (B, T), each
+    in 0 .. max_len - 1; and ``cache`` (an ``attention.KVCache``) for decoding; ``decode`` is the engine's
+    one-token step. With a ``padding_mask`` and no ``positions``, the positions come from the mask
+    (:meth:`positions_from_mask`): a left-padded row gives its real tokens the logits of the unpadded run,
+    for every position kind.
 
     Training: ``compute_loss((inputs, labels))`` is the lesson's ``nn.CrossEntropyLoss`` (labels of -100
     ignored), and ``configure_optimizers()`` the lesson's Adam(lr=0.1); ``decoderlab.training.LitModel``
     wraps the model for Lightning's ``Trainer`` (the lesson's ``training_step``).
 
     Raises:
-        ValueError: token ids outside [0, num_tokens), a sequence longer than max_len, a bad shape.
+        ValueError: token ids outside [0, num_tokens), a sequence longer than max_len, a negative position or
+            one past max_len - 1, a bad shape.
     """
 
     def __init__(self, config: ModelConfig | str | None = None, *, num_tokens: int | None = None,
@@ -319,8 +323,9 @@ class DecoderOnlyTransformer(nn.Module):
         self.blocks = nn.ModuleList([DecoderBlock(cfg, rope) for _ in range(cfg.n_layer)])
         self.norm_f = make_norm(cfg)
         self.fc_layer = nn.Linear(in_features=cfg.d_model, out_features=cfg.num_tokens, bias=cfg.lm_head_bias)
-        if cfg.tie_weights:
-            self.fc_layer.weight = self.we.weight
+        self.tie_weights()
+        # load_state_dict(..., assign=True) puts the state's tensors in place one by one: tie them again
+        self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.tie_weights())
         self.loss = nn.CrossEntropyLoss(ignore_index=-100)
         if cfg.init == "gpt2":
             self.apply(self._gpt2_init)
@@ -336,6 +341,21 @@ class DecoderOnlyTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def tie_weights(self) -> None:
+        """With ``config.tie_weights``, make ``fc_layer.weight`` the word embedding parameter ``we.weight`` (one
+        tensor, counted and updated once). Called at construction and again after every way of loading or
+        moving the model that can put separate tensors in place: ``load_state_dict(..., assign=True)`` (the
+        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``)."""
+        if self.config.tie_weights and self.fc_layer.weight is not self.we.weight:
+            self.fc_layer.weight = self.we.weight
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module converts each module's parameters on its own; where it makes new Parameter objects (to_empty
+        # from the meta device) the shared one becomes two. Re-tie after every conversion.
+        super()._apply(fn, recurse)
+        self.tie_weights()
+        return self
 
     # -- sizes ------------------------------------------------------------------------------------------------
     @property
@@ -385,6 +405,12 @@ class DecoderOnlyTransformer(nn.Module):
         if unbatched:
             token_ids = token_ids.unsqueeze(0)
         t = token_ids.size(1)
+        if positions is None and padding_mask is not None:
+            positions = self.positions_from_mask(padding_mask, t)
+        elif positions is not None:
+            if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+                raise TypeError(f"positions must be a tensor of integer positions, got {positions!r:.80}")
+            check_positions(positions, self.config.max_len)
         if positions is None:
             start = cache.length if cache is not None else 0
             if start + t > self.config.max_len:
@@ -396,6 +422,23 @@ class DecoderOnlyTransformer(nn.Module):
                 positions = torch.arange(start, start + t, device=token_ids.device)
         logits = self._logits(token_ids, padding_mask, positions, cache)
         return logits[0] if unbatched else logits
+
+    @staticmethod
+    def positions_from_mask(padding_mask: torch.Tensor, t: int) -> torch.Tensor:
+        """The positions of the last ``t`` keys of a (B, T_k) padding mask (True = padded): each token's
+        index among the unpadded tokens of its row (Hugging Face derives ``position_ids`` from the attention
+        mask the same way). Left-padded rows then give their real tokens 0, 1, ... as unpadded; pads get 0.
+        Returns (B, t) int64.
+
+        Raises:
+            ValueError: the mask is not 2-D (B, T_k) with T_k >= t.
+        """
+        if not isinstance(padding_mask, torch.Tensor) or padding_mask.dim() != 2 or padding_mask.size(1) < t:
+            shape = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
+            raise ValueError(f"padding_mask must have shape (B, T_k) with T_k >= T={t} (True = padded key); "
+                             f"got {shape}")
+        real = (~padding_mask.to(torch.bool)).long()
+        return (real.cumsum(-1) - 1).clamp_min(0)[:, padding_mask.size(1) - t:]
 
     def decode(self, tokens: torch.Tensor, positions, padding_mask: torch.Tensor | None, cache) -> torch.Tensor:
         """One KV-cache decode step, for the generation engine: the same blocks as ``forward`` without its

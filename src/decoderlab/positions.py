@@ -17,6 +17,18 @@ def _check_length(t: int, max_len: int) -> None:
         raise ValueError(f"sequence length T={t} is longer than max_len={max_len}; allowed: T <= {max_len}")
 
 
+def check_positions(positions: torch.Tensor, max_len: int) -> None:
+    """Raise ``ValueError`` unless every position is in 0 .. max_len - 1 (a negative position would silently
+    index the table from its end)."""
+    if positions.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(positions))
+    if lo < 0:
+        raise ValueError(f"positions must be >= 0 (the first token is at position 0), got {lo}; "
+                         f"allowed: 0 .. {max_len - 1}")
+    _check_length(hi + 1, max_len)
+
+
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """pe[pos, 2i] = sin(pos / 10000^(2i/d_model)), pe[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
 
@@ -39,7 +51,8 @@ class PositionEncoding(nn.Module):
     when given -- used by the KV cache and by left-padded batches).
 
     Raises:
-        ValueError: T > max_len (naming both), or the last dimension is not d_model.
+        ValueError: T > max_len (naming both), a position outside 0 .. max_len - 1, or the last dimension is
+            not d_model.
     """
 
     def __init__(self, d_model: int = 2, max_len: int = 6):
@@ -57,7 +70,7 @@ class PositionEncoding(nn.Module):
         if positions is None:
             _check_length(t, self.max_len)
             return word_embeddings + self.pe[:t, :]
-        _check_length(int(positions.max()) + 1, self.max_len)
+        check_positions(positions, self.max_len)
         return word_embeddings + self.pe[positions]
 
 
@@ -79,7 +92,7 @@ class LearnedPositionEncoding(nn.Module):
         if positions is None:
             _check_length(t, self.max_len)
             return word_embeddings + self.weight[:t]
-        _check_length(int(positions.max()) + 1, self.max_len)
+        check_positions(positions, self.max_len)
         return word_embeddings + self.weight[positions]
 
 
@@ -96,18 +109,36 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rope needs an even head size, got d_head={d_head}")
         self.d_head = d_head
         self.max_len = max_len
-        inv_freq = base ** (-torch.arange(0, d_head, 2).float() / d_head)
-        angles = torch.arange(max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.base = base
+        cos, sin = self._table()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.base ** (-torch.arange(0, self.d_head, 2).float() / self.d_head)
+        angles = torch.arange(self.max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
+        return angles.cos(), angles.sin()
+
+    def _apply(self, fn, recurse=True):
+        # cos/sin are not in the state dict (computed, not learned): after ``to_empty`` (the meta-device loading
+        # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
+        super()._apply(fn, recurse)
+        if self.cos.device.type != "meta":
+            cos, sin = self._table()
+            self.cos = cos.to(self.cos.device, self.cos.dtype)
+            self.sin = sin.to(self.sin.device, self.sin.dtype)
+        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cos.is_meta:  # built on the meta device and loaded with assign=True: the table was never made
+            cos, sin = self._table()
+            self.cos, self.sin = cos.to(x.device), sin.to(x.device)
         t = x.size(-2)
         if positions is None:
             _check_length(t, self.max_len)
             cos, sin = self.cos[:t], self.sin[:t]  # (T, d/2)
         else:
-            _check_length(int(positions.max()) + 1, self.max_len)
+            check_positions(positions, self.max_len)
             cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
             if cos.dim() == 3:
                 cos, sin = cos[:, None], sin[:, None]

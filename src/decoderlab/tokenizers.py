@@ -3,7 +3,12 @@
 Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, ``vocab_size``,
 ``save(path)``, ``Tokenizer.load(path)``, ``tokens(ids)`` (token strings for labels), ``token_bytes(id)`` (the
 UTF-8 bytes one token stands for) and special-token ids ``eos_id`` / ``pad_id`` (None when the vocabulary has
-no such token).
+no such token); ``special_ids`` is the set of control-token ids (``<PAD>``, ``<EOS>``, ``<unk>``, a BPE's added
+special tokens), which ``decode(ids, skip_special=True)`` leaves out.
+
+Invalid Unicode: every ``encode`` refuses text holding a lone surrogate (U+D800..U+DFFF, which is not a
+character; Python makes them from undecodable bytes, e.g. in command-line arguments that are not UTF-8) with
+a ``ValueError`` naming its position and, for U+DC80..U+DCFF, the byte it stands for. Nothing is replaced.
 
 Kinds (``TOKENIZERS``, and :func:`build_tokenizer` to make one from a corpus):
 
@@ -32,6 +37,27 @@ EOS = "<EOS>"
 PAD = "<PAD>"
 UNK = "<unk>"
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(text: str, what: str = "text", offset: int = 0) -> None:
+    """Raise ``ValueError`` if ``text`` holds a lone surrogate (U+D800..U+DFFF): not a character, and not
+    encodable as UTF-8. Python makes U+DC80..U+DCFF from undecodable bytes (``surrogateescape``: command-line
+    arguments, file names and standard input that are not UTF-8); the message names that byte."""
+    m = _SURROGATE.search(text)
+    if m is None:
+        return
+    cp = ord(m.group())
+    byte = (f", Python's stand-in for the byte 0x{cp - 0xDC00:02x} that is not UTF-8 (for example in a "
+            f"command-line argument)" if 0xDC80 <= cp <= 0xDCFF else "")
+    raise ValueError(f"{what} is not valid Unicode: U+{cp:04X} at position {offset + m.start()} is a lone surrogate"
+                     f"{byte}; give UTF-8 text")
+
+
+def _checked(text: str, what: str) -> str:
+    check_unicode(text, what)
+    return text
+
 
 class Tokenizer:
     """The common interface. Subclasses set ``kind`` and implement encode/decode/to_dict/from_dict."""
@@ -39,6 +65,9 @@ class Tokenizer:
     kind = "base"
     #: how ``decode`` joins tokens (" " for words, "" for characters and bytes)
     separator = ""
+    #: control tokens are words of the text (a word vocabulary: the text "<EOS>" encodes to ``eos_id``), so
+    #: text output may show them; otherwise they have no text form and text output leaves them out
+    specials_are_text = False
 
     token_to_id: dict[str, int]
     id_to_token: dict[int, str]
@@ -54,6 +83,12 @@ class Tokenizer:
     @property
     def pad_id(self) -> int | None:
         return self.token_to_id.get(PAD)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the control tokens (``<PAD>``, ``<EOS>``, ``<unk>``, and a BPE's added special tokens): not
+        text; ``decode(ids, skip_special=True)`` leaves them out."""
+        return frozenset(self.token_to_id[t] for t in (PAD, EOS, UNK) if t in self.token_to_id)
 
     def encode(self, text: str) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -139,6 +174,7 @@ class WordTokenizer(Tokenizer):
 
     kind = "word"
     separator = " "
+    specials_are_text = True
 
     def __init__(self, words: Sequence[str], *, eos: bool = True, pad: bool = False, unk: bool = False):
         seen = dict.fromkeys(words)  # first-appearance order, duplicates dropped, in linear time
@@ -162,6 +198,8 @@ class WordTokenizer(Tokenizer):
         return self.token_to_id.get(UNK)
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
+        if isinstance(text, str):
+            check_unicode(text)
         words = text.split() if isinstance(text, str) else list(text)
         ids = []
         for pos, w in enumerate(words):
@@ -177,8 +215,14 @@ class WordTokenizer(Tokenizer):
             ids.append(i)
         return ids
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return " ".join(self.id_to_token[i] for i in self._check_ids(ids))
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """The words of ``ids`` joined by spaces; ``skip_special=True`` leaves out ``<PAD>``, ``<EOS>`` and
+        ``<unk>``."""
+        ids = self._check_ids(ids)
+        if skip_special:
+            special = self.special_ids
+            ids = [i for i in ids if i not in special]
+        return " ".join(self.id_to_token[i] for i in ids)
 
     def to_dict(self) -> dict:
         return {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
@@ -244,11 +288,16 @@ class CharTokenizer(Tokenizer):
             raise TypeError(f"CharTokenizer.from_text needs a str, got {type(text).__name__}")
         if not text:
             raise ValueError("CharTokenizer.from_text needs a non-empty text to take its characters from")
+        check_unicode(text)
         return cls(text, unk=unk)
 
     @property
     def unk_id(self) -> int | None:
         return self.token_to_id.get(UNK)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._special_ids)
 
     def _encode_plain(self, text: str, full: str, offset: int) -> list[int]:
         table = self.token_to_id
@@ -277,6 +326,7 @@ class CharTokenizer(Tokenizer):
         """
         if not isinstance(text, str):
             raise TypeError(f"CharTokenizer.encode needs a str, got {type(text).__name__}")
+        check_unicode(text)
         if not allow_special:
             return self._encode_plain(text, text, 0)
         ids: list[int] = []
@@ -299,6 +349,8 @@ class CharTokenizer(Tokenizer):
             for c in chars:
                 self._lut[ord(c)] = self.token_to_id[c]
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        if ((cps >= 0xD800) & (cps <= 0xDFFF)).any():
+            check_unicode(text)  # raises, naming the first lone surrogate
         ids = self._lut[np.minimum(cps, len(self._lut) - 1)]  # the last slot is always -1
         if (ids < 0).any():
             if self.unk_id is None:
@@ -414,6 +466,7 @@ class BPETokenizer(Tokenizer):
             )
         if isinstance(texts, str):
             texts = [texts]
+        texts = (_checked(t, f"training text {i}") for i, t in enumerate(texts))
         hf = HFTokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
@@ -487,8 +540,16 @@ class BPETokenizer(Tokenizer):
         """The wrapped ``tokenizers.Tokenizer``."""
         return self._hf
 
-    def _encode_plain(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._special_ids)
+
+    def _encode_plain(self, text: str, offset: int = 0) -> list[int]:
+        try:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        except TypeError:  # what the tokenizers library raises for a lone surrogate
+            check_unicode(text, offset=offset)  # positions count from the start of the whole text
+            raise
 
     def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
         """Token ids of ``text``. With ``allow_special=True`` the literal ``"<PAD>"`` / ``"<EOS>"`` strings
@@ -518,7 +579,7 @@ class BPETokenizer(Tokenizer):
         while start < n:
             m = _SAFE_CUT.search(text, start + chunk_chars) if start + chunk_chars < n else None
             end = m.start() if m else n
-            parts.append(np.asarray(self._encode_plain(text[start:end]), dtype=np.int64))
+            parts.append(np.asarray(self._encode_plain(text[start:end], start), dtype=np.int64))
             start = end
         return np.concatenate(parts)
 
@@ -582,6 +643,7 @@ def build_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Toke
         raise TypeError(f"build_tokenizer needs the corpus as a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError("cannot build a tokenizer from an empty text")
+    check_unicode(text, "the corpus")
     if kind == "bpe":
         return BPETokenizer.train([text], DEFAULT_BPE_VOCAB_SIZE if vocab_size is None else vocab_size)
     if vocab_size is not None:

@@ -23,8 +23,8 @@ from typing import Generator, Iterator, Sequence
 import torch
 
 from ..attention import KVCache
-from .sampling import Sampler, check_int, make_generators
-from .stops import StopMatcher, stop_sequences
+from .sampling import Sampler, as_scalar, check_int, is_integer, make_generators
+from .stops import Stops, parse_stops, text_decoder
 
 
 def default_keep(max_len: int) -> int:
@@ -59,12 +59,13 @@ def _prompt_list(model, prompt_ids, tokenizer, name: str = "prompt_ids") -> list
         ids = prompt_ids.tolist()
     else:
         try:
-            ids = list(prompt_ids)
+            ids = [as_scalar(i) for i in prompt_ids]
         except TypeError:
             raise TypeError(f"{name} must be a sequence of token ids, got {type(prompt_ids).__name__}") from None
     for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
+        if not is_integer(i):
             raise TypeError(f"{name} must hold integer token ids, got {i!r}")
+    ids = [int(i) for i in ids]
     v = model.config.num_tokens
     bad = [i for i in ids if not 0 <= i < v]
     if bad:
@@ -84,7 +85,7 @@ def _prompt_list(model, prompt_ids, tokenizer, name: str = "prompt_ids") -> list
 def _check_keep(keep, max_len: int) -> int:
     if keep is None:
         return default_keep(max_len)
-    check_int("keep", keep, 1)
+    keep = check_int("keep", keep, 1)
     if keep > max_len:
         raise ValueError(f"keep must be in 1 .. max_len={max_len}, got {keep}")
     return keep
@@ -168,9 +169,29 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
             logits = decode(next_ids)
 
 
-def _validate(model, max_new_tokens, temperature, top_k, top_p) -> Sampler:
-    check_int("max_new_tokens", max_new_tokens, 0)
-    return Sampler(temperature, top_k, top_p)
+def _prepare(model, max_new_tokens, temperature, top_k, top_p, stop, tokenizer, keep, suppress_tokens,
+             stop_at_eos) -> tuple[int, Sampler, Stops, int]:
+    """Check the arguments every entry point shares; returns (max_new_tokens, sampler, stops, keep)."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
+    if suppress_tokens is None:
+        pad = getattr(tokenizer, "pad_id", None) if tokenizer is not None else None
+        suppress_tokens = () if pad is None else (pad,)
+    elif isinstance(suppress_tokens, torch.Tensor):
+        suppress_tokens = suppress_tokens.flatten().tolist()
+    v = model.config.num_tokens
+    suppress = [check_int("suppress_tokens id", i, 0) for i in suppress_tokens]
+    bad = [i for i in suppress if i >= v]
+    if bad:
+        raise ValueError(f"suppress_tokens: token id {bad[0]} is out of range; allowed ids are 0 .. {v - 1}")
+    sampler = Sampler(temperature, top_k, top_p, suppress=suppress)
+    seqs, texts = parse_stops(stop, tokenizer, v)
+    if not isinstance(stop_at_eos, bool):
+        raise TypeError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None and stop_at_eos else None
+    if eos is not None and (eos,) not in seqs:
+        seqs.append((eos,))
+    decode = text_decoder(tokenizer) if texts else None
+    return max_new_tokens, sampler, (seqs, texts, decode), _check_keep(keep, model.config.max_len)
 
 
 class _EvalMode:
@@ -196,7 +217,8 @@ def _stream_rows(model, rows, max_new_tokens, sampler, generators, use_cache, ke
 
 def stream(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, stop=None, seed=None, use_cache: bool = True, tokenizer=None,
-           keep: int | None = None) -> Generator[int, None, tuple[int, ...] | None]:
+           keep: int | None = None, *, suppress_tokens=None,
+           stop_at_eos: bool = True) -> Generator[int, None, tuple[int, ...] | None]:
     """Generate tokens one at a time, yielding each id as soon as it is known (the streaming ``generate``).
 
     Args:
@@ -207,18 +229,30 @@ def stream(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top
             models, which put ``<EOS>`` between texts); without a tokenizer that has one it is an error.
         max_new_tokens: the most tokens to produce (0 -> nothing). Tokens swallowed by a stop sequence count.
         temperature: 0 -> greedy (argmax); otherwise the logits are divided by it before sampling.
-        top_k: sample only among the k most probable tokens (k larger than the vocabulary is clamped).
+        top_k: sample only among the k most probable tokens (k larger than the vocabulary is clamped);
+            0 or None: no top-k filter.
         top_p: sample only among the smallest set of most probable tokens whose probability reaches top_p.
-        stop: where to stop, before emitting it: a token id, a string (encoded with ``tokenizer``; a string
-            that is one token of the vocabulary, such as "<EOS>", is that token), a tuple of ids (one
-            multi-token sequence), or a list of any of these. Tokens that could be the start of a
-            multi-token stop sequence are held back until it is clear they are not.
+            Numbers of any kind are accepted (Python, NumPy, 0-d tensors).
+        stop: where to stop, before emitting it: a token id; a tuple of ids (one multi-token sequence); a
+            string, which is matched on the decoded **text** of the generated tokens, however the model
+            spells it (``"\n\n"`` stops at one ``"\n\n"`` token or at two ``"\n"`` tokens), except that a
+            string naming a control token of the tokenizer (``"<EOS>"``) is that token; or a list of any of
+            these. What could still become a stop is held back until it is clear it does not. When a stop
+            string begins inside a token, the ids end before that token (the text before the stop inside
+            it is in no returned id; :func:`stream_text` writes it, ending exactly before the stop).
         seed: seeds the ``torch.Generator`` used for sampling (the global RNG is never touched); the same
             seed gives the same tokens, with or without the cache. None -> fresh entropy.
         use_cache: True (default) prefills a KV cache once and then runs one token per forward pass; False is
             the lesson's loop (the whole window through the model for every token). Both give the same tokens.
-        tokenizer: needed for stop strings, text prompts and the empty-prompt start token.
+        tokenizer: needed for stop strings, text prompts and the empty-prompt start token. It also names the
+            control tokens: with a tokenizer, its ``<PAD>`` is never sampled and its ``<EOS>`` ends generation
+            (see ``suppress_tokens`` and ``stop_at_eos``).
         keep: tokens kept when the context window slides (default max_len // 2; see below).
+        suppress_tokens: token ids never to generate (their logits are -inf, also when greedy). Default: the
+            tokenizer's ``<PAD>``, a token a language model never sees as a target; ``()`` suppresses none.
+        stop_at_eos: with a tokenizer that has ``<EOS>`` (the end of a text), generation ends when the model
+            produces it, as a stop (not yielded; as Hugging Face's ``generate`` ends at ``eos_token_id``).
+            False lets ``<EOS>`` through as an id.
 
     The context window: the model sees at most max_len tokens. A prompt longer than that is cut to its last
     max_len tokens. When the window (prompt plus generated tokens) would pass max_len, it restarts on its
@@ -230,24 +264,35 @@ def stream(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top
     equal token for token.
 
     Yields:
-        token ids (ints). The generator's return value (``StopIteration.value``) is the stop sequence that
-        ended generation, or None.
+        token ids (ints). The generator's return value (``StopIteration.value``) is None when generation
+        ended without a stop; after a stop, the tuple of generated ids that were not yielded: the stop
+        sequence for a token-id stop (``(eos_id,)`` at ``<EOS>``), and for a stop string the tokens that
+        spelled it, from the first one not yielded.
 
     Raises:
-        ValueError: max_new_tokens < 0; temperature < 0, NaN or infinite; top_k < 1; top_p outside (0, 1];
-            prompt or stop ids out of range; an empty prompt with no start token; a stop string the tokenizer
-            cannot encode; keep outside 1 .. max_len.
+        ValueError: max_new_tokens < 0; temperature < 0, NaN or infinite; top_k < 0; top_p outside (0, 1];
+            prompt, stop or suppressed ids out of range; an empty prompt with no start token; a stop string
+            the tokenizer cannot encode; keep outside 1 .. max_len. While generating: the model's logits hold
+            NaN, or every token of a step is suppressed or filtered out.
         TypeError: values of the wrong type; a stop string without a tokenizer.
+
+    All arguments are checked at the call, before the first token is asked for.
     """
-    sampler = _validate(model, max_new_tokens, temperature, top_k, top_p)
+    ids, args = _prepare_one(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer,
+                             keep, suppress_tokens, stop_at_eos)
+    return _stream_one(model, ids, *args, use_cache=use_cache)
+
+
+def _prepare_one(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer, keep,
+                 suppress_tokens, stop_at_eos):
+    n, sampler, (seqs, texts, decode), keep = _prepare(model, max_new_tokens, temperature, top_k, top_p, stop,
+                                                       tokenizer, keep, suppress_tokens, stop_at_eos)
     ids = _prompt_list(model, prompt_ids, tokenizer)
-    stops = StopMatcher(stop_sequences(stop, tokenizer, model.config.num_tokens))
-    keep = _check_keep(keep, model.config.max_len)
     gens = [] if sampler.greedy else make_generators(seed, 1, _model_device(model))
-    return _stream_one(model, ids, max_new_tokens, sampler, gens, use_cache, keep, stops)
+    return ids, (n, sampler, gens, keep, Stops(seqs, texts, decode))
 
 
-def _stream_one(model, ids, max_new_tokens, sampler, gens, use_cache, keep, stops):
+def _stream_one(model, ids, max_new_tokens, sampler, gens, keep, stops, *, use_cache):
     for (token,) in _stream_rows(model, [ids], max_new_tokens, sampler, gens, use_cache, keep):
         out, matched = stops.push(token)
         yield from out
@@ -259,26 +304,30 @@ def _stream_one(model, ids, max_new_tokens, sampler, gens, use_cache, keep, stop
 
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop=None, seed=None, use_cache: bool = True, tokenizer=None,
-             keep: int | None = None) -> list[int]:
-    """Continue a prompt: returns the new token ids (not the prompt, not a matched stop sequence).
+             keep: int | None = None, *, suppress_tokens=None, stop_at_eos: bool = True) -> list[int]:
+    """Continue a prompt: returns the new token ids (not the prompt, not a matched stop).
 
-    Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``).
+    Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``). With a
+    stop string the ids end before the token in which the stop begins: a token holding text before the stop
+    and the start of the stop (``"a\n"`` before ``"\n"``, stop ``"\n\n"``) is not returned.
     Source: the KV cache as in nanoGPT/nanochat's engines; top-p from Holtzman et al. 2019.
     """
     return list(stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, use_cache,
-                       tokenizer, keep))
+                       tokenizer, keep, suppress_tokens=suppress_tokens, stop_at_eos=stop_at_eos))
 
 
 def generate_batch(model, prompts: Sequence, max_new_tokens: int, temperature: float = 1.0,
                    top_k: int | None = None, top_p: float | None = None, stop=None, seed=None,
-                   use_cache: bool = True, tokenizer=None, keep: int | None = None) -> list[list[int]]:
+                   use_cache: bool = True, tokenizer=None, keep: int | None = None, *, suppress_tokens=None,
+                   stop_at_eos: bool = True) -> list[list[int]]:
     """Continue several prompts of different lengths at once; returns the new ids of each prompt.
 
     The prompts are left-padded to a common length; a padding mask hides the padded keys and each row gets
     its own positions, so every prompt starts at position 0 exactly as when generated alone. Each row follows
     its own context window (the rule of :func:`stream`); when a row's window slides, or the shared cache is
-    full, the cache is re-prefilled with every row's current window. A row that hits a stop sequence is done
-    (the others go on); the call ends when all rows are done or after max_new_tokens steps.
+    full, the cache is re-prefilled with every row's current window. A row that hits a stop (token ids, a stop
+    string in its text, or the tokenizer's ``<EOS>``) is done (the others go on); the call ends when all rows
+    are done or after max_new_tokens steps.
 
     Sampling: every row has its own ``torch.Generator``. ``seed`` an int seeds each row's generator with that
     same int, so row i gives the same tokens as ``generate(model, prompts[i], ..., seed=seed)`` (and equal
@@ -288,16 +337,15 @@ def generate_batch(model, prompts: Sequence, max_new_tokens: int, temperature: f
 
     Raises: as :func:`stream`; ValueError for an empty list of prompts or a seed list of the wrong length.
     """
-    sampler = _validate(model, max_new_tokens, temperature, top_k, top_p)
+    max_new_tokens, sampler, (seqs, texts, decode), keep = _prepare(
+        model, max_new_tokens, temperature, top_k, top_p, stop, tokenizer, keep, suppress_tokens, stop_at_eos)
     if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError("prompts must be a list of prompts (each a list of token ids or a text)")
     if not prompts:
         raise ValueError("prompts is empty; give at least one prompt")
     rows = [_prompt_list(model, p, tokenizer, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
-    seqs = stop_sequences(stop, tokenizer, model.config.num_tokens)
-    keep = _check_keep(keep, model.config.max_len)
     gens = [] if sampler.greedy else make_generators(seed, len(rows), _model_device(model))
-    matchers = [StopMatcher(seqs) for _ in rows]
+    matchers = [Stops(seqs, texts, decode) for _ in rows]
     outs: list[list[int]] = [[] for _ in rows]
     done = [False] * len(rows)
     steps = _stream_rows(model, rows, max_new_tokens, sampler, gens, use_cache, keep)

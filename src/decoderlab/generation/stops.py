@@ -1,48 +1,95 @@
-"""Stop sequences: where generation ends, before emitting the stop."""
+"""Stops: where generation ends, before emitting the stop.
+
+Two kinds of stop, matched in the one stream of generated tokens:
+
+* token ids -- an id or a tuple of ids (and a string naming a control token, such as ``"<EOS>"``): matched on
+  the ids the model produces (:class:`StopMatcher`);
+* text -- any other string: matched on the decoded text, however the model spells it (``"\\n\\n"`` is found
+  whether the model writes one ``"\\n\\n"`` token or two ``"\\n"`` tokens) (:class:`TextStopMatcher`).
+
+Both hold back what could still become a stop, so nothing that belongs to a stop is ever emitted.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from ..tokenizers import Tokenizer
+from .sampling import as_scalar, is_integer
 
-def stop_sequences(stop, tokenizer, num_tokens: int) -> list[tuple[int, ...]]:
-    """Normalise ``stop`` to a list of token-id sequences (see :func:`stream`)."""
+
+def text_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """``ids -> text`` for text output: a decoderlab tokenizer's ``decode`` with ``skip_special=True`` (control
+    tokens such as ``<EOS>`` are not text: the text "<EOS>" is five characters), except for a word vocabulary,
+    where ``<EOS>`` is a word as in the lesson ("awesome <EOS>"); any other tokenizer's plain ``decode``."""
+    if isinstance(tokenizer, Tokenizer) and not tokenizer.specials_are_text:
+        return lambda ids: tokenizer.decode(ids, skip_special=True)
+    return tokenizer.decode
+
+
+def _special_ids(tokenizer) -> frozenset[int]:
+    ids = getattr(tokenizer, "special_ids", None)
+    if ids is None:
+        ids = {i for i in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "pad_id", None)) if i is not None}
+    return frozenset(ids)
+
+
+def parse_stops(stop, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Normalise ``stop`` (see :func:`decoderlab.generation.stream`) to (token-id sequences, text stops).
+
+    An int (of any kind) is one token id; a tuple (or 1-D tensor) of ids is one multi-token sequence; a string
+    that is the name of one of the tokenizer's control tokens (``"<EOS>"``, ``"<PAD>"``, ``"<|endoftext|>"``)
+    is that token; any other string is text; a list mixes any of these.
+
+    Raises:
+        TypeError: an item of another type; a string without a tokenizer.
+        ValueError: an empty stop; an id out of range; a string the tokenizer cannot encode (it could never
+            be produced).
+    """
     if stop is None:
-        return []
+        return [], []
     if isinstance(stop, torch.Tensor):
         stop = stop.tolist()
-    if isinstance(stop, (int, str)) or (isinstance(stop, Sequence) and stop and
-                                        all(isinstance(t, int) for t in stop) and not isinstance(stop, list)):
+    stop = as_scalar(stop)
+    if is_integer(stop) or isinstance(stop, str) or (
+            isinstance(stop, Sequence) and stop and all(is_integer(as_scalar(t)) for t in stop)
+            and not isinstance(stop, list)):
         # a single id, a single string, or a tuple of ids (one multi-token stop sequence)
         items = [stop]
     else:
-        items = list(stop)
+        try:
+            items = list(stop)
+        except TypeError:
+            raise TypeError(f"stop must be token ids or strings, got {stop!r}") from None
     seqs: list[tuple[int, ...]] = []
+    texts: list[str] = []
     for item in items:
-        if isinstance(item, bool):
-            raise TypeError(f"stop must be token ids or strings, got {item!r}")
-        if isinstance(item, int):
-            seq = (item,)
+        item = as_scalar(item)
+        if is_integer(item):
+            seq = (int(item),)
         elif isinstance(item, str):
             if item == "":
                 raise ValueError("a stop string must not be empty")
             if tokenizer is None:
                 raise TypeError(f"stop string {item!r} needs the tokenizer: pass tokenizer=... (or give token ids)")
             vocab = getattr(tokenizer, "token_to_id", None)
+            if isinstance(vocab, dict) and vocab.get(item) in _special_ids(tokenizer):  # e.g. "<EOS>"
+                seqs.append((vocab[item],))
+                continue
             try:
-                if isinstance(vocab, dict) and item in vocab:  # one whole token, e.g. "<EOS>"
-                    seq = (vocab[item],)
-                else:
-                    seq = tuple(tokenizer.encode(item))
+                tokenizer.encode(item)  # text the tokenizer cannot write could never be produced
             except (KeyError, ValueError) as e:
                 msg = e.args[0] if e.args else e
                 raise ValueError(f"stop string {item!r} cannot be encoded by the tokenizer: {msg}") from None
-            if not seq:
-                raise ValueError(f"stop string {item!r} encodes to no tokens")
-        elif isinstance(item, (Sequence, torch.Tensor)):
-            seq = tuple(int(t) for t in item)
+            texts.append(item)
+            continue
+        elif isinstance(item, (Sequence, torch.Tensor)) and not isinstance(item, bool):
+            seq = tuple(as_scalar(t) for t in item)
+            if not all(is_integer(t) for t in seq):
+                raise TypeError(f"stop must be token ids or strings, got {item!r}")
+            seq = tuple(int(t) for t in seq)
             if not seq:
                 raise ValueError("a stop sequence of token ids must not be empty")
         else:
@@ -51,15 +98,20 @@ def stop_sequences(stop, tokenizer, num_tokens: int) -> list[tuple[int, ...]]:
         if bad:
             raise ValueError(f"stop token id {bad[0]} is out of range; allowed ids are 0 .. {num_tokens - 1}")
         seqs.append(seq)
-    return seqs
+    return seqs, texts
+
+
+def stop_sequences(stop, tokenizer, num_tokens: int) -> list[tuple[int, ...]]:
+    """The token-id stops of ``stop`` (see :func:`parse_stops`); text stops are left out."""
+    return parse_stops(stop, tokenizer, num_tokens)[0]
 
 
 class StopMatcher:
     """Stops a stream of token ids before a stop sequence, holding back tokens that could start one.
 
     ``push(token)`` returns ``(ids safe to emit, matched stop sequence or None)``; ``flush()`` returns the
-    held-back ids when generation ends without a match. Matching is on token ids: a stop string is matched
-    when the model produces the ids ``tokenizer.encode(stop)``, not another tokenization of the same text.
+    held-back ids when generation ends without a match. Matching is on token ids (for text, see
+    :class:`TextStopMatcher`).
     """
 
     def __init__(self, sequences: Sequence[tuple[int, ...]]):
@@ -88,3 +140,114 @@ class StopMatcher:
     def flush(self) -> list[int]:
         out, self.held = self.held, []
         return out
+
+
+class TextStopMatcher:
+    """Stops a stream of token ids before the first place where the decoded text contains a stop string.
+
+    Args:
+        stops: the stop strings (non-empty).
+        decode: ids -> text (the tokenizer's decode; control tokens are best left out of the text).
+
+    ``feed(ids)`` takes the next ids and returns ``(ids safe to emit, matched)`` where ``matched`` is the stop
+    string found (or None). An id is emitted once no stop can begin inside or before its text: ids whose text
+    ends in a prefix of a stop, or in an incomplete character (U+FFFD at the end of the text), are held back.
+
+    When a stop begins inside a token (a token ``"a\\n"`` then ``"\\n"`` with the stop ``"\\n\\n"``), the ids
+    emitted end before that token, and ``tail`` holds the text between them and the stop (``"a"``), so that
+    text streams can end exactly before the stop. ``flush()`` returns the held ids when generation ends.
+
+    Matching is on the text of the generated tokens only (a stop never reaches back into the prompt).
+    """
+
+    def __init__(self, stops: Sequence[str], decode: Callable[[list[int]], str]):
+        self.stops = list(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.decode = decode
+        self.ids: list[int] = []
+        self.ctx = 0  # ids[ctx:released] were emitted; decoded again only as context (word separators)
+        self.released = 0
+        self.tail = ""
+
+    def _text_from(self, base: str, end: int) -> str:
+        """Text of ids[released:end], decoded in context."""
+        return self.decode(self.ids[self.ctx:end])[len(base):]
+
+    def feed(self, new_ids: Sequence[int]) -> tuple[list[int], str | None]:
+        self.ids.extend(new_ids)
+        if not self.stops or self.released == len(self.ids):
+            return self._release(len(self.ids)), None
+        base = self.decode(self.ids[self.ctx:self.released])
+        held = self._text_from(base, len(self.ids))
+        found = [(held.find(s), s) for s in self.stops]
+        found = [f for f in found if f[0] >= 0]
+        if found:
+            start, matched = min(found)
+            limit = held[:start]
+        else:
+            matched = None
+            end = len(held) - 1 if held.endswith("\ufffd") else len(held)  # a character may be incomplete
+            start = end
+            for p in range(max(0, end - self.longest + 1), end):  # the earliest place a stop could still begin
+                if any(s.startswith(held[p:end]) for s in self.stops):
+                    start = p
+                    break
+            limit = held[:start]
+        # the most ids whose text lies entirely before ``start``
+        k = len(self.ids)
+        text = held
+        while k > self.released and not limit.startswith(text):
+            k -= 1
+            text = self._text_from(base, k)
+        if matched is not None:
+            self.tail = limit[len(text):]
+        return self._release(k), matched
+
+    def _release(self, k: int) -> list[int]:
+        out = self.ids[self.released:k]
+        if k > self.released:
+            self.ctx, self.released = self.released, k
+        return out
+
+    def flush(self) -> list[int]:
+        return self._release(len(self.ids))
+
+
+class Stops:
+    """Token-id stops and text stops together, in generation order: ``push(token) -> (ids to emit, swallowed)``
+    where ``swallowed`` is None until a stop ends generation, then the tuple of generated ids that were not
+    emitted (the stop sequence itself for a token-id stop; for a text stop, the tokens that spelled it, from
+    the first one not emitted). ``tail`` is the text before a text stop that lies inside those tokens
+    ("" otherwise). ``flush()`` returns the held ids when generation ends without a stop."""
+
+    def __init__(self, sequences: Sequence[tuple[int, ...]] = (), texts: Sequence[str] = (),
+                 decode: Callable[[list[int]], str] | None = None):
+        self.ids = StopMatcher(sequences)
+        self.text = TextStopMatcher(texts, decode) if texts else None
+        self.pending: list[int] = []  # ids given to the text matcher and not emitted yet
+
+    @property
+    def tail(self) -> str:
+        return self.text.tail if self.text is not None else ""
+
+    def push(self, token: int) -> tuple[list[int], tuple[int, ...] | None]:
+        out, seq = self.ids.push(token)
+        if self.text is None:
+            return out, seq
+        self.pending.extend(out)
+        emitted, matched = self.text.feed(out)
+        del self.pending[: len(emitted)]
+        if matched is not None:  # the text stop begins before anything the id matcher holds or matched
+            return emitted, tuple(self.pending) + (seq if seq is not None else tuple(self.ids.flush()))
+        if seq is not None:
+            emitted += self.text.flush()
+            self.pending = []
+            return emitted, seq
+        return emitted, None
+
+    def flush(self) -> list[int]:
+        out = self.ids.flush()
+        if self.text is None:
+            return out
+        self.text.feed(out)
+        return self.text.flush()

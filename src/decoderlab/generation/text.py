@@ -5,33 +5,42 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .engine import stream
+from .engine import _prepare_one, _stream_one, stream
 from .sampling import check_int, check_sampling
+from .stops import text_decoder
 
 
 class TextStreamer:
     """Turns token ids into text pieces as they arrive, never splitting a character.
 
-    Works for every decoderlab tokenizer using only ``decode``: each new piece is the text of the ids since
-    the last emitted boundary, decoded together with the ids just before it (so word separators come out
-    right), minus the text already emitted. While that text ends in U+FFFD -- a byte-level BPE token ended in
-    the middle of a UTF-8 character -- nothing is emitted and the ids are held until the character completes.
-    The concatenation of all pieces (``put`` ... then ``end``) equals ``tokenizer.decode(all ids)``.
+    Works for every tokenizer using only ``decode``: each new piece is the text of the ids since the last
+    emitted boundary, decoded together with the ids just before it (so word separators come out right), minus
+    the text already emitted. While that text ends in U+FFFD -- a byte-level BPE token ended in the middle of
+    a UTF-8 character -- nothing is emitted and the ids are held until the character completes. Control
+    tokens (``<EOS>``, ``<PAD>``, ``<unk>``) of a character or BPE vocabulary are not text: they are decoded
+    with ``skip_special=True``, so they never appear as if the model had written "<EOS>" (in a word
+    vocabulary they are words, written as the lesson writes them: "awesome <EOS>"). The concatenation of all
+    pieces (``put`` ... then ``end``) equals ``tokenizer.decode(all ids, skip_special=True)`` (plain
+    ``decode`` for a word vocabulary).
+
+    ``context``: ids before the first one put (e.g. the prompt), decoded only as context so that the first
+    piece starts with the right separator; their own text is not emitted.
 
     ``put(token_id) -> str`` (possibly ""); ``end() -> str`` flushes what is held (a character that never
     completed comes out as U+FFFD, as ``decode`` writes it).
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
+        self.decode = text_decoder(tokenizer)
+        self.ids: list[int] = [int(i) for i in context]
         self.prefix = 0  # ids[prefix:read] were emitted already; decoded again only as context
-        self.read = 0
+        self.read = len(self.ids)
 
     def put(self, token_id: int) -> str:
         self.ids.append(int(token_id))
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix :])
+        before = self.decode(self.ids[self.prefix : self.read])
+        text = self.decode(self.ids[self.prefix :])
         if len(text) > len(before) and not text.endswith("\ufffd"):
             piece = text[len(before) :]
             self.prefix, self.read = self.read, len(self.ids)
@@ -39,27 +48,49 @@ class TextStreamer:
         return ""
 
     def end(self) -> str:
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix :])
+        before = self.decode(self.ids[self.prefix : self.read])
+        text = self.decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
         return text[len(before) :]
 
 
-def stream_text(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int = 200,
-                **kwargs) -> Iterator[str]:
+def stream_text(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int = 200, temperature=1.0,
+                top_k=None, top_p=None, stop=None, seed=None, use_cache: bool = True, keep=None, *,
+                suppress_tokens=None, stop_at_eos: bool = True, echo: bool = False) -> Iterator[str]:
     """Stream the continuation of ``prompt`` as text pieces (str), never splitting a UTF-8 character.
 
-    ``prompt`` is text (encoded with ``tokenizer``) or token ids; ``kwargs`` are those of :func:`stream`
-    (temperature, top_k, top_p, stop, seed, use_cache, keep). The pieces joined equal
-    ``tokenizer.decode(generate(...))`` for the same arguments.
+    ``prompt`` is text (encoded with ``tokenizer``) or token ids; the other arguments are those of
+    :func:`stream` (``<PAD>`` is never sampled and ``<EOS>`` ends the text, by default). Stop strings are
+    matched on the text, and the text ends exactly before the first one, also when it begins inside a token.
+    Control tokens are never written as text (see :class:`TextStreamer`). The pieces joined equal
+    ``tokenizer.decode(generate(...), skip_special=True)`` for the same arguments, plus, when a stop string
+    begins inside a token, the text of that token before the stop.
+
+    ``echo``: first yield the prompt's text (``decode(prompt ids)``), and decode the continuation together
+    with it, so that word tokens keep the separator between prompt and continuation.
+
+    Every argument is checked at the call (``ValueError`` / ``TypeError`` as :func:`stream`), not when the
+    first piece is asked for.
     """
-    yield from _text_pieces(tokenizer, stream(model, prompt, max_new_tokens, tokenizer=tokenizer, **kwargs))
+    ids, args = _prepare_one(model, prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer,
+                             keep, suppress_tokens, stop_at_eos)
+    if not isinstance(echo, bool):
+        raise TypeError(f"echo must be True or False, got {echo!r}")
+    stops = args[-1]
+    tokens = _stream_one(model, list(ids), *args, use_cache=use_cache)
+    return _text_pieces(tokenizer, tokens, stops=stops, context=ids if echo else (), echo=echo)
 
 
-def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = None):
-    """Whole-character text pieces of the ids ``tokens`` yields (appended to ``produced`` if given); returns
-    the token generator's own return value (the stop sequence that ended it, or None)."""
-    streamer = TextStreamer(tokenizer)
+def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = None, stops=None,
+                 context: Sequence[int] = (), echo: bool = False):
+    """Whole-character text pieces of the ids ``tokens`` yields (appended to ``produced`` if given), ending
+    with the text a stop string left inside its tokens (``stops.tail``); with ``echo``, first the text of
+    ``context``. Returns the token generator's own return value (what a stop swallowed, or None)."""
+    if echo:
+        head = text_decoder(tokenizer)(list(context))
+        if head:
+            yield head
+    streamer = TextStreamer(tokenizer, context)
     while True:
         try:
             token = next(tokens)
@@ -71,7 +102,7 @@ def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = 
         piece = streamer.put(token)
         if piece:
             yield piece
-    tail = streamer.end()
+    tail = streamer.end() + (stops.tail if stops is not None and result is not None else "")
     if tail:
         yield tail
     return result
@@ -100,11 +131,10 @@ class ChatSession:
                  top_k: int | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
                  seed: int | None = None):
         self.model, self.tokenizer, self.pairs = model, tokenizer, pairs
-        self.temperature = (0.0 if pairs else 1.0) if temperature is None else temperature
-        self.top_k, self.top_p = top_k, top_p
-        self.max_new_tokens = (model.config.max_len if pairs else 200) if max_new_tokens is None else max_new_tokens
-        check_sampling(self.temperature, self.top_k, self.top_p)
-        check_int("max_new_tokens", self.max_new_tokens, 0)
+        temperature = (0.0 if pairs else 1.0) if temperature is None else temperature
+        self.temperature, self.top_k, self.top_p = check_sampling(temperature, top_k, top_p)
+        max_new_tokens = (model.config.max_len if pairs else 200) if max_new_tokens is None else max_new_tokens
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
         self.seed = seed
         self.turn = 0
         self.history: list[int] = []

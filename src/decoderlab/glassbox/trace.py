@@ -8,6 +8,7 @@ PyTorch hooks); ``trace`` switches recording on for the layers it keeps and alwa
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Iterable
 
@@ -195,9 +196,9 @@ def _select(kind: str, wanted, n: int) -> list[int]:
     """Validate ``layers``/``heads``: None = all; an int or an iterable of ints in 0 .. n-1."""
     if wanted is None:
         return list(range(n))
-    if isinstance(wanted, bool) or not isinstance(wanted, (int, Iterable)):
+    if isinstance(wanted, bool) or not isinstance(wanted, (numbers.Integral, Iterable)):
         raise TypeError(f"{kind}s must be an int, a list of ints or None, got {type(wanted).__name__}")
-    items = [wanted] if isinstance(wanted, int) else list(wanted)
+    items = [wanted] if isinstance(wanted, numbers.Integral) else list(wanted)
     if not items:
         raise ValueError(f"{kind}s is empty; valid {kind}s are 0 .. {n - 1}")
     out = []
@@ -243,8 +244,9 @@ def trace(model, token_ids_or_text, tokenizer=None, layers=None, heads=None, top
     cfg = model.config
     keep_layers = _select("layer", layers, cfg.n_layer)
     keep_heads = _select("head", heads, cfg.n_head)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    top_k = int(top_k)
     ids = _as_ids(model, token_ids_or_text, tokenizer)
     all_heads = keep_heads == list(range(cfg.n_head))
     head_index = torch.tensor(keep_heads, device=ids.device)
