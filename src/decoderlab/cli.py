@@ -77,7 +77,7 @@ def cmd_train(args) -> int:
     overrides = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     devices = int(args.devices) if str(args.devices).isdigit() else args.devices
     try:
-        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size,
+        model, tok, s = train_lm(args.data, preset=args.preset, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                                  out=args.out, config_overrides=overrides, resume=args.resume, devices=devices,
                                  strategy=args.strategy, num_nodes=args.num_nodes,
                                  progress_bar=not args.no_progress_bar)

@@ -276,12 +276,19 @@ class CountingSampler(torch.utils.data.Sampler):
 
 
 class SequentialWindows(torch.utils.data.Dataset):
-    """Validation: the non-overlapping windows of a split, grouped into batches.
+    """Validation: the non-overlapping windows of a split, grouped into batches, shared out over processes.
 
     Window ``i`` has inputs ``tokens[i*max_len : (i+1)*max_len]`` and targets shifted by one, so the input
     windows do not overlap, the target windows do not overlap, and every token but the first is predicted
-    exactly once: ``(len(tokens) - 1) // max_len`` windows. Item ``j`` is batch ``j`` of ``batch_size``
-    windows (the last may be smaller); with ``max_batches`` only the first ``max_batches`` batches.
+    exactly once: ``(len(tokens) - 1) // max_len`` windows. The validation set is the first
+    ``min(windows, max_batches * batch_size)`` of them (all with ``max_batches=None``), the same for any
+    number of processes: process ``rank`` of ``world_size`` takes a contiguous share of it (the shares differ
+    by at most one window), in batches of at most ``batch_size`` windows. Item ``j`` is this process's batch
+    ``j``; one process (the default) gets batches of ``batch_size`` windows, the last maybe smaller.
+
+    Raises:
+        ValueError: fewer than max_len + 1 tokens; fewer validation windows than processes (each process
+            needs one), naming both numbers.
     """
 
     def __init__(self, tokens, max_len: int, batch_size: int, max_batches: int | None = None,
@@ -291,21 +298,47 @@ class SequentialWindows(torch.utils.data.Dataset):
         self.num_windows = (len(self.source) - 1) // self.max_len
         if self.num_windows < 1:
             raise ValueError(f"{len(self.source)} tokens are too few for one window of max_len+1 = {self.max_len + 1}")
-        n = -(-self.num_windows // self.batch_size)
-        if max_batches is not None:
-            n = min(n, int(max_batches))
-        self.batches = list(range(int(rank), n, int(world_size)))
+        total = validation_window_count(len(self.source), self.max_len, self.batch_size, max_batches)
+        rank, world_size = int(rank), int(world_size)
+        if total < world_size:
+            raise ValueError(
+                f"the validation set has {total} window{'s' if total != 1 else ''} of max_len+1 = {self.max_len + 1} "
+                f"tokens for {world_size} processes, and each process needs at least one: use fewer processes, "
+                f"more validation data (val_fraction), more val_batches or a larger val_batch_size")
+        lo, hi = rank * total // world_size, (rank + 1) * total // world_size
+        #: (first window, number of windows) of each of this process's batches
+        self.batches = [(first, min(self.batch_size, hi - first)) for first in range(lo, hi, self.batch_size)]
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, j: int):
-        b = self.batches[j]
-        first = b * self.batch_size
-        count = min(self.batch_size, self.num_windows - first)
+        first, count = self.batches[j]
         starts = (first + np.arange(count, dtype=np.int64)) * self.max_len
         rows = torch.from_numpy(self.source.array[starts[:, None] + np.arange(self.max_len + 1)].astype(np.int64))
         return rows[:, :-1], rows[:, 1:]
+
+
+def validation_window_count(num_tokens: int, max_len: int, batch_size: int, max_batches: int | None = None) -> int:
+    """How many windows :class:`SequentialWindows` validates on (over all processes together):
+    ``min((num_tokens - 1) // max_len, max_batches * batch_size)``, or all windows with ``max_batches=None``."""
+    windows = max(0, (int(num_tokens) - 1) // int(max_len))
+    return windows if max_batches is None else min(windows, int(max_batches) * int(batch_size))
+
+
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """UTF-8 bytes each token id stands for, as an int64 array (vocab_size,): ``len(token_bytes(i))`` plus the
+    bytes of the tokenizer's ``separator`` (a word tokenizer writes a space between words), so the bytes of a
+    sequence of targets are the sum of their entries (the unit of bits per byte). Ids missing from the vocabulary
+    count 0 bytes."""
+    sep = len(getattr(tokenizer, "separator", "").encode("utf-8"))
+    lengths = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+    for i in range(tokenizer.vocab_size):
+        try:
+            lengths[i] = len(tokenizer.token_bytes(i)) + sep
+        except ValueError:  # an id the vocabulary skips (never a target)
+            pass
+    return lengths
 
 
 def check_split_lengths(train_len: int, val_len: int, max_len: int) -> None:
