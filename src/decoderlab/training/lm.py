@@ -231,9 +231,15 @@ def train_lm(
         NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
     """
     run = _plan_run(out, resume, train_config, config_overrides, corpus)
+    _check_compile_backend(run.cfg.compile)
+    if not run.resumed:
+        preset = "baby-shakespeare" if preset is None else preset
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, tokenizer, vocab_size, model_overrides)
+    if run.changes and _first_process():  # every refusal is behind us
+        print(f"decoderlab: resuming {run.run_dir} from {run.ckpt_path.name} with changed settings: "
+              f"{', '.join(f'{k} {old!r} -> {new!r}' for k, (old, new) in run.changes.items())}", file=sys.stderr)
     cfg, run_dir = run.cfg, run.run_dir
 
     tokens = corpus_tokens(corpus_text, tok, cache_dir)
@@ -272,6 +278,14 @@ def train_lm(
     model.eval()
     return model, tok, _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg, wall,
                                   byte_lengths, run_dir)
+
+
+def _check_compile_backend(compile) -> None:
+    """Refuse an unknown ``torch.compile`` backend before training (torch would fail at the first step)."""
+    if isinstance(compile, str):
+        backends = torch.compiler.list_backends(exclude_tags=())
+        if compile not in backends:
+            raise ValueError(f"compile backend {compile!r} is not one of this PyTorch's: {', '.join(backends)}")
 
 
 @dataclass
@@ -330,9 +344,6 @@ def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
                 f"trained with {', '.join(f'{k}={changes[k][0]!r}' for k in fixed)}, and {', '.join(fixed)} "
                 f"cannot change on resume (they define the run's validation split and batches); resume without "
                 f"changing {'it' if len(fixed) == 1 else 'them'}, or start a new run")
-        if changes and _first_process():
-            print(f"decoderlab: resuming {run_dir} from {ckpt_path.name} with changed settings: "
-                  f"{', '.join(f'{k} {old!r} -> {new!r}' for k, (old, new) in changes.items())}", file=sys.stderr)
     return _Run(run_dir, ckpt_path, cfg, info, changes)
 
 
@@ -353,7 +364,7 @@ def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, v
         return tok, model_cfg
     tokenizer = "char" if tokenizer is None else tokenizer
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, corpus_text, vocab_size)
-    model_cfg = preset_config(preset or "baby-shakespeare", **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
+    model_cfg = preset_config(preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
     if model_cfg.num_tokens != tok.vocab_size:
         raise ValueError(f"model num_tokens {model_cfg.num_tokens} does not match the tokenizer's vocabulary "
                          f"size {tok.vocab_size}")

@@ -69,7 +69,7 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     if checkpointing and run_dir is not None:
         cbs.append(ModelCheckpoint(dirpath=str(run_dir / LIGHTNING_DIR), filename="best-step{step}",
                                    auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
-                                   save_last=True))
+                                   save_last=True, enable_version_counter=False))  # always last.ckpt, never last-v1
     return L.Trainer(
         accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes,
         precision=PRECISION_ALIASES[cfg.precision],
