@@ -554,11 +554,37 @@ def test_validation_windows_split_over_processes_like_one_process():
         SequentialWindows(tokens, 10, batch_size=1, max_batches=2, rank=2, world_size=3)
 
 
+def run_group(cmd, timeout=300, **kw):
+    """Run ``cmd`` in its own process group; on a timeout kill the whole group (launched ranks included), so a
+    hanging multi-process run never outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout} s)"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def ddp_env(cache):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
+    env.pop("DECODERLAB_RUN_DIR", None)
+    return env
+
+
 def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
-    with pytest.raises(ValueError, match="has 1 window of max_len\\+1 = 17 tokens for 2 processes"):
-        run(text, tmp_path / "run", cache, tiny_config(val_batches=1, val_batch_size=1), devices=2,
-            strategy="ddp")
-    assert not (tmp_path / "run" / "lightning").exists()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text[:700], encoding="utf-8")  # validation: 70 tokens, 1 window of 65
+    proc = run_group([str(Path(sys.executable).with_name("decoderlab")), "train", "--data", str(corpus), "--devices",
+                      "2", "--strategy", "ddp", "--max-steps", "1", "--out", str(tmp_path / "run")],
+                     timeout=120, env=ddp_env(cache), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "decoderlab: error: the validation set has 1 window of max_len+1 = 65 tokens for 2 processes, and each "
+        "process needs at least one: use fewer processes, more validation data (val_fraction), more val_batches "
+        "or a larger val_batch_size"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "lightning").exists()
 
 
 def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
@@ -566,14 +592,11 @@ def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
     one process with the same global batch."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
-    env.pop("DECODERLAB_RUN_DIR", None)
     exe = Path(sys.executable).with_name("decoderlab")
     common = ["train", "--data", str(corpus), "--max-steps", "2", "--eval-every", "1", "--val-batches", "1",
               "--no-progress-bar"]
-    proc = subprocess.run([str(exe), *common, "--devices", "2", "--strategy", "ddp", "--batch-size", "2",
-                           "--out", str(tmp_path / "ddp")], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    proc = run_group([str(exe), *common, "--devices", "2", "--strategy", "ddp", "--batch-size", "2", "--out",
+                      str(tmp_path / "ddp")], env=ddp_env(cache), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())
@@ -606,14 +629,18 @@ def test_two_nodes_match_one_process(tmp_path, text, cache):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("DECODERLAB_RUN_DIR", None)
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                                "1", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
                                str(port), str(script), str(corpus), str(tmp_path / "nodes"), str(cache)],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=ddp_env(cache), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
              for node in (0, 1)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     nodes = json.loads((tmp_path / "nodes" / "summary.json").read_text())
     cfg = TrainConfig(max_steps=4, batch_size=4, warmup=1, eval_every=2, val_batches=3, val_batch_size=5)
