@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .files import atomic_write_bytes
+from .files import atomic_write_chunks
 
 # ---------------------------------------------------------------------------------------------------------------
 # Corpus -> token ids: read a corpus, tokenize it once into a memmap cached on disk, split by position.
@@ -128,7 +128,9 @@ def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = No
 
     The cache file (see :func:`corpus_cache_path`) is keyed by the sha256 of the text and of the tokenizer's
     JSON, so a second call with the same text and tokenizer maps the existing file without encoding; it is
-    written atomically (temporary file, then ``os.replace``), so a killed run never leaves a partial one.
+    written atomically (temporary file, then ``os.replace``), so a killed run never leaves a partial one, and
+    piece by piece for a tokenizer with ``encode_chunks`` (BPE), so that encoding a large corpus holds only one
+    piece's ids at a time.
 
     Args:
         text: the corpus (e.g. from :func:`read_corpus`).
@@ -144,18 +146,34 @@ def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = No
     path = corpus_cache_path(text, tokenizer, cache_dir)
     dtype = token_dtype(tokenizer.vocab_size)
     if not (path.is_file() and path.stat().st_size > 0 and path.stat().st_size % dtype.itemsize == 0):
-        encode = getattr(tokenizer, "encode_array", None)
-        ids = np.asarray(encode(text) if encode is not None else tokenizer.encode(text), dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError(f"the corpus ({len(text)} characters) encodes to no tokens with this "
-                             f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)} tokenizer")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= tokenizer.vocab_size:
-            raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
-                             f"0 .. {tokenizer.vocab_size - 1}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, ids.astype(dtype).tobytes())
+        atomic_write_chunks(path, _checked_id_bytes(text, tokenizer, dtype))
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _checked_id_bytes(text: str, tokenizer, dtype: np.dtype):
+    """The ids of ``text`` as ``dtype`` bytes, piece by piece when the tokenizer encodes in pieces
+    (``encode_chunks``: memory bounded whatever the corpus length); raises ``ValueError`` for an id outside
+    the vocabulary or a text of no tokens (so the cache file is never written)."""
+    chunks = getattr(tokenizer, "encode_chunks", None)
+    encode = getattr(tokenizer, "encode_array", None)
+    pieces = (chunks(text) if chunks is not None
+              else [encode(text) if encode is not None else tokenizer.encode(text)])
+    count = 0
+    for ids in pieces:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError(f"the tokenizer returned ids of shape {ids.shape}, not a 1-D sequence")
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= tokenizer.vocab_size:
+                raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
+                                 f"0 .. {tokenizer.vocab_size - 1}")
+        count += ids.size
+        yield ids.astype(dtype).tobytes()
+    if count == 0:
+        raise ValueError(f"the corpus ({len(text)} characters) encodes to no tokens with this "
+                         f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)} tokenizer")
 
 
 def split_tokens(tokens, val_fraction: float = 0.1):
