@@ -186,6 +186,50 @@ def test_bpe_chunked_encoding_equals_whole(bpe, shakespeare):
         assert bpe.encode_array(text, chunk_chars=chunk).tolist() == whole
 
 
+def one_call(bpe, text):
+    return bpe.hf_tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_bpe_chunks_any_text_and_gives_the_ids_of_one_call(bpe, shakespeare):
+    """Issue 13: CRLF, CR and no line ends at all are cut too (they were encoded in one call: +1.4 GB of
+    peak memory for 8 MB of CRLF text), and every cut keeps the ids of one call -- on every kind of
+    boundary (forced small pieces: a cut is tried after every few characters)."""
+    import random
+
+    base = shakespeare[:6_000]
+    rng = random.Random(0)
+    pool = list("ab Z'sltdmrve0129\n\r\t\x0b\x0c\x1c\x85\xa0\u2028\u3000.,;!?-_()'\"") + [
+        "й", "Ж", "ё", "漢", "字", "か", "。", "，", "\u0301", "\u0308", "٣", "²", "Ⅻ", "一", "😀", "\u200d", "🇫",
+        "\ufeff", "\u0378", "\U000e0001", "  ", "\r\n", "'ll", "'S", " 12", "x\u0301y"]
+    texts = {
+        "CRLF": base.replace("\n", "\r\n"),
+        "CR": base.replace("\n", "\r"),
+        "no line end": base.replace("\n", " "),
+        "no space either": "".join(base.split()),
+        "hand-picked": "".join(HAND_PICKED) * 3,
+        "soup": "".join(rng.choice(pool) for _ in range(4_000)),
+        "Cyrillic and CJK": "Съешь же ещё этих мягких булок, да выпей чаю.\r\n漢字かなカナ、한국어。123٣²" * 40,
+    }
+    for name, text in texts.items():
+        whole = one_call(bpe, text)
+        for chunk in (1, 3, 7, 64):
+            pieces = list(bpe.encode_chunks(text, chunk_chars=chunk))
+            assert np.concatenate(pieces).tolist() == whole, (name, chunk)
+            if name != "no space either":
+                assert len(pieces) > len(text) // (4 * chunk + 64), (name, chunk)  # really cut
+        assert bpe.encode_array(text, chunk_chars=5).tolist() == whole
+        assert bpe.encode_array(text, chunk_chars=5).dtype == np.int64
+
+
+def test_bpe_chunks_bounded_without_line_ends(bpe):
+    """No newline in 300,000 characters: pieces of about chunk_chars, not one call on the whole."""
+    text = ("word, and 12 more words; " * 12_000)
+    sizes = [len(bpe.decode(p.tolist())) for p in bpe.encode_chunks(text, chunk_chars=10_000)]
+    assert len(sizes) == 30 and max(sizes) < 10_010
+    with pytest.raises(ValueError, match="chunk_chars must be an integer >= 1, got 0"):
+        next(bpe.encode_chunks("abc", chunk_chars=0))
+
+
 def test_bpe_vocab_size_too_small():
     with pytest.raises(ValueError, match=r"vocab_size 258 .* minimum is 259"):
         BPETokenizer.train(["some text"], vocab_size=258)

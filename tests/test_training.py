@@ -559,3 +559,335 @@ def test_resuming_a_moved_run_is_quiet(tmp_path, text, cache, capsys):
     assert not [m for m in said if "dirpath has changed" in m or "sync_dist" in m], said
     err = capsys.readouterr().err
     assert "Restoring states" not in err and "GPU available" not in err and "Trainer.fit" not in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# issue 13: metrics from exactly their data, resume with changed settings, validation over processes,
+# option combinations, checkpoints in step
+# ---------------------------------------------------------------------------------------------------------
+
+ASCII_THEN_CYRILLIC = ("The quick brown fox jumps over the lazy dog.\n" * 41)[:1800] + (
+    "Съешь же ещё этих мягких французских булок да выпей чаю " * 4)[:200]
+
+
+@torch.no_grad()
+def validation_nats_and_bytes(model, tok, val_tokens, max_len):
+    """Independent of the trainer: nats summed over every validation target (the non-overlapping windows)
+    and the UTF-8 bytes of those same targets, decoded."""
+    n = (len(val_tokens) - 1) // max_len
+    targets = torch.as_tensor(np.asarray(val_tokens[1:n * max_len + 1], dtype=np.int64)).view(n, max_len)
+    inputs = torch.as_tensor(np.asarray(val_tokens[:n * max_len], dtype=np.int64)).view(n, max_len)
+    logits = model.eval()(inputs)
+    nats = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                                   reduction="sum"))
+    return nats, targets.numel(), len(tok.decode(targets.reshape(-1).tolist()).encode("utf-8"))
+
+
+def test_bits_per_byte_counts_the_bytes_of_the_validation_targets(tmp_path, cache):
+    text = ASCII_THEN_CYRILLIC
+    assert len(text) == 2000 and text[:1800].isascii() and not any(c.isascii() and c != " " for c in text[1800:])
+    cfg = tiny_config(max_steps=4, eval_every=2, val_batches=None)
+    model, tok, s = run(text, tmp_path / "run", cache, cfg)
+    val = tok.encode_array(text)[1800:]  # the validation split: the Cyrillic tail (and its spaces)
+    nats, targets, nbytes = validation_nats_and_bytes(model, tok, val, TINY["max_len"])
+    assert s.val_loss == pytest.approx(nats / targets, rel=1e-5)
+    assert s.val_ppl == pytest.approx(math.exp(nats / targets), rel=1e-5)
+    assert s.val_bpb == pytest.approx(nats / (math.log(2) * nbytes), rel=1e-5)
+    whole_corpus = s.val_loss / (math.log(2) * len(text.encode("utf-8")) / len(text))  # the old, wrong value
+    assert nbytes / targets > 1.8 and s.val_bpb < 0.65 * whole_corpus
+    # the logged value is the same one
+    rows = (tmp_path / "run" / "logs" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header, last_val = rows[0].split(","), [r for r in rows if r.split(",")[rows[0].split(",").index("val_bpb")]][-1]
+    assert float(last_val.split(",")[header.index("val_bpb")]) == pytest.approx(s.val_bpb, rel=1e-6)
+
+
+def test_resume_counts_wall_seconds_and_tokens_of_the_whole_run(tmp_path, text, cache):
+    import time
+
+    out = tmp_path / "run"
+    _, _, first = run(text, out, cache, callbacks=[StopAt(4)])
+    saved = torch.load(out / "lightning" / "last.ckpt", weights_only=False)["callbacks"]["LossHistory"]
+    assert 0 < saved["wall_seconds"] <= first.wall_seconds
+    t0 = time.perf_counter()
+    _, _, resumed = train_lm(text=text, resume=out, model_overrides=TINY, cache_dir=cache, progress_bar=False,
+                             accelerator="cpu")
+    resume_seconds = time.perf_counter() - t0
+    assert saved["wall_seconds"] < resumed.wall_seconds < saved["wall_seconds"] + resume_seconds
+    assert resumed.train_seconds > first.train_seconds
+    assert resumed.tokens_per_second * resumed.train_seconds == pytest.approx(8 * 4 * TINY["max_len"])
+
+
+class LrRecorder(L.Callback):
+    """The learning rate each optimizer step runs at: {0-based step: lr}."""
+
+    def __init__(self):
+        self.lrs = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def resume(out, cache, **kw):
+    return train_lm(resume=out, model_overrides=TINY, cache_dir=cache, progress_bar=False, accelerator="cpu", **kw)
+
+
+def test_resume_with_a_new_learning_rate_uses_it(tmp_path, text, cache, capsys):
+    out = tmp_path / "run"
+    run(text, out, cache, tiny_config(max_steps=4, lr=1e-3, eval_every=4))
+    rec = LrRecorder()
+    _, _, s = resume(out, cache, text=text, config_overrides={"lr": 2e-3, "max_steps": 8}, callbacks=[rec])
+    assert "changed settings: max_steps 4 -> 8, lr 0.001 -> 0.002" in capsys.readouterr().err
+    new = tiny_config(max_steps=8, lr=2e-3, eval_every=4)
+    assert sorted(rec.lrs) == [4, 5, 6, 7] and s.steps == 8
+    assert [rec.lrs[k] for k in range(4, 8)] == pytest.approx([lr_at(k, new) for k in range(4, 8)])
+    info = json.loads((out / "run.json").read_text())
+    assert info["train_config"]["lr"] == 2e-3 and info["train_config"]["max_steps"] == 8
+    assert info["resumes"][-1]["changed"]["lr"] == [1e-3, 2e-3]
+    # a later resume keeps the new rate (and changes nothing)
+    rec = LrRecorder()
+    resume(out, cache, text=text, config_overrides={"max_steps": 9}, callbacks=[rec])
+    assert rec.lrs[8] == pytest.approx(lr_at(8, new.replace(max_steps=9)))
+
+
+def test_resume_with_more_steps_recomputes_the_schedule(tmp_path, text, cache):
+    out = tmp_path / "run"
+    cfg = tiny_config(max_steps=10, warmup=5, lr=1e-2, min_lr=1e-3, eval_every=5)
+    run(text, out, cache, cfg)
+    rec = LrRecorder()
+    resume(out, cache, text=text, config_overrides={"max_steps": 20}, callbacks=[rec])
+    assert rec.lrs[10] == pytest.approx(0.00775)  # step 11: the new schedule's value at step 10, not 0.001
+    longer = cfg.replace(max_steps=20)
+    assert [rec.lrs[k] for k in range(10, 20)] == pytest.approx([lr_at(k, longer) for k in range(10, 20)])
+
+
+def test_resume_refuses_settings_it_cannot_change(tmp_path, text, cache, capsys, monkeypatch):
+    monkeypatch.setenv("DECODERLAB_CACHE", str(cache))
+    out = tmp_path / "run"
+    run(text, out, cache, tiny_config(max_steps=2, eval_every=2))
+    capsys.readouterr()  # (the first run's own warnings)
+    for argv, message in [
+        (["--tokenizer", "bpe"], "with tokenizer 'bpe': the run was trained with the 'char' tokenizer"),
+        (["--seed", "7"], "with --seed=7: the run was trained with --seed=42"),
+        (["--accumulate", "2"], "with --accumulate=2: the run was trained with --accumulate=1"),
+        (["--preset", "shakespeare-char"], "with preset 'shakespeare-char': the run was trained with preset "
+                                           "'baby-shakespeare'"),
+    ]:
+        assert cli.main(["train", "--resume", str(out), "--max-steps", "3", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("decoderlab: error: cannot resume") and message in err, err
+    with pytest.raises(ValueError, match=r"model setting d_model=32: the run's model has d_model=16"):
+        train_lm(text=text, resume=out, model_overrides={**TINY, "d_model": 32}, cache_dir=cache)
+    assert json.loads((out / "meta.json").read_text())["step"] == 2  # nothing trained
+
+
+def test_validation_windows_split_over_processes_like_one_process():
+    tokens = np.arange(1000, dtype=np.int64)
+
+    def targets(ds):
+        return [int(t) for j in range(len(ds)) for t in ds[j][1].flatten()]
+
+    for batch_size, max_batches in [(4, None), (4, 3), (1, None), (64, 1), (5, 2)]:
+        whole = SequentialWindows(tokens, 10, batch_size, max_batches)
+        for world in (2, 3, 5):
+            parts = [SequentialWindows(tokens, 10, batch_size, max_batches, rank, world) for rank in range(world)]
+            assert all(len(p) >= 1 for p in parts)
+            assert all(len(x) <= batch_size for p in parts for j in range(len(p)) for x in [p[j][0]])
+            assert sorted(t for p in parts for t in targets(p)) == targets(whole)
+    with pytest.raises(ValueError, match="the validation set has 2 windows of max_len\\+1 = 11 tokens for 3 processes"):
+        SequentialWindows(tokens, 10, batch_size=1, max_batches=2, rank=2, world_size=3)
+
+
+def run_group(cmd, timeout=300, **kw):
+    """Run ``cmd`` in its own process group; on a timeout kill the whole group (launched ranks included), so a
+    hanging multi-process run never outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout} s)"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def ddp_env(cache):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
+    env.pop("DECODERLAB_RUN_DIR", None)
+    return env
+
+
+def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text[:700], encoding="utf-8")  # validation: 70 tokens, 1 window of 65
+    proc = run_group([str(Path(sys.executable).with_name("decoderlab")), "train", "--data", str(corpus), "--devices",
+                      "2", "--strategy", "ddp", "--max-steps", "1", "--out", str(tmp_path / "run")],
+                     timeout=120, env=ddp_env(cache), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "decoderlab: error: the validation set has 1 window of --max-len+1 = 65 tokens for 2 processes, and each "
+        "process needs at least one: use fewer processes, more validation data (val_fraction), more --val-batches "
+        "or a larger val_batch_size"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "lightning").exists()
+
+
+def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
+    """The issue's command: 2 processes, 1 validation batch (64 windows shared out); the validation loss of
+    one process with the same global batch."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    exe = Path(sys.executable).with_name("decoderlab")
+    common = ["train", "--data", str(corpus), "--max-steps", "2", "--eval-every", "1", "--val-batches", "1",
+              "--no-progress-bar"]
+    proc = run_group([str(exe), *common, "--devices", "2", "--strategy", "ddp", "--batch-size", "2", "--out",
+                      str(tmp_path / "ddp")], env=ddp_env(cache), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert cli.main([*common, "--batch-size", "4", "--out", str(tmp_path / "one")]) == 0
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert [h[0] for h in ddp["val_history"]] == [1, 2]
+    np.testing.assert_allclose([h[1] for h in ddp["val_history"]], [h[1] for h in one["val_history"]], atol=1e-4)
+    assert ddp["val_bpb"] == pytest.approx(one["val_bpb"], abs=1e-4)
+
+
+MULTINODE_SCRIPT = """
+import sys
+from decoderlab.training import TrainConfig, train_lm
+text = open(sys.argv[1], encoding="utf-8").read()
+cfg = TrainConfig(max_steps=4, batch_size=2, warmup=1, eval_every=2, val_batches=3, val_batch_size=5)
+train_lm(text=text, out=sys.argv[2], train_config=cfg, model_overrides={tiny}, cache_dir=sys.argv[3],
+         devices=1, num_nodes=2, strategy="ddp", accelerator="cpu", progress_bar=False)
+"""
+
+
+def test_two_nodes_match_one_process(tmp_path, text, cache):
+    """Two torchrun "nodes" on localhost (one process each, gloo): the losses of one process with the global
+    batch; the 15 validation windows split 7 + 8."""
+    import socket
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    script = tmp_path / "multinode.py"
+    script.write_text(textwrap.dedent(MULTINODE_SCRIPT).format(tiny=TINY))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                               "1", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                               str(port), str(script), str(corpus), str(tmp_path / "nodes"), str(cache)],
+                              env=ddp_env(cache), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+             for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    nodes = json.loads((tmp_path / "nodes" / "summary.json").read_text())
+    cfg = TrainConfig(max_steps=4, batch_size=4, warmup=1, eval_every=2, val_batches=3, val_batch_size=5)
+    _, _, single = run(text, tmp_path / "single", cache, cfg)
+    np.testing.assert_allclose(nodes["train_losses"], single.train_losses, rtol=0, atol=1e-4)
+    np.testing.assert_allclose([h[1] for h in nodes["val_history"]], [h[1] for h in single.val_history], atol=1e-4)
+    assert [h[0] for h in nodes["val_history"]] == [2, 4]
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_every_combination_of_precision_clipping_compile_accumulation_trains(precision, tmp_path, text, cache):
+    import itertools
+
+    for grad_clip, compile, accumulate in itertools.product([0.0, 1.0], [False, "eager"], [1, 2]):
+        cfg = tiny_config(max_steps=1, eval_every=1, val_batches=1, precision=precision, grad_clip=grad_clip,
+                          compile=compile, accumulate=accumulate)
+        _, _, s = run(text, tmp_path / f"{grad_clip}-{compile}-{accumulate}", cache, cfg, logger=False)
+        assert s.steps == 1 and math.isfinite(s.train_loss) and math.isfinite(s.val_loss), cfg
+
+
+def test_cli_bf16_with_clipping(tmp_path, text, capsys, monkeypatch):
+    """The issue's command (on a small corpus): bf16-mixed with the default grad clip and the fused AdamW
+    this build offers."""
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    assert cli.main(["train", "--precision", "bf16-mixed", "--max-steps", "3", "--data", str(corpus),
+                     "--batch-size", "2", "--val-batches", "1", "--out", str(tmp_path / "run"),
+                     "--no-progress-bar"]) == 0
+    assert "for 3 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(fused=True, precision="bf16-mixed"), "fused=True cannot be combined with precision='bf16-mixed' and "
+                                               "grad_clip=1.0"),
+    (dict(compile=""), "compile must be True, False or a torch.compile backend name"),
+])
+def test_combinations_refused_before_training(kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TrainConfig(**kw)
+
+
+def test_unknown_compile_backend_is_refused_before_training(tmp_path, text, cache):
+    with pytest.raises(ValueError, match="compile backend 'nosuch' is not one of this PyTorch's: .*eager"):
+        run(text, tmp_path / "run", cache, tiny_config(compile="nosuch"))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def run_25(tmp_path_factory, text, cache):
+    out = tmp_path_factory.mktemp("r25") / "run"
+    model, tok, s = run(text, out, cache, tiny_config(max_steps=25, eval_every=10))
+    return out, model, s
+
+
+def test_checkpoints_logs_and_model_describe_the_last_step(run_25):
+    from safetensors.torch import load_file
+
+    out, model, s = run_25
+    assert [h[0] for h in s.val_history] == [10, 20, 25] and s.val_loss == s.val_history[-1][1]
+    last = torch.load(out / "lightning" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 25 and json.loads((out / "meta.json").read_text())["step"] == 25
+    exported = load_file(str(out / "model.safetensors"))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(last["state_dict"][f"model.{name}"], tensor, rtol=0, atol=0)
+    rows = (out / "logs" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    cells = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    val_rows = [(int(c["step"]), float(c["val_loss"])) for c in cells if c["val_loss"]]
+    assert [r[0] for r in val_rows] == [10, 20, 25]
+    assert [r[1] for r in val_rows] == pytest.approx([h[1] for h in s.val_history])
+    train_steps = [int(c["step"]) for c in cells if c["train_loss"]]
+    assert train_steps == list(range(1, 26))  # step N: the N-th optimizer step's loss
+    np.testing.assert_allclose([float(c["train_loss"]) for c in cells if c["train_loss"]], s.train_losses, atol=1e-6)
+    lrs = [float(c[k]) for c in cells for k in header if k.startswith("lr-") and k.endswith("pg1") and c[k]]
+    cfg = tiny_config(max_steps=25, eval_every=10)
+    assert lrs == pytest.approx([lr_at(k, cfg) for k in range(25)])  # step N ran at lr_at(N - 1)
+    bests = list((out / "lightning").glob("best-step*.ckpt"))
+    assert len(bests) == 1
+    best_step = int(bests[0].stem.removeprefix("best-step"))
+    best = torch.load(bests[0], weights_only=False)
+    assert best["global_step"] == best_step and best_step in dict(s.val_history)
+    assert dict(s.val_history)[best_step] == min(v for _, v in s.val_history)
+
+
+def test_damaged_last_checkpoint_falls_back_to_the_newest_intact_one(run_25, tmp_path, text, cache, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_25[0], out)
+    best = next((out / "lightning").glob("best-step*.ckpt"))
+    best_step = int(best.stem.removeprefix("best-step"))
+    last = out / "lightning" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # truncated, as by a full disk
+    # a damaged file named explicitly: refused, naming it
+    with pytest.raises(ValueError, match=rf"cannot resume from {re.escape(str(last))}: the file is damaged"):
+        resume(last, cache, text=text)
+    _, _, s = resume(out, cache, text=text, config_overrides={"max_steps": best_step + 2})
+    err = capsys.readouterr().err
+    assert f"{last} is damaged" in err and f"resuming from {best} (step {best_step})" in err
+    assert s.steps == best_step + 2 and s.val_history[-1][0] == best_step + 2
+    assert torch.load(last, weights_only=False)["global_step"] == best_step + 2  # rewritten, intact
+    # every checkpoint damaged: an error naming them
+    for f in (out / "lightning").glob("*.ckpt"):
+        f.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"no intact training checkpoint; damaged: .*last\.ckpt .*best-step"):
+        resume(out, cache, text=text)

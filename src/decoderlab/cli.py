@@ -281,7 +281,7 @@ def _train(args) -> int:
     _check_strategy(args.strategy)
     progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
     try:
-        model, tok, s = train_lm(args.data, preset=name, tokenizer=args.tokenizer or DEFAULT_TOKENIZER,
+        model, tok, s = train_lm(args.data, preset=args.preset, tokenizer=args.tokenizer,
                                  vocab_size=args.vocab_size, out=args.out, config_overrides=overrides,
                                  model_overrides=shape or None, resume=args.resume, devices=args.devices,
                                  strategy=args.strategy, num_nodes=args.num_nodes, progress_bar=progress)

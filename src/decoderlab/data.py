@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .files import atomic_write_bytes
+from .files import atomic_write_chunks
 
 # ---------------------------------------------------------------------------------------------------------------
 # Corpus -> token ids: read a corpus, tokenize it once into a memmap cached on disk, split by position.
@@ -138,7 +138,9 @@ def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = No
 
     The cache file (see :func:`corpus_cache_path`) is keyed by the sha256 of the text and of the tokenizer's
     JSON, so a second call with the same text and tokenizer maps the existing file without encoding; it is
-    written atomically (temporary file, then ``os.replace``), so a killed run never leaves a partial one.
+    written atomically (temporary file, then ``os.replace``), so a killed run never leaves a partial one, and
+    piece by piece for a tokenizer with ``encode_chunks`` (BPE), so that encoding a large corpus holds only one
+    piece's ids at a time.
 
     Args:
         text: the corpus (e.g. from :func:`read_corpus`).
@@ -154,18 +156,34 @@ def corpus_tokens(text: str, tokenizer, cache_dir: str | os.PathLike | None = No
     path = corpus_cache_path(text, tokenizer, cache_dir)
     dtype = token_dtype(tokenizer.vocab_size)
     if not (path.is_file() and path.stat().st_size > 0 and path.stat().st_size % dtype.itemsize == 0):
-        encode = getattr(tokenizer, "encode_array", None)
-        ids = np.asarray(encode(text) if encode is not None else tokenizer.encode(text), dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError(f"the corpus ({len(text)} characters) encodes to no tokens with this "
-                             f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)} tokenizer")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= tokenizer.vocab_size:
-            raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
-                             f"0 .. {tokenizer.vocab_size - 1}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, ids.astype(dtype).tobytes())
+        atomic_write_chunks(path, _checked_id_bytes(text, tokenizer, dtype))
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _checked_id_bytes(text: str, tokenizer, dtype: np.dtype):
+    """The ids of ``text`` as ``dtype`` bytes, piece by piece when the tokenizer encodes in pieces
+    (``encode_chunks``: memory bounded whatever the corpus length); raises ``ValueError`` for an id outside
+    the vocabulary or a text of no tokens (so the cache file is never written)."""
+    chunks = getattr(tokenizer, "encode_chunks", None)
+    encode = getattr(tokenizer, "encode_array", None)
+    pieces = (chunks(text) if chunks is not None
+              else [encode(text) if encode is not None else tokenizer.encode(text)])
+    count = 0
+    for ids in pieces:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1:
+            raise ValueError(f"the tokenizer returned ids of shape {ids.shape}, not a 1-D sequence")
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= tokenizer.vocab_size:
+                raise ValueError(f"the tokenizer produced token id {lo if lo < 0 else hi}, outside its vocabulary "
+                                 f"0 .. {tokenizer.vocab_size - 1}")
+        count += ids.size
+        yield ids.astype(dtype).tobytes()
+    if count == 0:
+        raise ValueError(f"the corpus ({len(text)} characters) encodes to no tokens with this "
+                         f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)} tokenizer")
 
 
 def split_tokens(tokens, val_fraction: float = 0.1):
@@ -286,12 +304,19 @@ class CountingSampler(torch.utils.data.Sampler):
 
 
 class SequentialWindows(torch.utils.data.Dataset):
-    """Validation: the non-overlapping windows of a split, grouped into batches.
+    """Validation: the non-overlapping windows of a split, grouped into batches, shared out over processes.
 
     Window ``i`` has inputs ``tokens[i*max_len : (i+1)*max_len]`` and targets shifted by one, so the input
     windows do not overlap, the target windows do not overlap, and every token but the first is predicted
-    exactly once: ``(len(tokens) - 1) // max_len`` windows. Item ``j`` is batch ``j`` of ``batch_size``
-    windows (the last may be smaller); with ``max_batches`` only the first ``max_batches`` batches.
+    exactly once: ``(len(tokens) - 1) // max_len`` windows. The validation set is the first
+    ``min(windows, max_batches * batch_size)`` of them (all with ``max_batches=None``), the same for any
+    number of processes: process ``rank`` of ``world_size`` takes a contiguous share of it (the shares differ
+    by at most one window), in batches of at most ``batch_size`` windows. Item ``j`` is this process's batch
+    ``j``; one process (the default) gets batches of ``batch_size`` windows, the last maybe smaller.
+
+    Raises:
+        ValueError: fewer than max_len + 1 tokens; fewer validation windows than processes (each process
+            needs one), naming both numbers.
     """
 
     def __init__(self, tokens, max_len: int, batch_size: int, max_batches: int | None = None,
@@ -301,21 +326,47 @@ class SequentialWindows(torch.utils.data.Dataset):
         self.num_windows = (len(self.source) - 1) // self.max_len
         if self.num_windows < 1:
             raise ValueError(f"{len(self.source)} tokens are too few for one window of max_len+1 = {self.max_len + 1}")
-        n = -(-self.num_windows // self.batch_size)
-        if max_batches is not None:
-            n = min(n, int(max_batches))
-        self.batches = list(range(int(rank), n, int(world_size)))
+        total = validation_window_count(len(self.source), self.max_len, self.batch_size, max_batches)
+        rank, world_size = int(rank), int(world_size)
+        if total < world_size:
+            raise ValueError(
+                f"the validation set has {total} window{'s' if total != 1 else ''} of max_len+1 = {self.max_len + 1} "
+                f"tokens for {world_size} processes, and each process needs at least one: use fewer processes, "
+                f"more validation data (val_fraction), more val_batches or a larger val_batch_size")
+        lo, hi = rank * total // world_size, (rank + 1) * total // world_size
+        #: (first window, number of windows) of each of this process's batches
+        self.batches = [(first, min(self.batch_size, hi - first)) for first in range(lo, hi, self.batch_size)]
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, j: int):
-        b = self.batches[j]
-        first = b * self.batch_size
-        count = min(self.batch_size, self.num_windows - first)
+        first, count = self.batches[j]
         starts = (first + np.arange(count, dtype=np.int64)) * self.max_len
         rows = torch.from_numpy(self.source.array[starts[:, None] + np.arange(self.max_len + 1)].astype(np.int64))
         return rows[:, :-1], rows[:, 1:]
+
+
+def validation_window_count(num_tokens: int, max_len: int, batch_size: int, max_batches: int | None = None) -> int:
+    """How many windows :class:`SequentialWindows` validates on (over all processes together):
+    ``min((num_tokens - 1) // max_len, max_batches * batch_size)``, or all windows with ``max_batches=None``."""
+    windows = max(0, (int(num_tokens) - 1) // int(max_len))
+    return windows if max_batches is None else min(windows, int(max_batches) * int(batch_size))
+
+
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """UTF-8 bytes each token id stands for, as an int64 array (vocab_size,): ``len(token_bytes(i))`` plus the
+    bytes of the tokenizer's ``separator`` (a word tokenizer writes a space between words), so the bytes of a
+    sequence of targets are the sum of their entries (the unit of bits per byte). Ids missing from the vocabulary
+    count 0 bytes."""
+    sep = len(getattr(tokenizer, "separator", "").encode("utf-8"))
+    lengths = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+    for i in range(tokenizer.vocab_size):
+        try:
+            lengths[i] = len(tokenizer.token_bytes(i)) + sep
+        except ValueError:  # an id the vocabulary skips (never a target)
+            pass
+    return lengths
 
 
 def check_split_lengths(train_len: int, val_len: int, max_len: int) -> None:

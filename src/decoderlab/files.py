@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 
 def usual_mode(path, directory: bool = False) -> None:
@@ -23,12 +24,20 @@ def usual_mode(path, directory: bool = False) -> None:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    atomic_write_chunks(path, [data])
+
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes]) -> None:
+    """Write the byte strings of ``chunks`` one after another to ``path`` atomically, as
+    :func:`atomic_write_bytes` does, never holding the whole file in memory. An exception raised while
+    iterating ``chunks`` leaves ``path`` as it was (and no temporary file)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         usual_mode(tmp)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for data in chunks:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -397,10 +398,25 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 _BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
 
-#: a cut after "<non-space>\n" and before a non-space character is a boundary of the byte-level
-#: pre-tokenizer's regex in every context, so text split there encodes exactly as the whole does
-_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+#: Where text may be cut so that its pieces encode exactly as the whole does: boundaries of the byte-level
+#: pre-tokenizer's regex (GPT-2's ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``)
+#: whatever comes before or after. Candidates: after a word character before a non-word one (a letter run
+#: or number run ends there: no pattern continues a letter with a non-letter or a number with a non-number),
+#: and after a single line-break or tab character between two non-space characters (the whitespace run is
+#: that one character, alone or at the end of a piece). :func:`_is_safe_cut` confirms a candidate.
+_CUT_CANDIDATE = re.compile(r"(?<=\w)(?=\W)|(?<=\S[\t\n\x0b\x0c\r])(?=\S)")
 _CHUNK_CHARS = 1 << 18
+
+
+def _is_safe_cut(text: str, i: int) -> bool:
+    """Whether the byte-level pre-tokenizer splits ``text`` at ``i`` in every context (see _CUT_CANDIDATE)."""
+    before, after = text[i - 1], text[i]
+    if before in "\t\n\x0b\x0c\r":
+        return i >= 2 and not text[i - 2].isspace() and not after.isspace()
+    kind_before, kind_after = unicodedata.category(before)[0], unicodedata.category(after)
+    if kind_after == "Cn":  # unassigned here: another Unicode version may call it a letter
+        return False
+    return kind_before in "LN" and kind_after[0] != kind_before
 
 
 class BPETokenizer(Tokenizer):
@@ -566,22 +582,43 @@ class BPETokenizer(Tokenizer):
                 ids.extend(self._encode_plain(part))
         return ids
 
-    def encode_array(self, text: str, chunk_chars: int = _CHUNK_CHARS) -> np.ndarray:
-        """``encode(text)`` as an int64 array, encoding a large text in pieces of about ``chunk_chars``
-        characters cut where the byte-level pre-tokenizer always splits (after a single newline that follows
-        a non-space and before a non-space), so the result equals encoding the whole text at once while the
-        memory of Hugging Face's per-call encodings stays bounded."""
+    def encode_chunks(self, text: str, chunk_chars: int = _CHUNK_CHARS) -> Iterator[np.ndarray]:
+        """The ids of ``text`` in consecutive int32 arrays, one per piece of at least ``chunk_chars``
+        characters (the last may be shorter); concatenated they equal ``encode(text)``.
+
+        Pieces are cut only where the byte-level pre-tokenizer splits in every context: after a letter
+        before a non-letter, after a number before a non-number, or after a single line break (``\n``,
+        ``\r``, tab, ...) between two non-space characters -- so LF, CRLF and CR line ends, and text with no
+        line break at all, are all cut. The memory of one Hugging Face encoding call is therefore bounded by
+        ``chunk_chars`` plus the longest run the pre-tokenizer cannot split (a single word, number or run of
+        whitespace or punctuation), whatever the length of ``text``. A tokenizer with another pipeline
+        (loaded from elsewhere) is encoded in one call.
+
+        Raises:
+            TypeError: ``text`` is not a str; ValueError: ``chunk_chars`` < 1.
+        """
         if not isinstance(text, str):
             raise TypeError(f"BPETokenizer.encode needs a str, got {type(text).__name__}")
-        if not self._chunkable or len(text) <= chunk_chars:
-            return np.asarray(self._encode_plain(text), dtype=np.int64)
-        parts, start, n = [], 0, len(text)
+        if isinstance(chunk_chars, bool) or not isinstance(chunk_chars, (int, np.integer)) or chunk_chars < 1:
+            raise ValueError(f"chunk_chars must be an integer >= 1, got {chunk_chars!r}")
+        start, n = 0, len(text)
         while start < n:
-            m = _SAFE_CUT.search(text, start + chunk_chars) if start + chunk_chars < n else None
-            end = m.start() if m else n
-            parts.append(np.asarray(self._encode_plain(text[start:end], start), dtype=np.int64))
+            end = n
+            if self._chunkable and start + chunk_chars < n:
+                for m in _CUT_CANDIDATE.finditer(text, start + chunk_chars):
+                    if _is_safe_cut(text, m.start()):
+                        end = m.start()
+                        break
+            yield np.asarray(self._encode_plain(text[start:end], start), dtype=np.int32)
             start = end
-        return np.concatenate(parts)
+
+    def encode_array(self, text: str, chunk_chars: int = _CHUNK_CHARS) -> np.ndarray:
+        """``encode(text)`` as an int64 array, a large text encoded in pieces (:meth:`encode_chunks`): the
+        same ids as one call, in memory bounded by ``chunk_chars`` (plus the ids: 12 bytes per token)."""
+        if isinstance(text, str) and len(text) <= chunk_chars:
+            return np.asarray(self._encode_plain(text), dtype=np.int64)
+        parts = list(self.encode_chunks(text, chunk_chars))
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         return self._hf.decode(self._check_ids(ids), skip_special_tokens=skip_special)

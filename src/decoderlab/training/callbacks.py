@@ -43,19 +43,41 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the run stopped before updating the weights with it."""
 
 
+def _synchronize(pl_module) -> None:
+    """Wait for queued GPU work, so that a wall-clock interval measures the work done in it."""
+    device = getattr(pl_module, "device", None)
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class LossHistory(L.Callback):
     """Records the training loss of every optimizer step (mean over its accumulated batches and, under DDP,
-    over all processes) and the time spent in training steps (tokens per second). Its state is saved in
-    Lightning's checkpoints, so a resumed run keeps the whole history."""
+    over all processes), the training tokens (targets of every batch on every process) and the seconds spent
+    in training steps (from the start to the end of each batch, GPU work included), and the wall-clock seconds
+    of the run. Its state is saved in Lightning's checkpoints, so a resumed run keeps the whole history: its
+    counts and seconds include those before the resume."""
 
     def __init__(self):
         self.losses: list[float] = []
         self.train_seconds = 0.0
         self.tokens = 0
+        #: wall-clock seconds of the run's earlier ``fit`` calls, up to the checkpoint it resumed from
+        self.wall_seconds_before = 0.0
         self._acc: list[torch.Tensor] = []
         self._t0 = 0.0
+        self._fit_t0: float | None = None
+
+    def on_fit_start(self, trainer, pl_module):
+        self._fit_t0 = time.perf_counter()
+
+    @property
+    def wall_seconds(self) -> float:
+        """Wall-clock seconds of the run so far: earlier ``fit`` calls (before a resume) plus this one."""
+        now = time.perf_counter()
+        return self.wall_seconds_before + (now - self._fit_t0 if self._fit_t0 is not None else 0.0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        _synchronize(pl_module)
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -68,52 +90,86 @@ class LossHistory(L.Callback):
             if trainer.world_size > 1:
                 mean = trainer.strategy.reduce(mean, reduce_op="mean")
             self.losses.append(float(mean))
+        _synchronize(pl_module)
         self.train_seconds += time.perf_counter() - self._t0
 
     def state_dict(self):
-        return {"losses": list(self.losses), "train_seconds": self.train_seconds, "tokens": self.tokens}
+        return {"losses": list(self.losses), "train_seconds": self.train_seconds, "tokens": self.tokens,
+                "wall_seconds": self.wall_seconds}
 
     def load_state_dict(self, state):
         self.losses = list(state["losses"])
         self.train_seconds = float(state["train_seconds"])
         self.tokens = int(state["tokens"])
+        self.wall_seconds_before = float(state.get("wall_seconds", 0.0))
 
 
 class LMMetrics(L.Callback):
-    """After each validation: the exact mean validation loss over all windows (summed over processes), its
-    perplexity ``exp(loss)`` and bits per byte ``loss / (bytes_per_token * ln 2)``, logged as ``val_ppl`` and
-    ``val_bpb``; the history [(step, val_loss)] is kept (and saved in checkpoints)."""
+    """The validation metrics of a language-model run, each computed from exactly the targets it describes.
 
-    def __init__(self, bytes_per_token: float):
-        self.bytes_per_token = float(bytes_per_token)
+    Over one validation (all processes together): ``val_loss`` = nats summed over every validation target /
+    the number of targets (labels of -100 are not targets); ``val_ppl`` = ``exp(val_loss)``; ``val_bpb`` (bits
+    per byte) = those nats / (ln 2 x the UTF-8 bytes of those same targets), the bytes of target id ``i``
+    being ``byte_lengths[i]`` (see :func:`decoderlab.data.token_byte_lengths`). All three are logged (on every
+    process, equal); ``history`` [(step, val_loss)] and ``last`` (the latest three) are kept, the history in
+    checkpoints too.
+
+    Args:
+        byte_lengths: 1-D array (vocab_size,) of UTF-8 bytes per token id; None logs no ``val_bpb``.
+    """
+
+    def __init__(self, byte_lengths=None):
+        self.byte_lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.float64)
         self.history: list[tuple[int, float]] = []
-        self._sum = self._count = None
+        self.last: dict[str, float] = {}
+        self._sums = None
 
     def on_validation_epoch_start(self, trainer, pl_module):
-        self._sum = torch.zeros((), dtype=torch.float64)
-        self._count = torch.zeros((), dtype=torch.float64)
+        self._sums = torch.zeros(3, dtype=torch.float64)  # nats, targets, bytes
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        n = batch[1].numel()
-        self._sum += outputs.detach().double().cpu() * n
-        self._count += n
+        y = batch[1].detach().cpu().reshape(-1)
+        y = y[y != -100]
+        if y.numel() == 0:
+            return
+        n = y.numel()
+        self._sums[0] += outputs.detach().double().cpu() * n
+        self._sums[1] += n
+        if self.byte_lengths is not None:
+            self._sums[2] += self.byte_lengths[y].sum()
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
-        total = torch.stack([self._sum, self._count]).to(pl_module.device)
+        total = self._sums.to(pl_module.device)
         if trainer.world_size > 1:
             total = trainer.strategy.reduce(total, reduce_op="sum")
-        loss = float(total[0] / total[1])
-        pl_module.log("val_ppl", math.exp(min(loss, 700.0)), sync_dist=False, rank_zero_only=True)
-        pl_module.log("val_bpb", loss / (self.bytes_per_token * math.log(2)), sync_dist=False, rank_zero_only=True)
+        nats, count, nbytes = (float(v) for v in total.cpu())
+        if count == 0:
+            raise ValueError("the validation windows held no targets")
+        loss = nats / count
+        self.last = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}
+        if self.byte_lengths is not None and nbytes > 0:
+            self.last["val_bpb"] = nats / (math.log(2) * nbytes)
+        for name, value in self.last.items():
+            pl_module.log(name, value, prog_bar=name == "val_loss", sync_dist=False)
         self.history.append((trainer.global_step, loss))
 
     def state_dict(self):
-        return {"history": [list(h) for h in self.history]}
+        return {"history": [list(h) for h in self.history], "last": dict(self.last)}
 
     def load_state_dict(self, state):
         self.history = [(int(s), float(v)) for s, v in state["history"]]
+        self.last = {k: float(v) for k, v in state.get("last", {}).items()}
+
+
+class FinalValidation(L.Callback):
+    """Validates after the last optimizer step too (not only every ``eval_every`` steps), so that the final
+    model's metrics are logged and the checkpoints written at that validation describe the last step."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True  # Lightning runs a validation before it stops
 
 
 class NonFiniteLossGuard(L.Callback):
@@ -297,11 +353,12 @@ class PlainProgress(L.Callback):
         parts += [f"elapsed {_clock(elapsed)}", f"ETA {_clock(eta)}"]
         self._print("  ".join(parts))
 
-    def validation_line(self, step: int, loss: float, bytes_per_token: float | None = None) -> None:
-        """Print the line of an evaluation at ``step`` with mean loss ``loss`` (nats per token)."""
+    def validation_line(self, step: int, loss: float, bpb: float | None = None) -> None:
+        """Print the line of an evaluation at ``step``: mean loss ``loss`` (nats per token), its perplexity and
+        ``bpb`` (bits per byte of the same targets) when known."""
         parts = [self._step(step), f"val loss {loss:.4f}", f"perplexity {math.exp(min(loss, 700.0)):.2f}"]
-        if bytes_per_token:
-            parts.append(f"{loss / (bytes_per_token * math.log(2)):.3f} bits per byte")
+        if bpb:
+            parts.append(f"{bpb:.3f} bits per byte")
         self._print("  ".join(parts))
 
     def on_validation_end(self, trainer, pl_module):
@@ -310,6 +367,6 @@ class PlainProgress(L.Callback):
         metrics = self._find(trainer, LMMetrics)
         if metrics is not None and metrics.history:
             step, loss = metrics.history[-1]
-            self.validation_line(step, loss, metrics.bytes_per_token)
+            self.validation_line(step, loss, metrics.last.get("val_bpb"))
         elif "val_loss" in trainer.callback_metrics:
             self.validation_line(trainer.global_step, float(trainer.callback_metrics["val_loss"]))

@@ -45,7 +45,8 @@ class TrainConfig:
         val_fraction: the last fraction of the corpus (by position) used for validation.
         log_every: optimizer steps between logged training metrics.
         num_workers: DataLoader worker processes (0: batches are cut in the training process).
-        fused: fused AdamW kernel (None: use it when this PyTorch build has it).
+        fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with precision
+            "bf16-mixed" and gradient clipping, which Lightning cannot combine with a fused optimizer).
     """
 
     max_steps: int = 2000
@@ -101,6 +102,15 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction!r}")
+        if self.fused is not None and not isinstance(self.fused, bool):
+            raise ValueError(f"fused must be None (automatic), True or False, got {self.fused!r}")
+        if self.fused and self.precision == "bf16-mixed" and self.grad_clip > 0:
+            raise ValueError(f"fused=True cannot be combined with precision='bf16-mixed' and grad_clip={self.grad_clip}: "
+                             f"Lightning does not clip the gradients of a fused optimizer under mixed precision; "
+                             f"use fused=None or False, grad_clip=0, or precision='32'")
+        if not (isinstance(self.compile, bool) or (isinstance(self.compile, str) and self.compile)):
+            raise ValueError(f"compile must be True, False or a torch.compile backend name (e.g. 'eager'), "
+                             f"got {self.compile!r}")
         return self
 
     def to_dict(self) -> dict:
@@ -162,6 +172,43 @@ def _fused_adamw_available() -> bool:
         return False
 
 
+def use_fused_adamw(cfg: TrainConfig) -> bool:
+    """Whether :func:`configure_optimizers` builds the fused AdamW: ``cfg.fused``, or when None, whether this
+    PyTorch build has it -- but not under ``bf16-mixed`` with gradient clipping (Lightning refuses to clip
+    a fused optimizer's gradients under mixed precision)."""
+    if cfg.fused is not None:
+        return bool(cfg.fused)
+    if cfg.precision == "bf16-mixed" and cfg.grad_clip > 0:
+        return False
+    return _fused_adamw_available()
+
+
+def apply_train_config(optimizer: torch.optim.Optimizer, scheduler, cfg: TrainConfig, step: int) -> None:
+    """Make an optimizer and schedule restored from a checkpoint follow ``cfg`` from optimizer step ``step``
+    (0-based, the next step to run) on.
+
+    Restoring a checkpoint brings back the saved learning rate, betas, eps and weight decay of each group
+    and the schedule's base rate; after this, the groups made by :func:`configure_optimizers` (decayed
+    first) hold ``cfg``'s values, the next step runs at ``lr_at(step, cfg)`` and every later one follows
+    ``lr_at`` of ``cfg`` (warm-up and cosine recomputed for its ``max_steps``). A no-op for an unchanged
+    config.
+    """
+    fused = optimizer.defaults.get("fused")
+    for k, group in enumerate(optimizer.param_groups):
+        group["initial_lr"] = cfg.lr
+        group["lr"] = lr_at(step, cfg)
+        group["betas"] = tuple(cfg.betas)
+        group["eps"] = cfg.eps
+        if k == 0:
+            group["weight_decay"] = cfg.weight_decay
+        if fused is not None:
+            group["fused"] = fused
+    if scheduler is not None:
+        scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+        scheduler.last_epoch = step
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
     """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
     ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. Returns Lightning's
@@ -172,16 +219,18 @@ def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
         {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
         {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
     ]
-    fused = _fused_adamw_available() if cfg.fused is None else cfg.fused
+    fused = use_fused_adamw(cfg)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=bool(fused))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
 
 @torch.no_grad()
-def evaluate_lm(model, tokens, max_len: int | None = None, batch_size: int = 64,
-                max_batches: int | None = None, precision: str = "32") -> float:
-    """Mean cross-entropy (nats per token) over the non-overlapping windows of ``tokens``.
+def evaluation_sums(model, tokens, max_len: int | None = None, batch_size: int = 64,
+                    max_batches: int | None = None, precision: str = "32", byte_lengths=None) -> dict[str, float]:
+    """Sums over the validation windows of ``tokens``: ``{"nats": cross-entropy summed over every target,
+    "targets": their number, "bytes": their UTF-8 bytes}`` (``bytes`` from ``byte_lengths``, an array
+    (vocab_size,) of bytes per token id as :func:`decoderlab.data.token_byte_lengths` gives; 0 without it).
 
     The windows are :class:`decoderlab.data.SequentialWindows`' (every token but the first predicted exactly
     once), at most ``max_batches`` batches of ``batch_size`` windows.
@@ -189,18 +238,33 @@ def evaluate_lm(model, tokens, max_len: int | None = None, batch_size: int = 64,
     model = unwrap_model(model)
     max_len = max_len or model.config.max_len
     ds = SequentialWindows(tokens, max_len, batch_size, max_batches)
+    lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.float64)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    nats, count, nbytes = 0.0, 0, 0.0
     try:
         for j in range(len(ds)):
             x, y = ds[j]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-                logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1),
-                                                     reduction="sum")
-            total += float(loss)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                logits = model(x.to(device))
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                     y.to(device).reshape(-1), reduction="sum")
+            nats += float(loss)
             count += y.numel()
+            if lengths is not None:
+                nbytes += float(lengths[y.reshape(-1)].sum())
     finally:
         model.train(was_training)
-    return total / count
+    return {"nats": nats, "targets": count, "bytes": nbytes}
+
+
+def evaluate_lm(model, tokens, max_len: int | None = None, batch_size: int = 64,
+                max_batches: int | None = None, precision: str = "32") -> float:
+    """Mean cross-entropy (nats per token) over the non-overlapping windows of ``tokens``.
+
+    The windows are :class:`decoderlab.data.SequentialWindows`' (every token but the first predicted exactly
+    once), at most ``max_batches`` batches of ``batch_size`` windows (see :func:`evaluation_sums`).
+    """
+    sums = evaluation_sums(model, tokens, max_len, batch_size, max_batches, precision)
+    return sums["nats"] / sums["targets"]

@@ -8,6 +8,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,22 +17,26 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
+import torch
 
 from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE
-from ..data import check_split_lengths, corpus_tokens, read_corpus, split_tokens
+from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_corpus, split_tokens,
+                    token_byte_lengths)
 from ..files import atomic_write_text
 from ..model import DecoderOnlyTransformer, ModelConfig
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
 from .callbacks import (LAST_CKPT, LIGHTNING_DIR, ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory,
                         NonFiniteLossGuard, PlainProgress)
-from .config import TrainConfig, evaluate_lm
+from .config import TrainConfig, evaluation_sums
 from .datamodule import TokenDataModule
 from .module import LitModel
 from .trainer import make_trainer
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
+#: train settings a resumed run cannot change: they define its validation split and its batches
+RESUME_FIXED = ("seed", "val_fraction", "accumulate")
 
 
 @dataclass
@@ -40,10 +46,13 @@ class TrainSummary:
     Attributes:
         steps: optimizer steps done (in total, including those before a resume).
         train_loss: mean training loss of the last ``train_loss_steps`` = min(50, steps) steps.
-        val_loss: validation loss of the final model over all (or ``val_batches``) validation windows.
-        val_ppl: ``exp(val_loss)``; val_bpb: bits per byte.
-        tokens_per_second: training tokens (all processes) per second spent in training steps.
-        train_seconds: seconds spent in training steps; wall_seconds: of the whole ``trainer.fit``.
+        val_loss: validation loss of the final model: nats summed over the targets of all (or
+            ``val_batches``) validation windows / their number.
+        val_ppl: ``exp(val_loss)``; val_bpb: bits per byte, those nats / (ln 2 x the UTF-8 bytes of those
+            same targets).
+        tokens_per_second: training tokens (targets, all processes) / ``train_seconds``.
+        train_seconds: seconds spent in training steps; wall_seconds: of the whole run (every ``trainer.fit``,
+            those before a resume included).
         train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
         run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
     """
@@ -75,9 +84,38 @@ def default_run_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
+def checkpoint_step(path: str | os.PathLike) -> tuple[int | None, str | None]:
+    """``(global_step, None)`` when ``path`` is a loadable Lightning training checkpoint, else
+    ``(None, why)`` (a truncated or damaged file: the loader's error)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # torch raises OSError, RuntimeError, pickle and zip errors for damaged files
+        return None, f"{type(e).__name__}: {e}"
+    if not isinstance(ckpt, dict) or "global_step" not in ckpt or "state_dict" not in ckpt:
+        return None, "not a Lightning training checkpoint (no global_step or state_dict)"
+    return int(ckpt["global_step"]), None
+
+
+def _step_in_name(path: Path) -> int:
+    m = re.search(r"(\d+)", path.stem)
+    return int(m.group(1)) if m else -1
+
+
+def _first_process() -> bool:
+    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
 def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None) -> tuple[Path, Path] | None:
-    """``(run_dir, last.ckpt)`` for ``resume`` = a run directory, a Lightning ``.ckpt`` file, or True (the
-    ``run_dir``). Raises ``FileNotFoundError`` naming where it looked when there is no checkpoint."""
+    """``(run_dir, checkpoint)`` for ``resume`` = a run directory, a Lightning ``.ckpt`` file, or True (the
+    ``run_dir``). A run directory resumes from ``lightning/last.ckpt``; when that file is damaged (e.g.
+    truncated) or missing, from the intact ``lightning/best-step*.ckpt`` of the highest step, and a line on
+    stderr names the damaged file and the one used.
+
+    Raises:
+        FileNotFoundError: no checkpoint there (naming where it looked).
+        ValueError: the checkpoint file given, or every checkpoint of the run, is damaged (naming each file
+            and the loader's error).
+    """
     if resume is None or resume is False:
         return None
     if resume is True:
@@ -88,15 +126,42 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None
     if path.suffix == ".ckpt":
         if not path.is_file():
             raise FileNotFoundError(f"cannot resume: no checkpoint file {path}")
+        _, why = checkpoint_step(path)
+        if why is not None:
+            raise ValueError(f"cannot resume from {path}: the file is damaged ({why}); resume from the run "
+                             f"directory to use its newest intact checkpoint")
         rdir = path.parent.parent if path.parent.name == LIGHTNING_DIR else path.parent
         return rdir, path
     ckpt = path / LIGHTNING_DIR / LAST_CKPT
-    if not ckpt.is_file():
+    bests = sorted((path / LIGHTNING_DIR).glob("best-step*.ckpt"), key=_step_in_name, reverse=True)
+    if not ckpt.is_file() and not bests:
         raise FileNotFoundError(
             f"cannot resume: no training checkpoint {ckpt} (a run directory written by `decoderlab train` holds "
             f"one after its first evaluation)"
         )
-    return path, ckpt
+    damaged = []  # (file, why)
+    if ckpt.is_file():
+        _, why = checkpoint_step(ckpt)
+        if why is None:
+            return path, ckpt
+        damaged.append((ckpt, why))
+    intact = []  # (step, file)
+    for best in bests:
+        step, why = checkpoint_step(best)
+        if why is None:
+            intact.append((step, best))
+        else:
+            damaged.append((best, why))
+    if not intact:
+        raise ValueError(f"cannot resume {path}: no intact training checkpoint; damaged: "
+                         f"{'; '.join(f'{f} ({why})' for f, why in damaged)}")
+    step, best = max(intact, key=lambda sb: sb[0])
+    if _first_process():
+        problem = (f"{ckpt} is damaged ({damaged[0][1]})" if damaged and damaged[0][0] == ckpt
+                   else f"{ckpt} is missing")
+        print(f"decoderlab: {problem}; resuming from {best} (step {step}), the newest intact checkpoint",
+              file=sys.stderr)
+    return path, best
 
 
 def _corpus_text(corpus, text):
@@ -113,8 +178,8 @@ def train_lm(
     corpus: str | os.PathLike | None = None,
     *,
     text: str | None = None,
-    preset: str = "baby-shakespeare",
-    tokenizer: str | Tokenizer = "char",
+    preset: str | None = None,
+    tokenizer: str | Tokenizer | None = None,
     vocab_size: int | None = None,
     out: str | os.PathLike | None = None,
     train_config: TrainConfig | None = None,
@@ -135,7 +200,7 @@ def train_lm(
     The corpus (``corpus`` path: a text file or a folder of .txt files; None = the embedded tinyshakespeare;
     or ``text``) is tokenized once (``corpus_tokens``, cached memmap), split by position (last
     ``val_fraction`` for validation) and served as random windows (``TokenDataModule``). The model is the
-    ``preset`` with ``num_tokens`` = the tokenizer's vocabulary (plus ``model_overrides``), trained with
+    ``preset`` (default ``"baby-shakespeare"``; ``tokenizer`` default ``"char"``) with ``num_tokens`` = the tokenizer's vocabulary (plus ``model_overrides``), trained with
     AdamW + warm-up/cosine (``configure_optimizers``) for ``train_config.max_steps`` steps.
 
     The run directory ``out`` (default ``runs/<timestamp>``) receives, each written atomically:
@@ -146,8 +211,15 @@ def train_lm(
 
     ``resume`` (a run directory, a ``.ckpt`` file, or True for ``out``) continues that run: model config,
     tokenizer and (unless given) train config and corpus come from the run directory; optimizer, schedule,
-    step, data-sampler position and loss history from the Lightning checkpoint. ``config_overrides``
-    (field -> value) are applied on top of ``train_config`` (or of the resumed run's, or the defaults).
+    step, data-sampler position and loss history from the Lightning checkpoint (``lightning/last.ckpt``, or
+    when that file is damaged or missing, the newest intact ``best-step*.ckpt``, with a line saying so).
+    ``config_overrides`` (field -> value) are applied on top of ``train_config`` (or of the resumed run's, or
+    the defaults). On resume every changed train setting is honoured from the next step on (learning rates,
+    warm-up and cosine recomputed for the new ``max_steps`` from the current step; betas, eps, weight decay,
+    clipping, precision, batch size, evaluation, ...), a line lists the changes, and ``run.json`` records
+    them; the settings that define the run's data and batches (``RESUME_FIXED``: ``seed``, ``val_fraction``,
+    ``accumulate``), and ``preset``, ``tokenizer``, ``vocab_size`` and ``model_overrides`` that differ from
+    the run's, are refused with a ``ValueError`` naming them.
 
     ``devices``, ``strategy`` ("ddp", "fsdp", ...), ``num_nodes``: passed to Lightning; ``batch_size`` is
     per process (global batch = batch_size * processes).
@@ -160,49 +232,70 @@ def train_lm(
 
     Raises:
         FileNotFoundError: missing corpus path; ``resume`` without a checkpoint there.
-        ValueError: bad config values; an empty corpus or a split shorter than max_len + 1 tokens; a
-            non-UTF-8 file (named, with the byte offset); a resumed corpus that differs from the run's.
+        ValueError: bad config values; an empty corpus or a split shorter than max_len + 1 tokens; fewer
+            validation windows than processes; a non-UTF-8 file (named, with the byte offset); a resumed
+            corpus that differs from the run's; a setting a resume cannot change; no intact checkpoint.
         NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
     """
     run = _plan_run(out, resume, train_config, config_overrides, corpus)
+    _check_compile_backend(run.cfg.compile)
+    if not run.resumed:
+        preset = "baby-shakespeare" if preset is None else preset
     if run.cfg.warmup >= run.cfg.max_steps:
         warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
                       f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, tokenizer, vocab_size, model_overrides)
+    if run.changes and _first_process():  # every refusal is behind us
+        print(f"decoderlab: resuming {run.run_dir} from {run.ckpt_path.name} with changed settings: "
+              f"{', '.join(f'{k} {old!r} -> {new!r}' for k, (old, new) in run.changes.items())}", file=sys.stderr)
     cfg, run_dir = run.cfg, run.run_dir
 
     tokens = corpus_tokens(corpus_text, tok, cache_dir)
     train_tokens, val_tokens = split_tokens(tokens, cfg.val_fraction)
     check_split_lengths(len(train_tokens), len(val_tokens), model_cfg.max_len)
-    bytes_per_token = len(corpus_text.encode("utf-8")) / len(tokens)
+    bytes_per_token = len(corpus_text.encode("utf-8")) / len(tokens)  # of the whole corpus (meta.json)
     dm = TokenDataModule(train_tokens, val_tokens, max_len=model_cfg.max_len, batch_size=cfg.batch_size,
                          seed=cfg.seed, val_batch_size=cfg.val_batch_size, val_batches=cfg.val_batches,
                          num_workers=cfg.num_workers)
 
     L.seed_everything(cfg.seed, verbose=False)
     model = DecoderOnlyTransformer(model_cfg)
-    meta = {"task": "lm", "preset": None if run.resumed else preset, "tokenizer": getattr(tok, "kind", None),
+    meta = {"task": "lm", "preset": run.info.get("preset") if run.resumed else preset,
+            "tokenizer": getattr(tok, "kind", None),
             "bytes_per_token": bytes_per_token}
-    history, metrics = LossHistory(), LMMetrics(bytes_per_token)
+    byte_lengths = token_byte_lengths(tok)
+    history, metrics = LossHistory(), LMMetrics(byte_lengths)
     exporter = ExportCheckpoint(run_dir, tok, meta, metrics)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
                            accelerator=accelerator,
                            callbacks=[history, metrics, NonFiniteLossGuard(run_dir), exporter,
                                       InterruptNotice(run_dir), *callbacks],
                            progress_bar=progress_bar, logger=logger)
+    # every process needs validation windows: refuse before training (and before launching processes)
+    SequentialWindows(val_tokens, model_cfg.max_len, cfg.val_batch_size, cfg.val_batches, 0, trainer.world_size)
     if trainer.is_global_zero and not run.resumed:
         _write_run_files(run_dir, model_cfg, tok, cfg, corpus if text is None else None, corpus_text, preset,
                          devices, strategy, num_nodes)
+    elif trainer.is_global_zero:
+        _record_resume(run, devices, strategy, num_nodes)
     if cfg.compile:  # each decoder block in place (Module.compile): state-dict keys stay plain
         for block in model.blocks:
             block.compile(backend="inductor" if cfg.compile is True else str(cfg.compile))
 
     wall = _fit(trainer, LitModel(model, cfg), dm, run.ckpt_path, run_dir)
     model.eval()
-    return model, tok, _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg, wall,
-                                  bytes_per_token, run_dir)
+    return model, tok, _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg, wall,
+                                  byte_lengths, run_dir)
+
+
+def _check_compile_backend(compile) -> None:
+    """Refuse an unknown ``torch.compile`` backend before training (torch would fail at the first step)."""
+    if isinstance(compile, str):
+        backends = torch.compiler.list_backends(exclude_tags=())
+        if compile not in backends:
+            raise ValueError(f"compile backend {compile!r} is not one of this PyTorch's: {', '.join(backends)}")
 
 
 @dataclass
@@ -214,6 +307,8 @@ class _Run:
     ckpt_path: Path | None
     cfg: TrainConfig
     info: dict
+    #: train settings changed on resume: field -> (the run's value, the new value)
+    changes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def resumed(self) -> bool:
@@ -248,12 +343,25 @@ def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
     if config_overrides:
         cfg = cfg.replace(**config_overrides)  # validates
     cfg.validate()
-    return _Run(run_dir, ckpt_path, cfg, info)
+    changes = {}
+    if resumed is not None:
+        before = TrainConfig.from_dict(info["train_config"]).to_dict()
+        changes = {k: (before[k], v) for k, v in cfg.to_dict().items() if before[k] != v}
+        fixed = [k for k in RESUME_FIXED if k in changes]
+        if fixed:
+            raise ValueError(
+                f"cannot resume {run_dir} with {', '.join(f'{k}={changes[k][1]!r}' for k in fixed)}: the run was "
+                f"trained with {', '.join(f'{k}={changes[k][0]!r}' for k in fixed)}, and {', '.join(fixed)} "
+                f"cannot change on resume (they define the run's validation split and batches); resume without "
+                f"changing {'it' if len(fixed) == 1 else 'them'}, or start a new run")
+    return _Run(run_dir, ckpt_path, cfg, info, changes)
 
 
 def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, vocab_size, model_overrides):
-    """Step 2: the tokenizer and the model config -- the run's own when resuming, else new ones."""
+    """Step 2: the tokenizer and the model config -- the run's own when resuming (a different preset,
+    tokenizer, vocabulary size or model override is refused), else new ones."""
     if run.resumed:
+        _refuse_model_changes(run, preset, tokenizer, vocab_size, model_overrides)
         sha = hashlib.sha256(corpus_text.encode("utf-8")).hexdigest()
         if run.info.get("corpus_sha256") not in (None, sha):
             raise ValueError(f"cannot resume {run.run_dir}: the corpus differs from the one the run was trained on "
@@ -264,12 +372,51 @@ def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, v
             raise ValueError(f"cannot resume {run.run_dir}: tokenizer vocabulary size {tok.vocab_size} does not "
                              f"match config num_tokens {model_cfg.num_tokens}")
         return tok, model_cfg
+    tokenizer = "char" if tokenizer is None else tokenizer
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, corpus_text, vocab_size)
     model_cfg = preset_config(preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
     if model_cfg.num_tokens != tok.vocab_size:
         raise ValueError(f"model num_tokens {model_cfg.num_tokens} does not match the tokenizer's vocabulary "
                          f"size {tok.vocab_size}")
     return tok, model_cfg
+
+
+def _refuse_model_changes(run: _Run, preset, tokenizer, vocab_size, model_overrides) -> None:
+    """What a resumed run keeps (its model and tokenizer): refuse a preset, tokenizer, vocabulary size or model
+    override that differs from the run's, naming it."""
+    rdir = run.run_dir
+    saved_tok = Tokenizer.load(rdir / TOKENIZER_FILE)
+    model_cfg = ModelConfig.from_json((rdir / CONFIG_FILE).read_text(encoding="utf-8"))
+    keep = "a resumed run keeps its model and tokenizer: resume without it, or train a new run (another --out)"
+    if preset is not None and preset != run.info.get("preset"):
+        raise ValueError(f"cannot resume {rdir} with preset {preset!r}: the run was trained with preset "
+                         f"{run.info.get('preset')!r}; {keep}")
+    if isinstance(tokenizer, Tokenizer):
+        if tokenizer.to_dict() != saved_tok.to_dict():
+            raise ValueError(f"cannot resume {rdir} with a different {tokenizer.kind} tokenizer than the run's "
+                             f"{saved_tok.kind} tokenizer ({rdir / TOKENIZER_FILE}); {keep}")
+    elif tokenizer is not None and tokenizer != saved_tok.kind:
+        raise ValueError(f"cannot resume {rdir} with tokenizer {tokenizer!r}: the run was trained with the "
+                         f"{saved_tok.kind!r} tokenizer ({rdir / TOKENIZER_FILE}); {keep}")
+    if vocab_size is not None and vocab_size != saved_tok.vocab_size:
+        raise ValueError(f"cannot resume {rdir} with vocab_size {vocab_size}: the run's tokenizer has "
+                         f"{saved_tok.vocab_size} tokens; {keep}")
+    for name, value in (model_overrides or {}).items():
+        if not hasattr(model_cfg, name):
+            raise ValueError(f"unknown model setting {name!r} in model_overrides")
+        if getattr(model_cfg, name) != value:
+            raise ValueError(f"cannot resume {rdir} with model setting {name}={value!r}: the run's model has "
+                             f"{name}={getattr(model_cfg, name)!r} ({rdir / CONFIG_FILE}); {keep}")
+
+
+def _record_resume(run: _Run, devices, strategy, num_nodes) -> None:
+    """Resumed runs (rank 0): ``run.json`` takes the settings now in force, so that a later resume keeps them,
+    and lists each resume with what it changed."""
+    info = dict(run.info)
+    info.update({"train_config": run.cfg.to_dict(), "devices": devices, "strategy": strategy, "num_nodes": num_nodes})
+    info["resumes"] = [*info.get("resumes", []), {"checkpoint": str(run.ckpt_path),
+                                                  "changed": {k: list(v) for k, v in run.changes.items()}}]
+    atomic_write_text(run.run_dir / RUN_FILE, json.dumps(info, indent=2))
 
 
 def _write_run_files(run_dir: Path, model_cfg, tok, cfg: TrainConfig, corpus, corpus_text: str, preset: str,
@@ -308,40 +455,41 @@ def _fit(trainer: L.Trainer, lit: LitModel, dm: TokenDataModule, ckpt_path, run_
     return time.perf_counter() - t0
 
 
-def _log_final_evaluation(trainer, val_loss: float, bytes_per_token: float) -> None:
+def _log_final_evaluation(trainer, final: dict) -> None:
     """The final evaluation (made after ``fit``) in the loggers and, with plain progress, as a line."""
-    values = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)),
-              "val_bpb": val_loss / (bytes_per_token * math.log(2))}
-    for lg in trainer.loggers:  # Lightning's rows name step k + 1 "step k": the evaluations in fit do too
-        lg.log_metrics(values, step=max(0, trainer.global_step - 1))
+    values = {k: v for k, v in final.items() if v is not None}
+    for lg in trainer.loggers:  # step N = after N optimizer steps, as the evaluations in fit
+        lg.log_metrics(values, step=trainer.global_step)
         lg.save()
     for cb in trainer.callbacks:
         if isinstance(cb, PlainProgress):
-            cb.validation_line(trainer.global_step, val_loss, bytes_per_token)
+            cb.validation_line(trainer.global_step, final["val_loss"], final.get("val_bpb"))
 
 
-def _summarize(trainer, model, tok, exporter, history, metrics, val_tokens, cfg: TrainConfig, wall: float,
-               bytes_per_token: float, run_dir: Path) -> TrainSummary:
-    """Step 5: the final evaluation (unless the last one was at this step), the final export, the summary."""
-    val_loss = None
+def _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg: TrainConfig, wall: float,
+               byte_lengths, run_dir: Path) -> TrainSummary:
+    """Step 5: the final evaluation (unless the last validation was at this step), the final export, the
+    summary."""
+    final = {}
     if trainer.is_global_zero:
-        if metrics.history and metrics.history[-1][0] == trainer.global_step:
-            val_loss = metrics.history[-1][1]
-        else:
-            val_loss = evaluate_lm(model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches,
-                                   cfg.precision)
-            metrics.history.append((trainer.global_step, val_loss))
-            _log_final_evaluation(trainer, val_loss, bytes_per_token)
+        if metrics.history and metrics.history[-1][0] == trainer.global_step and metrics.last:
+            final = dict(metrics.last)
+        else:  # the run stopped without a validation at its last step
+            sums = evaluation_sums(model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches,
+                                   cfg.precision, byte_lengths)
+            loss = sums["nats"] / sums["targets"]
+            final = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)),
+                     "val_bpb": sums["nats"] / (math.log(2) * sums["bytes"]) if sums["bytes"] else None}
+            metrics.history.append((trainer.global_step, loss))
+            _log_final_evaluation(trainer, final)
         exporter.export(trainer, model)
     last = history.losses[-50:]
     summary = TrainSummary(
         steps=trainer.global_step,
         train_loss=sum(last) / len(last) if last else float("nan"),
-        val_loss=val_loss,
-        val_ppl=math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
-        val_bpb=val_loss / (bytes_per_token * math.log(2)) if val_loss is not None else None,
+        val_loss=final.get("val_loss"), val_ppl=final.get("val_ppl"), val_bpb=final.get("val_bpb"),
         tokens_per_second=history.tokens / history.train_seconds if history.train_seconds else 0.0,
-        train_seconds=history.train_seconds, wall_seconds=wall,
+        train_seconds=history.train_seconds, wall_seconds=history.wall_seconds_before + wall,
         num_parameters=model.num_parameters(),
         train_losses=list(history.losses), val_history=list(metrics.history),
         run_dir=str(run_dir), is_global_zero=trainer.is_global_zero, train_loss_steps=len(last),

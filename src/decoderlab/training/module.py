@@ -11,7 +11,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from .config import TrainConfig, configure_optimizers
+from .config import TrainConfig, apply_train_config, configure_optimizers
 
 
 class LitModel(L.LightningModule):
@@ -24,8 +24,9 @@ class LitModel(L.LightningModule):
             for AdamW + schedule (``configure_optimizers(model, train_config)``).
 
     ``training_step((inputs, labels), i)``: inputs/labels (B, T) or (T,); returns the mean cross-entropy in
-    nats per supervised token (``model.compute_loss``), logged as ``train_loss``; ``validation_step`` logs
-    ``val_loss``.
+    nats per supervised token (``model.compute_loss``), logged as ``train_loss``; ``validation_step`` returns
+    the mean of its batch and logs it as ``val_loss`` without a ``train_config`` (a language-model run logs
+    the exact ``val_loss`` over all its validation targets from ``LMMetrics`` instead).
     """
 
     def __init__(self, model: torch.nn.Module, train_config: TrainConfig | None = None):
@@ -47,9 +48,17 @@ class LitModel(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         loss = self.model.compute_loss(batch)
-        self.log("val_loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True,
-                 batch_size=self._batch_size(batch))
+        if self.train_config is None:
+            self.log("val_loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True,
+                     batch_size=self._batch_size(batch))
         return loss
+
+    def on_train_start(self):
+        # after a checkpoint was restored: the train config's hyper-parameters and schedule from this step on
+        if self.train_config is not None:
+            sched = self.lr_schedulers()
+            apply_train_config(self.optimizers(use_pl_optimizer=False), sched, self.train_config,
+                               self.trainer.global_step)
 
     def configure_optimizers(self):
         if self.train_config is None:

@@ -10,8 +10,17 @@ from typing import Sequence
 
 import lightning as L
 
-from .callbacks import LIGHTNING_DIR, PlainProgress, StepProgressBar
+from .callbacks import LIGHTNING_DIR, FinalValidation, PlainProgress, StepProgressBar
 from .config import PRECISION_ALIASES, TrainConfig
+
+
+class _StepNumbers:
+    """Logger mixin: Lightning hands loggers the 0-based index of the optimizer step (``step`` 9 for the
+    validation after 10 steps, and for the 10th step's loss and learning rate); write the 1-based step number,
+    the number of steps done -- the step of ``val_history``, ``meta.json`` and ``best-step{N}.ckpt``."""
+
+    def log_metrics(self, metrics, step=None):
+        return super().log_metrics(metrics, None if step is None else step + 1)
 
 
 def _loggers(run_dir: Path | None):
@@ -19,12 +28,18 @@ def _loggers(run_dir: Path | None):
         return False
     from lightning.pytorch.loggers import CSVLogger
 
+    class CSVStepLogger(_StepNumbers, CSVLogger):
+        pass
+
     # a new version directory per (resumed) run, so a resume never deletes the metrics logged before it
-    loggers = [CSVLogger(str(Path(run_dir) / "logs"), name="csv")]
+    loggers = [CSVStepLogger(str(Path(run_dir) / "logs"), name="csv")]
     if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        loggers.append(TensorBoardLogger(str(Path(run_dir) / "logs"), name="tensorboard"))
+        class TensorBoardStepLogger(_StepNumbers, TensorBoardLogger):
+            pass
+
+        loggers.append(TensorBoardStepLogger(str(Path(run_dir) / "logs"), name="tensorboard"))
     return loggers
 
 
@@ -36,16 +51,18 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
 
     ``max_steps``, gradient clipping (global norm), ``accumulate_grad_batches``, precision, validation every
     ``eval_every`` optimizer steps (``val_check_interval`` in batches, counted across the endless training
-    windows), progress (``progress_bar``: True for a step-counting bar, "plain" for a plain line every
-    ``log_every`` steps and one per evaluation (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
-    ``run_dir/logs``, and ``ModelCheckpoint`` keeping the best (lowest ``val_loss``) and the last Lightning
-    checkpoint in ``run_dir/lightning``. ``devices``, ``strategy`` ("auto", "ddp", "fsdp", ...),
+    windows) and after the last step (:class:`FinalValidation`), progress (``progress_bar``: True for a
+    step-counting bar, "plain" for a plain line every ``log_every`` steps and one per evaluation
+    (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
+    ``run_dir/logs`` whose ``step`` is the number of optimizer steps done, and ``ModelCheckpoint`` keeping the
+    best (lowest ``val_loss``) and the last Lightning checkpoint in ``run_dir/lightning``
+    (``best-step{N}.ckpt``: N steps done), both written at every validation. ``devices``, ``strategy`` ("auto", "ddp", "fsdp", ...),
     ``num_nodes`` and ``accelerator`` go to Lightning unchanged.
     """
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     run_dir = Path(run_dir) if run_dir is not None else None
-    cbs = list(callbacks)
+    cbs = [*callbacks, FinalValidation()]
     if progress_bar not in (True, False, "plain"):
         raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
     bar = progress_bar is True
@@ -59,7 +76,7 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     if checkpointing and run_dir is not None:
         cbs.append(ModelCheckpoint(dirpath=str(run_dir / LIGHTNING_DIR), filename="best-step{step}",
                                    auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
-                                   save_last=True))
+                                   save_last=True, enable_version_counter=False))  # always last.ckpt, never last-v1
     return L.Trainer(
         accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes,
         precision=PRECISION_ALIASES[cfg.precision],
