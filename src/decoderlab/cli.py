@@ -745,10 +745,54 @@ def cmd_explain(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# serve (the OpenAI-compatible server and the glass-box page; decoderlab.serve)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_serve(sub) -> None:
+    from types import SimpleNamespace
+
+    # decoderlab.serve.Limits' defaults (not imported here: building the parser must not import FastAPI)
+    d = SimpleNamespace(max_tokens=4096, max_body_bytes=1_000_000, max_messages=256, max_n=8, max_batch=32,
+                        max_queue=64)
+    p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="allow this browser origin (repeatable; default: CORS off)")
+    p.add_argument("--model-id", default=None, help="the model id clients name (default: the directory's name)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"most tokens a request may ask (default {d.max_tokens})")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"largest request body (default {d.max_body_bytes})")
+    p.add_argument("--max-messages", type=int, default=d.max_messages, help=f"most chat messages (default {d.max_messages})")
+    p.add_argument("--max-n", type=int, default=d.max_n, help=f"most choices per request (default {d.max_n})")
+    p.add_argument("--max-batch", type=int, default=d.max_batch, help=f"rows decoded together (default {d.max_batch})")
+    p.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting before 429 (default {d.max_queue})")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    from .serve import Limits, serve
+
+    for name in ("port", "max_tokens", "max_body_bytes", "max_messages", "max_n", "max_batch", "max_queue"):
+        value = getattr(args, name)
+        low = 0 if name == "port" else 1
+        if value < low or (name == "port" and value > 65535):
+            raise ValueError(f"--{name.replace('_', '-')} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_messages=args.max_messages, max_tokens=args.max_tokens,
+                    default_max_tokens=min(256, args.max_tokens), max_n=args.max_n, max_batch=args.max_batch,
+                    max_queue=args.max_queue)
+    serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
+          limits=limits, model_id=args.model_id)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain]
+COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain, add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:
