@@ -24,7 +24,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 import decoderlab as dl  # noqa: E402
-from decoderlab.generation.scheduler import GenerationRequest, Scheduler, TextStop  # noqa: E402
+from decoderlab.generation.scheduler import GenerationRequest, Scheduler  # noqa: E402
+from decoderlab.generation.stops import TextStopMatcher  # noqa: E402
 from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
@@ -89,11 +90,13 @@ def chat_server(mt):
         yield url, app
 
 
-def ref_text(mt, prompt_ids, n, temperature, seed, stop_ids=None, top_k=None, top_p=None):
+def ref_text(mt, prompt_ids, n, temperature, seed, stop=None, top_k=None, top_p=None):
+    """``decoderlab.generate`` called as the server's semantics imply: with the tokenizer (``<PAD>`` never
+    sampled, ``<EOS>`` ends the text), stop strings on the text; its text without control tokens."""
     model, tok = mt
     ids = dl.generate(model, list(prompt_ids), n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                      stop=[tok.eos_id] if stop_ids is None else stop_ids)
-    return tok.decode(ids)
+                      stop=stop, tokenizer=tok)
+    return tok.decode(ids, skip_special=True)
 
 
 def client(url, key="none"):
@@ -107,14 +110,22 @@ def aclient(url, key="none"):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def test_text_stop_holds_back_and_cuts():
-    s = TextStop(["ab", "xyz"])
-    assert s.push("qa") == ("q", False)  # "a" could start "ab"
-    assert s.push("c") == ("ac", False)
-    assert s.push("xy") == ("", False)
-    assert s.push("zzz") == ("", True)  # ends exactly before "xyz"
-    s = TextStop(["ab"])
-    assert s.push("xa") == ("x", False) and s.flush() == "a"
+def test_text_stop_holds_back_and_cuts(mt):
+    """The scheduler's stop strings are generation.stops' (one implementation): what could become a stop is
+    held back, and the text ends exactly before it."""
+    _, tok = mt
+
+    def push(s, text):
+        ids, matched = s.feed(tok.encode(text))
+        return tok.decode(ids), matched is not None
+
+    s = TextStopMatcher(["ab", "xyz"], tok.decode)
+    assert push(s, "qa") == ("q", False)  # "a" could start "ab"
+    assert push(s, "c") == ("ac", False)
+    assert push(s, "xy") == ("", False)
+    assert push(s, "zzz") == ("", True)  # ends exactly before "xyz"
+    s = TextStopMatcher(["ab"], tok.decode)
+    assert push(s, "xa") == ("x", False) and tok.decode(s.flush()) == "a"
 
 
 def test_health_and_models(server, mt):
@@ -130,7 +141,7 @@ def test_health_and_models(server, mt):
 
 
 @pytest.mark.parametrize("temperature,seed,top_k,top_p", [(0, None, None, None), (1.0, 3, None, None),
-                                                          (0.8, 11, 5, 0.9)])
+                                                          (0.8, 11, 5, 0.9), (1.0, 4, 0, None)])
 def test_completion_equals_generate_streamed_and_not(server, mt, temperature, seed, top_k, top_p):
     url, _ = server
     model, tok = mt
@@ -310,7 +321,8 @@ BAD = [
     ("/v1/completions", {"prompt": "a" * 33}, 400, "prompt", "context_length_exceeded"),
     ("/v1/completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
     ("/v1/completions", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
-    ("/v1/completions", {"prompt": "a", "top_k": 0}, 400, "top_k", "invalid_value"),
+    ("/v1/completions", {"prompt": "a", "top_k": -2}, 400, "top_k", "invalid_value"),  # (0 = no filter, as generate)
+    ("/v1/completions", {"prompt": "a", "top_k": 2.5}, 400, "top_k", "invalid_value"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options",
      "invalid_value"),
     ("/v1/completions", {"prompt": "#"}, 400, "prompt", "invalid_prompt"),

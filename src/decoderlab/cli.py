@@ -749,40 +749,43 @@ def cmd_explain(args) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def add_serve(sub) -> None:
-    from types import SimpleNamespace
+#: decoderlab.serve.Limits' defaults for --help (not imported here: building the parser must not import FastAPI;
+#: tests/test_package.py checks they agree)
+SERVE_LIMITS = {"max_tokens": 4096, "max_body_bytes": 1_000_000, "max_messages": 256, "max_n": 8, "max_batch": 32,
+                "max_queue": 64}
+SERVE_LIMIT_HELP = {"max_tokens": "most tokens one choice may ask for", "max_body_bytes": "largest request body in bytes",
+                    "max_messages": "most chat messages in a request", "max_n": "most choices per request",
+                    "max_batch": "most rows (choices) decoded together",
+                    "max_queue": "most requests waiting to join the batch before the server answers 429"}
 
-    # decoderlab.serve.Limits' defaults (not imported here: building the parser must not import FastAPI)
-    d = SimpleNamespace(max_tokens=4096, max_body_bytes=1_000_000, max_messages=256, max_n=8, max_batch=32,
-                        max_queue=64)
+
+def add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /")
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_checkpoint_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--port", type=_number(int), default=8000, metavar="N", help="port, 0 .. 65535 (default 8000)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: none, open)")
     p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
                    help="allow this browser origin (repeatable; default: CORS off)")
-    p.add_argument("--model-id", default=None, help="the model id clients name (default: the directory's name)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"most tokens a request may ask (default {d.max_tokens})")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"largest request body (default {d.max_body_bytes})")
-    p.add_argument("--max-messages", type=int, default=d.max_messages, help=f"most chat messages (default {d.max_messages})")
-    p.add_argument("--max-n", type=int, default=d.max_n, help=f"most choices per request (default {d.max_n})")
-    p.add_argument("--max-batch", type=int, default=d.max_batch, help=f"rows decoded together (default {d.max_batch})")
-    p.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting before 429 (default {d.max_queue})")
+    p.add_argument("--model-id", default=None, metavar="NAME",
+                   help="the model id clients name (default: the checkpoint's name, else the directory's name)")
+    for field, default in SERVE_LIMITS.items():
+        p.add_argument("--" + field.replace("_", "-"), type=_number(int), default=default, metavar="N",
+                       help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
     from .serve import Limits, serve
 
-    for name in ("port", "max_tokens", "max_body_bytes", "max_messages", "max_n", "max_batch", "max_queue"):
+    for name in ("port", *SERVE_LIMITS):
         value = getattr(args, name)
         low = 0 if name == "port" else 1
         if value < low or (name == "port" and value > 65535):
             raise ValueError(f"--{name.replace('_', '-')} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_messages=args.max_messages, max_tokens=args.max_tokens,
-                    default_max_tokens=min(256, args.max_tokens), max_n=args.max_n, max_batch=args.max_batch,
-                    max_queue=args.max_queue)
+    limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMITS},
+                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens))
     serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
           limits=limits, model_id=args.model_id)
     return 0

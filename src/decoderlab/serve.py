@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -47,6 +46,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .checkpoint import read_meta
 from .generation import Sampler
+from .generation.sampling import check_int, check_sampling, is_integer
+from .generation.stops import parse_stops
 from .generation.scheduler import GenerationRequest, QueueFull, Scheduler, SchedulerClosed
 from .glassbox import trace
 from .hf import load_any_checkpoint
@@ -117,14 +118,6 @@ _COMPLETION_FIELDS = _COMMON | {"prompt"}
 _CHAT_FIELDS = _COMMON | {"messages", "top_logprobs"}
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -161,34 +154,39 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
                    code="unsupported_parameter")
 
 
+def _checked(param: str, check, *args):
+    """``check(*args)`` (one of :mod:`decoderlab.generation.sampling`'s checks, which name the value and what is
+    allowed); its ``TypeError`` / ``ValueError`` becomes a 400 naming ``param``."""
+    try:
+        return check(*args)
+    except (TypeError, ValueError) as e:
+        raise _bad(param, str(e)) from None
+
+
 def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
+    """The sampling fields, checked by ``generate``'s own checks (so they mean what they mean there: ``top_k``
+    0 = no filter, ``top_p`` 1 keeps every token), plus this API's limits (temperature <= 2, -1 = no top-k)."""
     p = _Parsed()
     mt = body.get("max_completion_tokens") if body.get("max_completion_tokens") is not None else body.get("max_tokens")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if mt is None:
         p.max_tokens = min(limits.default_max_tokens, limits.max_tokens)
     else:
-        if not _is_int(mt) or mt < 1:
-            raise _bad(name, f"{name} must be an integer >= 1, got {json.dumps(mt)}")
-        if mt > limits.max_tokens:
+        p.max_tokens = _checked(name, check_int, name, mt, 1)
+        if p.max_tokens > limits.max_tokens:
             raise _bad(name, f"{name}={mt} is above this server's limit of {limits.max_tokens} tokens "
                              f"(--max-tokens)", code="max_tokens_limit")
-        p.max_tokens = mt
     t = body.get("temperature")
-    if t is None:
-        p.temperature = 1.0
-    elif not _is_num(t) or not 0 <= t <= 2:
+    p.temperature = 1.0 if t is None else _checked("temperature", check_sampling, t)[0]
+    if p.temperature > 2:
         raise _bad("temperature", f"temperature must be a number from 0 to 2 (0 = greedy), got {json.dumps(t)}")
-    else:
-        p.temperature = float(t)
     tp = body.get("top_p")
-    if tp is not None and (not _is_num(tp) or not 0 < tp <= 1):
-        raise _bad("top_p", f"top_p must be a number in (0, 1] (1 keeps every token), got {json.dumps(tp)}")
-    p.top_p = None if tp is None or tp >= 1 else float(tp)
+    p.top_p = None if tp is None else _checked("top_p", check_sampling, 1.0, None, tp)[2]
     tk = body.get("top_k")
-    if tk is not None and (not _is_int(tk) or tk < 1) and tk != -1:
-        raise _bad("top_k", f"top_k must be an integer >= 1 (or -1 / null for no limit), got {json.dumps(tk)}")
-    p.top_k = None if tk in (None, -1) else tk
+    try:
+        p.top_k = None if tk in (None, -1) else check_sampling(1.0, tk)[1]
+    except (TypeError, ValueError) as e:
+        raise _bad("top_k", f"{e} (0, -1 or null: no top-k filter)") from None
     stop = body.get("stop")
     if stop is None:
         p.stop = []
@@ -201,18 +199,13 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
             raise _bad("stop", f"stop has {len(stops)} strings; at most {limits.max_stop} are allowed")
         p.stop = stops
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_integer(seed):
         raise _bad("seed", f"seed must be an integer, got {json.dumps(seed)}")
     p.seed = seed
     n = body.get("n")
-    if n is None:
-        p.n = 1
-    elif not _is_int(n) or n < 1:
-        raise _bad("n", f"n must be an integer >= 1, got {json.dumps(n)}")
-    elif n > limits.max_n:
+    p.n = 1 if n is None else _checked("n", check_int, "n", n, 1)
+    if p.n > limits.max_n:
         raise _bad("n", f"n={n} is above this server's limit of {limits.max_n} choices", code="n_limit")
-    else:
-        p.n = n
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream", f"stream must be true or false, got {json.dumps(stream)}")
@@ -230,13 +223,13 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
             raise _bad("logprobs", f"logprobs must be true or false, got {json.dumps(lp)}")
         tlp = body.get("top_logprobs")
         if tlp is not None:
-            if not _is_int(tlp) or not 0 <= tlp <= 20:
+            if _checked("top_logprobs", check_int, "top_logprobs", tlp, 0) > 20:
                 raise _bad("top_logprobs", f"top_logprobs must be an integer from 0 to 20, got {json.dumps(tlp)}")
             if not lp:
                 raise _bad("top_logprobs", "top_logprobs needs logprobs set to true")
         p.logprobs = (tlp or 0) if lp else None
     else:
-        if lp is not None and (not _is_int(lp) or not 0 <= lp <= 5):
+        if lp is not None and _checked("logprobs", check_int, "logprobs", lp, 0) > 5:
             raise _bad("logprobs", f"logprobs must be an integer from 0 to 5, got {json.dumps(lp)}")
         p.logprobs = lp
     return p
@@ -404,7 +397,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                 msg = e.args[0] if isinstance(e, KeyError) and e.args else e
                 raise _bad("prompt", f"the prompt cannot be encoded by this model's tokenizer: {msg}",
                            code="invalid_prompt") from None
-        elif isinstance(prompt, list) and all(_is_int(i) for i in prompt):
+        elif isinstance(prompt, list) and all(is_integer(i) for i in prompt):
             bad = [i for i in prompt if not 0 <= i < cfg.num_tokens]
             if bad:
                 raise _bad("prompt", f"token id {bad[0]} is out of range; allowed ids are 0 .. {cfg.num_tokens - 1}")
@@ -454,7 +447,22 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
         return ids
 
     # -- generation bridge ---------------------------------------------------------------------------------
+    def producible(stops: list[str]) -> list[str]:
+        """The stop strings this model could write. ``generate`` refuses a string its tokenizer cannot encode
+        (a ValueError); clients send their usual stops to any model (a character outside a character
+        vocabulary), and a stop that can never appear changes no text, so the server leaves it out."""
+        out = []
+        for s in stops:
+            try:
+                parse_stops(s, tokenizer, cfg.num_tokens)
+            except ValueError:
+                continue
+            out.append(s)
+        return out
+
     def submit(p: _Parsed, ids: list[int], stop_ids: list[int]) -> tuple[GenerationRequest, asyncio.Queue]:
+        """Queue the generation on the scheduler: ``generate``'s semantics with the tokenizer (``<PAD>`` never
+        sampled, ``<EOS>`` ends the text, ``p.stop`` matched on the text), plus ``stop_ids``."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -462,8 +470,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
         req = GenerationRequest(prompt_ids=ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                                top_p=p.top_p, stop=p.stop, stop_token_ids=stop_ids, seed=p.seed, n=p.n,
-                                suppress_token_ids=[] if getattr(tokenizer, "pad_id", None) is None else [tokenizer.pad_id],
+                                top_p=p.top_p, stop=producible(p.stop), stop_token_ids=stop_ids, seed=p.seed, n=p.n,
                                 logprobs=p.logprobs, on_event=on_event)
         try:
             scheduler().submit(req)
@@ -543,9 +550,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                                     f"stored in its checkpoint)", param="messages", code="no_chat_template")
             p = _parse_sampling(body, limits, chat=True)
             ids = render_messages(body["messages"])
-            stop_ids = [int(template.end_of_turn_id(tokenizer))]
-            if eos is not None and eos not in stop_ids:
-                stop_ids.append(eos)
+            stop_ids = [int(template.end_of_turn_id(tokenizer))]  # and <EOS>, as always
         else:
             _check_fields(body, _COMPLETION_FIELDS)
             check_model(body)
@@ -554,7 +559,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                            code="missing_required_parameter")
             p = _parse_sampling(body, limits, chat=False)
             ids = encode_prompt(body["prompt"])
-            stop_ids = [] if eos is None else [eos]
+            stop_ids = []  # <EOS> ends the text (generate's stop_at_eos)
         req, queue = submit(p, ids, stop_ids)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
@@ -693,10 +698,10 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
         else:
             raise _bad("prompt", "give prompt (text), messages, or token_ids", code="missing_required_parameter")
         top = body.get("top", 10)
-        if not _is_int(top) or not 1 <= top <= 50:
+        if not is_integer(top) or not 1 <= top <= 50:
             raise _bad("top", f"top must be an integer from 1 to 50, got {json.dumps(top)}")
         layers = body.get("layers")
-        if layers is not None and (not isinstance(layers, list) or not all(_is_int(x) and 0 <= x < cfg.n_layer
+        if layers is not None and (not isinstance(layers, list) or not all(is_integer(x) and 0 <= x < cfg.n_layer
                                                                           for x in layers)):
             raise _bad("layers", f"layers must be a list of layer indices 0 .. {cfg.n_layer - 1}")
         fut = scheduler().call(lambda: trace_numbers(model, tokenizer, ids, p, top, layers))
@@ -713,17 +718,19 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
 def trace_numbers(model, tokenizer, ids: list[int], p: _Parsed, top: int, layers: list[int] | None) -> dict:
     """The page's numbers for ``ids``: ``decoderlab.trace``'s attention percents per layer and head (queries
     down, keys across; masked cells 0 and listed in ``mask``) and the last position's top next-token
-    probabilities before (softmax of the logits) and after the sampling filter (temperature, top-k, top-p),
+    probabilities before (softmax of the logits) and after the sampling filter (``<PAD>`` suppressed,
+    temperature, top-k, top-p),
     plus the token the filter's distribution gives next (greedy for temperature 0; else seeded with
     ``seed + len(ids)``, so stepping is reproducible)."""
     tr = trace(model, ids, tokenizer, layers=layers)
     logits = tr.logits[0, -1].float()
     probs = torch.softmax(logits, dim=-1)
-    sampler = Sampler(p.temperature, p.top_k, p.top_p)
+    pad = getattr(tokenizer, "pad_id", None)  # never sampled, as in generation
+    sampler = Sampler(p.temperature, p.top_k, p.top_p, suppress=() if pad is None else (pad,))
     if sampler.greedy:
+        nxt = int(sampler(logits[None], [])[0])
         after = torch.zeros_like(probs)
-        after[int(torch.argmax(logits))] = 1.0
-        nxt = int(torch.argmax(logits))
+        after[nxt] = 1.0
     else:
         after = torch.softmax(sampler.filter(logits[None])[0], dim=-1)
         g = torch.Generator().manual_seed((p.seed if p.seed is not None else 0) + len(ids))

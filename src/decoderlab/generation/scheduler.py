@@ -18,9 +18,13 @@ with ``n`` > 1 with seed + i) and draws exactly one uniform number per token thr
 :class:`decoderlab.generation.Sampler`, so a seeded request gives the same tokens alone or batched with others
 (up to float rounding of batched matmuls, which the tests check does not change the tokens of small models).
 
-Stop strings are matched on the decoded text (:class:`TextStop`), however the text was tokenized; text that
-could still become a stop string is held back until it is resolved. Stop token ids (``<EOS>``, a chat
-template's end of turn) end a row without adding text.
+Every row follows :func:`decoderlab.generate`'s rules with the same arguments, through the same code: the
+settings are checked and normalised by the engine's argument checks (``<PAD>`` never sampled, ``<EOS>`` ends
+the text, ``top_k=0`` = no filter), and each row's stops are a :class:`decoderlab.generation.stops.Stops`
+(token-id stops such as ``<EOS>`` or a chat template's end of turn, and stop strings matched on the decoded
+text, however it was tokenized, with what could still become a stop held back) whose emitted ids become text
+through a :class:`decoderlab.generation.TextStreamer`, as :func:`decoderlab.generation.stream_text` does. So a
+row's text is ``stream_text``'s text for the same prompt, settings and seed.
 
 Source: the continuous ("iteration-level") batching of Orca (Yu et al., OSDI 2022), as in vLLM's scheduler;
 written here over decoderlab's own KV cache.
@@ -29,7 +33,6 @@ written here over decoderlab's own KV cache.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from concurrent.futures import Future
@@ -39,8 +42,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..attention import KVCache
-from .engine import default_keep
-from .sampling import Sampler, check_sampling
+from .engine import _check_keep, _model_device, _prepare, _prompt_list
+from .sampling import Sampler, as_scalar, check_int, is_integer
+from .stops import Stops, parse_stops
 from .text import TextStreamer
 
 
@@ -53,76 +57,34 @@ class SchedulerClosed(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Stop strings on text
-# ----------------------------------------------------------------------------------------------------------
-
-
-class TextStop:
-    """Cut a growing text before the first occurrence of any stop string, holding back what could become one.
-
-    ``push(piece) -> (text safe to send, matched)``: ``matched`` is True when a stop string was found; the
-    text returned then ends exactly before it and nothing more may be pushed. ``flush()`` returns the text
-    held back when generation ends without a match. ``sent`` is the number of characters released so far.
-    """
-
-    def __init__(self, stops: Sequence[str] = ()):
-        for s in stops:
-            if not isinstance(s, str) or s == "":
-                raise ValueError(f"a stop string must be a non-empty string, got {s!r}")
-        self.stops = list(stops)
-        self.text = ""
-        self.sent = 0
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        self.text += piece
-        text, sent = self.text, self.sent
-        if not self.stops:
-            self.sent = len(text)
-            return text[sent:], False
-        # a stop string can only start at or after `sent`: anything earlier that could start one was held back
-        found = [i for i in (text.find(s, max(0, sent)) for s in self.stops) if i >= 0]
-        if found:
-            end = min(found)
-            self.sent = end
-            return text[sent:end], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text) - sent), hold, -1):
-                if text.endswith(s[:k]):
-                    hold = k
-                    break
-        end = len(text) - hold
-        self.sent = end
-        return text[sent:end], False
-
-    def flush(self) -> str:
-        out = self.text[self.sent:]
-        self.sent = len(self.text)
-        return out
-
-
-# ----------------------------------------------------------------------------------------------------------
 # Requests
 # ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class GenerationRequest:
-    """One request: ``n`` continuations of ``prompt_ids``.
+    """One request: ``n`` continuations of ``prompt_ids``, each as :func:`decoderlab.generate` would give it with
+    the same arguments and the scheduler's tokenizer.
 
     Args:
         prompt_ids: the prompt's token ids (1 .. max_len of them; the caller checks the length).
-        max_tokens: the most tokens to sample per choice (>= 1); tokens cut by a stop count.
-        temperature, top_k, top_p: as :class:`decoderlab.generation.Sampler` (temperature 0 = greedy).
-        stop: stop strings, matched on the decoded text.
-        stop_token_ids: ids that end a choice without adding text (e.g. ``<EOS>``).
-        suppress_token_ids: ids never sampled (e.g. ``<PAD>``; as ``generate``'s ``suppress_tokens``).
+        max_tokens: the most tokens to sample per choice (an integer >= 1, ``generate``'s ``max_new_tokens``);
+            tokens cut by a stop count.
+        temperature, top_k, top_p: as ``generate`` (temperature 0 = greedy; top_k 0 or None = no filter).
+        stop: as ``generate``'s ``stop``: strings matched on the decoded text (a string naming a control token,
+            ``"<EOS>"``, is that token), token ids, tuples of ids, or a list of these.
+        stop_token_ids: more ids that end a choice without adding text (e.g. a chat template's end of turn).
+        suppress_token_ids: ids never sampled; None (default) = the tokenizer's ``<PAD>`` (``generate``'s
+            ``suppress_tokens``).
+        stop_at_eos: the tokenizer's ``<EOS>`` ends a choice (``generate``'s ``stop_at_eos``).
         seed: choice i samples with a ``torch.Generator`` seeded with seed + i; None = fresh entropy.
         n: how many choices.
         logprobs: None, or how many most probable alternatives (0 .. 20) to report with each token's logprob.
         on_event: called from the scheduler thread with each event (a tuple):
             ``("delta", index, text, logprob_items)``, ``("finish", index, reason)`` (reason "stop" or
             "length"; "cancelled" when cancelled), ``("done", usage_dict)`` last, or ``("error", exception)``.
+
+    :meth:`Scheduler.submit` checks the arguments (``ValueError`` / ``TypeError`` as ``generate``).
     """
 
     prompt_ids: list[int]
@@ -130,9 +92,10 @@ class GenerationRequest:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    stop: list[str] = field(default_factory=list)
+    stop: object = None
     stop_token_ids: list[int] = field(default_factory=list)
-    suppress_token_ids: list[int] = field(default_factory=list)
+    suppress_token_ids: list[int] | None = None
+    stop_at_eos: bool = True
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None
@@ -140,6 +103,8 @@ class GenerationRequest:
     cancelled: bool = False
     completion_tokens: int = 0
     _open_rows: int = 0
+    _sampler: Sampler | None = None
+    _stops: tuple = ((), (), None)  # (token-id sequences, stop strings, decode) for each row's Stops
 
     def cancel(self) -> None:
         """Stop generating at the next token (a client hung up); the scheduler releases the rows."""
@@ -163,11 +128,12 @@ class _Row:
         self.produced = 0
         self.logits: torch.Tensor | None = None  # (V,) the next token's logits, when known
         self.slot = -1
+        self.stops = Stops(*req._stops)  # token ids the stops release go to the streamer, as in stream_text
         self.streamer = TextStreamer(tokenizer)
-        self.stopper = TextStop(req.stop)
-        self.pending_lp: collections.deque = collections.deque()  # (end offset in text, item)
-        self.text_len = 0
-        if req.temperature == 0:
+        self.held_lp: collections.deque = collections.deque()  # logprob items of ids the stops hold back
+        self.pending_lp: list[dict] = []  # ... of ids the streamer holds (an incomplete character)
+        self.ready_lp: list[dict] = []  # ... of ids whose text is out, to send with it
+        if req._sampler.greedy:
             self.gen = None
         else:
             self.gen = torch.Generator(device=device)
@@ -175,7 +141,8 @@ class _Row:
                 self.gen.seed()
             else:
                 self.gen.manual_seed(req.seed + index)
-        self.sampler_key = (float(req.temperature), req.top_k, req.top_p, tuple(req.suppress_token_ids))
+        smp = req._sampler
+        self.sampler_key = (smp.temperature, smp.top_k, smp.top_p, tuple(smp.suppress))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,15 +282,12 @@ class Scheduler:
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None):
-        if max_batch < 1 or max_queue < 1:
-            raise ValueError(f"max_batch and max_queue must be >= 1, got {max_batch} and {max_queue}")
         self.model, self.tokenizer = model, tokenizer
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue = check_int("max_batch", max_batch, 1), check_int("max_queue", max_queue, 1)
         cfg = model.config
         self.max_len = cfg.max_len
-        self.keep = default_keep(cfg.max_len) if keep is None else keep
-        p = next(model.parameters(), None)
-        self.device = p.device if p is not None else torch.device("cpu")
+        self.keep = _check_keep(keep, cfg.max_len)
+        self.device = _model_device(model)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self._rows: list[_Row] = []  # running rows, in slot order
@@ -339,11 +303,9 @@ class Scheduler:
 
     # -- public --------------------------------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> None:
-        check_sampling(req.temperature, req.top_k, req.top_p)
-        if not req.prompt_ids or len(req.prompt_ids) > self.max_len:
-            raise ValueError(f"the prompt must have 1 .. {self.max_len} tokens, got {len(req.prompt_ids)}")
-        if req.max_tokens < 1 or req.n < 1:
-            raise ValueError(f"max_tokens and n must be >= 1, got {req.max_tokens} and {req.n}")
+        """Queue ``req``. Raises ``ValueError`` / ``TypeError`` for bad arguments (``generate``'s checks),
+        :class:`QueueFull` when ``max_queue`` requests wait already, :class:`SchedulerClosed` after close."""
+        self._prepare(req)
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the scheduler is shut down")
@@ -351,6 +313,25 @@ class Scheduler:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting already (max_queue={self.max_queue})")
             self._waiting.append(req)
             self._cond.notify()
+
+    def _prepare(self, req: GenerationRequest) -> None:
+        """Check ``req``'s arguments with ``generate``'s own checks and keep its sampler and stops."""
+        req.max_tokens = check_int("max_tokens", req.max_tokens, 1)
+        req.n = check_int("n", req.n, 1)
+        _, req._sampler, (seqs, texts, decode), _ = _prepare(
+            self.model, req.max_tokens, req.temperature, req.top_k, req.top_p, req.stop, self.tokenizer, None,
+            req.suppress_token_ids, req.stop_at_eos)
+        more = [s for s in parse_stops(list(req.stop_token_ids), None, self.model.config.num_tokens)[0]
+                if s not in seqs]
+        req._stops = (seqs + more, texts, decode)
+        if req.seed is not None:
+            seed = as_scalar(req.seed)
+            if not is_integer(seed):
+                raise TypeError(f"seed must be an integer or None, got {seed!r}")
+            req.seed = int(seed)
+        req.prompt_ids = _prompt_list(self.model, req.prompt_ids, self.tokenizer)
+        if len(req.prompt_ids) > self.max_len:
+            raise ValueError(f"the prompt must have 1 .. {self.max_len} tokens, got {len(req.prompt_ids)}")
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Run ``fn()`` on the model thread between two decode steps; returns a ``concurrent.futures.Future``."""
@@ -427,6 +408,8 @@ class Scheduler:
         #    each one's first token right away (its generator's first draw)
         live = []
         for req in admit:
+            if req._sampler is None:  # (a request handed to _step directly rather than through submit)
+                self._prepare(req)
             if req.cancelled:
                 req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0,
                                    "total_tokens": len(req.prompt_ids)}))
@@ -497,8 +480,8 @@ class Scheduler:
         for r in rows:
             groups.setdefault(r.sampler_key, []).append(r)
         chosen: list[tuple[_Row, int]] = []
-        for key, members in groups.items():
-            sampler = Sampler(*key[:3], suppress=key[3])
+        for members in groups.values():
+            sampler = members[0].req._sampler
             logits = torch.stack([r.logits for r in members])
             ids = sampler(logits, [r.gen for r in members] if not sampler.greedy else []).tolist()
             chosen.extend(zip(members, ids))
@@ -507,49 +490,50 @@ class Scheduler:
             r.logits = None
 
     def _accept(self, r: _Row, token: int) -> None:
+        """One sampled token of row ``r``: through its stops (as ``stream`` does), the ids they release through
+        its text streamer (as ``stream_text`` does); sends the text and ends the row at a stop or max_tokens."""
         req = r.req
         r.produced += 1
         req.completion_tokens += 1
-        lp_item = None
         if req.logprobs is not None:
-            lp_item = self._logprob_item(r.logits, token, req.logprobs)
-        if token in req.stop_token_ids:
-            tail = r.stopper.push(r.streamer.end())[0] + r.stopper.flush()
-            self._send(r, tail, final=True)
-            self._release(r, "stop")
-            return
+            r.held_lp.append(self._logprob_item(r.logits, token, req.logprobs))
         r.ids.append(token)
-        piece = r.streamer.put(token)
-        text, matched = r.stopper.push(piece) if piece else ("", False)
-        if lp_item is not None:
-            r.pending_lp.append((len(r.stopper.text), lp_item))
-        if matched:
-            self._send(r, text, final=True, cut=r.stopper.sent)
+        out, swallowed = r.stops.push(token)
+        text = self._to_text(r, out)
+        if swallowed is not None:
+            # the text a stop string left inside its first token comes with that token's logprob
+            tail = r.stops.tail
+            if tail and r.held_lp:
+                r.pending_lp.append(r.held_lp.popleft())
+            self._send(r, text + r.streamer.end() + tail, final=True)
             self._release(r, "stop")
-            return
-        if r.produced >= req.max_tokens:
-            tail = r.stopper.push(r.streamer.end())
-            text += tail[0]
-            if tail[1]:
-                self._send(r, text, final=True, cut=r.stopper.sent)
-                self._release(r, "stop")
-                return
-            self._send(r, text + r.stopper.flush(), final=True)
+        elif r.produced >= req.max_tokens:
+            text += self._to_text(r, r.stops.flush())
+            self._send(r, text + r.streamer.end(), final=True)
             self._release(r, "length")
-            return
-        if text:
+        elif text:
             self._send(r, text)
 
-    def _send(self, r: _Row, text: str, final: bool = False, cut: int | None = None) -> None:
-        items = []
-        if r.pending_lp:
-            if final:
-                limit = cut if cut is not None else math.inf
-                items = [it for end, it in r.pending_lp if cut is None or end - len(it["token"]) < limit]
-                r.pending_lp.clear()
-            else:
-                while r.pending_lp and r.pending_lp[0][0] <= r.stopper.sent:
-                    items.append(r.pending_lp.popleft()[1])
+    def _to_text(self, r: _Row, ids: list[int]) -> str:
+        """The text of ``ids`` (released by the stops) from the row's streamer; their logprob items wait in
+        ``pending_lp`` until their text is sent."""
+        text = ""
+        for t in ids:
+            piece = r.streamer.put(t)
+            if r.held_lp:
+                r.pending_lp.append(r.held_lp.popleft())
+            if piece:  # the text of every id given to the streamer so far is out
+                text += piece
+                r.ready_lp += r.pending_lp
+                r.pending_lp = []
+        return text
+
+    def _send(self, r: _Row, text: str, final: bool = False) -> None:
+        """Emit ``text`` with the logprob items of the tokens whose text is out (at ``final``, of all sent)."""
+        items, r.ready_lp = r.ready_lp, []
+        if final:
+            items += r.pending_lp
+            r.pending_lp = []
         if text or items:
             r.req.emit(("delta", r.index, text, items))
 
