@@ -7,6 +7,7 @@ requests together; the texts must not change), and every bad input gets an OpenA
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ import decoderlab as dl  # noqa: E402
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler  # noqa: E402
 from decoderlab.generation.stops import TextStopMatcher  # noqa: E402
 from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
+from test_generation import newline_bpe  # noqa: E402,F401 -- the fixture: a BPE, a model that writes "\n" "\n"
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
 MODEL_ID = "tiny"
@@ -487,14 +489,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cli_serve_runs_a_checkpoint(mt, tmp_path):
-    model, tok = mt
-    dl.save_checkpoint(tmp_path / "ck", model, tok)
+@contextlib.contextmanager
+def cli_server(directory, *args):
+    """``decoderlab serve --checkpoint DIR ARGS`` in a subprocess (the real command): yields its URL."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(dl.__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(tmp_path / "ck"),
-                             "--port", str(port), "--api-key", "k"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(directory),
+                             "--port", str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 40
         while time.time() < deadline:
@@ -503,12 +504,41 @@ def test_cli_serve_runs_a_checkpoint(mt, tmp_path):
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        r = client(f"http://127.0.0.1:{port}", "k").completions.create(model="ck", prompt="ab", max_tokens=4,
-                                                                       temperature=0)
-        assert r.choices[0].text == ref_text(mt, tok.encode("ab"), 4, 0, None)
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_cli_serve_runs_a_checkpoint(mt, tmp_path):
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    with cli_server(tmp_path / "ck", "--api-key", "k") as url:
+        r = client(url, "k").completions.create(model="ck", prompt="ab", max_tokens=4, temperature=0)
+        assert r.choices[0].text == ref_text(mt, tok.encode("ab"), 4, 0, None)
+
+
+def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
+    """Issue 14 item 7: a GPT-2 directory (config.json + weights + vocab.json/merges.txt) is a checkpoint for
+    serve too; /v1/completions equals generate on the same directory."""
+    transformers = pytest.importorskip("transformers")
+    from decoderlab.hf import load_any_checkpoint
+
+    bpe = dl.BPETokenizer.train("To be, or not to be, that is the question.\n" * 8, 280)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=bpe.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=None,
+        eos_token_id=None))
+    hf.save_pretrained(tmp_path / "gpt2-tiny")
+    bpe.hf_tokenizer.model.save(str(tmp_path / "gpt2-tiny"))  # vocab.json, merges.txt
+    model, tok = load_any_checkpoint(tmp_path / "gpt2-tiny")
+    with cli_server(tmp_path / "gpt2-tiny") as url:
+        c = client(url)
+        assert c.models.list().data[0].id == "gpt2-tiny"
+        for temperature, seed in ((0, None), (1.0, 3)):
+            r = c.completions.create(model="gpt2-tiny", prompt="To be", max_tokens=6, temperature=temperature,
+                                     seed=seed)
+            assert r.choices[0].text == ref_text((model, tok), tok.encode("To be"), 6, temperature, seed)
 
 
 def test_scheduler_prefills_equal_lengths_together_and_stays_exact(mt):
@@ -546,3 +576,39 @@ def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     assert cli_main(["serve", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("decoderlab: error:") and needle in err[0]
+
+
+def _run(sch: Scheduler, **fields) -> tuple[str, str]:
+    """One request through the scheduler's thread: (its text, its finish reason)."""
+    out = {"text": "", "finish": None}
+    done = threading.Event()
+
+    def on(ev):
+        if ev[0] == "delta":
+            out["text"] += ev[2]
+        elif ev[0] == "finish":
+            out["finish"] = ev[2]
+        elif ev[0] in ("done", "error"):
+            done.set()
+
+    sch.submit(GenerationRequest(on_event=on, **fields))
+    assert done.wait(30)
+    return out["text"], out["finish"]
+
+
+def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newline_bpe):
+    """A byte-level BPE whose model writes "\\n" one token at a time, and "x" -> "ab" -> "c": the stop "\\n\\n"
+    is found across tokens, the stop "bc" begins inside the token "ab"; the scheduler's text is stream_text's,
+    ending exactly before the stop."""
+    tok, model, ids = newline_bpe
+    sch = Scheduler(model, tok, max_batch=4)
+    try:
+        for prompt, stop in (("p", "\n\n"), ("x", "bc"), ("x", "c\n"), ("p", ["zz", "a\n\n"]), ("p", None)):
+            want = "".join(dl.stream_text(model, tok, prompt, 6, temperature=0, stop=stop))
+            got = _run(sch, prompt_ids=tok.encode(prompt), max_tokens=6, temperature=0, stop=stop)
+            assert got == (want, "length" if stop is None else "stop"), (prompt, stop)
+        assert _run(sch, prompt_ids=tok.encode("x"), max_tokens=6, temperature=0, stop="bc") == ("a", "stop")
+        with pytest.raises(ValueError, match="top_k"):  # generate's own checks
+            sch.submit(GenerationRequest(prompt_ids=[ids["p"]], max_tokens=3, top_k=-1))
+    finally:
+        sch.close()
