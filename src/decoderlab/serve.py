@@ -14,10 +14,13 @@ Endpoints:
     GET  /                        the page (one self-contained HTML file, nothing fetched elsewhere).
 
 Request fields: ``model``, ``prompt`` / ``messages``, ``max_tokens`` / ``max_completion_tokens``,
-``temperature`` (0 = greedy; a given 0 is never replaced), ``top_p``, ``top_k``, ``stop`` (a string or up to
-4, matched on the decoded text), ``seed``, ``n``, ``stream``, ``stream_options.include_usage``,
+``temperature`` (0 = greedy; a given 0 is never replaced), ``top_p``, ``top_k`` (0, -1 or null: no filter),
+``stop`` (a string or up to 4, matched on the decoded text; one the tokenizer cannot write is left out),
+``seed``, ``n``, ``stream``, ``stream_options.include_usage``,
 ``logprobs`` / ``top_logprobs``. A field that would change the output and is not supported is a 400 naming it;
-metadata fields (``user``, ``metadata``, ``store``, ...) are ignored.
+metadata fields (``user``, ``metadata``, ``store``, ...) are ignored. Each choice is the text
+``decoderlab.generate`` gives with the same settings and the tokenizer: ``<PAD>`` is never sampled and ``<EOS>``
+(and a chat template's end of turn) ends it.
 
 Errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad request (also for
 request-validation errors and limits), 401 missing/wrong API key, 404 unknown model or route, 429 queue full

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..attention import KVCache
+from ..attention import KVCache, LayerKVCache
 from .engine import _check_keep, _model_device, _prepare, _prompt_list
 from .sampling import Sampler, as_scalar, check_int, is_integer
 from .stops import Stops, parse_stops
@@ -150,14 +150,10 @@ class _Row:
 # ----------------------------------------------------------------------------------------------------------
 
 
-class _SlotLayer:
-    """One layer's keys/values for every slot: (S, H, capacity, d_head); rows 0 .. n-1 are the running ones.
-    ``update`` is what a model's attention calls (the interface of ``generation.LayerKVCache``)."""
-
-    def __init__(self, owner: "BatchKVCache"):
-        self.owner = owner
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+class _SlotLayer(LayerKVCache):
+    """One layer's keys/values for every slot: (S, H, capacity, d_head), allocated by the owning
+    :class:`BatchKVCache`; rows 0 .. n-1 are the running ones. ``update`` is what a model's attention calls
+    (the interface of ``LayerKVCache``), writing the n running rows only."""
 
     def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = self.owner
