@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	@# the browser tests drive Debian's chromium (Playwright's own browser download does not work here); needs root
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium chromium-driver)
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -104,6 +104,10 @@ def test_cli_mirrors_agree_with_the_library():
     assert cli.PRESET_SHAPES == {name: {f: PRESETS[name][f] for f in cli.SHAPE_FIELDS} for name in PRESETS}
     assert cli.MODEL_CHOICES == {"position": POSITIONS, "norm": NORMS, "mlp": MLPS}
     assert cli.TOKENIZER_KINDS == tuple(TOKENIZERS) and cli.DEFAULT_BPE_VOCAB_SIZE == DEFAULT_BPE_VOCAB_SIZE
+    from decoderlab.serve import Limits
+
+    limits = {f.name: f.default for f in dataclasses.fields(Limits)}
+    assert cli.SERVE_LIMITS == {k: limits[k] for k in cli.SERVE_LIMITS}
     # every TrainConfig field with a flag is named by the flag in error messages
     assert {f for _, f, _, _ in cli.TRAIN_OPTIONS} <= set(cli.FIELD_FLAGS)
 
@@ -115,7 +119,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"train", "sample", "generate", "chat", "verify", "explain"}
+    assert set(sub.choices) == {"train", "sample", "generate", "chat", "verify", "explain", "serve"}
     for name, p in sub.choices.items():
         text = p.format_help()
         for action in p._actions:

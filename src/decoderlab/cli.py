@@ -745,10 +745,57 @@ def cmd_explain(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# serve (the OpenAI-compatible server and the glass-box page; decoderlab.serve)
+# ---------------------------------------------------------------------------------------------------------
+
+
+#: decoderlab.serve.Limits' defaults for --help (not imported here: building the parser must not import FastAPI;
+#: tests/test_package.py checks they agree)
+SERVE_LIMITS = {"max_tokens": 4096, "max_body_bytes": 1_000_000, "max_messages": 256, "max_n": 8, "max_batch": 32,
+                "max_queue": 64}
+SERVE_LIMIT_HELP = {"max_tokens": "most tokens one choice may ask for", "max_body_bytes": "largest request body in bytes",
+                    "max_messages": "most chat messages in a request", "max_n": "most choices per request",
+                    "max_batch": "most rows (choices) decoded together",
+                    "max_queue": "most requests waiting to join the batch before the server answers 429"}
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /")
+    _add_checkpoint_option(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_number(int), default=8000, metavar="N", help="port, 0 .. 65535 (default 8000)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: none, open)")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="allow this browser origin (repeatable; default: CORS off)")
+    p.add_argument("--model-id", default=None, metavar="NAME",
+                   help="the model id clients name (default: the checkpoint's name, else the directory's name)")
+    for field, default in SERVE_LIMITS.items():
+        p.add_argument("--" + field.replace("_", "-"), type=_number(int), default=default, metavar="N",
+                       help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    from .serve import Limits, serve
+
+    for name in ("port", *SERVE_LIMITS):
+        value = getattr(args, name)
+        low = 0 if name == "port" else 1
+        if value < low or (name == "port" and value > 65535):
+            raise ValueError(f"--{name.replace('_', '-')} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
+    limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMITS},
+                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens))
+    serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
+          limits=limits, model_id=args.model_id)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain]
+COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain, add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

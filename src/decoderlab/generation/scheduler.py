@@ -1,0 +1,568 @@
+"""Continuous batching: many generation requests decoded together over one model's KV-cache forward pass.
+
+One background thread owns the model. Requests wait in a bounded queue (:class:`QueueFull` when it is full);
+between two decode steps the thread admits waiting requests into the running batch (newcomers' prompts are
+prefilled as :func:`decoderlab.generate` prefills them -- prompts of equal length together in one forward
+pass without padding, others alone -- their keys/values are copied into the batch cache and their first token
+is sampled at once), then samples one token for every running row, releases the rows that finished or were
+cancelled, and runs one decode step of one token per row for all the others together.
+
+The batch cache keeps every row's keys/values right-aligned on one timeline of columns: a row that holds W
+tokens occupies columns ``length - W .. length - 1``; the columns before them are hidden by a (B, T_k) padding
+mask and each row gets its own positions (its tokens count from 0, as when generated alone). When the timeline
+is full, the columns no row uses any more are dropped (compaction). A row whose window would pass max_len
+slides as :func:`decoderlab.generation.stream` does: its last ``keep`` tokens are re-prefilled alone.
+
+Sampling: every row has its own ``torch.Generator`` (seeded with the request's seed; choice i of a request
+with ``n`` > 1 with seed + i) and draws exactly one uniform number per token through
+:class:`decoderlab.generation.Sampler`, so a seeded request gives the same tokens alone or batched with others
+(up to float rounding of batched matmuls, which the tests check does not change the tokens of small models).
+
+Every row follows :func:`decoderlab.generate`'s rules with the same arguments, through the same code: the
+settings are checked and normalised by the engine's argument checks (``<PAD>`` never sampled, ``<EOS>`` ends
+the text, ``top_k=0`` = no filter), and each row's stops are a :class:`decoderlab.generation.stops.Stops`
+(token-id stops such as ``<EOS>`` or a chat template's end of turn, and stop strings matched on the decoded
+text, however it was tokenized, with what could still become a stop held back) whose emitted ids become text
+through a :class:`decoderlab.generation.TextStreamer`, as :func:`decoderlab.generation.stream_text` does. So a
+row's text is ``stream_text``'s text for the same prompt, settings and seed.
+
+Source: the continuous ("iteration-level") batching of Orca (Yu et al., OSDI 2022), as in vLLM's scheduler;
+written here over decoderlab's own KV cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..attention import KVCache, LayerKVCache
+from .engine import _check_keep, _model_device, _prepare, _prompt_list
+from .sampling import Sampler, as_scalar, check_int, is_integer
+from .stops import Stops, parse_stops
+from .text import TextStreamer
+
+
+class QueueFull(RuntimeError):
+    """The scheduler's queue holds ``max_queue`` waiting requests already; retry later."""
+
+
+class SchedulerClosed(RuntimeError):
+    """The scheduler was shut down."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Requests
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationRequest:
+    """One request: ``n`` continuations of ``prompt_ids``, each as :func:`decoderlab.generate` would give it with
+    the same arguments and the scheduler's tokenizer.
+
+    Args:
+        prompt_ids: the prompt's token ids (1 .. max_len of them; the caller checks the length).
+        max_tokens: the most tokens to sample per choice (an integer >= 1, ``generate``'s ``max_new_tokens``);
+            tokens cut by a stop count.
+        temperature, top_k, top_p: as ``generate`` (temperature 0 = greedy; top_k 0 or None = no filter).
+        stop: as ``generate``'s ``stop``: strings matched on the decoded text (a string naming a control token,
+            ``"<EOS>"``, is that token), token ids, tuples of ids, or a list of these.
+        stop_token_ids: more ids that end a choice without adding text (e.g. a chat template's end of turn).
+        suppress_token_ids: ids never sampled; None (default) = the tokenizer's ``<PAD>`` (``generate``'s
+            ``suppress_tokens``).
+        stop_at_eos: the tokenizer's ``<EOS>`` ends a choice (``generate``'s ``stop_at_eos``).
+        seed: choice i samples with a ``torch.Generator`` seeded with seed + i; None = fresh entropy.
+        n: how many choices.
+        logprobs: None, or how many most probable alternatives (0 .. 20) to report with each token's logprob.
+        on_event: called from the scheduler thread with each event (a tuple):
+            ``("delta", index, text, logprob_items)``, ``("finish", index, reason)`` (reason "stop" or
+            "length"; "cancelled" when cancelled), ``("done", usage_dict)`` last, or ``("error", exception)``.
+
+    :meth:`Scheduler.submit` checks the arguments (``ValueError`` / ``TypeError`` as ``generate``).
+    """
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop: object = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    suppress_token_ids: list[int] | None = None
+    stop_at_eos: bool = True
+    seed: int | None = None
+    n: int = 1
+    logprobs: int | None = None
+    on_event: Callable[[tuple], None] | None = None
+    cancelled: bool = False
+    completion_tokens: int = 0
+    _open_rows: int = 0
+    _sampler: Sampler | None = None
+    _stops: tuple = ((), (), None)  # (token-id sequences, stop strings, decode) for each row's Stops
+
+    def cancel(self) -> None:
+        """Stop generating at the next token (a client hung up); the scheduler releases the rows."""
+        self.cancelled = True
+
+    def emit(self, event: tuple) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:  # noqa: BLE001 -- a listener that is gone (closed event loop) ends only this request
+                self.cancelled = True
+
+
+class _Row:
+    """One choice of a request while it runs."""
+
+    def __init__(self, req: GenerationRequest, index: int, tokenizer, device):
+        self.req, self.index = req, index
+        self.ids = list(req.prompt_ids)  # prompt + generated, the window is ids[start:]
+        self.start = 0
+        self.produced = 0
+        self.logits: torch.Tensor | None = None  # (V,) the next token's logits, when known
+        self.slot = -1
+        self.stops = Stops(*req._stops)  # token ids the stops release go to the streamer, as in stream_text
+        self.streamer = TextStreamer(tokenizer)
+        self.held_lp: collections.deque = collections.deque()  # logprob items of ids the stops hold back
+        self.pending_lp: list[dict] = []  # ... of ids the streamer holds (an incomplete character)
+        self.ready_lp: list[dict] = []  # ... of ids whose text is out, to send with it
+        if req._sampler.greedy:
+            self.gen = None
+        else:
+            self.gen = torch.Generator(device=device)
+            if req.seed is None:
+                self.gen.seed()
+            else:
+                self.gen.manual_seed(req.seed + index)
+        smp = req._sampler
+        self.sampler_key = (smp.temperature, smp.top_k, smp.top_p, tuple(smp.suppress))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The batch cache
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _SlotLayer(LayerKVCache):
+    """One layer's keys/values for every slot: (S, H, capacity, d_head), allocated by the owning
+    :class:`BatchKVCache`; rows 0 .. n-1 are the running ones. ``update`` is what a model's attention calls
+    (the interface of ``LayerKVCache``), writing the n running rows only."""
+
+    def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.owner
+        n, start = k_new.size(0), o.length
+        end = start + k_new.size(2)
+        if n != o.n or end > o.capacity:
+            raise RuntimeError(f"batch cache misuse: {n} rows for {o.n} slots, end {end} > {o.capacity}")
+        self.k[:n, :, start:end] = k_new
+        self.v[:n, :, start:end] = v_new
+        return self.k[:n, :, :end], self.v[:n, :, :end]
+
+
+class BatchKVCache:
+    """A KV cache whose rows join and leave: see the module docstring. ``length`` is the timeline's used
+    columns, ``n`` the running rows (slots 0 .. n-1), ``start_col[i]`` slot i's first column."""
+
+    def __init__(self, n_layer: int, capacity: int):
+        self.capacity = capacity
+        self.length = 0
+        self.n = 0
+        self.slots = 0
+        self.start_col: list[int] = []
+        self.layers = [_SlotLayer(self) for _ in range(n_layer)]
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def _grow(self, like: torch.Tensor, want: int) -> None:
+        if want <= self.slots:
+            return
+        new_slots = max(want, 2 * self.slots, 4)
+        _, h, _, d = like.shape
+        for lay in self.layers:
+            k = like.new_zeros(new_slots, h, self.capacity, d)  # zeros: never NaN under a mask
+            v = like.new_zeros(new_slots, h, self.capacity, d)
+            if lay.k is not None:
+                k[: self.slots] = lay.k
+                v[: self.slots] = lay.v
+            lay.k, lay.v = k, v
+        self.slots = new_slots
+
+    def _shift(self, d: int) -> None:
+        """Move every running row d columns (right for d > 0, left for d < 0)."""
+        n, length = self.n, self.length
+        if d == 0 or n == 0:
+            return
+        for lay in self.layers:
+            for t in (lay.k, lay.v):
+                if d > 0:
+                    t[:n, :, d : d + length] = t[:n, :, :length].clone()
+                else:
+                    t[:n, :, : length + d] = t[:n, :, -d:length].clone()
+        self.length += d
+        self.start_col = [c + d for c in self.start_col]
+
+    def compact(self) -> None:
+        """Drop the leading columns no running row uses."""
+        if self.n == 0:
+            self.length = 0
+            return
+        m = min(self.start_col)
+        if m > 0:
+            self._shift(-m)
+
+    def add_slot(self) -> int:
+        self.n += 1
+        self.start_col.append(self.length)
+        return self.n - 1
+
+    def place(self, slot: int, src: KVCache, w: int, src_row: int = 0) -> None:
+        """Copy the first ``w`` cached tokens of row ``src_row`` of the cache ``src`` into ``slot``, ending at
+        the timeline's current end (moving the other rows right when the timeline is shorter than ``w``)."""
+        like = src.layers[0].k
+        self._grow(like, self.n)
+        if self.length < w:
+            if self.n > 1:
+                self._shift(w - self.length)
+            self.length = w
+        if self.length > self.capacity:
+            raise RuntimeError("batch cache overflow")
+        c = self.length - w
+        for lay, s in zip(self.layers, src.layers):
+            lay.k[slot, :, c : self.length] = s.k[src_row, :, :w]
+            lay.v[slot, :, c : self.length] = s.v[src_row, :, :w]
+        self.start_col[slot] = c
+
+    def remove_slot(self, slot: int) -> int | None:
+        """Release ``slot``; the last running slot moves into it. Returns the index that moved (or None)."""
+        last = self.n - 1
+        moved = None
+        if slot != last:
+            for lay in self.layers:
+                lay.k[slot, :, : self.length] = lay.k[last, :, : self.length]
+                lay.v[slot, :, : self.length] = lay.v[last, :, : self.length]
+            self.start_col[slot] = self.start_col[last]
+            moved = last
+        self.start_col.pop()
+        self.n -= 1
+        if self.n == 0:
+            self.length = 0
+        return moved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The scheduler
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Scheduler:
+    """Continuous-batching generation on a background thread that owns ``model`` (see the module docstring).
+
+    Args:
+        model: a ``DecoderOnlyTransformer`` (put in eval mode; nobody else may run it while the scheduler
+            lives -- use :meth:`call` to run something on the model thread, e.g. a glass-box trace).
+        tokenizer: decodes tokens into text (stop strings, deltas).
+        max_batch: most rows (choices) decoded together; more wait in the queue.
+        max_queue: most requests waiting to be admitted; :meth:`submit` raises :class:`QueueFull` beyond.
+        keep: tokens kept when a row's window slides (default max_len // 2, as ``generate``).
+
+    ``submit(request)`` queues a :class:`GenerationRequest`; its events arrive through ``request.on_event``.
+    ``stats()`` returns counters (running rows, waiting requests, decode steps); ``close()`` stops the thread.
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch, self.max_queue = check_int("max_batch", max_batch, 1), check_int("max_queue", max_queue, 1)
+        cfg = model.config
+        self.max_len = cfg.max_len
+        self.keep = _check_keep(keep, cfg.max_len)
+        self.device = _model_device(model)
+        self._waiting: collections.deque[GenerationRequest] = collections.deque()
+        self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
+        self._rows: list[_Row] = []  # running rows, in slot order
+        self._cond = threading.Condition()
+        self._closed = False
+        self.steps = 0
+        self.max_rows_seen = 0
+        model.eval()
+        self._tmp = KVCache(cfg.n_layer, cfg.max_len)
+        self._cache = BatchKVCache(cfg.n_layer, 2 * cfg.max_len)
+        self._thread = threading.Thread(target=self._run, name="decoderlab-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- public --------------------------------------------------------------------------------------------
+    def submit(self, req: GenerationRequest) -> None:
+        """Queue ``req``. Raises ``ValueError`` / ``TypeError`` for bad arguments (``generate``'s checks),
+        :class:`QueueFull` when ``max_queue`` requests wait already, :class:`SchedulerClosed` after close."""
+        self._prepare(req)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the scheduler is shut down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting already (max_queue={self.max_queue})")
+            self._waiting.append(req)
+            self._cond.notify()
+
+    def _prepare(self, req: GenerationRequest) -> None:
+        """Check ``req``'s arguments with ``generate``'s own checks and keep its sampler and stops."""
+        req.max_tokens = check_int("max_tokens", req.max_tokens, 1)
+        req.n = check_int("n", req.n, 1)
+        _, req._sampler, (seqs, texts, decode), _ = _prepare(
+            self.model, req.max_tokens, req.temperature, req.top_k, req.top_p, req.stop, self.tokenizer, None,
+            req.suppress_token_ids, req.stop_at_eos)
+        more = [s for s in parse_stops(list(req.stop_token_ids), None, self.model.config.num_tokens)[0]
+                if s not in seqs]
+        req._stops = (seqs + more, texts, decode)
+        if req.seed is not None:
+            seed = as_scalar(req.seed)
+            if not is_integer(seed):
+                raise TypeError(f"seed must be an integer or None, got {seed!r}")
+            req.seed = int(seed)
+        req.prompt_ids = _prompt_list(self.model, req.prompt_ids, self.tokenizer)
+        if len(req.prompt_ids) > self.max_len:
+            raise ValueError(f"the prompt must have 1 .. {self.max_len} tokens, got {len(req.prompt_ids)}")
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run ``fn()`` on the model thread between two decode steps; returns a ``concurrent.futures.Future``."""
+        fut: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the scheduler is shut down")
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"running": len(self._rows), "waiting": len(self._waiting), "steps": self.steps,
+                    "max_rows_seen": self.max_rows_seen}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    # -- the thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._waiting or self._calls or self._rows):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                calls = list(self._calls)
+                self._calls.clear()
+                admit: list[GenerationRequest] = []
+                room = self.max_batch - len(self._rows)
+                while self._waiting and (room >= self._waiting[0].n or not self._rows and not admit):
+                    req = self._waiting.popleft()
+                    room -= req.n
+                    admit.append(req)
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        with torch.inference_mode():
+                            fut.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 -- handed to the caller
+                        fut.set_exception(e)
+            try:
+                with torch.inference_mode():
+                    self._step(admit)
+            except Exception as e:  # noqa: BLE001 -- reported to every running request, then a clean slate
+                reqs = {id(r.req): r.req for r in self._rows}
+                reqs.update({id(r): r for r in admit})
+                self._rows = []
+                self._cache = BatchKVCache(self.model.config.n_layer, 2 * self.max_len)
+                for req in reqs.values():
+                    req.emit(("error", e))
+            time.sleep(0)  # let the server's event loop take the GIL between two steps
+        # closed: tell whoever is still waiting
+        err = SchedulerClosed("the server is shutting down")
+        for r in {id(r.req): r.req for r in self._rows}.values():
+            r.emit(("error", err))
+        for req in self._waiting:
+            req.emit(("error", err))
+
+    def _prefill_alone(self, ids: list[int]) -> torch.Tensor:
+        """The window ``ids`` through the model in the single-row cache (as ``generate`` prefills); (V,) logits."""
+        self._tmp.reset()
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return self.model(tokens, cache=self._tmp)[0, -1]
+
+    def _step(self, admit: list[GenerationRequest]) -> None:
+        cache = self._cache
+        # 1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
+        #    padding: row for row the same math as alone), copy their keys/values into the batch, and sample
+        #    each one's first token right away (its generator's first draw)
+        live = []
+        for req in admit:
+            if req._sampler is None:  # (a request handed to _step directly rather than through submit)
+                self._prepare(req)
+            if req.cancelled:
+                req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0,
+                                   "total_tokens": len(req.prompt_ids)}))
+            else:
+                live.append(req)
+        by_len: dict[int, list[GenerationRequest]] = {}
+        for req in live:
+            by_len.setdefault(len(req.prompt_ids), []).append(req)
+        for w, group in by_len.items():
+            if len(group) == 1:
+                src, all_logits = self._tmp, self._prefill_alone(list(group[0].prompt_ids))[None]
+            else:
+                src = KVCache(self.model.config.n_layer, self.max_len)
+                tokens = torch.tensor([r.prompt_ids for r in group], dtype=torch.long, device=self.device)
+                all_logits = self.model(tokens, cache=src)[:, -1]
+            for j, req in enumerate(group):
+                req._open_rows = req.n
+                for i in range(req.n):
+                    row = _Row(req, i, self.tokenizer, self.device)
+                    row.logits = all_logits[j]
+                    row.slot = cache.add_slot()
+                    cache.place(row.slot, src, w, src_row=j)
+                    self._rows.append(row)
+                    self._sample([row])
+        self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
+        # 2. cancelled rows go now
+        for row in [r for r in self._rows if r.req.cancelled]:
+            self._release(row, "cancelled")
+        # 3. sample one token for every row whose next logits are known (not the newcomers: done above)
+        self._sample([r for r in self._rows if r.logits is not None])
+        rows = self._rows
+        if not rows:
+            return
+        # 4. one decode step for every running row; rows whose window slides are re-prefilled alone
+        sliding = []
+        for r in rows:
+            if len(r.ids) - r.start > self.max_len:
+                r.start = len(r.ids) - self.keep
+                sliding.append(r)
+        if cache.length + 1 > cache.capacity:
+            cache.compact()
+        n = len(rows)
+        tokens = torch.tensor([[r.ids[-1]] for r in rows], dtype=torch.long, device=self.device)
+        starts = cache.start_col
+        length = cache.length
+        if all(c == 0 for c in starts) and length < self.max_len:
+            positions: int | torch.Tensor = length  # every row as long as the timeline: no mask (as generate)
+            mask = None
+        else:
+            # a sliding row's position is clamped: its result is replaced by its re-prefill below
+            positions = torch.tensor([[min(length - c, self.max_len - 1)] for c in starts], device=self.device)
+            ar = torch.arange(length + 1, device=self.device).unsqueeze(0)
+            mask = ar < torch.tensor(starts, device=self.device).unsqueeze(1)  # (n, T_k) True = not this row's
+            if not bool(mask.any()):
+                mask = None
+        logits = self.model.decode(tokens, positions, mask, cache)  # the model's own blocks, one token a row
+        self.steps += 1
+        for r, lg in zip(rows, logits):
+            r.logits = lg
+        for r in sliding:
+            r.logits = self._prefill_alone(r.ids[r.start:])
+            cache.place(r.slot, self._tmp, len(r.ids) - r.start)
+
+    def _sample(self, rows: list[_Row]) -> None:
+        """Sample one token for each row (rows with the same settings together, one draw per row each) and hand
+        it to the row (text, stops; finished rows are released). The rows' logits are used up."""
+        groups: dict[tuple, list[_Row]] = {}
+        for r in rows:
+            groups.setdefault(r.sampler_key, []).append(r)
+        chosen: list[tuple[_Row, int]] = []
+        for members in groups.values():
+            sampler = members[0].req._sampler
+            logits = torch.stack([r.logits for r in members])
+            ids = sampler(logits, [r.gen for r in members] if not sampler.greedy else []).tolist()
+            chosen.extend(zip(members, ids))
+        for r, t in chosen:
+            self._accept(r, t)
+            r.logits = None
+
+    def _accept(self, r: _Row, token: int) -> None:
+        """One sampled token of row ``r``: through its stops (as ``stream`` does), the ids they release through
+        its text streamer (as ``stream_text`` does); sends the text and ends the row at a stop or max_tokens."""
+        req = r.req
+        r.produced += 1
+        req.completion_tokens += 1
+        if req.logprobs is not None:
+            r.held_lp.append(self._logprob_item(r.logits, token, req.logprobs))
+        r.ids.append(token)
+        out, swallowed = r.stops.push(token)
+        text = self._to_text(r, out)
+        if swallowed is not None:
+            # the text a stop string left inside its first token comes with that token's logprob
+            tail = r.stops.tail
+            if tail and r.held_lp:
+                r.pending_lp.append(r.held_lp.popleft())
+            self._send(r, text + r.streamer.end() + tail, final=True)
+            self._release(r, "stop")
+        elif r.produced >= req.max_tokens:
+            text += self._to_text(r, r.stops.flush())
+            self._send(r, text + r.streamer.end(), final=True)
+            self._release(r, "length")
+        elif text:
+            self._send(r, text)
+
+    def _to_text(self, r: _Row, ids: list[int]) -> str:
+        """The text of ``ids`` (released by the stops) from the row's streamer; their logprob items wait in
+        ``pending_lp`` until their text is sent."""
+        text = ""
+        for t in ids:
+            piece = r.streamer.put(t)
+            if r.held_lp:
+                r.pending_lp.append(r.held_lp.popleft())
+            if piece:  # the text of every id given to the streamer so far is out
+                text += piece
+                r.ready_lp += r.pending_lp
+                r.pending_lp = []
+        return text
+
+    def _send(self, r: _Row, text: str, final: bool = False) -> None:
+        """Emit ``text`` with the logprob items of the tokens whose text is out (at ``final``, of all sent)."""
+        items, r.ready_lp = r.ready_lp, []
+        if final:
+            items += r.pending_lp
+            r.pending_lp = []
+        if text or items:
+            r.req.emit(("delta", r.index, text, items))
+
+    def _logprob_item(self, logits: torch.Tensor, token: int, top: int) -> dict:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        tok = self.tokenizer
+
+        def entry(i: int) -> dict:
+            s = tok.decode([i])
+            return {"token": s, "logprob": float(lp[i]), "bytes": list(s.encode("utf-8"))}
+
+        item = entry(token)
+        if top:
+            vals, idx = torch.topk(lp, min(top, lp.numel()))
+            item["top_logprobs"] = [entry(int(i)) for i in idx.tolist()]
+        else:
+            item["top_logprobs"] = []
+        return item
+
+    def _release(self, r: _Row, reason: str) -> None:
+        moved = self._cache.remove_slot(r.slot)
+        self._rows.remove(r)
+        if moved is not None:
+            for other in self._rows:
+                if other.slot == moved:
+                    other.slot = r.slot
+                    break
+        # keep self._rows in slot order
+        self._rows.sort(key=lambda x: x.slot)
+        req = r.req
+        if reason != "cancelled":
+            req.emit(("finish", r.index, reason))
+        req._open_rows -= 1
+        if req._open_rows == 0:
+            req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": req.completion_tokens,
+                               "total_tokens": len(req.prompt_ids) + req.completion_tokens}))
