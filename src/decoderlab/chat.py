@@ -548,3 +548,59 @@ def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: 
     """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``)."""
     return "".join(stream_chat_reply(model, tokenizer, messages, template, max_new_tokens=max_new_tokens,
                                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, info=info))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# An interactive session over a chat template (decoderlab chat on a chat checkpoint)
+# ---------------------------------------------------------------------------------------------------------
+
+from .generation import ChatSession  # noqa: E402  (the /commands and sampling settings are shared)
+
+
+class TemplateChatSession(ChatSession):
+    """``decoderlab chat`` for a chat checkpoint: the conversation is kept as messages and every turn is
+    rendered with the stored template (:func:`stream_chat_reply`), so the model sees the layout it was
+    fine-tuned on. Replies stop at the end of turn. When the history no longer fits in ``max_len``, the oldest
+    turns are dropped (never the system message) and ``notice`` says so until the next reply.
+
+    Args: as :class:`decoderlab.generation.ChatSession`, plus ``template`` and an optional ``system`` message.
+    Defaults: greedy for the "lesson" template (as the lesson), temperature 1.0 otherwise.
+    """
+
+    def __init__(self, model, tokenizer, template: ChatTemplate, *, system: str | None = None, **kwargs):
+        super().__init__(model, tokenizer, pairs=template.name == "lesson", **kwargs)
+        if kwargs.get("max_new_tokens") is None:
+            self.max_new_tokens = 200
+        self.template = get_template(template)
+        self.template.end_of_turn_id(tokenizer)  # the tokenizer must hold the template's tokens
+        self.system = system
+        self.notice: str | None = None
+        self.messages: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def reply(self, text: str) -> Iterator[str]:
+        messages = self.messages + [{"role": "user", "content": text}]
+        info: dict = {}
+        seed = None if self.seed is None else self.seed + self.turn
+        self.notice = None
+        pieces: list[str] = []
+        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template,
+                                       max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                       top_k=self.top_k, top_p=self.top_p, seed=seed, info=info):
+            pieces.append(piece)
+            yield piece
+        head = 1 if messages[0]["role"] == "system" else 0
+        kept = messages[:head] + messages[head + info["dropped_messages"]:]
+        self.messages = kept + [{"role": "assistant", "content": "".join(pieces) or " "}]
+        if info["dropped_messages"]:
+            self.notice = (f"(the conversation was longer than the model's {self.model.config.max_len}-token "
+                           f"context: dropped the {info['dropped_messages']} oldest messages"
+                           f"{', kept the system message' if head else ''})")
+        if not info["ended_with_end_of_turn"]:
+            self.notice = ((self.notice + " ") if self.notice else "") + (
+                f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
+        self.turn += 1

@@ -145,6 +145,9 @@ def add_generate(sub) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="print the continuation at the end")
+    p.add_argument("--chat", action="store_true", help="one assistant reply to the prompt as a user message, "
+                                                       "with the checkpoint's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("prompt", help="the prompt text")
     p.set_defaults(func=cmd_generate)
 
@@ -154,6 +157,8 @@ def cmd_generate(args) -> int:
     from .generation import greedy_response
 
     model, tok = load_checkpoint(args.checkpoint)
+    if args.chat or args.system is not None:
+        return _generate_chat(args, model, tok, read_meta(args.checkpoint))
     if read_meta(args.checkpoint).get("task") == "pairs":
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
                     if getattr(args, o) is not None]
@@ -181,6 +186,30 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _generate_chat(args, model, tok, meta) -> int:
+    from .chat import stream_chat_reply, template_from_meta
+
+    template = template_from_meta(meta)
+    if template is None or not args.chat:
+        raise ValueError(f"{args.checkpoint} is not a chat checkpoint (its meta.json has no chat template); "
+                         f"fine-tune it with `decoderlab finetune`, or drop --chat/--system" if template is None
+                         else "--system applies with --chat")
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    info: dict = {}
+    gen = stream_chat_reply(model, tok, messages, template, max_new_tokens=args.max_new_tokens or 200,
+                            temperature=(0.0 if template.name == "lesson" else 1.0) if args.temperature is None
+                            else args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, info=info)
+    text = "".join(gen) if args.no_stream else None
+    for piece in [text] if text is not None else gen:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    if template.name == "lesson" and info.get("ended_with_end_of_turn"):  # the lesson prints its <EOS>
+        sys.stdout.write(f"{tok.separator}{template.end}")
+    sys.stdout.write("\n")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # chat
 # ---------------------------------------------------------------------------------------------------------
@@ -190,6 +219,7 @@ def add_chat(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, Ctrl-D)")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
     _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else 1.0)")
+    p.add_argument("--system", default=None, help="system message (chat checkpoints)")
     p.set_defaults(func=cmd_chat)
 
 
@@ -197,10 +227,20 @@ def cmd_chat(args) -> int:
     from .checkpoint import load_checkpoint, read_meta
     from .generation import ChatSession
 
+    from .chat import TemplateChatSession, template_from_meta
+
     model, tok = load_checkpoint(args.checkpoint)
-    session = ChatSession(model, tok, pairs=read_meta(args.checkpoint).get("task") == "pairs",
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          max_new_tokens=args.max_new_tokens, seed=args.seed)
+    meta = read_meta(args.checkpoint)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   max_new_tokens=args.max_new_tokens, seed=args.seed)
+    template = template_from_meta(meta)
+    if template is not None:  # a chat checkpoint: the stored template renders every turn
+        session = TemplateChatSession(model, tok, template, system=args.system, **options)
+    elif args.system is not None:
+        raise ValueError(f"--system needs a chat checkpoint (fine-tuned with `decoderlab finetune`); "
+                         f"{args.checkpoint} has no chat template")
+    else:
+        session = ChatSession(model, tok, pairs=meta.get("task") == "pairs", **options)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # pragma: no cover - not on every platform
@@ -235,7 +275,68 @@ def cmd_chat(args) -> int:
             print(f"error: {msg}", flush=True)
             continue
         sys.stdout.write("\n")
+        if getattr(session, "notice", None):
+            print(session.notice, file=sys.stderr)
         sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finetune
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_finetune(sub) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a model on conversations (JSONL) with a chat template")
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--checkpoint", help="base checkpoint directory to fine-tune")
+    start.add_argument("--preset", help="train from scratch with this model preset (tokenizer built from the data)")
+    p.add_argument("--data", required=True, help="JSONL of conversations: {messages}, {prompt, completion} or "
+                                                 "Alpaca {instruction, input, output}")
+    p.add_argument("--val-data", default=None, help="held-out JSONL (default: hold out --val-fraction of --data)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of --data held out (0: none)")
+    p.add_argument("--out", required=True, help="run/checkpoint directory to write")
+    p.add_argument("--template", default="decoderlab", help="chat template: decoderlab (default) or lesson")
+    p.add_argument("--tokenizer", default="char", choices=("char", "word", "bpe"), help="with --preset")
+    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (with --preset)")
+    for name, kind, hlp in (("max-steps", int, "optimizer steps (default 500)"),
+                            ("batch-size", int, "conversations per batch per process (default 16)"),
+                            ("lr", float, "peak learning rate (default 3e-4)"), ("min-lr", float, None),
+                            ("warmup", int, None), ("eval-every", int, "steps between validations (default 100)"),
+                            ("grad-clip", float, None), ("accumulate", int, "batches per optimizer step"),
+                            ("seed", int, None)):
+        p.add_argument(f"--{name}", type=kind, default=None, help=hlp)
+    p.add_argument("--precision", default=None, choices=("32", "bf16-mixed"))
+    p.add_argument("--eval-prompts", type=int, default=100, help="held-out prompts answered at the end")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR", help="continue a run")
+    p.add_argument("--devices", default="1", help="processes/devices per node (Lightning)")
+    p.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, ...")
+    p.add_argument("--no-progress-bar", action="store_true")
+    p.set_defaults(func=cmd_finetune)
+
+
+def cmd_finetune(args) -> int:
+    from .chat import get_template
+    from .finetune import finetune
+    from .training import NonFiniteLossError
+
+    get_template(args.template)  # an unknown name fails here, listing the known ones
+    opts = ("max_steps", "batch_size", "lr", "min_lr", "warmup", "eval_every", "grad_clip", "accumulate", "seed",
+            "precision")
+    overrides = {k: getattr(args, k) for k in opts if getattr(args, k) is not None}
+    devices = int(args.devices) if str(args.devices).isdigit() else args.devices
+    try:
+        model, tok, s = finetune(args.data, out=args.out, checkpoint=args.checkpoint, preset=args.preset,
+                                 template=args.template, val_data=args.val_data, val_fraction=args.val_fraction,
+                                 tokenizer=args.tokenizer, vocab_size=args.vocab_size, config_overrides=overrides,
+                                 resume=args.resume, devices=devices, strategy=args.strategy,
+                                 eval_prompts=args.eval_prompts, progress_bar=not args.no_progress_bar)
+    except NonFiniteLossError as e:
+        print(f"decoderlab: error: {e}", file=sys.stderr)
+        return 1
+    if s.is_global_zero:
+        print(f"checkpoint written to {s.run_dir} (template {s.template!r}; chat with: decoderlab chat "
+              f"--checkpoint {s.run_dir})")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,7 +400,7 @@ def cmd_explain(args) -> int:
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain]
+COMMANDS = [add_train, add_sample, add_generate, add_chat, add_finetune, add_verify, add_explain]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -367,10 +367,10 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
     }
 
 
-def format_evaluation(ev: dict) -> str:
-    """One line of the evaluation dict for the terminal."""
+def format_evaluation(ev: dict, on: str = "held-out") -> str:
+    """One line of the evaluation dict for the terminal (``on``: which conversations it is about)."""
     bpb = f"{ev['bpb']:.3f}" if ev.get("bpb") is not None else "n/a"
-    return (f"held-out ({ev['conversations']} conversations, {ev['tokens']} assistant tokens): loss "
+    return (f"{on} ({ev['conversations']} conversations, {ev['tokens']} assistant tokens): loss "
             f"{ev['loss']:.4f} nats/token, {bpb} bits per byte, token accuracy {ev['token_accuracy']:.1%}; "
             f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact match "
             f"{ev['exact_match']:.1%}")
@@ -598,5 +598,5 @@ def finetune(
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
         if progress_bar or logger:
-            print(f"fine-tuned for {summary.steps} steps ({eval_on} evaluation): {format_evaluation(evaluation)}")
+            print(f"fine-tuned for {summary.steps} steps; {format_evaluation(evaluation, eval_on)}")
     return model, tok, summary
