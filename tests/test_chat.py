@@ -255,15 +255,19 @@ def test_ddp_two_processes_match_one(tmp_path):
     src = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("DECODERLAB_RUN_DIR", None)
-    outs = {}
-    for name, batch, devices, strategy in (("ddp", 1, 2, "ddp"), ("one", 2, 1, "auto")):
-        script = tmp_path / f"{name}.py"
-        script.write_text(textwrap.dedent(DDP_SCRIPT).format(src=src, alphabet=ALPHABET, tiny=TINY, batch=batch,
-                                                             convs=CONVS, devices=devices, strategy=strategy))
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path / name)], env=env, capture_output=True,
-                              text=True, timeout=240, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT).format(src=src, alphabet=ALPHABET, tiny=TINY, batch=1,
+                                                         convs=CONVS, devices=2, strategy="ddp"))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ddp")], env=env, capture_output=True,
+                          text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outs = {"ddp": json.loads((tmp_path / "ddp" / "summary.json").read_text())}
+    # the same run in this process: one process, batch 2 = 2 processes x batch 1
+    model, tok = chat_pair(seed=0)
+    cfg = TrainConfig(max_steps=3, batch_size=2, accumulate=2, lr=1e-2, warmup=1, eval_every=3, grad_clip=0.0)
+    _, _, one = finetune(CONVS, out=tmp_path / "one", base_model=(model, tok), train_config=cfg, val_fraction=0,
+                         eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False, accelerator="cpu")
+    outs["one"] = one.to_dict()
     assert len(outs["ddp"]["train_losses"]) == 3
     np.testing.assert_allclose(outs["ddp"]["train_losses"], outs["one"]["train_losses"], rtol=1e-5)
     a, _ = load_checkpoint(tmp_path / "ddp")

@@ -14,6 +14,8 @@ from .tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer, b
 from .data import corpus_tokens, embedded_corpus_path, read_corpus, split_tokens
 from .data import TokenDataModule
 from .training import TrainConfig, TrainSummary, train_lm
+from .chat import TEMPLATES, ChatTemplate, chat_reply, render_chat, stream_chat_reply  # issue 10
+from .finetune import finetune  # issue 10
 
 __all__ = [
     "Attention", "MultiHeadAttention", "SelfAttention",
@@ -26,4 +28,5 @@ __all__ = [
     "Tokenizer", "WordTokenizer", "CharTokenizer", "BPETokenizer", "build_tokenizer",
     "corpus_tokens", "embedded_corpus_path", "read_corpus", "split_tokens",
     "TokenDataModule", "TrainConfig", "TrainSummary", "train_lm",
+    "TEMPLATES", "ChatTemplate", "chat_reply", "render_chat", "stream_chat_reply", "finetune",
 ]
