@@ -276,6 +276,27 @@ def test_ddp_two_processes_match_one(tmp_path):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=name)
 
 
+class InterruptAt(L.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_resume_continues_with_the_same_batches(tmp_path):
+    cfg = tiny_cfg(max_steps=4, batch_size=2, eval_every=2, lr=1e-2)
+    model, tok = chat_pair()
+    _, _, whole = run_ft(tmp_path, "whole", copy.deepcopy(model), tok, cfg)
+    with pytest.raises((SystemExit, KeyboardInterrupt)):  # Ctrl-C at step 3; the last checkpoint is step 2
+        run_ft(tmp_path, "part", copy.deepcopy(model), tok, cfg, [InterruptAt(3)])
+    _, _, resumed = finetune(CONVS, out=tmp_path / "part", resume=True, train_config=cfg, val_fraction=0,
+                             eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
+                             accelerator="cpu")
+    np.testing.assert_allclose(resumed.train_losses, whole.train_losses, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Overfitting, chat replies, checkpoints
 # ---------------------------------------------------------------------------------------------------------

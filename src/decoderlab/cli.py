@@ -287,7 +287,7 @@ def cmd_chat(args) -> int:
 
 def add_finetune(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a model on conversations (JSONL) with a chat template")
-    start = p.add_mutually_exclusive_group(required=True)
+    start = p.add_mutually_exclusive_group()  # one of them unless --resume
     start.add_argument("--checkpoint", help="base checkpoint directory to fine-tune")
     start.add_argument("--preset", help="train from scratch with this model preset (tokenizer built from the data)")
     p.add_argument("--data", required=True, help="JSONL of conversations: {messages}, {prompt, completion} or "
