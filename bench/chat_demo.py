@@ -94,9 +94,10 @@ def main() -> int:
         transcripts.append({"prompt": prompt, "fine_tuned": reply, "base": base_reply,
                             "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
     wall = time.perf_counter() - t_start
+    cpu = time.process_time()  # CPU seconds of this process (all threads)
     res = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
            "end_of_turn_rate": ended / len(ft_counts), "prompts": len(ft_counts),
-           "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall,
+           "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
            "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
            "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:5]}
@@ -108,7 +109,7 @@ def main() -> int:
         eot = f"{res['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
         print(f"| {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | {r['none']:.0%} | {eot} |")
     print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
-          f"wall {wall:.0f} s with {args.threads} thread(s)")
+          f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
     t = transcripts[0]
     print(f"\ntranscript:\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
     return 0
