@@ -45,24 +45,39 @@ def main() -> int:
     ap.add_argument("--held-out", type=int, default=100, help="held-out prompts to score")
     ap.add_argument("--max-new-tokens", type=int, default=120)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--base", default=None, help="reuse a base checkpoint written by an earlier run (same "
+                                                 "--stories and seed: the same training paragraphs)")
+    ap.add_argument("--finetune-lr", type=float, default=1e-3)
+    ap.add_argument("--order", default="random", choices=("random", "text"),
+                    help="requested words in the order drawn, or in their order in the paragraph")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     t_start = time.perf_counter()
 
-    train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0)
+    train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
+                                                          order=args.order)
     print(f"{len(train)} training conversations ({len(train_texts)} paragraphs), {len(held)} held out")
 
     # 1. pretrain on the training paragraphs only (held-out text is never seen)
     t0 = time.perf_counter()
-    base_model, tok, s = train_lm(
+    if args.base:  # reuse: copy the base run, report its recorded time
+        shutil.copytree(args.base, out / "base")
+        prev = json.loads((Path(args.base).parent / "results.json").read_text())
+        s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
+                               val_loss=prev["pretrain_val_loss"])
+        pre_cpu = prev.get("pretrain_cpu_seconds")
+    else:
+        s = None
+    base_model, tok, s = (None, None, s) if s is not None else train_lm(
         text="\n\n".join(train_texts), preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
         model_overrides=dict(max_len=128, d_model=128, n_layer=4, n_head=4, dropout=0.0),
         train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=2e-3, min_lr=2e-4, warmup=50,
                                  eval_every=args.pretrain_steps, val_batches=8, val_batch_size=32),
         out=out / "base", progress_bar=False, logger=False, accelerator="cpu")
-    t_pre = time.perf_counter() - t0
+    t_pre = time.perf_counter() - t0 if not args.base else prev["pretrain_seconds"]
+    cpu_pre = time.process_time() if not args.base else pre_cpu
     print(f"pretrained {s.num_parameters:,} parameters for {s.steps} steps in {t_pre:.0f} s: val loss "
           f"{s.val_loss:.3f}", flush=True)
 
@@ -70,7 +85,8 @@ def main() -> int:
     t0 = time.perf_counter()
     model, ctok, fs = finetune(
         train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
-        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=16, lr=1e-3, min_lr=1e-4, warmup=20,
+        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=16, lr=args.finetune_lr,
+                                 min_lr=args.finetune_lr / 10, warmup=20,
                                  eval_every=args.finetune_steps, val_batch_size=32),
         eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False, logger=False,
         accelerator="cpu")
@@ -80,38 +96,45 @@ def main() -> int:
     # 3. held-out prompts: fine-tuned (chat template, greedy) vs base (the prompt as text, greedy)
     chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
     base, btok = load_checkpoint(out / "base")
-    ft_counts, base_counts, ended, transcripts = [], [], 0, []
-    for conv in held[: args.held_out]:
-        prompt = conv[0]["content"]
-        words = words_of_prompt(prompt)
-        info: dict = {}
-        reply = chat_reply(chat_model, chat_tok, [conv[0]], template, temperature=0.0,
-                           max_new_tokens=args.max_new_tokens, info=info)
-        ended += info["ended_with_end_of_turn"]
-        base_reply = btok.decode(generate(base, btok.encode(prompt + "\n"), args.max_new_tokens, temperature=0.0))
-        ft_counts.append(word_coverage(reply, words))
-        base_counts.append(word_coverage(base_reply, words))
-        transcripts.append({"prompt": prompt, "fine_tuned": reply, "base": base_reply,
-                            "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
+    decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
+    scores, transcripts = {}, []
+    for dname, dec in decodings.items():
+        ft_counts, base_counts, ended = [], [], 0
+        for conv in held[: args.held_out]:
+            prompt = conv[0]["content"]
+            words = words_of_prompt(prompt)
+            info: dict = {}
+            reply = chat_reply(chat_model, chat_tok, [conv[0]], template, max_new_tokens=args.max_new_tokens,
+                               info=info, **dec)
+            ended += info["ended_with_end_of_turn"]
+            base_reply = btok.decode(generate(base, btok.encode(prompt + "\n"), args.max_new_tokens, **dec))
+            ft_counts.append(word_coverage(reply, words))
+            base_counts.append(word_coverage(base_reply, words))
+            transcripts.append({"decoding": dname, "prompt": prompt, "fine_tuned": reply, "base": base_reply,
+                                "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
+        scores[dname] = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
+                         "end_of_turn_rate": ended / len(ft_counts)}
     wall = time.perf_counter() - t_start
     cpu = time.process_time()  # CPU seconds of this process (all threads)
-    res = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
-           "end_of_turn_rate": ended / len(ft_counts), "prompts": len(ft_counts),
+    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "finetune_lr": args.finetune_lr,
+           "prompts_per_unit": args.prompts_per_unit, "pretrain_cpu_seconds": cpu_pre,
            "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
            "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
-           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:5]}
+           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:3] + transcripts[len(ft_counts):len(ft_counts) + 3]}
     (out / "results.json").write_text(json.dumps(res, indent=2))
-    print("\n| model | all three words | at least one | none | end of turn |")
-    print("|---|---|---|---|---|")
-    for name in ("base", "fine_tuned"):
-        r = res[name]
-        eot = f"{res['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
-        print(f"| {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | {r['none']:.0%} | {eot} |")
+    print("\n| decoding | model | all three words | at least one | none | end of turn |")
+    print("|---|---|---|---|---|---|")
+    for dname, sc in scores.items():
+        for name in ("base", "fine_tuned"):
+            r = sc[name]
+            eot = f"{sc['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
+            print(f"| {dname} | {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | "
+                  f"{r['none']:.0%} | {eot} |")
     print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
           f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
-    t = transcripts[0]
-    print(f"\ntranscript:\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
+    t = transcripts[len(ft_counts)]  # sampled
+    print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
     return 0
 
 

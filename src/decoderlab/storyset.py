@@ -61,14 +61,15 @@ def paragraphs(text: str, min_chars: int = 60, max_chars: int = 400) -> list[str
 
 
 def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int = 0, prompts_per_unit: int = 1,
-                    min_chars: int = 60, max_chars: int = 400):
+                    min_chars: int = 60, max_chars: int = 400, order: str = "random"):
     """``(train, held_out, train_texts, held_out_texts)`` from a TinyStories text file.
 
     ``train`` / ``held_out``: lists of conversations ``[{"role": "user", "content": prompt}, {"role":
     "assistant", "content": paragraph}]``; a training unit gets ``prompts_per_unit`` prompts with different
     word triples (more examples of the skill from the same text), a held-out unit one. The units are split
     by a seeded shuffle; ``holdout`` is the held-out share. ``*_texts``: the units themselves (for
-    pre-training on the training units only).
+    pre-training on the training units only). ``order``: "random" (the words in the order drawn) or "text"
+    (in the order of their first appearance in the paragraph). The split depends only on ``seed``.
 
     Raises:
         FileNotFoundError: no such file.  ValueError: fewer than 10 usable units; holdout outside (0, 1).
@@ -76,6 +77,8 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no TinyStories text file at {path}")
+    if order not in ("random", "text"):
+        raise ValueError(f"order must be 'random' or 'text', got {order!r}")
     if not 0 < holdout < 1:
         raise ValueError(f"holdout must be in (0, 1), got {holdout!r}")
     units = [u for u in paragraphs(path.read_text(encoding="utf-8"), min_chars, max_chars)
@@ -94,6 +97,8 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
             words = content_words(units[i])
             for _ in range(n):
                 pick = rng.sample(words, 3)
+                if order == "text":
+                    pick.sort(key=words.index)
                 out.append([{"role": "user", "content": story_prompt(pick)},
                             {"role": "assistant", "content": units[i]}])
         return out
