@@ -48,6 +48,9 @@ def main() -> int:
     ap.add_argument("--base", default=None, help="reuse a base checkpoint written by an earlier run (same "
                                                  "--stories and seed: the same training paragraphs)")
     ap.add_argument("--finetune-lr", type=float, default=1e-3)
+    ap.add_argument("--first-words", type=int, default=None,
+                    help="draw the words from the paragraph's first N content words (default: all)")
+    ap.add_argument("--decodings", default="greedy,sampled", help="comma-separated: greedy, sampled")
     ap.add_argument("--order", default="random", choices=("random", "text"),
                     help="requested words in the order drawn, or in their order in the paragraph")
     args = ap.parse_args()
@@ -57,7 +60,7 @@ def main() -> int:
     t_start = time.perf_counter()
 
     train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
-                                                          order=args.order)
+                                                          order=args.order, first_words=args.first_words)
     print(f"{len(train)} training conversations ({len(train_texts)} paragraphs), {len(held)} held out")
 
     # 1. pretrain on the training paragraphs only (held-out text is never seen)
@@ -97,6 +100,7 @@ def main() -> int:
     chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
     base, btok = load_checkpoint(out / "base")
     decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
+    decodings = {k: decodings[k] for k in args.decodings.split(",")}
     scores, transcripts = {}, []
     for dname, dec in decodings.items():
         ft_counts, base_counts, ended = [], [], 0
@@ -116,7 +120,7 @@ def main() -> int:
                          "end_of_turn_rate": ended / len(ft_counts)}
     wall = time.perf_counter() - t_start
     cpu = time.process_time()  # CPU seconds of this process (all threads)
-    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "finetune_lr": args.finetune_lr,
+    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "first_words": args.first_words, "finetune_lr": args.finetune_lr,
            "prompts_per_unit": args.prompts_per_unit, "pretrain_cpu_seconds": cpu_pre,
            "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
@@ -133,7 +137,7 @@ def main() -> int:
                   f"{r['none']:.0%} | {eot} |")
     print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
           f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
-    t = transcripts[len(ft_counts)]  # sampled
+    t = transcripts[-len(ft_counts)]  # the last decoding's first prompt
     print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
     return 0
 

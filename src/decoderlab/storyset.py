@@ -61,7 +61,8 @@ def paragraphs(text: str, min_chars: int = 60, max_chars: int = 400) -> list[str
 
 
 def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int = 0, prompts_per_unit: int = 1,
-                    min_chars: int = 60, max_chars: int = 400, order: str = "random"):
+                    min_chars: int = 60, max_chars: int = 400, order: str = "random",
+                    first_words: int | None = None):
     """``(train, held_out, train_texts, held_out_texts)`` from a TinyStories text file.
 
     ``train`` / ``held_out``: lists of conversations ``[{"role": "user", "content": prompt}, {"role":
@@ -69,7 +70,9 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
     word triples (more examples of the skill from the same text), a held-out unit one. The units are split
     by a seeded shuffle; ``holdout`` is the held-out share. ``*_texts``: the units themselves (for
     pre-training on the training units only). ``order``: "random" (the words in the order drawn) or "text"
-    (in the order of their first appearance in the paragraph). The split depends only on ``seed``.
+    (in the order of their first appearance in the paragraph). ``first_words``: draw the three words from
+    the paragraph's first ``first_words`` content words only (None: from all). The split depends only on
+    ``seed``.
 
     Raises:
         FileNotFoundError: no such file.  ValueError: fewer than 10 usable units; holdout outside (0, 1).
@@ -77,6 +80,8 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no TinyStories text file at {path}")
+    if first_words is not None and first_words < 3:
+        raise ValueError(f"first_words must be None or >= 3, got {first_words!r}")
     if order not in ("random", "text"):
         raise ValueError(f"order must be 'random' or 'text', got {order!r}")
     if not 0 < holdout < 1:
@@ -96,7 +101,7 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
         for i in idx:
             words = content_words(units[i])
             for _ in range(n):
-                pick = rng.sample(words, 3)
+                pick = rng.sample(words[:first_words] if first_words else words, 3)
                 if order == "text":
                     pick.sort(key=words.index)
                 out.append([{"role": "user", "content": story_prompt(pick)},
