@@ -135,7 +135,7 @@ def test_resize_embedding_new_rows_at_the_mean_untied_head():
 
 
 def test_lesson_template_is_the_pair_scheme():
-    from decoderlab.data import LESSON_PAIRS, pair_inputs_and_labels, tokenizer_for_pairs
+    from decoderlab.lesson import LESSON_PAIRS, pair_inputs_and_labels, tokenizer_for_pairs
 
     tok = tokenizer_for_pairs(LESSON_PAIRS)
     ids, mask = render_chat(conv("what is statquest", "awesome"), tok, "lesson")
@@ -209,7 +209,7 @@ class GradCapture(L.Callback):
         self.grads = None
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.grads = {n: p.grad.detach().clone() for n, p in pl_module.module.named_parameters()}
+        self.grads = {n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters()}
 
 
 def test_accumulation_1x8_equals_4x2_with_uneven_labels(tmp_path):

@@ -1,9 +1,13 @@
 """Conversations: JSONL data, chat templates, the one renderer, special tokens, and chat replies.
 
 One function turns a conversation into token ids plus a loss mask -- :meth:`ChatTemplate.render` (also
-:func:`render_chat`) -- and it is the only renderer: fine-tuning (``decoderlab.finetune``), ``decoderlab chat``,
-``decoderlab generate --chat``, :func:`chat_reply` / :func:`stream_chat_reply` (and so the server) all call it,
-so a model sees at inference exactly the token layout it was trained on.
+:func:`render_chat`) -- and it is the only renderer: fine-tuning (:func:`decoderlab.finetune.finetune`),
+``decoderlab chat``, ``decoderlab generate --chat``, ``decoderlab explain --chat``, :func:`chat_reply` /
+:func:`stream_chat_reply` (and so the server) all call it, so a model sees at inference exactly the token
+layout it was trained on.
+
+Layer: above ``generation`` and ``checkpoint`` (it streams replies and reads checkpoints), below ``finetune``
+and the CLI; it never imports Lightning.
 
 A conversation (``messages``) is a list of ``{"role": "system" | "user" | "assistant", "content": str}``: an
 optional system message first, then user and assistant turns alternating, starting with the user.
@@ -34,7 +38,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .generation import TextStreamer, stream
+from .checkpoint import load_checkpoint, read_meta
+from .generation import ChatSession, TextStreamer, stream
 from .tokenizers import EOS, Tokenizer
 
 ROLES = ("system", "user", "assistant")
@@ -450,8 +455,6 @@ def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | 
 def load_chat_checkpoint(directory, map_location="cpu"):
     """``(model, tokenizer, template)`` of a checkpoint; ``template`` is the stored one (None for a base
     model). The tokenizer holds its special tokens (saved in ``tokenizer.json``)."""
-    from .checkpoint import load_checkpoint, read_meta
-
     model, tok = load_checkpoint(directory, map_location=map_location)
     return model, tok, template_from_meta(read_meta(directory))
 
@@ -522,7 +525,8 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
     if info is not None:
         info.update(prompt_ids=list(ids), dropped_messages=dropped, max_new_tokens=n_new, reply_ids=[],
                     ended_with_end_of_turn=False)
-    gen = stream(model, ids, n_new, temperature, top_k, top_p, stop=[eot], seed=seed)
+    # with the tokenizer, <PAD> is never sampled and <EOS> ends the reply too (without an end of turn)
+    gen = stream(model, ids, n_new, temperature, top_k, top_p, stop=[eot], seed=seed, tokenizer=tokenizer)
     streamer = TextStreamer(tokenizer)
     while True:
         try:
@@ -539,7 +543,7 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
     if tail:
         yield tail
     if info is not None:
-        info["ended_with_end_of_turn"] = matched is not None
+        info["ended_with_end_of_turn"] = matched == (eot,)
 
 
 def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: str | ChatTemplate | None = None,
@@ -553,9 +557,6 @@ def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: 
 # ---------------------------------------------------------------------------------------------------------
 # An interactive session over a chat template (decoderlab chat on a chat checkpoint)
 # ---------------------------------------------------------------------------------------------------------
-
-from .generation import ChatSession  # noqa: E402  (the /commands and sampling settings are shared)
-
 
 class TemplateChatSession(ChatSession):
     """``decoderlab chat`` for a chat checkpoint: the conversation is kept as messages and every turn is
