@@ -469,3 +469,55 @@ def test_reply_needs_a_final_user_message():
         chat_reply(model, tok, conv("a", "b"))
     with pytest.raises(ValueError, match="only the first message"):
         check_messages([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], final=None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The command line on the new layout: explain --chat, flag combinations, the real console script
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_cli_explain_chat_renders_what_the_model_sees(overfit, capsys):
+    """explain --chat traces exactly the ids chat and generate --chat give the model (the one renderer)."""
+    out, _ = overfit
+    model, tok, template = load_chat_checkpoint(out)
+    want, _ = render_chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}], tok,
+                          template, add_generation_prompt=True)
+    assert cli.main(["explain", "--chat", "--system", "be brief", "--checkpoint", str(out), "abc"]) == 0
+    text = capsys.readouterr().out
+    assert f"({len(want)} tokens, ids {want})" in text
+    assert cli.main(["explain", "--checkpoint", str(out), "abc"]) == 0  # plain text: no template tokens
+    assert f"(3 tokens, ids {tok.encode('abc')})" in capsys.readouterr().out
+
+
+def test_cli_chat_flags_on_a_base_checkpoint_and_bad_combinations(statquest_checkpoint, overfit, tmp_path, capsys):
+    out, _ = overfit
+    data = write(tmp_path, GOOD)
+    cases = [
+        (["generate", "--chat", "--checkpoint", str(statquest_checkpoint), "what is statquest"],
+         "--chat needs a chat checkpoint"),
+        (["generate", "--system", "x", "--checkpoint", str(out), "abc"], "--system applies with --chat"),
+        (["generate", "--chat", "--stop", "x", "--checkpoint", str(out), "abc"], "--stop does not apply with --chat"),
+        (["chat", "--system", "x", "--checkpoint", str(statquest_checkpoint)], "--system needs a chat checkpoint"),
+        (["explain", "--chat", "--checkpoint", str(statquest_checkpoint), "what"], "--chat needs a chat checkpoint"),
+        (["finetune", "--data", str(data), "--out", str(tmp_path / "o")], "give --checkpoint DIR"),
+        (["finetune", "--checkpoint", str(out), "--n-layer", "2", "--data", str(data), "--out", str(tmp_path / "o")],
+         "--n-layer applies with --preset"),
+        (["finetune", "--preset", "statquest", "--val-fraction", "1", "--data", str(data), "--out",
+          str(tmp_path / "o")], r"--val-fraction must be in \[0, 1\), got 1"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("decoderlab: error: ") and err.count("\n") == 1, err
+        assert __import__("re").search(message, err), err
+
+
+def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path):
+    data = write(tmp_path, GOOD, "{oops")
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"decoderlab: error: {data}, line 2: malformed JSON: Expecting property name enclosed in " \
+                       f"double quotes (column 2)\n"
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o", "--lr", "x")
+    assert r.returncode == 2
+    assert r.stderr == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune --help)\n"

@@ -108,6 +108,25 @@ def test_cli_mirrors_agree_with_the_library():
     assert {f for _, f, _, _ in cli.TRAIN_OPTIONS} <= set(cli.FIELD_FLAGS)
 
 
+def test_cli_finetune_mirrors_agree_with_the_library():
+    """finetune's --help defaults (and the chat template names) come from mirrors equal to the library's."""
+    import inspect
+
+    from decoderlab import cli
+    from decoderlab.chat import TEMPLATES
+    from decoderlab.finetune import FINETUNE_DEFAULTS, finetune
+
+    assert cli.FINETUNE_CONFIG == FINETUNE_DEFAULTS and cli.CHAT_TEMPLATES == tuple(TEMPLATES)
+    params = inspect.signature(finetune).parameters
+    assert cli.FINETUNE_DEFAULTS == {k: params[k].default for k in cli.FINETUNE_DEFAULTS}
+    helps = {a.option_strings[-1]: a.help for a in cli.build_parser()._subparsers._group_actions[0]
+             .choices["finetune"]._actions if a.option_strings}
+    assert helps["--max-steps"] == "optimizer steps (default 500)"
+    assert helps["--lr"] == "peak learning rate (default 0.0003)"
+    assert helps["--n-layer"] == "decoder blocks (default: baby-shakespeare 4, shakespeare-char 6, gpt2 12)"
+    assert "--val-batches" not in helps
+
+
 def test_every_option_has_a_help_line_its_default_and_its_choices():
     import argparse
 
@@ -115,7 +134,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"train", "sample", "generate", "chat", "verify", "explain"}
+    assert set(sub.choices) == {"train", "sample", "generate", "chat", "finetune", "verify", "explain"}
     for name, p in sub.choices.items():
         text = p.format_help()
         for action in p._actions:

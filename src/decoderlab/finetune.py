@@ -55,8 +55,12 @@ from .training.callbacks import LAST_CKPT, LIGHTNING_DIR
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
-__all__ = ["IGNORE_INDEX", "Examples", "SFTBatches", "SFTDataModule", "SFTModule", "collate", "masked_ce_sum",
-           "shift_for_training", "build_examples", "pad_id_for", "evaluate_chat", "format_evaluation",
+#: the ``TrainConfig`` fields :func:`finetune` sets when no ``train_config`` is given (the rest are
+#: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
+FINETUNE_DEFAULTS = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
+
+__all__ = ["FINETUNE_DEFAULTS", "IGNORE_INDEX", "Examples", "SFTBatches", "SFTDataModule", "SFTModule", "collate",
+           "masked_ce_sum", "shift_for_training", "build_examples", "pad_id_for", "evaluate_chat", "format_evaluation",
            "FinetuneSummary", "finetune"]
 
 
@@ -237,7 +241,8 @@ def finetune(
     are added to the tokenizer and the embedding (and untied head) resized (:func:`decoderlab.chat.
     add_chat_tokens`). Training follows the module docstring (masked loss, shift in
     :func:`shift_for_training`, exact per-step normalisation over accumulation and processes), with
-    ``train_config`` (+ ``config_overrides``) as ``decoderlab.training.TrainConfig`` (``batch_size`` counts
+    ``train_config`` (default ``TrainConfig(**FINETUNE_DEFAULTS)``; + ``config_overrides``) as
+    ``decoderlab.training.TrainConfig`` (``batch_size`` counts
     conversations per micro-batch per process; ``val_fraction`` / ``val_batches`` of it are unused: the
     held-out split is ``val_fraction`` here, or ``val_data``).
 
@@ -262,8 +267,7 @@ def finetune(
                          "(train from scratch)")
     if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
-    cfg = train_config if train_config is not None else TrainConfig(max_steps=500, batch_size=16, lr=3e-4,
-                                                                    min_lr=3e-5, warmup=20, eval_every=100)
+    cfg = train_config if train_config is not None else TrainConfig(**FINETUNE_DEFAULTS)
     if config_overrides:
         cfg = cfg.replace(**config_overrides)
     cfg.validate()
