@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from decoderlab.chat import chat_reply, load_chat_checkpoint  # noqa: E402
 from decoderlab.checkpoint import load_checkpoint  # noqa: E402
-from decoderlab.finetune import finetune  # noqa: E402
+from decoderlab.finetuning import finetune  # noqa: E402
 from decoderlab.generation import generate  # noqa: E402
 from decoderlab.storyset import build_story_set, word_coverage, words_of_prompt  # noqa: E402
 from decoderlab.training import TrainConfig, train_lm  # noqa: E402

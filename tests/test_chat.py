@@ -18,7 +18,7 @@ from decoderlab.chat import (TEMPLATES, TemplateChatSession, add_chat_tokens, ch
                              load_chat_checkpoint, load_conversations, render_chat, resize_token_embeddings,
                              stream_chat_reply, template_from_meta)
 from decoderlab.checkpoint import load_checkpoint, read_meta
-from decoderlab.finetune import (IGNORE_INDEX, SFTBatches, build_examples, finetune, masked_ce_sum,
+from decoderlab.finetuning import (IGNORE_INDEX, SFTBatches, build_examples, finetune, masked_ce_sum,
                                  shift_for_training)
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
@@ -236,7 +236,7 @@ DDP_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {src!r})
 from decoderlab.chat import add_chat_tokens
-from decoderlab.finetune import finetune
+from decoderlab.finetuning import finetune
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import TrainConfig

@@ -114,7 +114,7 @@ def test_cli_finetune_mirrors_agree_with_the_library():
 
     from decoderlab import cli
     from decoderlab.chat import TEMPLATES
-    from decoderlab.finetune import FINETUNE_DEFAULTS, finetune
+    from decoderlab.finetuning import FINETUNE_DEFAULTS, finetune
 
     assert cli.FINETUNE_CONFIG == FINETUNE_DEFAULTS and cli.CHAT_TEMPLATES == tuple(TEMPLATES)
     params = inspect.signature(finetune).parameters
@@ -165,3 +165,12 @@ def test_version_and_one_line_argument_errors(decoderlab_cli):
     assert r.returncode == 2
     assert r.stderr.startswith("decoderlab: error: --preset: invalid choice: 'gpt3' (choose from ")
     assert r.stderr.endswith("gpt2') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1
+
+
+def test_lazy_finetune_is_the_function_whatever_was_imported_first():
+    """A submodule import sets the package attribute of its name: the function must not share it."""
+    code = ("import decoderlab.finetuning, decoderlab.chat, decoderlab as dl; "
+            "assert callable(dl.finetune) and dl.finetune is decoderlab.finetuning.finetune; "
+            "assert dl.chat_reply is decoderlab.chat.chat_reply; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "ok", r.stderr

@@ -30,10 +30,10 @@ _EXPORTS = {
     "train_pairs": "training",
     "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
     "stream_chat_reply": "chat", "load_chat_checkpoint": "chat", "load_conversations": "chat",
-    "finetune": "finetune",
+    "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "tokenizers", "training", "chat", "finetune", "storyset", "cli")
+               "positions", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
 
 __all__ = ["__version__", *_EXPORTS]
 

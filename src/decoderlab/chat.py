@@ -1,7 +1,7 @@
 """Conversations: JSONL data, chat templates, the one renderer, special tokens, and chat replies.
 
 One function turns a conversation into token ids plus a loss mask -- :meth:`ChatTemplate.render` (also
-:func:`render_chat`) -- and it is the only renderer: fine-tuning (:func:`decoderlab.finetune.finetune`),
+:func:`render_chat`) -- and it is the only renderer: fine-tuning (:func:`decoderlab.finetuning.finetune`),
 ``decoderlab chat``, ``decoderlab generate --chat``, ``decoderlab explain --chat``, :func:`chat_reply` /
 :func:`stream_chat_reply` (and so the server) all call it, so a model sees at inference exactly the token
 layout it was trained on.

@@ -53,10 +53,10 @@ DEFAULT_TOKENIZER = "char"
 DEFAULT_BPE_VOCAB_SIZE = 1024
 #: what generate and chat use for options not given (``ChatSession``'s for language models)
 GENERATE_DEFAULTS = {"max_new_tokens": 200, "temperature": 1.0}
-#: ``decoderlab.finetune.FINETUNE_DEFAULTS``: the TrainConfig fields fine-tuning sets (the rest: TRAIN_DEFAULTS)
+#: ``decoderlab.finetuning.FINETUNE_DEFAULTS``: the TrainConfig fields fine-tuning sets (the rest: TRAIN_DEFAULTS)
 FINETUNE_CONFIG = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
 FINETUNE_TRAIN_DEFAULTS = {**TRAIN_DEFAULTS, **FINETUNE_CONFIG}
-#: ``decoderlab.finetune.finetune``'s defaults for the arguments that have a flag
+#: ``decoderlab.finetuning.finetune``'s defaults for the arguments that have a flag
 FINETUNE_DEFAULTS = {"template": "decoderlab", "val_fraction": 0.1, "tokenizer": "char", "eval_prompts": 100}
 #: ``decoderlab.chat.TEMPLATES``
 CHAT_TEMPLATES = ("decoderlab", "lesson")
@@ -819,7 +819,7 @@ def add_finetune(sub) -> None:
     p.add_argument("--eval-prompts", type=_number(int, 0), default=None, metavar="N",
                    help=f"held-out prompts answered greedily at the end (default "
                         f"{FINETUNE_DEFAULTS['eval_prompts']})")
-    g = p.add_argument_group("training (defaults: decoderlab.finetune.FINETUNE_DEFAULTS on TrainConfig)")
+    g = p.add_argument_group("training (defaults: decoderlab.finetuning.FINETUNE_DEFAULTS on TrainConfig)")
     g.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
                    help=f"tokenizer built from the data, with --preset (default {FINETUNE_DEFAULTS['tokenizer']})")
     g.add_argument("--vocab-size", type=_number(int), default=None, metavar="N",
@@ -863,7 +863,7 @@ def _finetune(args) -> int:
 
         preset(args.preset, **shape)  # the shape's errors before the data is read
     _check_strategy(args.strategy)
-    from .finetune import finetune
+    from .finetuning import finetune
     from .training import NonFiniteLossError
 
     progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"

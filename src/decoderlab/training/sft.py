@@ -1,6 +1,6 @@
 """Masked supervised fine-tuning (SFT) in Lightning: the label shift, step-exact batches, and the loss.
 
-The training half of :func:`decoderlab.finetune.finetune` (which renders conversations with a chat template
+The training half of :func:`decoderlab.finetuning.finetune` (which renders conversations with a chat template
 and calls these with the resulting ``(ids, mask)`` rows):
 
 1. :func:`shift_for_training` -- the only place where the label shift happens: inputs = ids[:-1], labels =

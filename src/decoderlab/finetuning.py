@@ -1,5 +1,6 @@
-"""Supervised fine-tuning on conversations (``finetune``): masked loss, exact per-step normalisation,
-evaluation, and a chat checkpoint that stores its template.
+"""Supervised fine-tuning on conversations (:func:`finetune`): masked loss, exact per-step normalisation,
+evaluation, and a chat checkpoint that stores its template. (The module is not named ``finetune``: importing
+a submodule sets the package attribute of its name, so ``decoderlab.finetune`` could not stay the function.)
 
 It sits above :mod:`decoderlab.chat` (templates, rendering, replies) and :mod:`decoderlab.training` (the
 Lightning pieces, ``training.sft``), which do not know each other. The pipeline, in order:
