@@ -112,6 +112,25 @@ def test_cli_mirrors_agree_with_the_library():
     assert {f for _, f, _, _ in cli.TRAIN_OPTIONS} <= set(cli.FIELD_FLAGS)
 
 
+def test_cli_finetune_mirrors_agree_with_the_library():
+    """finetune's --help defaults (and the chat template names) come from mirrors equal to the library's."""
+    import inspect
+
+    from decoderlab import cli
+    from decoderlab.chat import TEMPLATES
+    from decoderlab.finetuning import FINETUNE_DEFAULTS, finetune
+
+    assert cli.FINETUNE_CONFIG == FINETUNE_DEFAULTS and cli.CHAT_TEMPLATES == tuple(TEMPLATES)
+    params = inspect.signature(finetune).parameters
+    assert cli.FINETUNE_DEFAULTS == {k: params[k].default for k in cli.FINETUNE_DEFAULTS}
+    helps = {a.option_strings[-1]: a.help for a in cli.build_parser()._subparsers._group_actions[0]
+             .choices["finetune"]._actions if a.option_strings}
+    assert helps["--max-steps"] == "optimizer steps (default 500)"
+    assert helps["--lr"] == "peak learning rate (default 0.0003)"
+    assert helps["--n-layer"] == "decoder blocks (default: baby-shakespeare 4, shakespeare-char 6, gpt2 12)"
+    assert "--val-batches" not in helps
+
+
 def test_every_option_has_a_help_line_its_default_and_its_choices():
     import argparse
 
@@ -119,7 +138,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"train", "sample", "generate", "chat", "verify", "explain", "serve"}
+    assert set(sub.choices) == {"train", "sample", "generate", "chat", "finetune", "verify", "explain", "serve"}
     for name, p in sub.choices.items():
         text = p.format_help()
         for action in p._actions:
@@ -150,3 +169,12 @@ def test_version_and_one_line_argument_errors(decoderlab_cli):
     assert r.returncode == 2
     assert r.stderr.startswith("decoderlab: error: --preset: invalid choice: 'gpt3' (choose from ")
     assert r.stderr.endswith("gpt2') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1
+
+
+def test_lazy_finetune_is_the_function_whatever_was_imported_first():
+    """A submodule import sets the package attribute of its name: the function must not share it."""
+    code = ("import decoderlab.finetuning, decoderlab.chat, decoderlab as dl; "
+            "assert callable(dl.finetune) and dl.finetune is decoderlab.finetuning.finetune; "
+            "assert dl.chat_reply is decoderlab.chat.chat_reply; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "ok", r.stderr

@@ -358,3 +358,24 @@ def test_every_tokenizer_refuses_invalid_unicode_the_same_way():
     assert char.special_ids == {0, 1, char.unk_id} and words.special_ids == {1, 2, 3} and bpe.special_ids == {0, 1}
     for tok in (char, words, bpe):
         assert tok.decode([tok.eos_id, *tok.encode("ab"), tok.pad_id], skip_special=True) == "ab"
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
+def test_added_special_tokens_are_control_tokens_and_unicode_is_still_checked(kind):
+    """Chat tokens added with add_special_tokens are in special_ids (never text), typed look-alikes stay text,
+    and a lone surrogate is refused as before (issue 10 merged with issue 13's check_unicode)."""
+    from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
+
+    text = "hi <|user|> there"
+    base = {"char": lambda: CharTokenizer.from_text(text), "word": lambda: WordTokenizer(["hi", "there"], unk=True),
+            "bpe": lambda: BPETokenizer.train([text * 5], 262)}[kind]()
+    tok = base.add_special_tokens(["<|user|>", "<|end|>"])
+    user, end = tok.token_to_id["<|user|>"], tok.token_to_id["<|end|>"]
+    assert (user, end) == (base.vocab_size, base.vocab_size + 1)
+    assert {user, end} <= tok.special_ids and base.special_ids <= tok.special_ids
+    hi = tok.encode("hi")
+    assert tok.decode(hi + [user, end], skip_special=True) == tok.decode(hi)
+    typed = tok.encode(text, allow_special=False)
+    assert user not in typed and end not in typed  # the text "<|user|>" is not the token
+    with pytest.raises(ValueError, match=r"U\+DCFF at position 2 is a lone surrogate"):
+        tok.encode("ab\udcffcd")

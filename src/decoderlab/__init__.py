@@ -28,9 +28,12 @@ _EXPORTS = {
     "corpus_tokens": "data", "embedded_corpus_path": "data", "read_corpus": "data", "split_tokens": "data",
     "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
     "train_pairs": "training",
+    "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
+    "stream_chat_reply": "chat", "load_chat_checkpoint": "chat", "load_conversations": "chat",
+    "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "tokenizers", "training", "cli")
+               "positions", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -53,10 +53,18 @@ DEFAULT_TOKENIZER = "char"
 DEFAULT_BPE_VOCAB_SIZE = 1024
 #: what generate and chat use for options not given (``ChatSession``'s for language models)
 GENERATE_DEFAULTS = {"max_new_tokens": 200, "temperature": 1.0}
+#: ``decoderlab.finetuning.FINETUNE_DEFAULTS``: the TrainConfig fields fine-tuning sets (the rest: TRAIN_DEFAULTS)
+FINETUNE_CONFIG = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
+FINETUNE_TRAIN_DEFAULTS = {**TRAIN_DEFAULTS, **FINETUNE_CONFIG}
+#: ``decoderlab.finetuning.finetune``'s defaults for the arguments that have a flag
+FINETUNE_DEFAULTS = {"template": "decoderlab", "val_fraction": 0.1, "tokenizer": "char", "eval_prompts": 100}
+#: ``decoderlab.chat.TEMPLATES``
+CHAT_TEMPLATES = ("decoderlab", "lesson")
 
 #: the Python names in library messages -> the flags a user typed (see :func:`_in_flag_words`)
 FIELD_FLAGS = {**{f: "--" + f.replace("_", "-") for f in (*TRAIN_DEFAULTS, "vocab_size", "n_layer", "n_head",
-                                                          "d_model", "max_len", "dropout")},
+                                                          "d_model", "max_len", "dropout", "val_fraction",
+                                                          "eval_prompts")},
                "max_epochs": "--epochs"}
 _FIELD_RE = re.compile(r"(?<![\w./-])(" + "|".join(sorted(FIELD_FLAGS, key=len, reverse=True)) + r")(?![\w/-]|\.\w)")
 
@@ -112,8 +120,8 @@ def _devices(text: str):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _default(field: str) -> str:
-    value = TRAIN_DEFAULTS[field]
+def _default(field: str, defaults: dict = TRAIN_DEFAULTS) -> str:
+    value = defaults[field]
     return "all" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -131,6 +139,45 @@ TRAIN_OPTIONS = (
     ("--grad-clip", "grad_clip", _number(float), "clip the gradient norm to this, 0 = no clipping"),
     ("--accumulate", "accumulate", _number(int), "batches per optimizer step (gradient accumulation)"),
 )
+
+
+def add_train_config_options(g, defaults: dict = TRAIN_DEFAULTS, *, skip: tuple = (), helps: dict | None = None,
+                             lesson: bool = False) -> None:
+    """Add the ``TrainConfig`` flags of :data:`TRAIN_OPTIONS` (less ``skip``) and ``--precision`` to ``g``, each
+    help ending with its default from ``defaults`` (and statquest's with ``lesson``). ``helps`` replaces the
+    text of some fields. Used by ``train`` and ``finetune``: one option set, read back by :func:`train_overrides`."""
+    for flag, field, kind, text in TRAIN_OPTIONS:
+        if field in skip:
+            continue
+        text = (helps or {}).get(field, text)
+        extra = f"; statquest {PAIR_DEFAULTS[field]:g}" if lesson and field in PAIR_DEFAULTS else ""
+        g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind.integer else "X",
+                       help=f"{text} (default {_default(field, defaults)}{extra})")
+    g.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights (default "
+                        f"{_default('precision', defaults)})")
+
+
+def add_run_options(g) -> None:
+    """``--resume``, ``--devices``, ``--strategy``, ``--num-nodes``, ``--no-progress-bar`` (``train``,
+    ``finetune``)."""
+    g.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
+                   help="continue a run: its directory or a .ckpt; without a value: --out (default: a new run)")
+    g.add_argument("--devices", type=_devices, default="1", metavar="N",
+                   help=f"{_DEVICES_HELP}, per node (default %(default)s)")
+    g.add_argument("--strategy", default="auto",
+                   help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ... (default %(default)s)")
+    g.add_argument("--num-nodes", type=_number(int, 1), default=1, metavar="N",
+                   help="machines (default %(default)s)")
+    g.add_argument("--no-progress-bar", action="store_true",
+                   help="plain progress lines instead of the bar (the default when the output is not a terminal)")
+
+
+def train_overrides(args, skip: tuple = ()) -> dict:
+    """The ``TrainConfig`` fields given with :func:`add_train_config_options`' flags (and ``--seed``,
+    ``--compile`` where the command has them), as ``{field: value}``."""
+    fields = [f for _, f, _, _ in TRAIN_OPTIONS if f not in skip] + ["precision", "compile", "seed"]
+    return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
 
 
 def add_model_shape_options(parser) -> None:
@@ -185,25 +232,10 @@ def add_train(sub) -> None:
                    help=f"tokenizer built from the data (default {DEFAULT_TOKENIZER})")
     g.add_argument("--vocab-size", type=_number(int), default=None, metavar="N",
                    help=f"BPE vocabulary size, at least 259 (default {DEFAULT_BPE_VOCAB_SIZE}; bpe only)")
-    for flag, field, kind, text in TRAIN_OPTIONS:
-        lesson = f"; statquest {PAIR_DEFAULTS[field]:g}" if field in PAIR_DEFAULTS else ""
-        g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind.integer else "X",
-                       help=f"{text} (default {_default(field)}{lesson})")
-    g.add_argument("--precision", default=None, choices=PRECISIONS,
-                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights (default "
-                        f"{_default('precision')})")
+    add_train_config_options(g, lesson=True)
     g.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the decoder blocks (default: off)")
-    g.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR",
-                   help="continue a run: its directory or a .ckpt; without a value: --out (default: a new run)")
-    g.add_argument("--devices", type=_devices, default="1", metavar="N",
-                   help=f"{_DEVICES_HELP}, per node (default %(default)s)")
-    g.add_argument("--strategy", default="auto",
-                   help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ... (default %(default)s)")
-    g.add_argument("--num-nodes", type=_number(int, 1), default=1, metavar="N",
-                   help="machines (default %(default)s)")
-    g.add_argument("--no-progress-bar", action="store_true",
-                   help="plain progress lines instead of the bar (the default when the output is not a terminal)")
+    add_run_options(g)
     add_model_shape_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -266,8 +298,7 @@ def _train(args) -> int:
                          f"(default {TRAIN_DEFAULTS['max_steps']})")
     from .training import NonFiniteLossError, train_lm
 
-    overrides = {field: getattr(args, field) for _, field, _, _ in TRAIN_OPTIONS if getattr(args, field) is not None}
-    overrides.update({f: getattr(args, f) for f in ("precision", "compile", "seed") if getattr(args, f) is not None})
+    overrides = train_overrides(args)
     shape = model_overrides(args)
     if args.resume is not None:
         if shape:
@@ -392,7 +423,9 @@ def _add_checkpoint_option(p, required: bool = True) -> None:
 GENERATE_DESCRIPTION = (
     "Continue a prompt. A model trained on prompt/response pairs (the lesson's statquest) answers greedily with "
     "<EOS> appended to the prompt, as in the lesson; the sampling options apply to language models. "
-    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). "
+    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). With --chat the prompt "
+    "is a user message and the reply is rendered with the chat template stored in a checkpoint written by "
+    "`decoderlab finetune`; it ends at the end of turn. "
     r"--stop understands the backslash escapes \n \t \r \\ \0 \xHH \uHHHH, so --stop '\n\n' stops at a blank line.")
 
 
@@ -407,6 +440,11 @@ def _add_generate_options(p) -> None:
     p.add_argument("--echo", action="store_true",
                    help="print the prompt followed by its continuation, decoded together (a pair-trained model "
                         "then continues the text instead of answering; default: the continuation only)")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is a user message: one assistant reply with the checkpoint's chat template "
+                        "(default: continue the text)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message before the prompt, with --chat (default: none)")
     p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
                    help="the prompt text (or give it as the positional argument; default: a newline)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
@@ -490,7 +528,11 @@ def cmd_generate(args) -> int:
     if args.prompt is not None and args.prompt_option is not None:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
     prompt = args.prompt if args.prompt is not None else args.prompt_option
+    if args.system is not None and not args.chat:
+        raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
     model, tok = _load(args.checkpoint)
+    if args.chat:
+        return _generate_chat(args, model, tok, prompt)
     pairs = _is_pairs(args.checkpoint)
     if pairs and not args.echo:
         from .lesson import greedy_response
@@ -531,6 +573,57 @@ def cmd_generate(args) -> int:
         sys.stdout.write("".join(written) + "\n")
         sys.stdout.flush()
         raise
+    sys.stdout.write("".join(written) + "\n")
+    return 0
+
+
+def _chat_template(directory):
+    """The chat template stored in a checkpoint (``decoderlab.chat.template_from_meta``); None for a base model."""
+    from .chat import template_from_meta
+    from .checkpoint import read_meta
+
+    return template_from_meta(read_meta(directory))
+
+
+def _generate_chat(args, model, tok, prompt) -> int:
+    """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
+    checkpoint's template (the renderer fine-tuning used), ending at the end of turn."""
+    from .chat import stream_chat_reply
+
+    not_here = [f for f, given in (("--stop", args.stop is not None),
+                                   ("--echo", args.echo and args.command != "sample")) if given]
+    if not_here:
+        raise ValueError(f"{', '.join(not_here)} {'does' if len(not_here) == 1 else 'do'} not apply with --chat: "
+                         f"the reply ends at the chat template's end of turn")
+    template = _chat_template(args.checkpoint)
+    if template is None:
+        raise ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} has "
+                         f"no chat template in its meta.json")
+    if prompt is None:
+        raise ValueError("give the user message to answer, e.g. \"hello\"")
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+        {"role": "user", "content": prompt}]
+    default_t = 0.0 if template.name == "lesson" else GENERATE_DEFAULTS["temperature"]  # the lesson: greedy
+    info: dict = {}
+    pieces = stream_chat_reply(
+        model, tok, messages, template,
+        max_new_tokens=GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens,
+        temperature=default_t if args.temperature is None else args.temperature,
+        top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p, seed=args.seed, info=info)
+    written: list[str] = []
+    try:
+        for piece in pieces:
+            if args.no_stream:
+                written.append(piece)
+            else:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: keep what was produced, say so in one line
+        sys.stdout.write("".join(written) + "\n")
+        sys.stdout.flush()
+        raise
+    if template.name == "lesson" and info.get("ended_with_end_of_turn"):  # the lesson prints its <EOS>
+        written.append(f"{tok.separator}{template.end}")
     sys.stdout.write("".join(written) + "\n")
     return 0
 
@@ -615,12 +708,17 @@ def chat_command(session, line: str) -> str | None:
 def add_chat(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, /quit)",
                        description="Talk with a model: each line you type is a turn, and the model's reply "
-                                   "continues the conversation. Slash commands (/help) change the settings; "
-                                   "/quit, /exit or Ctrl-D leave.\n\n" + CHAT_HELP,
+                                   "continues the conversation. A chat checkpoint (written by `decoderlab "
+                                   "finetune`) renders every turn with its stored template and drops the oldest "
+                                   "turns when the conversation outgrows the context. Slash commands (/help) "
+                                   "change the settings; /quit, /exit or Ctrl-D leave.\n\n" + CHAT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_checkpoint_option(p)
     _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else "
                              f"{GENERATE_DEFAULTS['temperature']:g})")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message that opens the conversation, for a chat checkpoint; kept when old turns "
+                        "are dropped and after /reset (default: none)")
     p.set_defaults(func=cmd_chat)
 
 
@@ -628,9 +726,18 @@ def cmd_chat(args) -> int:
     from .generation import ChatSession
 
     model, tok = _load(args.checkpoint)
-    session = ChatSession(model, tok, pairs=_is_pairs(args.checkpoint),
-                          temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k,
-                          top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    template = _chat_template(args.checkpoint)
+    options = dict(temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p,
+                   max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if template is not None:  # a chat checkpoint: the stored template renders every turn
+        from .chat import TemplateChatSession
+
+        session = TemplateChatSession(model, tok, template, system=args.system, **options)
+    elif args.system is not None:
+        raise ValueError(f"--system needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} "
+                         f"has no chat template in its meta.json")
+    else:
+        session = ChatSession(model, tok, pairs=_is_pairs(args.checkpoint), **options)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # pragma: no cover - not on every platform
@@ -676,6 +783,107 @@ def cmd_chat(args) -> int:
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
+            print(session.notice, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finetune
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_finetune(sub) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a model on conversations (JSONL) with a chat template",
+                       description="Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL "
+                                   "file of {\"messages\": [...]}, {\"prompt\", \"completion\"} or Alpaca "
+                                   "{\"instruction\", \"input\", \"output\"} lines. Only the assistant's tokens "
+                                   "and the end of turn after them are trained. The run directory becomes a chat "
+                                   "checkpoint storing its template, for `decoderlab chat` and `generate --chat`.")
+    start = p.add_mutually_exclusive_group()  # one of them, unless --resume
+    start.add_argument("--checkpoint", default=None, metavar="DIR",
+                       help="the decoderlab checkpoint to fine-tune (default: none; give it or --preset)")
+    start.add_argument("--preset", default=None, choices=PRESET_NAMES,
+                       help="train from scratch with this preset, the tokenizer built from the data (default: none; "
+                            "give it or --checkpoint)")
+    p.add_argument("--data", required=True, metavar="PATH", help="the JSONL file of conversations")
+    p.add_argument("--val-data", default=None, metavar="PATH",
+                   help="a held-out JSONL file (default: hold out --val-fraction of --data)")
+    p.add_argument("--val-fraction", type=_number(float, 0), default=None, metavar="X",
+                   help=f"share of --data held out, seeded; 0 = none, evaluate on the training data (default "
+                        f"{FINETUNE_DEFAULTS['val_fraction']:g})")
+    p.add_argument("--out", required=True, metavar="DIR", help="run/checkpoint directory to write")
+    p.add_argument("--template", default=None, metavar="NAME",
+                   help=f"chat template: {', '.join(CHAT_TEMPLATES)} (default {FINETUNE_DEFAULTS['template']})")
+    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
+                   help=f"random seed of the split, the batches and new weights (default {TRAIN_DEFAULTS['seed']})")
+    p.add_argument("--eval-prompts", type=_number(int, 0), default=None, metavar="N",
+                   help=f"held-out prompts answered greedily at the end (default "
+                        f"{FINETUNE_DEFAULTS['eval_prompts']})")
+    g = p.add_argument_group("training (defaults: decoderlab.finetuning.FINETUNE_DEFAULTS on TrainConfig)")
+    g.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
+                   help=f"tokenizer built from the data, with --preset (default {FINETUNE_DEFAULTS['tokenizer']})")
+    g.add_argument("--vocab-size", type=_number(int), default=None, metavar="N",
+                   help=f"BPE vocabulary size, with --preset --tokenizer bpe (default {DEFAULT_BPE_VOCAB_SIZE})")
+    add_train_config_options(g, FINETUNE_TRAIN_DEFAULTS, skip=_FINETUNE_SKIP,
+                             helps={"batch_size": "conversations per batch per process", "lr": "peak learning rate"})
+    add_run_options(g)
+    add_model_shape_options(p)
+    p.set_defaults(func=cmd_finetune)
+
+
+#: TrainConfig flags that fine-tuning does not use (the held-out split is --val-fraction / --val-data)
+_FINETUNE_SKIP = ("val_batches",)
+
+
+def cmd_finetune(args) -> int:
+    try:
+        with _warnings_as_lines():
+            return _finetune(args)
+    except ValueError as e:
+        raise ValueError(_in_flag_words(e)) from None
+
+
+def _finetune(args) -> int:
+    _check_out_dir(args.out)
+    shape = model_overrides(args)
+    if args.resume is None and args.checkpoint is None and args.preset is None:
+        raise ValueError("give --checkpoint DIR (a base model to fine-tune) or --preset NAME (a model from scratch)")
+    if args.resume is not None and (args.checkpoint or args.preset or shape):
+        raise ValueError("--resume continues a run with its own model; give no --checkpoint, --preset or shape flags")
+    scratch_only = [f for f in ("tokenizer", "vocab_size", *SHAPE_FIELDS) if getattr(args, f) is not None]
+    if args.preset is None and scratch_only:
+        verb = "applies" if len(scratch_only) == 1 else "apply"
+        raise ValueError(f"{', '.join(_flag(f) for f in scratch_only)} {verb} with --preset (a model from scratch); a "
+                         f"checkpoint keeps its tokenizer and shape")
+    from .chat import get_template
+
+    template = get_template(args.template or FINETUNE_DEFAULTS["template"])  # lists the known ones
+    if shape:
+        from .model import preset
+
+        preset(args.preset, **shape)  # the shape's errors before the data is read
+    _check_strategy(args.strategy)
+    from .finetuning import finetune
+    from .training import NonFiniteLossError
+
+    progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
+    val_fraction = FINETUNE_DEFAULTS["val_fraction"] if args.val_fraction is None else args.val_fraction
+    try:
+        _, _, s = finetune(args.data, out=args.out, checkpoint=args.checkpoint, preset=args.preset,
+                           template=template, val_data=args.val_data, val_fraction=val_fraction,
+                           tokenizer=args.tokenizer or FINETUNE_DEFAULTS["tokenizer"], vocab_size=args.vocab_size,
+                           model_overrides=shape or None, config_overrides=train_overrides(args, _FINETUNE_SKIP),
+                           resume=args.resume, devices=args.devices, strategy=args.strategy,
+                           num_nodes=args.num_nodes,
+                           eval_prompts=FINETUNE_DEFAULTS["eval_prompts"] if args.eval_prompts is None
+                           else args.eval_prompts, progress_bar=progress)
+    except NonFiniteLossError as e:
+        print(f"decoderlab: error: {e}", file=sys.stderr)
+        return 1
+    if s.is_global_zero:
+        print(f"checkpoint written to {s.run_dir} (template {s.template!r}); talk with it: decoderlab chat "
+              f"--checkpoint {s.run_dir}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -714,6 +922,11 @@ def add_explain(sub) -> None:
                    help=f"a worked example: {', '.join(EXAMPLE_NAMES)} (default: none)")
     _add_checkpoint_option(p, required=False)
     p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
+    p.add_argument("--chat", action="store_true",
+                   help="TEXT is a user message: explain the tokens a chat checkpoint sees before its reply, "
+                        "rendered with its stored template (default: TEXT as it is)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message before TEXT, with --chat (default: none)")
     p.add_argument("--layer", type=_number(int), default=None, metavar="N", help="only this layer (default: all)")
     p.add_argument("--head", type=_number(int), default=None, metavar="N", help="only this head (default: all)")
     p.add_argument("--top-k", type=_number(int), default=5, metavar="K",
@@ -729,14 +942,25 @@ def cmd_explain(args) -> int:
     from .glassbox import explain, explain_example
 
     if args.example is not None:
-        if args.checkpoint is not None or args.png or args.html:
-            raise ValueError("--example takes no --checkpoint, --png or --html")
+        if args.checkpoint is not None or args.png or args.html or args.chat:
+            raise ValueError("--example takes no --checkpoint, --png, --html or --chat")
         print(explain_example(args.example))
         return 0
     if args.checkpoint is None or args.text is None:
         raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system applies with --chat")
     model, tok = _load(args.checkpoint)
-    print(explain(model, args.text, tok, layer=args.layer, head=args.head, top_k=args.top_k,
+    text_or_ids = args.text
+    if args.chat:  # the renderer of fine-tuning and chat: what the model sees before it answers
+        template = _chat_template(args.checkpoint)
+        if template is None:
+            raise ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} "
+                             f"has no chat template in its meta.json")
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+            {"role": "user", "content": args.text}]
+        text_or_ids, _ = template.render(messages, tok, add_generation_prompt=True)
+    print(explain(model, text_or_ids, tok, layer=args.layer, head=args.head, top_k=args.top_k,
                   png=args.png, html=args.html))
     for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):
         if path:
@@ -795,7 +1019,7 @@ def cmd_serve(args) -> int:
 # main
 # ---------------------------------------------------------------------------------------------------------
 
-COMMANDS = [add_train, add_sample, add_generate, add_chat, add_verify, add_explain, add_serve]
+COMMANDS = [add_train, add_sample, add_generate, add_chat, add_finetune, add_verify, add_explain, add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

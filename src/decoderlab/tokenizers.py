@@ -3,8 +3,9 @@
 Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, ``vocab_size``,
 ``save(path)``, ``Tokenizer.load(path)``, ``tokens(ids)`` (token strings for labels), ``token_bytes(id)`` (the
 UTF-8 bytes one token stands for) and special-token ids ``eos_id`` / ``pad_id`` (None when the vocabulary has
-no such token); ``special_ids`` is the set of control-token ids (``<PAD>``, ``<EOS>``, ``<unk>``, a BPE's added
-special tokens), which ``decode(ids, skip_special=True)`` leaves out.
+no such token); ``special_ids`` is the set of control-token ids (``<PAD>``, ``<EOS>``, ``<unk>``, and special
+tokens added with ``add_special_tokens``, e.g. a chat template's), which ``decode(ids, skip_special=True)``
+leaves out.
 
 Invalid Unicode: every ``encode`` refuses text holding a lone surrogate (U+D800..U+DFFF, which is not a
 character; Python makes them from undecodable bytes, e.g. in command-line arguments that are not UTF-8) with
@@ -87,14 +88,54 @@ class Tokenizer:
 
     @property
     def special_ids(self) -> frozenset[int]:
-        """Ids of the control tokens (``<PAD>``, ``<EOS>``, ``<unk>``, and a BPE's added special tokens): not
-        text; ``decode(ids, skip_special=True)`` leaves them out."""
-        return frozenset(self.token_to_id[t] for t in (PAD, EOS, UNK) if t in self.token_to_id)
+        """Ids of the control tokens (``<PAD>``, ``<EOS>``, ``<unk>``, and added special tokens such as a chat
+        template's ``<|user|>``): not text; ``decode(ids, skip_special=True)`` leaves them out."""
+        return frozenset(self.token_to_id[t] for t in (PAD, EOS, UNK, *self.added_special_tokens)
+                         if t in self.token_to_id)
 
     def encode(self, text: str) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def decode(self, ids: Iterable[int]) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def added_special_tokens(self) -> list[str]:
+        """Special tokens added with :meth:`add_special_tokens` (e.g. a chat template's ``<|user|>``), in id
+        order; [] for a tokenizer without any."""
+        return list(getattr(self, "_added", []))
+
+    def add_special_tokens(self, tokens: Sequence[str]) -> "Tokenizer":
+        """A new tokenizer of the same kind with ``tokens`` appended to the vocabulary as atomic special tokens.
+
+        Existing ids are unchanged; the new tokens take the next ids, in the given order; tokens the
+        tokenizer already has as special tokens are skipped (so adding twice is a no-op). ``encode`` treats
+        text that looks like a special token as ordinary text (``allow_special=False``, the default for char
+        and BPE; for word tokenizers pass it explicitly); only ``encode(..., allow_special=True)`` or the ids
+        themselves produce special tokens. The tokenizer itself is not modified. Saved and loaded with the
+        tokenizer (``to_dict`` lists them under ``"special_tokens"``).
+
+        Raises:
+            TypeError: ``tokens`` is not a list of strings.
+            ValueError: an empty or whitespace-containing token; a token that is already an ordinary token
+                of the vocabulary (it would become ambiguous), naming it.
+        """
+        if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+            raise TypeError(f"special tokens must be a list of strings, got {tokens!r}")
+        new = []
+        for t in tokens:
+            if not t or any(c.isspace() for c in t):
+                raise ValueError(f"special token {t!r} must be a non-empty string without whitespace")
+            if t in self.token_to_id:
+                if t in self.added_special_tokens or t in (EOS, PAD, UNK):
+                    continue
+                raise ValueError(f"cannot add special token {t!r}: it is already an ordinary token (id "
+                                 f"{self.token_to_id[t]}) of this {self.kind} vocabulary")
+            if t not in new:
+                new.append(t)
+        return self._with_specials(new) if new else self
+
+    def _with_specials(self, new: list[str]) -> "Tokenizer":  # pragma: no cover - abstract
         raise NotImplementedError
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
@@ -198,17 +239,23 @@ class WordTokenizer(Tokenizer):
     def unk_id(self) -> int | None:
         return self.token_to_id.get(UNK)
 
-    def encode(self, text: str | Sequence[str]) -> list[int]:
+    def encode(self, text: str | Sequence[str], *, allow_special: bool = True) -> list[int]:
+        """Ids of the whitespace-separated words of ``text``. With ``allow_special=False`` a word that is a
+        special token (``<EOS>``, ``<PAD>``, added ones such as ``<|user|>``) is text, not that token: it maps
+        to ``<unk>`` (or raises ``KeyError`` without one). The default True keeps the lesson's behaviour
+        ("<EOS>" typed in a prompt is the ``<EOS>`` token)."""
         if isinstance(text, str):
             check_unicode(text)
         words = text.split() if isinstance(text, str) else list(text)
+        specials = set() if allow_special else {EOS, PAD, *self.added_special_tokens}
         ids = []
         for pos, w in enumerate(words):
-            i = self.token_to_id.get(w)
+            i = self.token_to_id.get(w) if w not in specials else None
             if i is None:
                 if self.unk_id is None:
                     raise KeyError(
-                        f"unknown word {w!r} at word position {pos}; the vocabulary has "
+                        f"{'special token typed as text' if w in specials else 'unknown word'} {w!r} at word "
+                        f"position {pos}; the vocabulary has "
                         f"{self.vocab_size} tokens: {', '.join(list(self.token_to_id)[:20])}"
                         f"{' ...' if self.vocab_size > 20 else ''}"
                     )
@@ -217,16 +264,25 @@ class WordTokenizer(Tokenizer):
         return ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """The words of ``ids`` joined by spaces; ``skip_special=True`` leaves out ``<PAD>``, ``<EOS>`` and
-        ``<unk>``."""
+        """The words of ``ids`` joined by spaces; ``skip_special=True`` leaves out ``<PAD>``, ``<EOS>``,
+        ``<unk>`` and added special tokens."""
         ids = self._check_ids(ids)
         if skip_special:
             special = self.special_ids
             ids = [i for i in ids if i not in special]
         return " ".join(self.id_to_token[i] for i in ids)
 
+    def _with_specials(self, new: list[str]) -> "WordTokenizer":
+        data = self.to_dict()
+        data["vocab"] = data["vocab"] + new
+        data["special_tokens"] = self.added_special_tokens + new
+        return WordTokenizer.from_dict(data)
+
     def to_dict(self) -> dict:
-        return {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
+        d = {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
+        if self.added_special_tokens:
+            d["special_tokens"] = self.added_special_tokens
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "WordTokenizer":
@@ -234,6 +290,10 @@ class WordTokenizer(Tokenizer):
         vocab = data["vocab"]
         tok.token_to_id = {w: i for i, w in enumerate(vocab)}
         tok.id_to_token = {i: w for i, w in enumerate(vocab)}
+        tok._added = list(data.get("special_tokens") or [])
+        missing = [t for t in tok._added if t not in tok.token_to_id]
+        if missing:
+            raise ValueError(f"not a WordTokenizer vocabulary: special token(s) {missing} are not in the vocab")
         return tok
 
 
@@ -270,10 +330,11 @@ class CharTokenizer(Tokenizer):
             raise ValueError(f"CharTokenizer characters must be 1-character strings, got {bad[:5]!r}")
         self._set_vocab([PAD, EOS, *chars, *([UNK] if unk else [])])
 
-    def _set_vocab(self, vocab: list[str]) -> None:
+    def _set_vocab(self, vocab: list[str], added: Sequence[str] = ()) -> None:
         self.token_to_id = {t: i for i, t in enumerate(vocab)}
         self.id_to_token = dict(enumerate(vocab))
-        specials = [t for t in (PAD, EOS, UNK) if t in self.token_to_id]
+        self._added = list(added)
+        specials = [t for t in (PAD, EOS, UNK, *self._added) if t in self.token_to_id]
         self._special_ids = {self.token_to_id[t] for t in specials}
         self._special_re = _special_pattern(specials)
         self._lut = None  # built by encode_array
@@ -365,19 +426,28 @@ class CharTokenizer(Tokenizer):
             ids = [i for i in ids if i not in self._special_ids]
         return "".join([self.id_to_token[i] for i in ids])
 
+    def _with_specials(self, new: list[str]) -> "CharTokenizer":
+        tok = CharTokenizer.__new__(CharTokenizer)
+        tok._set_vocab([self.id_to_token[i] for i in range(self.vocab_size)] + new, self._added + new)
+        return tok
+
     def to_dict(self) -> dict:
-        return {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
+        d = {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
+        if self._added:
+            d["special_tokens"] = list(self._added)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "CharTokenizer":
         vocab = data.get("vocab")
-        if (not isinstance(vocab, list) or vocab[:2] != [PAD, EOS]
-                or any(not isinstance(t, str) or (len(t) != 1 and t != UNK) for t in vocab[2:])
-                or len(set(vocab)) != len(vocab)):
+        added = data.get("special_tokens") or []
+        if (not isinstance(vocab, list) or vocab[:2] != [PAD, EOS] or not isinstance(added, list)
+                or any(not isinstance(t, str) or (len(t) != 1 and t != UNK and t not in added) for t in vocab[2:])
+                or len(set(vocab)) != len(vocab) or any(t not in vocab for t in added)):
             raise ValueError(f"not a CharTokenizer vocabulary: expected [{PAD!r}, {EOS!r}, distinct characters"
-                             f"..., optional {UNK!r}], got {str(vocab)[:80]}")
+                             f"..., optional {UNK!r}, added special tokens], got {str(vocab)[:80]}")
         tok = cls.__new__(cls)
-        tok._set_vocab(vocab)
+        tok._set_vocab(vocab, added)
         return tok
 
 
@@ -451,6 +521,7 @@ class BPETokenizer(Tokenizer):
         self.id_to_token = {i: t for t, i in self.token_to_id.items()}
         spec = json.loads(self._hf.to_str())
         added = {a["content"]: a["id"] for a in spec.get("added_tokens") or [] if a.get("special")}
+        self._added = [t for t in sorted(added, key=added.get) if t not in self.specials]
         self._special_ids = set(added.values())
         self._special_re = _special_pattern(added) if added else None
         pre, dec = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
@@ -639,6 +710,14 @@ class BPETokenizer(Tokenizer):
     def tokens(self, ids: Iterable[int]) -> list[str]:
         """Each token as readable text (its bytes as UTF-8; bytes of a partial character as ``\\xNN``)."""
         return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
+
+    def _with_specials(self, new: list[str]) -> "BPETokenizer":
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+
+        hf = HFTokenizer.from_str(self._hf.to_str())
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
+        return BPETokenizer(hf)
 
     def to_dict(self) -> dict:
         return json.loads(self._hf.to_str())

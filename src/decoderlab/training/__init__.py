@@ -4,7 +4,9 @@
 - :mod:`.module`: ``LitModel``, the ``LightningModule`` around a ``DecoderOnlyTransformer``;
 - :mod:`.datamodule`: ``TokenDataModule`` (random windows, resumable, DDP-sliced);
 - :mod:`.callbacks`, :mod:`.trainer`: metrics, guards, export, the ``Trainer`` factory;
-- :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson).
+- :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson);
+- :mod:`.sft`: masked supervised fine-tuning pieces (``SFTModule``, a ``LitModel``), driven by
+  ``decoderlab.finetuning.finetune``.
 """
 
 from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,

@@ -1,0 +1,146 @@
+"""Chat demonstration (issue 10, item 6): pretrain a small model on TinyStories paragraphs, fine-tune it on
+"write a short story with these three words" conversations, and compare with the base model on held-out
+prompts: share of replies with all three words / at least one / none, and the end-of-turn rate.
+
+    PYTHONPATH=src python bench/chat_demo.py [--stories ../shared/data/tinystories_val_slice.txt] [--out runs/chat_demo]
+
+CPU only, one thread (the machine is shared). Prints a table and one transcript; writes results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from decoderlab.chat import chat_reply, load_chat_checkpoint  # noqa: E402
+from decoderlab.checkpoint import load_checkpoint  # noqa: E402
+from decoderlab.finetuning import finetune  # noqa: E402
+from decoderlab.generation import generate  # noqa: E402
+from decoderlab.storyset import build_story_set, word_coverage, words_of_prompt  # noqa: E402
+from decoderlab.training import TrainConfig, train_lm  # noqa: E402
+
+
+def coverage_table(counts: list[int]) -> dict:
+    n = len(counts)
+    return {"all_three": sum(c == 3 for c in counts) / n, "at_least_one": sum(c >= 1 for c in counts) / n,
+            "none": sum(c == 0 for c in counts) / n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stories", default=str(ROOT.parent / "shared" / "data" / "tinystories_val_slice.txt"))
+    ap.add_argument("--out", default="runs/chat_demo")
+    ap.add_argument("--pretrain-steps", type=int, default=1200)
+    ap.add_argument("--finetune-steps", type=int, default=800)
+    ap.add_argument("--prompts-per-unit", type=int, default=2)
+    ap.add_argument("--held-out", type=int, default=100, help="held-out prompts to score")
+    ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--base", default=None, help="reuse a base checkpoint written by an earlier run (same "
+                                                 "--stories and seed: the same training paragraphs)")
+    ap.add_argument("--finetune-lr", type=float, default=1e-3)
+    ap.add_argument("--first-words", type=int, default=None,
+                    help="draw the words from the paragraph's first N content words (default: all)")
+    ap.add_argument("--decodings", default="greedy,sampled", help="comma-separated: greedy, sampled")
+    ap.add_argument("--order", default="random", choices=("random", "text"),
+                    help="requested words in the order drawn, or in their order in the paragraph")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    t_start = time.perf_counter()
+
+    train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
+                                                          order=args.order, first_words=args.first_words)
+    print(f"{len(train)} training conversations ({len(train_texts)} paragraphs), {len(held)} held out")
+
+    # 1. pretrain on the training paragraphs only (held-out text is never seen)
+    t0 = time.perf_counter()
+    if args.base:  # reuse: copy the base run, report its recorded time
+        shutil.copytree(args.base, out / "base")
+        prev = json.loads((Path(args.base).parent / "results.json").read_text())
+        s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
+                               val_loss=prev["pretrain_val_loss"])
+        pre_cpu = prev.get("pretrain_cpu_seconds")
+    else:
+        s = None
+    base_model, tok, s = (None, None, s) if s is not None else train_lm(
+        text="\n\n".join(train_texts), preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
+        model_overrides=dict(max_len=128, d_model=128, n_layer=4, n_head=4, dropout=0.0),
+        train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=2e-3, min_lr=2e-4, warmup=50,
+                                 eval_every=args.pretrain_steps, val_batches=8, val_batch_size=32),
+        out=out / "base", progress_bar=False, logger=False, accelerator="cpu")
+    t_pre = time.perf_counter() - t0 if not args.base else prev["pretrain_seconds"]
+    cpu_pre = time.process_time() if not args.base else pre_cpu
+    print(f"pretrained {s.num_parameters:,} parameters for {s.steps} steps in {t_pre:.0f} s: val loss "
+          f"{s.val_loss:.3f}", flush=True)
+
+    # 2. fine-tune on the conversations (masked loss, decoderlab template)
+    t0 = time.perf_counter()
+    model, ctok, fs = finetune(
+        train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
+        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=16, lr=args.finetune_lr,
+                                 min_lr=args.finetune_lr / 10, warmup=20,
+                                 eval_every=args.finetune_steps, val_batch_size=32),
+        eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False, logger=False,
+        accelerator="cpu")
+    t_ft = time.perf_counter() - t0
+    print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s", flush=True)
+
+    # 3. held-out prompts: fine-tuned (chat template, greedy) vs base (the prompt as text, greedy)
+    chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
+    base, btok = load_checkpoint(out / "base")
+    decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
+    decodings = {k: decodings[k] for k in args.decodings.split(",")}
+    scores, transcripts = {}, []
+    for dname, dec in decodings.items():
+        ft_counts, base_counts, ended = [], [], 0
+        for conv in held[: args.held_out]:
+            prompt = conv[0]["content"]
+            words = words_of_prompt(prompt)
+            info: dict = {}
+            reply = chat_reply(chat_model, chat_tok, [conv[0]], template, max_new_tokens=args.max_new_tokens,
+                               info=info, **dec)
+            ended += info["ended_with_end_of_turn"]
+            base_reply = btok.decode(generate(base, btok.encode(prompt + "\n"), args.max_new_tokens, **dec))
+            ft_counts.append(word_coverage(reply, words))
+            base_counts.append(word_coverage(base_reply, words))
+            transcripts.append({"decoding": dname, "prompt": prompt, "fine_tuned": reply, "base": base_reply,
+                                "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
+        scores[dname] = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
+                         "end_of_turn_rate": ended / len(ft_counts)}
+    wall = time.perf_counter() - t_start
+    cpu = time.process_time()  # CPU seconds of this process (all threads)
+    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "first_words": args.first_words, "finetune_lr": args.finetune_lr,
+           "prompts_per_unit": args.prompts_per_unit, "pretrain_cpu_seconds": cpu_pre,
+           "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
+           "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
+           "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
+           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:3] + transcripts[len(ft_counts):len(ft_counts) + 3]}
+    (out / "results.json").write_text(json.dumps(res, indent=2))
+    print("\n| decoding | model | all three words | at least one | none | end of turn |")
+    print("|---|---|---|---|---|---|")
+    for dname, sc in scores.items():
+        for name in ("base", "fine_tuned"):
+            r = sc[name]
+            eot = f"{sc['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
+            print(f"| {dname} | {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | "
+                  f"{r['none']:.0%} | {eot} |")
+    print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
+          f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
+    t = transcripts[-len(ft_counts)]  # the last decoding's first prompt
+    print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
