@@ -111,8 +111,21 @@ GENERATE_DESCRIPTION = (
     "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options).")
 
 
+#: ``decoderlab.dtypes.DTYPES``, named here so that --help imports no torch
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
+
+
+def _add_dtype_option(p) -> None:
+    # checked by load_checkpoint (one error line listing the choices), not by argparse's choices
+    p.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help=f"weights for inference: {', '.join(DTYPE_NAMES)} (default float32, as trained; bfloat16 "
+                        "and float16 halve the bytes read per token, int8 quarters them with weight-only "
+                        "quantization and needs torchao: pip install \"decoderlab[quant]\")")
+
+
 def _add_generate_options(p) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint (or training run) directory")
+    _add_dtype_option(p)
     _add_sampling_options(p, "sampling temperature, 0 = greedy (default 1.0)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
@@ -145,7 +158,7 @@ def cmd_generate(args) -> int:
     if args.prompt is not None and args.prompt_option is not None:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
     prompt = args.prompt if args.prompt is not None else args.prompt_option
-    model, tok = load_checkpoint(args.checkpoint)
+    model, tok = load_checkpoint(args.checkpoint, dtype=args.dtype)
     if read_meta(args.checkpoint).get("task") == "pairs" and not args.echo:
         from .lesson import greedy_response
 
@@ -239,6 +252,7 @@ def chat_command(session, line: str) -> str | None:
 def add_chat(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, Ctrl-D)")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
+    _add_dtype_option(p)
     _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else 1.0)")
     p.set_defaults(func=cmd_chat)
 
@@ -247,7 +261,7 @@ def cmd_chat(args) -> int:
     from .checkpoint import load_checkpoint, read_meta
     from .generation import ChatSession
 
-    model, tok = load_checkpoint(args.checkpoint)
+    model, tok = load_checkpoint(args.checkpoint, dtype=args.dtype)
     session = ChatSession(model, tok, pairs=read_meta(args.checkpoint).get("task") == "pairs",
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -370,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError) as e:  # ImportError: a missing optional dependency
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2
