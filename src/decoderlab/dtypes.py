@@ -44,8 +44,7 @@ def dtype_name(dtype) -> str:
         return _TORCH[dtype]
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
-    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)} "
-                     f"(or torch.float32, torch.bfloat16, torch.float16, torch.int8)")
+    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
 
 
 def is_quantized_linear(module: nn.Module, fqn: str) -> bool:
