@@ -58,8 +58,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--skip-speed", action="store_true", help="only the dtype table")
     ap.add_argument("--skip-dtypes", action="store_true", help="only the float32 speed table")
-    ap.add_argument("--checkpoint", default=None, help="dtype table: a trained shakespeare-char-shaped checkpoint "
-                                                       "(default: train one here)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="dtype table: a shakespeare-char-shaped checkpoint directory; trained there first when it "
+                         "does not exist yet (default: train one in a temporary directory)")
     ap.add_argument("--train-steps", type=int, default=200)
     ap.add_argument("--train-batch", type=int, default=8)
     ap.add_argument("--train-precision", default="auto", choices=("auto", "32", "bf16-mixed"),
@@ -213,7 +214,9 @@ def dtype_table(args) -> None:
     from decoderlab.training import evaluate_lm
 
     with tempfile.TemporaryDirectory(prefix="bench-dtypes-") as tmp:
-        ckpt = args.checkpoint or train_checkpoint(args, os.path.join(tmp, "run"))
+        ckpt = args.checkpoint or os.path.join(tmp, "run")
+        if not os.path.isdir(ckpt):
+            train_checkpoint(args, ckpt)
         # int8 first: it imports torchao quietly, before transformers (which imports it too) can
         models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in reversed(DTYPES)}
         models = {d: models[d] for d in DTYPES}
