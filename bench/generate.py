@@ -11,18 +11,32 @@ weights, 255 new tokens from a 1-token prompt (filling the context exactly), gre
 All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds of the whole call, median of
 the repeats. Prints one table with the ratios, and whether the three produced the same tokens.
 
-    python bench/generate.py [--threads N] [--repeats R] [--markdown]
+Then the inference-dtype table (``load_checkpoint(..., dtype=...)``, ``--dtype``): a shakespeare-char-shaped
+model is trained here (``train_lm`` on the embedded tinyshakespeare, ``--train-steps`` steps of batch
+``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and int8 (weight-only,
+torchao) it gets: batch-1 decode tokens/s (255 new tokens, greedy, the variants and Hugging Face ``generate`` in
+float32 with the same weights alternating within each repeat; median), the full validation loss
+(``evaluate_lm`` over all non-overlapping windows of the last 10%) and its cost against float32 in nats, and
+greedy agreement with float32 (share of identical tokens over 255 new tokens from each of 4 one-token prompts
+taken from the validation text).
+
+    python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
+                             [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
+import tempfile
 import time
 
 import torch
 
 import decoderlab as dl
+from decoderlab.dtypes import DTYPES
 from decoderlab.generation import generate, generate_batch
 from decoderlab.hf import to_gpt2
 
@@ -42,8 +56,50 @@ def main() -> None:
                          "makes every parallel region wait for the OS scheduler)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of (a) and (c); (b) runs once")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--skip-speed", action="store_true", help="only the dtype table")
+    ap.add_argument("--skip-dtypes", action="store_true", help="only the float32 speed table")
+    ap.add_argument("--checkpoint", default=None,
+                    help="dtype table: a shakespeare-char-shaped checkpoint directory; trained there first when it "
+                         "does not exist yet (default: train one in a temporary directory)")
+    ap.add_argument("--train-steps", type=int, default=200)
+    ap.add_argument("--train-batch", type=int, default=8)
+    ap.add_argument("--train-precision", default="auto", choices=("auto", "32", "bf16-mixed"),
+                    help="auto: bf16-mixed where the CPU has bfloat16 instructions (avx512_bf16/amx), else 32")
+    ap.add_argument("--dtype-repeats", type=int, default=5, help="decode timings per dtype in the dtype table")
+    ap.add_argument("--val-windows", type=int, default=None,
+                    help="cap on validation windows (default: all, the full validation loss)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(machine_line(args.threads))
+    if not args.skip_speed:
+        speed_table(args)
+    if not args.skip_dtypes:
+        dtype_table(args)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def machine_line(threads: int) -> str:
+    flags = cpu_flags()
+    simd = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16") if f in flags)
+    try:
+        load = "load average %.1f %.1f %.1f" % os.getloadavg()
+    except OSError:
+        load = "load unknown"
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags: {simd or '?'}; "
+            f"torch {torch.__version__}, {threads} intra-op thread(s); {load}")
+
+
+def speed_table(args) -> None:
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
     hf = to_gpt2(model).eval()
@@ -110,6 +166,119 @@ def main() -> None:
         print(f"| {b} | {name} | {s:.2f} | {tps:,.0f} | {vs_c:.2f}x | {vs_b:.2f}x | {same} |")
     for b, name, s, tps, vs_c in overhead:
         print(f"| {b} | {name} | {s:.2f} | {tps:,.0f} | {vs_c:.2f}x |  |  |")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The inference-dtype table
+# ---------------------------------------------------------------------------------------------------------
+
+
+def train_checkpoint(args, out: str) -> str:
+    """A shakespeare-char-shaped model (6 layers, 6 heads, d_model 384, context 256; dropout off) trained for a
+    few hundred steps on the embedded tinyshakespeare: enough for weights with a trained model's statistics."""
+    from decoderlab.training import train_lm
+
+    precision = args.train_precision
+    if precision == "auto":
+        precision = "bf16-mixed" if cpu_flags() & {"avx512_bf16", "amx_bf16"} else "32"
+    t = time.perf_counter()
+    _, _, s = train_lm(preset="shakespeare-char", out=out, progress_bar=False, logger=False,
+                       model_overrides={"dropout": 0.0},
+                       config_overrides=dict(max_steps=args.train_steps, batch_size=args.train_batch,
+                                             warmup=min(50, args.train_steps // 4), lr=2e-3, min_lr=2e-4,
+                                             eval_every=args.train_steps, val_batches=1, precision=precision,
+                                             # Lightning refuses to clip gradients of a fused AdamW under
+                                             # bf16-mixed
+                                             fused=False if precision == "bf16-mixed" else None))
+    print(f"trained {args.train_steps} steps of batch {args.train_batch} ({precision}) in "
+          f"{time.perf_counter() - t:.0f} s: train loss {s.train_loss:.3f}")
+    return out
+
+
+def weight_megabytes(model) -> float:
+    """Bytes of the model's parameters (shared ones once; an int8 tensor's data plus its scales), in MB."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if hasattr(p, "qdata"):  # torchao's Int8Tensor: int8 data + one float scale per row
+            total += p.qdata.numel() * p.qdata.element_size() + p.scale.numel() * p.scale.element_size()
+        else:
+            total += p.numel() * p.element_size()
+    return total / 1e6
+
+
+def dtype_table(args) -> None:
+    from decoderlab.data import corpus_tokens, read_corpus, split_tokens
+    from decoderlab.training import evaluate_lm
+
+    with tempfile.TemporaryDirectory(prefix="bench-dtypes-") as tmp:
+        ckpt = args.checkpoint or os.path.join(tmp, "run")
+        if not os.path.isdir(ckpt):
+            train_checkpoint(args, ckpt)
+        # int8 first: it imports torchao quietly, before transformers (which imports it too) can
+        models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in reversed(DTYPES)}
+        models = {d: models[d] for d in DTYPES}
+        tok = dl.load_checkpoint(ckpt)[1]
+    fp32 = models["float32"]
+    hf = to_gpt2(fp32).eval()
+    val = split_tokens(corpus_tokens(read_corpus(None), tok), 0.1)[1]
+    n_new = NEW_TOKENS
+    one = torch.tensor([[int(val[0])]])
+
+    def hf_generate():
+        with torch.inference_mode():
+            return hf.generate(one, attention_mask=torch.ones_like(one), max_new_tokens=n_new,
+                               min_new_tokens=n_new, do_sample=False, pad_token_id=0)[0, 1:].tolist()
+
+    calls = {d: (lambda m=m: generate(m, [int(val[0])], n_new, temperature=0)) for d, m in models.items()}
+    calls["hf"] = hf_generate
+    for f in calls.values():  # warm up
+        f()
+    times = {k: [] for k in calls}
+    for _ in range(args.dtype_repeats):  # alternating: load from other jobs hits every variant alike
+        for k, f in calls.items():
+            times[k].append(timed(f)[0])
+    tps = {k: n_new / statistics.median(v) for k, v in times.items()}
+
+    prompts = [[int(val[i * len(val) // 4])] for i in range(4)]
+    greedy = {d: [generate(m, p, n_new, temperature=0) for p in prompts] for d, m in models.items()}
+    hf_same = hf_generate() == greedy["float32"][0]
+
+    windows = None if args.val_windows is None else args.val_windows
+    losses, eval_s = {}, {}
+    for d, m in models.items():
+        t = time.perf_counter()
+        losses[d] = evaluate_lm(m, val, m.config.max_len, batch_size=16,
+                                max_batches=None if windows is None else max(1, windows // 16))
+        eval_s[d] = time.perf_counter() - t
+    n_windows = (len(val) - 1) // fp32.config.max_len
+    if windows is not None:
+        n_windows = min(n_windows, max(1, windows // 16) * 16)
+
+    print()
+    print(f"inference dtypes: shakespeare-char shape trained here, batch-1 decode of {n_new} new tokens (greedy, "
+          f"1-token prompt), median of {args.dtype_repeats} alternating runs; validation loss over "
+          f"{'all ' if windows is None else ''}{n_windows} non-overlapping {fp32.config.max_len}-token windows of "
+          f"the last 10%; greedy agreement with float32 over {len(prompts)} prompts x {n_new} tokens")
+    print("| dtype | weights MB | decode tokens/s | vs HF generate (fp32) | vs decoderlab fp32 | val loss | "
+          "cost vs fp32 (nats) | greedy agreement with fp32 | first difference | eval s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for d, m in models.items():
+        same = [sum(a == b for a, b in zip(g, r)) for g, r in zip(greedy[d], greedy["float32"])]
+        firsts = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), None)
+                  for g, r in zip(greedy[d], greedy["float32"])]
+        first = "none" if all(f is None for f in firsts) else ", ".join("-" if f is None else str(f) for f in firsts)
+        print(f"| {d} | {weight_megabytes(m):.1f} | {tps[d]:,.0f} | {tps[d] / tps['hf']:.2f}x | "
+              f"{tps[d] / tps['float32']:.2f}x | {losses[d]:.4f} | {losses[d] - losses['float32']:+.4f} | "
+              f"{sum(same) / (len(prompts) * n_new):.1%} | {first} | {eval_s[d]:.0f} |")
+    print(f"| HF GPT2LMHeadModel.generate (fp32) | {weight_megabytes(hf):.1f} | {tps['hf']:,.0f} | 1.00x | "
+          f"{tps['hf'] / tps['float32']:.2f}x |  |  | {'same tokens as fp32' if hf_same else 'differs from fp32'} |  |  |")
+    try:
+        print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -316,3 +316,30 @@ def test_negative_positions_are_refused():
             pe(torch.zeros(2, 4), positions=torch.tensor([-2, 0]))
     with pytest.raises(ValueError, match="positions must be >= 0"):
         dl.RotaryEmbedding(4, 6)(torch.zeros(1, 1, 2, 4), positions=torch.tensor([0, -1]))
+
+
+@pytest.mark.parametrize("position,norm", [("learned", "layernorm"), ("rope", "rmsnorm"), ("sinusoidal", "none")])
+def test_last_only_equals_the_last_row_of_the_full_forward(position, norm):
+    """``last_only=True`` (the engine's prefill) runs the output layer on the last position only: its logits
+    are the full forward's last row (float64: equal to 1e-12; float32 matmuls of other shapes round
+    differently, so not bit for bit), with padding, per-row positions and a KV cache too."""
+    from decoderlab.attention import KVCache
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_tokens=11, d_model=12, n_layer=2, n_head=3, max_len=10, position=position, norm=norm,
+                      mlp="gelu", tie_weights=True, attention="sdpa", attn_out_proj=True, lm_head_bias=False)
+    m = dl.DecoderOnlyTransformer(cfg).double().eval()
+    ids = torch.randint(0, 11, (3, 7))
+    pads = torch.tensor([[0], [2], [4]])
+    mask = torch.arange(7)[None] < pads
+    positions = (torch.arange(7)[None] - pads).clamp_min(0)
+    with torch.no_grad():
+        for kw in ({}, {"padding_mask": mask, "positions": positions}):
+            full = m(ids, **kw)
+            last = m(ids, last_only=True, **kw)
+            assert last.shape == (3, 1, 11)
+            assert torch.allclose(last[:, 0], full[:, -1], rtol=1e-12, atol=1e-12)
+            cached = m(ids, cache=KVCache.for_model(m), last_only=True, **kw)
+            assert torch.allclose(cached, last, rtol=1e-12, atol=1e-12)
+        assert m(ids[0], last_only=True).shape == (1, 11)  # unbatched (T,) -> (1, num_tokens)
+        assert torch.allclose(m(ids[0], last_only=True)[0], m(ids[0])[-1], rtol=1e-12, atol=1e-12)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ._version import __version__
+from .dtypes import dtype_name, to_inference_dtype
 from .files import atomic_write_bytes, atomic_write_text, replace_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig
 from .tokenizers import Tokenizer
@@ -189,19 +190,27 @@ def read_meta(directory: str | os.PathLike) -> dict:
     return meta
 
 
-def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu"):
+def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None):
     """Load ``(model, tokenizer)`` from a checkpoint directory, without any training code.
 
     Works for checkpoints written from compiled (``_orig_mod.``) and DDP-wrapped (``module.``) models.
     The model is returned in eval mode.
 
+    ``dtype``: the weights for inference (see :mod:`decoderlab.dtypes`): None or ``torch.float32`` (default,
+    as trained), ``torch.bfloat16`` / ``torch.float16`` (every parameter cast), or ``torch.int8`` / ``"int8"``
+    (int8 weight-only quantization of the decoder blocks' linear layers, needs torchao); the names in
+    ``decoderlab.dtypes.DTYPES`` are accepted too. A model in another dtype is for inference (generation,
+    evaluation); train and save the float32 one.
+
     Raises:
         FileNotFoundError: the directory or one of its required files is missing (named).
         ValueError: the tokenizer's vocabulary size does not match the config's num_tokens; a weight is
-            missing or mis-shaped (named).
+            missing or mis-shaped (named); an unknown dtype (the allowed ones listed).
+        ImportError: dtype int8 without torchao.
     """
     from safetensors.torch import load_file
 
+    dtype_name(dtype)  # an unknown dtype fails before any file is read
     directory = check_checkpoint_dir(directory)
     try:
         config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -222,6 +231,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     state = clean_state_dict(state)
     load_weights(model, state, source=str(directory / WEIGHTS_FILE))
     model.eval()
+    to_inference_dtype(model, dtype)
     return model, tokenizer
 
 

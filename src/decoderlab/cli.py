@@ -429,8 +429,21 @@ GENERATE_DESCRIPTION = (
     r"--stop understands the backslash escapes \n \t \r \\ \0 \xHH \uHHHH, so --stop '\n\n' stops at a blank line.")
 
 
+#: ``decoderlab.dtypes.DTYPES``, named here so that --help imports no torch
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "int8")
+
+
+def _add_dtype_option(p) -> None:
+    # checked by load_checkpoint (one error line listing the choices), not by argparse's choices
+    p.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help=f"weights for inference: {', '.join(DTYPE_NAMES)} (default float32, as trained; bfloat16 "
+                        "and float16 halve the bytes read per token, int8 quarters them with weight-only "
+                        "quantization and needs torchao: pip install \"decoderlab[quant]\")")
+
+
 def _add_generate_options(p) -> None:
     _add_checkpoint_option(p)
+    _add_dtype_option(p)
     _add_sampling_options(p, f"sampling temperature, 0 = greedy (default {GENERATE_DEFAULTS['temperature']:g})")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help=r"stop before this text; backslash escapes such as \n and \t are understood (repeatable; "
@@ -511,11 +524,12 @@ def _stops(typed: list[str] | None, tok) -> list[str] | None:
     return stops
 
 
-def _load(directory):
-    """A decoderlab checkpoint or a Hugging Face GPT-2 directory (``decoderlab.hf.load_any_checkpoint``)."""
+def _load(directory, dtype=None):
+    """A decoderlab checkpoint or a Hugging Face GPT-2 directory (``decoderlab.hf.load_any_checkpoint``), its
+    weights in ``dtype`` for inference (``--dtype``)."""
     from .hf import load_any_checkpoint
 
-    return load_any_checkpoint(directory)
+    return load_any_checkpoint(directory, dtype=dtype)
 
 
 def _is_pairs(directory) -> bool:
@@ -530,7 +544,7 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_option
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
-    model, tok = _load(args.checkpoint)
+    model, tok = _load(args.checkpoint, dtype=args.dtype)
     if args.chat:
         return _generate_chat(args, model, tok, prompt)
     pairs = _is_pairs(args.checkpoint)
@@ -714,6 +728,7 @@ def add_chat(sub) -> None:
                                    "change the settings; /quit, /exit or Ctrl-D leave.\n\n" + CHAT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_checkpoint_option(p)
+    _add_dtype_option(p)
     _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else "
                              f"{GENERATE_DEFAULTS['temperature']:g})")
     p.add_argument("--system", default=None, metavar="TEXT",
@@ -725,7 +740,7 @@ def add_chat(sub) -> None:
 def cmd_chat(args) -> int:
     from .generation import ChatSession
 
-    model, tok = _load(args.checkpoint)
+    model, tok = _load(args.checkpoint, dtype=args.dtype)
     template = _chat_template(args.checkpoint)
     options = dict(temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p,
                    max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -1039,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ImportError) as e:  # ImportError: a missing optional dependency
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2

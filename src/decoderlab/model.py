@@ -399,7 +399,13 @@ class DecoderOnlyTransformer(nn.Module):
                 )
 
     def forward(self, token_ids: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, cache=None, last_only: bool = False) -> torch.Tensor:
+        """Logits of every position: (T,) -> (T, num_tokens), or (B, T) -> (B, T, num_tokens).
+
+        ``last_only=True`` runs the final norm and ``fc_layer`` on the last position alone and returns its
+        logits as (1, num_tokens) (or (B, 1, num_tokens)): the generation engine's prefill needs no others,
+        and the output layer then costs one position instead of T. The last row equals the full forward's.
+        """
         self.check_token_ids(token_ids)
         unbatched = token_ids.dim() == 1
         if unbatched:
@@ -420,7 +426,7 @@ class DecoderOnlyTransformer(nn.Module):
                 )
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
-        logits = self._logits(token_ids, padding_mask, positions, cache)
+        logits = self._logits(token_ids, padding_mask, positions, cache, last_only)
         return logits[0] if unbatched else logits
 
     @staticmethod
@@ -456,8 +462,8 @@ class DecoderOnlyTransformer(nn.Module):
             positions = torch.full((1,), positions, dtype=torch.long, device=tokens.device)
         return self._logits(tokens, padding_mask, positions, cache)[:, -1]
 
-    def _logits(self, token_ids, padding_mask, positions, cache) -> torch.Tensor:
-        """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits."""
+    def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False) -> torch.Tensor:
+        """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only)."""
         x = self.we(token_ids)  # (B, T, d_model)
         if self.pe is not None:
             x = self.pe(x, positions)  # + position encodings (rope is applied inside attention instead)
@@ -467,6 +473,8 @@ class DecoderOnlyTransformer(nn.Module):
                       cache=None if cache is None else cache.layers[i])
         if cache is not None:
             cache.advance(token_ids.size(1))
+        if last_only:
+            x = x[:, -1:]  # (B, 1, d_model): the output layer only where the next token is predicted
         return self.fc_layer(self.norm_f(x))  # (B, T, num_tokens)
 
     # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----

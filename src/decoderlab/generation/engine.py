@@ -120,11 +120,12 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
             pad_buf.zero_()
             pad_buf[:, :t] = ar < p
             state["pads"] = p
-            logits = model(tokens, positions=(ar - p).clamp_min(0), padding_mask=pad_buf[:, :t], cache=cache)
+            logits = model(tokens, positions=(ar - p).clamp_min(0), padding_mask=pad_buf[:, :t], cache=cache,
+                           last_only=True)
         else:
             state["pads"] = None
-            logits = model(tokens, cache=cache)
-        return logits[:, -1]
+            logits = model(tokens, cache=cache, last_only=True)
+        return logits[:, -1]  # (B, num_tokens): the output layer ran on the last position only
 
     def decode(next_ids: torch.Tensor) -> torch.Tensor:
         tokens = next_ids.view(b, 1)
