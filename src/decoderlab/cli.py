@@ -17,9 +17,11 @@ from .tokenizers import EOS
 
 
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (default: baby-shakespeare on the embedded tinyshakespeare)")
+    p = sub.add_parser("train", help="train a model (default: the baby-shakespeare-speedrun recipe on the embedded "
+                                     "tinyshakespeare)")
     p.add_argument("--preset", default=None,
-                   help="model preset (default baby-shakespeare; statquest trains the lesson's pairs)")
+                   help="recipe or model preset (default baby-shakespeare-speedrun; baby-shakespeare-nanogpt is "
+                        "nanoGPT's CPU baby run; statquest trains the lesson's pairs)")
     p.add_argument("--out", default=None, help="run/checkpoint directory to write (default runs/<timestamp>)")
     p.add_argument("--epochs", type=int, default=30, help="epochs for pair training (statquest)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 42)")
@@ -45,20 +47,43 @@ def add_train(sub) -> None:
     g.add_argument("--strategy", default="auto", help="Lightning strategy: auto, ddp, fsdp, ...")
     g.add_argument("--num-nodes", type=int, default=1)
     g.add_argument("--no-progress-bar", action="store_true", help="hide Lightning's progress bar")
+    g.add_argument("--optimizer", default=None, choices=("adamw", "muon"),
+                   help="muon: Muon for the blocks' weight matrices, AdamW (--lr) for the rest")
+    g.add_argument("--muon-lr", type=float, default=None, help="Muon's peak learning rate")
+    g.add_argument("--schedule", default=None, choices=("cosine", "wsd"), help="learning-rate schedule")
+    g.add_argument("--full-val-below", type=float, default=None,
+                   help="with --val-batches: evaluate all validation windows when the subset's loss is <= this")
+    _add_threads_option(p)
     p.set_defaults(func=cmd_train)
 
 
+def _add_threads_option(p) -> None:
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: the cores the 1-minute load average leaves idle, 1 or 2)")
+
+
+def _set_threads(args) -> None:
+    from .threads import set_threads
+
+    set_threads(getattr(args, "threads", None))
+
+
 _TRAIN_OPTIONS = ("max_steps", "batch_size", "lr", "min_lr", "warmup", "precision", "compile", "seed",
-                  "eval_every", "val_batches", "grad_clip", "accumulate")
+                  "eval_every", "val_batches", "grad_clip", "accumulate", "optimizer", "muon_lr", "schedule",
+                  "full_val_below")
 
 
 def cmd_train(args) -> int:
-    name = args.preset or "baby-shakespeare"
+    from .recipes import DEFAULT_RECIPE
+
+    _set_threads(args)
+    name = args.preset or DEFAULT_RECIPE
     if name == "statquest":
         from .training import train_pairs
 
         lm_only = [opt for opt in ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision",
-                                   "compile", "eval_every", "val_batches", "grad_clip", "accumulate", "resume")
+                                   "compile", "eval_every", "val_batches", "grad_clip", "accumulate", "resume",
+                                   "optimizer", "muon_lr", "schedule", "full_val_below")
                    if getattr(args, opt) is not None]
         lm_only += [opt for opt, default in (("devices", "1"), ("strategy", "auto"), ("num_nodes", 1))
                     if getattr(args, opt) != default]
@@ -107,6 +132,7 @@ def add_sample(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
+    _add_threads_option(p)
     p.set_defaults(func=cmd_sample)
 
 
@@ -114,6 +140,7 @@ def cmd_sample(args) -> int:
     from .checkpoint import load_checkpoint
     from .generation import generate
 
+    _set_threads(args)
     model, tok = load_checkpoint(args.checkpoint)
     prompt_ids = tok.encode(args.prompt)
     ids = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature,
@@ -146,6 +173,7 @@ def add_generate(sub) -> None:
                    help="stop before this text (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="print the continuation at the end")
     p.add_argument("prompt", help="the prompt text")
+    _add_threads_option(p)
     p.set_defaults(func=cmd_generate)
 
 
@@ -153,6 +181,7 @@ def cmd_generate(args) -> int:
     from .checkpoint import load_checkpoint, read_meta
     from .generation import greedy_response
 
+    _set_threads(args)
     model, tok = load_checkpoint(args.checkpoint)
     if read_meta(args.checkpoint).get("task") == "pairs":
         sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
@@ -190,6 +219,7 @@ def add_chat(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, Ctrl-D)")
     p.add_argument("--checkpoint", required=True, help="checkpoint directory")
     _add_sampling_options(p, "sampling temperature (default: 0 = greedy for pair-trained models, else 1.0)")
+    _add_threads_option(p)
     p.set_defaults(func=cmd_chat)
 
 
@@ -197,6 +227,7 @@ def cmd_chat(args) -> int:
     from .checkpoint import load_checkpoint, read_meta
     from .generation import ChatSession
 
+    _set_threads(args)
     model, tok = load_checkpoint(args.checkpoint)
     session = ChatSession(model, tok, pairs=read_meta(args.checkpoint).get("task") == "pairs",
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

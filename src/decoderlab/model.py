@@ -170,6 +170,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The common CPU "baby GPT" on tinyshakespeare (char level: 65 characters).
     "baby-shakespeare": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64, bias=False,
                              dropout=0.0),
+    # The speedrun's model (issue 12): baby-shakespeare's size with rotary positions, QK-norm, ReLU² and
+    # zero-initialised output projections (recipe "baby-shakespeare-speedrun" in decoderlab.recipes).
+    "baby-shakespeare-speedrun": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64,
+                                      bias=False, dropout=0.0, position="rope", mlp="relu2", qk_norm=True,
+                                      zero_init=True),
     # nanoGPT's shakespeare_char configuration.
     "shakespeare-char": dict(_GPT, num_tokens=65, d_model=384, n_layer=6, n_head=6, max_len=256, bias=False,
                              dropout=0.2),

@@ -136,6 +136,21 @@ class TrainConfig:
         log_every: optimizer steps between logged training metrics.
         num_workers: DataLoader worker processes (0: batches are cut in the training process).
         fused: fused AdamW kernel (None: use it when this PyTorch build has it).
+        optimizer: "adamw" (every parameter) | "muon" (``torch.optim.Muon`` for the blocks' 2-D weight
+            matrices, AdamW with ``lr`` for embeddings, output layer, gains and biases; see
+            ``decoderlab.optim``).
+        muon_lr, muon_momentum, muon_weight_decay: Muon's peak learning rate, momentum and weight decay
+            (the schedule scales ``muon_lr`` and ``lr`` alike).
+        schedule: "cosine" | "wsd" (warm-up, flat, then linear decay to ``min_lr`` over the last ``cooldown``
+            fraction of ``max_steps``); see ``decoderlab.optim.schedule_factor``.
+        cooldown: the decay fraction of "wsd", in [0, 1].
+        full_val_at_end: with ``val_batches`` set (a fixed subset of the first windows while training),
+            also evaluate all validation windows once at the end; that is the reported ``val_loss``.
+        full_val_below: with ``val_batches`` set, evaluate all windows whenever the subset's loss is at or
+            below this value (None: never during training).
+
+    The defaults are the nanoGPT CPU "baby" recipe; ``decoderlab train``'s default recipe is
+    ``decoderlab.recipes.RECIPES["baby-shakespeare-speedrun"]``.
     """
 
     max_steps: int = 2000
@@ -158,6 +173,14 @@ class TrainConfig:
     log_every: int = 50
     num_workers: int = 0
     fused: bool | None = None
+    optimizer: str = "adamw"
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    schedule: str = "cosine"
+    cooldown: float = 0.4
+    full_val_at_end: bool = False
+    full_val_below: float | None = None
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -191,6 +214,7 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction!r}")
+        _validate_speedrun_fields(self)
         return self
 
     def to_dict(self) -> dict:
@@ -210,10 +234,39 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _validate_speedrun_fields(cfg: TrainConfig) -> None:
+    from .optim import OPTIMIZERS, SCHEDULES
+
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {cfg.schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "cooldown"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not cfg.muon_lr > 0:
+        raise ValueError(f"muon_lr must be > 0, got {cfg.muon_lr!r}")
+    if not cfg.muon_momentum < 1:
+        raise ValueError(f"muon_momentum must be in [0, 1), got {cfg.muon_momentum!r}")
+    if not cfg.cooldown <= 1:
+        raise ValueError(f"cooldown must be a fraction of max_steps in [0, 1], got {cfg.cooldown!r}")
+    if not isinstance(cfg.full_val_at_end, bool):
+        raise ValueError(f"full_val_at_end must be True or False, got {cfg.full_val_at_end!r}")
+    if cfg.full_val_below is not None and (isinstance(cfg.full_val_below, bool)
+                                           or not isinstance(cfg.full_val_below, (int, float))):
+        raise ValueError(f"full_val_below must be None or a loss in nats, got {cfg.full_val_below!r}")
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warm-up ``lr * (step + 1) / warmup`` for
     ``step < warmup``, then cosine decay from ``lr`` to ``min_lr``, reaching ``min_lr`` at ``step = max_steps``
-    (and staying there)."""
+    (and staying there). ``schedule="wsd"``: see ``decoderlab.optim.schedule_factor``."""
+    if cfg.schedule != "cosine":
+        from .optim import schedule_factor
+
+        return cfg.lr * schedule_factor(step, warmup=cfg.warmup, max_steps=cfg.max_steps, lr=cfg.lr,
+                                        min_lr=cfg.min_lr, schedule=cfg.schedule, cooldown=cfg.cooldown)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, cfg.max_steps - cfg.warmup)
@@ -256,6 +309,19 @@ def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
     """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
     ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. Returns Lightning's
     ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    if cfg.optimizer == "muon":
+        from .optim import MuonAdamW, muon_parameter_groups
+
+        muon, decay, no_decay = muon_parameter_groups(model)
+        params = dict(unwrap_model(model).named_parameters())
+        opt = MuonAdamW([params[n] for n in muon],
+                        [{"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
+                         {"params": [params[n] for n in no_decay], "weight_decay": 0.0}],
+                        muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+                        muon_weight_decay=cfg.muon_weight_decay, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                        fused=bool(_fused_adamw_available() if cfg.fused is None else cfg.fused))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
     decay, no_decay = parameter_groups(model)
     params = dict(unwrap_model(model).named_parameters())
     groups = [
@@ -504,6 +570,8 @@ class TrainSummary:
         tokens_per_second: training tokens (all processes) per second spent in training steps.
         train_seconds: seconds spent in training steps; wall_seconds: of the whole ``trainer.fit``.
         train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
+        eval_log: every evaluation with its wall-clock time and whether it covered all windows or the
+            subset (see ``decoderlab.timing``).
         run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
     """
 
@@ -520,6 +588,7 @@ class TrainSummary:
     val_history: list[tuple[int, float]]
     run_dir: str | None
     is_global_zero: bool = True
+    eval_log: list = dataclasses.field(default_factory=list)  # timing.ValidationClock's entries
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -571,7 +640,7 @@ def train_lm(
     corpus: str | os.PathLike | None = None,
     *,
     text: str | None = None,
-    preset: str = "baby-shakespeare",
+    preset: str = "baby-shakespeare-speedrun",
     tokenizer: str | Tokenizer = "char",
     vocab_size: int | None = None,
     out: str | os.PathLike | None = None,
@@ -594,7 +663,9 @@ def train_lm(
     or ``text``) is tokenized once (``corpus_tokens``, cached memmap), split by position (last
     ``val_fraction`` for validation) and served as random windows (``TokenDataModule``). The model is the
     ``preset`` with ``num_tokens`` = the tokenizer's vocabulary (plus ``model_overrides``), trained with
-    AdamW + warm-up/cosine (``configure_optimizers``) for ``train_config.max_steps`` steps.
+    AdamW + warm-up/cosine (``configure_optimizers``) for ``train_config.max_steps`` steps. ``preset`` may
+    also name a recipe (``decoderlab.recipes.RECIPES``: a model preset and its TrainConfig, used when
+    ``train_config`` is None); the default is the "baby-shakespeare-speedrun" recipe.
 
     The run directory ``out`` (default ``runs/<timestamp>``) receives, each written atomically:
     ``config.json``, ``tokenizer.json``, ``model.safetensors``, ``meta.json`` (``"task": "lm"``) -- a
@@ -639,6 +710,11 @@ def train_lm(
         if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
             raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
                              f"with --resume {run_dir}, or train into another --out directory")
+    from .recipes import resolve as resolve_recipe
+
+    model_preset, recipe_config = resolve_recipe(preset)
+    if train_config is None:
+        train_config = recipe_config
     cfg = train_config if train_config is not None else TrainConfig()
     if config_overrides:
         cfg = cfg.replace(**config_overrides)  # validates
@@ -657,7 +733,7 @@ def train_lm(
                              f"config num_tokens {model_cfg.num_tokens}")
     else:
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, corpus_text, vocab_size)
-        model_cfg = preset_config(preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
+        model_cfg = preset_config(model_preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
         if model_cfg.num_tokens != tok.vocab_size:
             raise ValueError(f"model num_tokens {model_cfg.num_tokens} does not match the tokenizer's vocabulary "
                              f"size {tok.vocab_size}")
@@ -678,9 +754,14 @@ def train_lm(
             "bytes_per_token": bytes_per_token}
     history, metrics, guard = LossHistory(), LMMetrics(bytes_per_token), NonFiniteLossGuard(run_dir)
     exporter = ExportCheckpoint(run_dir, tok, meta, metrics)
+    from .timing import ValidationClock
+
+    clock = ValidationClock(val_tokens, model_cfg.max_len, cfg.val_batch_size, metrics,
+                            full_val_below=cfg.full_val_below, subset=cfg.val_batches is not None,
+                            precision=cfg.precision)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
                            accelerator=accelerator,
-                           callbacks=[history, metrics, guard, exporter, InterruptNotice(run_dir), *callbacks],
+                           callbacks=[history, metrics, guard, exporter, clock, InterruptNotice(run_dir), *callbacks],
                            progress_bar=progress_bar, logger=logger)
     if trainer.is_global_zero and resumed is None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -717,12 +798,17 @@ def train_lm(
 
     val_loss = None
     if trainer.is_global_zero:
-        if metrics.history and metrics.history[-1][0] == trainer.global_step:
+        if cfg.full_val_at_end and cfg.val_batches is not None:  # the subset served while training only
+            done = [e for e in clock.entries if e["windows"] == "all" and e["step"] == trainer.global_step]
+            val_loss = done[-1]["val_loss"] if done else clock.full(trainer, model)
+            metrics.history.append((trainer.global_step, val_loss))
+        elif metrics.history and metrics.history[-1][0] == trainer.global_step:
             val_loss = metrics.history[-1][1]
         else:
             val_loss = evaluate_lm(model, val_tokens, model_cfg.max_len, cfg.val_batch_size, cfg.val_batches,
                                    cfg.precision)
             metrics.history.append((trainer.global_step, val_loss))
+            clock.record(trainer.global_step, val_loss, "subset" if cfg.val_batches is not None else "all")
         exporter.export(trainer, model)
     last = history.losses[-50:]
     summary = TrainSummary(
@@ -735,7 +821,7 @@ def train_lm(
         train_seconds=history.train_seconds, wall_seconds=wall,
         num_parameters=model.num_parameters(),
         train_losses=list(history.losses), val_history=list(metrics.history),
-        run_dir=str(run_dir), is_global_zero=trainer.is_global_zero,
+        run_dir=str(run_dir), is_global_zero=trainer.is_global_zero, eval_log=list(clock.entries),
     )
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
