@@ -2,6 +2,8 @@
 ``verify`` exactness, the optimizer options of ``TrainConfig`` (Muon groups, schedules, subset evaluation) and
 the intra-op thread choice."""
 
+import copy
+
 import pytest
 import torch
 
@@ -122,3 +124,156 @@ def test_verify_fails_when_the_module_disagrees_with_the_config(field):
     rep = dl.verify(m, torch.arange(9))
     assert not rep.ok
     assert [s.name for s in rep.steps if not s.ok][0] == first_bad
+
+
+# ---------------------------------------------------------------------------------------------------------
+# optimizer options
+# ---------------------------------------------------------------------------------------------------------
+
+from decoderlab.optim import MuonAdamW, muon_parameter_groups, schedule_factor  # noqa: E402
+from decoderlab.training import TrainConfig, configure_optimizers, lr_at, train_lm  # noqa: E402
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(tie_weights=False, bias=True), dict(position="rope", norm="rmsnorm")])
+def test_every_parameter_is_in_exactly_one_group(opts):
+    m = _model(**opts)
+    muon, decay, no_decay = muon_parameter_groups(m)
+    names = muon + decay + no_decay
+    assert len(names) == len(set(names))
+    params = dict(m.named_parameters())  # shared tensors listed once
+    assert set(names) == set(params)
+    assert all(params[n].dim() == 2 and n.startswith("blocks.") for n in muon)
+    assert sorted(n.rsplit(".", 2)[-2] for n in muon if n.startswith("blocks.0.")) == ["fc", "proj", "proj", "qkv"]
+    assert "we.weight" in no_decay  # embeddings (and the tied head) stay with AdamW, undecayed
+    if not m.config.tie_weights:
+        assert decay == ["fc_layer.weight"]
+    opt = configure_optimizers(m, TrainConfig(optimizer="muon"))["optimizer"]
+    in_groups = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(in_groups) == sorted(id(p) for p in params.values())
+
+
+def test_muon_adamw_steps_both_and_the_schedule_scales_both():
+    m = _model()
+    cfg = TrainConfig(optimizer="muon", muon_lr=0.04, lr=2e-3, min_lr=2e-4, warmup=2, max_steps=10)
+    conf = configure_optimizers(m, cfg)
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
+    assert isinstance(opt.adamw, torch.optim.AdamW)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    m.train()
+    for step in range(3):
+        assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.04 * lr_at(step, cfg) / 2e-3)
+        assert opt.adamw.param_groups[0]["lr"] == pytest.approx(lr_at(step, cfg))
+        loss = m(torch.arange(12)[None]).logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    for n, p in m.named_parameters():
+        assert not torch.equal(p, before[n]), n  # every parameter moved (zero-init off in this preset)
+    # state round trip: a fresh optimizer loaded from the state continues identically
+    state = opt.state_dict()
+    assert set(state) == {"muon", "adamw"}
+    m2 = _model()
+    m2.load_state_dict(m.state_dict())
+    opt2 = configure_optimizers(m2, cfg)["optimizer"]
+    opt2.load_state_dict(copy.deepcopy(state))  # torch shares the tensors of a loaded state otherwise
+    for mm, oo in ((m, opt), (m2, opt2)):
+        mm(torch.arange(12)[None]).logsumexp(-1).mean().backward()
+        oo.step()
+    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p, p2, rtol=0, atol=0)
+
+
+def test_muon_rejects_non_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        MuonAdamW([torch.nn.Parameter(torch.zeros(3))], [])
+
+
+def test_wsd_schedule():
+    kw = dict(warmup=10, max_steps=100, lr=1.0, min_lr=0.1, schedule="wsd", cooldown=0.4)
+    assert schedule_factor(0, **kw) == pytest.approx(0.1)
+    assert schedule_factor(9, **kw) == pytest.approx(1.0)
+    assert schedule_factor(59, **kw) == pytest.approx(1.0)  # flat until the last 40 steps
+    assert schedule_factor(60, **kw) == pytest.approx(1.0)
+    assert schedule_factor(80, **kw) == pytest.approx(0.55)  # half way down the line
+    assert schedule_factor(100, **kw) == pytest.approx(0.1) and schedule_factor(500, **kw) == pytest.approx(0.1)
+    cfg = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100, schedule="wsd", cooldown=0.4)
+    assert lr_at(80, cfg) == pytest.approx(2e-3 * 0.55)
+    # the cosine of schedule_factor is lr_at's
+    c = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100)
+    for s in (0, 5, 10, 37, 99, 100, 150):
+        assert lr_at(s, c) == pytest.approx(2e-3 * schedule_factor(s, warmup=10, max_steps=100, lr=2e-3,
+                                                                      min_lr=2e-4))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("optimizer", "sgd", "allowed: adamw, muon"), ("schedule", "linear", "allowed: cosine, wsd"),
+    ("muon_lr", 0.0, "muon_lr"), ("muon_momentum", 1.0, "muon_momentum"), ("cooldown", 1.5, "cooldown"),
+    ("full_val_at_end", "yes", "full_val_at_end"), ("full_val_below", "low", "full_val_below")])
+def test_bad_train_options_are_named(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{field: value})
+
+
+def test_recipes_resolve_and_the_nanogpt_recipe_is_the_old_default():
+    from decoderlab.recipes import DEFAULT_RECIPE, RECIPES, resolve
+
+    name, cfg = resolve("baby-shakespeare-nanogpt")
+    assert name == "baby-shakespeare" and cfg == TrainConfig()
+    name, cfg = resolve(DEFAULT_RECIPE)
+    assert dl.preset(name).qk_norm and cfg.optimizer == "muon" and cfg.full_val_at_end
+    assert resolve("gpt2") == ("gpt2", None)
+    with pytest.raises(ValueError, match="recipes: .*baby-shakespeare-nanogpt"):
+        resolve("nope")
+    assert set(RECIPES) >= {"baby-shakespeare-nanogpt", "baby-shakespeare-speedrun"}
+
+
+def test_train_lm_with_muon_subset_eval_and_full_eval_at_end(shared_dir, tmp_path):
+    torch.set_num_threads(1)
+    text = (shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:12000]
+    cfg = TrainConfig(max_steps=6, batch_size=4, warmup=2, eval_every=3, val_batches=1, val_batch_size=4,
+                      log_every=1, optimizer="muon", full_val_at_end=True, full_val_below=100.0)
+    model, tok, s = train_lm(text=text, out=tmp_path / "run", train_config=cfg, model_overrides={k: v for k, v in TINY.items() if k != "num_tokens"},
+                             cache_dir=tmp_path / "cache", progress_bar=False, accelerator="cpu", logger=False)
+    kinds = [(e["step"], e["windows"]) for e in s.eval_log]
+    # subset at 3 and 6, each <= 100 so also all windows; the end reuses step 6's full evaluation
+    assert kinds == [(3, "subset"), (3, "all"), (6, "subset"), (6, "all")]
+    secs = [e["seconds"] for e in s.eval_log]
+    assert secs == sorted(secs) and secs[0] > 0
+    from decoderlab.data import split_tokens
+    from decoderlab.training import evaluate_lm
+
+    import numpy as np
+    _, val = split_tokens(np.array(tok.encode(text)), 0.1)
+    full = evaluate_lm(model, val, model.config.max_len, 4)
+    assert s.val_loss == pytest.approx(full, rel=1e-6)
+    assert s.eval_log[-1]["val_loss"] == pytest.approx(full, rel=1e-6)
+    assert s.eval_log[-2]["val_loss"] != pytest.approx(full, rel=1e-9)  # the subset is not all windows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------------------------------
+
+from decoderlab.threads import choose_threads  # noqa: E402
+
+
+@pytest.mark.parametrize("cores,load,expected", [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 2.0, 1), (2, 7.0, 1),
+                                                 (1, 0.0, 1), (16, 0.0, 2), (16, 13.8, 2), (16, 14.6, 1)])
+def test_choose_threads_from_cores_and_load(cores, load, expected):
+    assert choose_threads(cores=cores, load=load) == expected
+
+
+def test_requested_threads_win_and_bad_values_are_named():
+    assert choose_threads(3, cores=2, load=5.0) == 3
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            choose_threads(bad)
+
+
+def test_cli_threads_option(capsys):
+    from decoderlab.cli import main
+
+    assert main(["train", "--threads", "0"]) == 2
+    assert "threads must be a positive integer, got 0" in capsys.readouterr().err
