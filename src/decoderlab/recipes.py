@@ -38,10 +38,10 @@ RECIPES: dict[str, Recipe] = {
         "nanoGPT's CPU baby recipe: GPT-2 blocks, AdamW 1e-3, cosine over 2,000 steps"),
     "baby-shakespeare-speedrun": Recipe(
         "baby-shakespeare-speedrun",
-        dict(max_steps=500, batch_size=12, optimizer="muon", muon_lr=0.05, lr=3e-3, min_lr=3e-4, warmup=50,
-             schedule="cosine", eval_every=100, val_batches=4, val_batch_size=64, full_val_at_end=True,
+        dict(max_steps=450, batch_size=12, optimizer="muon", muon_lr=0.05, lr=3e-3, min_lr=3e-4, warmup=50,
+             schedule="cosine", eval_every=150, val_batches=4, val_batch_size=64, full_val_at_end=True,
              log_every=50),
-        "rope + QK-norm + ReLU² + zero-init projections, Muon + AdamW, 500 steps"),
+        "rope + QK-norm + ReLU² + zero-init projections, Muon + AdamW, 450 steps"),
 }
 
 DEFAULT_RECIPE = "baby-shakespeare-speedrun"

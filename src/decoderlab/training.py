@@ -307,7 +307,9 @@ def _fused_adamw_available() -> bool:
 
 def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
     """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
-    ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. Returns Lightning's
+    ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. With ``optimizer="muon"``: a
+    ``decoderlab.optim.MuonAdamW`` (Muon for the blocks' 2-D matrices, AdamW for the rest; see
+    ``muon_parameter_groups``), the same schedule scaling both. Returns Lightning's
     ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
     if cfg.optimizer == "muon":
         from .optim import MuonAdamW, muon_parameter_groups
