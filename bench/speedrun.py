@@ -148,7 +148,8 @@ def main() -> None:
     ap.add_argument("--train-args", default="", help="extra arguments for (b) (default: none: the default recipe)")
     ap.add_argument("--threads-check", action="store_true", help="also the --threads row under extra load")
     ap.add_argument("--check-steps", type=int, default=100)
-    ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--skip-reference", action="store_true", help="run (b) only")
+    ap.add_argument("--only-threads-check", action="store_true", help="run the --threads-check row only")
     args = ap.parse_args()
 
     from decoderlab.threads import choose_threads
@@ -159,6 +160,9 @@ def main() -> None:
     load0 = load()
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, {threads} intra-op thread(s) for both runs; "
           f"load average at start {load0:.2f}", flush=True)
+    if args.only_threads_check:
+        threads_check(args, tmp)
+        return
     a = None if args.skip_reference else reference_run(args.ref_steps, args.target, args.margin,
                                                          args.ref_eval_every, tmp / "cache")
     load1 = load()
@@ -193,25 +197,30 @@ def main() -> None:
     print(f"(b) command: {b['cmd']}")
 
     if args.threads_check:
-        rows = []
-        busy = busy_process()
-        try:
-            time.sleep(5)
-            for label, th in (("default (automatic)", None), ("--threads 1", 1), ("--threads 2", 2)):
-                la = load()
-                r = decoderlab_run(th, ["--max-steps", str(args.check_steps)] + shlex.split(args.train_args),
-                                   99.0, tmp / f"threads-{th}")
-                rows.append((label, la, r))
-        finally:
-            busy.terminate()
-            busy.wait()
-        print(f"\nthreads under load (another process spinning on one core), default command with --max-steps "
-              f"{args.check_steps}:\n")
-        print("| threads | load (1 min) before | wall s | train tokens/s | vs default |")
-        print("|---|---:|---:|---:|---:|")
-        for label, la, r in rows:
-            print(f"| {label} | {la:.2f} | {r['wall']:.1f} | {r['tokens_per_second']:,.0f} | "
-                  f"{r['wall'] / rows[0][2]['wall']:.2f}x |")
+        threads_check(args, tmp)
+
+
+def threads_check(args, tmp: Path) -> None:
+    """Item 3's row: the default command (short) while another process spins, automatic vs 1 vs 2 threads."""
+    rows = []
+    busy = busy_process()
+    try:
+        time.sleep(5)
+        for label, th in (("default (automatic)", None), ("--threads 1", 1), ("--threads 2", 2)):
+            la = load()
+            r = decoderlab_run(th, ["--max-steps", str(args.check_steps)] + shlex.split(args.train_args),
+                               99.0, tmp / f"threads-{th}")
+            rows.append((label, la, r))
+    finally:
+        busy.terminate()
+        busy.wait()
+    print(f"\nthreads under load (another process spinning on one core), default command with --max-steps "
+          f"{args.check_steps}:\n")
+    print("| threads | load (1 min) before | wall s | train tokens/s | vs default |")
+    print("|---|---:|---:|---:|---:|")
+    for label, la, r in rows:
+        print(f"| {label} | {la:.2f} | {r['wall']:.1f} | {r['tokens_per_second']:,.0f} | "
+              f"{r['wall'] / rows[0][2]['wall']:.2f}x |")
 
 
 if __name__ == "__main__":
