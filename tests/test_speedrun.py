@@ -277,3 +277,19 @@ def test_cli_threads_option(capsys):
 
     assert main(["train", "--threads", "0"]) == 2
     assert "threads must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_kv_cache_decoding_equals_the_no_cache_loop_for_the_speedrun_model():
+    """qk_norm and relu2 in the cached decode path: the same tokens and the same logits as the lesson's loop."""
+    from decoderlab.generation import KVCache, generate
+
+    m = _model(position="rope", qk_norm=True, mlp="relu2", zero_init=False)
+    prompt = [1, 5, 7]
+    fast = generate(m, prompt, 8, temperature=0)
+    slow = generate(m, prompt, 8, temperature=0, use_cache=False)
+    assert fast == slow and len(fast) == 8
+    ids = torch.tensor([prompt + fast])
+    cache = KVCache.for_model(m)
+    with torch.no_grad():
+        steps = [m(ids[:, :3], cache=cache)] + [m(ids[:, t:t + 1], cache=cache) for t in range(3, ids.size(1))]
+        torch.testing.assert_close(torch.cat(steps, dim=1), m(ids), rtol=1e-5, atol=1e-5)
