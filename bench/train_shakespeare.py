@@ -1,4 +1,5 @@
-"""Benchmark: the default ``decoderlab train`` run (baby-shakespeare, char level, embedded tinyshakespeare).
+"""Benchmark: the nanoGPT baby recipe (``decoderlab train --preset baby-shakespeare-nanogpt``; the default
+before issue 12) -- baby-shakespeare, char level, embedded tinyshakespeare.
 
 Prints the validation loss every 250 steps (full validation: all non-overlapping windows of the last 10%),
 wall time, training tokens per second, peak resident memory and MFU (model FLOP/s over this machine's matmul
@@ -96,7 +97,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     t0 = time.perf_counter()
     overrides = {"position": args.position} if args.position else None
-    model, tok, s = train_lm(out=tmp / "run", train_config=cfg, progress_bar=False, cache_dir=tmp / "cache",
+    model, tok, s = train_lm(out=tmp / "run", preset="baby-shakespeare", train_config=cfg, progress_bar=False,
+                             cache_dir=tmp / "cache",
                              model_overrides=overrides)
     wall = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -125,7 +127,7 @@ def main() -> None:
         hf_tps = plain_loop_tokens_per_second(hf, batches, c, args.compare_steps, lambda m, x: m(input_ids=x).logits)
         lit_tps = None
         if precision == "bf16-mixed":  # decoderlab train --precision bf16-mixed, same number of steps
-            _, _, sb = train_lm(out=tmp / "bf16", train_config=c.replace(max_steps=args.compare_steps,
+            _, _, sb = train_lm(out=tmp / "bf16", preset="baby-shakespeare", train_config=c.replace(max_steps=args.compare_steps,
                                                                            eval_every=args.compare_steps),
                                 progress_bar=False, cache_dir=tmp / "cache")
             lit_tps = sb.tokens_per_second

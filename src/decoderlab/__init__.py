@@ -33,7 +33,7 @@ _EXPORTS = {
     "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
 
 __all__ = ["__version__", *_EXPORTS]
 

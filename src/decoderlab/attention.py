@@ -180,6 +180,8 @@ class MultiHeadAttention(nn.Module):
         kernel: ``"sdpa"`` or ``"explicit"``; both compute the same function (tested to 1e-5).
         out_proj: whether to apply the output projection.
         rope: an optional rotary embedding (``positions.RotaryEmbedding``) applied to queries and keys.
+        qk_norm: RMS-normalise each head's queries and keys (over d_head, no gain, eps ``qk_norm_eps``)
+            before rope (Henry et al. 2020).
 
     ``forward(x, kv=None, *, causal=True, padding_mask=None, attn_mask=None, positions=None, cache=None,
     return_weights=False)``:
@@ -206,6 +208,8 @@ class MultiHeadAttention(nn.Module):
         kernel: str = "sdpa",
         out_proj: bool = True,
         rope: nn.Module | None = None,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-5,
     ):
         super().__init__()
         if n_head < 1 or d_model % n_head != 0:
@@ -221,6 +225,8 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model, bias=bias) if out_proj else None
         self.resid_dropout = nn.Dropout(dropout)
         self.rope = rope
+        self.qk_norm = qk_norm
+        self.qk_norm_eps = qk_norm_eps
         self.record: dict | None = None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -265,6 +271,9 @@ class MultiHeadAttention(nn.Module):
         if kv is not None and (kv.dim() != 3 or kv.shape[-1] != self.d_model):
             raise ValueError(f"kv must have shape (B, T_k, {self.d_model}); got {tuple(kv.shape)}")
         q, k, v = self.project(x, kv)
+        if self.qk_norm:
+            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
         if self.rope is not None:
             q_pos = positions
             k_pos = positions if kv is None else None

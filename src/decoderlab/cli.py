@@ -25,20 +25,33 @@ from ._version import __version__
 #: ``decoderlab.training.TrainConfig``'s defaults for the fields that have a flag
 TRAIN_DEFAULTS = {"max_steps": 2000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100,
                   "precision": "32", "compile": False, "seed": 42, "eval_every": 250, "val_batches": None,
-                  "grad_clip": 1.0, "accumulate": 1, "log_every": 50}
+                  "grad_clip": 1.0, "accumulate": 1, "log_every": 50, "optimizer": "adamw", "muon_lr": 0.05,
+                  "schedule": "cosine", "cooldown": 0.4, "full_val_below": None}
+#: ``decoderlab.training.optim.OPTIMIZERS`` and ``SCHEDULES``
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
+#: ``decoderlab.training.recipes``: the recipe names, the default one and its TrainConfig fields
+RECIPE_NAMES = ("baby-shakespeare-nanogpt", "baby-shakespeare-speedrun")
+DEFAULT_RECIPE = "baby-shakespeare-speedrun"
+DEFAULT_RECIPE_TRAIN = dict(max_steps=450, batch_size=12, optimizer="muon", muon_lr=0.05, lr=3e-3, min_lr=3e-4,
+                            warmup=50, schedule="cosine", eval_every=150, val_batches=4, val_batch_size=64,
+                            full_val_at_end=True, log_every=50)
 #: ``decoderlab.training.train_pairs``' defaults (the lesson: 30 epochs, seed 42, Adam lr 0.1, batch size 1)
 PAIR_DEFAULTS = {"max_epochs": 30, "seed": 42, "lr": 0.1, "batch_size": 1}
 #: ``decoderlab.training.PRECISIONS``
 PRECISIONS = ("32", "bf16-mixed")
 #: ``decoderlab.model.PRESETS``: names, and the shape fields a flag can override
-PRESET_NAMES = ("statquest", "baby-shakespeare", "shakespeare-char", "gpt2")
-DEFAULT_PRESET = "baby-shakespeare"
+PRESET_NAMES = ("statquest", "baby-shakespeare", "baby-shakespeare-speedrun", "shakespeare-char", "gpt2")
+#: what ``train --preset`` takes: the model presets and the recipes (a recipe's name wins), gpt2 last
+TRAIN_PRESET_NAMES = (*PRESET_NAMES[:3], "baby-shakespeare-nanogpt", *PRESET_NAMES[3:])
 SHAPE_FIELDS = ("n_layer", "n_head", "d_model", "max_len", "dropout", "position", "norm", "mlp")
 PRESET_SHAPES = {
     "statquest": dict(n_layer=1, n_head=1, d_model=2, max_len=6, dropout=0.0, position="sinusoidal", norm="none",
                       mlp="none"),
     "baby-shakespeare": dict(n_layer=4, n_head=4, d_model=128, max_len=64, dropout=0.0, position="learned",
                              norm="layernorm", mlp="gelu"),
+    "baby-shakespeare-speedrun": dict(n_layer=4, n_head=4, d_model=128, max_len=64, dropout=0.0, position="rope",
+                                      norm="layernorm", mlp="relu2"),
     "shakespeare-char": dict(n_layer=6, n_head=6, d_model=384, max_len=256, dropout=0.2, position="learned",
                              norm="layernorm", mlp="gelu"),
     "gpt2": dict(n_layer=12, n_head=12, d_model=768, max_len=1024, dropout=0.0, position="learned",
@@ -46,7 +59,7 @@ PRESET_SHAPES = {
 }
 #: ``decoderlab.positions.POSITIONS``, ``decoderlab.model.NORMS``, ``decoderlab.model.MLPS``
 MODEL_CHOICES = {"position": ("sinusoidal", "learned", "rope", "none"), "norm": ("none", "layernorm", "rmsnorm"),
-                 "mlp": ("none", "gelu")}
+                 "mlp": ("none", "gelu", "relu2")}
 #: ``decoderlab.tokenizers.TOKENIZERS`` and ``DEFAULT_BPE_VOCAB_SIZE``
 TOKENIZER_KINDS = ("word", "char", "bpe")
 DEFAULT_TOKENIZER = "char"
@@ -64,7 +77,7 @@ CHAT_TEMPLATES = ("decoderlab", "lesson")
 #: the Python names in library messages -> the flags a user typed (see :func:`_in_flag_words`)
 FIELD_FLAGS = {**{f: "--" + f.replace("_", "-") for f in (*TRAIN_DEFAULTS, "vocab_size", "n_layer", "n_head",
                                                           "d_model", "max_len", "dropout", "val_fraction",
-                                                          "eval_prompts")},
+                                                          "eval_prompts", "threads")},
                "max_epochs": "--epochs"}
 _FIELD_RE = re.compile(r"(?<![\w./-])(" + "|".join(sorted(FIELD_FLAGS, key=len, reverse=True)) + r")(?![\w/-]|\.\w)")
 
@@ -122,7 +135,9 @@ def _devices(text: str):
 
 def _default(field: str, defaults: dict = TRAIN_DEFAULTS) -> str:
     value = defaults[field]
-    return "all" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "never" if field == "full_val_below" else "all"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 #: (flag, TrainConfig field, argparse type, help); each help gets "(default ...)" from TRAIN_DEFAULTS; the
@@ -138,24 +153,58 @@ TRAIN_OPTIONS = (
     ("--log-every", "log_every", _number(int), "optimizer steps between progress lines and logged train-loss rows"),
     ("--grad-clip", "grad_clip", _number(float), "clip the gradient norm to this, 0 = no clipping"),
     ("--accumulate", "accumulate", _number(int), "batches per optimizer step (gradient accumulation)"),
+    ("--muon-lr", "muon_lr", _number(float), "Muon's peak learning rate, with --optimizer muon"),
+    ("--cooldown", "cooldown", _number(float), "with --schedule wsd: the last fraction of --max-steps that decays"),
+    ("--full-val-below", "full_val_below", _number(float),
+     "with --val-batches: also evaluate all validation windows whenever the subset's loss is at or below this"),
 )
 
 
 def add_train_config_options(g, defaults: dict = TRAIN_DEFAULTS, *, skip: tuple = (), helps: dict | None = None,
-                             lesson: bool = False) -> None:
-    """Add the ``TrainConfig`` flags of :data:`TRAIN_OPTIONS` (less ``skip``) and ``--precision`` to ``g``, each
-    help ending with its default from ``defaults`` (and statquest's with ``lesson``). ``helps`` replaces the
-    text of some fields. Used by ``train`` and ``finetune``: one option set, read back by :func:`train_overrides`."""
+                             lesson: bool = False, recipe: dict | None = None) -> None:
+    """Add the ``TrainConfig`` flags of :data:`TRAIN_OPTIONS` (less ``skip``), ``--optimizer``, ``--schedule``
+    and ``--precision`` to ``g``, each help ending with its default from ``defaults`` (and statquest's with
+    ``lesson``). With ``recipe`` (the default recipe's fields), a field it sets shows the recipe's value as
+    the default and ``defaults``' as the one of a plain model preset. ``helps`` replaces the text of some
+    fields. Used by ``train`` and ``finetune``: one option set, read back by :func:`train_overrides`."""
+    def default(field: str) -> str:
+        extra = f"; statquest {PAIR_DEFAULTS[field]:g}" if lesson and field in PAIR_DEFAULTS else ""
+        if recipe is not None and field in recipe and recipe[field] != defaults[field]:
+            return (f"(default {_default(field, recipe)}; {_default(field, defaults)} with a plain model "
+                    f"preset{extra})")
+        return f"(default {_default(field, defaults)}{extra})"
+
     for flag, field, kind, text in TRAIN_OPTIONS:
         if field in skip:
             continue
         text = (helps or {}).get(field, text)
-        extra = f"; statquest {PAIR_DEFAULTS[field]:g}" if lesson and field in PAIR_DEFAULTS else ""
         g.add_argument(flag, dest=field, type=kind, default=None, metavar="N" if kind.integer else "X",
-                       help=f"{text} (default {_default(field, defaults)}{extra})")
+                       help=f"{text} {default(field)}")
+    g.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help=f"adamw: AdamW for every parameter; muon: Muon for the blocks' weight matrices, AdamW "
+                        f"(--lr) for embeddings, gains and biases {default('optimizer')}")
+    g.add_argument("--schedule", default=None, choices=SCHEDULES,
+                   help=f"after the warm-up: cosine decay to --min-lr, or wsd (flat, then a linear decay over "
+                        f"the last --cooldown) {default('schedule')}")
     g.add_argument("--precision", default=None, choices=PRECISIONS,
-                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights (default "
-                        f"{_default('precision', defaults)})")
+                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights {default('precision')}")
+
+
+def add_threads_option(p) -> None:
+    """``--threads`` (``train``, ``generate``/``sample``, ``chat``, ``serve``), applied by :func:`set_threads`."""
+    p.add_argument("--threads", type=_number(int), default=None, metavar="N",
+                   help="PyTorch intra-op threads (default: the cores the 1-minute load average leaves idle, "
+                        "at most 2; see decoderlab.threads)")
+
+
+def set_threads(args) -> int:
+    """``torch.set_num_threads`` from ``--threads``, or chosen from the machine's cores and load."""
+    from .threads import set_threads as set_torch_threads
+
+    try:
+        return set_torch_threads(getattr(args, "threads", None))
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
 
 
 def add_run_options(g) -> None:
@@ -176,7 +225,8 @@ def add_run_options(g) -> None:
 def train_overrides(args, skip: tuple = ()) -> dict:
     """The ``TrainConfig`` fields given with :func:`add_train_config_options`' flags (and ``--seed``,
     ``--compile`` where the command has them), as ``{field: value}``."""
-    fields = [f for _, f, _, _ in TRAIN_OPTIONS if f not in skip] + ["precision", "compile", "seed"]
+    fields = [f for _, f, _, _ in TRAIN_OPTIONS if f not in skip] + ["optimizer", "schedule", "precision",
+                                                                      "compile", "seed"]
     return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
 
 
@@ -212,13 +262,19 @@ def model_overrides(args) -> dict:
 
 
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (default: baby-shakespeare on the embedded tinyshakespeare)",
-                       description="Train a language model on text (a preset's shape, changed by the model-shape "
-                                   "flags), or with --preset statquest the lesson's model on its two pairs. "
+    p = sub.add_parser("train", help=f"train a model (default: the {DEFAULT_RECIPE} recipe on the embedded "
+                                     "tinyshakespeare)",
+                       description="Train a language model on text (a recipe, or a preset's shape changed by the "
+                                   "model-shape flags), or with --preset statquest the lesson's model on its two "
+                                   f"pairs. The default recipe, {DEFAULT_RECIPE}, is baby-shakespeare's size with "
+                                   "rotary positions, QK-norm, ReLU² and zero-initialised projections, trained "
+                                   "with Muon + AdamW for 450 steps (README: \"Training a GPT on text\"). "
                                    "Progress: a bar on a terminal; plain lines when the output is redirected or "
                                    "with --no-progress-bar.")
-    p.add_argument("--preset", default=None, choices=PRESET_NAMES,
-                   help=f"model preset (default {DEFAULT_PRESET}; statquest trains the lesson's pairs)")
+    p.add_argument("--preset", default=None, choices=TRAIN_PRESET_NAMES,
+                   help=f"a recipe ({', '.join(RECIPE_NAMES)}: a model and its training settings) or a model "
+                        f"preset (trained with TrainConfig's defaults); statquest trains the lesson's pairs "
+                        f"(default {DEFAULT_RECIPE})")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run/checkpoint directory to write (default runs/<timestamp>; statquest: runs/statquest)")
     p.add_argument("--epochs", type=_number(int), default=None, metavar="N",
@@ -232,17 +288,19 @@ def add_train(sub) -> None:
                    help=f"tokenizer built from the data (default {DEFAULT_TOKENIZER})")
     g.add_argument("--vocab-size", type=_number(int), default=None, metavar="N",
                    help=f"BPE vocabulary size, at least 259 (default {DEFAULT_BPE_VOCAB_SIZE}; bpe only)")
-    add_train_config_options(g, lesson=True)
+    add_train_config_options(g, lesson=True, recipe=DEFAULT_RECIPE_TRAIN)
     g.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the decoder blocks (default: off)")
     add_run_options(g)
+    add_threads_option(g)
     add_model_shape_options(p)
     p.set_defaults(func=cmd_train)
 
 
 #: flags that apply to language-model training only (statquest trains the lesson's pairs)
 _LM_ONLY = ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision", "compile", "eval_every",
-            "val_batches", "log_every", "grad_clip", "accumulate", "resume", *SHAPE_FIELDS)
+            "val_batches", "log_every", "grad_clip", "accumulate", "resume", "optimizer", "muon_lr", "schedule",
+            "cooldown", "full_val_below", *SHAPE_FIELDS)
 
 
 def _flag(dest: str) -> str:
@@ -288,14 +346,15 @@ def cmd_train(args) -> int:
 
 
 def _train(args) -> int:
-    name = args.preset or DEFAULT_PRESET
+    set_threads(args)
+    name = args.preset or DEFAULT_RECIPE
     if args.out is not None:
         _check_out_dir(args.out)
     if name == "statquest":
         return _train_statquest(args)
     if args.epochs is not None:
         raise ValueError(f"--epochs applies to --preset statquest only; a language model trains for --max-steps "
-                         f"(default {TRAIN_DEFAULTS['max_steps']})")
+                         f"(default {DEFAULT_RECIPE_TRAIN['max_steps']})")
     from .training import NonFiniteLossError, train_lm
 
     overrides = train_overrides(args)
@@ -307,12 +366,14 @@ def _train(args) -> int:
         _check_not_finished(args)
     elif shape:
         from .model import preset
+        from .training.recipes import resolve
 
-        preset(name, **shape)  # the shape's errors before the corpus is read and tokenized
+        preset(resolve(name)[0], **shape)  # the shape's errors before the corpus is read and tokenized
     _check_strategy(args.strategy)
     progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
     try:
-        model, tok, s = train_lm(args.data, preset=args.preset, tokenizer=args.tokenizer,
+        preset = name if args.resume is None else args.preset  # a resumed run keeps its own
+        model, tok, s = train_lm(args.data, preset=preset, tokenizer=args.tokenizer,
                                  vocab_size=args.vocab_size, out=args.out, config_overrides=overrides,
                                  model_overrides=shape or None, resume=args.resume, devices=args.devices,
                                  strategy=args.strategy, num_nodes=args.num_nodes, progress_bar=progress)
@@ -445,6 +506,7 @@ def _add_generate_options(p) -> None:
     _add_checkpoint_option(p)
     _add_dtype_option(p)
     _add_sampling_options(p, f"sampling temperature, 0 = greedy (default {GENERATE_DEFAULTS['temperature']:g})")
+    add_threads_option(p)
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help=r"stop before this text; backslash escapes such as \n and \t are understood (repeatable; "
                         "default: none)")
@@ -544,6 +606,7 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_option
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
+    set_threads(args)
     model, tok = _load(args.checkpoint, dtype=args.dtype)
     if args.chat:
         return _generate_chat(args, model, tok, prompt)
@@ -734,12 +797,14 @@ def add_chat(sub) -> None:
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message that opens the conversation, for a chat checkpoint; kept when old turns "
                         "are dropped and after /reset (default: none)")
+    add_threads_option(p)
     p.set_defaults(func=cmd_chat)
 
 
 def cmd_chat(args) -> int:
     from .generation import ChatSession
 
+    set_threads(args)
     model, tok = _load(args.checkpoint, dtype=args.dtype)
     template = _chat_template(args.checkpoint)
     options = dict(temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p,
@@ -847,7 +912,7 @@ def add_finetune(sub) -> None:
 
 
 #: TrainConfig flags that fine-tuning does not use (the held-out split is --val-fraction / --val-data)
-_FINETUNE_SKIP = ("val_batches",)
+_FINETUNE_SKIP = ("val_batches", "full_val_below")
 
 
 def cmd_finetune(args) -> int:
@@ -1012,6 +1077,7 @@ def add_serve(sub) -> None:
     for field, default in SERVE_LIMITS.items():
         p.add_argument("--" + field.replace("_", "-"), type=_number(int), default=default, metavar="N",
                        help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
+    add_threads_option(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -1023,6 +1089,7 @@ def cmd_serve(args) -> int:
         low = 0 if name == "port" else 1
         if value < low or (name == "port" and value > 65535):
             raise ValueError(f"--{name.replace('_', '-')} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
+    set_threads(args)
     limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMITS},
                     default_max_tokens=min(Limits.default_max_tokens, args.max_tokens))
     serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,

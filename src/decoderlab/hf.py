@@ -128,6 +128,7 @@ def _check_expressible(cfg: ModelConfig) -> None:
         ("mlp", "gelu", "GPT-2 blocks have a GELU MLP"),
         ("attn_out_proj", True, "GPT-2 attention has an output projection (c_proj)"),
         ("lm_head_bias", False, "GPT-2's lm_head has no bias"),
+        ("qk_norm", False, "GPT-2 has no query/key norm"),
     )
     for name, allowed, why in rules:
         value = getattr(cfg, name)

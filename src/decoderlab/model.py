@@ -27,7 +27,7 @@ from .attention import KERNELS, MultiHeadAttention
 from .positions import POSITIONS, LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
 
 NORMS = ("none", "layernorm", "rmsnorm")
-MLPS = ("none", "gelu")
+MLPS = ("none", "gelu", "relu2")
 INITS = ("default", "gpt2")
 
 
@@ -45,7 +45,8 @@ class ModelConfig:
         dropout: dropout probability (embeddings, attention percents, residual branches).
         norm: "none" | "layernorm" | "rmsnorm" (pre-norm, plus a final norm before ``fc_layer``).
         position: "sinusoidal" | "learned" | "rope" | "none".
-        mlp: "none" | "gelu" (GELU with the tanh approximation, as GPT-2).
+        mlp: "none" | "gelu" (GELU with the tanh approximation, as GPT-2) | "relu2" (ReLU squared,
+            relu(x)^2, So et al. 2021 "Primer"; as in the modded-nanogpt speedrun).
         bias: biases in the attention projections, the MLP and the norms.
         tie_weights: ``fc_layer.weight`` is the word embedding matrix.
         attention: the attention kernel, "sdpa" | "explicit".
@@ -54,6 +55,10 @@ class ModelConfig:
         init: "default" (PyTorch's, as in the lesson) | "gpt2" (normal std 0.02, residual projections scaled
             by 1/sqrt(2 n_layer)).
         norm_eps: epsilon of the norms.
+        qk_norm: RMS-normalise each head's queries and keys (no gain, eps ``norm_eps``) before rotary
+            positions and the dot product (Henry et al. 2020 "Query-Key Normalization"; as in modded-nanogpt).
+        zero_init: initialise the residual output projections (``attention.proj``, ``mlp.proj``) to zero, so
+            every block starts as the identity (as in modded-nanogpt and nanochat).
     """
 
     num_tokens: int = 4
@@ -73,6 +78,8 @@ class ModelConfig:
     lm_head_bias: bool = True
     init: str = "default"
     norm_eps: float = 1e-5
+    qk_norm: bool = False
+    zero_init: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -105,6 +112,9 @@ class ModelConfig:
                 f"allowed n_head for d_model {self.d_model}: "
                 f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)}"
             )
+        for name in ("qk_norm", "zero_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.position == "rope" and (self.d_model // self.n_head) % 2 != 0:
             raise ValueError(
                 f"position 'rope' needs an even head size, but d_model/n_head = {self.d_model // self.n_head}; "
@@ -159,6 +169,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The common CPU "baby GPT" on tinyshakespeare (char level: 65 characters).
     "baby-shakespeare": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64, bias=False,
                              dropout=0.0),
+    # The speedrun's model (issue 12): baby-shakespeare's size with rotary positions, QK-norm, ReLU² and
+    # zero-initialised output projections (recipe "baby-shakespeare-speedrun" in decoderlab.recipes).
+    "baby-shakespeare-speedrun": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64,
+                                      bias=False, dropout=0.0, position="rope", mlp="relu2", qk_norm=True,
+                                      zero_init=True),
     # nanoGPT's shakespeare_char configuration.
     "shakespeare-char": dict(_GPT, num_tokens=65, d_model=384, n_layer=6, n_head=6, max_len=256, bias=False,
                              dropout=0.2),
@@ -206,16 +221,19 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """The fully connected sublayer: Linear(d_model, d_ff) -> GELU (tanh approximation) -> Linear -> dropout."""
+    """The fully connected sublayer: Linear(d_model, d_ff) -> GELU (tanh approximation), or relu(x)^2 for
+    mlp="relu2" -> Linear -> dropout. Shapes: (..., d_model) -> (..., d_model)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias)
         self.proj = nn.Linear(cfg.ff_size, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.relu2 = cfg.mlp == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        h = self.fc(x)
+        y = self.proj(F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh"))
         return self.dropout(y) if self.training and self.dropout.p else y
 
 
@@ -233,7 +251,7 @@ class DecoderBlock(nn.Module):
         self.norm_1 = make_norm(cfg)
         self.attention = MultiHeadAttention(
             cfg.d_model, cfg.n_head, bias=cfg.bias, dropout=cfg.dropout, kernel=cfg.attention,
-            out_proj=cfg.attn_out_proj, rope=rope,
+            out_proj=cfg.attn_out_proj, rope=rope, qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps,
         )
         self.has_mlp = cfg.mlp != "none"
         if self.has_mlp:
@@ -332,6 +350,10 @@ class DecoderOnlyTransformer(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith("attention.proj.weight") or name.endswith("mlp.proj.weight"):
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        if cfg.zero_init:  # every block starts as the identity
+            for name, p in self.named_parameters():
+                if name.endswith(("attention.proj.weight", "mlp.proj.weight")):
+                    nn.init.zeros_(p)
 
     @staticmethod
     def _gpt2_init(module: nn.Module) -> None:

@@ -72,6 +72,10 @@ def _np_gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def _np_relu2(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0) ** 2
+
+
 def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     """The forward pass of ``model`` on ``token_ids`` ((T,) or (B, T)), recomputed in float64 NumPy.
 
@@ -111,6 +115,9 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
             return m.reshape(b, t, h, dh).transpose(0, 2, 1, 3)
 
         q, k, v = heads(qkv[..., :d]), heads(qkv[..., d : 2 * d]), heads(qkv[..., 2 * d :])
+        if cfg.qk_norm:  # each head's q and k divided by its RMS (no gain)
+            q = q / np.sqrt((q**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
+            k = k / np.sqrt((k**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
         if cfg.position == "rope":
             q, k = _np_rope(q), _np_rope(k)
         sims = q @ k.transpose(0, 1, 3, 2)
@@ -131,7 +138,8 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
         x = r1
         if cfg.mlp != "none":
             n2 = _np_norm(cfg.norm, r1, w, p + "norm_2", cfg.norm_eps)
-            m = _np_linear(_np_gelu_tanh(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
+            act = _np_relu2 if cfg.mlp == "relu2" else _np_gelu_tanh
+            m = _np_linear(act(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
             x = r1 + m
             steps += [(f"layer {i} norm_2", n2)] if normed else []
             steps += [(f"layer {i} mlp out", m), (f"layer {i} residual 2", x)]

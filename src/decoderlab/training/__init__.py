@@ -1,9 +1,12 @@
 """Training with Lightning: the lesson's pair training and language-model runs.
 
 - :mod:`.config`: ``TrainConfig``, optimizer groups, schedule, evaluation (plain torch);
+- :mod:`.optim`: Muon + AdamW as one optimizer, the warm-up/stable/decay schedule (plain torch);
+- :mod:`.recipes`: named recipes, a model preset with its ``TrainConfig`` (``decoderlab train``'s default);
 - :mod:`.module`: ``LitModel``, the ``LightningModule`` around a ``DecoderOnlyTransformer``;
 - :mod:`.datamodule`: ``TokenDataModule`` (random windows, resumable, DDP-sliced);
 - :mod:`.callbacks`, :mod:`.trainer`: metrics, guards, export, the ``Trainer`` factory;
+- :mod:`.timing`: ``ValidationClock``, every evaluation with its wall-clock time (subset or all windows);
 - :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson);
 - :mod:`.sft`: masked supervised fine-tuning pieces (``SFTModule``, a ``LitModel``), driven by
   ``decoderlab.finetuning.finetune``.
@@ -15,12 +18,16 @@ from .config import PRECISIONS, TrainConfig, configure_optimizers, evaluate_lm, 
 from .datamodule import TokenDataModule
 from .lm import RUN_FILE, SUMMARY_FILE, TrainSummary, default_run_dir, resolve_resume, train_lm
 from .module import LitModel
+from .optim import MuonAdamW
+from .recipes import DEFAULT_RECIPE, RECIPES, Recipe
 from .pairs import train_pairs
+from .timing import ValidationClock
 from .trainer import make_trainer
 
 __all__ = [
     "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
     "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
-    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer",
+    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "DEFAULT_RECIPE", "RECIPES",
+    "Recipe", "ValidationClock",
 ]

@@ -1,8 +1,9 @@
 """Hyper-parameters of a language-model run, the optimizer and its learning-rate schedule, and evaluation.
 
-Plain torch (no Lightning): ``TrainConfig``, ``lr_at`` (warm-up then cosine), ``parameter_groups`` (every
-parameter in exactly one group: decay for matrices, none for the rest), ``configure_optimizers`` (AdamW +
-``LambdaLR``), ``evaluate_lm`` (mean cross-entropy over non-overlapping windows).
+Plain torch (no Lightning): ``TrainConfig``, ``lr_at`` (warm-up then cosine, or warm-up/stable/decay),
+``parameter_groups`` (every parameter in exactly one group: decay for matrices, none for the rest),
+``configure_optimizers`` (AdamW, or Muon + AdamW from :mod:`.optim`, + ``LambdaLR``), ``evaluate_lm`` (mean
+cross-entropy over non-overlapping windows).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from ..checkpoint import unwrap_model
 from ..data import SequentialWindows
 from ..positions import LearnedPositionEncoding
+from .optim import OPTIMIZERS, SCHEDULES, MuonAdamW, muon_parameter_groups, schedule_factor
 
 PRECISIONS = ("32", "bf16-mixed")
 #: the names Lightning's ``Trainer(precision=...)`` uses for ours
@@ -24,7 +26,8 @@ PRECISION_ALIASES = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-
 
 @dataclass
 class TrainConfig:
-    """Hyper-parameters of a language-model run (the defaults are ``decoderlab train``'s).
+    """Hyper-parameters of a language-model run (the defaults are nanoGPT's CPU "baby" recipe; ``decoderlab
+    train``'s default is the recipe ``decoderlab.training.recipes.RECIPES["baby-shakespeare-speedrun"]``).
 
     Attributes:
         max_steps: optimizer steps (each of ``accumulate`` batches).
@@ -47,6 +50,18 @@ class TrainConfig:
         num_workers: DataLoader worker processes (0: batches are cut in the training process).
         fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with precision
             "bf16-mixed" and gradient clipping, which Lightning cannot combine with a fused optimizer).
+        optimizer: "adamw" (every parameter) | "muon" (``torch.optim.Muon`` for the blocks' 2-D weight
+            matrices, AdamW with ``lr`` for embeddings, output layer, gains and biases; see
+            :mod:`decoderlab.training.optim`).
+        muon_lr, muon_momentum, muon_weight_decay: Muon's peak learning rate, momentum and weight decay
+            (the schedule scales ``muon_lr`` and ``lr`` alike).
+        schedule: "cosine" | "wsd" (warm-up, flat, then linear decay to ``min_lr`` over the last ``cooldown``
+            fraction of ``max_steps``); see :func:`decoderlab.training.optim.schedule_factor`.
+        cooldown: the decay fraction of "wsd", in [0, 1].
+        full_val_at_end: with ``val_batches`` set (a fixed subset of the first windows while training),
+            also evaluate all validation windows once at the end; that is the reported ``val_loss``.
+        full_val_below: with ``val_batches`` set, evaluate all windows whenever the subset's loss (nats per
+            token) is at or below this value (None: never during training).
     """
 
     max_steps: int = 2000
@@ -69,6 +84,14 @@ class TrainConfig:
     log_every: int = 50
     num_workers: int = 0
     fused: bool | None = None
+    optimizer: str = "adamw"
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    schedule: str = "cosine"
+    cooldown: float = 0.4
+    full_val_at_end: bool = False
+    full_val_below: float | None = None
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -111,6 +134,7 @@ class TrainConfig:
         if not (isinstance(self.compile, bool) or (isinstance(self.compile, str) and self.compile)):
             raise ValueError(f"compile must be True, False or a torch.compile backend name (e.g. 'eager'), "
                              f"got {self.compile!r}")
+        _validate_speedrun_fields(self)
         return self
 
     def to_dict(self) -> dict:
@@ -130,10 +154,37 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _validate_speedrun_fields(cfg: TrainConfig) -> None:
+    """The optimizer, schedule and evaluation fields of issue 12 (see :class:`TrainConfig`)."""
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {cfg.schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "cooldown"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not cfg.muon_lr > 0:
+        raise ValueError(f"muon_lr must be > 0, got {cfg.muon_lr!r}")
+    if not cfg.muon_momentum < 1:
+        raise ValueError(f"muon_momentum must be in [0, 1), got {cfg.muon_momentum!r}")
+    if not cfg.cooldown <= 1:
+        raise ValueError(f"cooldown must be a fraction of max_steps in [0, 1], got {cfg.cooldown!r}")
+    if not isinstance(cfg.full_val_at_end, bool):
+        raise ValueError(f"full_val_at_end must be True or False, got {cfg.full_val_at_end!r}")
+    if cfg.full_val_below is not None and (isinstance(cfg.full_val_below, bool)
+                                           or not isinstance(cfg.full_val_below, (int, float))
+                                           or not math.isfinite(cfg.full_val_below)):
+        raise ValueError(f"full_val_below must be None or a loss in nats per token, got {cfg.full_val_below!r}")
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warm-up ``lr * (step + 1) / warmup`` for
     ``step < warmup``, then cosine decay from ``lr`` to ``min_lr``, reaching ``min_lr`` at ``step = max_steps``
-    (and staying there)."""
+    (and staying there). ``schedule="wsd"``: see :func:`decoderlab.training.optim.schedule_factor`."""
+    if cfg.schedule != "cosine":
+        return cfg.lr * schedule_factor(step, warmup=cfg.warmup, max_steps=cfg.max_steps, lr=cfg.lr,
+                                        min_lr=cfg.min_lr, schedule=cfg.schedule, cooldown=cfg.cooldown)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, cfg.max_steps - cfg.warmup)
@@ -191,28 +242,55 @@ def apply_train_config(optimizer: torch.optim.Optimizer, scheduler, cfg: TrainCo
     and the schedule's base rate; after this, the groups made by :func:`configure_optimizers` (decayed
     first) hold ``cfg``'s values, the next step runs at ``lr_at(step, cfg)`` and every later one follows
     ``lr_at`` of ``cfg`` (warm-up and cosine recomputed for its ``max_steps``). A no-op for an unchanged
-    config.
+    config. A :class:`~decoderlab.training.optim.MuonAdamW`'s Muon groups take ``muon_lr`` (scaled by the same
+    schedule), ``muon_momentum`` and ``muon_weight_decay``; its AdamW groups as above.
     """
-    fused = optimizer.defaults.get("fused")
-    for k, group in enumerate(optimizer.param_groups):
+    factor = lr_at(step, cfg) / cfg.lr
+    muon = optimizer.muon if isinstance(optimizer, MuonAdamW) else None
+    adamw = optimizer.adamw if isinstance(optimizer, MuonAdamW) else optimizer
+    muon_ids = {id(g) for g in muon.param_groups} if muon is not None else set()
+    fused = adamw.defaults.get("fused") if adamw is not None else None
+    base_lrs = []
+    k = 0  # index among the AdamW groups: the first is the decayed one (unless tagged)
+    for group in optimizer.param_groups:
+        if id(group) in muon_ids:
+            group.update(initial_lr=cfg.muon_lr, lr=cfg.muon_lr * factor, momentum=cfg.muon_momentum,
+                         weight_decay=cfg.muon_weight_decay)
+            base_lrs.append(cfg.muon_lr)
+            continue
         group["initial_lr"] = cfg.lr
-        group["lr"] = lr_at(step, cfg)
+        group["lr"] = cfg.lr * factor
         group["betas"] = tuple(cfg.betas)
         group["eps"] = cfg.eps
-        if k == 0:
+        if group.get("decay", k == 0):
             group["weight_decay"] = cfg.weight_decay
         if fused is not None:
             group["fused"] = fused
+        base_lrs.append(cfg.lr)
+        k += 1
     if scheduler is not None:
-        scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+        scheduler.base_lrs = base_lrs
         scheduler.last_epoch = step
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
     """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
-    ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. Returns Lightning's
-    ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. With ``optimizer="muon"``: a
+    :class:`~decoderlab.training.optim.MuonAdamW` (Muon for the blocks' 2-D matrices, AdamW for the rest; see
+    :func:`~decoderlab.training.optim.muon_parameter_groups`), the same schedule scaling both. Returns
+    Lightning's ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    if cfg.optimizer == "muon":
+        muon, decay, no_decay = muon_parameter_groups(model)
+        params = dict(unwrap_model(model).named_parameters())
+        opt = MuonAdamW([params[n] for n in muon],
+                        [{"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay, "decay": True},
+                         {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "decay": False}],
+                        muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+                        muon_weight_decay=cfg.muon_weight_decay, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                        fused=use_fused_adamw(cfg))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
     decay, no_decay = parameter_groups(model)
     params = dict(unwrap_model(model).named_parameters())
     groups = [

@@ -31,12 +31,16 @@ from .callbacks import (LAST_CKPT, LIGHTNING_DIR, ExportCheckpoint, InterruptNot
 from .config import TrainConfig, evaluation_sums
 from .datamodule import TokenDataModule
 from .module import LitModel
+from .recipes import resolve as resolve_recipe
+from .timing import ValidationClock
 from .trainer import make_trainer
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 #: train settings a resumed run cannot change: they define its validation split and its batches
 RESUME_FIXED = ("seed", "val_fraction", "accumulate")
+#: ``train_lm``'s model preset when none is given (``decoderlab train``'s default is a recipe: ``DEFAULT_RECIPE``)
+DEFAULT_PRESET = "baby-shakespeare"
 
 
 @dataclass
@@ -55,6 +59,8 @@ class TrainSummary:
             those before a resume included).
         train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
         run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
+        eval_log: every evaluation of this ``fit`` with its wall-clock time and whether it covered all windows
+            or the ``val_batches`` subset (:class:`~decoderlab.training.timing.ValidationClock`'s entries).
     """
 
     steps: int
@@ -71,6 +77,7 @@ class TrainSummary:
     run_dir: str | None
     is_global_zero: bool = True
     train_loss_steps: int = 0
+    eval_log: list = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -200,8 +207,15 @@ def train_lm(
     The corpus (``corpus`` path: a text file or a folder of .txt files; None = the embedded tinyshakespeare;
     or ``text``) is tokenized once (``corpus_tokens``, cached memmap), split by position (last
     ``val_fraction`` for validation) and served as random windows (``TokenDataModule``). The model is the
-    ``preset`` (default ``"baby-shakespeare"``; ``tokenizer`` default ``"char"``) with ``num_tokens`` = the tokenizer's vocabulary (plus ``model_overrides``), trained with
-    AdamW + warm-up/cosine (``configure_optimizers``) for ``train_config.max_steps`` steps.
+    ``preset`` (``tokenizer`` default ``"char"``) with ``num_tokens`` = the tokenizer's vocabulary (plus
+    ``model_overrides``), trained as ``train_config`` says (``configure_optimizers``: AdamW or Muon + AdamW,
+    warm-up then cosine or WSD) for ``train_config.max_steps`` steps. ``preset`` may also name a recipe
+    (:data:`decoderlab.training.recipes.RECIPES`: a model preset and its ``TrainConfig``, used when
+    ``train_config`` is None; a plain model preset trains with ``TrainConfig()``). The default is
+    "baby-shakespeare" with ``TrainConfig()`` (nanoGPT's CPU baby recipe); ``decoderlab train``'s default is the
+    recipe ``DEFAULT_RECIPE`` ("baby-shakespeare-speedrun"). With ``val_batches`` set, the evaluations while training
+    cover that subset of the validation windows; ``full_val_at_end`` adds one over all windows at the end
+    (the reported ``val_loss``), ``full_val_below`` one whenever the subset's loss is at or below it.
 
     The run directory ``out`` (default ``runs/<timestamp>``) receives, each written atomically:
     ``config.json``, ``tokenizer.json``, ``model.safetensors``, ``meta.json`` (``"task": "lm"``) -- a
@@ -219,7 +233,8 @@ def train_lm(
     clipping, precision, batch size, evaluation, ...), a line lists the changes, and ``run.json`` records
     them; the settings that define the run's data and batches (``RESUME_FIXED``: ``seed``, ``val_fraction``,
     ``accumulate``), and ``preset``, ``tokenizer``, ``vocab_size`` and ``model_overrides`` that differ from
-    the run's, are refused with a ``ValueError`` naming them.
+    the run's, are refused with a ``ValueError`` naming them, as is another ``optimizer`` (the checkpoint holds
+    the state of the run's own).
 
     ``devices``, ``strategy`` ("ddp", "fsdp", ...), ``num_nodes``: passed to Lightning; ``batch_size`` is
     per process (global batch = batch_size * processes).
@@ -237,16 +252,19 @@ def train_lm(
             corpus that differs from the run's; a setting a resume cannot change; no intact checkpoint.
         NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
     """
-    run = _plan_run(out, resume, train_config, config_overrides, corpus)
+    model_preset, recipe_config = (None, None) if preset is None and resume not in (None, False) else \
+        resolve_recipe(DEFAULT_PRESET if preset is None else preset)
+    run = _plan_run(out, resume, train_config, config_overrides, corpus, recipe_config)
     _check_compile_backend(run.cfg.compile)
     if not run.resumed:
-        preset = "baby-shakespeare" if preset is None else preset
+        preset = DEFAULT_PRESET if preset is None else preset
     if run.cfg.warmup >= run.cfg.max_steps:
         warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
                       f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
-    tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, tokenizer, vocab_size, model_overrides)
+    tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, model_preset, tokenizer, vocab_size,
+                                           model_overrides)
     if run.changes and _first_process():  # every refusal is behind us
         print(f"decoderlab: resuming {run.run_dir} from {run.ckpt_path.name} with changed settings: "
               f"{', '.join(f'{k} {old!r} -> {new!r}' for k, (old, new) in run.changes.items())}", file=sys.stderr)
@@ -268,9 +286,12 @@ def train_lm(
     byte_lengths = token_byte_lengths(tok)
     history, metrics = LossHistory(), LMMetrics(byte_lengths)
     exporter = ExportCheckpoint(run_dir, tok, meta, metrics)
+    clock = ValidationClock(val_tokens, model_cfg.max_len, cfg.val_batch_size, metrics,
+                            full_val_below=cfg.full_val_below, subset=cfg.val_batches is not None,
+                            precision=cfg.precision, byte_lengths=byte_lengths)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
                            accelerator=accelerator,
-                           callbacks=[history, metrics, NonFiniteLossGuard(run_dir), exporter,
+                           callbacks=[history, metrics, NonFiniteLossGuard(run_dir), clock, exporter,
                                       InterruptNotice(run_dir), *callbacks],
                            progress_bar=progress_bar, logger=logger)
     # every process needs validation windows: refuse before training (and before launching processes)
@@ -286,7 +307,7 @@ def train_lm(
 
     wall = _fit(trainer, LitModel(model, cfg), dm, run.ckpt_path, run_dir)
     model.eval()
-    return model, tok, _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg, wall,
+    return model, tok, _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cfg, wall,
                                   byte_lengths, run_dir)
 
 
@@ -319,8 +340,9 @@ class _Run:
         return self.info.get("corpus")
 
 
-def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
-    """Step 1: the run directory, what to resume, and the effective ``TrainConfig`` (validated)."""
+def _plan_run(out, resume, train_config, config_overrides, corpus, recipe_config=None) -> _Run:
+    """Step 1: the run directory, what to resume, and the effective ``TrainConfig`` (validated): ``train_config``,
+    else the resumed run's, else the recipe's (``recipe_config``), else ``TrainConfig()``."""
     run_dir = Path(out) if out is not None else None
     resumed = resolve_resume(resume, run_dir)
     info: dict = {}
@@ -339,7 +361,7 @@ def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
         if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
             raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
                              f"with --resume {run_dir}, or train into another --out directory")
-    cfg = train_config if train_config is not None else TrainConfig()
+    cfg = train_config if train_config is not None else recipe_config if recipe_config is not None else TrainConfig()
     if config_overrides:
         cfg = cfg.replace(**config_overrides)  # validates
     cfg.validate()
@@ -354,12 +376,19 @@ def _plan_run(out, resume, train_config, config_overrides, corpus) -> _Run:
                 f"trained with {', '.join(f'{k}={changes[k][0]!r}' for k in fixed)}, and {', '.join(fixed)} "
                 f"cannot change on resume (they define the run's validation split and batches); resume without "
                 f"changing {'it' if len(fixed) == 1 else 'them'}, or start a new run")
+        if "optimizer" in changes:
+            old, new = changes["optimizer"]
+            raise ValueError(f"cannot resume {run_dir} with optimizer={new!r}: the run was trained with "
+                             f"optimizer={old!r}, whose state its checkpoint holds; resume with optimizer={old!r}, "
+                             f"or start a new run")
     return _Run(run_dir, ckpt_path, cfg, info, changes)
 
 
-def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, vocab_size, model_overrides):
+def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, model_preset: str | None, tokenizer, vocab_size,
+                          model_overrides):
     """Step 2: the tokenizer and the model config -- the run's own when resuming (a different preset,
-    tokenizer, vocabulary size or model override is refused), else new ones."""
+    tokenizer, vocabulary size or model override is refused), else new ones (the model preset
+    ``model_preset``: ``preset``'s own, or the one its recipe names)."""
     if run.resumed:
         _refuse_model_changes(run, preset, tokenizer, vocab_size, model_overrides)
         sha = hashlib.sha256(corpus_text.encode("utf-8")).hexdigest()
@@ -374,7 +403,7 @@ def _tokenizer_and_config(run: _Run, corpus_text: str, preset: str, tokenizer, v
         return tok, model_cfg
     tokenizer = "char" if tokenizer is None else tokenizer
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, corpus_text, vocab_size)
-    model_cfg = preset_config(preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
+    model_cfg = preset_config(model_preset, **{"num_tokens": tok.vocab_size, **(model_overrides or {})})
     if model_cfg.num_tokens != tok.vocab_size:
         raise ValueError(f"model num_tokens {model_cfg.num_tokens} does not match the tokenizer's vocabulary "
                          f"size {tok.vocab_size}")
@@ -466,21 +495,25 @@ def _log_final_evaluation(trainer, final: dict) -> None:
             cb.validation_line(trainer.global_step, final["val_loss"], final.get("val_bpb"))
 
 
-def _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg: TrainConfig, wall: float,
+def _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cfg: TrainConfig, wall: float,
                byte_lengths, run_dir: Path) -> TrainSummary:
-    """Step 5: the final evaluation (unless the last validation was at this step), the final export, the
-    summary."""
+    """Step 5: the final evaluation (unless the last validation was at this step; over all windows with
+    ``full_val_at_end``), the final export, the summary."""
     final = {}
+    full_at_end = cfg.full_val_at_end and cfg.val_batches is not None  # the subset served while training only
     if trainer.is_global_zero:
-        if metrics.history and metrics.history[-1][0] == trainer.global_step and metrics.last:
+        if not full_at_end and metrics.history and metrics.history[-1][0] == trainer.global_step and metrics.last:
             final = dict(metrics.last)
-        else:  # the run stopped without a validation at its last step
-            sums = evaluation_sums(model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches,
-                                   cfg.precision, byte_lengths)
+        else:  # the run stopped without a validation at its last step, or that one covered the subset only
+            sums = clock.full_sums(model, trainer.global_step) if full_at_end else evaluation_sums(
+                model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches, cfg.precision,
+                byte_lengths)
             loss = sums["nats"] / sums["targets"]
             final = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)),
                      "val_bpb": sums["nats"] / (math.log(2) * sums["bytes"]) if sums["bytes"] else None}
             metrics.history.append((trainer.global_step, loss))
+            if not full_at_end:  # (full_sums recorded its own)
+                clock.record(trainer.global_step, loss, "all" if cfg.val_batches is None else "subset")
             _log_final_evaluation(trainer, final)
         exporter.export(trainer, model)
     last = history.losses[-50:]
@@ -493,6 +526,7 @@ def _summarize(trainer, model, exporter, history, metrics, val_tokens, cfg: Trai
         num_parameters=model.num_parameters(),
         train_losses=list(history.losses), val_history=list(metrics.history),
         run_dir=str(run_dir), is_global_zero=trainer.is_global_zero, train_loss_steps=len(last),
+        eval_log=list(clock.entries),
     )
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))

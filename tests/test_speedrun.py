@@ -1,0 +1,295 @@
+"""Issue 12 (CPU speedrun): the new architecture options (qk_norm, mlp="relu2", zero_init), their float64
+``verify`` exactness, the optimizer options of ``TrainConfig`` (Muon groups, schedules, subset evaluation) and
+the intra-op thread choice."""
+
+import copy
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.model import ModelConfig
+
+TINY = dict(num_tokens=23, d_model=32, n_layer=2, n_head=4, max_len=12)
+
+
+def _model(**cfg):
+    torch.manual_seed(0)
+    return dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", **{**TINY, **cfg})).eval()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# architecture options
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts", [dict(qk_norm=True), dict(mlp="relu2"), dict(zero_init=True),
+                                  dict(position="rope", mlp="relu2", qk_norm=True, zero_init=True, tie_weights=False)])
+def test_new_options_shapes_and_batched_equals_unbatched(opts):
+    m = _model(**opts)
+    ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
+    out = m(ids)
+    assert out.shape == (3, 12, 23)
+    torch.testing.assert_close(m(ids[1]), out[1], rtol=1e-5, atol=1e-5)
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys():
+    m = _model(qk_norm=True)
+    att = m.blocks[0].attention
+    att.record = {}
+    m(torch.arange(12))
+    q, k = att.record["q"], att.record["k"]  # (B, H, T, d_head), after the norm (learned positions: no rope); 1 up to eps
+    att.record = None
+    torch.testing.assert_close(q.pow(2).mean(-1), torch.ones(q.shape[:-1]), rtol=0, atol=5e-3)
+    torch.testing.assert_close(k.pow(2).mean(-1), torch.ones(k.shape[:-1]), rtol=0, atol=5e-3)
+    # and it changes the function (the option is not a no-op)
+    plain = _model()
+    assert not torch.allclose(plain(torch.arange(12)), m(torch.arange(12)))
+
+
+def test_relu2_mlp_is_relu_squared():
+    m = _model(mlp="relu2")
+    mlp = m.blocks[0].mlp
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(mlp(x), mlp.proj(torch.relu(mlp.fc(x)) ** 2))
+
+
+def test_zero_init_makes_every_block_the_identity_at_start():
+    m = _model(zero_init=True)
+    for b in m.blocks:
+        assert b.attention.proj.weight.abs().sum() == 0 and b.mlp.proj.weight.abs().sum() == 0
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(b(x), x)
+    # gradients still flow into the zeroed projections (they are trained, not frozen)
+    m.train()
+    m(torch.arange(12)).sum().backward()
+    assert m.blocks[0].mlp.proj.weight.grad.abs().sum() > 0
+
+
+def test_defaults_leave_the_existing_presets_unchanged():
+    for name in ("statquest", "baby-shakespeare", "shakespeare-char", "gpt2"):
+        cfg = dl.preset(name)
+        assert (cfg.qk_norm, cfg.zero_init) == (False, False)
+        assert cfg.mlp in ("none", "gelu")
+
+
+@pytest.mark.parametrize("field,value", [("qk_norm", 1), ("zero_init", "yes"), ("mlp", "relu")])
+def test_bad_option_values_are_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**{**TINY, field: value})
+
+
+def test_config_json_round_trip_keeps_the_new_fields():
+    cfg = dl.preset("baby-shakespeare", qk_norm=True, mlp="relu2", zero_init=True)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_gpt2_export_refuses_options_it_cannot_express():
+    from decoderlab.hf import model_config_to_gpt2_config
+
+    for opts, field in ((dict(qk_norm=True), "qk_norm"), (dict(mlp="relu2"), "mlp")):
+        with pytest.raises(ValueError, match=field):
+            model_config_to_gpt2_config(dl.preset("baby-shakespeare", **opts))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# verify: the float64 NumPy reference covers each new option
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts", [dict(qk_norm=True), dict(mlp="relu2"),
+                                  dict(position="rope", qk_norm=True, mlp="relu2", norm="rmsnorm"),
+                                  dict(position="rope", qk_norm=True, mlp="relu2", tie_weights=False)])
+def test_verify_is_exact_for_the_new_options(opts):
+    m = _model(**opts)
+    with torch.no_grad():  # non-zero output projections, so every step carries signal
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, 23, (2, 9), generator=torch.Generator().manual_seed(2))
+    rep = dl.verify(m, ids)
+    assert rep.ok, rep.table()
+    assert rep.max_abs_diff < 1e-4
+
+
+@pytest.mark.parametrize("field", ["qk_norm", "mlp"])
+def test_verify_fails_when_the_module_disagrees_with_the_config(field):
+    """The reference follows the config: a model computing without the option is caught (the check can fail)."""
+    m = _model(qk_norm=True, mlp="relu2")
+    if field == "qk_norm":
+        for b in m.blocks:
+            b.attention.qk_norm = False
+        first_bad = "layer 0 q"
+    else:
+        for b in m.blocks:
+            b.mlp.relu2 = False
+        first_bad = "layer 0 mlp out"
+    rep = dl.verify(m, torch.arange(9))
+    assert not rep.ok
+    assert [s.name for s in rep.steps if not s.ok][0] == first_bad
+
+
+# ---------------------------------------------------------------------------------------------------------
+# optimizer options
+# ---------------------------------------------------------------------------------------------------------
+
+from decoderlab.optim import MuonAdamW, muon_parameter_groups, schedule_factor  # noqa: E402
+from decoderlab.training import TrainConfig, configure_optimizers, lr_at, train_lm  # noqa: E402
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(tie_weights=False, bias=True), dict(position="rope", norm="rmsnorm")])
+def test_every_parameter_is_in_exactly_one_group(opts):
+    m = _model(**opts)
+    muon, decay, no_decay = muon_parameter_groups(m)
+    names = muon + decay + no_decay
+    assert len(names) == len(set(names))
+    params = dict(m.named_parameters())  # shared tensors listed once
+    assert set(names) == set(params)
+    assert all(params[n].dim() == 2 and n.startswith("blocks.") for n in muon)
+    assert sorted(n.rsplit(".", 2)[-2] for n in muon if n.startswith("blocks.0.")) == ["fc", "proj", "proj", "qkv"]
+    assert "we.weight" in no_decay  # embeddings (and the tied head) stay with AdamW, undecayed
+    if not m.config.tie_weights:
+        assert decay == ["fc_layer.weight"]
+    opt = configure_optimizers(m, TrainConfig(optimizer="muon"))["optimizer"]
+    in_groups = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(in_groups) == sorted(id(p) for p in params.values())
+
+
+def test_muon_adamw_steps_both_and_the_schedule_scales_both():
+    m = _model()
+    cfg = TrainConfig(optimizer="muon", muon_lr=0.04, lr=2e-3, min_lr=2e-4, warmup=2, max_steps=10)
+    conf = configure_optimizers(m, cfg)
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
+    assert isinstance(opt.adamw, torch.optim.AdamW)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    m.train()
+    for step in range(3):
+        assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.04 * lr_at(step, cfg) / 2e-3)
+        assert opt.adamw.param_groups[0]["lr"] == pytest.approx(lr_at(step, cfg))
+        loss = m(torch.arange(12)[None]).logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    for n, p in m.named_parameters():
+        assert not torch.equal(p, before[n]), n  # every parameter moved (zero-init off in this preset)
+    # state round trip: a fresh optimizer loaded from the state continues identically
+    state = opt.state_dict()
+    assert set(state) == {"muon", "adamw"}
+    m2 = _model()
+    m2.load_state_dict(m.state_dict())
+    opt2 = configure_optimizers(m2, cfg)["optimizer"]
+    opt2.load_state_dict(copy.deepcopy(state))  # torch shares the tensors of a loaded state otherwise
+    for mm, oo in ((m, opt), (m2, opt2)):
+        mm(torch.arange(12)[None]).logsumexp(-1).mean().backward()
+        oo.step()
+    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p, p2, rtol=0, atol=0)
+
+
+def test_muon_rejects_non_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        MuonAdamW([torch.nn.Parameter(torch.zeros(3))], [])
+
+
+def test_wsd_schedule():
+    kw = dict(warmup=10, max_steps=100, lr=1.0, min_lr=0.1, schedule="wsd", cooldown=0.4)
+    assert schedule_factor(0, **kw) == pytest.approx(0.1)
+    assert schedule_factor(9, **kw) == pytest.approx(1.0)
+    assert schedule_factor(59, **kw) == pytest.approx(1.0)  # flat until the last 40 steps
+    assert schedule_factor(60, **kw) == pytest.approx(1.0)
+    assert schedule_factor(80, **kw) == pytest.approx(0.55)  # half way down the line
+    assert schedule_factor(100, **kw) == pytest.approx(0.1) and schedule_factor(500, **kw) == pytest.approx(0.1)
+    cfg = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100, schedule="wsd", cooldown=0.4)
+    assert lr_at(80, cfg) == pytest.approx(2e-3 * 0.55)
+    # the cosine of schedule_factor is lr_at's
+    c = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100)
+    for s in (0, 5, 10, 37, 99, 100, 150):
+        assert lr_at(s, c) == pytest.approx(2e-3 * schedule_factor(s, warmup=10, max_steps=100, lr=2e-3,
+                                                                      min_lr=2e-4))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("optimizer", "sgd", "allowed: adamw, muon"), ("schedule", "linear", "allowed: cosine, wsd"),
+    ("muon_lr", 0.0, "muon_lr"), ("muon_momentum", 1.0, "muon_momentum"), ("cooldown", 1.5, "cooldown"),
+    ("full_val_at_end", "yes", "full_val_at_end"), ("full_val_below", "low", "full_val_below")])
+def test_bad_train_options_are_named(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{field: value})
+
+
+def test_recipes_resolve_and_the_nanogpt_recipe_is_the_old_default():
+    from decoderlab.recipes import DEFAULT_RECIPE, RECIPES, resolve
+
+    name, cfg = resolve("baby-shakespeare-nanogpt")
+    assert name == "baby-shakespeare" and cfg == TrainConfig()
+    name, cfg = resolve(DEFAULT_RECIPE)
+    assert dl.preset(name).qk_norm and cfg.optimizer == "muon" and cfg.full_val_at_end
+    assert resolve("gpt2") == ("gpt2", None)
+    with pytest.raises(ValueError, match="recipes: .*baby-shakespeare-nanogpt"):
+        resolve("nope")
+    assert set(RECIPES) >= {"baby-shakespeare-nanogpt", "baby-shakespeare-speedrun"}
+
+
+def test_train_lm_with_muon_subset_eval_and_full_eval_at_end(shared_dir, tmp_path):
+    torch.set_num_threads(1)
+    text = (shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:12000]
+    cfg = TrainConfig(max_steps=6, batch_size=4, warmup=2, eval_every=3, val_batches=1, val_batch_size=4,
+                      log_every=1, optimizer="muon", full_val_at_end=True, full_val_below=100.0)
+    model, tok, s = train_lm(text=text, out=tmp_path / "run", train_config=cfg, model_overrides={k: v for k, v in TINY.items() if k != "num_tokens"},
+                             cache_dir=tmp_path / "cache", progress_bar=False, accelerator="cpu", logger=False)
+    kinds = [(e["step"], e["windows"]) for e in s.eval_log]
+    # subset at 3 and 6, each <= 100 so also all windows; the end reuses step 6's full evaluation
+    assert kinds == [(3, "subset"), (3, "all"), (6, "subset"), (6, "all")]
+    secs = [e["seconds"] for e in s.eval_log]
+    assert secs == sorted(secs) and secs[0] > 0
+    from decoderlab.data import split_tokens
+    from decoderlab.training import evaluate_lm
+
+    import numpy as np
+    _, val = split_tokens(np.array(tok.encode(text)), 0.1)
+    full = evaluate_lm(model, val, model.config.max_len, 4)
+    assert s.val_loss == pytest.approx(full, rel=1e-6)
+    assert s.eval_log[-1]["val_loss"] == pytest.approx(full, rel=1e-6)
+    assert s.eval_log[-2]["val_loss"] != pytest.approx(full, rel=1e-9)  # the subset is not all windows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------------------------------
+
+from decoderlab.threads import choose_threads  # noqa: E402
+
+
+@pytest.mark.parametrize("cores,load,expected", [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 2.0, 1), (2, 7.0, 1),
+                                                 (1, 0.0, 1), (16, 0.0, 2), (16, 13.8, 2), (16, 14.6, 1)])
+def test_choose_threads_from_cores_and_load(cores, load, expected):
+    assert choose_threads(cores=cores, load=load) == expected
+
+
+def test_requested_threads_win_and_bad_values_are_named():
+    assert choose_threads(3, cores=2, load=5.0) == 3
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            choose_threads(bad)
+
+
+def test_cli_threads_option(capsys):
+    from decoderlab.cli import main
+
+    assert main(["train", "--threads", "0"]) == 2
+    assert "threads must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_kv_cache_decoding_equals_the_no_cache_loop_for_the_speedrun_model():
+    """qk_norm and relu2 in the cached decode path: the same tokens and the same logits as the lesson's loop."""
+    from decoderlab.generation import KVCache, generate
+
+    m = _model(position="rope", qk_norm=True, mlp="relu2", zero_init=False)
+    prompt = [1, 5, 7]
+    fast = generate(m, prompt, 8, temperature=0)
+    slow = generate(m, prompt, 8, temperature=0, use_cache=False)
+    assert fast == slow and len(fast) == 8
+    ids = torch.tensor([prompt + fast])
+    cache = KVCache.for_model(m)
+    with torch.no_grad():
+        steps = [m(ids[:, :3], cache=cache)] + [m(ids[:, t:t + 1], cache=cache) for t in range(3, ids.size(1))]
+        torch.testing.assert_close(torch.cat(steps, dim=1), m(ids), rtol=1e-5, atol=1e-5)
