@@ -130,7 +130,7 @@ def test_verify_fails_when_the_module_disagrees_with_the_config(field):
 # optimizer options
 # ---------------------------------------------------------------------------------------------------------
 
-from decoderlab.optim import MuonAdamW, muon_parameter_groups, schedule_factor  # noqa: E402
+from decoderlab.training.optim import MuonAdamW, muon_parameter_groups, schedule_factor  # noqa: E402
 from decoderlab.training import TrainConfig, configure_optimizers, lr_at, train_lm  # noqa: E402
 
 
@@ -217,7 +217,7 @@ def test_bad_train_options_are_named(field, value, match):
 
 
 def test_recipes_resolve_and_the_nanogpt_recipe_is_the_old_default():
-    from decoderlab.recipes import DEFAULT_RECIPE, RECIPES, resolve
+    from decoderlab.training.recipes import DEFAULT_RECIPE, RECIPES, resolve
 
     name, cfg = resolve("baby-shakespeare-nanogpt")
     assert name == "baby-shakespeare" and cfg == TrainConfig()

@@ -381,6 +381,10 @@ def _train(args) -> int:
         print(f"decoderlab: error: {e}", file=sys.stderr)
         return 1
     if s.is_global_zero:
+        if args.resume is not None:  # the run's own preset or recipe
+            from .checkpoint import read_meta
+
+            name = read_meta(s.run_dir).get("preset") or name
         print(f"trained {name} ({s.num_parameters:,} parameters) for {s.steps} steps: train loss {s.train_loss:.4f} "
               f"(mean of the last {s.train_loss_steps} steps), {s.tokens_per_second:,.0f} tokens per second")
         if s.val_loss is not None:
