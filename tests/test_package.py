@@ -108,6 +108,13 @@ def test_cli_mirrors_agree_with_the_library():
 
     limits = {f.name: f.default for f in dataclasses.fields(Limits)}
     assert cli.SERVE_LIMITS == {k: limits[k] for k in cli.SERVE_LIMITS}
+    from decoderlab.training.optim import OPTIMIZERS, SCHEDULES
+    from decoderlab.training.recipes import DEFAULT_RECIPE, RECIPES
+
+    assert (cli.OPTIMIZERS, cli.SCHEDULES) == (OPTIMIZERS, SCHEDULES)
+    assert cli.RECIPE_NAMES == tuple(RECIPES) and cli.DEFAULT_RECIPE == DEFAULT_RECIPE
+    assert cli.DEFAULT_RECIPE_TRAIN == RECIPES[DEFAULT_RECIPE].train
+    assert sorted(cli.TRAIN_PRESET_NAMES) == sorted(set(PRESETS) | set(RECIPES))
     # every TrainConfig field with a flag is named by the flag in error messages
     assert {f for _, f, _, _ in cli.TRAIN_OPTIONS} <= set(cli.FIELD_FLAGS)
 
@@ -127,7 +134,8 @@ def test_cli_finetune_mirrors_agree_with_the_library():
              .choices["finetune"]._actions if a.option_strings}
     assert helps["--max-steps"] == "optimizer steps (default 500)"
     assert helps["--lr"] == "peak learning rate (default 0.0003)"
-    assert helps["--n-layer"] == "decoder blocks (default: baby-shakespeare 4, shakespeare-char 6, gpt2 12)"
+    assert helps["--n-layer"] == ("decoder blocks (default: baby-shakespeare 4, baby-shakespeare-speedrun 4, "
+                                  "shakespeare-char 6, gpt2 12)")
     assert "--val-batches" not in helps
 
 
@@ -151,10 +159,17 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
             if action.choices:
                 assert "{" + ",".join(map(str, action.choices)) + "}" in text, where
     helps = {a.option_strings[-1]: a.help for a in sub.choices["train"]._actions if a.option_strings}
-    assert "--preset {statquest,baby-shakespeare,shakespeare-char,gpt2}" in sub.choices["train"].format_help()
-    assert helps["--max-steps"] == "optimizer steps (default 2000)"
-    assert helps["--lr"] == "peak learning rate (statquest: Adam's learning rate) (default 0.001; statquest 0.1)"
-    assert helps["--n-layer"] == "decoder blocks (default: baby-shakespeare 4, shakespeare-char 6, gpt2 12)"
+    # issue 12: train's defaults are the default recipe's (baby-shakespeare-speedrun), a plain preset's TrainConfig()'s
+    assert ("--preset {statquest,baby-shakespeare,baby-shakespeare-speedrun,baby-shakespeare-nanogpt,"
+            "shakespeare-char,gpt2}") in sub.choices["train"].format_help()
+    assert helps["--max-steps"] == "optimizer steps (default 450; 2000 with a plain model preset)"
+    assert helps["--lr"] == ("peak learning rate (statquest: Adam's learning rate) (default 0.003; 0.001 with a plain "
+                             "model preset; statquest 0.1)")
+    assert helps["--optimizer"].endswith("(default muon; adamw with a plain model preset)")
+    for command in ("train", "generate", "sample", "chat", "serve"):
+        assert "--threads" in {a.option_strings[-1] for a in sub.choices[command]._actions if a.option_strings}
+    assert helps["--n-layer"] == ("decoder blocks (default: baby-shakespeare 4, baby-shakespeare-speedrun 4, "
+                                  "shakespeare-char 6, gpt2 12)")
 
 
 def test_version_and_one_line_argument_errors(decoderlab_cli):
