@@ -293,3 +293,74 @@ def test_kv_cache_decoding_equals_the_no_cache_loop_for_the_speedrun_model():
     with torch.no_grad():
         steps = [m(ids[:, :3], cache=cache)] + [m(ids[:, t:t + 1], cache=cache) for t in range(3, ids.size(1))]
         torch.testing.assert_close(torch.cat(steps, dim=1), m(ids), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# in the package's training run: resume honours the Muon settings, the CLI's default is the recipe
+# ---------------------------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+import lightning as L  # noqa: E402
+
+SHAPE = {k: v for k, v in TINY.items() if k != "num_tokens"}
+
+
+class MuonLrs(L.Callback):
+    """The Muon group's learning rate and momentum at each optimizer step (0-based)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        g = trainer.optimizers[0].muon.param_groups[0]
+        self.seen[trainer.global_step] = (g["lr"], g["momentum"])
+
+
+def _muon_run(text, out, cache, **kw):
+    torch.set_num_threads(1)
+    return train_lm(text=text, out=out, model_overrides=SHAPE, cache_dir=cache, progress_bar=False,
+                    accelerator="cpu", logger=False, **kw)
+
+
+def test_resume_honours_changed_muon_settings_and_refuses_another_optimizer(shared_dir, tmp_path):
+    text = (shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:6000]
+    cfg = TrainConfig(max_steps=3, batch_size=2, warmup=1, eval_every=3, val_batches=1, val_batch_size=2,
+                      log_every=1, optimizer="muon", muon_lr=0.02)
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    _muon_run(text, out, cache, train_config=cfg)
+    rec = MuonLrs()
+    _, _, s = _muon_run(text, None, cache, resume=out, config_overrides={"max_steps": 5, "muon_lr": 0.04,
+                                                                         "muon_momentum": 0.9}, callbacks=[rec])
+    new = cfg.replace(max_steps=5, muon_lr=0.04, muon_momentum=0.9)
+    assert s.steps == 5 and sorted(rec.seen) == [3, 4]
+    for k in (3, 4):
+        assert rec.seen[k] == (pytest.approx(0.04 * lr_at(k, new) / new.lr), 0.9)
+    assert json.loads((out / "run.json").read_text())["resumes"][-1]["changed"]["muon_lr"] == [0.02, 0.04]
+    with pytest.raises(ValueError, match=r"optimizer='adamw': the run was trained with optimizer='muon'"):
+        _muon_run(text, None, cache, resume=out, config_overrides={"max_steps": 6, "optimizer": "adamw"})
+
+
+def test_cli_train_defaults_to_the_speedrun_recipe(shared_dir, tmp_path, monkeypatch):
+    """`decoderlab train` (no --preset): the recipe's model and settings, a full evaluation at the end."""
+    from decoderlab.cli import main
+
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:6000],
+                      encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), "--max-steps", "2", "--eval-every", "2",
+                 "--val-batches", "1", "--batch-size", "2", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
+                 "--max-len", "16", "--no-progress-bar", "--threads", "1"]) == 0
+    assert torch.get_num_threads() == 1
+    run = json.loads((out / "run.json").read_text())
+    assert run["preset"] == "baby-shakespeare-speedrun"
+    assert {k: run["train_config"][k] for k in ("optimizer", "lr", "min_lr", "full_val_at_end", "val_batches")} == \
+        dict(optimizer="muon", lr=3e-3, min_lr=3e-4, full_val_at_end=True, val_batches=1)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["position"], config["qk_norm"], config["mlp"], config["zero_init"], config["d_model"]) == \
+        ("rope", True, "relu2", True, 16)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(e["step"], e["windows"]) for e in summary["eval_log"]] == [(2, "subset"), (2, "all")]
+    assert summary["val_loss"] == summary["eval_log"][-1]["val_loss"] != summary["eval_log"][0]["val_loss"]

@@ -434,7 +434,9 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
     out = tmp_path / "run"
-    r = decoderlab_cli("train", "--data", corpus, "--out", out, "--tokenizer", "bpe", "--vocab-size", "20000",
+    # (a plain model preset: the default recipe's full evaluation at the end is test_speedrun's)
+    r = decoderlab_cli("train", "--preset", "baby-shakespeare", "--data", corpus, "--out", out, "--tokenizer", "bpe",
+                       "--vocab-size", "20000",
                        "--max-steps", "4", "--eval-every", "2", "--log-every", "3", "--warmup", "4",
                        "--batch-size", "2", "--val-batches", "2", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
                        "--max-len", "16", "--position", "rope", "--norm", "rmsnorm", "--no-progress-bar",
