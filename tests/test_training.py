@@ -722,8 +722,9 @@ def ddp_env(cache):
 def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text[:700], encoding="utf-8")  # validation: 70 tokens, 1 window of 65
-    proc = run_group([str(Path(sys.executable).with_name("decoderlab")), "train", "--data", str(corpus), "--devices",
-                      "2", "--strategy", "ddp", "--max-steps", "1", "--out", str(tmp_path / "run")],
+    proc = run_group([str(Path(sys.executable).with_name("decoderlab")), "train", "--preset", "baby-shakespeare",
+                      "--data", str(corpus), "--devices", "2", "--strategy", "ddp", "--max-steps", "1", "--out",
+                      str(tmp_path / "run")],
                      timeout=120, env=ddp_env(cache), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "decoderlab: error: the validation set has 1 window of --max-len+1 = 65 tokens for 2 processes, and each "
@@ -738,8 +739,8 @@ def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
     exe = Path(sys.executable).with_name("decoderlab")
-    common = ["train", "--data", str(corpus), "--max-steps", "2", "--eval-every", "1", "--val-batches", "1",
-              "--no-progress-bar"]
+    common = ["train", "--preset", "baby-shakespeare", "--data", str(corpus), "--max-steps", "2", "--eval-every", "1",
+              "--val-batches", "1", "--no-progress-bar"]  # (a plain preset: no full evaluation at the end)
     proc = run_group([str(exe), *common, "--devices", "2", "--strategy", "ddp", "--batch-size", "2", "--out",
                       str(tmp_path / "ddp")], env=ddp_env(cache), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
