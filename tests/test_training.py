@@ -728,7 +728,7 @@ def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
                      timeout=120, env=ddp_env(cache), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "decoderlab: error: the validation set has 1 window of --max-len+1 = 65 tokens for 2 processes, and each "
-        "process needs at least one: use fewer processes, more validation data (val_fraction), more --val-batches "
+        "process needs at least one: use fewer processes, more validation data (--val-fraction), more --val-batches "
         "or a larger val_batch_size"), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "lightning").exists()
 
