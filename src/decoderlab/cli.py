@@ -642,20 +642,26 @@ def cmd_generate(args) -> int:
                          temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
                          top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok),
                          seed=args.seed, echo=args.echo, stop_at_eos=not pairs)
+    _write_pieces(pieces, stream=not args.no_stream)
+    return 0
+
+
+def _write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
+    """Write text pieces as they come (``stream``) or all at the end, then ``tail()`` and a newline. On Ctrl-C,
+    what was produced so far is written before the interrupt goes on (``main`` prints the one line, exit 130)."""
     written: list[str] = []
     try:
         for piece in pieces:
-            if args.no_stream:
-                written.append(piece)
-            else:
+            if stream:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-    except KeyboardInterrupt:  # Ctrl-C: keep what was produced, say so in one line
+            else:
+                written.append(piece)
+    except KeyboardInterrupt:
         sys.stdout.write("".join(written) + "\n")
         sys.stdout.flush()
         raise
-    sys.stdout.write("".join(written) + "\n")
-    return 0
+    sys.stdout.write("".join(written) + tail() + "\n")
 
 
 def _chat_template(directory):
@@ -691,21 +697,10 @@ def _generate_chat(args, model, tok, prompt) -> int:
         max_new_tokens=GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens,
         temperature=default_t if args.temperature is None else args.temperature,
         top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p, seed=args.seed, info=info)
-    written: list[str] = []
-    try:
-        for piece in pieces:
-            if args.no_stream:
-                written.append(piece)
-            else:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-    except KeyboardInterrupt:  # Ctrl-C: keep what was produced, say so in one line
-        sys.stdout.write("".join(written) + "\n")
-        sys.stdout.flush()
-        raise
-    if template.name == "lesson" and info.get("ended_with_end_of_turn"):  # the lesson prints its <EOS>
-        written.append(f"{tok.separator}{template.end}")
-    sys.stdout.write("".join(written) + "\n")
+    lesson_end = template.name == "lesson"  # the lesson prints its <EOS>
+    _write_pieces(pieces, stream=not args.no_stream,
+                  tail=lambda: f"{tok.separator}{template.end}" if lesson_end and info.get("ended_with_end_of_turn")
+                  else "")
     return 0
 
 
