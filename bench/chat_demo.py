@@ -25,7 +25,8 @@ from decoderlab.chat import chat_reply, load_chat_checkpoint  # noqa: E402
 from decoderlab.checkpoint import load_checkpoint  # noqa: E402
 from decoderlab.finetune import finetune  # noqa: E402
 from decoderlab.generation import generate  # noqa: E402
-from decoderlab.storyset import build_story_set, word_coverage, words_of_prompt  # noqa: E402
+from decoderlab.storyset import (build_story_set, content_words, lead_words, story_prompt,  # noqa: E402
+                                 word_coverage, words_of_prompt)
 from decoderlab.training import TrainConfig, train_lm  # noqa: E402
 
 
@@ -33,6 +34,30 @@ def coverage_table(counts: list[int]) -> dict:
     n = len(counts)
     return {"all_three": sum(c == 3 for c in counts) / n, "at_least_one": sum(c >= 1 for c in counts) / n,
             "none": sum(c == 0 for c in counts) / n}
+
+
+def words_prefixed_text(texts: list[str], copies: int, prefix: str, words_from: str, order: str,
+                        first_words: int | None, seed: int = 1) -> str:
+    """Pretraining text for lever (c): every training paragraph ``copies`` times (a seeded shuffle per copy),
+    each time preceded by a fresh triple of its words drawn as the prompts draw them -- the fine-tuning task
+    as unsupervised text. ``prefix``: "prompt" (the user turn's own sentence) or "words" ("Words: a, b, c.")."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(copies):
+        idx = list(range(len(texts)))
+        rng.shuffle(idx)
+        for i in idx:
+            words = content_words(texts[i])
+            pool = lead_words(texts[i]) if words_from == "lead" else words
+            pool = pool[:first_words] if first_words else pool
+            pick = rng.sample(pool, 3)
+            if order == "text":
+                pick.sort(key=words.index)
+            head = story_prompt(pick) if prefix == "prompt" else f"Words: {', '.join(pick)}."
+            out.append(f"{head}\n{texts[i]}")
+    return "\n\n".join(out)
 
 
 def main() -> int:
@@ -53,6 +78,17 @@ def main() -> int:
     ap.add_argument("--decodings", default="greedy,sampled", help="comma-separated: greedy, sampled")
     ap.add_argument("--order", default="random", choices=("random", "text"),
                     help="requested words in the order drawn, or in their order in the paragraph")
+    ap.add_argument("--words-from", default="all", choices=("all", "lead"),
+                    help="draw the words from the whole paragraph or from its opening sentence(s)")
+    ap.add_argument("--pretrain-words", type=int, default=0,
+                    help="lever (c): pretrain on each paragraph N times preceded by a word triple (0: plain)")
+    ap.add_argument("--pretrain-prefix", default="prompt", choices=("prompt", "words"))
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--position", default="learned", choices=("learned", "rope", "sinusoidal"))
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--finetune-batch", type=int, default=16)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -60,11 +96,12 @@ def main() -> int:
     t_start = time.perf_counter()
 
     train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
-                                                          order=args.order, first_words=args.first_words)
+                                                          order=args.order, first_words=args.first_words,
+                                                          words_from=args.words_from)
     print(f"{len(train)} training conversations ({len(train_texts)} paragraphs), {len(held)} held out")
 
     # 1. pretrain on the training paragraphs only (held-out text is never seen)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if args.base:  # reuse: copy the base run, report its recorded time
         shutil.copytree(args.base, out / "base")
         prev = json.loads((Path(args.base).parent / "results.json").read_text())
@@ -74,27 +111,35 @@ def main() -> int:
     else:
         s = None
     base_model, tok, s = (None, None, s) if s is not None else train_lm(
-        text="\n\n".join(train_texts), preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
-        model_overrides=dict(max_len=128, d_model=128, n_layer=4, n_head=4, dropout=0.0),
-        train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=2e-3, min_lr=2e-4, warmup=50,
+        text=("\n\n".join(train_texts) if not args.pretrain_words else
+              words_prefixed_text(train_texts, args.pretrain_words, args.pretrain_prefix, args.words_from,
+                                  args.order, args.first_words)),
+        preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
+        model_overrides=dict(max_len=128, d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
+                             dropout=0.0, position=args.position),
+        train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=args.pretrain_lr,
+                                 min_lr=args.pretrain_lr / 10, warmup=50,
                                  eval_every=args.pretrain_steps, val_batches=8, val_batch_size=32),
         out=out / "base", progress_bar=False, logger=False, accelerator="cpu")
     t_pre = time.perf_counter() - t0 if not args.base else prev["pretrain_seconds"]
-    cpu_pre = time.process_time() if not args.base else pre_cpu
+    cpu_pre = time.process_time() - c0 if not args.base else pre_cpu
     print(f"pretrained {s.num_parameters:,} parameters for {s.steps} steps in {t_pre:.0f} s: val loss "
           f"{s.val_loss:.3f}", flush=True)
 
     # 2. fine-tune on the conversations (masked loss, decoderlab template)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model, ctok, fs = finetune(
         train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
-        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=16, lr=args.finetune_lr,
+        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=args.finetune_batch,
+                                 lr=args.finetune_lr,
                                  min_lr=args.finetune_lr / 10, warmup=20,
                                  eval_every=args.finetune_steps, val_batch_size=32),
         eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False, logger=False,
         accelerator="cpu")
     t_ft = time.perf_counter() - t0
-    print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s", flush=True)
+    cpu_ft = time.process_time() - c0  # includes finetune's own held-out evaluation (eval_prompts replies)
+    print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s ({cpu_ft / 60:.1f} CPU-minutes); held-out "
+          f"evaluation: {fs.evaluation}", flush=True)
 
     # 3. held-out prompts: fine-tuned (chat template, greedy) vs base (the prompt as text, greedy)
     chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
@@ -120,8 +165,8 @@ def main() -> int:
                          "end_of_turn_rate": ended / len(ft_counts)}
     wall = time.perf_counter() - t_start
     cpu = time.process_time()  # CPU seconds of this process (all threads)
-    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "first_words": args.first_words, "finetune_lr": args.finetune_lr,
-           "prompts_per_unit": args.prompts_per_unit, "pretrain_cpu_seconds": cpu_pre,
+    res = {"scores": scores, "prompts": len(ft_counts), "args": vars(args), "pretrain_cpu_seconds": cpu_pre,
+           "finetune_cpu_seconds": cpu_ft,
            "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
            "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
@@ -135,8 +180,10 @@ def main() -> int:
             eot = f"{sc['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
             print(f"| {dname} | {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | "
                   f"{r['none']:.0%} | {eot} |")
-    print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
-          f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
+    print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s wall; "
+          f"CPU-minutes: pretraining {(cpu_pre or 0) / 60:.1f} + fine-tuning {cpu_ft / 60:.1f} = "
+          f"{((cpu_pre or 0) + cpu_ft) / 60:.1f}; whole script (with scoring) {wall:.0f} s wall, "
+          f"{cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
     t = transcripts[-len(ft_counts)]  # the last decoding's first prompt
     print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
     return 0
