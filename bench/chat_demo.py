@@ -89,10 +89,14 @@ def main() -> int:
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--finetune-batch", type=int, default=16)
+    ap.add_argument("--score-only", action="store_true",
+                    help="score the base/ and chat/ checkpoints already in --out again (no training); writes "
+                         "results_rescored.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
+    if not args.score_only:
+        shutil.rmtree(out, ignore_errors=True)
     t_start = time.perf_counter()
 
     train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
@@ -102,7 +106,13 @@ def main() -> int:
 
     # 1. pretrain on the training paragraphs only (held-out text is never seen)
     t0, c0 = time.perf_counter(), time.process_time()
-    if args.base:  # reuse: copy the base run, report its recorded time
+    if args.score_only:  # everything from the run's own record
+        prev = json.loads((out / "results.json").read_text())
+        args.base = str(out / "base")
+        s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
+                               val_loss=prev["pretrain_val_loss"])
+        pre_cpu = prev.get("pretrain_cpu_seconds")
+    elif args.base:  # reuse: copy the base run, report its recorded time
         shutil.copytree(args.base, out / "base")
         prev = json.loads((Path(args.base).parent / "results.json").read_text())
         s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
@@ -128,16 +138,19 @@ def main() -> int:
 
     # 2. fine-tune on the conversations (masked loss, decoderlab template)
     t0, c0 = time.perf_counter(), time.process_time()
-    model, ctok, fs = finetune(
-        train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
-        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=args.finetune_batch,
-                                 lr=args.finetune_lr,
-                                 min_lr=args.finetune_lr / 10, warmup=20,
-                                 eval_every=args.finetune_steps, val_batch_size=32),
-        eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False, logger=False,
-        accelerator="cpu")
-    t_ft = time.perf_counter() - t0
-    cpu_ft = time.process_time() - c0  # includes finetune's own held-out evaluation (eval_prompts replies)
+    if args.score_only:
+        fs = argparse.Namespace(steps=prev["finetune_steps"], evaluation=prev["finetune_evaluation"])
+        t_ft, cpu_ft = prev["finetune_seconds"], prev["finetune_cpu_seconds"]
+    else:
+        _, _, fs = finetune(
+            train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
+            train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=args.finetune_batch,
+                                     lr=args.finetune_lr, min_lr=args.finetune_lr / 10, warmup=20,
+                                     eval_every=args.finetune_steps, val_batch_size=32),
+            eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False,
+            logger=False, accelerator="cpu")
+        t_ft = time.perf_counter() - t0
+        cpu_ft = time.process_time() - c0  # includes finetune's own held-out evaluation (eval_prompts replies)
     print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s ({cpu_ft / 60:.1f} CPU-minutes); held-out "
           f"evaluation: {fs.evaluation}", flush=True)
 
@@ -147,6 +160,11 @@ def main() -> int:
     decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
     decodings = {k: decodings[k] for k in args.decodings.split(",")}
     scores, transcripts = {}, []
+    df: dict[str, int] = {}
+    for t in train_texts:
+        for w in content_words(t):
+            df[w] = df.get(w, 0) + 1
+    common = set(sorted(df, key=df.get, reverse=True)[:50])
     for dname, dec in decodings.items():
         ft_counts, base_counts, ended = [], [], 0
         for conv in held[: args.held_out]:
@@ -163,6 +181,13 @@ def main() -> int:
                                 "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
         scores[dname] = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
                          "end_of_turn_rate": ended / len(ft_counts)}
+        # harder prompts: at least one word outside the 50 content words found in most training paragraphs
+        hard = [i for i, conv in enumerate(held[: args.held_out])
+                if any(w not in common for w in words_of_prompt(conv[0]["content"]))]
+        if hard:
+            scores[dname]["harder_prompts"] = {
+                "n": len(hard), "fine_tuned_all_three": sum(ft_counts[i] == 3 for i in hard) / len(hard),
+                "base_all_three": sum(base_counts[i] == 3 for i in hard) / len(hard)}
     wall = time.perf_counter() - t_start
     cpu = time.process_time()  # CPU seconds of this process (all threads)
     res = {"scores": scores, "prompts": len(ft_counts), "args": vars(args), "pretrain_cpu_seconds": cpu_pre,
@@ -170,8 +195,8 @@ def main() -> int:
            "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
            "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
-           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:3] + transcripts[len(ft_counts):len(ft_counts) + 3]}
-    (out / "results.json").write_text(json.dumps(res, indent=2))
+           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts}
+    (out / ("results_rescored.json" if args.score_only else "results.json")).write_text(json.dumps(res, indent=2))
     print("\n| decoding | model | all three words | at least one | none | end of turn |")
     print("|---|---|---|---|---|---|")
     for dname, sc in scores.items():
@@ -180,6 +205,11 @@ def main() -> int:
             eot = f"{sc['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
             print(f"| {dname} | {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | "
                   f"{r['none']:.0%} | {eot} |")
+    for dname, sc in scores.items():
+        if "harder_prompts" in sc:
+            h = sc["harder_prompts"]
+            print(f"{dname}: on the {h['n']} prompts with a word outside the 50 most common, all three: "
+                  f"fine-tuned {h['fine_tuned_all_three']:.0%}, base {h['base_all_three']:.0%}")
     print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s wall; "
           f"CPU-minutes: pretraining {(cpu_pre or 0) / 60:.1f} + fine-tuning {cpu_ft / 60:.1f} = "
           f"{((cpu_pre or 0) + cpu_ft) / 60:.1f}; whole script (with scoring) {wall:.0f} s wall, "
