@@ -4,7 +4,10 @@ prompts: share of replies with all three words / at least one / none, and the en
 
     PYTHONPATH=src python bench/chat_demo.py [--stories ../shared/data/tinystories_val_slice.txt] [--out runs/chat_demo]
 
-CPU only, one thread (the machine is shared). Prints a table and one transcript; writes results.json.
+CPU only, one thread (the machine is shared). Prints a table and one transcript; writes results.json. The
+defaults are the recipe of docs/benchmarks.md's final run (words from the paragraph's opening sentence in text
+order, 4 triples per paragraph, rope + 8 heads, 1,000 pretraining + 600 fine-tuning steps at lr 2e-3): about
+6 CPU-minutes of training. Runs 1-3 there used --words-from all --order random --position learned --n-head 4.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from decoderlab.chat import chat_reply, load_chat_checkpoint  # noqa: E402
 from decoderlab.checkpoint import load_checkpoint  # noqa: E402
 from decoderlab.finetuning import finetune  # noqa: E402
 from decoderlab.generation import generate  # noqa: E402
-from decoderlab.storyset import build_story_set, word_coverage, words_of_prompt  # noqa: E402
+from decoderlab.storyset import (build_story_set, content_words, lead_words, story_prompt,  # noqa: E402
+                                 word_coverage, words_of_prompt)
 from decoderlab.training import TrainConfig, train_lm  # noqa: E402
 
 
@@ -35,37 +39,83 @@ def coverage_table(counts: list[int]) -> dict:
             "none": sum(c == 0 for c in counts) / n}
 
 
+def words_prefixed_text(texts: list[str], copies: int, prefix: str, words_from: str, order: str,
+                        first_words: int | None, seed: int = 1) -> str:
+    """Pretraining text for lever (c): every training paragraph ``copies`` times (a seeded shuffle per copy),
+    each time preceded by a fresh triple of its words drawn as the prompts draw them -- the fine-tuning task
+    as unsupervised text. ``prefix``: "prompt" (the user turn's own sentence) or "words" ("Words: a, b, c.")."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(copies):
+        idx = list(range(len(texts)))
+        rng.shuffle(idx)
+        for i in idx:
+            words = content_words(texts[i])
+            pool = lead_words(texts[i]) if words_from == "lead" else words
+            pool = pool[:first_words] if first_words else pool
+            pick = rng.sample(pool, 3)
+            if order == "text":
+                pick.sort(key=words.index)
+            head = story_prompt(pick) if prefix == "prompt" else f"Words: {', '.join(pick)}."
+            out.append(f"{head}\n{texts[i]}")
+    return "\n\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stories", default=str(ROOT.parent / "shared" / "data" / "tinystories_val_slice.txt"))
     ap.add_argument("--out", default="runs/chat_demo")
-    ap.add_argument("--pretrain-steps", type=int, default=1200)
-    ap.add_argument("--finetune-steps", type=int, default=800)
-    ap.add_argument("--prompts-per-unit", type=int, default=2)
+    ap.add_argument("--pretrain-steps", type=int, default=1000)
+    ap.add_argument("--finetune-steps", type=int, default=600)
+    ap.add_argument("--prompts-per-unit", type=int, default=4)
     ap.add_argument("--held-out", type=int, default=100, help="held-out prompts to score")
     ap.add_argument("--max-new-tokens", type=int, default=120)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--base", default=None, help="reuse a base checkpoint written by an earlier run (same "
                                                  "--stories and seed: the same training paragraphs)")
-    ap.add_argument("--finetune-lr", type=float, default=1e-3)
+    ap.add_argument("--finetune-lr", type=float, default=2e-3)
     ap.add_argument("--first-words", type=int, default=None,
                     help="draw the words from the paragraph's first N content words (default: all)")
-    ap.add_argument("--decodings", default="greedy,sampled", help="comma-separated: greedy, sampled")
-    ap.add_argument("--order", default="random", choices=("random", "text"),
+    ap.add_argument("--decodings", default="greedy", help="comma-separated: greedy, sampled")
+    ap.add_argument("--order", default="text", choices=("random", "text"),
                     help="requested words in the order drawn, or in their order in the paragraph")
+    ap.add_argument("--words-from", default="lead", choices=("all", "lead"),
+                    help="draw the words from the whole paragraph or from its opening sentence(s)")
+    ap.add_argument("--pretrain-words", type=int, default=0,
+                    help="lever (c): pretrain on each paragraph N times preceded by a word triple (0: plain)")
+    ap.add_argument("--pretrain-prefix", default="prompt", choices=("prompt", "words"))
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--position", default="rope", choices=("learned", "rope", "sinusoidal"))
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--finetune-batch", type=int, default=16)
+    ap.add_argument("--score-only", action="store_true",
+                    help="score the base/ and chat/ checkpoints already in --out again (no training); writes "
+                         "results_rescored.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
+    if not args.score_only:
+        shutil.rmtree(out, ignore_errors=True)
     t_start = time.perf_counter()
 
     train, held, train_texts, _ = build_story_set(args.stories, prompts_per_unit=args.prompts_per_unit, seed=0,
-                                                          order=args.order, first_words=args.first_words)
+                                                          order=args.order, first_words=args.first_words,
+                                                          words_from=args.words_from)
     print(f"{len(train)} training conversations ({len(train_texts)} paragraphs), {len(held)} held out")
 
     # 1. pretrain on the training paragraphs only (held-out text is never seen)
-    t0 = time.perf_counter()
-    if args.base:  # reuse: copy the base run, report its recorded time
+    t0, c0 = time.perf_counter(), time.process_time()
+    if args.score_only:  # everything from the run's own record
+        prev = json.loads((out / "results.json").read_text())
+        args.base = str(out / "base")
+        s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
+                               val_loss=prev["pretrain_val_loss"])
+        pre_cpu = prev.get("pretrain_cpu_seconds")
+    elif args.base:  # reuse: copy the base run, report its recorded time
         shutil.copytree(args.base, out / "base")
         prev = json.loads((Path(args.base).parent / "results.json").read_text())
         s = argparse.Namespace(num_parameters=prev["parameters"], steps=prev["pretrain_steps"],
@@ -74,27 +124,38 @@ def main() -> int:
     else:
         s = None
     base_model, tok, s = (None, None, s) if s is not None else train_lm(
-        text="\n\n".join(train_texts), preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
-        model_overrides=dict(max_len=128, d_model=128, n_layer=4, n_head=4, dropout=0.0),
-        train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=2e-3, min_lr=2e-4, warmup=50,
+        text=("\n\n".join(train_texts) if not args.pretrain_words else
+              words_prefixed_text(train_texts, args.pretrain_words, args.pretrain_prefix, args.words_from,
+                                  args.order, args.first_words)),
+        preset="baby-shakespeare", tokenizer="bpe", vocab_size=1024,
+        model_overrides=dict(max_len=128, d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
+                             dropout=0.0, position=args.position),
+        train_config=TrainConfig(max_steps=args.pretrain_steps, batch_size=16, lr=args.pretrain_lr,
+                                 min_lr=args.pretrain_lr / 10, warmup=50,
                                  eval_every=args.pretrain_steps, val_batches=8, val_batch_size=32),
         out=out / "base", progress_bar=False, logger=False, accelerator="cpu")
     t_pre = time.perf_counter() - t0 if not args.base else prev["pretrain_seconds"]
-    cpu_pre = time.process_time() if not args.base else pre_cpu
+    cpu_pre = time.process_time() - c0 if not args.base else pre_cpu
     print(f"pretrained {s.num_parameters:,} parameters for {s.steps} steps in {t_pre:.0f} s: val loss "
           f"{s.val_loss:.3f}", flush=True)
 
     # 2. fine-tune on the conversations (masked loss, decoderlab template)
-    t0 = time.perf_counter()
-    model, ctok, fs = finetune(
-        train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
-        train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=16, lr=args.finetune_lr,
-                                 min_lr=args.finetune_lr / 10, warmup=20,
-                                 eval_every=args.finetune_steps, val_batch_size=32),
-        eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False, logger=False,
-        accelerator="cpu")
-    t_ft = time.perf_counter() - t0
-    print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s", flush=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if args.score_only:
+        fs = argparse.Namespace(steps=prev["finetune_steps"], evaluation=prev["finetune_evaluation"])
+        t_ft, cpu_ft = prev["finetune_seconds"], prev["finetune_cpu_seconds"]
+    else:
+        _, _, fs = finetune(
+            train, val_data=held, checkpoint=out / "base", out=out / "chat", template="decoderlab",
+            train_config=TrainConfig(max_steps=args.finetune_steps, batch_size=args.finetune_batch,
+                                     lr=args.finetune_lr, min_lr=args.finetune_lr / 10, warmup=20,
+                                     eval_every=args.finetune_steps, val_batch_size=32),
+            eval_prompts=args.held_out, eval_max_new_tokens=args.max_new_tokens, progress_bar=False,
+            logger=False, accelerator="cpu")
+        t_ft = time.perf_counter() - t0
+        cpu_ft = time.process_time() - c0  # includes finetune's own held-out evaluation (eval_prompts replies)
+    print(f"fine-tuned for {fs.steps} steps in {t_ft:.0f} s ({cpu_ft / 60:.1f} CPU-minutes); held-out "
+          f"evaluation: {fs.evaluation}", flush=True)
 
     # 3. held-out prompts: fine-tuned (chat template, greedy) vs base (the prompt as text, greedy)
     chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
@@ -102,6 +163,11 @@ def main() -> int:
     decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
     decodings = {k: decodings[k] for k in args.decodings.split(",")}
     scores, transcripts = {}, []
+    df: dict[str, int] = {}
+    for t in train_texts:
+        for w in content_words(t):
+            df[w] = df.get(w, 0) + 1
+    common = set(sorted(df, key=df.get, reverse=True)[:50])
     for dname, dec in decodings.items():
         ft_counts, base_counts, ended = [], [], 0
         for conv in held[: args.held_out]:
@@ -118,15 +184,22 @@ def main() -> int:
                                 "ended_with_end_of_turn": info["ended_with_end_of_turn"]})
         scores[dname] = {"fine_tuned": coverage_table(ft_counts), "base": coverage_table(base_counts),
                          "end_of_turn_rate": ended / len(ft_counts)}
+        # harder prompts: at least one word outside the 50 content words found in most training paragraphs
+        hard = [i for i, conv in enumerate(held[: args.held_out])
+                if any(w not in common for w in words_of_prompt(conv[0]["content"]))]
+        if hard:
+            scores[dname]["harder_prompts"] = {
+                "n": len(hard), "fine_tuned_all_three": sum(ft_counts[i] == 3 for i in hard) / len(hard),
+                "base_all_three": sum(base_counts[i] == 3 for i in hard) / len(hard)}
     wall = time.perf_counter() - t_start
     cpu = time.process_time()  # CPU seconds of this process (all threads)
-    res = {"scores": scores, "prompts": len(ft_counts), "order": args.order, "first_words": args.first_words, "finetune_lr": args.finetune_lr,
-           "prompts_per_unit": args.prompts_per_unit, "pretrain_cpu_seconds": cpu_pre,
+    res = {"scores": scores, "prompts": len(ft_counts), "args": vars(args), "pretrain_cpu_seconds": cpu_pre,
+           "finetune_cpu_seconds": cpu_ft,
            "pretrain_seconds": t_pre, "finetune_seconds": t_ft, "wall_seconds": wall, "cpu_seconds": cpu,
            "pretrain_steps": s.steps, "finetune_steps": fs.steps, "parameters": s.num_parameters,
            "pretrain_val_loss": s.val_loss, "finetune_evaluation": fs.evaluation,
-           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts[:3] + transcripts[len(ft_counts):len(ft_counts) + 3]}
-    (out / "results.json").write_text(json.dumps(res, indent=2))
+           "train_conversations": len(train), "threads": args.threads, "transcripts": transcripts}
+    (out / ("results_rescored.json" if args.score_only else "results.json")).write_text(json.dumps(res, indent=2))
     print("\n| decoding | model | all three words | at least one | none | end of turn |")
     print("|---|---|---|---|---|---|")
     for dname, sc in scores.items():
@@ -135,8 +208,15 @@ def main() -> int:
             eot = f"{sc['end_of_turn_rate']:.0%}" if name == "fine_tuned" else "n/a (no template)"
             print(f"| {dname} | {name.replace('_', '-')} | {r['all_three']:.0%} | {r['at_least_one']:.0%} | "
                   f"{r['none']:.0%} | {eot} |")
-    print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s; "
-          f"wall {wall:.0f} s, {cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
+    for dname, sc in scores.items():
+        if "harder_prompts" in sc:
+            h = sc["harder_prompts"]
+            print(f"{dname}: on the {h['n']} prompts with a word outside the 50 most common, all three: "
+                  f"fine-tuned {h['fine_tuned_all_three']:.0%}, base {h['base_all_three']:.0%}")
+    print(f"\n{len(ft_counts)} held-out prompts; pretraining {t_pre:.0f} s + fine-tuning {t_ft:.0f} s wall; "
+          f"CPU-minutes: pretraining {(cpu_pre or 0) / 60:.1f} + fine-tuning {cpu_ft / 60:.1f} = "
+          f"{((cpu_pre or 0) + cpu_ft) / 60:.1f}; whole script (with scoring) {wall:.0f} s wall, "
+          f"{cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
     t = transcripts[-len(ft_counts)]  # the last decoding's first prompt
     print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
     return 0

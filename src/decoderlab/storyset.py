@@ -31,6 +31,7 @@ with without within into onto from for to of in on at by about above below over 
 around through after before because while until as near far away back together
 now soon then today tomorrow yesterday really well maybe lot lots
 oh wow hi hello okay yes ok
+didn don doesn isn wasn weren couldn wouldn shouldn won aren hasn haven let
 """.split())
 
 _WORD = re.compile(r"[A-Za-z]+")
@@ -48,6 +49,20 @@ def content_words(text: str) -> list[str]:
     return list(out)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s+")
+
+
+def lead_words(text: str) -> list[str]:
+    """Content words of ``text``'s opening sentences: sentence by sentence from the start until at least
+    three distinct content words are collected (all of ``text`` if it has fewer)."""
+    sentences = _SENTENCE_END.split(text)
+    for k in range(1, len(sentences) + 1):
+        words = content_words(" ".join(sentences[:k]))
+        if len(words) >= 3:
+            return words
+    return content_words(text)
+
+
 def story_prompt(words: list[str]) -> str:
     """The user turn asking for a story with ``words``."""
     return f"Write a short story with the words: {', '.join(words)}."
@@ -62,7 +77,7 @@ def paragraphs(text: str, min_chars: int = 60, max_chars: int = 400) -> list[str
 
 def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int = 0, prompts_per_unit: int = 1,
                     min_chars: int = 60, max_chars: int = 400, order: str = "random",
-                    first_words: int | None = None):
+                    first_words: int | None = None, words_from: str = "all"):
     """``(train, held_out, train_texts, held_out_texts)`` from a TinyStories text file.
 
     ``train`` / ``held_out``: lists of conversations ``[{"role": "user", "content": prompt}, {"role":
@@ -71,8 +86,10 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
     by a seeded shuffle; ``holdout`` is the held-out share. ``*_texts``: the units themselves (for
     pre-training on the training units only). ``order``: "random" (the words in the order drawn) or "text"
     (in the order of their first appearance in the paragraph). ``first_words``: draw the three words from
-    the paragraph's first ``first_words`` content words only (None: from all). The split depends only on
-    ``seed``.
+    the paragraph's first ``first_words`` content words only (None: from all). ``words_from``: "all" (the
+    whole paragraph) or "lead" (the content words of the paragraph's opening sentences, as few as give 3
+    distinct content words: the story can use the words at once, close to the prompt). The split depends
+    only on ``seed``.
 
     Raises:
         FileNotFoundError: no such file.  ValueError: fewer than 10 usable units; holdout outside (0, 1).
@@ -82,6 +99,8 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
         raise FileNotFoundError(f"no TinyStories text file at {path}")
     if first_words is not None and first_words < 3:
         raise ValueError(f"first_words must be None or >= 3, got {first_words!r}")
+    if words_from not in ("all", "lead"):
+        raise ValueError(f"words_from must be 'all' or 'lead', got {words_from!r}")
     if order not in ("random", "text"):
         raise ValueError(f"order must be 'random' or 'text', got {order!r}")
     if not 0 < holdout < 1:
@@ -91,17 +110,18 @@ def build_story_set(path: str | os.PathLike, *, holdout: float = 0.1, seed: int 
     if len(units) < 10:
         raise ValueError(f"{path} has only {len(units)} usable paragraphs; at least 10 are needed")
     rng = random.Random(seed)
-    order = list(range(len(units)))
-    rng.shuffle(order)
+    shuffled = list(range(len(units)))  # (not ``order``: that is the word-order option)
+    rng.shuffle(shuffled)
     k = max(1, round(holdout * len(units)))
-    held_idx, train_idx = sorted(order[:k]), sorted(order[k:])
+    held_idx, train_idx = sorted(shuffled[:k]), sorted(shuffled[k:])
 
     def convs(idx, n):
         out = []
         for i in idx:
             words = content_words(units[i])
+            pool = lead_words(units[i]) if words_from == "lead" else words
             for _ in range(n):
-                pick = rng.sample(words[:first_words] if first_words else words, 3)
+                pick = rng.sample(pool[:first_words] if first_words else pool, 3)
                 if order == "text":
                     pick.sort(key=words.index)
                 out.append([{"role": "user", "content": story_prompt(pick)},
