@@ -45,14 +45,13 @@ import torch
 
 from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_tokens, as_conversations,
                    check_representable, get_template, stream_chat_reply, template_from_meta)
-from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, load_checkpoint, read_meta, unwrap_model
+from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir, load_checkpoint, read_meta, unwrap_model
 from .files import atomic_write_text
 from .model import DecoderOnlyTransformer, ModelConfig
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
 from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, TrainConfig,
                        make_trainer, resolve_resume)
-from .training.callbacks import LAST_CKPT, LIGHTNING_DIR
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
@@ -293,9 +292,8 @@ def finetune(
                              f"{stored.name!r}")
     else:
         ckpt_path = None
-        if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
-            raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
-                             f"with --resume {run_dir}, or write to another --out directory")
+        if not os.environ.get("LOCAL_RANK"):  # a new run never overwrites a checkpoint or any other file
+            check_output_dir(run_dir, new_run=True)
         if base_model is not None:
             model, tok = base_model
         elif checkpoint is not None:

@@ -19,7 +19,7 @@ from typing import Sequence
 import lightning as L
 import torch
 
-from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE
+from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir
 from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_corpus, split_tokens,
                     token_byte_lengths)
 from ..files import atomic_write_text
@@ -258,9 +258,6 @@ def train_lm(
     _check_compile_backend(run.cfg.compile)
     if not run.resumed:
         preset = DEFAULT_PRESET if preset is None else preset
-    if run.cfg.warmup >= run.cfg.max_steps:
-        warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
-                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, model_preset, tokenizer, vocab_size,
@@ -296,6 +293,10 @@ def train_lm(
                            progress_bar=progress_bar, logger=logger)
     # every process needs validation windows: refuse before training (and before launching processes)
     SequentialWindows(val_tokens, model_cfg.max_len, cfg.val_batch_size, cfg.val_batches, 0, trainer.world_size)
+    # after every refusal, so that bad input gets one line
+    if cfg.warmup >= cfg.max_steps:
+        warnings.warn(f"warmup ({cfg.warmup} steps) is at least max_steps ({cfg.max_steps}): the learning "
+                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     if trainer.is_global_zero and not run.resumed:
         _write_run_files(run_dir, model_cfg, tok, cfg, corpus if text is None else None, corpus_text, preset,
                          devices, strategy, num_nodes)
@@ -358,9 +359,8 @@ def _plan_run(out, resume, train_config, config_overrides, corpus, recipe_config
     else:
         if run_dir is None:
             run_dir = default_run_dir()
-        if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
-            raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
-                             f"with --resume {run_dir}, or train into another --out directory")
+        if not os.environ.get("LOCAL_RANK"):  # a new run never overwrites a checkpoint or any other file
+            check_output_dir(run_dir, new_run=True)
     cfg = train_config if train_config is not None else recipe_config if recipe_config is not None else TrainConfig()
     if config_overrides:
         cfg = cfg.replace(**config_overrides)  # validates

@@ -43,7 +43,7 @@ def train_pairs(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tokenizer = tokenizer_for_pairs(pairs)
     if out is not None:
-        check_output_dir(out)  # before training, so a bad --out loses no work
+        check_output_dir(out, new_run=True)  # before training, so a bad --out loses no work
     L.seed_everything(seed, verbose=False)
     model = DecoderOnlyTransformer(preset(preset_name, num_tokens=tokenizer.vocab_size), lr=lr)
     longest = max(len(p.split()) + len(r.split()) + 1 for p, r in pairs)
