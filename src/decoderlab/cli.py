@@ -786,6 +786,34 @@ def chat_command(session, line: str) -> str | None:
     return f"unknown command /{typed}; type /help"
 
 
+def _chat_turn(session, line: str) -> bool:
+    """Stream the reply to ``line``; False after an error line. Ctrl-C at any moment of the turn (the prompt's
+    prefill, a piece being written, the generator's cleanup, the notes after it) stops this reply only: the
+    conversation goes on (Ctrl-C at the prompt leaves)."""
+    wrote = False
+    try:
+        pieces = session.reply(line)
+        try:
+            for piece in pieces:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                wrote = True
+        finally:
+            getattr(pieces, "close", lambda: None)()  # the generators' cleanup here, where Ctrl-C is this turn's
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
+            print(session.notice, file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
+        sys.stdout.write(("\n" if wrote else "") + "(reply stopped)\n")
+        sys.stdout.flush()
+    except (KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", flush=True)
+        return False
+    return True
+
+
 def add_chat(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model; each turn continues the conversation (/help, /quit)",
                        description="Talk with a model: each line you type is a turn, and the model's reply "
@@ -853,22 +881,8 @@ def cmd_chat(args) -> int:
         if message is not None:
             print(message, flush=True)
             continue
-        wrote = False
-        try:
-            for piece in session.reply(line):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                wrote = True
-        except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
-            sys.stdout.write(("\n" if wrote else "") + "(reply stopped)")
-        except (KeyError, ValueError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"error: {msg}", flush=True)
+        if not _chat_turn(session, line):
             continue
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
-            print(session.notice, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -260,6 +260,9 @@ def train_lm(
         preset = DEFAULT_PRESET if preset is None else preset
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
+    if run.cfg.warmup >= run.cfg.max_steps:  # after the corpus is read, so that a bad --data gets one line
+        warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
+                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, model_preset, tokenizer, vocab_size,
                                            model_overrides)
     if run.changes and _first_process():  # every refusal is behind us
@@ -293,10 +296,6 @@ def train_lm(
                            progress_bar=progress_bar, logger=logger)
     # every process needs validation windows: refuse before training (and before launching processes)
     SequentialWindows(val_tokens, model_cfg.max_len, cfg.val_batch_size, cfg.val_batches, 0, trainer.world_size)
-    # after every refusal, so that bad input gets one line
-    if cfg.warmup >= cfg.max_steps:
-        warnings.warn(f"warmup ({cfg.warmup} steps) is at least max_steps ({cfg.max_steps}): the learning "
-                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     if trainer.is_global_zero and not run.resumed:
         _write_run_files(run_dir, model_cfg, tok, cfg, corpus if text is None else None, corpus_text, preset,
                          devices, strategy, num_nodes)
