@@ -419,6 +419,52 @@ def test_ctrl_c_says_what_was_kept(tmp_path, text, cache, capsys):
     assert json.loads((out / "meta.json").read_text())["step"] == 4
 
 
+def test_ctrl_c_is_a_keyboard_interrupt_not_an_exit(tmp_path, text, cache):
+    """Lightning answers Ctrl-C with sys.exit(1) and leaves SIGINT ignored: train_lm raises TrainingInterrupted
+    (a KeyboardInterrupt) and restores the handler."""
+    import signal
+
+    from decoderlab.training import TrainingInterrupted
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted, match="training interrupted at step 2"):
+        run(text, tmp_path / "run", cache, callbacks=[InterruptAt(2)])
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_cli_train_ctrl_c_exits_130_with_one_line(tmp_path, text):
+    """`decoderlab train`, Ctrl-C: exit 130 (was 1) and decoderlab's one line (no "Detected KeyboardInterrupt,
+    attempting graceful shutdown ..."); the checkpoint stays loadable."""
+    import signal
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DECODERLAB_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("DECODERLAB_RUN_DIR", None)
+    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "train", "--preset", "baby-shakespeare", "--data",
+                          str(corpus), "--out", str(out), "--max-steps", "100000", "--eval-every", "2",
+                          "--log-every", "1", "--batch-size", "2", "--val-batches", "1", "--n-layer", "1",
+                          "--n-head", "2", "--d-model", "16", "--max-len", "16"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in p.stdout:  # wait for the first evaluation (a checkpoint is written after it)
+            if " val loss " in line:
+                break
+        p.send_signal(signal.SIGINT)
+        p.stdout.read()
+        assert p.wait(timeout=120) == 130
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    step = json.loads((out / "meta.json").read_text())["step"]
+    assert re.fullmatch(rf"decoderlab: interrupted at step \d+; the checkpoint in {re.escape(str(out))} \(step "
+                        rf"{step}\) is loadable\. Continue with: decoderlab train --resume {re.escape(str(out))}\n",
+                        err), err
+    load_checkpoint(out)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the command line tells what happens (issue 14): shape flags, plain progress lines, warnings, errors
 # ---------------------------------------------------------------------------------------------------------

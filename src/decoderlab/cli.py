@@ -1143,9 +1143,11 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: the command has written what it produced; one line, no traceback
+    except KeyboardInterrupt as e:  # Ctrl-C: the command has written what it produced; one line, no traceback
         sys.stdout.flush()
-        print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
+        training = sys.modules.get(f"{__package__}.training")  # loaded if training ran (not imported for this)
+        if training is None or not isinstance(e, training.TrainingInterrupted):  # else InterruptNotice said it
+            print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
         return 130
 
 

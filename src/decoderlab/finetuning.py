@@ -51,7 +51,7 @@ from .model import DecoderOnlyTransformer, ModelConfig
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
 from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, TrainConfig,
-                       make_trainer, resolve_resume)
+                       fit, make_trainer, resolve_resume)
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
@@ -332,7 +332,7 @@ def finetune(
     exporter = ExportCheckpoint(run_dir, tok, meta)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
                            accelerator=accelerator,
-                           callbacks=[NonFiniteLossGuard(run_dir), exporter, InterruptNotice(run_dir), *callbacks],
+                           callbacks=[NonFiniteLossGuard(run_dir), exporter, InterruptNotice(run_dir, "finetune"), *callbacks],
                            progress_bar=progress_bar, logger=logger)
     if trainer.is_global_zero and resumed is None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -352,7 +352,7 @@ def finetune(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*(does not have many workers|exists and is not empty|"
                                                       r"LeafSpec|resuming from a checkpoint that ended).*")
-            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+            fit(trainer, module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     finally:
         if env_set:
             os.environ.pop("DECODERLAB_RUN_DIR", None)

@@ -33,7 +33,7 @@ from .datamodule import TokenDataModule
 from .module import LitModel
 from .recipes import resolve as resolve_recipe
 from .timing import ValidationClock
-from .trainer import make_trainer
+from .trainer import fit, make_trainer
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -476,7 +476,7 @@ def _fit(trainer: L.Trainer, lit: LitModel, dm: TokenDataModule, ckpt_path, run_
             # validation metrics are summed over processes by LMMetrics before they are logged
             warnings.filterwarnings("ignore", message=r".*(The dirpath has changed from|It is recommended to use "
                                                       r"`self\.log\('val_(ppl|bpb)', \.\.\., sync_dist=True\)).*")
-            trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+            fit(trainer, lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     finally:
         if env_set:
             os.environ.pop("DECODERLAB_RUN_DIR", None)

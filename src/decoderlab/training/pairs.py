@@ -12,6 +12,7 @@ from ..checkpoint import check_output_dir, save_checkpoint
 from ..lesson import LESSON_PAIRS, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
 from .module import LitModel
+from .trainer import fit
 
 
 def train_pairs(
@@ -62,7 +63,7 @@ def train_pairs(
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(no `val_dataloader`|does not have many workers|LeafSpec).*")
-        trainer.fit(LitModel(model), train_dataloaders=loader)
+        fit(trainer, LitModel(model), train_dataloaders=loader)
     model.eval()
     if out is not None:
         save_checkpoint(out, model, tokenizer, meta={"task": "pairs"})
