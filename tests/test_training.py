@@ -940,3 +940,20 @@ def test_damaged_last_checkpoint_falls_back_to_the_newest_intact_one(run_25, tmp
         f.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"no intact training checkpoint; damaged: .*last\.ckpt .*best-step"):
         resume(out, cache, text=text)
+
+
+def test_out_of_range_training_seeds_are_refused(decoderlab_cli):
+    """Training seeds go to Lightning's seed_everything, which seeds NumPy: 0 .. 2**32-1 (-1 was accepted)."""
+    from decoderlab.training import train_pairs
+
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError, match=rf"^seed must be an integer in 0 \.\. 2\*\*32-1, got {bad}$"):
+            TrainConfig(seed=bad).validate()
+        with pytest.raises(ValueError, match=r"seed must be an integer in 0 \.\. 2\*\*32-1"):
+            train_pairs(seed=bad)
+    TrainConfig(seed=2**32 - 1).validate()
+    for command, extra in (("train", ()), ("finetune", ("--preset", "statquest", "--data", "x", "--out", "y"))):
+        r = decoderlab_cli(command, *extra, "--seed", "99999999999999999999999")
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: --seed must be an integer in 0 .. "
+                                                            f"2**32-1, got '99999999999999999999999' (see decoderlab "
+                                                            f"{command} --help)\n")

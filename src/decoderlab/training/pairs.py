@@ -11,6 +11,7 @@ import lightning as L
 from ..checkpoint import check_output_dir, save_checkpoint
 from ..lesson import LESSON_PAIRS, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
+from .config import check_train_seed
 from .module import LitModel
 from .trainer import fit
 
@@ -34,8 +35,9 @@ def train_pairs(
     given, a checkpoint directory is written there (``meta.json`` records ``"task": "pairs"``).
 
     Raises:
-        ValueError: bad pairs, max_epochs < 1, lr <= 0, batch_size < 1.
+        ValueError: bad pairs, max_epochs < 1, lr <= 0, batch_size < 1, seed outside 0 .. 2**32-1.
     """
+    check_train_seed(seed)
     if max_epochs < 1:
         raise ValueError(f"max_epochs must be >= 1, got {max_epochs}")
     if not lr > 0:
