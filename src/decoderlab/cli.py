@@ -99,6 +99,23 @@ class ArgumentParser(argparse.ArgumentParser):
             message = f"{flag} {m.group(2)}" if m.group(2).startswith("must ") else f"{flag}: {m.group(2)}"
         self.exit(2, f"decoderlab: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown flag is named alone: ``generate --devices 2 The`` said "unrecognized
+        arguments: --devices The" (the words after an unknown flag are left over too); now "unrecognized
+        option: --devices (see decoderlab generate --help)". Left-over words without a flag are listed."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = [a.split("=", 1)[0] for a in extras
+                     if a.startswith("-") and a != "-" and not re.fullmatch(r"-\d+(\.\d*)?", a)]
+            parser = self
+            for action in self._actions:  # the subcommand's parser names its own --help
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(ns, action.dest, None), self)
+            if flags:
+                parser.error(f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}")
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
 
 def _number(kind, minimum=None, what: str = ""):
     """An argparse type: an int or float (>= ``minimum`` if given), with an error in our words."""
