@@ -581,3 +581,10 @@ def test_ctrl_c_during_a_reply_stops_only_that_reply(tmp_path):
     assert lines[stopped + 1:stopped + 2] == ["(max-new-tokens = 3)"] and len(lines) == stopped + 3
     assert len(lines[-1]) == 3 and set(lines[-1]) <= set("abcdefgh ")  # the next line got its 3-token answer
     assert p.stderr.read() == b""
+
+
+def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
+    """/dev/null said "no conversation file /dev/null" (it exists: it is not a regular file)."""
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
+                                                         "regular file (give a JSONL file)\n")

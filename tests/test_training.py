@@ -957,3 +957,13 @@ def test_out_of_range_training_seeds_are_refused(decoderlab_cli):
         assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: --seed must be an integer in 0 .. "
                                                             f"2**32-1, got '99999999999999999999999' (see decoderlab "
                                                             f"{command} --help)\n")
+
+
+def test_cli_train_bad_data_path_is_one_line(decoderlab_cli, tmp_path):
+    """`train --data nonexistent.txt --max-steps 5` printed the warm-up warning before the error; /dev/null said
+    "does not exist"."""
+    tail = "(give a text file, a folder of .txt files, or nothing for the embedded tinyshakespeare)"
+    for data, what in (("nonexistent.txt", "does not exist"), ("/dev/null", "is not a regular file")):
+        r = decoderlab_cli("train", "--data", data, "--max-steps", "5", "--out", tmp_path / "run", cwd=tmp_path)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: corpus path {data} {what} {tail}\n")
+    assert not (tmp_path / "run").exists()

@@ -307,11 +307,13 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: ``"<path>, line N: <what is wrong>"`` for malformed JSON, a line in another format, an
+        ValueError: ``path`` is not a regular file (a folder, ``/dev/null``); ``"<path>, line N: <what is wrong>"`` for malformed JSON, a line in another format, an
             unknown role, two user turns in a row, an empty assistant turn, ...; an empty file. Nothing is
             returned unless every line is good.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a folder, /dev/null, a pipe
+        raise ValueError(f"conversation file {path} is not a regular file (give a JSONL file)")
     if not path.is_file():
         raise FileNotFoundError(f"no conversation file {path}")
     try:
