@@ -521,3 +521,70 @@ def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path):
     r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o", "--lr", "x")
     assert r.returncode == 2
     assert r.stderr == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune --help)\n"
+
+
+def test_chat_notes_come_one_line_each(overfit, capsys, monkeypatch):
+    """Both notes of one reply (turns dropped; no end of turn) were printed on one stderr line."""
+    import io
+
+    out, _ = overfit
+    monkeypatch.setattr("sys.stdin", io.StringIO("/max-new-tokens 1\n" + "say yes\n" * 12))
+    assert cli.main(["chat", "--checkpoint", str(out), "--temperature", "0"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "(the reply stopped at 1 tokens without an end of turn)" in err
+    both = [i for i, ln in enumerate(err) if ln.startswith("(the conversation was longer")]
+    assert both and all(ln.startswith("(") and ln.endswith(")") and ln.count("(the ") == 1 for ln in err), err
+    assert err[both[0] + 1] == "(the reply stopped at 1 tokens without an end of turn)"
+
+
+def test_the_last_message_alone_renders_too_long_in_the_singular(overfit):
+    out, _ = overfit
+    model, tok, template = load_chat_checkpoint(out)
+    with pytest.raises(ValueError, match=r"^the last user message alone renders to \d+ tokens, which leaves no room"):
+        chat_reply(model, tok, [{"role": "user", "content": "say yes " * 40}], template, max_new_tokens=4)
+
+
+def test_ctrl_c_during_a_reply_stops_only_that_reply(tmp_path):
+    """One Ctrl-C (SIGINT) while a reply streams: "(reply stopped)", and the next line is answered (exit 0)."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from decoderlab.checkpoint import save_checkpoint
+
+    tok = CharTokenizer.from_text("abcdefgh ")
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1,
+                                          n_head=2, tie_weights=False, lm_head_bias=True))
+    with torch.no_grad():
+        model.fc_layer.bias[tok.eos_id] = -1e4  # the reply never ends by itself
+    ckpt = save_checkpoint(tmp_path / "ck", model, tok)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "chat", "--checkpoint", str(ckpt), "--seed", "1",
+                          "--max-new-tokens", "100000000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        p.stdin.write(b"abc\n")
+        p.stdin.flush()
+        first = p.stdout.read(20)  # the reply is streaming
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        p.stdin.write(b"/max-new-tokens 3\nabc\n")
+        p.stdin.close()
+        rest = p.stdout.read()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+    finally:
+        p.kill()
+    lines = (first + rest).decode().splitlines()
+    stopped = lines.index("(reply stopped)")
+    assert lines[stopped + 1:stopped + 2] == ["(max-new-tokens = 3)"] and len(lines) == stopped + 3
+    assert len(lines[-1]) == 3 and set(lines[-1]) <= set("abcdefgh ")  # the next line got its 3-token answer
+    assert p.stderr.read() == b""
+
+
+def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
+    """/dev/null said "no conversation file /dev/null" (it exists: it is not a regular file)."""
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
+                                                         "regular file (give a JSONL file)\n")

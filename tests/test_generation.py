@@ -551,7 +551,7 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
     assert (r.returncode, r.stderr) == (0, "")
     out = r.stdout.splitlines()
     assert out[:6] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)",
-                       "error: /max_new_tokens 'x': invalid literal for int() with base 10: 'x'", "(top-p = 0.9)"]
+                       "error: /max_new_tokens takes an integer >= 0, got 'x'", "(top-p = 0.9)"]
     assert out[6:] == CHAT_HELP.splitlines()  # and nothing after /quit
     for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
         assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
@@ -1000,3 +1000,41 @@ def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint):
         assert r.returncode == 2, (command, r.stderr)
         assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: float32, bfloat16, "
                                          "float16, int8"], command
+
+
+def test_chat_command_errors_say_what_is_allowed(statquest_checkpoint, decoderlab_cli):
+    """`/max-new-tokens abc` said "invalid literal for int() with base 10: 'abc'"; /seed and /top-k the same."""
+    stdin = "/max-new-tokens abc\n/seed abc\n/seed -1\n/seed 99999999999999999999999\n/seed 5\n/top-k abc\n/top-k -2\n"
+    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
+    assert (r.returncode, r.stderr) == (0, "")
+    seed = "error: /seed takes an integer in 0 .. 2**63-1 (off: fresh entropy), got "
+    top_k = "error: /top-k takes an integer >= 0 (0 or off: no top-k filter), got "
+    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0, got 'abc'", seed + "'abc'",
+                                     seed + "'-1'", seed + "'99999999999999999999999'", "(seed = 5)",
+                                     top_k + "'abc'", top_k + "'-2'"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (("generate", "--seed", "99999999999999999999999", "what"),
+     "--seed must be an integer in 0 .. 2**63-1, got '99999999999999999999999' (see decoderlab generate --help)"),
+    (("sample", "--seed=-1", "--prompt", "what"), "--seed must be an integer in 0 .. 2**63-1, got '-1' "
+                                                   "(see decoderlab sample --help)"),
+    (("chat", "--seed", str(2**63)), f"--seed must be an integer in 0 .. 2**63-1, got '{2**63}' "
+                                     f"(see decoderlab chat --help)"),
+])
+def test_out_of_range_seeds_are_refused_in_one_line(statquest_checkpoint, decoderlab_cli, argv, line):
+    """`--seed 99999999999999999999999` printed torch's "Overflow when unpacking long long"; -1 was accepted."""
+    r = decoderlab_cli(argv[0], "--checkpoint", statquest_checkpoint, *argv[1:])
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
+
+
+def test_library_seed_checks_match_torch_generators():
+    from decoderlab.generation.sampling import MAX_SEED, check_seed, make_generators
+
+    assert MAX_SEED == 2**63 - 1 and check_seed(MAX_SEED) == MAX_SEED and check_seed(torch.tensor(3)) == 3
+    torch.Generator().manual_seed(MAX_SEED + 1)  # torch takes more; a chat's seed + turn stays in its range
+    for bad in (-1, 2**63, 99999999999999999999999):
+        with pytest.raises(ValueError, match=rf"seed must be an integer in 0 \.\. 2\*\*63-1, got {bad}$"):
+            make_generators(bad, 1, torch.device("cpu"))
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        check_seed(1.5)

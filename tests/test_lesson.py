@@ -361,3 +361,42 @@ def test_lesson_attention_with_a_mask_works_in_half_precision(dtype):
     got = attention.to(dtype)(x.to(dtype), x.to(dtype), x.to(dtype), mask=mask)
     assert got.dtype == dtype and torch.isfinite(got).all()
     assert torch.allclose(got.float(), want, atol=3e-2)
+
+
+def test_new_runs_never_overwrite_a_checkpoint_or_other_files(statquest_checkpoint, tmp_path, decoderlab_cli):
+    """The newcomer's data loss: `train --preset statquest --out runs/statquest`, then `train --data mytext.txt ...
+    --out runs/statquest` (or `finetune ... --out` the same folder) replaced the lesson's checkpoint with rc 0."""
+    import json
+    import shutil
+
+    from decoderlab.finetuning import finetune
+    from decoderlab.training import train_lm, train_pairs
+
+    out = tmp_path / "runs" / "statquest"
+    shutil.copytree(statquest_checkpoint, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    mytext = tmp_path / "mytext.txt"
+    mytext.write_text("to be or not to be, that is the question\n" * 40, encoding="utf-8")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "ho"}]}) + "\n", encoding="utf-8")
+    want = (f"decoderlab: error: refusing to replace {out}: it already holds a checkpoint (config.json, meta.json, "
+            f"model.safetensors, tokenizer.json) that a new run would overwrite; choose another --out directory\n")
+    for argv in (("train", "--preset", "statquest", "--out", out),
+                 ("train", "--data", mytext, "--max-steps", "5", "--out", out),
+                 ("finetune", "--preset", "statquest", "--data", chats, "--max-steps", "2", "--out", out)):
+        r = decoderlab_cli(*argv)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", want), argv
+    with pytest.raises(FileExistsError, match="refusing to replace .*choose another --out"):
+        train_pairs(out=out)
+    with pytest.raises(FileExistsError, match="refusing to replace"):
+        train_lm(mytext, preset="baby-shakespeare", out=out, config_overrides={"max_steps": 1})
+    with pytest.raises(FileExistsError, match="refusing to replace"):
+        finetune(chats, preset="statquest", out=out, config_overrides={"max_steps": 1})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing lost
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.md").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"it already holds files \(notes.md\)"):
+        train_pairs(out=other)
+    assert [p.name for p in other.iterdir()] == ["notes.md"]

@@ -186,6 +186,17 @@ def test_version_and_one_line_argument_errors(decoderlab_cli):
     assert r.stderr.endswith("gpt2') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1
 
 
+def test_unknown_flags_are_named_alone(decoderlab_cli, tmp_path):
+    """`generate --checkpoint X --devices 2 The` said "unrecognized arguments: --devices The"."""
+    for argv, line in ((("--devices", "2", "The"), "unrecognized option: --devices"),
+                       (("--bogus=3", "-x", "what", "is"), "unrecognized options: --bogus, -x")):
+        r = decoderlab_cli("generate", "--checkpoint", tmp_path, *argv)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line} (see decoderlab generate "
+                                                            f"--help)\n")
+    r = decoderlab_cli("verify", "--checkpoint", tmp_path, "a", "--nope")
+    assert r.stderr == "decoderlab: error: unrecognized option: --nope (see decoderlab verify --help)\n"
+
+
 def test_lazy_finetune_is_the_function_whatever_was_imported_first():
     """A submodule import sets the package attribute of its name: the function must not share it."""
     code = ("import decoderlab.finetuning, decoderlab.chat, decoderlab as dl; "

@@ -325,6 +325,8 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
     ("/v1/completions", {"prompt": "a", "top_k": -2}, 400, "top_k", "invalid_value"),  # (0 = no filter, as generate)
     ("/v1/completions", {"prompt": "a", "top_k": 2.5}, 400, "top_k", "invalid_value"),
+    ("/v1/completions", {"prompt": "a", "seed": -1}, 400, "seed", "invalid_value"),  # (was accepted)
+    ("/v1/completions", {"prompt": "a", "seed": 99999999999999999999999}, 400, "seed", "invalid_value"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options",
      "invalid_value"),
     ("/v1/completions", {"prompt": "#"}, 400, "prompt", "invalid_prompt"),

@@ -419,6 +419,52 @@ def test_ctrl_c_says_what_was_kept(tmp_path, text, cache, capsys):
     assert json.loads((out / "meta.json").read_text())["step"] == 4
 
 
+def test_ctrl_c_is_a_keyboard_interrupt_not_an_exit(tmp_path, text, cache):
+    """Lightning answers Ctrl-C with sys.exit(1) and leaves SIGINT ignored: train_lm raises TrainingInterrupted
+    (a KeyboardInterrupt) and restores the handler."""
+    import signal
+
+    from decoderlab.training import TrainingInterrupted
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted, match="training interrupted at step 2"):
+        run(text, tmp_path / "run", cache, callbacks=[InterruptAt(2)])
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_cli_train_ctrl_c_exits_130_with_one_line(tmp_path, text):
+    """`decoderlab train`, Ctrl-C: exit 130 (was 1) and decoderlab's one line (no "Detected KeyboardInterrupt,
+    attempting graceful shutdown ..."); the checkpoint stays loadable."""
+    import signal
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DECODERLAB_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("DECODERLAB_RUN_DIR", None)
+    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "train", "--preset", "baby-shakespeare", "--data",
+                          str(corpus), "--out", str(out), "--max-steps", "100000", "--eval-every", "2",
+                          "--log-every", "1", "--batch-size", "2", "--val-batches", "1", "--n-layer", "1",
+                          "--n-head", "2", "--d-model", "16", "--max-len", "16"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in p.stdout:  # wait for the first evaluation (a checkpoint is written after it)
+            if " val loss " in line:
+                break
+        p.send_signal(signal.SIGINT)
+        p.stdout.read()
+        assert p.wait(timeout=120) == 130
+        err = p.stderr.read()
+    finally:
+        p.kill()
+    step = json.loads((out / "meta.json").read_text())["step"]
+    assert re.fullmatch(rf"decoderlab: interrupted at step \d+; the checkpoint in {re.escape(str(out))} \(step "
+                        rf"{step}\) is loadable\. Continue with: decoderlab train --resume {re.escape(str(out))}\n",
+                        err), err
+    load_checkpoint(out)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the command line tells what happens (issue 14): shape flags, plain progress lines, warnings, errors
 # ---------------------------------------------------------------------------------------------------------
@@ -894,3 +940,30 @@ def test_damaged_last_checkpoint_falls_back_to_the_newest_intact_one(run_25, tmp
         f.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"no intact training checkpoint; damaged: .*last\.ckpt .*best-step"):
         resume(out, cache, text=text)
+
+
+def test_out_of_range_training_seeds_are_refused(decoderlab_cli):
+    """Training seeds go to Lightning's seed_everything, which seeds NumPy: 0 .. 2**32-1 (-1 was accepted)."""
+    from decoderlab.training import train_pairs
+
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError, match=rf"^seed must be an integer in 0 \.\. 2\*\*32-1, got {bad}$"):
+            TrainConfig(seed=bad).validate()
+        with pytest.raises(ValueError, match=r"seed must be an integer in 0 \.\. 2\*\*32-1"):
+            train_pairs(seed=bad)
+    TrainConfig(seed=2**32 - 1).validate()
+    for command, extra in (("train", ()), ("finetune", ("--preset", "statquest", "--data", "x", "--out", "y"))):
+        r = decoderlab_cli(command, *extra, "--seed", "99999999999999999999999")
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: --seed must be an integer in 0 .. "
+                                                            f"2**32-1, got '99999999999999999999999' (see decoderlab "
+                                                            f"{command} --help)\n")
+
+
+def test_cli_train_bad_data_path_is_one_line(decoderlab_cli, tmp_path):
+    """`train --data nonexistent.txt --max-steps 5` printed the warm-up warning before the error; /dev/null said
+    "does not exist"."""
+    tail = "(give a text file, a folder of .txt files, or nothing for the embedded tinyshakespeare)"
+    for data, what in (("nonexistent.txt", "does not exist"), ("/dev/null", "is not a regular file")):
+        r = decoderlab_cli("train", "--data", data, "--max-steps", "5", "--out", tmp_path / "run", cwd=tmp_path)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: corpus path {data} {what} {tail}\n")
+    assert not (tmp_path / "run").exists()

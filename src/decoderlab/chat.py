@@ -307,11 +307,13 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: ``"<path>, line N: <what is wrong>"`` for malformed JSON, a line in another format, an
+        ValueError: ``path`` is not a regular file (a folder, ``/dev/null``); ``"<path>, line N: <what is wrong>"`` for malformed JSON, a line in another format, an
             unknown role, two user turns in a row, an empty assistant turn, ...; an empty file. Nothing is
             returned unless every line is good.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a folder, /dev/null, a pipe
+        raise ValueError(f"conversation file {path} is not a regular file (give a JSONL file)")
     if not path.is_file():
         raise FileNotFoundError(f"no conversation file {path}")
     try:
@@ -488,8 +490,8 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
         body = body[2:]
         dropped += 2
     if len(ids) >= max_len:
-        raise ValueError(f"the {'system message and the ' if head else ''}last user message alone render to "
-                         f"{len(ids)} tokens, which leaves no room for a reply within the model's "
+        what = "system message and the last user message alone render" if head else "last user message alone renders"
+        raise ValueError(f"the {what} to {len(ids)} tokens, which leaves no room for a reply within the model's "
                          f"max_len={max_len}; shorten the message")
     return head + body, dropped, ids
 
@@ -602,6 +604,6 @@ class TemplateChatSession(ChatSession):
                            f"context: dropped the {info['dropped_messages']} oldest messages"
                            f"{', kept the system message' if head else ''})")
         if not info["ended_with_end_of_turn"]:
-            self.notice = ((self.notice + " ") if self.notice else "") + (
+            self.notice = ((self.notice + "\n") if self.notice else "") + (  # one line each
                 f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
         self.turn += 1

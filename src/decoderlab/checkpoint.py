@@ -127,18 +127,30 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
 
 
 def check_output_dir(directory: str | os.PathLike, extra_files: dict | None = None, *,
-                     allowed: set[str] | None = None, what: str = "a decoderlab checkpoint") -> Path:
+                     allowed: set[str] | None = None, what: str = "a decoderlab checkpoint",
+                     new_run: bool = False) -> Path:
     """Check that ``directory`` may be replaced as a whole by a new checkpoint: it must not exist, or be empty,
     or hold only the files of ``what`` (by default a decoderlab checkpoint, recognised by its ``meta.json``).
     Anything else would be deleted, so it raises ``FileExistsError`` naming the directory and what it holds.
 
     ``allowed``: the file names that may be replaced (default: a decoderlab checkpoint's own files).
+    ``new_run``: the directory is the output of a new training run (``train``, ``finetune``, ``train_pairs``),
+    so it must not exist or be empty: an earlier checkpoint or run there is never replaced (it raises
+    ``FileExistsError`` saying to choose another ``--out``, or to continue a run there with ``--resume``).
     """
     directory = Path(directory).absolute()
     if directory.exists() and not directory.is_dir():
         raise FileExistsError(f"cannot write {what} to {directory}: it is a file, not a directory")
     if directory.is_dir():
         names = [p.name for p in directory.iterdir()]
+        if new_run and names:
+            listed = f"{', '.join(sorted(names)[:5])}{' ...' if len(names) > 5 else ''}"
+            if (directory / "lightning" / "last.ckpt").is_file():
+                raise FileExistsError(f"{directory} already holds a training run (lightning/last.ckpt); continue "
+                                      f"it with --resume {directory}, or train into another --out directory")
+            kind = "a checkpoint" if "decoderlab_version" in _meta_or_empty(directory) else "files"
+            raise FileExistsError(f"refusing to replace {directory}: it already holds {kind} ({listed}) that a new "
+                                  f"run would overwrite; choose another --out directory")
         own = allowed if allowed is not None else set(REQUIRED) | {META_FILE} | set(extra_files or ())
         foreign = sorted(n for n in names if n not in own)
         if not foreign and allowed is None and names and "decoderlab_version" not in _meta_or_empty(directory):

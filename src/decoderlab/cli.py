@@ -99,6 +99,23 @@ class ArgumentParser(argparse.ArgumentParser):
             message = f"{flag} {m.group(2)}" if m.group(2).startswith("must ") else f"{flag}: {m.group(2)}"
         self.exit(2, f"decoderlab: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown flag is named alone: ``generate --devices 2 The`` said "unrecognized
+        arguments: --devices The" (the words after an unknown flag are left over too); now "unrecognized
+        option: --devices (see decoderlab generate --help)". Left-over words without a flag are listed."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = [a.split("=", 1)[0] for a in extras
+                     if a.startswith("-") and a != "-" and not re.fullmatch(r"-\d+(\.\d*)?", a)]
+            parser = self
+            for action in self._actions:  # the subcommand's parser names its own --help
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(ns, action.dest, None), self)
+            if flags:
+                parser.error(f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}")
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
 
 def _number(kind, minimum=None, what: str = ""):
     """An argparse type: an int or float (>= ``minimum`` if given), with an error in our words."""
@@ -112,6 +129,22 @@ def _number(kind, minimum=None, what: str = ""):
             raise argparse.ArgumentTypeError(f"must be >= {minimum}{what}, got {text}")
         return value
     parse.integer = kind is int
+    return parse
+
+
+def _seed(exponent: int):
+    """An argparse type for ``--seed``: an integer in 0 .. 2**exponent-1 (63: a sampling ``torch.Generator``;
+    32: training, whose ``seed_everything`` seeds NumPy), refused in those words rather than as torch's
+    "Overflow when unpacking long long"."""
+    def parse(text: str):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 <= value < 2**exponent:
+            raise argparse.ArgumentTypeError(f"must be an integer in 0 .. 2**{exponent}-1, got {text!r}")
+        return value
+    parse.integer = True
     return parse
 
 
@@ -279,7 +312,7 @@ def add_train(sub) -> None:
                    help="run/checkpoint directory to write (default runs/<timestamp>; statquest: runs/statquest)")
     p.add_argument("--epochs", type=_number(int), default=None, metavar="N",
                    help=f"epochs of pair training, statquest only (default {PAIR_DEFAULTS['max_epochs']})")
-    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
+    p.add_argument("--seed", type=_seed(32), default=None, metavar="N",
                    help=f"random seed of the weights and batches (default {TRAIN_DEFAULTS['seed']})")
     g = p.add_argument_group("language-model training (defaults: decoderlab.training.TrainConfig)")
     g.add_argument("--data", default=None, metavar="PATH",
@@ -474,7 +507,7 @@ def _add_sampling_options(p, temperature_help: str) -> None:
     p.add_argument("--top-p", type=_number(float), default=None, metavar="P",
                    help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no "
                         "filter)")
-    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
+    p.add_argument("--seed", type=_seed(63), default=None, metavar="N",
                    help="seed for reproducible sampling (default: fresh entropy)")
 
 
@@ -737,7 +770,7 @@ def chat_command(session, line: str) -> str | None:
     Raises:
         ChatExit: ``/quit`` or ``/exit``.
     """
-    from .generation.sampling import check_int, check_sampling
+    from .generation.sampling import MAX_SEED, check_int, check_sampling
 
     line = line.strip()
     if not line.startswith("/"):
@@ -755,30 +788,77 @@ def chat_command(session, line: str) -> str | None:
             session.reset()
             return "(conversation reset)"
         if name == "temperature":
-            t = float(arg)
+            t = _command_number(typed, arg, float, "a number >= 0 (0 = greedy)")
             check_sampling(t, session.top_k, session.top_p)
             session.temperature = t
             return f"(temperature = {t:g})"
         if name == "top-k":
-            k = None if off else int(arg)
+            k = None if off else _command_number(typed, arg, int, "an integer >= 0 (0 or off: no top-k filter)")
             k = None if k == 0 else k  # 0 = no top-k filter, as the flag
             check_sampling(session.temperature, k, session.top_p)
             session.top_k = k
             return f"({typed} off)" if k is None else f"({typed} = {k})"
         if name == "top-p":
-            p = None if off else float(arg)
+            p = None if off else _command_number(typed, arg, float, "a number in (0, 1] (off: no top-p filter)")
             check_sampling(session.temperature, session.top_k, p)
             session.top_p = p
             return f"({typed} off)" if p is None else f"({typed} = {p:g})"
         if name == "max-new-tokens":
-            session.max_new_tokens = check_int(typed, int(arg), 0)
+            session.max_new_tokens = check_int(typed, _command_number(typed, arg, int, "an integer >= 0"), 0)
             return f"({typed} = {session.max_new_tokens})"
         if name == "seed":
-            session.seed = None if off else int(arg)
+            session.seed = None if off else _command_number(typed, arg, int, "an integer in 0 .. 2**63-1 (off: "
+                                                                             "fresh entropy)", maximum=MAX_SEED)
             return "(seed off)" if session.seed is None else f"(seed = {session.seed})"
+    except _CommandArgumentError as e:
+        return f"error: {e}"
     except (ValueError, TypeError) as e:
         return f"error: /{typed} {arg!r}: {e}"
     return f"unknown command /{typed}; type /help"
+
+
+class _CommandArgumentError(ValueError):
+    """A chat command's argument is not what the command takes (the message says what it takes)."""
+
+
+def _command_number(typed: str, arg: str, kind, takes: str, maximum=None):
+    """``arg`` as ``kind`` (int or float) for the chat command ``/typed``; an integer must be >= 0 (and <=
+    ``maximum``). Raises ``_CommandArgumentError``: "/max-new-tokens takes an integer >= 0, got 'abc'"."""
+    try:
+        value = kind(arg)
+    except ValueError:
+        value = None
+    if value is None or (kind is int and (value < 0 or (maximum is not None and value > maximum))):
+        raise _CommandArgumentError(f"/{typed} takes {takes}, got {arg!r}")
+    return value
+
+
+def _chat_turn(session, line: str) -> bool:
+    """Stream the reply to ``line``; False after an error line. Ctrl-C at any moment of the turn (the prompt's
+    prefill, a piece being written, the generator's cleanup, the notes after it) stops this reply only: the
+    conversation goes on (Ctrl-C at the prompt leaves)."""
+    wrote = False
+    try:
+        pieces = session.reply(line)
+        try:
+            for piece in pieces:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                wrote = True
+        finally:
+            getattr(pieces, "close", lambda: None)()  # the generators' cleanup here, where Ctrl-C is this turn's
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
+            print(session.notice, file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
+        sys.stdout.write(("\n" if wrote else "") + "(reply stopped)\n")
+        sys.stdout.flush()
+    except (KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", flush=True)
+        return False
+    return True
 
 
 def add_chat(sub) -> None:
@@ -848,22 +928,8 @@ def cmd_chat(args) -> int:
         if message is not None:
             print(message, flush=True)
             continue
-        wrote = False
-        try:
-            for piece in session.reply(line):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                wrote = True
-        except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
-            sys.stdout.write(("\n" if wrote else "") + "(reply stopped)")
-        except (KeyError, ValueError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"error: {msg}", flush=True)
+        if not _chat_turn(session, line):
             continue
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
-            print(session.notice, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -893,7 +959,7 @@ def add_finetune(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="run/checkpoint directory to write")
     p.add_argument("--template", default=None, metavar="NAME",
                    help=f"chat template: {', '.join(CHAT_TEMPLATES)} (default {FINETUNE_DEFAULTS['template']})")
-    p.add_argument("--seed", type=_number(int), default=None, metavar="N",
+    p.add_argument("--seed", type=_seed(32), default=None, metavar="N",
                    help=f"random seed of the split, the batches and new weights (default {TRAIN_DEFAULTS['seed']})")
     p.add_argument("--eval-prompts", type=_number(int, 0), default=None, metavar="N",
                    help=f"held-out prompts answered greedily at the end (default "
@@ -1124,9 +1190,11 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"decoderlab: error: {msg}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: the command has written what it produced; one line, no traceback
+    except KeyboardInterrupt as e:  # Ctrl-C: the command has written what it produced; one line, no traceback
         sys.stdout.flush()
-        print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
+        training = sys.modules.get(f"{__package__}.training")  # loaded if training ran (not imported for this)
+        if training is None or not isinstance(e, training.TrainingInterrupted):  # else InterruptNotice said it
+            print(f"decoderlab: interrupted ({args.command} stopped by Ctrl-C)", file=sys.stderr)
         return 130
 
 

@@ -75,7 +75,7 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
 
     Raises:
         FileNotFoundError: ``path`` does not exist; a folder holds no ``.txt`` file (both named).
-        ValueError: a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte,
+        ValueError: ``path`` is not a regular file or folder (a device such as ``/dev/null``, a pipe); a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte,
             and saying when it is UTF-16 or binary) or is binary (holds a NUL byte, named with its offset); the
             corpus is empty or only whitespace.
     """
@@ -95,6 +95,9 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
     elif path.is_file():
         text = _read_utf8(path)
         what = f"corpus file {path}"
+    elif path.exists():
+        raise ValueError(f"corpus path {path} is not a regular file (give a text file, a folder of .txt files, "
+                         f"or nothing for the embedded tinyshakespeare)")
     else:
         raise FileNotFoundError(f"corpus path {path} does not exist (give a text file, a folder of .txt files, "
                                 f"or nothing for the embedded tinyshakespeare)")

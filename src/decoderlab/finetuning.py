@@ -45,14 +45,13 @@ import torch
 
 from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_tokens, as_conversations,
                    check_representable, get_template, stream_chat_reply, template_from_meta)
-from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, load_checkpoint, read_meta, unwrap_model
+from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir, load_checkpoint, read_meta, unwrap_model
 from .files import atomic_write_text
 from .model import DecoderOnlyTransformer, ModelConfig
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
 from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, TrainConfig,
-                       make_trainer, resolve_resume)
-from .training.callbacks import LAST_CKPT, LIGHTNING_DIR
+                       fit, make_trainer, resolve_resume)
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
@@ -293,9 +292,8 @@ def finetune(
                              f"{stored.name!r}")
     else:
         ckpt_path = None
-        if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
-            raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
-                             f"with --resume {run_dir}, or write to another --out directory")
+        if not os.environ.get("LOCAL_RANK"):  # a new run never overwrites a checkpoint or any other file
+            check_output_dir(run_dir, new_run=True)
         if base_model is not None:
             model, tok = base_model
         elif checkpoint is not None:
@@ -334,7 +332,7 @@ def finetune(
     exporter = ExportCheckpoint(run_dir, tok, meta)
     trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
                            accelerator=accelerator,
-                           callbacks=[NonFiniteLossGuard(run_dir), exporter, InterruptNotice(run_dir), *callbacks],
+                           callbacks=[NonFiniteLossGuard(run_dir), exporter, InterruptNotice(run_dir, "finetune"), *callbacks],
                            progress_bar=progress_bar, logger=logger)
     if trainer.is_global_zero and resumed is None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -354,7 +352,7 @@ def finetune(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*(does not have many workers|exists and is not empty|"
                                                       r"LeafSpec|resuming from a checkpoint that ended).*")
-            trainer.fit(module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+            fit(trainer, module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     finally:
         if env_set:
             os.environ.pop("DECODERLAB_RUN_DIR", None)

@@ -49,7 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .checkpoint import read_meta
 from .generation import Sampler
-from .generation.sampling import check_int, check_sampling, is_integer
+from .generation.sampling import check_int, check_sampling, check_seed, is_integer
 from .generation.stops import parse_stops
 from .generation.scheduler import GenerationRequest, QueueFull, Scheduler, SchedulerClosed
 from .glassbox import trace
@@ -204,7 +204,7 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
     seed = body.get("seed")
     if seed is not None and not is_integer(seed):
         raise _bad("seed", f"seed must be an integer, got {json.dumps(seed)}")
-    p.seed = seed
+    p.seed = None if seed is None else _checked("seed", check_seed, seed)
     n = body.get("n")
     p.n = 1 if n is None else _checked("n", check_int, "n", n, 1)
     if p.n > limits.max_n:

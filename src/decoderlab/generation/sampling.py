@@ -24,6 +24,27 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+#: the largest sampling seed: ``torch.Generator.manual_seed`` takes -2**63 .. 2**64-1 (a negative seed is the
+#: same generator as seed + 2**64), decoderlab the non-negative int64 range, so that a chat's per-turn seed
+#: (seed + turn) still fits
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """A sampling seed as a Python int: any integral number in 0 .. :data:`MAX_SEED` (2**63-1).
+
+    Raises:
+        TypeError: not an integral number (bools and floats are refused), naming ``name`` and the value.
+        ValueError: negative or larger than 2**63-1 (torch's "Overflow when unpacking long long" before).
+    """
+    value = as_scalar(value)
+    if not is_integer(value):
+        raise TypeError(f"{name} must be an integer in 0 .. 2**63-1, got {value!r}")
+    if not 0 <= int(value) <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer in 0 .. 2**63-1, got {int(value)}")
+    return int(value)
+
+
 def check_int(name: str, value, minimum: int) -> int:
     """``value`` as a Python int: any integral number (int, NumPy integer, 0-d integer tensor) >= minimum.
 
@@ -210,5 +231,5 @@ def make_generators(seed, n: int, device: torch.device) -> list[torch.Generator]
         s = as_scalar(s)
         if not is_integer(s):
             raise TypeError(f"seed must be an integer, got {s!r}")
-        gens.append(torch.Generator(device=device).manual_seed(int(s)))
+        gens.append(torch.Generator(device=device).manual_seed(check_seed(s)))
     return gens

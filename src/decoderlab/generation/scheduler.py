@@ -43,7 +43,7 @@ import torch
 
 from ..attention import KVCache, LayerKVCache
 from .engine import _check_keep, _model_device, _prepare, _prompt_list
-from .sampling import Sampler, as_scalar, check_int, is_integer
+from .sampling import Sampler, as_scalar, check_int, check_seed, is_integer
 from .stops import Stops, parse_stops
 from .text import TextStreamer
 
@@ -324,7 +324,7 @@ class Scheduler:
             seed = as_scalar(req.seed)
             if not is_integer(seed):
                 raise TypeError(f"seed must be an integer or None, got {seed!r}")
-            req.seed = int(seed)
+            req.seed = check_seed(seed)
         req.prompt_ids = _prompt_list(self.model, req.prompt_ids, self.tokenizer)
         if len(req.prompt_ids) > self.max_len:
             raise ValueError(f"the prompt must have 1 .. {self.max_len} tokens, got {len(req.prompt_ids)}")

@@ -13,7 +13,7 @@
 """
 
 from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,
-                        NonFiniteLossGuard, PlainProgress, StepProgressBar)
+                        NonFiniteLossGuard, PlainProgress, StepProgressBar, TrainingInterrupted)
 from .config import PRECISIONS, TrainConfig, configure_optimizers, evaluate_lm, lr_at, parameter_groups
 from .datamodule import TokenDataModule
 from .lm import RUN_FILE, SUMMARY_FILE, TrainSummary, default_run_dir, resolve_resume, train_lm
@@ -22,12 +22,12 @@ from .optim import MuonAdamW
 from .recipes import DEFAULT_RECIPE, RECIPES, Recipe
 from .pairs import train_pairs
 from .timing import ValidationClock
-from .trainer import make_trainer
+from .trainer import fit, make_trainer
 
 __all__ = [
     "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
     "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
     "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "DEFAULT_RECIPE", "RECIPES",
-    "Recipe", "ValidationClock",
+    "Recipe", "ValidationClock", "TrainingInterrupted", "fit",
 ]

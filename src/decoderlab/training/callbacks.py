@@ -27,10 +27,12 @@ class _DropLightningTips(logging.Filter):
     """Lightning prints an advertisement ("Tip: ... litlogger") with every Trainer, and banners that tell a
     user nothing ("GPU available: False, used: False", "TPU available: False, using: 0 TPU cores", "`Trainer.fit`
     stopped: `max_steps=...` reached", the end of every run; "Restoring states from the checkpoint path at
-    ...", said by decoderlab's own resume line); keep real messages (a GPU that is available, a run stopped early)."""
+    ...", said by decoderlab's own resume line; "Detected KeyboardInterrupt, attempting graceful shutdown ...",
+    said by :class:`InterruptNotice` with what was kept); keep real messages (a GPU that is available, a run
+    stopped early)."""
 
     _NOISE = re.compile(r"litlogger|^(GPU|TPU|HPU|IPU) available: False|^`Trainer\.fit` stopped: `max_(steps|epochs)="
-                        r"|^Restor(ing|ed all) states from the checkpoint")
+                        r"|^Restor(ing|ed all) states from the checkpoint|^\s*Detected KeyboardInterrupt, attempting")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self._NOISE.search(record.getMessage())
@@ -193,19 +195,26 @@ class NonFiniteLossGuard(L.Callback):
             )
 
 
-class InterruptNotice(L.Callback):
-    """On Ctrl-C, says what was kept: the step of the last written checkpoint and how to continue."""
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training (raised by ``train_lm``, ``finetune``, ``train_pairs`` instead of Lightning's
+    ``sys.exit(1)``); :class:`InterruptNotice` has already said what was kept and how to continue."""
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.run_dir = Path(run_dir)
+
+class InterruptNotice(L.Callback):
+    """On Ctrl-C, says what was kept: the step of the last written checkpoint and how to continue
+    (``decoderlab {command} --resume RUN_DIR``)."""
+
+    def __init__(self, run_dir: str | os.PathLike, command: str = "train"):
+        self.run_dir, self.command = Path(run_dir), command
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
             step = read_meta(self.run_dir).get("step") if (self.run_dir / CONFIG_FILE).is_file() else None
             kept = (f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
                     else "no checkpoint was written yet")
-            print(f"\ndecoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "
-                  f"decoderlab train --resume {self.run_dir}", file=sys.stderr)
+            end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar's line is not ended on a terminal
+            print(f"{end_bar}decoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "
+                  f"decoderlab {self.command} --resume {self.run_dir}", file=sys.stderr, flush=True)
 
 
 class ExportCheckpoint(L.Callback):

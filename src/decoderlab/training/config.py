@@ -103,7 +103,8 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        for name in ("warmup", "num_workers", "seed"):
+        check_train_seed(self.seed)
+        for name in ("warmup", "num_workers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
@@ -152,6 +153,18 @@ class TrainConfig:
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+#: the largest training seed: Lightning's ``seed_everything`` seeds NumPy too, which takes 0 .. 2**32-1
+MAX_TRAIN_SEED = 2**32 - 1
+
+
+def check_train_seed(seed) -> int:
+    """Raise ``ValueError`` unless ``seed`` is an integer in 0 .. 2**32-1 (what ``L.seed_everything`` takes);
+    return it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_TRAIN_SEED:
+        raise ValueError(f"seed must be an integer in 0 .. 2**32-1, got {seed!r}")
+    return seed
 
 
 def _validate_speedrun_fields(cfg: TrainConfig) -> None:

@@ -19,7 +19,7 @@ from typing import Sequence
 import lightning as L
 import torch
 
-from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE
+from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir
 from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_corpus, split_tokens,
                     token_byte_lengths)
 from ..files import atomic_write_text
@@ -33,7 +33,7 @@ from .datamodule import TokenDataModule
 from .module import LitModel
 from .recipes import resolve as resolve_recipe
 from .timing import ValidationClock
-from .trainer import make_trainer
+from .trainer import fit, make_trainer
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -258,11 +258,11 @@ def train_lm(
     _check_compile_backend(run.cfg.compile)
     if not run.resumed:
         preset = DEFAULT_PRESET if preset is None else preset
-    if run.cfg.warmup >= run.cfg.max_steps:
-        warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
-                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     corpus = run.corpus if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
+    if run.cfg.warmup >= run.cfg.max_steps:  # after the corpus is read, so that a bad --data gets one line
+        warnings.warn(f"warmup ({run.cfg.warmup} steps) is at least max_steps ({run.cfg.max_steps}): the learning "
+                      f"rate rises for the whole run and never reaches its peak or decays", UserWarning, stacklevel=2)
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, model_preset, tokenizer, vocab_size,
                                            model_overrides)
     if run.changes and _first_process():  # every refusal is behind us
@@ -358,9 +358,8 @@ def _plan_run(out, resume, train_config, config_overrides, corpus, recipe_config
     else:
         if run_dir is None:
             run_dir = default_run_dir()
-        if (run_dir / LIGHTNING_DIR / LAST_CKPT).is_file() and not os.environ.get("LOCAL_RANK"):
-            raise ValueError(f"{run_dir} already holds a training run ({LIGHTNING_DIR}/{LAST_CKPT}); continue it "
-                             f"with --resume {run_dir}, or train into another --out directory")
+        if not os.environ.get("LOCAL_RANK"):  # a new run never overwrites a checkpoint or any other file
+            check_output_dir(run_dir, new_run=True)
     cfg = train_config if train_config is not None else recipe_config if recipe_config is not None else TrainConfig()
     if config_overrides:
         cfg = cfg.replace(**config_overrides)  # validates
@@ -477,7 +476,7 @@ def _fit(trainer: L.Trainer, lit: LitModel, dm: TokenDataModule, ckpt_path, run_
             # validation metrics are summed over processes by LMMetrics before they are logged
             warnings.filterwarnings("ignore", message=r".*(The dirpath has changed from|It is recommended to use "
                                                       r"`self\.log\('val_(ppl|bpb)', \.\.\., sync_dist=True\)).*")
-            trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
+            fit(trainer, lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
     finally:
         if env_set:
             os.environ.pop("DECODERLAB_RUN_DIR", None)

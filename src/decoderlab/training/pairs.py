@@ -11,7 +11,9 @@ import lightning as L
 from ..checkpoint import check_output_dir, save_checkpoint
 from ..lesson import LESSON_PAIRS, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
+from .config import check_train_seed
 from .module import LitModel
+from .trainer import fit
 
 
 def train_pairs(
@@ -33,8 +35,9 @@ def train_pairs(
     given, a checkpoint directory is written there (``meta.json`` records ``"task": "pairs"``).
 
     Raises:
-        ValueError: bad pairs, max_epochs < 1, lr <= 0, batch_size < 1.
+        ValueError: bad pairs, max_epochs < 1, lr <= 0, batch_size < 1, seed outside 0 .. 2**32-1.
     """
+    check_train_seed(seed)
     if max_epochs < 1:
         raise ValueError(f"max_epochs must be >= 1, got {max_epochs}")
     if not lr > 0:
@@ -43,7 +46,7 @@ def train_pairs(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tokenizer = tokenizer_for_pairs(pairs)
     if out is not None:
-        check_output_dir(out)  # before training, so a bad --out loses no work
+        check_output_dir(out, new_run=True)  # before training, so a bad --out loses no work
     L.seed_everything(seed, verbose=False)
     model = DecoderOnlyTransformer(preset(preset_name, num_tokens=tokenizer.vocab_size), lr=lr)
     longest = max(len(p.split()) + len(r.split()) + 1 for p, r in pairs)
@@ -62,7 +65,7 @@ def train_pairs(
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(no `val_dataloader`|does not have many workers|LeafSpec).*")
-        trainer.fit(LitModel(model), train_dataloaders=loader)
+        fit(trainer, LitModel(model), train_dataloaders=loader)
     model.eval()
     if out is not None:
         save_checkpoint(out, model, tokenizer, meta={"task": "pairs"})

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Sequence
 
 import lightning as L
 
-from .callbacks import LIGHTNING_DIR, FinalValidation, PlainProgress, StepProgressBar
+from .callbacks import LIGHTNING_DIR, FinalValidation, PlainProgress, StepProgressBar, TrainingInterrupted
 from .config import PRECISION_ALIASES, TrainConfig
 
 
@@ -91,3 +93,24 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
         enable_progress_bar=bar, enable_model_summary=False,
         callbacks=cbs, default_root_dir=str(run_dir) if run_dir is not None else None,
     )
+
+
+def fit(trainer: L.Trainer, *args, **kwargs) -> None:
+    """``trainer.fit(*args, **kwargs)``, with Ctrl-C as an exception a caller can handle.
+
+    Lightning handles a ``KeyboardInterrupt`` itself (the callbacks' ``on_exception``, e.g. ``InterruptNotice``,
+    and teardown), then ignores SIGINT and calls ``sys.exit(1)``. Here that exit becomes
+    :class:`TrainingInterrupted` (a ``KeyboardInterrupt``; ``decoderlab train`` exits 130) and the SIGINT
+    handler in force before is restored. Other ``SystemExit`` are re-raised.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        trainer.fit(*args, **kwargs)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        raise TrainingInterrupted(f"training interrupted at step {trainer.global_step}") from None
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
