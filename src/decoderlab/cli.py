@@ -7,12 +7,11 @@ API lacks. Errors a user can cause (bad paths, bad values) print ``decoderlab: e
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
 import sys
 import warnings
 from contextlib import contextmanager
-from pathlib import Path
 
 from ._version import __version__
 
@@ -342,24 +341,30 @@ def _flag(dest: str) -> str:
 
 def _check_out_dir(out) -> None:
     """``--out`` must be a directory, or not exist yet below directories: an existing file gets one sentence."""
-    path = Path(out)
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
+    # os.path rather than pathlib: --help and the argument checks stay quick to start (bench/startup.py)
+    path = os.path.normpath(str(out))
+    p = path
+    while True:
+        if os.path.exists(p):
+            if not os.path.isdir(p):
                 raise ValueError(f"--out {out} is a file, not a directory" if p == path
                                  else f"--out {out}: {p} is a file, not a directory")
             return
+        parent = os.path.dirname(p)
+        if parent == p or not parent:
+            return
+        p = parent
 
 
 @contextmanager
 def _warnings_as_lines():
     """decoderlab's own warnings as ``decoderlab: warning: ...`` lines in the words of the flags (other
     libraries' warnings are shown as usual)."""
-    package = str(Path(__file__).resolve().parent)
+    package = os.path.dirname(os.path.realpath(__file__))
     show = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if str(Path(filename).resolve()).startswith(package) and issubclass(category, UserWarning):
+        if os.path.realpath(filename).startswith(package) and issubclass(category, UserWarning):
             print(f"decoderlab: warning: {_in_flag_words(message)}", file=sys.stderr, flush=True)
         else:
             show(message, category, filename, lineno, file, line)
@@ -439,6 +444,9 @@ def _check_strategy(strategy: str) -> None:
 
 def _check_not_finished(args) -> None:
     """Resuming a run that already reached its --max-steps would train nothing: say so, and how to continue."""
+    import json
+    from pathlib import Path
+
     from .checkpoint import read_meta
     from .training import RUN_FILE, resolve_resume
 
