@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from ..data import CountingSampler
 from .config import TrainConfig
 from .module import LitModel
 
@@ -126,17 +127,6 @@ class SFTBatches(torch.utils.data.Dataset):
         return 2**62
 
 
-class _Counting(torch.utils.data.Sampler):
-    def __init__(self, start: int):
-        self.start = int(start)
-
-    def __iter__(self):
-        k = self.start
-        while True:
-            yield k
-            k += 1
-
-
 class SFTDataModule(L.LightningDataModule):
     """Training micro-batches (:class:`SFTBatches`) and validation batches (held-out rows, shared out across
     processes). The number of micro-batches served is saved in Lightning checkpoints, so a resumed run
@@ -157,7 +147,7 @@ class SFTDataModule(L.LightningDataModule):
     def train_dataloader(self):
         rank, world = self._rank_world()
         ds = SFTBatches(self.train.rows, self.batch_size, self.accumulate, self.seed, self.pad_id, rank, world)
-        return DataLoader(ds, batch_size=None, sampler=_Counting(self.batches_served))
+        return DataLoader(ds, batch_size=None, sampler=CountingSampler(self.batches_served))
 
     def val_dataloader(self):
         rank, world = self._rank_world()
