@@ -12,6 +12,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from conftest import InterruptAt
 
 from decoderlab import cli
 from decoderlab.chat import (TEMPLATES, TemplateChatSession, add_chat_tokens, chat_reply, check_messages,
@@ -274,15 +275,6 @@ def test_ddp_two_processes_match_one(tmp_path):
     b, _ = load_checkpoint(tmp_path / "one")
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=name)
-
-
-class InterruptAt(L.Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_resume_continues_with_the_same_batches(tmp_path):

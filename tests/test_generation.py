@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import type_lines
 
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
@@ -449,16 +450,8 @@ def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatc
 
 
 def test_cli_chat_with_the_lesson_model(statquest_checkpoint, capsys, monkeypatch):
-    lines = iter(["what is statquest", "/temperature 0.7", "/temperature -1", "/top_k 20", "/help", "/reset",
-                  "/temperature 0", "statquest is what", "what is hello", "/nope"])
-
-    def fake_input(prompt=""):
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
+    type_lines(monkeypatch, ["what is statquest", "/temperature 0.7", "/temperature -1", "/top_k 20", "/help",
+                             "/reset", "/temperature 0", "statquest is what", "what is hello", "/nope"])
     assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "awesome"
@@ -862,14 +855,6 @@ def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
 def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
     """Ctrl-C during a reply stops the reply and the conversation goes on; at the prompt it leaves (130)."""
     model, tok = dl.load_checkpoint(statquest_checkpoint)
-    lines = iter(["what is statquest", "statquest is what", KeyboardInterrupt])
-
-    def fake_input(prompt=""):
-        line = next(lines)
-        if line is KeyboardInterrupt:
-            raise KeyboardInterrupt
-        return line
-
     real_call = Sampler.__call__
     calls = []
 
@@ -879,7 +864,7 @@ def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
             raise KeyboardInterrupt
         return real_call(self, logits, generators)
 
-    monkeypatch.setattr("builtins.input", fake_input)
+    type_lines(monkeypatch, ["what is statquest", "statquest is what", KeyboardInterrupt])
     monkeypatch.setattr(Sampler, "__call__", interrupted)
     assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 130
     out = capsys.readouterr()
@@ -973,15 +958,7 @@ def test_cli_dtype_on_generate_sample_and_chat(trained_checkpoint, dtype, capsys
     assert capsys.readouterr().out == want + "\n"
     assert cli_main(["sample", *common, "to be"]) == 0
     assert capsys.readouterr().out == "to be" + want + "\n"
-    lines = iter(["to be"])
-
-    def fake_input(prompt=""):
-        try:
-            return next(lines)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
+    type_lines(monkeypatch, ["to be"])
     assert cli_main(["chat", *common]) == 0
     assert capsys.readouterr().out.strip()
 

@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from conftest import InterruptAt
 
 from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
@@ -395,17 +396,6 @@ def test_ddp_two_processes_match_one(tmp_path, text, cache):
     ddp_model, _ = load_checkpoint(tmp_path / "ddp")  # written by rank 0 from the unwrapped module
     for (name, a), b in zip(ddp_model.state_dict().items(), single_model.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=name)
-
-
-class InterruptAt(L.Callback):
-    """Raises KeyboardInterrupt (Ctrl-C) at step ``step``."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_ctrl_c_says_what_was_kept(tmp_path, text, cache, capsys):
