@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-KERNELS = ("sdpa", "explicit")
+from .config.names import KERNELS
+
 
 
 def check_last_dim(x: torch.Tensor, d_model: int, name: str) -> None:

@@ -39,6 +39,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .checkpoint import load_checkpoint, read_meta
+from .config.names import DEFAULT_TEMPLATE
 from .generation import ChatSession, TextStreamer, stream
 from .tokenizers import EOS, Tokenizer
 
@@ -171,7 +172,6 @@ TEMPLATES: dict[str, ChatTemplate] = {
                                system="<|system|>", end_after_user=True),
     "lesson": ChatTemplate("lesson", user=None, assistant=EOS, end=EOS, system=None, end_after_user=False),
 }
-DEFAULT_TEMPLATE = "decoderlab"
 
 
 def get_template(template: str | ChatTemplate | None = None) -> ChatTemplate:

@@ -25,8 +25,7 @@ import logging
 import torch
 import torch.nn as nn
 
-#: the inference dtypes, by name (the ``--dtype`` choices)
-DTYPES = ("float32", "bfloat16", "float16", "int8")
+from .config.names import DTYPES
 
 _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int8: "int8"}
 

@@ -47,6 +47,7 @@ from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_toke
                    check_representable, get_template, stream_chat_reply, template_from_meta)
 from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir, load_checkpoint, read_meta, unwrap_model
 from .files import atomic_write_text
+from .config.train import FINETUNE_TRAIN
 from .model import DecoderOnlyTransformer, ModelConfig
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
@@ -55,9 +56,8 @@ from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
-#: the ``TrainConfig`` fields :func:`finetune` sets when no ``train_config`` is given (the rest are
-#: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
-FINETUNE_DEFAULTS = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
+#: the ``TrainConfig`` fields :func:`finetune` sets when no ``train_config`` is given
+FINETUNE_DEFAULTS = FINETUNE_TRAIN
 
 __all__ = ["FINETUNE_DEFAULTS", "IGNORE_INDEX", "Examples", "SFTBatches", "SFTDataModule", "SFTModule", "collate",
            "masked_ce_sum", "shift_for_training", "build_examples", "pad_id_for", "evaluate_chat", "format_evaluation",

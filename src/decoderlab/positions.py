@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-POSITIONS = ("sinusoidal", "learned", "rope", "none")
+from .config.names import POSITIONS
+
 
 
 def _check_length(t: int, max_len: int) -> None:

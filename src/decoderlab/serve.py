@@ -34,7 +34,6 @@ import hmac
 import json
 import time
 import uuid
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .checkpoint import read_meta
+from .config.limits import ServeLimits
 from .generation import Sampler
 from .generation.sampling import check_int, check_sampling, check_seed, is_integer
 from .generation.stops import parse_stops
@@ -61,25 +61,8 @@ except ImportError:  # pragma: no cover - depends on the branch
     template_from_meta = None
 
 
-@dataclass
-class Limits:
-    """Request limits; each violation is a 400 that names the limit.
-
-    max_body_bytes: largest request body, in bytes. max_messages: most chat messages. max_tokens: most tokens
-    one choice may ask for (more than max_len is fine: the context window slides as in ``generate``). max_n:
-    most choices per request. max_stop: most stop strings (OpenAI's 4). max_batch: rows (choices) decoded
-    together. max_queue: requests waiting to join the batch (then 429). default_max_tokens: used when a request
-    gives neither max_tokens nor max_completion_tokens.
-    """
-
-    max_body_bytes: int = 1_000_000
-    max_messages: int = 256
-    max_tokens: int = 4096
-    default_max_tokens: int = 256
-    max_n: int = 8
-    max_stop: int = 4
-    max_batch: int = 32
-    max_queue: int = 64
+#: request limits (one definition, in the config floor, which ``decoderlab serve --help`` reads too)
+Limits = ServeLimits
 
 
 class APIError(Exception):

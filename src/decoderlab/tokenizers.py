@@ -33,6 +33,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .config.names import DEFAULT_BPE_VOCAB_SIZE
 from .files import atomic_write_text
 
 EOS = "<EOS>"
@@ -737,7 +738,6 @@ class BPETokenizer(Tokenizer):
 TOKENIZERS: dict[str, type[Tokenizer]] = {"word": WordTokenizer, "char": CharTokenizer, "bpe": BPETokenizer}
 
 #: vocabulary size for ``build_tokenizer("bpe", text)`` when none is given
-DEFAULT_BPE_VOCAB_SIZE = 1024
 
 
 def build_tokenizer(kind: str, text: str, vocab_size: int | None = None) -> Tokenizer:

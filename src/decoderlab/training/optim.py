@@ -16,10 +16,9 @@ import math
 import torch
 
 from ..checkpoint import unwrap_model
+from ..config.names import OPTIMIZERS, SCHEDULES
 from ..positions import LearnedPositionEncoding
 
-OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("cosine", "wsd")
 
 
 def muon_parameter_groups(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:

@@ -1,0 +1,31 @@
+"""decoderlab's configuration floor: every setting, default, preset, recipe, limit and name as plain data.
+
+This package imports no torch and nothing else of decoderlab, so the command line's ``--help`` and
+anything that only reads settings stay light; the model, training, serving and the CLI import their values
+from here (one definition each).
+
+    names     the choices: positions, norms, MLPs, kernels, tokenizers, templates, dtypes, precisions,
+              optimizers, schedules
+    model     ModelConfig, PRESETS, preset()
+    train     TrainConfig, check_train_seed, FINETUNE_TRAIN, PAIR_TRAIN
+    recipes   Recipe, RECIPES, DEFAULT_RECIPE, resolve()
+    limits    ServeLimits, DEFAULT_MAX_NEW_TOKENS
+"""
+
+from __future__ import annotations
+
+from .limits import DEFAULT_MAX_NEW_TOKENS, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, ServeLimits
+from .model import PRESETS, ModelConfig, preset
+from .names import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, DTYPES, INITS, KERNELS, MLPS, NORMS,
+                    OPTIMIZERS, POSITIONS, PRECISION_ALIASES, PRECISIONS, SCHEDULES, TEMPLATES, TOKENIZERS)
+from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, resolve
+from .train import FINETUNE_TRAIN, MAX_TRAIN_SEED, PAIR_TRAIN, TrainConfig, check_train_seed
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS", "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "ServeLimits",
+    "PRESETS", "ModelConfig", "preset",
+    "DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "INITS", "KERNELS", "MLPS", "NORMS",
+    "OPTIMIZERS", "POSITIONS", "PRECISION_ALIASES", "PRECISIONS", "SCHEDULES", "TEMPLATES", "TOKENIZERS",
+    "DEFAULT_RECIPE", "RECIPES", "Recipe", "resolve",
+    "FINETUNE_TRAIN", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed",
+]
