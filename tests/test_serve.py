@@ -25,10 +25,10 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 import decoderlab as dl  # noqa: E402
+from decoderlab.generation import SamplingParams  # noqa: E402
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler  # noqa: E402
 from decoderlab.generation.stops import TextStopMatcher  # noqa: E402
 from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
-from test_generation import newline_bpe  # noqa: E402,F401 -- the fixture: a BPE, a model that writes "\n" "\n"
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
 MODEL_ID = "tiny"
@@ -461,7 +461,8 @@ def test_scheduler_joins_rows_mid_flight_greedy_exact(mt):
             return f
 
         for i, p in enumerate(prompts):
-            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), max_tokens=45, temperature=0, on_event=on(i)))
+            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), params=SamplingParams(max_new_tokens=45, temperature=0),
+                                         on_event=on(i)))
             time.sleep(0.01 * i)
         assert done.wait(30)
         for i, p in enumerate(prompts):
@@ -558,7 +559,8 @@ def test_scheduler_prefills_equal_lengths_together_and_stays_exact(mt):
                 texts[i] += ev[2]
         return f
 
-    reqs = [GenerationRequest(prompt_ids=tok.encode(p), max_tokens=40, temperature=0 if i % 2 else 0.9, seed=i,
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p),
+                              params=SamplingParams(max_new_tokens=40, temperature=0 if i % 2 else 0.9, seed=i),
                               on_event=on(i)) for i, p in enumerate(prompts)]
     with torch.inference_mode():
         sch._step(reqs[:4])  # four prompts of 4 tokens: one prefill of a (4, 4) batch
@@ -580,7 +582,7 @@ def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     assert len(err) == 1 and err[0].startswith("decoderlab: error:") and needle in err[0]
 
 
-def _run(sch: Scheduler, **fields) -> tuple[str, str]:
+def _run(sch: Scheduler, prompt_ids, **sampling) -> tuple[str, str]:
     """One request through the scheduler's thread: (its text, its finish reason)."""
     out = {"text": "", "finish": None}
     done = threading.Event()
@@ -593,7 +595,7 @@ def _run(sch: Scheduler, **fields) -> tuple[str, str]:
         elif ev[0] in ("done", "error"):
             done.set()
 
-    sch.submit(GenerationRequest(on_event=on, **fields))
+    sch.submit(GenerationRequest(prompt_ids=prompt_ids, params=SamplingParams(**sampling), on_event=on))
     assert done.wait(30)
     return out["text"], out["finish"]
 
@@ -607,10 +609,10 @@ def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newlin
     try:
         for prompt, stop in (("p", "\n\n"), ("x", "bc"), ("x", "c\n"), ("p", ["zz", "a\n\n"]), ("p", None)):
             want = "".join(dl.stream_text(model, tok, prompt, 6, temperature=0, stop=stop))
-            got = _run(sch, prompt_ids=tok.encode(prompt), max_tokens=6, temperature=0, stop=stop)
+            got = _run(sch, tok.encode(prompt), max_new_tokens=6, temperature=0, stop=stop)
             assert got == (want, "length" if stop is None else "stop"), (prompt, stop)
-        assert _run(sch, prompt_ids=tok.encode("x"), max_tokens=6, temperature=0, stop="bc") == ("a", "stop")
+        assert _run(sch, tok.encode("x"), max_new_tokens=6, temperature=0, stop="bc") == ("a", "stop")
         with pytest.raises(ValueError, match="top_k"):  # generate's own checks
-            sch.submit(GenerationRequest(prompt_ids=[ids["p"]], max_tokens=3, top_k=-1))
+            sch.submit(GenerationRequest(prompt_ids=[ids["p"]], params=SamplingParams(max_new_tokens=3, top_k=-1)))
     finally:
         sch.close()

@@ -672,19 +672,26 @@ def cmd_generate(args) -> int:
             ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
         print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
         return 0
-    from .generation import stream_text
+    from . import generation
 
     prompt = "\n" if prompt is None else prompt
-    n = GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
-    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
-    # (in a pair-trained model it separates prompt and answer: the text goes on); with --echo the prompt and
-    # its continuation are decoded together, so word tokens keep their separators
-    pieces = stream_text(model, tok, tok.encode(prompt), n,
-                         temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok),
-                         seed=args.seed, echo=args.echo, stop_at_eos=not pairs)
+    # stop strings are matched on the text; <PAD> is never sampled and the end-of-text tokens end a language
+    # model's text (in a pair-trained model <EOS> separates prompt and answer: the text goes on); with --echo the
+    # prompt and its continuation are decoded together, so word tokens keep their separators
+    params = _sampling_params(args, stop=_stops(args.stop, tok), stop_at_eos=not pairs)
+    pieces = generation.stream_text(model, tok, tok.encode(prompt), params, echo=args.echo)
     _write_pieces(pieces, stream=not args.no_stream)
     return 0
+
+
+def _sampling_params(args, **more):
+    """The sampling flags given (``--temperature`` ...) and ``more`` as one ``SamplingParams`` (checked there;
+    the flags not given keep its defaults)."""
+    from .generation import SamplingParams
+
+    given = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+             if getattr(args, k, None) is not None}
+    return SamplingParams(**given, **more)
 
 
 def _write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
@@ -731,13 +738,9 @@ def _generate_chat(args, model, tok, prompt) -> int:
         raise ValueError("give the user message to answer, e.g. \"hello\"")
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
         {"role": "user", "content": prompt}]
-    default_t = 0.0 if template.name == "lesson" else GENERATE_DEFAULTS["temperature"]  # the lesson: greedy
+    lesson_default = {"temperature": 0.0} if template.name == "lesson" and args.temperature is None else {}
     info: dict = {}
-    pieces = stream_chat_reply(
-        model, tok, messages, template,
-        max_new_tokens=GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens,
-        temperature=default_t if args.temperature is None else args.temperature,
-        top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p, seed=args.seed, info=info)
+    pieces = stream_chat_reply(model, tok, messages, template, _sampling_params(args, **lesson_default), info=info)
     lesson_end = template.name == "lesson"  # the lesson prints its <EOS>
     _write_pieces(pieces, stream=not args.no_stream,
                   tail=lambda: f"{tok.separator}{template.end}" if lesson_end and info.get("ended_with_end_of_turn")
@@ -778,7 +781,7 @@ def chat_command(session, line: str) -> str | None:
     Raises:
         ChatExit: ``/quit`` or ``/exit``.
     """
-    from .generation.sampling import MAX_SEED, check_int, check_sampling
+    from .generation.sampling import MAX_SEED
 
     line = line.strip()
     if not line.startswith("/"):
@@ -795,29 +798,29 @@ def chat_command(session, line: str) -> str | None:
         if name == "reset":
             session.reset()
             return "(conversation reset)"
+        # each setting is changed through SamplingParams.replace, which checks it (the one check)
         if name == "temperature":
             t = _command_number(typed, arg, float, "a number >= 0 (0 = greedy)")
-            check_sampling(t, session.top_k, session.top_p)
-            session.temperature = t
+            session.params = session.params.replace(temperature=t)
             return f"(temperature = {t:g})"
         if name == "top-k":
             k = None if off else _command_number(typed, arg, int, "an integer >= 0 (0 or off: no top-k filter)")
-            k = None if k == 0 else k  # 0 = no top-k filter, as the flag
-            check_sampling(session.temperature, k, session.top_p)
-            session.top_k = k
+            session.params = session.params.replace(top_k=k)  # 0 = no top-k filter, as the flag
+            k = session.params.top_k
             return f"({typed} off)" if k is None else f"({typed} = {k})"
         if name == "top-p":
             p = None if off else _command_number(typed, arg, float, "a number in (0, 1] (off: no top-p filter)")
-            check_sampling(session.temperature, session.top_k, p)
-            session.top_p = p
+            session.params = session.params.replace(top_p=p)
             return f"({typed} off)" if p is None else f"({typed} = {p:g})"
         if name == "max-new-tokens":
-            session.max_new_tokens = check_int(typed, _command_number(typed, arg, int, "an integer >= 0"), 0)
-            return f"({typed} = {session.max_new_tokens})"
+            n = _command_number(typed, arg, int, "an integer >= 0")
+            session.params = session.params.replace(max_new_tokens=n)
+            return f"({typed} = {session.params.max_new_tokens})"
         if name == "seed":
-            session.seed = None if off else _command_number(typed, arg, int, "an integer in 0 .. 2**63-1 (off: "
-                                                                             "fresh entropy)", maximum=MAX_SEED)
-            return "(seed off)" if session.seed is None else f"(seed = {session.seed})"
+            seed = None if off else _command_number(typed, arg, int, "an integer in 0 .. 2**63-1 (off: "
+                                                                     "fresh entropy)", maximum=MAX_SEED)
+            session.params = session.params.replace(seed=seed)
+            return "(seed off)" if seed is None else f"(seed = {seed})"
     except _CommandArgumentError as e:
         return f"error: {e}"
     except (ValueError, TypeError) as e:
@@ -894,8 +897,8 @@ def cmd_chat(args) -> int:
     set_threads(args)
     model, tok = _load(args.checkpoint, dtype=args.dtype)
     template = _chat_template(args.checkpoint)
-    options = dict(temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p,
-                   max_new_tokens=args.max_new_tokens, seed=args.seed)
+    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+               if getattr(args, k) is not None}  # the flags given; the session's defaults for the others
     if template is not None:  # a chat checkpoint: the stored template renders every turn
         from .chat import TemplateChatSession
 

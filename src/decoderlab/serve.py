@@ -19,8 +19,9 @@ Request fields: ``model``, ``prompt`` / ``messages``, ``max_tokens`` / ``max_com
 ``seed``, ``n``, ``stream``, ``stream_options.include_usage``,
 ``logprobs`` / ``top_logprobs``. A field that would change the output and is not supported is a 400 naming it;
 metadata fields (``user``, ``metadata``, ``store``, ...) are ignored. Each choice is the text
-``decoderlab.generate`` gives with the same settings and the tokenizer: ``<PAD>`` is never sampled and ``<EOS>``
-(and a chat template's end of turn) ends it.
+``decoderlab.generate`` gives with the same settings and the tokenizer: ``<PAD>`` is never sampled and the
+tokenizer's end-of-text tokens (``<EOS>``, a chat template's end of turn and turn tokens) end it, on completions
+too (``finish_reason: "stop"``).
 
 Errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 bad request (also for
 request-validation errors and limits), 401 missing/wrong API key, 404 unknown model or route, 429 queue full
@@ -48,7 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .checkpoint import read_meta
 from .config.limits import ServeLimits
-from .generation import Sampler
+from .generation import Sampler, SamplingParams
 from .generation.sampling import check_int, check_sampling, check_seed, is_integer
 from .generation.stops import parse_stops
 from .generation.scheduler import GenerationRequest, QueueFull, Scheduler, SchedulerClosed
@@ -125,6 +126,7 @@ class _Parsed:
     stream: bool
     include_usage: bool
     logprobs: int | None
+    params: SamplingParams  # the checked settings, built from the fields above
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
@@ -218,6 +220,8 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
         if lp is not None and _checked("logprobs", check_int, "logprobs", lp, 0) > 5:
             raise _bad("logprobs", f"logprobs must be an integer from 0 to 5, got {json.dumps(lp)}")
         p.logprobs = lp
+    p.params = SamplingParams(max_new_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                              seed=p.seed)
     return p
 
 
@@ -448,16 +452,15 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
 
     def submit(p: _Parsed, ids: list[int], stop_ids: list[int]) -> tuple[GenerationRequest, asyncio.Queue]:
         """Queue the generation on the scheduler: ``generate``'s semantics with the tokenizer (``<PAD>`` never
-        sampled, ``<EOS>`` ends the text, ``p.stop`` matched on the text), plus ``stop_ids``."""
+        sampled, the end-of-text tokens end the text, ``p.stop`` matched on the text), plus ``stop_ids``."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
         def on_event(ev):
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-        req = GenerationRequest(prompt_ids=ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                                top_p=p.top_p, stop=producible(p.stop), stop_token_ids=stop_ids, seed=p.seed, n=p.n,
-                                logprobs=p.logprobs, on_event=on_event)
+        params = p.params.replace(stop=producible(p.stop) + list(stop_ids) or None)
+        req = GenerationRequest(prompt_ids=ids, params=params, n=p.n, logprobs=p.logprobs, on_event=on_event)
         try:
             scheduler().submit(req)
         except QueueFull as e:
@@ -545,7 +548,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                            code="missing_required_parameter")
             p = _parse_sampling(body, limits, chat=False)
             ids = encode_prompt(body["prompt"])
-            stop_ids = []  # <EOS> ends the text (generate's stop_at_eos)
+            stop_ids = []  # the end-of-text tokens (<EOS>, an end of turn) end the text (generate's stop_at_eos)
         req, queue = submit(p, ids, stop_ids)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
@@ -711,8 +714,8 @@ def trace_numbers(model, tokenizer, ids: list[int], p: _Parsed, top: int, layers
     tr = trace(model, ids, tokenizer, layers=layers)
     logits = tr.logits[0, -1].float()
     probs = torch.softmax(logits, dim=-1)
-    pad = getattr(tokenizer, "pad_id", None)  # never sampled, as in generation
-    sampler = Sampler(p.temperature, p.top_k, p.top_p, suppress=() if pad is None else (pad,))
+    # bound as generation binds it: the tokenizer's <PAD> never sampled
+    sampler = Sampler(p.params.bind(model.config.num_tokens, tokenizer).params)
     if sampler.greedy:
         nxt = int(sampler(logits[None], [])[0])
         after = torch.zeros_like(probs)
