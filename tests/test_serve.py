@@ -461,8 +461,8 @@ def test_scheduler_joins_rows_mid_flight_greedy_exact(mt):
             return f
 
         for i, p in enumerate(prompts):
-            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), params=SamplingParams(max_new_tokens=45, temperature=0),
-                                         on_event=on(i)))
+            params = SamplingParams(max_new_tokens=45, temperature=0)
+            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), params=params, on_event=on(i)))
             time.sleep(0.01 * i)
         assert done.wait(30)
         for i, p in enumerate(prompts):
@@ -616,3 +616,24 @@ def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newlin
             sch.submit(GenerationRequest(prompt_ids=[ids["p"]], params=SamplingParams(max_new_tokens=3, top_k=-1)))
     finally:
         sch.close()
+
+
+def test_completions_on_a_chat_model_end_at_its_end_of_turn():
+    """/v1/completions on a chat checkpoint: the model's <|end|> ends the text with finish_reason "stop" -- it
+    was hidden and the text went on until "length" -- streamed or not, greedy or seeded; chat replies too."""
+    from decoderlab.chat import TEMPLATES
+    from tiny_models import end_of_turn_model
+
+    tok, model, _ = end_of_turn_model()
+    app = create_app(model, tok, model_id=MODEL_ID, template=TEMPLATES["decoderlab"])
+    with ServerThread(app) as url:
+        c = client(url)
+        for temperature, seed in ((0, None), (0.9, 7)):
+            r = c.completions.create(model=MODEL_ID, prompt="a", max_tokens=10, temperature=temperature, seed=seed)
+            assert (r.choices[0].text, r.choices[0].finish_reason) == ("bc", "stop")
+        chunks = [ch for ch in c.completions.create(model=MODEL_ID, prompt="a", max_tokens=10, temperature=0,
+                                                    stream=True) if ch.choices]
+        assert "".join(ch.choices[0].text for ch in chunks) == "bc" and chunks[-1].choices[0].finish_reason == "stop"
+        r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "b"}], max_tokens=10,
+                                      temperature=0)
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("abc", "stop")

@@ -114,3 +114,16 @@ def run_env() -> dict:
     """The environment for a subprocess running this checkout's decoderlab (src/ first on PYTHONPATH)."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def end_of_turn_model():
+    """A chat checkpoint's shape: a character tokenizer with the decoderlab chat template's tokens, and a
+    model that writes "bc" after "a" and then the end of turn ``<|end|>`` (then "a" again, and so on); after
+    the assistant opener it writes "a" (a chat reply "abc")."""
+    from decoderlab.chat import TEMPLATES
+
+    tok = dl.CharTokenizer.from_text("abc").add_special_tokens(TEMPLATES["decoderlab"].special_tokens)
+    a, b, c = tok.encode("abc")
+    end, opener = tok.token_to_id["<|end|>"], tok.token_to_id["<|assistant|>"]
+    model = bigram_model(tok.vocab_size, {a: b, b: c, c: end, end: a, opener: a})
+    return tok, model, dict(a=a, b=b, c=c, end=end)

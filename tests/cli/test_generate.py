@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import type_lines
-from tiny_models import biased_char_model, one_thread, run_env  # noqa: F401 -- one_thread: autouse
+from tiny_models import biased_char_model, end_of_turn_model, one_thread, run_env  # noqa: F401 -- one_thread: autouse
 
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
@@ -283,3 +283,22 @@ def test_out_of_range_seeds_are_refused_in_one_line(statquest_checkpoint, decode
     """`--seed 99999999999999999999999` printed torch's "Overflow when unpacking long long"; -1 was accepted."""
     r = decoderlab_cli(argv[0], "--checkpoint", statquest_checkpoint, *argv[1:])
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
+
+
+def test_generate_sample_and_chat_end_at_a_chat_models_end_of_turn(tmp_path, capsys, monkeypatch):
+    """On a chat checkpoint's tokens, `generate` and `sample` end at the model's <|end|> (they went on to
+    --max-new-tokens, hiding it), as `chat` and `generate --chat` end their replies there."""
+    from decoderlab.chat import TEMPLATES
+
+    tok, model, _ = end_of_turn_model()
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm", "chat_template": TEMPLATES["decoderlab"].to_dict()})
+    common = ["--checkpoint", str(tmp_path / "c"), "--temperature", "0"]
+    assert cli_main(["generate", *common, "a"]) == 0
+    assert capsys.readouterr().out == "bc\n"
+    assert cli_main(["sample", *common, "--prompt", "a"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    assert cli_main(["generate", *common, "--chat", "b"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    type_lines(monkeypatch, ["b"])
+    assert cli_main(["chat", *common]) == 0
+    assert capsys.readouterr().out == "abc\n"

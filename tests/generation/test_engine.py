@@ -8,7 +8,7 @@ import torch
 from tiny_models import FAMILIES, lesson_loop, make_model, one_thread  # noqa: F401 -- one_thread: autouse
 
 import decoderlab as dl
-from decoderlab.generation import KVCache, generate, generate_batch, stream
+from decoderlab.generation import KVCache, SamplingParams, generate, generate_batch, stream
 from decoderlab.lesson import greedy_response
 from decoderlab.tokenizers import CharTokenizer
 
@@ -194,3 +194,36 @@ def test_numbers_of_any_kind_are_accepted():
             generate(model, [5], 3, top_k=bad)
     with pytest.raises(TypeError, match="temperature must be a number >= 0"):
         generate(model, [5], 3, temperature="hot")
+
+
+def test_a_seed_or_prompt_of_the_wrong_kind_is_named():
+    """seed="abc" was read as three seeds ("got 3 seeds"); bytes were read as token ids."""
+    model = make_model("baby-shakespeare", "sdpa")
+    with pytest.raises(TypeError, match=r"seed must be an integer in 0 \.\. 2\*\*63-1, got 'abc'"):
+        generate(model, [1], 3, seed="abc")
+    with pytest.raises(TypeError, match=r"seed must be an integer in 0 \.\. 2\*\*63-1, got 'abc'"):
+        generate_batch(model, [[1], [2]], 3, seed="abc")
+    with pytest.raises(TypeError, match=r"prompt_ids is bytes \(b'hi'\); pass text \(a str, decoded\) or a list"):
+        generate(model, b"hi", 3)
+    with pytest.raises(TypeError, match=r"prompts\[1\] is bytes"):
+        generate_batch(model, [[1], b"hi"], 3)
+    with pytest.raises(TypeError, match="unknown sampling setting temprature"):
+        generate(model, [1], 3, temprature=0)
+
+
+def test_batch_rows_with_their_own_settings_equal_each_alone():
+    """generate_batch with one SamplingParams per prompt: every row its own settings and token limit."""
+    model = make_model("rope-rmsnorm", "explicit", seed=8)
+    prompts = [[1, 2], [3], [4, 5, 6, 7], [8]]
+    rows = [SamplingParams(max_new_tokens=20, temperature=0),
+            SamplingParams(max_new_tokens=7, temperature=0.8, top_k=5, seed=2),
+            SamplingParams(max_new_tokens=20, top_p=0.7, min_p=0.1, seed=3, stop=[9]),
+            SamplingParams(max_new_tokens=0)]
+    alone = [generate(model, p, r) for p, r in zip(prompts, rows)]
+    assert [len(a) for a in alone][1] == 7 and alone[3] == []
+    assert generate_batch(model, prompts, rows) == alone
+    assert generate_batch(model, prompts, rows, use_cache=False) == alone
+    assert generate_batch(model, prompts, 12, seed=[5, 6, 7, 8]) == [generate(model, p, 12, seed=s)
+                                                                      for p, s in zip(prompts, [5, 6, 7, 8])]
+    with pytest.raises(ValueError, match=r"params must be one SamplingParams or one per prompt \(4\), got 2"):
+        generate_batch(model, prompts, rows[:2])

@@ -3,7 +3,7 @@ begins inside a token), and control tokens: <PAD> never sampled, the end-of-text
 
 import pytest
 import torch
-from tiny_models import biased_char_model, make_model, one_thread, pieces_of  # noqa: F401 -- one_thread: autouse
+from tiny_models import biased_char_model, end_of_turn_model, make_model, one_thread, pieces_of  # noqa: F401
 
 import decoderlab as dl
 from decoderlab.generation import StopMatcher, generate, generate_batch, stream, stream_text
@@ -146,3 +146,23 @@ def test_control_tokens_are_never_sampled_or_written_as_text():
     assert "".join(pieces_of(tok, [eos, 3, pad, 4, eos])) == tok.decode([3, 4])
     words = dl.lesson_tokenizer()
     assert words.decode([3, 4], skip_special=True) == "awesome" and words.special_ids == {4}
+
+
+def test_a_chat_templates_end_of_turn_ends_the_text():
+    """A model of a chat checkpoint writes "bc", then <|end|>: the end of turn is a control token that ends
+    the text (as <EOS> does) in generate, stream, stream_text and batches -- not text to go on after."""
+    tok, model, ids = end_of_turn_model()
+    b, c, end = ids["b"], ids["c"], ids["end"]
+    assert tok.end_of_text_ids[0] == tok.eos_id and end in tok.end_of_text_ids
+    assert generate(model, "a", 10, temperature=0, tokenizer=tok) == [b, c]
+    gen = stream(model, "a", 10, temperature=0, tokenizer=tok)
+    assert [next(gen), next(gen)] == [b, c]
+    with pytest.raises(StopIteration) as stopped:
+        next(gen)
+    assert stopped.value.value == (end,)  # swallowed: it ended the text
+    assert "".join(stream_text(model, tok, "a", 10, temperature=0)) == "bc"
+    assert generate_batch(model, ["a", "b"], 10, temperature=0, tokenizer=tok) == [[b, c], [c]]
+    assert generate(model, "a", 10, temperature=0.5, seed=3, tokenizer=tok) == [b, c]  # sampled too
+    # stop_at_eos=False lets the end-of-text tokens through as ids (and text output leaves them out)
+    assert generate(model, "a", 5, temperature=0, tokenizer=tok, stop_at_eos=False) == [b, c, end, ids["a"], b]
+    assert "".join(stream_text(model, tok, "a", 5, temperature=0, stop_at_eos=False)) == "bcab"

@@ -7,7 +7,7 @@ from tiny_models import TEXT, ByteTokenizer, make_model, one_thread, pieces_of  
 
 import decoderlab as dl
 from decoderlab.cli import chat_command
-from decoderlab.generation import ChatSession, generate, stream_text
+from decoderlab.generation import ChatSession, SamplingParams, generate, stream_text
 from decoderlab.tokenizers import BPETokenizer
 
 
@@ -85,3 +85,25 @@ def test_chat_session_continues_the_conversation(statquest_checkpoint):
     assert "".join(chat.reply("statquest")) == tok.decode(want)
     chat_command(chat, "/reset")
     assert chat.history == []
+
+
+def test_stream_text_refuses_bytes():
+    """b"hi" was read as the token ids 104, 105."""
+    model = make_model("statquest", "explicit")
+    words = dl.lesson_tokenizer()
+    with pytest.raises(TypeError, match=r"prompt is bytes \(b'hi'\); pass text \(a str: decode the bytes first\)"):
+        stream_text(model, words, b"hi", 3)
+    with pytest.raises(TypeError, match="prompt is bytes"):
+        stream_text(model, words, bytearray(b"hi"), 3)
+
+
+def test_chat_session_settings_are_one_sampling_params(statquest_checkpoint):
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    chat = ChatSession(model, tok, pairs=True)
+    assert chat.params == SamplingParams(temperature=0, max_new_tokens=model.config.max_len)  # the lesson's
+    lm = ChatSession(model, tok, seed=5, top_k=3)
+    assert lm.params == SamplingParams(seed=5, top_k=3) and lm.turn_params().seed == 5
+    lm.turn = 2
+    assert lm.turn_params().seed == 7
+    with pytest.raises(ValueError, match="top_p must be in"):
+        ChatSession(model, tok, top_p=0)

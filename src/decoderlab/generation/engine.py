@@ -105,6 +105,76 @@ def check_keep(keep, max_len: int) -> int:
     return keep
 
 
+class _Windows:
+    """The B rows of one engine call and how their next logits are computed: each row's context window
+    ``rows[i][starts[i]:]``, the KV cache (allocated once, re-prefilled when a window slides) and the padding
+    of the current prefill -- or, without the cache, the lesson's loop over the whole windows."""
+
+    def __init__(self, model, rows: list[list[int]], use_cache: bool, keep: int):
+        self.model, self.rows, self.keep = model, rows, keep
+        self.b, self.max_len = len(rows), model.config.max_len
+        self.device = model_device(model)
+        self.starts = [max(0, len(r) - self.max_len) for r in rows]
+        self.cache = KVCache.for_model(model) if use_cache else None
+        self.pad_buf = torch.zeros(self.b, self.max_len, dtype=torch.bool, device=self.device)
+        self.pads: torch.Tensor | None = None  # (B, 1) pad counts of the current prefill; None: no row padded
+
+    def first(self) -> torch.Tensor:
+        """(B, num_tokens) logits of every row's next token after its prompt."""
+        return self.prefill() if self.cache is not None else self.full()
+
+    def after(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """The next logits once ``next_ids`` (B,) were appended to the rows (windows slide as they must)."""
+        slid = False
+        for i, r in enumerate(self.rows):
+            s = _slide(len(r), self.starts[i], self.max_len, self.keep)
+            slid |= s != self.starts[i]
+            self.starts[i] = s
+        if self.cache is None:
+            return self.full()
+        if slid or self.cache.length + 1 > self.max_len:
+            return self.prefill()
+        return self.decode(next_ids)
+
+    def prefill(self) -> torch.Tensor:
+        windows = [r[s:] for r, s in zip(self.rows, self.starts)]
+        t = max(len(w) for w in windows)
+        pads = [t - len(w) for w in windows]
+        tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=self.device)
+        self.cache.reset()
+        if not any(pads):
+            self.pads = None
+            return self.model(tokens, cache=self.cache, last_only=True)[:, -1]  # the output layer: last only
+        p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
+        ar = torch.arange(t, device=self.device).unsqueeze(0)
+        self.pad_buf.zero_()
+        self.pad_buf[:, :t] = ar < p
+        self.pads = p
+        return self.model(tokens, positions=(ar - p).clamp_min(0), padding_mask=self.pad_buf[:, :t],
+                          cache=self.cache, last_only=True)[:, -1]
+
+    def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
+        tokens = next_ids.view(self.b, 1)
+        length = self.cache.length
+        if self.pads is None:
+            return self.model.decode(tokens, length, None, self.cache)
+        return self.model.decode(tokens, length - self.pads, self.pad_buf[:, : length + 1], self.cache)
+
+    def full(self) -> torch.Tensor:  # the lesson's loop: the whole window, every step
+        rows, starts, device = self.rows, self.starts, self.device
+        if self.b == 1:
+            return self.model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
+        groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
+        for i, (r, s) in enumerate(zip(rows, starts)):
+            groups.setdefault(len(r) - s, []).append(i)
+        out = [None] * self.b
+        for members in groups.values():
+            tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
+            for i, row_logits in zip(members, self.model(tokens)[:, -1]):
+                out[i] = row_logits
+        return torch.stack(out)
+
+
 def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
            generators: list[torch.Generator | None], counts: TokenCounts | None, use_cache: bool,
            keep: int) -> Iterator[list[int]]:
@@ -116,55 +186,8 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
     """
     if max_new_tokens == 0:
         return
-    b = len(rows)
-    max_len = model.config.max_len
-    device = model_device(model)
-    starts = [max(0, len(r) - max_len) for r in rows]
-    cache = KVCache.for_model(model) if use_cache else None
-    pad_buf = torch.zeros(b, max_len, dtype=torch.bool, device=device)
-    state = {"pads": None}  # (B, 1) pad counts of the current prefill, None when no row is padded
-
-    def prefill() -> torch.Tensor:
-        windows = [r[s:] for r, s in zip(rows, starts)]
-        t = max(len(w) for w in windows)
-        pads = [t - len(w) for w in windows]
-        tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=device)
-        cache.reset()
-        if any(pads):
-            p = torch.tensor(pads, device=device).unsqueeze(1)  # (B, 1)
-            ar = torch.arange(t, device=device).unsqueeze(0)
-            pad_buf.zero_()
-            pad_buf[:, :t] = ar < p
-            state["pads"] = p
-            logits = model(tokens, positions=(ar - p).clamp_min(0), padding_mask=pad_buf[:, :t], cache=cache,
-                           last_only=True)
-        else:
-            state["pads"] = None
-            logits = model(tokens, cache=cache, last_only=True)
-        return logits[:, -1]  # (B, num_tokens): the output layer ran on the last position only
-
-    def decode(next_ids: torch.Tensor) -> torch.Tensor:
-        tokens = next_ids.view(b, 1)
-        p = state["pads"]
-        length = cache.length
-        if p is None:
-            return model.decode(tokens, length, None, cache)
-        return model.decode(tokens, length - p, pad_buf[:, : length + 1], cache)
-
-    def full() -> torch.Tensor:  # the lesson's loop: the whole window, every step
-        if b == 1:
-            return model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
-        groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
-        for i, (r, s) in enumerate(zip(rows, starts)):
-            groups.setdefault(len(r) - s, []).append(i)
-        out = [None] * b
-        for members in groups.values():
-            tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
-            for i, row_logits in zip(members, model(tokens)[:, -1]):
-                out[i] = row_logits
-        return torch.stack(out)
-
-    logits = prefill() if use_cache else full()
+    windows = _Windows(model, rows, use_cache, keep)
+    logits = windows.first()
     for step in range(max_new_tokens):
         next_ids = sampler(logits, generators, counts)
         if counts is not None:
@@ -175,17 +198,7 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
         yield new
         if step == max_new_tokens - 1:
             return
-        slid = False
-        for i, r in enumerate(rows):
-            s = _slide(len(r), starts[i], max_len, keep)
-            slid |= s != starts[i]
-            starts[i] = s
-        if not use_cache:
-            logits = full()
-        elif slid or cache.length + 1 > max_len:
-            logits = prefill()
-        else:
-            logits = decode(next_ids)
+        logits = windows.after(next_ids)
 
 
 class _EvalMode:

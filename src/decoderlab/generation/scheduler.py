@@ -41,7 +41,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -385,11 +385,10 @@ class Scheduler:
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.model(tokens, cache=self._tmp)[0, -1]
 
-    def _step(self, admit: list[GenerationRequest]) -> None:
-        cache = self._cache
-        # 1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
-        #    padding: row for row the same math as alone), copy their keys/values into the batch, and sample
-        #    each one's first token right away (its generator's first draw)
+    def _admit(self, admit: list[GenerationRequest]) -> None:
+        """1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
+        padding: row for row the same math as alone), copy their keys/values into the batch, and sample each
+        one's first token right away (its generator's first draw)."""
         live = []
         for req in admit:
             if req._bound is None:  # (a request handed to _step directly rather than through submit)
@@ -414,11 +413,15 @@ class Scheduler:
                 for i in range(req.n):
                     row = _Row(req, i, self.tokenizer, self.device, self.model.config.num_tokens)
                     row.logits = all_logits[j]
-                    row.slot = cache.add_slot()
-                    cache.place(row.slot, src, w, src_row=j)
+                    row.slot = self._cache.add_slot()
+                    self._cache.place(row.slot, src, w, src_row=j)
                     self._rows.append(row)
                     self._sample([row])
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
+
+    def _step(self, admit: list[GenerationRequest]) -> None:
+        cache = self._cache
+        self._admit(admit)
         # 2. cancelled rows go now
         for row in [r for r in self._rows if r.req.cancelled]:
             self._release(row, "cancelled")
