@@ -49,8 +49,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .checkpoint import read_meta
 from .config.limits import ServeLimits
-from .generation import Sampler, SamplingParams
-from .generation.sampling import check_int, check_sampling, check_seed, is_integer
+from .generation import Sampler, SamplingParams, SamplingTypeError, SamplingValueError
+from .generation.sampling import check_int, is_integer
 from .generation.stops import parse_stops
 from .generation.scheduler import GenerationRequest, QueueFull, Scheduler, SchedulerClosed
 from .glassbox import trace
@@ -152,8 +152,9 @@ def _checked(param: str, check, *args):
 
 
 def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
-    """The sampling fields, checked by ``generate``'s own checks (so they mean what they mean there: ``top_k``
-    0 = no filter, ``top_p`` 1 keeps every token), plus this API's limits (temperature <= 2, -1 = no top-k)."""
+    """The sampling fields as one ``SamplingParams`` (``p.params``, checked by the library's own checks, so they
+    mean what they mean in ``generate``: ``top_k`` 0 = no filter, ``top_p`` 1 keeps every token), plus this API's
+    limits (max_tokens >= 1 and the server's limit, temperature <= 2, -1 = no top-k)."""
     p = _Parsed()
     mt = body.get("max_completion_tokens") if body.get("max_completion_tokens") is not None else body.get("max_tokens")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -164,17 +165,18 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
         if p.max_tokens > limits.max_tokens:
             raise _bad(name, f"{name}={mt} is above this server's limit of {limits.max_tokens} tokens "
                              f"(--max-tokens)", code="max_tokens_limit")
-    t = body.get("temperature")
-    p.temperature = 1.0 if t is None else _checked("temperature", check_sampling, t)[0]
-    if p.temperature > 2:
+    t, tk = body.get("temperature"), body.get("top_k")
+    try:  # the library's one check of each setting (top_k 0 = no filter, top_p 1 keeps every token)
+        p.params = SamplingParams(max_new_tokens=p.max_tokens, temperature=1.0 if t is None else t,
+                                  top_k=None if tk == -1 and is_integer(tk) else tk, top_p=body.get("top_p"),
+                                  seed=body.get("seed"))
+    except (SamplingValueError, SamplingTypeError) as e:
+        hint = " (0, -1 or null: no top-k filter)" if e.field == "top_k" else ""
+        raise _bad(e.field, f"{e}{hint}") from None
+    if p.params.temperature > 2:
         raise _bad("temperature", f"temperature must be a number from 0 to 2 (0 = greedy), got {json.dumps(t)}")
-    tp = body.get("top_p")
-    p.top_p = None if tp is None else _checked("top_p", check_sampling, 1.0, None, tp)[2]
-    tk = body.get("top_k")
-    try:
-        p.top_k = None if tk in (None, -1) else check_sampling(1.0, tk)[1]
-    except (TypeError, ValueError) as e:
-        raise _bad("top_k", f"{e} (0, -1 or null: no top-k filter)") from None
+    p.temperature, p.top_k, p.top_p, p.seed = (p.params.temperature, p.params.top_k, p.params.top_p,
+                                               p.params.seed)
     stop = body.get("stop")
     if stop is None:
         p.stop = []
@@ -186,10 +188,6 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
         if len(stops) > limits.max_stop:
             raise _bad("stop", f"stop has {len(stops)} strings; at most {limits.max_stop} are allowed")
         p.stop = stops
-    seed = body.get("seed")
-    if seed is not None and not is_integer(seed):
-        raise _bad("seed", f"seed must be an integer, got {json.dumps(seed)}")
-    p.seed = None if seed is None else _checked("seed", check_seed, seed)
     n = body.get("n")
     p.n = 1 if n is None else _checked("n", check_int, "n", n, 1)
     if p.n > limits.max_n:
@@ -220,8 +218,6 @@ def _parse_sampling(body: dict, limits: Limits, chat: bool) -> _Parsed:
         if lp is not None and _checked("logprobs", check_int, "logprobs", lp, 0) > 5:
             raise _bad("logprobs", f"logprobs must be an integer from 0 to 5, got {json.dumps(lp)}")
         p.logprobs = lp
-    p.params = SamplingParams(max_new_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                              seed=p.seed)
     return p
 
 
