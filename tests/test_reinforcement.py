@@ -11,7 +11,7 @@ from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_reply
 from decoderlab.config import RLConfig
 from decoderlab.feedback import RewardError, load_prompts, load_reward
 from decoderlab.model import DecoderOnlyTransformer, preset
-from decoderlab.reinforcement import RolloutSampler, train_rl
+from decoderlab.reinforcement import RolloutSampler, require_chat_template, train_rl
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import TrainConfig, TrainingInterrupted
 from decoderlab.training.sft import IGNORE_INDEX
@@ -143,3 +143,10 @@ def test_a_reward_failing_mid_run_names_the_prompt_and_keeps_the_last_checkpoint
                                           r"reply to the prompt on line \d \('[a-d]'\)"):
         run(tmp_path, "fails", reward=FailsAtStep(step=2, per_step=4 * 4))
     assert torch.load(tmp_path / "fails" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_a_base_model_without_a_chat_template_is_told_to_fine_tune_first():
+    with pytest.raises(ValueError, match="runs/base has no chat template .*fine-tune it on conversations first "
+                                         r"\(decoderlab finetune --checkpoint runs/base"):
+        require_chat_template(None, "runs/base")
+    assert require_chat_template(DL) is DL

@@ -156,6 +156,17 @@ class RolloutSampler:
         return Rollout(micro, tokens, rewards, lengths, ended, texts)
 
 
+def require_chat_template(template: ChatTemplate | None, checkpoint: str = "the checkpoint") -> ChatTemplate:
+    """The chat template of the model to train, or a ``ValueError`` that says to fine-tune first: the replies
+    are answers to conversations, rendered with the template the model was fine-tuned on (a base model has
+    none; :func:`decoderlab.chat.load_chat_checkpoint` gives None)."""
+    if template is None:
+        raise ValueError(f"{checkpoint} has no chat template (it is a base model): reinforcement learning answers "
+                         f"conversations, so fine-tune it on conversations first (decoderlab finetune "
+                         f"--checkpoint {checkpoint} --data chats.jsonl) and start from that checkpoint")
+    return get_template(template)
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` with no gradients: the reference of the KL penalty (the module runs it in eval
     mode)."""
