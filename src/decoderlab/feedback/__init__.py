@@ -2,7 +2,7 @@
 
 - :mod:`.rewards`: rewards a program can check (``contains_words``, ``exact``, ``regex``, ``number``) and a
   user's own ``module:function``; :func:`~.rewards.score` calls one and names the prompt when it misbehaves
-  (no torch);
+  (the module itself imports no torch);
 - :mod:`.prompts`: the prompts JSONL of a reinforcement-learning run (conversations to answer + the fields
   the reward needs);
 - :mod:`.preferences`: TRL's ``prompt`` / ``chosen`` / ``rejected`` rows for DPO, read and rendered with the
