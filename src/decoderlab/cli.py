@@ -684,14 +684,18 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _sampling_flags(args) -> dict:
+    """The sampling flags given (``--temperature`` ...), named as ``SamplingParams``' fields."""
+    return {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+            if getattr(args, k, None) is not None}
+
+
 def _sampling_params(args, **more):
-    """The sampling flags given (``--temperature`` ...) and ``more`` as one ``SamplingParams`` (checked there;
-    the flags not given keep its defaults)."""
+    """The sampling flags given and ``more`` as one ``SamplingParams`` (checked there; the flags not given keep
+    its defaults)."""
     from .generation import SamplingParams
 
-    given = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
-             if getattr(args, k, None) is not None}
-    return SamplingParams(**given, **more)
+    return SamplingParams(**_sampling_flags(args), **more)
 
 
 def _write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
@@ -897,8 +901,7 @@ def cmd_chat(args) -> int:
     set_threads(args)
     model, tok = _load(args.checkpoint, dtype=args.dtype)
     template = _chat_template(args.checkpoint)
-    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
-               if getattr(args, k) is not None}  # the flags given; the session's defaults for the others
+    options = _sampling_flags(args)  # the flags given; the session's defaults for the others
     if template is not None:  # a chat checkpoint: the stored template renders every turn
         from .chat import TemplateChatSession
 
