@@ -200,3 +200,8 @@ def test_responses_and_chunks_serialise_in_openai_s_shape():
     assert P.ChatDelta(role="assistant", content="").model_dump() == {"role": "assistant", "content": ""}
     err = P.ErrorResponse(error=P.ErrorDetail(message="m", type="t", param=None, code="c")).model_dump()
     assert err == {"error": {"message": "m", "type": "t", "param": None, "code": "c"}}
+
+
+def test_messages_quote_the_value_as_given():
+    err = refusal(P.CompletionRequest, {"prompt": "a", "logit_bias": {"1": 2}})
+    assert err.message.startswith('logit_bias={"1": 2} is not supported')

@@ -3,6 +3,8 @@ checkpoint or a Hugging Face GPT-2 directory; bad command lines are one error li
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -55,3 +57,26 @@ def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     assert cli_main(["serve", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("decoderlab: error:") and needle in err[0]
+
+
+def test_serve_on_a_busy_port_or_a_bogus_host_is_one_error_line(mt, tmp_path, capsys):
+    """Checked before the checkpoint is loaded, in decoderlab's words naming what was given."""
+    from decoderlab.cli import main as cli_main
+    from decoderlab.serve import serve
+
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}.*another --port"):
+            serve(tmp_path / "ck", port=port)
+        assert cli_main(["serve", "--checkpoint", str(tmp_path / "ck"), "--port", str(port)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("decoderlab: error:") and str(port) in err[0], err
+    with pytest.raises(ValueError, match="bogus.invalid"):
+        serve(tmp_path / "ck", host="bogus.invalid")
+    assert cli_main(["serve", "--checkpoint", str(tmp_path / "ck"), "--host", "bogus.invalid"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("decoderlab: error:") and "--host 'bogus.invalid'" in err[0], err

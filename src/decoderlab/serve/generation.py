@@ -3,7 +3,8 @@ request, and the trace page's next-token sampler. Nothing else in ``decoderlab.s
 
 :func:`settings_of` is the one place where a request's fields become sampling settings (a field added to
 ``protocol.py`` is mapped here); :func:`submit` and :func:`next_token` are the only calls into
-:mod:`decoderlab.generation`. Every row follows ``decoderlab.generate``'s rules with the tokenizer: ``<PAD>``
+:mod:`decoderlab.generation`; the other modules read a :class:`Settings` only for ``n`` and ``logprobs`` (and
+:func:`described` for the trace). Every row follows ``decoderlab.generate``'s rules with the tokenizer: ``<PAD>``
 never sampled, ``<EOS>`` ends the text, ``top_k`` 0 = no filter, stop strings matched on the decoded text.
 """
 
@@ -39,6 +40,12 @@ class Settings:
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None
+
+
+def described(settings: Settings) -> dict:
+    """The sampling settings as the trace reports them (``temperature``, ``top_k``, ``top_p``, ``seed``)."""
+    return {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+            "seed": settings.seed}
 
 
 def _max_tokens(body, limits: ServeLimits) -> int:

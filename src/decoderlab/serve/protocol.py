@@ -30,6 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationInfo, field_validator, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError
 
+from ..config.limits import ServeLimits
 from ..generation.sampling import MAX_SEED
 
 
@@ -62,7 +63,7 @@ REQUIRED_HINTS = {"prompt": "a string or a list of token ids",
 
 def refuse(param: str, message: str, code: str = "invalid_value") -> PydanticCustomError:
     """A validation error with OpenAI's ``code`` as its type and the ``param`` it names in its context."""
-    return PydanticCustomError(code, message.replace("{", "{{").replace("}", "}}"), {"param": param})
+    return PydanticCustomError(code, message, {"param": param})
 
 
 def _short(value) -> str:
@@ -152,8 +153,8 @@ def _stop_list(value):
 class GenerationFields(SamplingFields):
     """The fields of both text-generating endpoints."""
 
-    max_tokens: StrictInt | None = Field(None, ge=1, description="the most new tokens per choice (default: the "
-                                                                 "server's --max-tokens default)")
+    max_tokens: StrictInt | None = Field(None, ge=1, description=f"the most new tokens per choice, at most the "
+                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens})")
     stop: StrictStr | list[StrictStr] | None = Field(
         None, description="up to 4 strings matched on the decoded text; the text ends before the first one found")
     n: StrictInt | None = Field(None, ge=1, description="how many choices (default 1)")

@@ -4,6 +4,7 @@ notebooks). Both log ``decoderlab.serve``'s lines (a client that hung up, a fail
 from __future__ import annotations
 
 import copy
+import errno
 import socket
 import threading
 import time
@@ -61,20 +62,50 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (uvicorn listens on it), so that a host that is not this machine's
+    or a busy port is an error in decoderlab's words before anything is loaded.
+
+    Raises:
+        ValueError: ``host`` is not a name or address that resolves.
+        OSError: the address cannot be bound (the port is in use, a port below 1024 without the right, an
+            address of another machine), naming ``host:port``.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r} is not an address of this machine ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port at once
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        hint = " (another server is using it: choose another --port)" if e.errno == errno.EADDRINUSE else ""
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
+    return sock
+
+
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
           log_level: str = "info") -> None:
     """Load a checkpoint directory (or a Hugging Face GPT-2 directory) and serve it with uvicorn until
     interrupted (``decoderlab serve``).
 
-    Raises: what ``load_checkpoint`` raises (FileNotFoundError, ValueError) for a bad checkpoint.
+    Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); what
+    ``load_checkpoint`` raises (FileNotFoundError, ValueError) for a bad checkpoint.
     """
     import uvicorn
 
-    model, tokenizer = load_any_checkpoint(checkpoint)
-    meta = read_meta(checkpoint)
-    if model_id is None and not meta.get("name"):
-        model_id = Path(checkpoint).resolve().name
-    app = create_app(model, tokenizer, meta=meta, model_id=model_id, api_key=api_key, cors_origins=cors_origins,
-                     limits=limits)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
+    sock = listen(host, port)
+    try:
+        model, tokenizer = load_any_checkpoint(checkpoint)
+        meta = read_meta(checkpoint)
+        if model_id is None and not meta.get("name"):
+            model_id = Path(checkpoint).resolve().name
+        app = create_app(model, tokenizer, meta=meta, model_id=model_id, api_key=api_key,
+                         cors_origins=cors_origins, limits=limits)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

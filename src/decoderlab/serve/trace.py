@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends
 from ..glassbox import trace
 from .body import JSONRoute
 from .errors import ERROR_RESPONSES, bad
-from .generation import Settings, next_token, settings_of
+from .generation import Settings, described, next_token, settings_of
 from .prompts import check_context, encode_prompt, need_template, render_messages
 from .protocol import TraceRequest, TraceResponse
 from .state import AppState, app_state
@@ -73,8 +73,7 @@ def trace_numbers(model, tokenizer, ids: list[int], settings: Settings, top: int
         layers=[{"layer": lt.index, "heads": lt.heads, "percents": lt.percents[0].tolist()} for lt in tr.layers],
         top_before=top_list(torch.softmax(logits, dim=-1)), top_after=top_list(after),
         next={"id": nxt, "token": tokenizer.decode([nxt])},
-        sampling={"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
-                  "seed": settings.seed})
+        sampling=described(settings))
 
 
 @router.post("/v1/decoderlab/trace", response_model=TraceResponse, responses=ERROR_RESPONSES)
