@@ -86,7 +86,7 @@ class BodyRequest(Request):
         limit, declared = self.max_body_bytes, self.headers.get("content-length", "")
         chunks, size = [], 0
         try:
-            over = declared.isdigit() and len(declared) < 20 and int(declared) > limit
+            over = declared.isdigit() and (len(declared) > 18 or int(declared) > limit)
             async for chunk in self.stream():
                 size += len(chunk)
                 over = over or size > limit
