@@ -127,3 +127,22 @@ def end_of_turn_model():
     end, opener = tok.token_to_id["<|end|>"], tok.token_to_id["<|assistant|>"]
     model = bigram_model(tok.vocab_size, {a: b, b: c, c: end, end: a, opener: a})
     return tok, model, dict(a=a, b=b, c=c, end=end)
+
+
+CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
+
+
+def tiny_model():
+    """The server tests' model: a random float32 character model, sharpened a little, <EOS> rare (long
+    replies)."""
+    torch.manual_seed(0)
+    tok = dl.CharTokenizer.from_text(CHARS)
+    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
+    cfg.lm_head_bias = True
+    model = dl.DecoderOnlyTransformer(cfg)
+    with torch.no_grad():  # sharpen the random model a little, and make <EOS> rare (long replies)
+        model.fc_layer.weight.mul_(4.0)
+        model.fc_layer.bias.zero_()
+        model.fc_layer.bias[tok.eos_id] = -30.0
+    model.eval()
+    return model, tok

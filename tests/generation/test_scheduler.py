@@ -1,15 +1,124 @@
-"""The scheduler: rows with different settings decoded together each give their own ``generate`` run, and a
-control token that ends text ends a row with finish reason "stop"."""
+"""The scheduler (continuous batching): rows joining mid-flight, equal prompt lengths prefilled together, stop
+strings, and rows with different settings decoded together each give exactly their own ``generate`` /
+``stream_text`` text; a control token that ends text ends a row with finish reason "stop"."""
+
+import threading
+import time
 
 import pytest
 import torch
-from tiny_models import end_of_turn_model, one_thread  # noqa: F401 -- one_thread: autouse
+from tiny_models import CHARS, end_of_turn_model, one_thread, tiny_model  # noqa: F401 -- one_thread: autouse
 
 import decoderlab as dl
-from decoderlab.generation import SamplingParams, stream_text
+from decoderlab.generation import SamplingParams, generate, stream_text
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler
 
-CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
+
+@pytest.fixture(scope="module")
+def mt():
+    """The server's model (float32: batched matmuls may round differently from one row's; the tokens must not
+    change)."""
+    return tiny_model()
+
+
+def ref_text(mt, prompt_ids, n, temperature, seed):
+    """``decoderlab.generate``'s text with the tokenizer (<PAD> never sampled, the end-of-text tokens end it)."""
+    model, tok = mt
+    return tok.decode(generate(model, list(prompt_ids), n, temperature=temperature, seed=seed, tokenizer=tok),
+                      skip_special=True)
+
+
+def test_scheduler_joins_rows_mid_flight_greedy_exact(mt):
+    """Rows that join a running batch at different steps still give exactly generate(temperature=0)."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=8)
+    try:
+        results = {}
+        done = threading.Event()
+        prompts = ["a", "hello there", "x y z", "the long prompt, with words: ok"]
+
+        def on(i):
+            def f(ev):
+                if ev[0] == "delta":
+                    results[i] = results.get(i, "") + ev[2]
+                elif ev[0] == "done":
+                    results[f"done{i}"] = True
+                    if all(f"done{j}" in results for j in range(len(prompts))):
+                        done.set()
+            return f
+
+        for i, p in enumerate(prompts):
+            params = SamplingParams(max_new_tokens=45, temperature=0)
+            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), params=params, on_event=on(i)))
+            time.sleep(0.01 * i)
+        assert done.wait(30)
+        for i, p in enumerate(prompts):
+            assert results.get(i, "") == ref_text(mt, tok.encode(p), 45, 0, None)
+    finally:
+        sch.close()
+
+
+def test_scheduler_prefills_equal_lengths_together_and_stays_exact(mt):
+    """Newcomers with prompts of equal length are prefilled in one forward pass; seeded and greedy rows still
+    give exactly generate's tokens (driven step by step on this thread, so the grouping is certain)."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=16)
+    sch.close()  # no thread: _step is driven here
+    prompts = ["abcd", "hey!", "wxyz", "a b.", "ab", "hello there"]
+    texts = {i: "" for i in range(len(prompts))}
+
+    def on(i):
+        def f(ev):
+            if ev[0] == "delta":
+                texts[i] += ev[2]
+        return f
+
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p),
+                              params=SamplingParams(max_new_tokens=40, temperature=0 if i % 2 else 0.9, seed=i),
+                              on_event=on(i)) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        sch._step(reqs[:4])  # four prompts of 4 tokens: one prefill of a (4, 4) batch
+        sch._step(reqs[4:])  # joining a running batch
+        while sch._rows:
+            sch._step([])
+    for i, p in enumerate(prompts):
+        assert texts[i] == ref_text(mt, tok.encode(p), 40, 0 if i % 2 else 0.9, i), p
+
+
+def _run(sch: Scheduler, prompt_ids, **sampling) -> tuple[str, str]:
+    """One request through the scheduler's thread: (its text, its finish reason)."""
+    out = {"text": "", "finish": None}
+    done = threading.Event()
+
+    def on(ev):
+        if ev[0] == "delta":
+            out["text"] += ev[2]
+        elif ev[0] == "finish":
+            out["finish"] = ev[2]
+        elif ev[0] in ("done", "error"):
+            done.set()
+
+    sch.submit(GenerationRequest(prompt_ids=prompt_ids, params=SamplingParams(**sampling), on_event=on))
+    assert done.wait(30)
+    return out["text"], out["finish"]
+
+
+def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newline_bpe):
+    """A byte-level BPE whose model writes "\\n" one token at a time, and "x" -> "ab" -> "c": the stop "\\n\\n"
+    is found across tokens, the stop "bc" begins inside the token "ab"; the scheduler's text is stream_text's,
+    ending exactly before the stop."""
+    tok, model, ids = newline_bpe
+    sch = Scheduler(model, tok, max_batch=4)
+    try:
+        for prompt, stop in (("p", "\n\n"), ("x", "bc"), ("x", "c\n"), ("p", ["zz", "a\n\n"]), ("p", None)):
+            want = "".join(stream_text(model, tok, prompt, 6, temperature=0, stop=stop))
+            got = _run(sch, tok.encode(prompt), max_new_tokens=6, temperature=0, stop=stop)
+            assert got == (want, "length" if stop is None else "stop"), (prompt, stop)
+        assert _run(sch, tok.encode("x"), max_new_tokens=6, temperature=0, stop="bc") == ("a", "stop")
+        with pytest.raises(ValueError, match="top_k"):  # generate's own checks
+            sch.submit(GenerationRequest(prompt_ids=[ids["p"]], params=SamplingParams(max_new_tokens=3, top_k=-1)))
+    finally:
+        sch.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,12 @@ begins inside a token), and control tokens: <PAD> never sampled, the end-of-text
 
 import pytest
 import torch
-from tiny_models import biased_char_model, end_of_turn_model, make_model, one_thread, pieces_of  # noqa: F401
+from tiny_models import (CHARS, biased_char_model, end_of_turn_model, make_model, one_thread,  # noqa: F401
+                         pieces_of)
 
 import decoderlab as dl
 from decoderlab.generation import StopMatcher, generate, generate_batch, stream, stream_text
-from decoderlab.generation.stops import Stops
+from decoderlab.generation.stops import Stops, TextStopMatcher
 from decoderlab.tokenizers import CharTokenizer
 
 
@@ -166,3 +167,21 @@ def test_a_chat_templates_end_of_turn_ends_the_text():
     # stop_at_eos=False lets the end-of-text tokens through as ids (and text output leaves them out)
     assert generate(model, "a", 5, temperature=0, tokenizer=tok, stop_at_eos=False) == [b, c, end, ids["a"], b]
     assert "".join(stream_text(model, tok, "a", 5, temperature=0, stop_at_eos=False)) == "bcab"
+
+
+def test_text_stop_holds_back_and_cuts():
+    """The scheduler's stop strings are generation.stops' (one implementation): what could become a stop is
+    held back, and the text ends exactly before it."""
+    tok = CharTokenizer.from_text(CHARS)
+
+    def push(s, text):
+        ids, matched = s.feed(tok.encode(text))
+        return tok.decode(ids), matched is not None
+
+    s = TextStopMatcher(["ab", "xyz"], tok.decode)
+    assert push(s, "qa") == ("q", False)  # "a" could start "ab"
+    assert push(s, "c") == ("ac", False)
+    assert push(s, "xy") == ("", False)
+    assert push(s, "zzz") == ("", True)  # ends exactly before "xyz"
+    s = TextStopMatcher(["ab"], tok.decode)
+    assert push(s, "xa") == ("x", False) and tok.decode(s.flush()) == "a"
