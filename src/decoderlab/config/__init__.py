@@ -13,6 +13,7 @@ from here (one definition each).
     model     ModelConfig, preset()
     train     TrainConfig, check_train_seed
     limits    ServeLimits
+    rl        RLConfig, REWARDS, END_OF_TURN_BONUS, DPO_BETA, LORA_TARGETS (the stages after fine-tuning)
 
 The names below load their module on first use (PEP 562): ``names``, ``defaults``, ``presets`` and
 ``recipes`` import no dataclasses, so ``decoderlab --help`` reads them for about a millisecond.
@@ -36,6 +37,8 @@ _EXPORTS = {
     "ModelConfig": "model", "preset": "model",
     **dict.fromkeys(("MAX_TRAIN_SEED", "TrainConfig", "check_train_seed"), "train"),
     "ServeLimits": "limits",
+    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "DPO_BETA", "END_OF_TURN_BONUS", "LORA_TARGETS",
+                     "REWARDS", "RLConfig"), "rl"),
 }
 
 __all__ = sorted(_EXPORTS)
