@@ -21,6 +21,7 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import namedtuple
 
@@ -291,8 +292,6 @@ def progress_mode(args):
 
 
 def check_strategy(strategy: str) -> None:
-    import re
-
     from lightning.pytorch.strategies import StrategyRegistry
 
     known = ("auto", *StrategyRegistry.available_strategies())
