@@ -38,15 +38,14 @@ def busy_port():
 
 
 def test_an_address_in_use_or_unknown_is_one_line(decoderlab_cli, statquest_checkpoint, busy_port):
-    """A busy port or `--host bogus.invalid` printed uvicorn's startup lines and its error, and exited 3."""
-    r = decoderlab_cli("serve", "--checkpoint", statquest_checkpoint, "--port", busy_port, timeout=60)
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"decoderlab: error: cannot listen on 127.0.0.1:{busy_port}: address already in use "
-                        f"(another program listens there; choose another --port, or --port 0 for a free one)\n")
-    r = decoderlab_cli("serve", "--checkpoint", statquest_checkpoint, "--host", "bogus.invalid", timeout=60)
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr.startswith("decoderlab: error: --host bogus.invalid: cannot resolve this name to an address")
-    assert r.stderr.count("\n") == 1
+    """A busy port or `--host bogus.invalid` printed uvicorn's startup lines and its error, and exited 3; now one
+    line naming what was given, without the errno's number."""
+    for argv, needle in ((("--port", busy_port), f"127.0.0.1:{busy_port}"),
+                         (("--host", "bogus.invalid"), "bogus.invalid")):
+        r = decoderlab_cli("serve", "--checkpoint", statquest_checkpoint, *argv, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), argv
+        assert r.stderr.startswith("decoderlab: error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert needle in r.stderr and "[Errno" not in r.stderr and "INFO" not in r.stderr, r.stderr
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """The glass-box page in a real browser: Debian's chromium, headless, driven by Playwright's Python package.
 
-Playwright's own browser download does not work here; the project's set-up (``make install``) installs
+Playwright's own browser download does not work here; ``make test`` (its ``browsers`` step, as root) installs
 ``chromium`` from Debian, and these tests are skipped, saying so, only when /usr/bin/chromium is absent.
 """
 
@@ -20,7 +20,7 @@ from decoderlab.serve import ServerThread, create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} is missing: run `make install` (apt-get install chromium) as root")
+                                reason=f"{CHROMIUM} is missing: run `make browsers` (apt-get install chromium) as root")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
 
@@ -131,6 +131,10 @@ class _Template:
 
 def test_chat_mode_streams_a_reply_and_traces_the_conversation(browser_context):
     model, tok = tiny()
+    # the reference first: the page traces the conversation on the server's thread after the reply is done, and
+    # a forward pass of the same model on this thread meanwhile would run inside the trace's hooks
+    ids, _ = _Template().render([{"role": "user", "content": "hi"}], tok, add_generation_prompt=True)
+    want = tok.decode(dl.generate(model, ids, 8, temperature=0, stop=[tok.eos_id]))
     app = create_app(model, tok, model_id="tiny-chat", template=_Template())
     with ServerThread(app) as url:
         page, errors = open_page(browser_context, url)
@@ -140,8 +144,6 @@ def test_chat_mode_streams_a_reply_and_traces_the_conversation(browser_context):
         page.click("#send")
         page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=20000)
         reply = page.text_content("#chat-log .msg:last-child span")
-        ids, _ = _Template().render([{"role": "user", "content": "hi"}], tok, add_generation_prompt=True)
-        want = tok.decode(dl.generate(model, ids, 8, temperature=0, stop=[tok.eos_id]))
         assert reply == want  # greedy (the page's default temperature 0)
         page.wait_for_selector("#heatmap rect.cell")
         assert errors == []
