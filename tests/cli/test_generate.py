@@ -1,7 +1,9 @@
-"""`decoderlab generate`, `sample` and `chat`: streaming, stops typed with escapes, chat commands named as the
-flags, invalid Unicode, Ctrl-C, and one error line for every bad value."""
+"""``decoderlab generate`` and ``sample`` (decoderlab.cli.generate): no Lightning to answer, the help shows the
+config's defaults, a closed output ends them quietly; streaming, stops typed with escapes, invalid Unicode,
+Ctrl-C, the end of text, and one error line for every bad value."""
 
-import io
+from __future__ import annotations
+
 import sys
 from pathlib import Path
 
@@ -11,10 +13,34 @@ from tiny_models import biased_char_model, end_of_turn_model, one_thread, run_en
 
 import decoderlab as dl
 from decoderlab.checkpoint import save_checkpoint
-from decoderlab.cli import CHAT_HELP
 from decoderlab.cli import main as cli_main
+from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DTYPES
 from decoderlab.generation import Sampler, SamplingParams, generate, stream_text
 from decoderlab.tokenizers import CharTokenizer
+
+from .helps import helps
+from .test_parser import _loaded
+
+
+def test_generate_on_a_checkpoint_does_not_import_lightning(statquest_checkpoint):
+    body = "from decoderlab.cli import main\nmain()"
+    assert _loaded(body, ["generate", "--checkpoint", str(statquest_checkpoint), "what is statquest"]) == {"torch"}
+
+
+def test_generate_help_shows_the_config_defaults():
+    for command in ("generate", "sample"):
+        h = helps(command)
+        assert h["--max-new-tokens"].startswith(f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS};")
+        assert h["--temperature"] == f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})"
+        assert h["--dtype"].startswith(f"weights for inference: {', '.join(DTYPES)} (default float32")
+    assert helps("generate").keys() == helps("sample").keys()
+
+
+def test_a_closed_output_ends_generate_and_sample_quietly(closed_stdout_cli, statquest_checkpoint):
+    """`decoderlab generate ... | head -c 10` said "decoderlab: error: [Errno 32] Broken pipe" (exit 2); now no
+    word, exit 141 as a program stopped by SIGPIPE."""
+    for argv in (("generate", "--echo", "--max-new-tokens", "100000"), ("sample", "--max-new-tokens", "20")):
+        assert closed_stdout_cli(*argv, "--checkpoint", statquest_checkpoint, "what") == (141, ""), argv
 
 
 def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatch):
@@ -45,29 +71,6 @@ def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatc
     assert capsys.readouterr().out == tok.decode(ids[:first]) + "\n"
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--top-p", "2", "to be"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
-
-
-def test_cli_chat_with_the_lesson_model(statquest_checkpoint, capsys, monkeypatch):
-    type_lines(monkeypatch, ["what is statquest", "/temperature 0.7", "/temperature -1", "/top_k 20", "/help",
-                             "/reset", "/temperature 0", "statquest is what", "what is hello", "/nope"])
-    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "awesome"
-    assert out[1] == "(temperature = 0.7)"
-    assert out[2].startswith("error: /temperature '-1'")
-    assert out[3] == "(top_k = 20)"
-    assert "/reset" in "\n".join(out) and "(conversation reset)" in out
-    i = out.index("(temperature = 0)")
-    assert out[i + 1] == "awesome"
-    assert out[i + 2].startswith("error: unknown word 'hello'")
-    assert out[-1].startswith("unknown command /nope")
-
-
-def test_chat_reads_stdin_until_end_of_file(statquest_checkpoint, capsys, monkeypatch):
-    """The real input() on a non-terminal stdin: two turns, then end of input (Ctrl-D) exits with 0."""
-    monkeypatch.setattr(sys, "stdin", io.StringIO("what is statquest\n/reset\nstatquest is what\n"))
-    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["awesome", "(conversation reset)", "awesome"]
 
 
 def test_unescape_understands_the_usual_backslash_escapes():
@@ -115,21 +118,6 @@ def test_cli_passes_top_k_0_through(lm_checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(decoderlab.generation, "stream_text", fake_stream_text)
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--top-k", "0", "to be"]) == 0
     assert seen["params"] == SamplingParams(top_k=0)  # read by the library's one check: 0 = no filter
-
-
-def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
-    stdin = ("what is statquest\n/top-k 3\n/top_k 0\n/max-new-tokens 4\n/max_new_tokens x\n/top-p 0.9\n/help\n"
-             "/quit\nwhat is statquest\n")
-    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
-    assert (r.returncode, r.stderr) == (0, "")
-    out = r.stdout.splitlines()
-    assert out[:6] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)",
-                       "error: /max_new_tokens takes an integer >= 0, got 'x'", "(top-p = 0.9)"]
-    assert out[6:] == CHAT_HELP.splitlines()  # and nothing after /quit
-    for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
-        assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
-    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/exit\nwhat is statquest\n")
-    assert (r.returncode, r.stdout) == (0, "")
 
 
 def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path):
@@ -237,38 +225,6 @@ def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
     assert proc.returncode == 130
     assert err == b"decoderlab: interrupted (generate stopped by Ctrl-C)\n"
     assert set((first + out).decode()) <= {"a", "\n"}
-
-
-def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
-    """Ctrl-C during a reply stops the reply and the conversation goes on; at the prompt it leaves (130)."""
-    model, tok = dl.load_checkpoint(statquest_checkpoint)
-    real_call = Sampler.__call__
-    calls = []
-
-    def interrupted(self, logits, generators, counts=None):
-        calls.append(1)
-        if len(calls) == 1:  # the first reply's first token
-            raise KeyboardInterrupt
-        return real_call(self, logits, generators, counts)
-
-    type_lines(monkeypatch, ["what is statquest", "statquest is what", KeyboardInterrupt])
-    monkeypatch.setattr(Sampler, "__call__", interrupted)
-    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 130
-    out = capsys.readouterr()
-    assert out.out.splitlines() == ["(reply stopped)", "awesome"]
-    assert out.err == "decoderlab: interrupted (chat stopped by Ctrl-C)\n"
-
-
-def test_chat_command_errors_say_what_is_allowed(statquest_checkpoint, decoderlab_cli):
-    """`/max-new-tokens abc` said "invalid literal for int() with base 10: 'abc'"; /seed and /top-k the same."""
-    stdin = "/max-new-tokens abc\n/seed abc\n/seed -1\n/seed 99999999999999999999999\n/seed 5\n/top-k abc\n/top-k -2\n"
-    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
-    assert (r.returncode, r.stderr) == (0, "")
-    seed = "error: /seed takes an integer in 0 .. 2**63-1 (off: fresh entropy), got "
-    top_k = "error: /top-k takes an integer >= 0 (0 or off: no top-k filter), got "
-    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0, got 'abc'", seed + "'abc'",
-                                     seed + "'-1'", seed + "'99999999999999999999999'", "(seed = 5)",
-                                     top_k + "'abc'", top_k + "'-2'"]
 
 
 @pytest.mark.parametrize("argv, line", [

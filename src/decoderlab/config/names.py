@@ -35,3 +35,7 @@ PRECISION_ALIASES = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-
 #: optimizers and learning-rate schedules (``TrainConfig.optimizer`` / ``.schedule``; ``decoderlab.training.optim``)
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
+
+#: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
+#: their functions)
+EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")

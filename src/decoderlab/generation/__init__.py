@@ -16,13 +16,13 @@ from .engine import default_keep, generate, generate_batch, stream
 from .params import BoundParams, SamplingParams, SamplingTypeError, SamplingValueError
 from .processors import (FrequencyPenalty, LogitBias, LogitsProcessor, LogitsProcessorList, MinP, PresencePenalty,
                          RepetitionPenalty, SuppressTokens, Temperature, TokenCounts, TopK, TopP)
-from .sampling import Sampler, check_sampling
+from .sampling import Sampler
 from .stops import StopMatcher
 from .text import ChatSession, TextStreamer, stream_text
 
 __all__ = [
     "KVCache", "LayerKVCache", "default_keep", "generate", "generate_batch", "stream", "SamplingParams",
-    "BoundParams", "SamplingTypeError", "SamplingValueError", "Sampler", "check_sampling", "LogitsProcessor",
+    "BoundParams", "SamplingTypeError", "SamplingValueError", "Sampler", "LogitsProcessor",
     "LogitsProcessorList", "TokenCounts", "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "LogitBias",
     "SuppressTokens", "Temperature", "TopK", "TopP", "MinP", "StopMatcher", "ChatSession", "TextStreamer",
     "stream_text",

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..config import DEFAULT_MAX_NEW_TOKENS
+from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
 from .checks import check_int, check_seed
 from .processors import (FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepetitionPenalty, SuppressTokens,
                          Temperature, TopK, TopP)
@@ -80,7 +80,8 @@ class SamplingParams:
     Attributes:
         max_new_tokens: the most tokens to produce, >= 0 (default ``decoderlab.config.DEFAULT_MAX_NEW_TOKENS``,
             200). Tokens swallowed by a stop count.
-        temperature: >= 0, finite; 0 is greedy (the argmax after the penalties, bias and suppression).
+        temperature: >= 0, finite; 0 is greedy (the argmax after the penalties, bias and suppression); default
+            ``decoderlab.config.DEFAULT_TEMPERATURE`` (1.0).
         top_k: keep the k most probable tokens; 0 or None: no filter (stored as None).
         top_p: nucleus sampling, in (0, 1]; None or 1 keeps every token.
         min_p: keep tokens at least ``min_p`` times as probable as the most probable one, in [0, 1]; 0 or
@@ -107,7 +108,7 @@ class SamplingParams:
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None

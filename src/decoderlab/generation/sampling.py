@@ -9,23 +9,10 @@ import torch
 
 from .checks import MAX_SEED, as_scalar, check_int, check_real, check_seed, is_integer
 from .params import SamplingParams, row_settings
-from .processors import (RAW_PROCESSORS, WARPERS, LogitsProcessorList, Temperature, TokenCounts, TopK, TopP,
-                         check_rows)
+from .processors import RAW_PROCESSORS, WARPERS, LogitsProcessorList, TokenCounts, check_rows
 
-__all__ = ["MAX_SEED", "Sampler", "as_scalar", "check_int", "check_real", "check_sampling", "check_seed",
-           "is_integer", "make_generator", "make_generators"]
-
-
-def check_sampling(temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None) -> tuple[float, int | None, float | None]:
-    """Check three settings and return them as Python numbers ``(temperature, top_k, top_p)``: the processors'
-    own checks (temperature a finite number >= 0, 0 = greedy; top_k an integer >= 0, 0 or None = no filter,
-    returned as None; top_p in (0, 1] or None).
-
-    Raises:
-        ValueError: a value out of range (named, with what is allowed). TypeError: a value of the wrong type.
-    """
-    return Temperature.check(temperature), TopK.check(top_k), TopP.check(top_p)
+__all__ = ["MAX_SEED", "Sampler", "as_scalar", "check_int", "check_real", "check_seed", "is_integer",
+           "make_generator", "make_generators"]
 
 
 class Sampler:

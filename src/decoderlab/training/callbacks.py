@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
+from ..output import print_line
 
 LIGHTNING_DIR = "lightning"
 LAST_CKPT = "last.ckpt"
@@ -313,7 +314,9 @@ class PlainProgress(L.Callback):
         self._own: list[float] = []  # losses seen here when the run has no LossHistory
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream or sys.stdout, flush=True)
+        # a closed pipe (`decoderlab train | head -4`) must not stop the run before its checkpoint: the
+        # lines after the reader left are discarded and training goes on
+        print_line(line, self.stream)
 
     def _step(self, step: int) -> str:
         width = len(str(self.max_steps))
