@@ -23,7 +23,7 @@ from ._version import __version__
 
 #: ``decoderlab.training.TrainConfig``'s defaults for the fields that have a flag
 TRAIN_DEFAULTS = {"max_steps": 2000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100,
-                  "precision": "32", "compile": False, "seed": 42, "eval_every": 250, "val_batches": None,
+                  "precision": "auto", "compile": False, "seed": 42, "eval_every": 250, "val_batches": None,
                   "grad_clip": 1.0, "accumulate": 1, "log_every": 50, "optimizer": "adamw", "muon_lr": 0.05,
                   "schedule": "cosine", "cooldown": 0.4, "full_val_below": None}
 #: ``decoderlab.training.optim.OPTIMIZERS`` and ``SCHEDULES``
@@ -38,7 +38,7 @@ DEFAULT_RECIPE_TRAIN = dict(max_steps=450, batch_size=12, optimizer="muon", muon
 #: ``decoderlab.training.train_pairs``' defaults (the lesson: 30 epochs, seed 42, Adam lr 0.1, batch size 1)
 PAIR_DEFAULTS = {"max_epochs": 30, "seed": 42, "lr": 0.1, "batch_size": 1}
 #: ``decoderlab.training.PRECISIONS``
-PRECISIONS = ("32", "bf16-mixed")
+PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
 #: ``decoderlab.model.PRESETS``: names, and the shape fields a flag can override
 PRESET_NAMES = ("statquest", "baby-shakespeare", "baby-shakespeare-speedrun", "shakespeare-char", "gpt2")
 #: what ``train --preset`` takes: the model presets and the recipes (a recipe's name wins), gpt2 last
@@ -219,7 +219,9 @@ def add_train_config_options(g, defaults: dict = TRAIN_DEFAULTS, *, skip: tuple 
                    help=f"after the warm-up: cosine decay to --min-lr, or wsd (flat, then a linear decay over "
                         f"the last --cooldown) {default('schedule')}")
     g.add_argument("--precision", default=None, choices=PRECISIONS,
-                   help=f"32 = float32; bf16-mixed = bfloat16 autocast, float32 weights {default('precision')}")
+                   help=f"auto = bf16-mixed on a CUDA GPU with bfloat16, 16-mixed on older GPUs, 32 on the CPU and "
+                        f"Apple MPS; 32 = float32; bf16-mixed / 16-mixed = bfloat16 / float16 autocast (16-mixed "
+                        f"with a gradient scaler, GPUs only), float32 weights {default('precision')}")
 
 
 def add_threads_option(p) -> None:
@@ -247,7 +249,8 @@ def add_run_options(g) -> None:
     g.add_argument("--devices", type=_devices, default="1", metavar="N",
                    help=f"{_DEVICES_HELP}, per node (default %(default)s)")
     g.add_argument("--strategy", default="auto",
-                   help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ... (default %(default)s)")
+                   help="Lightning strategy: auto, ddp, ddp_spawn, deepspeed, ..., or fsdp (decoderlab's FSDP2: one "
+                        "unit per decoder block, float32 gradient reduction, GPUs or CPUs) (default %(default)s)")
     g.add_argument("--num-nodes", type=_number(int, 1), default=1, metavar="N",
                    help="machines (default %(default)s)")
     g.add_argument("--no-progress-bar", action="store_true",
