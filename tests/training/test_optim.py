@@ -133,7 +133,8 @@ def test_muon_adamw_state_is_the_standard_format_one_state_for_both():
     m2.load_state_dict(m.state_dict())
     opt2 = configure_optimizers(m2, TrainConfig(optimizer="muon"))["optimizer"]
     opt2.load_state_dict(copy.deepcopy(state))
-    assert opt2.muon.state is opt2.state and opt2.adamw.param_groups[0] is opt2.param_groups[len(opt2.muon.param_groups)]
+    assert opt2.muon.state is opt2.state
+    assert opt2.adamw.param_groups[0] is opt2.param_groups[len(opt2.muon.param_groups)]
     _step(m, opt, seed=1)
     _step(m2, opt2, seed=1)
     _params_equal(m, m2)
@@ -196,9 +197,11 @@ def test_groups_are_named_before_wrapping_and_looked_up_by_name(optimizer):
     opt = configure_optimizers(wrapped, TrainConfig(optimizer=optimizer), names)["optimizer"]
     params = dict(m.named_parameters())
     in_groups = [[id(p) for p in g["params"]] for g in opt.param_groups]
-    expected = [[id(params[n]) for n in names[k]] for k in (["muon"] if optimizer == "muon" else []) + ["decay", "no_decay"]]
+    kinds = (["muon"] if optimizer == "muon" else []) + ["decay", "no_decay"]
+    expected = [[id(params[n]) for n in names[k]] for k in kinds]
     assert in_groups == expected
-    with pytest.raises(ValueError, match=r"changed names after the optimizer groups were chosen .*--strategy ddp or fsdp"):
+    with pytest.raises(ValueError, match=r"changed names after the optimizer groups were chosen .*--strategy ddp or "
+                                         r"fsdp"):
         configure_optimizers(Renamed(m), TrainConfig(optimizer=optimizer), names)
 
 

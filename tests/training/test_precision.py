@@ -51,9 +51,9 @@ def _fake_cuda(monkeypatch, name, capability):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
 
 
-@pytest.mark.parametrize("name, capability, bf16", [("Tesla T4", (7, 5), False), ("Tesla V100-SXM2-16GB", (7, 0), False),
-                                                    ("NVIDIA A100-SXM4-80GB", (8, 0), True),
-                                                    ("NVIDIA H100 80GB HBM3", (9, 0), True)])
+@pytest.mark.parametrize("name, capability, bf16", [
+    ("Tesla T4", (7, 5), False), ("Tesla V100-SXM2-16GB", (7, 0), False), ("NVIDIA A100-SXM4-80GB", (8, 0), True),
+    ("NVIDIA H100 80GB HBM3", (9, 0), True)])
 def test_detect_machine_reads_the_cuda_device_properties(monkeypatch, name, capability, bf16):
     _fake_cuda(monkeypatch, name, capability)
     for accelerator in ("auto", "gpu", "cuda"):

@@ -25,10 +25,10 @@ class LitModel(L.LightningModule):
             for AdamW + schedule (``configure_optimizers(model, train_config)``).
 
     ``training_step((inputs, labels), i)``: inputs/labels (B, T) or (T,); returns the mean cross-entropy in
-    nats per supervised token (``model.compute_loss``), logged as ``train_loss`` (for the loggers, not the
-    progress bar: a progress-bar metric is read back to the host every step); ``validation_step`` returns
-    the mean of its batch and logs it as ``val_loss`` without a ``train_config`` (a language-model run logs
-    the exact ``val_loss`` over all its validation targets from ``LMMetrics`` instead). The steps skip the
+    nats per supervised token (``model.compute_loss``), logged as ``train_loss`` (with a ``train_config`` for
+    the loggers only, not the progress bar: a progress-bar metric is read back to the host every step);
+    ``validation_step`` returns the mean of its batch and logs it as ``val_loss`` without a ``train_config`` (a
+    language-model run logs the exact ``val_loss`` over all its validation targets from ``LMMetrics`` instead). The steps skip the
     model's per-forward range check of the ids (a host sync): the data was checked where it came from.
 
     The optimizer's parameter groups are named here, on the plain model, before any strategy wraps it
@@ -51,7 +51,9 @@ class LitModel(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self.model.compute_loss(batch, check_ids=False)
-        self.log("train_loss", loss, on_step=True, on_epoch=False, batch_size=self._batch_size(batch))
+        # the lesson's bar shows the loss; a run with a TrainConfig reads it back at logging steps only
+        self.log("train_loss", loss, prog_bar=self.train_config is None, on_step=True, on_epoch=False,
+                 batch_size=self._batch_size(batch))
         return loss
 
     def validation_step(self, batch, batch_idx):

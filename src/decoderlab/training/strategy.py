@@ -11,8 +11,9 @@ written by global rank 0), so they load under one process, DDP and FSDP alike.
 
 After ``fit`` (or at a validation) the run's own code needs the model with its whole weights on one process:
 :func:`full_model` gathers them (a collective: every process calls it), :func:`evaluation_model` puts them on
-the device the model trained on, and :func:`on_training_device` does both for the end of a run. Sources: PyTorch FSDP2 docs (``fully_shard``,
-``MixedPrecisionPolicy``, ``torch.distributed.checkpoint.state_dict``); Lightning's ``ModelParallelStrategy``.
+the device the model trained on, and :func:`on_training_device` does both for the end of a run.
+Sources: PyTorch FSDP2 docs (``fully_shard``, ``MixedPrecisionPolicy``, ``torch.distributed.checkpoint.state_dict``);
+Lightning's ``ModelParallelStrategy``.
 """
 
 from __future__ import annotations
