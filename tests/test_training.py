@@ -108,7 +108,7 @@ def test_bad_train_config_values():
         TrainConfig(max_steps=0)
     with pytest.raises(ValueError, match=r"lr \(learning rate\) must be a finite number > 0, got -0.001"):
         TrainConfig(lr=-1e-3)
-    with pytest.raises(ValueError, match="precision must be one of 32, bf16-mixed, got '16'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, 32, bf16-mixed, 16-mixed, got '16'"):
         TrainConfig(precision="16")
     with pytest.raises(ValueError, match="min_lr must be between 0 and lr"):
         TrainConfig(lr=1e-4, min_lr=1e-3)
@@ -565,7 +565,7 @@ def test_progress_bar_counts_steps_also_after_a_resume(tmp_path, text, cache, ca
         assert "Epoch" not in frames and "v_num" not in frames
         assert re.match(rf"train:\s+\d+%\|[^|]*\| {start}/{total} \[", train[0]), train[0]
         last = [f for f in train if f.startswith("train")][-1]
-        assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00, [\d.]+step/s", last), last
+        assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00,\s+[\d.]+step/s", last), last  # (tqdm pads a rate < 10)
 
 
 @pytest.mark.parametrize("inplace", [False, True])

@@ -188,7 +188,10 @@ TRAIN_CHOICE_OPTIONS = (
                                              "matrices, AdamW (--lr) for embeddings, gains and biases"),
     ("--schedule", "schedule", SCHEDULES, "after the warm-up: cosine decay to --min-lr, or wsd (flat, then a "
                                           "linear decay over the last --cooldown)"),
-    ("--precision", "precision", PRECISIONS, "32 = float32; bf16-mixed = bfloat16 autocast, float32 weights"),
+    ("--precision", "precision", PRECISIONS,
+     "auto = bf16-mixed on a CUDA GPU with bfloat16, 16-mixed on older GPUs, 32 on the CPU and Apple MPS; "
+     "32 = float32; bf16-mixed / 16-mixed = bfloat16 / float16 autocast (16-mixed with a gradient scaler, GPUs "
+     "only), float32 weights"),
 )
 
 #: TrainConfig fields some commands set with flags of their own (train: --compile, --seed)
@@ -283,7 +286,8 @@ RUN_OPTIONS = (
            help="continue a run: its directory or a .ckpt; without a value: --out (default: a new run)"),
     option("--devices", type=devices, default="1", metavar="N", help=f"{DEVICES_HELP}, per node (default %(default)s)"),
     option("--strategy", default="auto",
-           help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, deepspeed, ... (default %(default)s)"),
+           help="Lightning strategy: auto, ddp, ddp_spawn, deepspeed, ..., or fsdp (decoderlab's FSDP2: one "
+                "unit per decoder block, float32 gradient reduction, GPUs or CPUs) (default %(default)s)"),
     option("--num-nodes", type=number(int, 1), default=1, metavar="N", help="machines (default %(default)s)"),
     option("--no-progress-bar", action="store_true",
            help="plain progress lines instead of the bar (the default when the output is not a terminal)"),

@@ -30,7 +30,7 @@ _EXPORTS = {
                      "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "SERVE_PORT", "TRAIN_DEFAULTS", "VERIFY_TOL"),
                     "defaults"),
     **dict.fromkeys(("DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "EXAMPLES",
-                     "INITS", "KERNELS", "MLPS", "NORMS", "OPTIMIZERS", "POSITIONS", "PRECISION_ALIASES",
+                     "INITS", "KERNELS", "MLPS", "NORMS", "OPTIMIZERS", "OWN_STRATEGIES", "POSITIONS", "PRECISION_ALIASES",
                      "PRECISIONS", "SCHEDULES", "TEMPLATES", "TOKENIZERS"), "names"),
     "PRESETS": "presets",
     **dict.fromkeys(("DEFAULT_RECIPE", "RECIPES", "Recipe", "TRAIN_CHOICES", "resolve"), "recipes"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 #: of 12 windows); see ``TrainConfig`` for what each field means
 TRAIN_DEFAULTS = dict(
     max_steps=2000, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1, betas=(0.9, 0.99),
-    eps=1e-8, grad_clip=1.0, accumulate=1, precision="32", compile=False, seed=42, eval_every=250,
+    eps=1e-8, grad_clip=1.0, accumulate=1, precision="auto", compile=False, seed=42, eval_every=250,
     val_batches=None, val_batch_size=64, val_fraction=0.1, log_every=50, num_workers=0, fused=None,
     optimizer="adamw", muon_lr=0.05, muon_momentum=0.95, muon_weight_decay=0.0, schedule="cosine",
     cooldown=0.4, full_val_at_end=False, full_val_below=None,

@@ -33,7 +33,10 @@ class TrainConfig:
         betas, eps: AdamW's.
         grad_clip: clip the global gradient norm to this value (0 = no clipping).
         accumulate: batches per optimizer step (gradient accumulation).
-        precision: "32" or "bf16-mixed" (bfloat16 autocast; weights and optimizer state stay float32).
+        precision: "auto" (the machine's: bf16-mixed on a CUDA GPU with bfloat16, 16-mixed with a gradient
+            scaler on older GPUs, 32 on the CPU and Apple MPS; see ``decoderlab.training.precision``), "32",
+            "bf16-mixed" (bfloat16 autocast; weights and optimizer state stay float32) or "16-mixed"
+            (float16 autocast with a gradient scaler; CUDA GPUs).
         compile: ``torch.compile`` the model: False, True (inductor) or a backend name (e.g. "eager").
         seed: seeds the initial weights and, with the batch number, every training window.
         eval_every: optimizer steps between validations (and checkpoints).
@@ -42,8 +45,8 @@ class TrainConfig:
         val_fraction: the last fraction of the corpus (by position) used for validation.
         log_every: optimizer steps between logged training metrics.
         num_workers: DataLoader worker processes (0: batches are cut in the training process).
-        fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with precision
-            "bf16-mixed" and gradient clipping, which Lightning cannot combine with a fused optimizer).
+        fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with a mixed precision
+            and gradient clipping, which Lightning cannot combine with a fused optimizer).
         optimizer: "adamw" (every parameter) | "muon" (``torch.optim.Muon`` for the blocks' 2-D weight
             matrices, AdamW with ``lr`` for embeddings, output layer, gains and biases; see
             :mod:`decoderlab.training.optim`).
@@ -122,10 +125,10 @@ class TrainConfig:
             raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction!r}")
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ValueError(f"fused must be None (automatic), True or False, got {self.fused!r}")
-        if self.fused and self.precision == "bf16-mixed" and self.grad_clip > 0:
-            raise ValueError(f"fused=True cannot be combined with precision='bf16-mixed' and grad_clip={self.grad_clip}: "
-                             f"Lightning does not clip the gradients of a fused optimizer under mixed precision; "
-                             f"use fused=None or False, grad_clip=0, or precision='32'")
+        if self.fused and self.precision.endswith("-mixed") and self.grad_clip > 0:
+            raise ValueError(f"fused=True cannot be combined with precision={self.precision!r} and "
+                             f"grad_clip={self.grad_clip}: Lightning does not clip the gradients of a fused optimizer "
+                             f"under mixed precision; use fused=None or False, grad_clip=0, or precision='32'")
         if not (isinstance(self.compile, bool) or (isinstance(self.compile, str) and self.compile)):
             raise ValueError(f"compile must be True, False or a torch.compile backend name (e.g. 'eager'), "
                              f"got {self.compile!r}")
