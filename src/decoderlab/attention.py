@@ -120,13 +120,10 @@ def explicit_attention(
     scaled = sims / math.sqrt(q.size(-1))
     all_masked = None
     if mask is not None:
-        scaled_masked = scaled.masked_fill(mask, float("-inf"))
+        # rows with no visible key are filled with 0 to keep the softmax finite, and zeroed below; done for every
+        # row rather than after asking whether any is empty (asking would wait for the device)
         all_masked = mask.all(dim=-1, keepdim=True)
-        if all_masked.any():
-            # keep softmax finite on rows with no visible key; they are zeroed below
-            scaled_masked = scaled_masked.masked_fill(all_masked, 0.0)
-        else:
-            all_masked = None
+        scaled_masked = scaled.masked_fill(mask, float("-inf")).masked_fill(all_masked, 0.0)
     else:
         scaled_masked = scaled
     percents = F.softmax(scaled_masked, dim=-1)
@@ -155,15 +152,11 @@ def sdpa_attention(
     """
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
-    keep = ~mask
+    # a row with no visible key lets the kernel see every key, and its output is zeroed: done for every row
+    # rather than after asking whether any is empty (asking would wait for the device)
     all_masked = mask.all(dim=-1, keepdim=True)
-    has_empty = bool(all_masked.any())
-    if has_empty:
-        keep = keep | all_masked  # let the kernel see something; zeroed below
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
-    if has_empty:
-        out = out.masked_fill(all_masked, 0.0)
-    return out
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p)
+    return out.masked_fill(all_masked, 0.0)
 
 
 class MultiHeadAttention(nn.Module):
@@ -190,8 +183,9 @@ class MultiHeadAttention(nn.Module):
             (T_q, d_model) input gives (T_q, d_model).
         kv: (B, T_k, d_model) keys'/values' input for cross-attention.
         padding_mask: (B, T_k) bool, True = padded key. attn_mask: bool, broadcastable to (B, H, T_q, T_k),
-        True = ignore. positions: (T_q,) or (B, T_q) positions of the queries, for rope.
-        cache: a per-layer KV cache; new keys/values are appended and attention runs over all cached ones.
+        True = ignore. positions: (T_q,) or (B, T_q) positions of the queries, for rope (taken as given: the
+        model range-checks them once per call). cache: a per-layer KV cache; new keys/values are appended and
+        attention runs over all cached ones (a decode step's new token must not be padded).
     Returns (B, T_q, d_model), or (that, percents (B, H, T_q, T_k)) when ``return_weights`` (which uses the
     explicit kernel whatever the configured one).
 
@@ -276,10 +270,10 @@ class MultiHeadAttention(nn.Module):
             q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
             k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
         if self.rope is not None:
-            q_pos = positions
-            k_pos = positions if kv is None else None
-            q = self.rope(q, q_pos)
-            k = self.rope(k, k_pos)
+            # the positions are the caller's, range-checked once per call by the model: a check here would wait
+            # for the device in every layer of every decode step
+            q = self.rope(q, positions, check=False)
+            k = self.rope(k, positions if kv is None else None, check=False)
         if cache is not None and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
             # PyTorch's CPU attention kernels in float16/bfloat16 are many times slower than in float32 for one
             # query over a cache (measured 704/362 us vs 42 us per call at d_head 64, 200 keys): a half-precision
@@ -294,27 +288,28 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
             )
-        # one query (a KV-cache decode step) sees every cached key: at most the padding mask applies
-        decode_step = causal and t_q == 1 and attn_mask is None
+        # one query of a KV-cache decode step sees every cached key: at most the padding mask applies
+        decode_step = causal and t_q == 1 and attn_mask is None and cache is not None
         fused_causal = causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1)
         p_drop = self.dropout if self.training else 0.0
         record = self.record
         use_explicit = self.kernel == "explicit" or return_weights or record is not None
-        if decode_step and not use_explicit and padding_mask is not None:
-            mask = padding_mask[:, None, None, :]  # (B, 1, 1, T_k), True = ignore
-        elif use_explicit or not fused_causal:
+        weights = None
+        if use_explicit:
             mask = build_ignore_mask(
                 t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
             )
-        else:
-            mask = None
-        weights = None
-        if use_explicit:
             rec = {} if record is not None else None
             y, weights = explicit_attention(q, k, v, mask, p_drop, record=rec)
         elif fused_causal:
             y = sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop)
+        elif decode_step:
+            # the new token is never padded, so no row is empty: the kernel alone, (B, 1, 1, T_k) True = attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~padding_mask[:, None, None, :], dropout_p=p_drop)
         else:
+            mask = build_ignore_mask(
+                t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
+            )
             y = sdpa_attention(q, k, v, mask, dropout_p=p_drop)
         b = y.size(0)
         y = y.transpose(1, 2).reshape(b, t_q, self.d_model).to(x.dtype)  # (a no-op unless upcast above)
@@ -340,6 +335,11 @@ class LayerKVCache:
     ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
     returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
     shared length once per forward pass.
+
+    In a static cache (``KVCache(..., static=True)``) a one-token step writes at the owner's ``column`` (a
+    device tensor) and returns the whole buffers, (B, H, capacity, d_head): the same shapes at every token,
+    and no Python number that changes, so a compiled decode step runs one graph for the whole context
+    (:meth:`KVCache.step_mask` hides the columns not written yet). Prefills (T_new > 1) write as above.
     """
 
     def __init__(self, owner: "KVCache"):
@@ -347,15 +347,28 @@ class LayerKVCache:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
+    def _allocate(self, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        b, h, _, d = k_new.shape
+        # a static cache's unwritten columns are read (under a mask): zeros, never NaN (0 x NaN would leak)
+        make = torch.zeros if self.owner.static else torch.empty
+        self.k = make(b, h, self.owner.capacity, d, dtype=k_new.dtype, device=k_new.device)
+        self.v = make(b, h, self.owner.capacity, d, dtype=v_new.dtype, device=v_new.device)
+        if self.owner.static:  # fixed addresses, so that CUDA graphs can replay over them
+            torch._dynamo.mark_static_address(self.k)
+            torch._dynamo.mark_static_address(self.v)
+
     def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.owner.length
-        end = start + k_new.size(2)
-        if end > self.owner.capacity:
-            raise ValueError(f"KV cache is full: {end} tokens would exceed its capacity of {self.owner.capacity}")
+        o = self.owner
         if self.k is None or self.k.size(0) != k_new.size(0) or self.k.dtype != k_new.dtype:
-            b, h, _, d = k_new.shape
-            self.k = k_new.new_empty(b, h, self.owner.capacity, d)
-            self.v = v_new.new_empty(b, h, self.owner.capacity, d)
+            self._allocate(k_new, v_new)
+        if o.static and k_new.size(2) == 1:  # a static step (the model masks the unwritten columns)
+            self.k.index_copy_(2, o.column, k_new)
+            self.v.index_copy_(2, o.column, v_new)
+            return self.k, self.v
+        start = o.length
+        end = start + k_new.size(2)
+        if end > o.capacity:
+            raise ValueError(f"KV cache is full: {end} tokens would exceed its capacity of {o.capacity}")
         self.k[:, :, start:end] = k_new
         self.v[:, :, start:end] = v_new
         return self.k[:, :, :end], self.v[:, :, :end]
@@ -367,22 +380,53 @@ class KVCache:
     Args:
         n_layer: number of decoder blocks.
         capacity: most tokens it holds (the model's max_len).
+        static: keep the shapes of a one-token step fixed (see :class:`LayerKVCache`), for a compiled decode
+            step (``DecoderOnlyTransformer.compile_decode``); an eager step is faster without (it attends to
+            the columns written so far only).
+        device: where a static cache keeps ``column`` (the model's device).
 
     ``length`` is the number of positions already cached; the model's forward pass reads it (new tokens get
-    positions length .. length+T-1) and then calls ``advance(T)``. ``reset()`` empties it for reuse.
+    positions length .. length+T-1) and then calls ``advance(T)``; ``model.decode`` leaves the advance to its
+    caller. A static cache also holds ``length`` on the device, as ``column`` (1,) int64, the column the next
+    step writes. ``reset()`` empties it for reuse.
     """
 
-    def __init__(self, n_layer: int, capacity: int):
+    def __init__(self, n_layer: int, capacity: int, *, static: bool = False,
+                 device: torch.device | str | None = None):
         self.capacity = capacity
         self.length = 0
+        self.static = static
         self.layers = [LayerKVCache(self) for _ in range(n_layer)]
+        if static:
+            self.column = torch.zeros(1, dtype=torch.long, device=device)
+            self._columns = torch.arange(capacity, device=device)
+            torch._dynamo.mark_static_address(self.column)
 
     @classmethod
-    def for_model(cls, model) -> "KVCache":
-        return cls(model.config.n_layer, model.config.max_len)
+    def for_model(cls, model, *, static: bool = False) -> "KVCache":
+        p = next(model.parameters(), None)
+        return cls(model.config.n_layer, model.config.max_len, static=static,
+                   device=p.device if p is not None else None)
+
+    def step_mask(self, padding_mask: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """The (B, capacity) key mask of a static step, True = ignore: the columns after ``column`` (not written
+        yet) and, where ``padding_mask`` (B, T_k <= capacity, True = padded) says so, the padded ones."""
+        hidden = (self._columns > self.column).expand(batch, self.capacity)
+        if padding_mask is None:
+            return hidden
+        pm = padding_mask.to(torch.bool)
+        if pm.size(1) < self.capacity:  # the columns past the mask are hidden already
+            pm = F.pad(pm, (0, self.capacity - pm.size(1)))
+        return hidden | pm
 
     def advance(self, t: int) -> None:
         self.length += t
+        if self.static:
+            if self.length > self.capacity:  # (a static step writes where it is told: checked here, on the host)
+                raise ValueError(f"KV cache is full: {self.length} tokens exceed its capacity of {self.capacity}")
+            self.column.fill_(self.length)
 
     def reset(self) -> None:
         self.length = 0
+        if self.static:
+            self.column.zero_()

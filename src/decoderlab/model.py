@@ -176,6 +176,7 @@ class DecoderOnlyTransformer(nn.Module):
         # load_state_dict(..., assign=True) puts the state's tensors in place one by one: tie them again
         self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.tie_weights())
         self.loss = nn.CrossEntropyLoss(ignore_index=-100)
+        self.compiled_decode = None  # decode compiled by compile_decode: what the engine then steps with
         if cfg.init == "gpt2":
             self.apply(self._gpt2_init)
             for name, p in self.named_parameters():
@@ -287,6 +288,8 @@ class DecoderOnlyTransformer(nn.Module):
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
         logits = self._logits(token_ids, padding_mask, positions, cache, last_only)
+        if cache is not None:
+            cache.advance(t)
         return logits[0] if unbatched else logits
 
     @staticmethod
@@ -308,13 +311,18 @@ class DecoderOnlyTransformer(nn.Module):
 
     def decode(self, tokens: torch.Tensor, positions, padding_mask: torch.Tensor | None, cache) -> torch.Tensor:
         """One KV-cache decode step, for the generation engine: the same blocks as ``forward`` without its
-        argument checks (the engine made them once per call).
+        argument checks (the engine made them once per call, on the host: a check here would wait for the
+        device at every token).
 
         Args:
             tokens: (B, 1) the new token of each row.
-            positions: an int (every row at that position) or (B, 1) per-row positions.
-            padding_mask: None, or (B, T_k) bool over the cached keys and the new one, True = padded.
-            cache: the ``KVCache`` holding the earlier keys and values (advanced by one).
+            positions: (1,) (every row at that position) or (B, 1) per-row positions; an int is taken too,
+                but a compiled step needs a tensor (an int would be compiled in).
+            padding_mask: None, or (B, T_k) bool over the cached keys and the new one, True = padded (the new
+                token never is). With a static cache T_k may be up to its capacity.
+            cache: the ``KVCache`` holding the earlier keys and values. The step writes the new ones into it
+                but does not advance it: the caller calls ``cache.advance(1)`` afterwards, so that the step
+                changes no Python state and compiles to one graph (:meth:`compile_decode`).
 
         Returns the logits of the new tokens, (B, num_tokens).
         """
@@ -322,17 +330,28 @@ class DecoderOnlyTransformer(nn.Module):
             positions = torch.full((1,), positions, dtype=torch.long, device=tokens.device)
         return self._logits(tokens, padding_mask, positions, cache)[:, -1]
 
+    def compile_decode(self, **options):
+        """Compile :meth:`decode` as ``torch.compile(self.decode, fullgraph=True, **options)`` (torch.compile's
+        ``mode``, ``backend``, ``dynamic``) and keep it as ``compiled_decode``, which the generation engine and
+        the scheduler then decode with -- the engine over a static KV cache (``KVCache(static=True)``: the same
+        shapes and no changing Python number at every token, so one graph serves the whole context). Returns
+        it. ``model.compiled_decode = None`` goes back to eager decoding. The first step compiles (seconds on a
+        GPU, up to a minute with a C++ compiler on a CPU); a compiled model does not pickle or deep-copy."""
+        self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
+        return self.compiled_decode
+
     def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False) -> torch.Tensor:
-        """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only)."""
+        """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only).
+        Positions are taken as given (``forward`` checked them; ``decode``'s caller made them)."""
         x = self.we(token_ids)  # (B, T, d_model)
         if self.pe is not None:
-            x = self.pe(x, positions)  # + position encodings (rope is applied inside attention instead)
+            x = self.pe(x, positions, check=False)  # + position encodings (rope is applied inside attention)
         x = self.drop(x)  # (the glass box's trace reads the encoded input here)
+        if cache is not None and cache.static and token_ids.size(1) == 1:  # a static step writes one column
+            padding_mask = cache.step_mask(padding_mask, token_ids.size(0))  # and hides the unwritten ones
         for i, block in enumerate(self.blocks):  # (B, T, d_model) -> (B, T, d_model)
             x = block(x, padding_mask=padding_mask, positions=positions,
                       cache=None if cache is None else cache.layers[i])
-        if cache is not None:
-            cache.advance(token_ids.size(1))
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model): the output layer only where the next token is predicted
         return self.fc_layer(self.norm_f(x))  # (B, T, num_tokens)

@@ -12,7 +12,6 @@ import torch.nn as nn
 from .config.names import POSITIONS
 
 
-
 def _check_length(t: int, max_len: int) -> None:
     if t > max_len:
         raise ValueError(f"sequence length T={t} is longer than max_len={max_len}; allowed: T <= {max_len}")
@@ -51,6 +50,9 @@ class PositionEncoding(nn.Module):
     (B, T, d_model) and adds the first T rows of ``pe`` (or the rows at ``positions``, shape (T,) or (B, T),
     when given -- used by the KV cache and by left-padded batches).
 
+    ``check=False`` skips the range check of ``positions`` (reading their smallest and largest value waits
+    for the device): the model checks them once per call, not once per layer and token.
+
     Raises:
         ValueError: T > max_len (naming both), a position outside 0 .. max_len - 1, or the last dimension is
             not d_model.
@@ -62,7 +64,8 @@ class PositionEncoding(nn.Module):
         self.max_len = max_len
         self.register_buffer("pe", sinusoidal_table(max_len, d_model))
 
-    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None, *,
+                check: bool = True) -> torch.Tensor:
         if word_embeddings.shape[-1] != self.d_model:
             raise ValueError(
                 f"word_embeddings has last dimension {word_embeddings.shape[-1]}, but d_model is {self.d_model}"
@@ -71,14 +74,16 @@ class PositionEncoding(nn.Module):
         if positions is None:
             _check_length(t, self.max_len)
             return word_embeddings + self.pe[:t, :]
-        check_positions(positions, self.max_len)
+        if check:
+            check_positions(positions, self.max_len)
         return word_embeddings + self.pe[positions]
 
 
 class LearnedPositionEncoding(nn.Module):
     """Learned absolute positions (GPT-2's ``wpe``): an ``nn.Embedding(max_len, d_model)`` added to the input.
 
-    Shapes as :class:`PositionEncoding`. Raises ``ValueError`` for T > max_len.
+    Shapes and ``check`` as :class:`PositionEncoding`. Raises ``ValueError`` for T > max_len or a position
+    outside 0 .. max_len - 1.
     """
 
     def __init__(self, d_model: int, max_len: int):
@@ -88,12 +93,14 @@ class LearnedPositionEncoding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, word_embeddings: torch.Tensor, positions: torch.Tensor | None = None, *,
+                check: bool = True) -> torch.Tensor:
         t = word_embeddings.size(-2)
         if positions is None:
             _check_length(t, self.max_len)
             return word_embeddings + self.weight[:t]
-        check_positions(positions, self.max_len)
+        if check:
+            check_positions(positions, self.max_len)
         return word_embeddings + self.weight[positions]
 
 
@@ -101,7 +108,9 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding applied to queries and keys of shape (B, H, T, d_head), d_head even.
 
     Pairs (x[2i], x[2i+1]) are rotated by the angle pos * base^(-2i/d_head) (RoFormer eq. 34, interleaved
-    pairs). ``forward(x, positions=None)``: positions (T,) or (B, T); default 0..T-1.
+    pairs). ``forward(x, positions=None, *, check=True)``: positions (T,) or (B, T); default 0..T-1;
+    ``check=False`` skips their range check (the model checks them once per call, not per layer: see
+    :class:`PositionEncoding`). Raises ``ValueError`` for T > max_len or a position outside 0 .. max_len - 1.
     """
 
     def __init__(self, d_head: int, max_len: int, base: float = 10000.0):
@@ -130,7 +139,7 @@ class RotaryEmbedding(nn.Module):
             self.sin = sin.to(self.sin.device, self.sin.dtype)
         return self
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, check: bool = True) -> torch.Tensor:
         if self.cos.is_meta:  # built on the meta device and loaded with assign=True: the table was never made
             cos, sin = self._table()
             self.cos, self.sin = cos.to(x.device), sin.to(x.device)
@@ -139,7 +148,8 @@ class RotaryEmbedding(nn.Module):
             _check_length(t, self.max_len)
             cos, sin = self.cos[:t], self.sin[:t]  # (T, d/2)
         else:
-            check_positions(positions, self.max_len)
+            if check:
+                check_positions(positions, self.max_len)
             cos, sin = self.cos[positions], self.sin[positions]  # (T, d/2) or (B, T, d/2)
             if cos.dim() == 3:
                 cos, sin = cos[:, None], sin[:, None]

@@ -34,13 +34,22 @@ def test_greedy_with_cache_equals_the_lesson_loop(family, kernel):
                                                                           dl.generation.default_keep(cfg.max_len))
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["cache", "static cache"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_decode_step_equals_the_model_forward(family):
-    """The engine's one-token step (``model.decode``) gives the model's own logits (float64), unpadded and
-    left-padded, also while the glass box records."""
+def test_decode_step_equals_the_model_forward(family, static):
+    """The engine's one-token step (``model.decode``, then ``cache.advance(1)`` by its caller) gives the model's
+    own logits (float64), unpadded and left-padded, also while the glass box records -- over a cache that
+    grows and over a static one (whole-capacity buffers, the unwritten columns masked)."""
     model = make_model(family, "explicit", seed=4)
     cfg = model.config
-    step = model.decode
+
+    def step(tokens, positions, padding_mask, cache):
+        if static and not isinstance(positions, torch.Tensor):
+            positions = cache.column  # (a static step reads its position from the device)
+        out = model.decode(tokens, positions, padding_mask, cache)
+        cache.advance(1)
+        return out
+
     torch.manual_seed(0)
     ids = torch.randint(cfg.num_tokens, (3, cfg.max_len))
     pads = torch.tensor([[0], [2], [cfg.max_len - 2]])
@@ -49,7 +58,7 @@ def test_decode_step_equals_the_model_forward(family):
     with torch.no_grad():
         for padded in (False, True):
             want = model(ids, padding_mask=pad_mask if padded else None, positions=positions if padded else None)
-            cache = KVCache.for_model(model)
+            cache = KVCache.for_model(model, static=static)
             t0 = 2
             model(ids[:, :t0], padding_mask=pad_mask[:, :t0] if padded else None,
                   positions=positions[:, :t0] if padded else None, cache=cache)
@@ -59,13 +68,14 @@ def test_decode_step_equals_the_model_forward(family):
                 rows = [0, 1] if padded and t < cfg.max_len - 2 else [0, 1, 2]  # row 2 is all padding early
                 assert torch.allclose(got[rows], want[rows, t], atol=1e-10, rtol=1e-12), (padded, t)
     model.blocks[0].attention.record = {}  # the glass box is recording: the same blocks, the same numbers
-    cache = KVCache.for_model(model)
+    cache = KVCache.for_model(model, static=static)
     with torch.no_grad():
         want = model(ids[:, :3])[:, 2]
         model(ids[:, :2], cache=cache)
         got = step(ids[:, 2:3], 2, None, cache)
     assert torch.allclose(got, want, atol=1e-10, rtol=1e-12)
-    assert model.blocks[0].attention.record["percents"].shape == (3, cfg.n_head, 1, 3)
+    keys = cfg.max_len if static else 3  # a static step attends to every column (the unwritten ones masked)
+    assert model.blocks[0].attention.record["percents"].shape == (3, cfg.n_head, 1, keys)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
@@ -227,3 +237,89 @@ def test_batch_rows_with_their_own_settings_equal_each_alone():
                                                                       for p, s in zip(prompts, [5, 6, 7, 8])]
     with pytest.raises(ValueError, match=r"params must be one SamplingParams or one per prompt \(4\), got 2"):
         generate_batch(model, prompts, rows[:2])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host syncs: counted on the CPU, where they cost nothing but are the calls that stall a GPU
+# ----------------------------------------------------------------------------------------------------------
+
+#: sampled settings that run every kind of processor (penalties, top-k, top-p, temperature) and the draw
+SAMPLED = dict(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.5, seed=1)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("family,kernel", [("gpt2", "sdpa"), ("rope-rmsnorm", "sdpa"), ("statquest", "explicit"),
+                                           ("shakespeare-char", "explicit")])
+def test_a_decode_step_waits_for_the_device_once_per_token(family, kernel, settings):
+    """One host sync per token, for the sampled ids the host must read -- with learned, sinusoidal and rotary
+    positions, both kernels, greedy and sampled (every processor), one prompt and a left-padded batch, and
+    windows that slide (re-prefilled) twice. The ids are checked once per call, on the host."""
+    from support.host_syncs import HostSyncCounter
+
+    model = make_model(family, kernel, seed=3)
+    n = 3 * model.config.max_len
+    with HostSyncCounter() as one:
+        ids = generate(model, [1, 2], n, **settings)
+    with HostSyncCounter() as batch:
+        rows = generate_batch(model, [[1], [1, 2, 3], [2, 2]], n, **settings)
+    assert len(ids) == n and [len(r) for r in rows] == [n] * 3
+    for counter in (one, batch):
+        assert len(counter) == n, "more than the sampled ids per token:\n" + counter.report()
+        assert {e.origin.name for e in counter.events} == {"decoderlab.generation.engine._steps"}
+
+
+def test_a_row_with_no_token_to_choose_raises_from_the_host_copy():
+    """The sampler flags a row it cannot choose for (NaN logits; every token suppressed) instead of asking the
+    device; the engine raises the sampler's error from the ids it reads anyway."""
+    model = make_model("gpt2", "sdpa", seed=3)
+    with torch.no_grad():
+        model.norm_f.weight.fill_(float("nan"))
+    for settings in (dict(temperature=0), SAMPLED):
+        with pytest.raises(ValueError, match="the model's logits hold NaN"):
+            generate(model, [1, 2], 3, **settings)
+    model = make_model("gpt2", "sdpa", seed=3)
+    every = list(range(model.config.num_tokens))
+    with pytest.raises(ValueError, match="every logit of a row is -inf"):
+        generate_batch(model, [[1], [2, 3]], [SamplingParams(max_new_tokens=3, temperature=0),
+                                              SamplingParams(max_new_tokens=3, suppress_tokens=every)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A decode step that compiles
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _dynamo_counts():
+    from torch._dynamo.utils import counters
+
+    return dict(counters["stats"]), sum(counters["recompiles"].values()), dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "rope-rmsnorm"])
+def test_the_decode_step_compiles_to_one_graph_for_the_whole_context(family):
+    """``model.compile_decode`` (``torch.compile(model.decode, fullgraph=True)``) with the static KV cache the
+    engine then keeps: 40 tokens -- greedy and sampled, a one-token prompt (its prefill is a step too), a longer
+    one and a left-padded batch, past max_len so the window slides -- trace one graph per kind of call (unpadded, padded), never recompile as the context grows,
+    and give the eager tokens. Dynamo's own counters are read; the "eager" backend traces exactly what
+    Inductor would compile, without the C++ compiler (``bench/generate.py`` times Inductor)."""
+    import torch._dynamo
+
+    model = make_model(family, "sdpa", seed=5)
+    prompts = [[1], [1, 2, 3], [2, 2]]
+    want = [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED),
+            generate_batch(model, prompts, 40, temperature=0), generate_batch(model, prompts, 40, **SAMPLED)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        model.compile_decode(backend="eager")
+        got = [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED)]
+        stats, recompiles, breaks = _dynamo_counts()
+        assert stats["unique_graphs"] == 1 and recompiles == 0 and not breaks, (stats, recompiles, breaks)
+        got += [generate_batch(model, prompts, 40, temperature=0), generate_batch(model, prompts, 40, **SAMPLED)]
+        stats, recompiles, breaks = _dynamo_counts()
+        # the padded batch is a new kind of call (B = 3, per-row positions, a padding mask): one more graph
+        assert stats["unique_graphs"] == 2 and not breaks, (stats, breaks)
+        assert got == want
+    finally:
+        model.compiled_decode = None
+        torch._dynamo.reset()

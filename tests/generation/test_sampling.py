@@ -83,3 +83,27 @@ def test_library_seed_checks_match_torch_generators():
             make_generators(bad, 1, torch.device("cpu"))
     with pytest.raises(TypeError, match="seed must be an integer"):
         check_seed(1.5)
+
+
+def test_the_draw_is_the_generators_float64_uniform_made_without_float64():
+    """Each sampled row's uniform number is an integer k in [0, 2**53) scaled by 2**-53 in the CDF's dtype: no
+    float64 op on the device, and on the CPU exactly ``torch.rand(dtype=torch.float64)`` of the same generator
+    rounded to that dtype, so the inverse-CDF pick (and every seed's tokens) is the float64 draw's."""
+    from support.float64 import Float64Guard
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(1))
+    for seed in range(5):
+        with Float64Guard() as guard:
+            got = Sampler(temperature=1.0)(logits, [torch.Generator().manual_seed(seed + i) for i in range(64)])
+        assert not guard.ops, guard.report()
+        u = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(seed + i), dtype=torch.float64)
+                       for i in range(64)]).float()
+        cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)
+        want = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+        assert torch.equal(got, want)
+    # float64 logits (a float64 model, on the CPU by the caller's choice) draw in float64, as before
+    g = torch.Generator().manual_seed(7)
+    u = torch.rand(1, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    cdf = torch.softmax(logits[:1].double(), dim=-1).cumsum(dim=-1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    assert torch.equal(Sampler(temperature=1.0)(logits[:1].double(), [g]), want)

@@ -7,8 +7,8 @@ a GPU would hit). Counted:
 - at the Python level (``TorchFunctionMode``): ``Tensor.item``, ``Tensor.tolist``, ``bool``/``int``/``float``/
   ``index`` of a tensor (``__bool__``, ``__int__``, ``__float__``, ``__index__``), and ``Tensor.cpu``/``numpy``
   of a tensor that is not on the CPU;
-- at the op level (``TorchDispatchMode``): ``aten._local_scalar_dense`` not already counted above (C++ code
-  reading a scalar), ``aten.nonzero``, ``aten.masked_select``, ``aten.is_nonzero``, ``aten.equal``, and
+- at the op level (``TorchDispatchMode``): ``aten._local_scalar_dense`` and ``aten.is_nonzero`` not already
+  counted above (C++ code reading a scalar), ``aten.nonzero``, ``aten.masked_select``, ``aten.equal``, and
   boolean-mask indexing (``aten.index``/``index_put`` with a bool index: its output size depends on the data).
 
 Each event keeps the innermost ``decoderlab`` frame that issued it (else the innermost frame outside
@@ -34,7 +34,10 @@ _PY_SCALAR = {torch.Tensor.item: "item", torch.Tensor.tolist: "tolist", torch.Te
               torch.Tensor.__index__: "__index__"}
 _PY_COPY = {torch.Tensor.cpu: "cpu", torch.Tensor.numpy: "numpy"}
 _OPS = {aten.nonzero.default: "nonzero", aten.masked_select.default: "masked_select",
-        aten.is_nonzero.default: "is_nonzero", aten.equal.default: "equal"}
+        aten.equal.default: "equal"}
+#: the ops a Python-level call counted above runs (``bool(t)`` reaches ``is_nonzero`` under inference mode):
+#: counted only when C++ code calls them on its own
+_SCALAR_OPS = {aten._local_scalar_dense.default: "_local_scalar_dense", aten.is_nonzero.default: "is_nonzero"}
 _INDEX = {aten.index.Tensor: "boolean indexing", aten.index_put.default: "boolean index_put",
           aten.index_put_.default: "boolean index_put"}
 
@@ -85,8 +88,8 @@ class _DispatchLevel(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = None
-        if func is aten._local_scalar_dense.default:
-            kind = None if self.counter.inside else "_local_scalar_dense"
+        if func in _SCALAR_OPS:
+            kind = None if self.counter.inside else _SCALAR_OPS[func]
         elif func in _OPS:
             kind = _OPS[func]
         elif func in _INDEX and _bool_index(args[1] if len(args) > 1 else None):

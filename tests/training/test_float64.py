@@ -3,7 +3,6 @@
 step, a validation, the final full evaluation and a fine-tuning (SFT) step; float64 is allowed only inside
 the named functions that add up CPU copies. Decoding has its check here too, for the sampler."""
 
-import pytest
 import torch
 from support.float64 import Float64Guard
 
@@ -65,11 +64,6 @@ def test_a_fine_tuning_step_and_its_validation_use_no_float64_outside_host_sums(
     assert not guard.violations, "float64 outside the host sums:\n" + guard.report()
 
 
-#: the sampler's uniform draw is float64 today (generation/sampling.py, rewritten in another branch)
-SAMPLER_DRAW = "the sampler draws its uniform number in float64 on the model's device (generation.sampling)"
-
-
-@pytest.mark.xfail(reason=SAMPLER_DRAW, strict=False)
 def test_sampled_decoding_uses_no_float64():
     from decoderlab.generation import generate
     from decoderlab.model import DecoderOnlyTransformer, preset

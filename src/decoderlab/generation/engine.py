@@ -115,7 +115,12 @@ class _Windows:
         self.b, self.max_len = len(rows), model.config.max_len
         self.device = model_device(model)
         self.starts = [max(0, len(r) - self.max_len) for r in rows]
-        self.cache = KVCache.for_model(model) if use_cache else None
+        # a compiled step (model.compile_decode) decodes over a static cache: one graph for the whole context
+        self.step = getattr(model, "compiled_decode", None)
+        self.static = self.step is not None
+        if self.step is None:
+            self.step = model.decode
+        self.cache = KVCache.for_model(model, static=self.static) if use_cache else None
         self.pad_buf = torch.zeros(self.b, self.max_len, dtype=torch.bool, device=self.device)
         self.pads: torch.Tensor | None = None  # (B, 1) pad counts of the current prefill; None: no row padded
 
@@ -142,35 +147,46 @@ class _Windows:
         pads = [t - len(w) for w in windows]
         tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=self.device)
         self.cache.reset()
+        # the ids were checked on the host (check_prompt) or sampled from the vocabulary: no range check, which
+        # would wait for the device; the output layer runs on the last position only
         if not any(pads):
             self.pads = None
-            return self.model(tokens, cache=self.cache, last_only=True)[:, -1]  # the output layer: last only
+            return self.model(tokens, cache=self.cache, last_only=True, check_ids=False)[:, -1]
         p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
         ar = torch.arange(t, device=self.device).unsqueeze(0)
         self.pad_buf.zero_()
         self.pad_buf[:, :t] = ar < p
         self.pads = p
-        return self.model(tokens, positions=(ar - p).clamp_min(0), padding_mask=self.pad_buf[:, :t],
-                          cache=self.cache, last_only=True)[:, -1]
+        # the positions follow from the padding mask (each token's index among its row's real ones)
+        return self.model(tokens, padding_mask=self.pad_buf[:, :t], cache=self.cache, last_only=True,
+                          check_ids=False)[:, -1]
 
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         tokens = next_ids.view(self.b, 1)
-        length = self.cache.length
-        if self.pads is None:
-            return self.model.decode(tokens, length, None, self.cache)
-        return self.model.decode(tokens, length - self.pads, self.pad_buf[:, : length + 1], self.cache)
+        cache, length = self.cache, self.cache.length
+        if self.static:  # tensors of fixed shapes only: the column to write lives on the device
+            positions = cache.column if self.pads is None else cache.column - self.pads
+            mask = None if self.pads is None else self.pad_buf
+        elif self.pads is None:
+            positions, mask = length, None
+        else:
+            positions, mask = length - self.pads, self.pad_buf[:, : length + 1]
+        logits = self.step(tokens, positions, mask, cache)
+        cache.advance(1)
+        return logits
 
     def full(self) -> torch.Tensor:  # the lesson's loop: the whole window, every step
         rows, starts, device = self.rows, self.starts, self.device
         if self.b == 1:
-            return self.model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
+            return self.model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device),
+                              check_ids=False)[:, -1]
         groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
         for i, (r, s) in enumerate(zip(rows, starts)):
             groups.setdefault(len(r) - s, []).append(i)
         out = [None] * self.b
         for members in groups.values():
             tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
-            for i, row_logits in zip(members, self.model(tokens)[:, -1]):
+            for i, row_logits in zip(members, self.model(tokens, check_ids=False)[:, -1]):
                 out[i] = row_logits
         return torch.stack(out)
 
@@ -189,10 +205,11 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
     windows = _Windows(model, rows, use_cache, keep)
     logits = windows.first()
     for step in range(max_new_tokens):
-        next_ids = sampler(logits, generators, counts)
+        next_ids = sampler.choose(logits, generators, counts)
+        new = next_ids.tolist()  # the step's one wait for the device: the host needs the ids
+        sampler.check(new, logits, counts)  # a row with no token to choose raises here, from the host copy
         if counts is not None:
             counts.add(next_ids)
-        new = next_ids.tolist()
         for r, t in zip(rows, new):
             r.append(t)
         yield new

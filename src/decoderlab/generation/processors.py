@@ -319,7 +319,8 @@ class Temperature(LogitsProcessor):
 
     Where the plain division overflows (a tiny temperature) that row's maximum is subtracted first; rows
     holding +inf logits keep only those tokens (logit 0, the others -inf). Rows whose logits hold NaN or are
-    all -inf raise ``ValueError``. Temperature 0 means greedy, which is the argmax, not a division: this
+    all -inf come out unusable (the :class:`~decoderlab.generation.Sampler` raises ``ValueError`` for them,
+    through :func:`check_rows`). Temperature 0 means greedy, which is the argmax, not a division: this
     processor takes temperatures > 0 (``check`` allows the 0 that ``SamplingParams`` takes).
     """
 
@@ -348,17 +349,17 @@ class Temperature(LogitsProcessor):
     def apply(self, logits, counts):
         t = self.value if self.values is None else self.column(logits)
         z = logits / t
-        ok = torch.isfinite(z.amax(dim=-1))
-        if bool(ok.all()):
-            return z
-        check_rows(logits)
+        ok = torch.isfinite(z.amax(dim=-1, keepdim=True))
+        # the safe values are made for every row and kept where the division overflowed: asking whether any
+        # row did would wait for the device. (Rows holding NaN or only -inf stay unusable: the sampler flags
+        # them, and check_rows explains why.)
         m = logits.amax(dim=-1, keepdim=True)
         posinf = m == float("inf")
         # the maxima are 0 exactly, also where the temperature underflows the dtype (0 / 0 would be NaN)
         shifted = torch.where(logits == m, 0.0, (logits - m.masked_fill(posinf, 0.0)) / t)
         only_inf = torch.zeros_like(logits).masked_fill(logits != float("inf"), NEG_INF)
         safe = torch.where(posinf, only_inf, shifted)
-        return torch.where(ok.unsqueeze(-1), z, safe)  # only the rows that overflowed: rows stay independent
+        return torch.where(ok, z, safe)  # only the rows that overflowed: rows stay independent
 
 
 class TopK(LogitsProcessor):

@@ -9,7 +9,7 @@ import torch
 
 from .checks import MAX_SEED, as_scalar, check_int, check_real, check_seed, is_integer
 from .params import SamplingParams, row_settings
-from .processors import RAW_PROCESSORS, WARPERS, LogitsProcessorList, TokenCounts, check_rows
+from .processors import NEG_INF, RAW_PROCESSORS, WARPERS, LogitsProcessorList, TokenCounts, check_rows
 
 __all__ = ["MAX_SEED", "Sampler", "as_scalar", "check_int", "check_real", "check_seed", "is_integer",
            "make_generator", "make_generators"]
@@ -29,6 +29,10 @@ class Sampler:
     (None, or the list empty, for greedy rows; each sampled row draws exactly one uniform number per token, so a
     row's tokens depend only on its own generator, logits and settings); ``counts`` the rows'
     :class:`TokenCounts` when a penalty is on (:attr:`uses_counts`). Returns (B,) token ids.
+
+    The engine's loop calls :meth:`choose` instead, which never waits for the device: a row with no token to
+    choose comes back as ``NO_CHOICE`` (-1), and :meth:`check` raises from the host copy of the ids that the
+    loop reads anyway (its one host sync per token). ``sampler(...)`` is the two together.
 
     A greedy row (temperature 0) is the argmax after the raw processors (penalties, bias, suppression); a
     sampled row also goes through temperature, top-k, top-p and min-p, then one draw by inverse CDF (no sort
@@ -99,39 +103,69 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None] = (),
                  counts: TokenCounts | None = None) -> torch.Tensor:
-        logits = self.raw(self._upcast(logits), counts)
-        if self.greedy:
-            return _argmax(logits)
-        if not self._greedy_rows:
-            return _draw(self.warpers(logits, counts), generators)
-        if logits.size(0) != len(self.rows):
-            raise ValueError(f"the sampler has settings for {len(self.rows)} rows, got logits for {logits.size(0)}")
-        g, s = self._rows_index("greedy", logits.device), self._rows_index("sampled", logits.device)
-        ids = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
-        ids[g] = _argmax(logits[g])
-        ids[s] = _draw(self.warpers(logits[s], counts), [generators[i] for i in self._sampled_rows])
+        ids = self.choose(logits, generators, counts)
+        self.check(ids.tolist(), logits, counts)
         return ids
 
+    def choose(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None] = (),
+               counts: TokenCounts | None = None) -> torch.Tensor:
+        """(B,) token ids as ``sampler(...)`` returns them, without waiting for the device: a row with no
+        token to choose (logits holding NaN, or every logit -inf after the raw processors) is ``NO_CHOICE``;
+        pass the host copy of the ids to :meth:`check`."""
+        logits = self.raw(self._upcast(logits), counts)
+        # NaN and all -inf rows have no largest finite-or-+inf logit: flagged here, explained by check
+        choosable = logits.amax(dim=-1) > NEG_INF
+        if self.greedy:
+            ids = logits.argmax(dim=-1)
+        elif not self._greedy_rows:
+            ids = _draw(self.warpers(logits, counts), generators)
+        else:
+            if logits.size(0) != len(self.rows):
+                raise ValueError(f"the sampler has settings for {len(self.rows)} rows, got logits for "
+                                 f"{logits.size(0)}")
+            g, s = self._rows_index("greedy", logits.device), self._rows_index("sampled", logits.device)
+            ids = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
+            ids[g] = logits[g].argmax(dim=-1)
+            ids[s] = _draw(self.warpers(logits[s], counts), [generators[i] for i in self._sampled_rows])
+        return torch.where(choosable, ids, NO_CHOICE)
 
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
-        check_rows(logits)  # +inf is a fine maximum; NaN and all -inf rows raise
-    return logits.argmax(dim=-1)
+    def check(self, ids: Sequence[int], logits: torch.Tensor, counts: TokenCounts | None = None) -> None:
+        """Raise ``ValueError`` if :meth:`choose` found no token for a row (``ids`` its result as a list; the
+        same ``logits`` and ``counts``): the logits hold NaN, or every token was suppressed or filtered out."""
+        if min(ids, default=0) < 0:
+            check_rows(self.raw(self._upcast(logits), counts))
+
+
+#: the id :meth:`Sampler.choose` gives a row that has no token to choose
+NO_CHOICE = -1
 
 
 def _draw(logits: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One inverse-CDF draw per row of softmax(logits) (B, V), row i from ``generators[i]``."""
     probs = torch.softmax(logits, dim=-1)
     cdf = probs.cumsum(dim=-1)
-    if len(generators) == 1:
-        u = torch.rand(1, generator=generators[0], dtype=torch.float64, device=logits.device)
-    else:
-        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators])
-    x = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)  # in [0, total): the first cdf > x has prob > 0
+    u = _uniforms(generators, cdf.dtype, logits.device)
+    x = (u * cdf[:, -1]).unsqueeze(-1)  # in [0, total): the first cdf > x has prob > 0
     ids = torch.searchsorted(cdf, x, right=True).squeeze(-1)
     # x rounded up to the total (about 2**-24 of draws in float32): the last token that has probability
     last = probs.size(-1) - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
     return torch.minimum(ids, last)
+
+
+#: the uniform numbers are k / 2**53 for an integer k drawn in [0, 2**53)
+_UNIFORM_BITS = 53
+
+
+def _uniforms(generators: Sequence[torch.Generator], dtype: torch.dtype, device) -> torch.Tensor:
+    """(B,) uniform numbers in [0, 1), one from each row's generator, in ``dtype`` (the CDF's).
+
+    Drawn as integers k in [0, 2**53) and scaled by 2**-53 in ``dtype``: no float64 on the device (Apple's MPS
+    has none, a GPU runs it slowly), and on the CPU exactly the numbers ``torch.rand(dtype=torch.float64)``
+    gives from the same generator (which scales the same 53 bits), rounded to ``dtype`` -- so a seed gives the
+    tokens it gave when the draw was made in float64."""
+    draws = [torch.randint(0, 2**_UNIFORM_BITS, (1,), generator=g, device=device) for g in generators]
+    k = draws[0] if len(draws) == 1 else torch.cat(draws)
+    return k.to(dtype) * 2.0**-_UNIFORM_BITS
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -163,6 +163,8 @@ class BatchKVCache:
     """A KV cache whose rows join and leave: see the module docstring. ``length`` is the timeline's used
     columns, ``n`` the running rows (slots 0 .. n-1), ``start_col[i]`` slot i's first column."""
 
+    static = False  # its shapes grow with the timeline (see attention.KVCache)
+
     def __init__(self, n_layer: int, capacity: int):
         self.capacity = capacity
         self.length = 0
@@ -448,11 +450,13 @@ class Scheduler:
         else:
             # a sliding row's position is clamped: its result is replaced by its re-prefill below
             positions = torch.tensor([[min(length - c, self.max_len - 1)] for c in starts], device=self.device)
-            ar = torch.arange(length + 1, device=self.device).unsqueeze(0)
-            mask = ar < torch.tensor(starts, device=self.device).unsqueeze(1)  # (n, T_k) True = not this row's
-            if not bool(mask.any()):
-                mask = None
-        logits = self.model.decode(tokens, positions, mask, cache)  # the model's own blocks, one token a row
+            mask = None
+            if any(c > 0 for c in starts):  # (known on the host: no need to ask the device for mask.any())
+                ar = torch.arange(length + 1, device=self.device).unsqueeze(0)
+                mask = ar < torch.tensor(starts, device=self.device).unsqueeze(1)  # (n, T_k) True = not this row's
+        decode = getattr(self.model, "compiled_decode", None) or self.model.decode
+        logits = decode(tokens, positions, mask, cache)  # the model's own blocks, one token a row
+        cache.advance(1)
         self.steps += 1
         for r, lg in zip(rows, logits):
             r.logits = lg
@@ -474,7 +478,8 @@ class Scheduler:
         if sampler.uses_counts:
             counts = TokenCounts.cat([r.counts if r.counts is not None else self._no_counts() for r in rows])
         logits = torch.stack([r.logits for r in rows])
-        ids = sampler(logits, [] if sampler.greedy else [r.gen for r in rows], counts).tolist()
+        ids = sampler.choose(logits, [] if sampler.greedy else [r.gen for r in rows], counts).tolist()
+        sampler.check(ids, logits, counts)  # from the host copy: the step's one wait for the device
         for r, t in zip(rows, ids):
             self._accept(r, t)
             r.logits = None
