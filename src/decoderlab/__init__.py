@@ -19,7 +19,8 @@ _EXPORTS = {
     "generate": "generation", "generate_batch": "generation", "stream": "generation", "stream_text": "generation",
     "TextStreamer": "generation",
     "Trace": "glassbox", "VerifyReport": "glassbox", "explain": "glassbox", "explain_example": "glassbox",
-    "trace": "glassbox", "verify": "glassbox",
+    "trace": "glassbox", "verify": "glassbox", "run_with_cache": "glassbox", "run_with_hooks": "glassbox",
+    "hook_names": "hooks", "use_hooks": "hooks",
     "PRESETS": "model", "DecoderBlock": "model", "DecoderOnlyTransformer": "model", "ModelConfig": "model",
     "preset": "model",
     "LearnedPositionEncoding": "positions", "PositionEncoding": "positions", "RotaryEmbedding": "positions",
@@ -32,8 +33,8 @@ _EXPORTS = {
     "stream_chat_reply": "chat", "load_chat_checkpoint": "chat", "load_conversations": "chat",
     "finetune": "finetuning",
 }
-_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
+_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli")
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -16,7 +16,7 @@ The names, in forward order (B batch, T tokens, H heads; L a layer index)::
     hook_pos_embed                        (B, T, d_model)    learned or sinusoidal position encodings
     blocks.L.hook_resid_pre               (B, T, d_model)    the block's input
     blocks.L.ln1.hook_scale               (B, T, 1)          sqrt(mean((x - mean x)^2) + eps); RMSNorm: no centring
-    blocks.L.ln1.hook_normalized          (B, T, d_model)    norm_1(x), gain and bias applied
+    blocks.L.ln1.hook_normalized          (B, T, d_model)    (x - mean x) / scale, before the gain and bias
     blocks.L.attn.hook_q / hook_k / hook_v    (B, T, H, d_head)  as projected
     blocks.L.attn.hook_q_normed / hook_k_normed  (B, T, H, d_head)  after QK-norm
     blocks.L.attn.hook_rot_q / hook_rot_k     (B, T, H, d_head)  after rotary positions
@@ -269,8 +269,13 @@ def use_hooks(model, fwd_hooks) -> Iterator[DecoderOnlyTransformer]:
     Any forward pass inside sees the hooks: ``model(ids)``, a KV-cache ``model.decode`` step, ``generate``.
     The model's mode and gradients are the caller's business.
 
+    No hooks (an empty list): nothing is checked or installed, and the model is yielded as given.
+
     Raises: as :func:`hook_table`, before anything is installed.
     """
+    if not fwd_hooks:
+        yield model
+        return
     inner = hook_model(model)
     table = hook_table(inner, fwd_hooks)
     modules = _modules(inner)

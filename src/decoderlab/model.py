@@ -42,24 +42,23 @@ class RMSNorm(nn.Module):
 
 
 def hooked_norm(norm: nn.Module, x: torch.Tensor, hooks, point: str) -> torch.Tensor:
-    """``norm(x)`` with its hook points ``{point}.hook_scale`` (B, T, 1) and ``{point}.hook_normalized``
-    (B, T, d_model) (TransformerLens's: scale = sqrt(mean((x - mean x)^2) + eps), without the centring for
-    RMSNorm). A hook that replaces the scale (one frozen from another run) gets the norm written out with it;
-    otherwise the norm's own kernel runs, so recording changes no number. No hook points without a norm."""
-    if isinstance(norm, nn.Identity):
-        return x
-    if hooks.wants(point + ".hook_scale"):
-        centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
-        scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
-        frozen = hooks(point + ".hook_scale", scale)
-        if frozen is scale:
-            y = norm(x)
-        else:
-            y = centred / frozen * norm.weight
-            y = y + norm.bias if getattr(norm, "bias", None) is not None else y
-    else:
-        y = norm(x)
-    return hooks(point + ".hook_normalized", y)
+    """``norm(x)`` with its hook points (TransformerLens's): ``{point}.hook_scale`` (B, T, 1) =
+    sqrt(mean((x - mean x)^2) + eps) (no centring for RMSNorm) and ``{point}.hook_normalized`` (B, T, d_model) =
+    (x - mean x) / scale, before the gain and bias. Hooks that only look leave the norm's own kernel to run,
+    so recording changes no number; a replaced scale or normalized input (one frozen from another run) gets
+    the norm written out from it. No hook points without a norm."""
+    if isinstance(norm, nn.Identity) or not (hooks.wants(point + ".hook_scale") or
+                                             hooks.wants(point + ".hook_normalized")):
+        return x if isinstance(norm, nn.Identity) else norm(x)
+    centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
+    scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+    new_scale = hooks(point + ".hook_scale", scale)
+    normalized = centred / new_scale
+    new_normalized = hooks(point + ".hook_normalized", normalized)
+    if new_scale is scale and new_normalized is normalized:
+        return norm(x)
+    y = new_normalized * norm.weight
+    return y + norm.bias if getattr(norm, "bias", None) is not None else y
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:

@@ -50,3 +50,58 @@ def small_model(name, variant="preset", **more):
     return dl.DecoderOnlyTransformer(dl.preset(name, **SMALL[name], **VARIANTS[variant], **more)).eval()
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# every variant the glass box must handle, in float64 with exact tables
+# ---------------------------------------------------------------------------------------------------------
+
+_BASE = dict(num_tokens=23, d_model=16, n_layer=2, n_head=4, max_len=12, attn_out_proj=True, attention="sdpa")
+VARIANT_CONFIGS = {
+    "learned-layernorm-gelu": dict(position="learned", norm="layernorm", mlp="gelu", bias=True, tie_weights=True,
+                                   lm_head_bias=False),
+    "sinusoidal-layernorm-nobias": dict(position="sinusoidal", norm="layernorm", mlp="gelu", bias=False),
+    "rope-rmsnorm-relu2": dict(position="rope", norm="rmsnorm", mlp="relu2"),
+    "rope-qknorm-rmsnorm": dict(position="rope", norm="rmsnorm", mlp="relu2", qk_norm=True),
+    "learned-qknorm-layernorm": dict(position="learned", norm="layernorm", mlp="gelu", qk_norm=True, bias=True),
+    "no-positions-no-norm": dict(position="none", norm="none", mlp="gelu", bias=True),
+    "attention-only": dict(position="learned", norm="layernorm", mlp="none", bias=True, attention="explicit"),
+    "statquest": None,  # the lesson's 37-parameter model: d_model 2, one head, no norm, no MLP, no projection
+}
+
+
+def exact_tables(model):
+    """The sinusoidal and rotary tables recomputed in float64 (the model builds them in float32), so that the
+    float64 NumPy reference, which recomputes them from the formulas, can agree to 1e-12."""
+    cfg = model.config
+    if cfg.position == "sinusoidal":
+        from decoderlab.glassbox.reference import np_sinusoidal
+
+        model.pe.pe = torch.from_numpy(np_sinusoidal(cfg.max_len, cfg.d_model)).to(model.pe.pe.dtype)
+    if cfg.position == "rope":
+        rope = model.blocks[0].attention.rope
+        inv_freq = rope.base ** (-torch.arange(0, rope.d_head, 2, dtype=torch.float64) / rope.d_head)
+        angles = torch.arange(rope.max_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        rope.cos, rope.sin = angles.cos().to(rope.cos.dtype), angles.sin().to(rope.sin.dtype)
+    return model
+
+
+def variant_model(name, dtype=torch.float64, seed=0):
+    """A small model of variant ``name`` (``VARIANT_CONFIGS``) in eval mode, every weight, bias and gain
+    perturbed so that each part matters, in ``dtype`` (float64 by default, with exact tables)."""
+    torch.manual_seed(seed)
+    spec = VARIANT_CONFIGS[name]
+    if spec is None:
+        model = dl.DecoderOnlyTransformer(num_tokens=5, d_model=2, max_len=6)
+    else:
+        model = dl.DecoderOnlyTransformer(dl.ModelConfig(**{**_BASE, **spec}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return exact_tables(model.to(dtype)).eval()
+
+
+def variant_ids(model, batch=2, seed=1):
+    """(batch, min(9, max_len)) random ids for ``model``."""
+    t = min(9, model.config.max_len)
+    return torch.randint(0, model.config.num_tokens, (batch, t), generator=torch.Generator().manual_seed(seed))

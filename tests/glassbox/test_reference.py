@@ -1,12 +1,14 @@
 """``verify``: the whole forward pass recomputed in float64 NumPy, step by step."""
 
+import numpy as np
 import pytest
 import torch
 
 import decoderlab as dl
+from decoderlab import glassbox as gb
 from decoderlab.cli import main as cli_main
 
-from .models import SMALL, VARIANTS, small_model
+from .models import SMALL, VARIANT_CONFIGS, VARIANTS, small_model, variant_ids, variant_model
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -60,3 +62,18 @@ def test_cli_verify_lists_no_norm_steps_without_norms(statquest_checkpoint, deco
     assert r.stdout.splitlines()[-1] == (f"{len(steps)} steps, float32 model vs float64 NumPy, tolerance 1e-05 "
                                          "(x max(1, max |ref|)): all ok")
 
+
+
+@pytest.mark.parametrize("variant", list(VARIANT_CONFIGS))
+def test_numpy_recomputes_what_each_head_writes(variant):
+    """The float64 NumPy reference's head outputs (percents @ V through each head's columns of the output
+    projection) are the cache's, for every variant."""
+    m = variant_model(variant)
+    ids = variant_ids(m)
+    cache = gb.run_with_cache(m, ids)[1]
+    ref = gb.numpy_head_results(m, ids)
+    assert len(ref) == m.config.n_layer
+    for i, heads in enumerate(ref):
+        ours = cache.head_results(i).numpy()
+        assert heads.shape == ours.shape == (*ids.shape, m.config.n_head, m.config.d_model)
+        assert np.abs(heads - ours).max() < 1e-12

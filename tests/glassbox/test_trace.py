@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import decoderlab as dl
+from decoderlab import glassbox as gb
 
 from .models import small_model
 
@@ -106,3 +107,18 @@ def test_trace_accepts_integers_of_any_kind():
     a = dl.trace(model, [1, 2, 3], layers=np.int64(1), heads=np.int32(0), top_k=np.int64(3))
     b = dl.trace(model, [1, 2, 3], layers=1, heads=0, top_k=3)
     assert [lt.index for lt in a.layers] == [1] and torch.equal(a.top_k_ids, b.top_k_ids)
+
+
+def test_a_trace_is_a_view_over_the_cache():
+    """trace records nothing of its own: the same numbers come from run_with_cache's cache."""
+    m = small_model("baby-shakespeare")
+    ids = torch.arange(12)[None]
+    tr = dl.trace(m, ids, layers=[1])
+    _, cache = gb.run_with_cache(m, ids)
+    view = gb.trace_from_cache(cache, [1])
+    for name, t in tr.tensors().items():
+        other = view.tensors()[name]
+        assert t.shape == other.shape and (t.float() - other.float()).abs().max() <= 1e-6, name
+    assert view.layer(1).percents is cache["pattern", 1]  # the cache's own tensors, named as the lessons do
+    assert torch.equal(view.layer(1).head_out, cache["z", 1].transpose(1, 2)) and view.logits is cache.logits
+    assert _no_hooks(m)

@@ -23,6 +23,7 @@ from typing import Generator, Iterator, Sequence
 import torch
 
 from ..attention import KVCache
+from ..hooks import use_hooks
 from .sampling import Sampler, as_scalar, check_int, is_integer, make_generators
 from .stops import Stops, parse_stops, text_decoder
 
@@ -305,16 +306,19 @@ def _stream_one(model, ids, max_new_tokens, sampler, gens, keep, stops, *, use_c
 
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop=None, seed=None, use_cache: bool = True, tokenizer=None,
-             keep: int | None = None, *, suppress_tokens=None, stop_at_eos: bool = True) -> list[int]:
+             keep: int | None = None, *, suppress_tokens=None, stop_at_eos: bool = True, hooks=()) -> list[int]:
     """Continue a prompt: returns the new token ids (not the prompt, not a matched stop).
 
     Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``). With a
     stop string the ids end before the token in which the stop begins: a token holding text before the stop
     and the start of the stop (``"a\n"`` before ``"\n"``, stop ``"\n\n"``) is not returned.
+    ``hooks``: pairs ``(hook name, fn)`` installed on the model's hook points for the call (every prefill
+    and decode step; :mod:`decoderlab.hooks`), e.g. a steering vector from ``decoderlab.glassbox.steering``.
     Source: the KV cache as in nanoGPT/nanochat's engines; top-p from Holtzman et al. 2019.
     """
-    return list(stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, use_cache,
-                       tokenizer, keep, suppress_tokens=suppress_tokens, stop_at_eos=stop_at_eos))
+    with use_hooks(model, hooks):
+        return list(stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, use_cache,
+                           tokenizer, keep, suppress_tokens=suppress_tokens, stop_at_eos=stop_at_eos))
 
 
 def generate_batch(model, prompts: Sequence, max_new_tokens: int, temperature: float = 1.0,

@@ -92,6 +92,7 @@ class LogitLens:
         return "\n".join(lines)
 
 
+@torch.no_grad()
 def logit_lens(cache: ActivationCache, positions=None) -> LogitLens:
     """The logit lens: each layer's input residual (``blocks.L.hook_resid_pre``) and the last block's output
     through the final norm -- its statistics recomputed for that residual, as the model would if it stopped
@@ -110,12 +111,12 @@ def logit_lens(cache: ActivationCache, positions=None) -> LogitLens:
     model = cache.model
     pos = _positions(cache, positions)
     stack = torch.stack([cache[name][:, pos] for name in lens_names(model)])  # (L + 1, B, P, d_model)
-    with torch.no_grad():
-        logits = model.fc_layer(model.norm_f(stack))
+    logits = model.fc_layer(model.norm_f(stack))
     labels = [f"{i}_pre" for i in range(model.config.n_layer)] + [FINAL_LABEL]
     return LogitLens(labels=labels, positions=pos, logits=logits)
 
 
+@torch.no_grad()
 def residual_parts(cache: ActivationCache) -> tuple[list[str], torch.Tensor]:
     """The final residual stream split into what wrote it: ``(labels, parts)``, parts (n_parts, B, T, d_model)
     summing to ``blocks.{n_layer-1}.hook_resid_post``.
@@ -146,6 +147,7 @@ def residual_parts(cache: ActivationCache) -> tuple[list[str], torch.Tensor]:
     return labels, torch.stack(parts)
 
 
+@torch.no_grad()
 def frozen_final_norm(cache: ActivationCache, stack: torch.Tensor) -> torch.Tensor:
     """The final norm applied to each part of ``stack`` (n, B, T, d_model) with the scale frozen from the
     cached pass (``ln_final.hook_scale``), without the norm's bias: linear, so the parts add up.
@@ -159,6 +161,7 @@ def frozen_final_norm(cache: ActivationCache, stack: torch.Tensor) -> torch.Tens
     return stack / cache["ln_final.hook_scale"] * norm.weight.to(stack.dtype)
 
 
+@torch.no_grad()
 def logit_attrs(cache: ActivationCache, stack: torch.Tensor, tokens) -> torch.Tensor:
     """(n, B, T) each part's direct contribution to the logit of ``tokens``: the part through the frozen
     final norm (:func:`frozen_final_norm`), dotted with that token's row of ``fc_layer.weight``.
@@ -206,6 +209,7 @@ class Decomposition:
         return "\n".join(lines)
 
 
+@torch.no_grad()
 def decompose(cache: ActivationCache, position: int, token: int, batch: int = 0) -> Decomposition:
     """The logit of ``token`` at ``position`` as the sum of its direct parts (embeddings, positions, each head
     of each layer, each MLP, the biases), the final norm's scale frozen from the cached pass.
@@ -230,13 +234,12 @@ def decompose(cache: ActivationCache, position: int, token: int, batch: int = 0)
         raise ValueError(f"batch row {batch!r} is out of range; valid rows are 0 .. {b - 1}")
     token, batch = int(token), int(batch)
     labels, stack = residual_parts(cache)
-    with torch.no_grad():
-        values = logit_attrs(cache, stack, token)[:, batch, pos]
-        extra, norm, head = [], model.norm_f, model.fc_layer
-        if isinstance(norm, nn.LayerNorm) and norm.bias is not None:
-            extra.append(("final norm bias", norm.bias.to(values.dtype) @ head.weight[token].to(values.dtype)))
-        if head.bias is not None:
-            extra.append(("unembed bias", head.bias[token].to(values.dtype)))
-        values = torch.cat([values, torch.stack([x for _, x in extra])]) if extra else values
+    values = logit_attrs(cache, stack, token)[:, batch, pos]
+    extra, norm, head = [], model.norm_f, model.fc_layer
+    if isinstance(norm, nn.LayerNorm) and norm.bias is not None:
+        extra.append(("final norm bias", norm.bias.to(values.dtype) @ head.weight[token].to(values.dtype)))
+    if head.bias is not None:
+        extra.append(("unembed bias", head.bias[token].to(values.dtype)))
+    values = torch.cat([values, torch.stack([x for _, x in extra])]) if extra else values
     return Decomposition(labels=labels + [name for name, _ in extra], values=values,
                          logit=cache.logits[batch, pos, token], position=pos, token=token, batch=batch)

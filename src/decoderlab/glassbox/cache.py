@@ -112,6 +112,7 @@ class ActivationCache(Mapping):
         return head_results(self.model, layer, z)
 
 
+@torch.no_grad()
 def head_results(model: DecoderOnlyTransformer, layer: int, z: torch.Tensor) -> torch.Tensor:
     """(B, T, H, d_model) each head's part of the attention output from its z (B, T, H, d_head)."""
     attn = model.blocks[layer].attention

@@ -6,7 +6,8 @@ compare: a (T, T) 0/1 pattern of the query-key pairs such a head attends to, and
 of the head's attention that falls on them (sum(pattern * detection) / sum(pattern)), or "abs" = 1 - the
 mean absolute difference times T (rounded to 3 decimals, as there). A batch of sequences gets the mean of
 the rows' scores (TransformerLens's list of prompts). On a sequence of random tokens repeated twice
-(:func:`repeated_tokens`), a perfect induction head scores (T/2 - 1) / T, just under 0.5 ("mul").
+(:func:`repeated_tokens`) a perfect induction head scores 1/2 ("mul": each query of the second half on
+its target; the first half has nothing to copy yet).
 
 Sources: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et al. 2021, "A Mathematical
 Framework for Transformer Circuits" (composition scores); TransformerLens ``head_detector.py`` and
@@ -175,6 +176,7 @@ def head_matrices(model, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     return w_q, w_k, w_v, w_o
 
 
+@torch.no_grad()
 def composition_scores(model, mode: str = "K") -> torch.Tensor:
     """(n_layer, n_head, n_layer, n_head) float64: how much head (L1, H1)'s output is read by head (L2, H2)'s
     queries ("Q"), keys ("K") or values ("V"); ||W_OV1 W_2||_F / (||W_OV1||_F ||W_2||_F), with W_2 =

@@ -45,7 +45,10 @@ def _replacer(value: torch.Tensor, axis: int | None, head: int | None, what: str
     def fn(x: torch.Tensor, name: str) -> torch.Tensor:
         v = value.to(dtype=x.dtype, device=x.device)
         try:
-            full = v.expand_as(x) if head is None else v.select(axis, head).expand_as(x.select(axis, head))
+            if head is None:
+                full = v.expand_as(x)
+            else:  # one head's slice (a 0-d value, zero, fills it)
+                full = (v if v.dim() == 0 else v.select(axis, head)).expand_as(x.select(axis, head))
         except RuntimeError:
             raise ValueError(f"{what} for {name} has shape {tuple(value.shape)}, which does not fit the run's "
                              f"{tuple(x.shape)} {shape_of(name)}") from None

@@ -233,34 +233,33 @@ def _q_k_points(model, layer: int) -> tuple[str, str]:
 def trace_names(model, layers: list[int]) -> list[str]:
     """The hook names a trace of ``layers`` shows (the ends of the pass always, each kept layer's points)."""
     n = model.config.n_layer
-    names = ["hook_embed", "blocks.0.hook_resid_pre", f"blocks.{n - 1}.hook_resid_post", "ln_final.hook_normalized"]
+    names = ["hook_embed", "blocks.0.hook_resid_pre", f"blocks.{n - 1}.hook_resid_post"]
     for i in layers:
-        names += [f"blocks.{i}.{p}" for p in ("hook_resid_pre", "ln1.hook_normalized", *_q_k_points(model, i),
-                                              "attn.hook_v", "attn.hook_pattern", "attn.hook_z", "hook_attn_out",
-                                              "hook_resid_mid", "ln2.hook_normalized", "hook_mlp_out",
-                                              "hook_resid_post")]
+        names += [f"blocks.{i}.{p}" for p in ("hook_resid_pre", *_q_k_points(model, i), "attn.hook_v",
+                                              "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+                                              "hook_mlp_out", "hook_resid_post")]
     return [name for name in names if has_point(model, name)]
 
 
 def _layer_view(cache: ActivationCache, i: int, heads: list[int]) -> LayerTrace:
     model = cache.model
-    get = lambda point, default=None: (cache[f"blocks.{i}.{point}"]  # noqa: E731
-                                       if has_point(model, f"blocks.{i}.{point}") else default)
+    get = lambda point: cache[f"blocks.{i}.{point}"] if has_point(model, f"blocks.{i}.{point}") else None  # noqa: E731
     q_point, k_point = _q_k_points(model, i)
     q, k, v = (get(p).transpose(1, 2) for p in (q_point, k_point, "attn.hook_v"))  # (B, h, T, d_head)
     half = q.dtype in (torch.float16, torch.bfloat16)  # the kernel's similarities are float32 then
     sims = torch.matmul(q.float(), k.float().transpose(-2, -1)) if half else torch.matmul(q, k.transpose(-2, -1))
     t = q.size(2)
     x = get("hook_resid_pre")
-    has_mlp = model.blocks[i].has_mlp
-    resid_1 = get("hook_resid_mid") if has_mlp else get("hook_resid_post")
+    block = model.blocks[i]
+    resid_1 = get("hook_resid_mid") if block.has_mlp else get("hook_resid_post")
+    with torch.no_grad():  # the norms' outputs, by the norms themselves (TransformerLens's points stop before the gain)
+        normed, normed_2 = block.norm_1(x), block.norm_2(resid_1) if block.has_mlp else None
     return LayerTrace(
-        index=i, heads=list(heads), input=x, normed=get("ln1.hook_normalized", x), q=q, k=k, v=v, sims=sims,
+        index=i, heads=list(heads), input=x, normed=normed, q=q, k=k, v=v, sims=sims,
         scaled_sims=sims / math.sqrt(q.size(-1)), mask=build_ignore_mask(t, t, causal=True, device=q.device),
         percents=get("attn.hook_pattern"), head_out=get("attn.hook_z").transpose(1, 2),
         attn_out=get("hook_attn_out"), resid_1=resid_1,
-        normed_2=get("ln2.hook_normalized", resid_1) if has_mlp else None,
-        mlp_out=get("hook_mlp_out"), resid_2=get("hook_resid_post") if has_mlp else None,
+        normed_2=normed_2, mlp_out=get("hook_mlp_out"), resid_2=get("hook_resid_post") if block.has_mlp else None,
     )
 
 
@@ -276,6 +275,8 @@ def trace_from_cache(cache: ActivationCache, layers: list[int], *, tokenizer=Non
         top_probs = top_vals.exp()
         del logp
     final_input = cache[f"blocks.{cfg.n_layer - 1}.hook_resid_post"]
+    with torch.no_grad():
+        final_normed = model.norm_f(final_input)
     tokens = top_tokens = None
     if tokenizer is not None:
         tokens = [tokenizer.tokens(row.tolist()) for row in ids.cpu()]
@@ -284,6 +285,6 @@ def trace_from_cache(cache: ActivationCache, layers: list[int], *, tokenizer=Non
         token_ids=ids, tokens=tokens, config=cfg, word_embeddings=cache["hook_embed"],
         encoded=cache["blocks.0.hook_resid_pre"], layers=[_layer_view(cache, i, heads) for i in layers],
         final_input=final_input,
-        final_normed=cache["ln_final.hook_normalized"] if has_point(model, "ln_final.hook_normalized") else final_input,
+        final_normed=final_normed,
         logits=logits, top_k_probs=top_probs, top_k_ids=top_ids, top_k_tokens=top_tokens,
     )
