@@ -254,6 +254,21 @@ class MultiHeadAttention(nn.Module):
             )
         return self._heads(q), self._heads(k), self._heads(v)
 
+    def _norm_and_rotate(self, q, k, positions, cross: bool, hooks):
+        """QK-norm, then rotary positions (queries at ``positions``; self-attention keys too), on (B, H, T,
+        d_head) queries and keys, with their hook points."""
+        if self.qk_norm:
+            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
+            if hooks is not None:
+                q, k = hooks.heads("hook_q_normed", q), hooks.heads("hook_k_normed", k)
+        if self.rope is not None:
+            q = self.rope(q, positions)
+            k = self.rope(k, None if cross else positions)
+            if hooks is not None:
+                q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
+        return q, k
+
     def forward(
         self,
         x: torch.Tensor,
@@ -281,18 +296,8 @@ class MultiHeadAttention(nn.Module):
         hooks = self.hooks
         if hooks is not None:
             q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
-        if self.qk_norm:
-            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
-            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
-            if hooks is not None:
-                q, k = hooks.heads("hook_q_normed", q), hooks.heads("hook_k_normed", k)
-        if self.rope is not None:
-            q_pos = positions
-            k_pos = positions if kv is None else None
-            q = self.rope(q, q_pos)
-            k = self.rope(k, k_pos)
-            if hooks is not None:
-                q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
+        if self.qk_norm or self.rope is not None:
+            q, k = self._norm_and_rotate(q, k, positions, kv is not None, hooks)
         if cache is not None and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
             # PyTorch's CPU attention kernels in float16/bfloat16 are many times slower than in float32 for one
             # query over a cache (measured 704/362 us vs 42 us per call at d_head 64, 200 keys): a half-precision

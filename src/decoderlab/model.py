@@ -164,6 +164,10 @@ class DecoderOnlyTransformer(nn.Module):
     ignored), and ``configure_optimizers()`` the lesson's Adam(lr=0.1); ``decoderlab.training.LitModel``
     wraps the model for Lightning's ``Trainer`` (the lesson's ``training_step``).
 
+    Hook points: TransformerLens's names (``hook_embed``, ``blocks.L.attn.hook_pattern`` ...), listed and
+    installed by :mod:`decoderlab.hooks`; with none installed (every ``hooks`` attribute None) a pass pays one
+    ``is None`` test per point.
+
     Raises:
         ValueError: token ids outside [0, num_tokens), a sequence longer than max_len, a negative position or
             one past max_len - 1, a bad shape.
