@@ -117,11 +117,11 @@ def explicit_attention(
     half = q.dtype in (torch.float16, torch.bfloat16)
     if half:
         q, k = q.float(), k.float()
-    sims = torch.matmul(q, k.transpose(-2, -1))
-    scaled = sims / math.sqrt(q.size(-1))
+    # scaled and masked in place: the products are this function's own (autograd saves q and k, not them)
+    scaled = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(q.size(-1)))
     all_masked = None
     if mask is not None:
-        scaled_masked = scaled.masked_fill(mask, float("-inf"))
+        scaled_masked = scaled.masked_fill_(mask, float("-inf"))
         all_masked = mask.all(dim=-1, keepdim=True)
         if all_masked.any():
             # keep softmax finite on rows with no visible key; they are zeroed below

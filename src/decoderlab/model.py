@@ -47,14 +47,18 @@ def hooked_norm(norm: nn.Module, x: torch.Tensor, hooks, point: str) -> torch.Te
     (x - mean x) / scale, before the gain and bias. Hooks that only look leave the norm's own kernel to run,
     so recording changes no number; a replaced scale or normalized input (one frozen from another run) gets
     the norm written out from it. No hook points without a norm."""
-    if isinstance(norm, nn.Identity) or not (hooks.wants(point + ".hook_scale") or
-                                             hooks.wants(point + ".hook_normalized")):
-        return x if isinstance(norm, nn.Identity) else norm(x)
+    if isinstance(norm, nn.Identity):
+        return x
+    want_normalized = hooks.wants(point + ".hook_normalized")
+    if not (want_normalized or hooks.wants(point + ".hook_scale")):
+        return norm(x)
     centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
-    scale = (centred.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+    scale = centred.pow(2).mean(-1, keepdim=True).add_(norm.eps).sqrt_()
     new_scale = hooks(point + ".hook_scale", scale)
-    normalized = centred / new_scale
-    new_normalized = hooks(point + ".hook_normalized", normalized)
+    normalized = new_normalized = None
+    if want_normalized or new_scale is not scale:
+        normalized = centred / new_scale
+        new_normalized = hooks(point + ".hook_normalized", normalized)
     if new_scale is scale and new_normalized is normalized:
         return norm(x)
     y = new_normalized * norm.weight
