@@ -34,7 +34,8 @@ _EXPORTS = {
     "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli")
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli",
+               "feedback", "reinforcement", "lora")
 
 __all__ = ["__version__", *_EXPORTS]
 

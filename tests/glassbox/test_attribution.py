@@ -113,3 +113,19 @@ def test_decompose_bad_inputs_name_the_valid_range():
     small = gb.run_with_cache(m, variant_ids(m), names_filter="hook_embed")[1]
     with pytest.raises(KeyError, match=r"'hook_pos_embed' was not kept in this cache"):
         gb.decompose(small, 0, 1)
+
+
+def test_a_model_with_lora_adapters_is_told_to_merge_them():
+    pytest.importorskip("peft")
+    from decoderlab.lora import apply_lora, merge_lora
+
+    m = apply_lora(variant_model("learned-layernorm-gelu", dtype=torch.float32), rank=2, targets="attn", init=False)
+    cache = gb.run_with_cache(m, variant_ids(m))[1]
+    with pytest.raises(ValueError, match=r"blocks.0.attention.proj is a .*not an nn.Linear \(LoRA adapters\?\): "
+                                         r"merge them first \(decoderlab.lora.merge_lora\(model\)\)"):
+        gb.decompose(cache, 0, 1)
+    with pytest.raises(ValueError, match="merge them first"):
+        gb.composition_scores(m)
+    merged = merge_lora(m)
+    d = gb.decompose(gb.run_with_cache(merged, variant_ids(m))[1], 0, 1)
+    assert abs(float(d.total()) - float(d.logit)) < 1e-4

@@ -112,10 +112,22 @@ class ActivationCache(Mapping):
         return head_results(self.model, layer, z)
 
 
+def plain_linear(module, name: str):
+    """``module`` when it is an ``nn.Linear`` whose weight is the whole map; ``ValueError`` for a layer with
+    LoRA adapters (PEFT's), whose weight is not."""
+    if module is not None and not isinstance(module, torch.nn.Linear):
+        raise ValueError(f"{name} is a {type(module).__name__}, not an nn.Linear (LoRA adapters?): merge them first "
+                         "(decoderlab.lora.merge_lora(model)); the glass box reads the weights")
+    return module
+
+
 @torch.no_grad()
 def head_results(model: DecoderOnlyTransformer, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """(B, T, H, d_model) each head's part of the attention output from its z (B, T, H, d_head)."""
+    """(B, T, H, d_model) each head's part of the attention output from its z (B, T, H, d_head).
+
+    Raises ``ValueError`` for an output projection with LoRA adapters (merge them first)."""
     attn = model.blocks[layer].attention
+    plain_linear(attn.proj, f"blocks.{layer}.attention.proj")
     h, dh = attn.n_head, attn.d_head
     if attn.proj is None:  # the lesson: the heads are concatenated, each into its own d_head slice
         out = z.new_zeros(*z.shape[:2], h, h * dh)

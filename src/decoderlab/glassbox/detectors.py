@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..hooks import hook_model
-from .cache import ActivationCache, as_ids, record
+from .cache import ActivationCache, as_ids, plain_linear, record
 
 #: the detectors, by name (TransformerLens's without the "_head")
 KINDS = ("previous_token", "duplicate_token", "induction")
@@ -164,7 +164,8 @@ def head_matrices(model, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     identity placement for W_O without an output projection. Float64."""
     attn = model.blocks[layer].attention
     h, dh, d = attn.n_head, attn.d_head, attn.d_model
-    qkv = attn.qkv.weight.detach().double()  # (3 d_model, d_model)
+    qkv = plain_linear(attn.qkv, f"blocks.{layer}.attention.qkv").weight.detach().double()  # (3 d_model, d_model)
+    plain_linear(attn.proj, f"blocks.{layer}.attention.proj")
     w_q, w_k, w_v = (_reading(model, qkv[i * d:(i + 1) * d].t().reshape(d, h, dh), layer).permute(1, 0, 2)
                      for i in range(3))
     if attn.proj is None:
