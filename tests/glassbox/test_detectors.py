@@ -113,3 +113,12 @@ def test_induction_probe_shapes():
     assert torch.equal(torch.rand(1), a)  # the global RNG is untouched
     m = dl.DecoderOnlyTransformer("baby-shakespeare", n_layer=2, max_len=16)
     assert gb.head_scores(m, variant_ids(m), "induction").shape == (2, 4)
+
+
+def test_scores_table_has_a_line_per_head():
+    m = variant_model("attention-only", dtype=torch.float32)
+    scores = gb.all_head_scores(m, gb.repeated_tokens(23, 5))
+    lines = gb.scores_table(scores).splitlines()
+    assert lines[0].split() == ["head", "previous-token", "duplicate-token", "induction"]
+    assert len(lines) == 1 + 2 * 4 and lines[6].split()[0] == "L1H1"
+    assert float(lines[6].split()[3]) == pytest.approx(float(scores["induction"][1, 1]), abs=5e-4)

@@ -130,3 +130,17 @@ def test_patching_and_ablation_bad_inputs():
     with pytest.raises(ValueError, match=r"the resampled activation for blocks.0.hook_resid_pre has shape "
                                          r"\(2, 5, 16\), which does not fit the run's \(2, 9, 16\)"):
         gb.run_with_hooks(m, ids, [gb.resample_ablation(m, "blocks.0.hook_resid_pre", short)])
+
+
+def test_patching_tables_as_text():
+    m = variant_model("attention-only", dtype=torch.float32)
+    ids = variant_ids(m)
+    metric = gb.logit_difference(1, 2)
+    by_head = gb.activation_patching(m, ids, ids.flip(1), metric, over="attn_head", by="layer,head")
+    lines = gb.patching_table(by_head, "attn_head", "layer,head").splitlines()
+    assert lines[0] == "patching attn_head by layer,head:" and lines[1].split() == ["H0", "H1", "H2", "H3"]
+    assert lines[3].split()[0] == "L1" and float(lines[3].split()[2]) == pytest.approx(float(by_head[1, 1]), abs=1e-4)
+    per_pos = gb.activation_patching(m, ids[:, :3], ids[:, :3].flip(1), metric, over="attn_head", by="layer,pos,head")
+    assert len(gb.patching_table(per_pos, "attn_head", "layer,pos,head").splitlines()) == 2 + 2 * 3
+    layer = gb.patching_table(gb.activation_patching(m, ids, ids, metric, by="layer"), "resid_pre", "layer")
+    assert layer.splitlines()[1].split()[0] == "L0" and len(layer.splitlines()) == 3

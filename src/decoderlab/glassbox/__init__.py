@@ -33,11 +33,12 @@ Su et al. 2021 (rotary positions); Zhang & Sennrich 2019 (RMSNorm).
 from .attribution import (Decomposition, LogitLens, decompose, decompose_names, frozen_final_norm, lens_names,
                           logit_attrs, logit_lens, residual_parts)
 from .cache import ActivationCache, act_name, run_with_cache, run_with_hooks
-from .detectors import KINDS, all_head_scores, composition_scores, detection_pattern, head_scores, repeated_tokens
+from .detectors import (KINDS, all_head_scores, composition_scores, detection_pattern, head_scores, repeated_tokens,
+                        scores_table)
 from .examples import EXAMPLES, explain_example
 from .explain import explain, explain_trace
-from .patching import (activation_patching, logit_difference, mean_ablation, resample_ablation, steering,
-                       zero_ablation)
+from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, resample_ablation,
+                       steering, zero_ablation)
 from .reference import VerifyReport, VerifyStep, numpy_decompose, numpy_forward, numpy_head_results, verify
 from .trace import LayerTrace, Trace, trace, trace_from_cache
 
@@ -45,9 +46,11 @@ __all__ = [
     "LayerTrace", "Trace", "trace", "trace_from_cache",
     "ActivationCache", "act_name", "run_with_cache", "run_with_hooks",
     "zero_ablation", "mean_ablation", "resample_ablation", "steering", "activation_patching", "logit_difference",
+    "patching_table",
     "LogitLens", "logit_lens", "lens_names", "Decomposition", "decompose", "decompose_names", "residual_parts",
     "logit_attrs", "frozen_final_norm",
     "KINDS", "detection_pattern", "head_scores", "all_head_scores", "repeated_tokens", "composition_scores",
+    "scores_table",
     "VerifyStep", "VerifyReport", "verify", "numpy_forward", "numpy_head_results", "numpy_decompose",
     "EXAMPLES", "explain_example", "explain", "explain_trace",
 ]

@@ -205,3 +205,15 @@ def composition_scores(model, mode: str = "K") -> torch.Tensor:
     scores = prod / torch.linalg.matrix_norm(ov)[:, :, None, None] / torch.linalg.matrix_norm(right)[None, None]
     earlier = torch.arange(n)[:, None, None, None] < torch.arange(n)[None, None, :, None]
     return torch.where(earlier, scores, torch.zeros_like(scores))
+
+
+def scores_table(scores: dict[str, torch.Tensor]) -> str:
+    """The CLI's table of :func:`all_head_scores`: one line per head, one column per detector."""
+    kinds = list(scores)
+    first = scores[kinds[0]]
+    lines = ["  head    " + "".join(f"{k.replace('_', '-'):>17}" for k in kinds)]
+    for layer in range(first.size(0)):
+        for head in range(first.size(1)):
+            row = "".join(f"{float(scores[k][layer, head]):17.3f}" for k in kinds)
+            lines.append(f"  {f'L{layer}H{head}':<8}{row}")
+    return "\n".join(lines)

@@ -207,3 +207,18 @@ def activation_patching(model, clean, corrupt, metric, over: str = "resid_pre", 
     shape = {"layer": (cfg.n_layer,), "layer,pos": (cfg.n_layer, t), "layer,head": (cfg.n_layer, h),
              "layer,pos,head": (cfg.n_layer, t, h)}[by]
     return table.view(shape)
+
+
+def patching_table(table: torch.Tensor, over: str, by: str) -> str:
+    """The CLI's text of an :func:`activation_patching` table: one row per layer (per layer and position for
+    ``layer,pos,head``), columns positions or heads."""
+    if by == "layer":
+        return "\n".join([f"patching {over} by layer:"] + [f"  L{i:<3}{float(v):+10.4f}" for i, v in enumerate(table)])
+    grid = table if by != "layer,pos,head" else table.reshape(-1, table.size(-1))
+    col = "H" if by.endswith("head") else "pos "
+    rows = ([f"L{i}" for i in range(table.size(0))] if by != "layer,pos,head"
+            else [f"L{i} pos {p}" for i in range(table.size(0)) for p in range(table.size(1))])
+    width = max(len(r) for r in rows) + 2
+    lines = [f"patching {over} by {by}:", " " * width + "".join(f"{col + str(j):>10}" for j in range(grid.size(1)))]
+    lines += [f"{r:<{width}}" + "".join(f"{float(v):+10.4f}" for v in row) for r, row in zip(rows, grid)]
+    return "\n".join(lines)
