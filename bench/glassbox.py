@@ -12,7 +12,10 @@ shared machine the wall time of a pass swings 2x with the other jobs, the CPU ti
   tokens plus the clean run.
 
 The three forward variants alternate in every round, so they see the same background load; the table gives
-medians over the rounds and ratios. With ``--baseline DIR`` (a ``src`` directory of another checkout, e.g. the commit before
+medians over the rounds and ratios, and the minor page faults of each pass: a cache keeps every activation
+(about 500 MB at B = 8), and memory that the allocator has handed back to the kernel is faulted in afresh
+on first touch (2-3 us a page on this VM). The last two columns repeat the measurement with glibc told to
+keep freed memory (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``): what the recording itself costs. With ``--baseline DIR`` (a ``src`` directory of another checkout, e.g. the commit before
 the hook points), the plain forward and the decode step are also timed there, in alternating subprocesses:
 the price of the hook points when they are off.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -79,7 +83,12 @@ def plain_only(rounds: int) -> dict:
     return out
 
 
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
 def cache_rounds(rounds: int) -> list[tuple]:
+    """(what, B, T, median CPU ms, ratio to the plain forward, median minor page faults) rows."""
     import torch
 
     from decoderlab import glassbox as gb
@@ -96,16 +105,24 @@ def cache_rounds(rounds: int) -> list[tuple]:
                 model, ids, names_filter=lambda n: n.startswith("blocks.3.")),
         }
         times = {k: [] for k in runs}
+        faults = {k: [] for k in runs}
         with torch.no_grad():
             for fn in runs.values():
                 fn()  # warm-up
             for _ in range(rounds):
                 for name, fn in runs.items():
+                    before = _faults()
                     times[name].append(_ms(fn))
+                    faults[name].append(_faults() - before)
         base = statistics.median(times["plain forward"])
         for name, ts in times.items():
-            rows.append((name, b, 256, statistics.median(ts), statistics.median(ts) / base))
+            rows.append((name, b, 256, statistics.median(ts), statistics.median(ts) / base,
+                         statistics.median(faults[name])))
     return rows
+
+
+#: glibc keeps freed memory instead of handing it back (then a new cache reuses mapped pages, no page faults)
+KEEP_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_MMAP_THRESHOLD_": "4000000000"}
 
 
 def patch_sweep() -> tuple[float, tuple]:
@@ -145,14 +162,22 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--baseline", help="a src/ directory of another checkout, for the plain forward before/after")
     p.add_argument("--plain-json", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cache-json", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.plain_json:
         print(json.dumps(plain_only(args.plain_json)))
         return 0
     sys.path.insert(0, str(SRC))
-    print("| what | B | T | CPU ms (median) | vs plain forward |\n|---|---:|---:|---:|---:|")
-    for name, b, t, ms, ratio in cache_rounds(args.rounds):
-        print(f"| {name} | {b} | {t} | {ms:.1f} | {ratio:.2f}x |")
+    if args.cache_json:
+        print(json.dumps(cache_rounds(args.cache_json)))
+        return 0
+    print("| what | B | T | CPU ms (median) | vs plain forward | minor page faults | memory kept: CPU ms | kept: vs plain |"
+          "\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    kept = subprocess.run([sys.executable, __file__, "--cache-json", str(args.rounds)], capture_output=True, text=True,
+                          check=True, env={**os.environ, **KEEP_MEMORY, "PYTHONPATH": str(SRC)})
+    for (name, b, t, ms, ratio, faults), (*_, ms_kept, ratio_kept, _) in zip(
+            cache_rounds(args.rounds), json.loads(kept.stdout.strip().splitlines()[-1])):
+        print(f"| {name} | {b} | {t} | {ms:.1f} | {ratio:.2f}x | {faults:,.0f} | {ms_kept:.1f} | {ratio_kept:.2f}x |")
     wall, cpu, shape = patch_sweep()
     print(f"\nlayer,head patching sweep (attn_head, {shape[0]} layers x {shape[1]} heads, 64 tokens): {wall:.2f} s wall, "
           f"{cpu:.2f} s CPU")
