@@ -1,6 +1,6 @@
 """Watch an induction head form: a 2-layer attention-only model trained on random tokens that repeat.
 
-    python examples/induction_heads.py                  # well under a minute on a laptop CPU
+    python examples/induction_heads.py                  # 1-2 minutes on a laptop CPU
     python examples/induction_heads.py --out runs/induction --png docs/img/induction_heads.png
 
 Each training sequence is L random tokens followed by the same L tokens again (Olsson et al. 2022, "In-context
