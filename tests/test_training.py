@@ -108,7 +108,7 @@ def test_bad_train_config_values():
         TrainConfig(max_steps=0)
     with pytest.raises(ValueError, match=r"lr \(learning rate\) must be a finite number > 0, got -0.001"):
         TrainConfig(lr=-1e-3)
-    with pytest.raises(ValueError, match="precision must be one of 32, bf16-mixed, got '16'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, 32, bf16-mixed, 16-mixed, got '16'"):
         TrainConfig(precision="16")
     with pytest.raises(ValueError, match="min_lr must be between 0 and lr"):
         TrainConfig(lr=1e-4, min_lr=1e-3)
@@ -344,6 +344,7 @@ def test_cli_train_non_utf8_file(tmp_path, capsys):
     assert str(bad) in err and "byte offset 54" in err
 
 
+@pytest.mark.slow
 def test_cli_train_and_sample(tmp_path, text, capsys, monkeypatch):
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
@@ -422,6 +423,7 @@ def test_ctrl_c_is_a_keyboard_interrupt_not_an_exit(tmp_path, text, cache):
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow
 def test_cli_train_ctrl_c_exits_130_with_one_line(tmp_path, text):
     """`decoderlab train`, Ctrl-C: exit 130 (was 1) and decoderlab's one line (no "Detected KeyboardInterrupt,
     attempting graceful shutdown ..."); the checkpoint stays loadable."""
@@ -464,6 +466,7 @@ TRAIN_LINE = re.compile(r"step (\d)/4  train loss \d+\.\d{4}  lr \d\.\d\de-\d\d 
 VAL_LINE = re.compile(r"step (\d)/4  val loss \d+\.\d{4}  perplexity \d+\.\d\d  \d+\.\d{3} bits per byte")
 
 
+@pytest.mark.slow
 def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab_cli):
     """`decoderlab train --no-progress-bar ... > log.txt`: plain lines (no carriage returns), the model shape from
     the flags, decoderlab's own warnings only, a labelled summary; resuming the finished run says so."""
@@ -562,7 +565,7 @@ def test_progress_bar_counts_steps_also_after_a_resume(tmp_path, text, cache, ca
         assert "Epoch" not in frames and "v_num" not in frames
         assert re.match(rf"train:\s+\d+%\|[^|]*\| {start}/{total} \[", train[0]), train[0]
         last = [f for f in train if f.startswith("train")][-1]
-        assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00, [\d.]+step/s", last), last
+        assert re.match(rf"train: 100%\|[^|]*\| {total}/{total} \[\d\d:\d\d<00:00,\s+[\d.]+step/s", last), last  # (tqdm pads a rate < 10)
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -769,6 +772,7 @@ def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
     assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "lightning").exists()
 
 
+@pytest.mark.slow
 def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
     """The issue's command: 2 processes, 1 validation batch (64 windows shared out); the validation loss of
     one process with the same global batch."""
@@ -843,6 +847,7 @@ def test_every_combination_of_precision_clipping_compile_accumulation_trains(pre
         assert s.steps == 1 and math.isfinite(s.train_loss) and math.isfinite(s.val_loss), cfg
 
 
+@pytest.mark.slow
 def test_cli_bf16_with_clipping(tmp_path, text, capsys, monkeypatch):
     """The issue's command (on a small corpus): bf16-mixed with the default grad clip and the fused AdamW
     this build offers."""

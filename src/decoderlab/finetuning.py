@@ -53,6 +53,8 @@ from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
 from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, TrainConfig,
                        fit, make_trainer, resolve_resume)
+from .training.strategy import on_training_device
+from .training.trainer import check_run_options
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
@@ -174,7 +176,8 @@ class FinetuneSummary:
             there are none, ``eval_on`` says which);
         train_conversations / val_conversations: counts; truncated / dropped: conversations cut to max_len + 1
             tokens / dropped for having no supervised token left (training and validation together);
-        template: the chat template's name; added_tokens: special tokens added to the base vocabulary.
+        template: the chat template's name; added_tokens: special tokens added to the base vocabulary;
+        device: where the model trained and the evaluation ran ("cpu", "cuda:0", ...).
     """
 
     steps: int
@@ -193,6 +196,7 @@ class FinetuneSummary:
     train_seconds: float
     run_dir: str | None
     is_global_zero: bool = True
+    device: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -271,6 +275,7 @@ def finetune(
     if config_overrides:
         cfg = cfg.replace(**config_overrides)
     cfg.validate()
+    check_run_options(cfg, strategy, accelerator)  # the machine's refusals before the data is read
     run_dir = Path(out)
     resumed = resolve_resume(resume, run_dir)
     convs = as_conversations(data)
@@ -358,14 +363,17 @@ def finetune(
             os.environ.pop("DECODERLAB_RUN_DIR", None)
     seconds = time.perf_counter() - t0
     model = module.model
-    model.eval()
     eval_convs, eval_on = (val_convs, "held-out") if val_convs else (train_convs, "train")
     evaluation: dict = {}
-    if trainer.is_global_zero:
-        evaluation = evaluate_chat(model, tok, template, eval_convs, max_new_tokens=eval_max_new_tokens,
-                                   max_prompts=eval_prompts)
-        exporter.meta.update(evaluation={k: v for k, v in evaluation.items()}, eval_on=eval_on)
-        exporter.export(trainer, model)
+    with on_training_device(trainer, model) as (final, device):  # (whole weights on rank 0 under FSDP)
+        if final is not None:
+            final.eval()
+            evaluation = evaluate_chat(final, tok, template, eval_convs, max_new_tokens=eval_max_new_tokens,
+                                       max_prompts=eval_prompts)
+            exporter.meta.update(evaluation={k: v for k, v in evaluation.items()}, eval_on=eval_on)
+            exporter.export(trainer, final)
+            model = final
+    model.eval()
     last = module.losses[-50:]
     summary = FinetuneSummary(
         steps=trainer.global_step, train_loss=sum(last) / len(last) if last else float("nan"),
@@ -373,7 +381,7 @@ def finetune(
         eval_on=eval_on, train_conversations=len(train_ex.rows), val_conversations=len(val_convs),
         truncated=truncated, dropped=dropped, template=template.name, added_tokens=added,
         num_parameters=model.num_parameters(), train_seconds=seconds, run_dir=str(run_dir),
-        is_global_zero=trainer.is_global_zero)
+        is_global_zero=trainer.is_global_zero, device=str(device))
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
         if progress_bar or logger:

@@ -32,8 +32,9 @@ from .config import TrainConfig, evaluation_sums
 from .datamodule import TokenDataModule
 from .module import LitModel
 from .recipes import resolve as resolve_recipe
+from .strategy import on_training_device
 from .timing import ValidationClock
-from .trainer import fit, make_trainer
+from .trainer import check_run_options, fit, make_trainer
 
 RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -59,6 +60,7 @@ class TrainSummary:
             those before a resume included).
         train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
         run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
+        device: where the model trained and the final evaluation ran ("cpu", "cuda:0", "mps:0").
         eval_log: every evaluation of this ``fit`` with its wall-clock time and whether it covered all windows
             or the ``val_batches`` subset (:class:`~decoderlab.training.timing.ValidationClock`'s entries).
     """
@@ -78,6 +80,7 @@ class TrainSummary:
     is_global_zero: bool = True
     train_loss_steps: int = 0
     eval_log: list = dataclasses.field(default_factory=list)
+    device: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -256,6 +259,7 @@ def train_lm(
         resolve_recipe(DEFAULT_PRESET if preset is None else preset)
     run = _plan_run(out, resume, train_config, config_overrides, corpus, recipe_config)
     _check_compile_backend(run.cfg.compile)
+    check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the corpus is read
     if not run.resumed:
         preset = DEFAULT_PRESET if preset is None else preset
     corpus = run.corpus if corpus is None and text is None else corpus
@@ -306,9 +310,12 @@ def train_lm(
             block.compile(backend="inductor" if cfg.compile is True else str(cfg.compile))
 
     wall = _fit(trainer, LitModel(model, cfg), dm, run.ckpt_path, run_dir)
+    with on_training_device(trainer, model) as (final, device):  # (whole weights on rank 0 under FSDP)
+        model = final if final is not None else model
+        summary = _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cfg, wall,
+                             byte_lengths, run_dir, device)
     model.eval()
-    return model, tok, _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cfg, wall,
-                                  byte_lengths, run_dir)
+    return model, tok, summary
 
 
 def _check_compile_backend(compile) -> None:
@@ -495,9 +502,9 @@ def _log_final_evaluation(trainer, final: dict) -> None:
 
 
 def _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cfg: TrainConfig, wall: float,
-               byte_lengths, run_dir: Path) -> TrainSummary:
+               byte_lengths, run_dir: Path, device=None) -> TrainSummary:
     """Step 5: the final evaluation (unless the last validation was at this step; over all windows with
-    ``full_val_at_end``), the final export, the summary."""
+    ``full_val_at_end``) on the training ``device``, the final export, the summary."""
     final = {}
     full_at_end = cfg.full_val_at_end and cfg.val_batches is not None  # the subset served while training only
     if trainer.is_global_zero:
@@ -505,7 +512,7 @@ def _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cf
             final = dict(metrics.last)
         else:  # the run stopped without a validation at its last step, or that one covered the subset only
             sums = clock.full_sums(model, trainer.global_step) if full_at_end else evaluation_sums(
-                model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches, cfg.precision,
+                model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches, trainer.precision,
                 byte_lengths)
             loss = sums["nats"] / sums["targets"]
             final = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)),
@@ -525,7 +532,7 @@ def _summarize(trainer, model, exporter, history, metrics, clock, val_tokens, cf
         num_parameters=model.num_parameters(),
         train_losses=list(history.losses), val_history=list(metrics.history),
         run_dir=str(run_dir), is_global_zero=trainer.is_global_zero, train_loss_steps=len(last),
-        eval_log=list(clock.entries),
+        eval_log=list(clock.entries), device=None if device is None else str(device),
     )
     if trainer.is_global_zero:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
