@@ -17,7 +17,7 @@ _EXPORTS = {
     "MultiHeadAttention": "attention", "KVCache": "attention",
     "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
     "generate": "generation", "generate_batch": "generation", "stream": "generation", "stream_text": "generation",
-    "TextStreamer": "generation",
+    "TextStreamer": "generation", "SamplingParams": "generation",
     "Trace": "glassbox", "VerifyReport": "glassbox", "explain": "glassbox", "explain_example": "glassbox",
     "trace": "glassbox", "verify": "glassbox", "run_with_cache": "glassbox", "run_with_hooks": "glassbox",
     "hook_names": "hooks", "use_hooks": "hooks",

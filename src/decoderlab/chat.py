@@ -40,7 +40,7 @@ import torch
 
 from .checkpoint import load_checkpoint, read_meta
 from .config.names import DEFAULT_TEMPLATE
-from .generation import ChatSession, TextStreamer, stream
+from .generation import ChatSession, SamplingParams, TextStreamer, stream
 from .tokenizers import EOS, Tokenizer
 
 ROLES = ("system", "user", "assistant")
@@ -497,9 +497,8 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
 
 
 def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
-                      template: str | ChatTemplate | None = None, *, max_new_tokens: int = 200,
-                      temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                      seed: int | None = None, info: dict | None = None) -> Iterator[str]:
+                      template: str | ChatTemplate | None = None, params: SamplingParams | int | None = None, *,
+                      info: dict | None = None, **sampling) -> Iterator[str]:
     """Stream the assistant's reply to ``messages`` (ending with a user message) as text pieces.
 
     The prompt is ``template.render(messages, add_generation_prompt=True)`` -- the renderer training used.
@@ -510,7 +509,8 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
 
     Args:
         model, tokenizer: e.g. from :func:`load_chat_checkpoint`; template: the checkpoint's (None: default).
-        max_new_tokens, temperature (0 = greedy), top_k, top_p, seed: as :func:`decoderlab.generation.stream`.
+        params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
+            max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
         info: a dict to receive ``prompt_ids``, ``dropped_messages`` (count), ``reply_ids``,
             ``ended_with_end_of_turn`` (bool) and ``max_new_tokens`` (the cap actually used).
 
@@ -518,17 +518,19 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
             message too long for the model.
     """
+    params = SamplingParams.of(params, **sampling)
     template = get_template(template)
     max_len = model.config.max_len
-    reserve = max(1, min(int(max_new_tokens), max_len // 2))
+    reserve = max(1, min(params.max_new_tokens, max_len // 2))
     kept, dropped, ids = fit_messages(messages, tokenizer, template, max_len, reserve)
     eot = template.end_of_turn_id(tokenizer)
-    n_new = max(0, min(int(max_new_tokens), max_len - len(ids)))
+    n_new = max(0, min(params.max_new_tokens, max_len - len(ids)))
     if info is not None:
         info.update(prompt_ids=list(ids), dropped_messages=dropped, max_new_tokens=n_new, reply_ids=[],
                     ended_with_end_of_turn=False)
-    # with the tokenizer, <PAD> is never sampled and <EOS> ends the reply too (without an end of turn)
-    gen = stream(model, ids, n_new, temperature, top_k, top_p, stop=[eot], seed=seed, tokenizer=tokenizer)
+    # the end of turn ends the reply, whatever the settings; <PAD> is never sampled and <EOS> ends it too
+    params = params.replace(max_new_tokens=n_new, stop=(eot,) + (params.stop or ()))
+    gen = stream(model, ids, params, tokenizer=tokenizer)
     streamer = TextStreamer(tokenizer)
     while True:
         try:
@@ -549,11 +551,9 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
 
 
 def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: str | ChatTemplate | None = None,
-               *, max_new_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, info: dict | None = None) -> str:
+               params: SamplingParams | int | None = None, *, info: dict | None = None, **sampling) -> str:
     """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``)."""
-    return "".join(stream_chat_reply(model, tokenizer, messages, template, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, info=info))
+    return "".join(stream_chat_reply(model, tokenizer, messages, template, params, info=info, **sampling))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -567,13 +567,15 @@ class TemplateChatSession(ChatSession):
     turns are dropped (never the system message) and ``notice`` says so until the next reply.
 
     Args: as :class:`decoderlab.generation.ChatSession`, plus ``template`` and an optional ``system`` message.
-    Defaults: greedy for the "lesson" template (as the lesson), temperature 1.0 otherwise.
+    Defaults: greedy for the "lesson" template (as the lesson), temperature 1.0 otherwise; max_new_tokens
+    the :class:`~decoderlab.generation.SamplingParams` default.
     """
 
-    def __init__(self, model, tokenizer, template: ChatTemplate, *, system: str | None = None, **kwargs):
-        super().__init__(model, tokenizer, pairs=template.name == "lesson", **kwargs)
-        if kwargs.get("max_new_tokens") is None:
-            self.max_new_tokens = 200
+    def __init__(self, model, tokenizer, template: ChatTemplate, params: SamplingParams | None = None, *,
+                 system: str | None = None, **sampling):
+        if params is None and template.name == "lesson":
+            sampling = {"temperature": 0.0, **sampling}  # the lesson: greedy
+        super().__init__(model, tokenizer, params, **sampling)
         self.template = get_template(template)
         self.template.end_of_turn_id(tokenizer)  # the tokenizer must hold the template's tokens
         self.system = system
@@ -588,12 +590,10 @@ class TemplateChatSession(ChatSession):
     def reply(self, text: str) -> Iterator[str]:
         messages = self.messages + [{"role": "user", "content": text}]
         info: dict = {}
-        seed = None if self.seed is None else self.seed + self.turn
         self.notice = None
         pieces: list[str] = []
-        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template,
-                                       max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                       top_k=self.top_k, top_p=self.top_p, seed=seed, info=info):
+        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template, self.turn_params(),
+                                       info=info):
             pieces.append(piece)
             yield piece
         head = 1 if messages[0]["role"] == "system" else 0
