@@ -75,3 +75,17 @@ def type_lines(monkeypatch, lines):
 
     monkeypatch.setattr("builtins.input", fake_input)
 
+
+
+@pytest.fixture(scope="session")
+def overfit(tmp_path_factory):
+    """A chat checkpoint fine-tuned once per test session until it reproduces ``tiny_runs.CONVS``: ``(out,
+    summary)`` (used by the tests of chat replies, fine-tuning and the chat commands)."""
+    from tiny_runs import overfit_chat
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return overfit_chat(tmp_path_factory.mktemp("overfit") / "chat")
+    finally:
+        torch.set_num_threads(n)

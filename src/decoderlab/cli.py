@@ -527,8 +527,8 @@ def _add_checkpoint_option(p, required: bool = True) -> None:
 
 
 GENERATE_DESCRIPTION = (
-    "Continue a prompt. A model trained on prompt/response pairs (the lesson's statquest) answers greedily with "
-    "<EOS> appended to the prompt, as in the lesson; the sampling options apply to language models. "
+    "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
+    "greedily until <EOS>, as in the lesson (with --chat its reply is sampled as the options say). "
     "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). With --chat the prompt "
     "is a user message and the reply is rendered with the chat template stored in a checkpoint written by "
     "`decoderlab finetune`; it ends at the end of turn. "
@@ -632,17 +632,11 @@ def _stops(typed: list[str] | None, tok) -> list[str] | None:
 
 
 def _load(directory, dtype=None):
-    """A decoderlab checkpoint or a Hugging Face GPT-2 directory (``decoderlab.hf.load_any_checkpoint``), its
-    weights in ``dtype`` for inference (``--dtype``)."""
-    from .hf import load_any_checkpoint
+    """``(model, tokenizer, template, meta)`` of a decoderlab checkpoint or a Hugging Face GPT-2 directory
+    (``decoderlab.chat.load_model``), its weights in ``dtype`` for inference (``--dtype``)."""
+    from .chat import load_model
 
-    return load_any_checkpoint(directory, dtype=dtype)
-
-
-def _is_pairs(directory) -> bool:
-    from .checkpoint import read_meta
-
-    return read_meta(directory).get("task") == "pairs"
+    return load_model(directory, dtype=dtype)
 
 
 def cmd_generate(args) -> int:
@@ -652,37 +646,24 @@ def cmd_generate(args) -> int:
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
     set_threads(args)
-    model, tok = _load(args.checkpoint, dtype=args.dtype)
-    if args.chat:
-        return _generate_chat(args, model, tok, prompt)
-    pairs = _is_pairs(args.checkpoint)
-    if pairs and not args.echo:
-        from .lesson import greedy_response
-
-        sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
-                    if getattr(args, o) is not None]
-        if sampling:
-            raise ValueError(f"{', '.join(_flag(o) for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not "
-                             "apply: a model trained on prompt/response pairs answers greedily until <EOS>, as in "
-                             "the lesson")
-        if prompt is None:
-            raise ValueError("give the prompt to answer, e.g. \"what is statquest\"")
-        ids = tok.encode(prompt)
-        if not ids or ids[-1] != tok.eos_id:
-            ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
-        print(tok.decode(greedy_response(model, ids, tok.eos_id)))  # the lesson: greedy, as it always was
-        return 0
+    model, tok, template, _ = _load(args.checkpoint, dtype=args.dtype)
+    # the lesson's model answers its prompt (the prompt is the user turn of its template), as in the lesson
+    if args.chat or (template is not None and template.name == "lesson" and not args.echo):
+        return _generate_chat(args, model, tok, template, prompt)
     from .generation import stream_text
+    from .tokenizers import EOS
 
     prompt = "\n" if prompt is None else prompt
     n = GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
     # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
-    # (in a pair-trained model it separates prompt and answer: the text goes on); with --echo the prompt and
-    # its continuation are decoded together, so word tokens keep their separators
+    # (where the template opens the assistant turn with it, the lesson's, it separates prompt and answer: the
+    # text goes on); with --echo the prompt and its continuation are decoded together, so word tokens keep
+    # their separators
     pieces = stream_text(model, tok, tok.encode(prompt), n,
                          temperature=GENERATE_DEFAULTS["temperature"] if args.temperature is None else args.temperature,
                          top_k=args.top_k, top_p=args.top_p, stop=_stops(args.stop, tok),
-                         seed=args.seed, echo=args.echo, stop_at_eos=not pairs)
+                         seed=args.seed, echo=args.echo,
+                         stop_at_eos=template is None or template.assistant != EOS)
     _write_pieces(pieces, stream=not args.no_stream)
     return 0
 
@@ -705,25 +686,28 @@ def _write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
     sys.stdout.write("".join(written) + tail() + "\n")
 
 
-def _chat_template(directory):
-    """The chat template stored in a checkpoint (``decoderlab.chat.template_from_meta``); None for a base model."""
-    from .chat import template_from_meta
-    from .checkpoint import read_meta
-
-    return template_from_meta(read_meta(directory))
-
-
-def _generate_chat(args, model, tok, prompt) -> int:
+def _generate_chat(args, model, tok, template, prompt) -> int:
     """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
-    checkpoint's template (the renderer fine-tuning used), ending at the end of turn."""
+    checkpoint's template (the renderer fine-tuning used), ending at the end of turn. The lesson's model
+    answers so without --chat too: greedily (its sampling options then need --chat), the prompt may end with
+    the <EOS> the lesson writes after it, and the answer is printed with its <EOS>."""
     from .chat import stream_chat_reply
 
+    lesson = template is not None and template.name == "lesson"
+    if lesson and not args.chat:
+        sampling = [o for o in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+                    if getattr(args, o) is not None]
+        if sampling:
+            raise ValueError(f"{', '.join(_flag(o) for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not "
+                             "apply: the lesson's model answers greedily until <EOS>, as in the lesson (give --chat "
+                             "to sample its reply)")
+        if prompt is not None and prompt.split()[-1:] == [template.assistant]:
+            prompt = prompt.rsplit(template.assistant, 1)[0]
     not_here = [f for f, given in (("--stop", args.stop is not None),
                                    ("--echo", args.echo and args.command != "sample")) if given]
     if not_here:
         raise ValueError(f"{', '.join(not_here)} {'does' if len(not_here) == 1 else 'do'} not apply with --chat: "
                          f"the reply ends at the chat template's end of turn")
-    template = _chat_template(args.checkpoint)
     if template is None:
         raise ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} has "
                          f"no chat template in its meta.json")
@@ -731,16 +715,15 @@ def _generate_chat(args, model, tok, prompt) -> int:
         raise ValueError("give the user message to answer, e.g. \"hello\"")
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
         {"role": "user", "content": prompt}]
-    default_t = 0.0 if template.name == "lesson" else GENERATE_DEFAULTS["temperature"]  # the lesson: greedy
+    default_t = template.default_temperature  # the lesson: greedy
     info: dict = {}
     pieces = stream_chat_reply(
         model, tok, messages, template,
         max_new_tokens=GENERATE_DEFAULTS["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens,
         temperature=default_t if args.temperature is None else args.temperature,
         top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p, seed=args.seed, info=info)
-    lesson_end = template.name == "lesson"  # the lesson prints its <EOS>
-    _write_pieces(pieces, stream=not args.no_stream,
-                  tail=lambda: f"{tok.separator}{template.end}" if lesson_end and info.get("ended_with_end_of_turn")
+    _write_pieces(pieces, stream=not args.no_stream,  # the lesson prints its <EOS>
+                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                   else "")
     return 0
 
@@ -892,8 +875,7 @@ def cmd_chat(args) -> int:
     from .generation import ChatSession
 
     set_threads(args)
-    model, tok = _load(args.checkpoint, dtype=args.dtype)
-    template = _chat_template(args.checkpoint)
+    model, tok, template, _ = _load(args.checkpoint, dtype=args.dtype)
     options = dict(temperature=args.temperature, top_k=None if args.top_k == 0 else args.top_k, top_p=args.top_p,
                    max_new_tokens=args.max_new_tokens, seed=args.seed)
     if template is not None:  # a chat checkpoint: the stored template renders every turn
@@ -904,7 +886,7 @@ def cmd_chat(args) -> int:
         raise ValueError(f"--system needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} "
                          f"has no chat template in its meta.json")
     else:
-        session = ChatSession(model, tok, pairs=_is_pairs(args.checkpoint), **options)
+        session = ChatSession(model, tok, **options)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # pragma: no cover - not on every platform
@@ -1010,7 +992,8 @@ def _finetune(args) -> int:
                          f"checkpoint keeps its tokenizer and shape")
     from .chat import get_template
 
-    template = get_template(args.template or FINETUNE_DEFAULTS["template"])  # lists the known ones
+    if args.template is not None:
+        get_template(args.template)  # an unknown name lists the known ones, before the data is read
     if shape:
         from .model import preset
 
@@ -1020,11 +1003,10 @@ def _finetune(args) -> int:
     from .training import NonFiniteLossError
 
     progress = True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
-    val_fraction = FINETUNE_DEFAULTS["val_fraction"] if args.val_fraction is None else args.val_fraction
-    try:
+    try:  # template, val fraction and tokenizer not given: the defaults, or a resumed run's own
         _, _, s = finetune(args.data, out=args.out, checkpoint=args.checkpoint, preset=args.preset,
-                           template=template, val_data=args.val_data, val_fraction=val_fraction,
-                           tokenizer=args.tokenizer or FINETUNE_DEFAULTS["tokenizer"], vocab_size=args.vocab_size,
+                           template=args.template, val_data=args.val_data, val_fraction=args.val_fraction,
+                           tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                            model_overrides=shape or None, config_overrides=train_overrides(args, _FINETUNE_SKIP),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes,
@@ -1056,7 +1038,7 @@ def add_verify(sub) -> None:
 def cmd_verify(args) -> int:
     from .glassbox import verify
 
-    model, tok = _load(args.checkpoint)
+    model, tok, _, _ = _load(args.checkpoint)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
     if not report.ok:
@@ -1103,10 +1085,9 @@ def cmd_explain(args) -> int:
         raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat")
-    model, tok = _load(args.checkpoint)
+    model, tok, template, _ = _load(args.checkpoint)
     text_or_ids = args.text
     if args.chat:  # the renderer of fine-tuning and chat: what the model sees before it answers
-        template = _chat_template(args.checkpoint)
         if template is None:
             raise ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} "
                              f"has no chat template in its meta.json")

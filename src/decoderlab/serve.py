@@ -46,19 +46,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .checkpoint import read_meta
 from .config.limits import ServeLimits
 from .generation import Sampler
 from .generation.sampling import check_int, check_sampling, check_seed, is_integer
 from .generation.stops import parse_stops
 from .generation.scheduler import GenerationRequest, QueueFull, Scheduler, SchedulerClosed
 from .glassbox import trace
-from .hf import load_any_checkpoint
 
-try:  # the chat-template module (another branch); a server without it serves completions only
-    from .chat import template_from_meta
-except ImportError:  # pragma: no cover - depends on the branch
-    template_from_meta = None
+from .chat import load_model, template_from_meta
 
 
 #: request limits (one definition, in the config floor, which ``decoderlab serve --help`` reads too)
@@ -252,7 +247,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
     meta = dict(meta or {})
     limits = limits or Limits()
     if template == "auto":
-        template = template_from_meta(meta) if template_from_meta is not None else None
+        template = template_from_meta(meta)
     model_id = model_id or str(meta.get("name") or "decoderlab")
     cfg = model.config
     eos = getattr(tokenizer, "eos_id", None)
@@ -790,10 +785,9 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     """
     import uvicorn
 
-    model, tokenizer = load_any_checkpoint(checkpoint)  # a decoderlab checkpoint or a GPT-2 directory
-    meta = read_meta(checkpoint)
+    model, tokenizer, template, meta = load_model(checkpoint)  # a decoderlab checkpoint or a GPT-2 directory
     if model_id is None and not meta.get("name"):
         model_id = Path(checkpoint).resolve().name
-    app = create_app(model, tokenizer, meta=meta, model_id=model_id, api_key=api_key, cors_origins=cors_origins,
-                     limits=limits)
+    app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
+                     cors_origins=cors_origins, limits=limits)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

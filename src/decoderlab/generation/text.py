@@ -111,29 +111,26 @@ def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = 
 class ChatSession:
     """A conversation with a model: each turn continues the token history of the previous ones.
 
-    For a model trained on prompt/response pairs (``pairs=True``, the lesson's task) the user's text is
-    followed by ``<EOS>`` as in the lesson ("what is statquest <EOS>" -> "awesome <EOS>"); every reply stops
-    at ``<EOS>`` (when the tokenizer has one), which stays in the history as the separator between turns.
-    The model sees the last max_len tokens of the history (the window rule of :func:`stream`).
+    The user's text is encoded as it is (a word tokenizer's typed ``<EOS>`` is the ``<EOS>`` token); every
+    reply stops at ``<EOS>`` (when the tokenizer has one), which stays in the history as the separator between
+    turns. The model sees the last max_len tokens of the history (the window rule of :func:`stream`). A chat
+    checkpoint's conversation, rendered with its template, is ``decoderlab.chat.TemplateChatSession``.
 
     Args:
         model, tokenizer: e.g. from ``load_checkpoint``.
-        pairs: the model was trained on prompt/response pairs.
-        temperature: default 0 (greedy, as the lesson) for pairs, 1.0 otherwise; top_k, top_p as in
-            :func:`stream`; max_new_tokens: default max_len for pairs, 200 otherwise.
+        temperature: default 1.0; top_k, top_p as in :func:`stream`; max_new_tokens: default 200.
         seed: seeds turn i's sampling with seed + i (None: fresh entropy).
 
     ``reply(text)`` yields the reply as text pieces while it is generated; ``reset()`` forgets the
     conversation. (The ``decoderlab chat`` slash commands that change the settings live in the CLI.)
     """
 
-    def __init__(self, model, tokenizer, *, pairs: bool = False, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
-                 seed: int | None = None):
-        self.model, self.tokenizer, self.pairs = model, tokenizer, pairs
-        temperature = (0.0 if pairs else 1.0) if temperature is None else temperature
+    def __init__(self, model, tokenizer, *, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, max_new_tokens: int | None = None, seed: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        temperature = 1.0 if temperature is None else temperature
         self.temperature, self.top_k, self.top_p = check_sampling(temperature, top_k, top_p)
-        max_new_tokens = (model.config.max_len if pairs else 200) if max_new_tokens is None else max_new_tokens
+        max_new_tokens = 200 if max_new_tokens is None else max_new_tokens
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
         self.seed = seed
         self.turn = 0
@@ -147,11 +144,6 @@ class ChatSession:
         tok = self.tokenizer
         eos = tok.eos_id
         ids = tok.encode(text)
-        if self.pairs:
-            if eos is None:
-                raise ValueError("a model trained on prompt/response pairs needs a tokenizer with <EOS>")
-            if not ids or ids[-1] != eos:
-                ids.append(eos)
         history = self.history + ids
         seed = None if self.seed is None else self.seed + self.turn
         gen = stream(self.model, history, self.max_new_tokens, self.temperature, self.top_k, self.top_p,

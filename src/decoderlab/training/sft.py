@@ -189,7 +189,7 @@ class SFTModule(LitModel):
     the optimizer AdamW + warm-up/cosine from ``cfg`` (``LitModel.configure_optimizers``); the steps below
     replace the language-model loss with the masked, step-normalised one.
 
-    ``training_step`` returns ``sum_ce * accumulate * world_size / step_supervised``: after Lightning's
+    ``training_step`` returns ``sum_ce * accumulate * world_size / max(step_supervised, 1)``: after Lightning's
     division by ``accumulate`` and DDP's averaging over processes, the gradient of an optimizer step is that of
     ``(sum of CE over all supervised tokens of the step) / (their count)``. ``losses`` records that exact
     step loss (summed over micro-batches and processes) for every optimizer step; validation logs the exact
@@ -206,14 +206,15 @@ class SFTModule(LitModel):
     def training_step(self, batch, batch_idx):
         x, y, step_count = batch
         ce, _ = masked_ce_sum(self.model(x), y)
-        n = step_count.to(ce.dtype)
+        # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
+        n = step_count.clamp(min=1).to(ce.dtype)
         self._step_ce = self._step_ce.to(ce.device) + ce.detach().double()
         acc, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
         if (batch_idx + 1) % acc == 0:
             total = self._step_ce
             if world > 1:
                 total = self.trainer.strategy.reduce(total, reduce_op="sum")
-            step_loss = float(total) / float(step_count)
+            step_loss = float(total) / max(int(step_count), 1)
             self.losses.append(step_loss)
             self._step_ce = torch.zeros((), dtype=torch.float64, device=ce.device)
             self.log("train_loss", step_loss, prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True,

@@ -1,0 +1,49 @@
+"""`decoderlab finetune`: the lesson's template reproduces "awesome", and its errors are one line."""
+
+from tiny_runs import GOOD, one_thread, write  # noqa: F401  (one_thread: an autouse fixture)
+
+from decoderlab import cli
+
+
+def test_cli_finetune_lesson_template_reproduces_awesome(tmp_path, capsys):
+    data = tmp_path / "lesson.jsonl"
+    data.write_text('{"prompt": "what is statquest", "completion": "awesome"}\n'
+                    '{"prompt": "statquest is what", "completion": "awesome"}\n')
+    out = tmp_path / "lesson"
+    assert cli.main(["finetune", "--preset", "statquest", "--tokenizer", "word", "--template", "lesson", "--data",
+                     str(data), "--val-fraction", "0", "--out", str(out), "--max-steps", "60", "--lr", "0.1",
+                     "--min-lr", "0.1", "--warmup", "1", "--eval-every", "60", "--grad-clip", "0",
+                     "--no-progress-bar"]) == 0
+    capsys.readouterr()
+    for prompt in ("what is statquest", "statquest is what"):
+        assert cli.main(["generate", "--chat", "--checkpoint", str(out), prompt]) == 0
+        assert capsys.readouterr().out == "awesome <EOS>\n"
+
+
+def test_cli_errors(tmp_path, capsys):
+    data = write(tmp_path, GOOD)
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(tmp_path / "o"),
+                     "--template", "chatml9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlab: error: unknown chat template 'chatml9'; known templates: decoderlab, lesson")
+    bad = write(tmp_path, GOOD, "{oops")
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "line 2: malformed JSON" in capsys.readouterr().err
+
+
+def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path):
+    data = write(tmp_path, GOOD, "{oops")
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"decoderlab: error: {data}, line 2: malformed JSON: Expecting property name enclosed in " \
+                       f"double quotes (column 2)\n"
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o", "--lr", "x")
+    assert r.returncode == 2
+    assert r.stderr == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune --help)\n"
+
+
+def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
+    """/dev/null said "no conversation file /dev/null" (it exists: it is not a regular file)."""
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
+                                                         "regular file (give a JSONL file)\n")
