@@ -13,13 +13,14 @@ from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
+from decoderlab.training import train_lm
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, text, cache):
     out = tmp_path_factory.mktemp("full") / "run"
     model, tok, summary = run(text, out, cache)
-    return out, model, tok, summary
+    return out, model, tok, summary, text
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -73,3 +74,30 @@ def test_checkpoint_files_share_one_mode(tmp_path, inplace):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ck").iterdir()}
     assert modes == dict.fromkeys(["config.json", "meta.json", "model.safetensors", "tokenizer.json"], 0o644)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("tie_weights", "no", "tie_weights must be True or False, got 'no'"),
+    ("n_layer", "4", "n_layer must be a positive integer, got '4'"),
+])
+def test_a_hand_edited_config_is_refused_naming_the_field_and_the_file(full_run, tmp_path, capsys, field, value,
+                                                                       says):
+    """config.json with a wrong type: every reader (loading, the command line, a resumed run) names the field and
+    the file (a resumed run named the field only)."""
+    import shutil
+
+    out = tmp_path / "edited"
+    shutil.copytree(full_run[0], out)
+    config = json.loads((out / "config.json").read_text())
+    config[field] = value
+    (out / "config.json").write_text(json.dumps(config))
+    want = f"{out / 'config.json'} is not a valid ModelConfig JSON file: {says}"
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(out)
+    assert str(e.value) == want
+    assert cli.main(["generate", "--checkpoint", str(out), "hi"]) == 2
+    assert capsys.readouterr().err == f"decoderlab: error: {want}\n"
+    with pytest.raises(ValueError) as e:
+        train_lm(text=full_run[4], resume=out, config_overrides={"max_steps": 9}, cache_dir=tmp_path / "cache",
+                 progress_bar=False, accelerator="cpu")
+    assert str(e.value) == want

@@ -103,6 +103,7 @@ finetune({convs!r}, out=sys.argv[1], base_model=(model, tok), train_config=cfg, 
 """
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path):
     src = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -140,6 +141,7 @@ def test_resume_continues_with_the_same_batches(tmp_path):
     np.testing.assert_allclose(resumed.train_losses, whole.train_losses, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_overfitting_eight_conversations_reproduces_them_and_stops(overfit):
     out, s = overfit
     model, tok, template, _ = load_model(out)
@@ -173,3 +175,85 @@ def test_tokenizer_that_cannot_represent_the_data_names_the_characters(tmp_path)
     with pytest.raises(ValueError, match=r"cannot represent 2 characters.*'é' \(U\+00E9\).*'€'"):
         finetune([conv("café", "5 €")], out=tmp_path / "x", base_model=(model, tok), train_config=tiny_cfg(),
                  val_fraction=0, progress_bar=False, logger=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# resume keeps the stored run; what it refuses
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_resume_honours_the_stored_settings(tmp_path):
+    """`finetune --resume` rebuilt its TrainConfig from the fine-tuning defaults (500 steps at lr 3e-4) instead
+    of the run's: resumed with nothing but the run directory, it continues the stored run to its own end."""
+    cfg = tiny_cfg(max_steps=4, batch_size=2, eval_every=2, lr=1e-2)
+    model, tok = chat_pair()
+    _, _, whole = run_ft(tmp_path, "whole", copy.deepcopy(model), tok, cfg)
+    with pytest.raises((SystemExit, KeyboardInterrupt)):  # Ctrl-C at step 3; the last checkpoint is step 2
+        run_ft(tmp_path, "part", copy.deepcopy(model), tok, cfg, [InterruptAt(3)])
+    _, _, resumed = finetune(CONVS, out=tmp_path / "part", resume=True, eval_prompts=1, eval_max_new_tokens=2,
+                             progress_bar=False, logger=False, accelerator="cpu")  # template, config: the run's
+    assert resumed.steps == 4 and resumed.template == "decoderlab"
+    np.testing.assert_allclose(resumed.train_losses, whole.train_losses, rtol=1e-5)
+    info = json.loads((tmp_path / "part" / "run.json").read_text())
+    assert info["train_config"] == cfg.to_dict() and info["resumes"][-1]["changed"] == {}
+    assert read_meta(tmp_path / "part")["step"] == 4
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(config_overrides={"seed": 7}), r"with seed=7: the run was trained with seed=42, and seed cannot change"),
+    (dict(config_overrides={"accumulate": 2}), r"with accumulate=2: the run was trained with accumulate=1"),
+    (dict(template="lesson"), r"with template='lesson': the run was trained with template='decoderlab'"),
+    (dict(val_fraction=0.5), r"with val_fraction=0.5: the run was trained with val_fraction=0"),
+    (dict(preset="statquest"), r"with preset='statquest': the run was trained with preset=None"),
+    (dict(data=CONVS[:4]), r"the conversations differ from those it was fine-tuned on"),
+    (dict(tokenizer="bpe"), r"with tokenizer: a resumed run keeps its model and tokenizer"),
+])
+def test_resume_refuses_what_train_refuses(tmp_path, change, message):
+    """What defines the run's data, batches and model cannot change on a resume (as `train --resume`): refused
+    before anything is trained, naming the setting."""
+    run_ft(tmp_path, "run", *chat_pair(), tiny_cfg(max_steps=2, batch_size=2, eval_every=2))
+    before = (tmp_path / "run" / "lightning" / "last.ckpt").read_bytes()
+    kw = {"data": CONVS, "eval_prompts": 1, **change}
+    with pytest.raises(ValueError, match=rf"^cannot resume {tmp_path / 'run'}.*{message}"):
+        finetune(out=tmp_path / "run", resume=True, progress_bar=False, logger=False, accelerator="cpu", **kw)
+    assert (tmp_path / "run" / "lightning" / "last.ckpt").read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------------------
+# messages that say what happened
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_held_out_share_that_leaves_nothing_to_train_on(tmp_path):
+    """`--val-fraction 0.99` said "all 0 conversations have their assistant turns beyond --max-len" when the
+    split had left nothing to train on."""
+    with pytest.raises(ValueError, match=r"^val_fraction=0\.99 holds out 8 of the 8 conversations and leaves none to "
+                                         r"train on; use a smaller val_fraction, or give the held-out"):
+        run_ft(tmp_path, "x", *chat_pair(), tiny_cfg(), val_fraction=0.99)
+    assert not (tmp_path / "x").exists()
+    _, _, s = run_ft(tmp_path, "y", *chat_pair(), tiny_cfg(), val_fraction=0.8)  # 6 of 8 held out: 2 to train on
+    assert (s.train_conversations, s.val_conversations, s.eval_on) == (2, 6, "held-out")
+
+
+def test_no_evaluation_prompts_print_no_nan(tmp_path, capsys):
+    """With --eval-prompts 0 fine-tuning printed "end of turn nan%"."""
+    model, tok = chat_pair()
+    _, _, s = finetune(CONVS, out=tmp_path / "r", base_model=(model, tok), train_config=tiny_cfg(), val_fraction=0,
+                       eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("fine-tuned for 1 steps; train (8 conversations, ") and "nan" not in line, line
+    assert line.endswith("; no greedy replies (eval_prompts 0)"), line
+    assert s.evaluation["prompts"] == 0 and s.evaluation["end_of_turn_rate"] is None
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["evaluation"]["exact_match"] is None
+
+
+def test_dropped_conversations_are_not_counted_as_evaluated(tmp_path, capsys):
+    """A fine-tune that dropped 6 of 12 conversations (their replies beyond max_len) reported "12
+    conversations"."""
+    data = CONVS[:6] + [conv("b" * 60, "ok")] * 6  # these six: the reply is beyond max_len 48
+    _, _, s = finetune(data, out=tmp_path / "r", base_model=chat_pair(), train_config=tiny_cfg(), val_fraction=0,
+                       eval_prompts=2, eval_max_new_tokens=2, progress_bar="plain", logger=False, accelerator="cpu")
+    captured = capsys.readouterr()
+    assert (s.train_conversations, s.dropped, s.evaluation["conversations"], s.evaluation["dropped"]) == (6, 6, 6, 6)
+    assert "train (6 conversations, 6 dropped: no assistant token within max_len, " in captured.out.splitlines()[-1]
+    assert "6 with no assistant token left were dropped" in captured.err

@@ -335,6 +335,7 @@ def test_corrupt_tokenizer_and_meta_are_named(tmp_path, statquest_checkpoint):
         dl.load_checkpoint(bad)
 
 
+@pytest.mark.slow
 def test_cli_train_statquest_says_what_it_learned(tmp_path, decoderlab_cli):
     """`decoderlab train --preset statquest`: the final loss and whether both lesson prompts answer "awesome"."""
     out = tmp_path / "sq"

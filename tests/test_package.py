@@ -128,8 +128,11 @@ def test_cli_finetune_mirrors_agree_with_the_library():
     from decoderlab.finetuning import FINETUNE_DEFAULTS, finetune
 
     assert cli.FINETUNE_CONFIG == FINETUNE_DEFAULTS and cli.CHAT_TEMPLATES == tuple(TEMPLATES)
-    params = inspect.signature(finetune).parameters
-    assert cli.FINETUNE_DEFAULTS == {k: params[k].default for k in cli.FINETUNE_DEFAULTS}
+    from decoderlab.config import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, FINETUNE_VAL_FRACTION
+
+    params = inspect.signature(finetune).parameters  # None there: the default below, or a resumed run's own
+    library = {"template": DEFAULT_TEMPLATE, "val_fraction": FINETUNE_VAL_FRACTION, "tokenizer": DEFAULT_TOKENIZER}
+    assert cli.FINETUNE_DEFAULTS == {k: library.get(k, params[k].default) for k in cli.FINETUNE_DEFAULTS}
     helps = {a.option_strings[-1]: a.help for a in cli.build_parser()._subparsers._group_actions[0]
              .choices["finetune"]._actions if a.option_strings}
     assert helps["--max-steps"] == "optimizer steps (default 500)"

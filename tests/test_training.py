@@ -3,6 +3,7 @@
 directory: tests/training/test_run.py; `decoderlab train`: tests/cli/test_train.py)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -184,6 +185,7 @@ def test_validation_windows_split_over_processes_like_one_process():
         SequentialWindows(tokens, 10, batch_size=1, max_batches=2, rank=2, world_size=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_every_combination_of_precision_clipping_compile_accumulation_trains(precision, tmp_path, text, cache):
     import itertools

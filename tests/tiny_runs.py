@@ -4,6 +4,8 @@ eight conversations (``TINY_CHAT``, ``CONVS``, ``chat_pair``, ``tiny_cfg``, ``ru
 (``text``, ``cache``, ``one_thread``) into a test module to use them there."""
 
 import json
+import os
+import subprocess
 
 import lightning as L
 import pytest
@@ -45,8 +47,9 @@ def tiny_config(**kw):
 
 
 def run(text, out, cache, cfg=None, **kw):
+    kw = {"progress_bar": False, **kw}
     return train_lm(text=text, out=out, train_config=cfg or tiny_config(), model_overrides=TINY,
-                    cache_dir=cache, progress_bar=False, accelerator="cpu", **kw)
+                    cache_dir=cache, accelerator="cpu", **kw)
 
 
 def resume(out, cache, **kw):
@@ -60,6 +63,28 @@ class StopAt(L.Callback):
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+# ---- several processes --------------------------------------------------------------------------------
+
+def run_group(cmd, timeout=300, **kw):
+    """Run ``cmd`` in its own process group; on a timeout kill the whole group (launched ranks included), so a
+    hanging multi-process run never outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout} s)"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def ddp_env(cache):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
+    env.pop("DECODERLAB_RUN_DIR", None)
+    return env
 
 
 # ---- chat models -------------------------------------------------------------------------------------------
@@ -116,3 +141,27 @@ def overfit_chat(out):
     _, _, s = finetune(CONVS, out=out, base_model=(model, tok), train_config=cfg, val_fraction=0, eval_prompts=8,
                        eval_max_new_tokens=16, progress_bar=False, logger=False, accelerator="cpu")
     return out, s
+
+
+def two_nodes(script, *args, cwd, env, timeout=300):
+    """Run ``script ARGS`` as two torchrun "nodes" on localhost (one process each, gloo): ``[(returncode,
+    stdout, stderr)]`` of node 0 and node 1; on a timeout both process groups are killed."""
+    import socket
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                               "1", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                               str(port), str(script), *map(str, args)],
+                              env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+             for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]

@@ -45,7 +45,7 @@ from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_toke
                    check_representable, get_template, stream_chat_reply, template_from_meta)
 from .checkpoint import TOKENIZER_FILE, load_checkpoint, read_config, read_meta, unwrap_model
 from .config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from .config.train import FINETUNE_TRAIN
+from .config.train import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION
 from .model import DecoderOnlyTransformer
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
@@ -56,8 +56,6 @@ from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SF
 
 #: the ``TrainConfig`` fields :func:`finetune` sets when no ``train_config`` is given
 FINETUNE_DEFAULTS = FINETUNE_TRAIN
-#: the share of the conversations held out for evaluation when neither ``val_fraction`` nor ``val_data`` is given
-DEFAULT_VAL_FRACTION = 0.1
 
 __all__ = ["FINETUNE_DEFAULTS", "IGNORE_INDEX", "Examples", "SFTBatches", "SFTDataModule", "SFTModule", "collate",
            "masked_ce_sum", "shift_for_training", "build_examples", "pad_id_for", "evaluate_chat", "format_evaluation",
@@ -298,14 +296,16 @@ def _conversations(run: Run, data, val_data, val_fraction) -> tuple[dict, list, 
         data = run.info.get("data") if data is None else data
         val_data = run.info.get("val_data") if val_data is None else val_data
     if data is None:
-        raise ValueError("give the conversations to fine-tune on: data, a JSONL path or a list of conversations")
+        raise ValueError(f"cannot resume {run.run_dir} without data: it was fine-tuned on conversations given as a "
+                         f"list, which run.json does not hold; give the same conversations as data" if run.resumed
+                         else "give the conversations to fine-tune on: data, a JSONL path or a list of conversations")
     convs = as_conversations(data)
     held = None if val_data is None else as_conversations(val_data)
     digest = _sha256(convs, held)
     if run.resumed and run.info.get("data_sha256") not in (None, digest):
         raise ValueError(f"cannot resume {run.run_dir}: the conversations differ from those it was fine-tuned on "
                          f"({run.info.get('data')!r}); resume with the same data, or start a new run")
-    fraction = run.keep("val_fraction", val_fraction, default=DEFAULT_VAL_FRACTION,
+    fraction = run.keep("val_fraction", val_fraction, default=FINETUNE_VAL_FRACTION,
                         why="it defines the held-out conversations")
     if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 <= fraction < 1):
         raise ValueError(f"val_fraction must be in [0, 1), got {fraction!r}")

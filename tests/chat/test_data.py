@@ -31,3 +31,15 @@ def test_three_formats_are_detected(tmp_path):
     al = load_conversations(write(tmp_path, json.dumps({"instruction": "i", "input": "x", "output": "o"}),
                                   json.dumps({"instruction": "j", "input": "", "output": "q"})))
     assert al.format == "alpaca" and al == [conv("i\n\nx", "o"), conv("j", "q")]
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_is_read(tmp_path):
+    """A JSONL file saved with a UTF-8 byte-order mark (Windows editors) was refused with "Unexpected UTF-8 BOM
+    (decode using utf-8-sig)"; it is read as the corpus reader reads text files."""
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + (GOOD + "\n" + json.dumps({"messages": conv("a", "b")}) + "\n").encode("utf-8"))
+    convs = load_conversations(p)
+    assert convs == [conv("hi", "ho"), conv("a", "b")] and convs.format == "messages" and convs.lines == [1, 2]
+    p.write_bytes(b"\xff\xfe" + GOOD.encode("utf-16-le"))
+    with pytest.raises(ValueError, match=r"bom\.jsonl is not UTF-8 text: .*it is UTF-16 text"):
+        load_conversations(p)

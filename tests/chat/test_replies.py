@@ -7,6 +7,7 @@ from tiny_runs import CONVS, chat_pair, conv, one_thread  # noqa: F401  (one_thr
 from decoderlab.chat import TemplateChatSession, chat_reply, check_messages, load_model, render_chat, stream_chat_reply
 
 
+@pytest.mark.slow
 def test_chat_renders_exactly_the_training_ids(overfit):
     out, _ = overfit
     model, tok, template, _ = load_model(out)
@@ -24,6 +25,7 @@ def test_chat_renders_exactly_the_training_ids(overfit):
     assert "".join(session.reply(c[2]["content"])) == c[3]["content"]
 
 
+@pytest.mark.slow
 def test_chat_trims_oldest_turns_keeps_system(overfit, capsys):
     out, _ = overfit
     model, tok, template, _ = load_model(out)
@@ -49,6 +51,7 @@ def test_reply_needs_a_final_user_message():
         check_messages([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], final=None)
 
 
+@pytest.mark.slow
 def test_the_last_message_alone_renders_too_long_in_the_singular(overfit):
     out, _ = overfit
     model, tok, template, _ = load_model(out)

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from tiny_runs import GOOD, one_thread, write  # noqa: F401  (one_thread: an autouse fixture)
 
@@ -15,6 +16,7 @@ from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
 
 
+@pytest.mark.slow
 def test_cli_generate_and_chat_use_the_stored_template(overfit, capsys, monkeypatch):
     out, _ = overfit
     assert cli.main(["generate", "--chat", "--checkpoint", str(out), "--temperature", "0", "abc"]) == 0
@@ -25,6 +27,7 @@ def test_cli_generate_and_chat_use_the_stored_template(overfit, capsys, monkeypa
     assert capsys.readouterr().out.split("\n")[:2] == ["red", "see you"]
 
 
+@pytest.mark.slow
 def test_cli_explain_chat_renders_what_the_model_sees(overfit, capsys):
     """explain --chat traces exactly the ids chat and generate --chat give the model (the one renderer)."""
     out, _ = overfit
@@ -38,6 +41,7 @@ def test_cli_explain_chat_renders_what_the_model_sees(overfit, capsys):
     assert f"(3 tokens, ids {tok.encode('abc')})" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_chat_flags_on_a_base_checkpoint_and_bad_combinations(statquest_checkpoint, overfit, tmp_path, capsys):
     out, _ = overfit
     data = write(tmp_path, GOOD)
@@ -63,6 +67,7 @@ def test_cli_chat_flags_on_a_base_checkpoint_and_bad_combinations(statquest_chec
         assert __import__("re").search(message, err), err
 
 
+@pytest.mark.slow
 def test_chat_notes_come_one_line_each(overfit, capsys, monkeypatch):
     """Both notes of one reply (turns dropped; no end of turn) were printed on one stderr line."""
     import io

@@ -47,3 +47,26 @@ def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
     r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
     assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
                                                          "regular file (give a JSONL file)\n")
+
+
+def test_resume_with_a_changed_seed_or_template_is_refused_naming_it(tmp_path, capsys):
+    """`finetune --resume` rebuilt the run from the fine-tuning defaults and refused nothing: a changed --seed or
+    --template is now refused in one line naming it, and the run is left as it was."""
+    data = write(tmp_path, GOOD, GOOD)
+    out = tmp_path / "run"
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(out), "--max-steps", "2",
+                     "--eval-every", "2", "--val-fraction", "0", "--eval-prompts", "1", "--no-progress-bar"]) == 0
+    capsys.readouterr()
+    step = (out / "meta.json").read_text()
+    for flag, value, says in (("--seed", "7", "with --seed=7: the run was trained with --seed=42, and --seed cannot "
+                                              "change on resume"),
+                              ("--template", "lesson", "with template='lesson': the run was trained with "
+                                                       "template='decoderlab'")):
+        assert cli.main(["finetune", "--resume", "--out", str(out), "--data", str(data), "--max-steps", "4",
+                         flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"decoderlab: error: cannot resume {out} {says}") and err.count("\n") == 1, err
+    assert (out / "meta.json").read_text() == step  # nothing trained
+    assert cli.main(["finetune", "--resume", "--out", str(out), "--data", str(data), "--max-steps", "3",
+                     "--no-progress-bar"]) == 0  # the run's own settings: it goes on
+    assert '"step": 3' in (out / "meta.json").read_text()

@@ -4,14 +4,13 @@ training seeds, and bad data paths."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_runs import TINY, cache, one_thread, run, text, tiny_config  # noqa: F401
+from tiny_runs import TINY, cache, ddp_env, one_thread, run, run_group, text, tiny_config  # noqa: F401
 
 from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint
@@ -37,6 +36,7 @@ def test_cli_train_non_utf8_file(tmp_path, capsys):
     assert str(bad) in err and "byte offset 54" in err
 
 
+@pytest.mark.slow
 def test_cli_train_and_sample(tmp_path, text, capsys, monkeypatch):
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
@@ -56,6 +56,7 @@ def test_cli_train_and_sample(tmp_path, text, capsys, monkeypatch):
     assert capsys.readouterr().out == first  # same seed, same sample
 
 
+@pytest.mark.slow
 def test_cli_train_ctrl_c_exits_130_with_one_line(tmp_path, text):
     """`decoderlab train`, Ctrl-C: exit 130 (was 1) and decoderlab's one line (no "Detected KeyboardInterrupt,
     attempting graceful shutdown ..."); the checkpoint stays loadable."""
@@ -96,6 +97,7 @@ TRAIN_LINE = re.compile(r"step (\d)/4  train loss \d+\.\d{4}  lr \d\.\d\de-\d\d 
 VAL_LINE = re.compile(r"step (\d)/4  val loss \d+\.\d{4}  perplexity \d+\.\d\d  \d+\.\d{3} bits per byte")
 
 
+@pytest.mark.slow
 def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab_cli):
     """`decoderlab train --no-progress-bar ... > log.txt`: plain lines (no carriage returns), the model shape from
     the flags, decoderlab's own warnings only, a labelled summary; resuming the finished run says so."""
@@ -194,26 +196,7 @@ def test_resume_refuses_settings_it_cannot_change(tmp_path, text, cache, capsys,
     assert json.loads((out / "meta.json").read_text())["step"] == 2  # nothing trained
 
 
-def run_group(cmd, timeout=300, **kw):
-    """Run ``cmd`` in its own process group; on a timeout kill the whole group (launched ranks included), so a
-    hanging multi-process run never outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kw)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        err += f"\n(killed after {timeout} s)"
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def ddp_env(cache):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
-    env.pop("DECODERLAB_RUN_DIR", None)
-    return env
-
-
+@pytest.mark.slow
 def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text[:700], encoding="utf-8")  # validation: 70 tokens, 1 window of 65
@@ -228,6 +211,7 @@ def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
     assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "lightning").exists()
 
 
+@pytest.mark.slow
 def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
     """The issue's command: 2 processes, 1 validation batch (64 windows shared out); the validation loss of
     one process with the same global batch."""
@@ -248,6 +232,7 @@ def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
     assert ddp["val_bpb"] == pytest.approx(one["val_bpb"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_bf16_with_clipping(tmp_path, text, capsys, monkeypatch):
     """The issue's command (on a small corpus): bf16-mixed with the default grad clip and the fused AdamW
     this build offers."""

@@ -4,6 +4,7 @@ Ctrl-C, the progress bar, exact metrics, changed settings on resume, DDP and two
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import InterruptAt
-from tiny_runs import TINY, StopAt, cache, one_thread, resume, run, text, tiny_config  # noqa: F401
+from tiny_runs import TINY, StopAt, cache, ddp_env, one_thread, resume, run, text, tiny_config  # noqa: F401
 
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
 from decoderlab.model import DecoderOnlyTransformer, preset
@@ -94,6 +95,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, text, cache
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
+@pytest.mark.slow
 def test_compiled_model_checkpoint_has_plain_keys(tmp_path, text, cache):
     from safetensors.torch import load_file
 
@@ -123,6 +125,7 @@ train_lm(text=text, out=sys.argv[2], train_config=cfg, model_overrides={tiny}, c
 """
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path, text, cache):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
@@ -304,6 +307,7 @@ train_lm(text=text, out=sys.argv[2], train_config=cfg, model_overrides={tiny}, c
 """
 
 
+@pytest.mark.slow
 def test_two_nodes_match_one_process(tmp_path, text, cache):
     """Two torchrun "nodes" on localhost (one process each, gloo): the losses of one process with the global
     batch; the 15 validation windows split 7 + 8."""
@@ -343,3 +347,35 @@ def test_unknown_compile_backend_is_refused_before_training(tmp_path, text, cach
     assert not (tmp_path / "run").exists()
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the Python API's own messages
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_text_given_where_a_path_belongs_is_named_by_its_size(text, tmp_path):
+    """`train_lm(corpus)` with the text itself (200 KB) raised "OSError: [Errno 36] File name too long" and
+    repeated the whole text; now one sentence with its size, and how to pass text."""
+    big = (text * 17)[:200_000]
+    with pytest.raises(ValueError) as e:
+        train_lm(big, out=tmp_path / "run")
+    said = str(e.value)
+    assert said == (f"the corpus path is a str of 200,000 characters ({big.count(chr(10)) + 1:,} lines), which is text, "
+                    f"not the name of a file: give a text file or a folder of .txt files, or pass the text itself as "
+                    f"text= (train_lm(text=...))")
+    with pytest.raises(ValueError, match=r"^the corpus path \(300 characters\) is too long for a file name") as e:
+        train_lm("x" * 300, out=tmp_path / "run")  # one line, but longer than a file name may be
+    assert "xxxxxxxxxx" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_a_subset_and_a_full_evaluation_are_labelled(tmp_path, text, cache, capsys):
+    """The last two plain lines of a run that evaluates a subset while training and all windows at the end both
+    read "step N/N val loss ..."; they say which windows they covered."""
+    cfg = tiny_config(max_steps=2, eval_every=2, val_batches=1, val_batch_size=4, full_val_at_end=True)
+    _, _, s = run(text, tmp_path / "run", cache, cfg, progress_bar="plain")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " val loss " in ln]
+    windows = (1200 - 1) // TINY["max_len"]  # the validation split: the last 10% of 12,000 characters
+    assert len(lines) == 2 and lines[0].startswith("step 2/2  val loss ") and lines[1].startswith("step 2/2  val loss ")
+    assert lines[0].endswith("  (first 4 windows)") and lines[1].endswith(f"  (all {windows} windows)"), lines
+    assert f"val loss {s.val_loss:.4f}" in lines[1]

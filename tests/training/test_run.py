@@ -1,14 +1,16 @@
-"""The run directory: its checkpoints and logs describe the last step, and a resume falls back to the newest
-intact checkpoint when the last one is damaged."""
+"""The run directory: its checkpoints and logs describe the last step, a resume falls back to the newest
+intact checkpoint when the last one is damaged, global rank 0 checks and names it for several nodes, and the
+summary reads like summary.json. (A resume's refusals: tests/cli/test_train.py and tests/test_finetuning.py.)"""
 
 import json
 import re
-import shutil
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny_runs import cache, one_thread, resume, run, text, tiny_config  # noqa: F401
+from tiny_runs import TINY, cache, ddp_env, one_thread, resume, run, text, tiny_config, two_nodes  # noqa: F401
 
 from decoderlab.training import lr_at
 
@@ -72,3 +74,77 @@ def test_damaged_last_checkpoint_falls_back_to_the_newest_intact_one(run_25, tmp
         f.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"no intact training checkpoint; damaged: .*last\.ckpt .*best-step"):
         resume(out, cache, text=text)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# several nodes: global rank 0 checks and names the run directory
+# ---------------------------------------------------------------------------------------------------------
+
+NODES_SCRIPT = """
+import os, sys, time
+from decoderlab.training import TrainConfig, train_lm
+if os.environ["RANK"] == "1":  # this node's clock is an hour ahead: a timestamp of its own would differ
+    _gmtime = time.gmtime
+    time.gmtime = lambda secs=None: _gmtime((time.time() if secs is None else secs) + 3600)
+text = open(sys.argv[1], encoding="utf-8").read()
+cfg = TrainConfig(max_steps=2, batch_size=2, warmup=1, eval_every=2, val_batches=1, val_batch_size=4)
+_, _, s = train_lm(text=text, out=None if sys.argv[3] == "-" else sys.argv[3], train_config=cfg,
+                   model_overrides={tiny}, cache_dir=sys.argv[2], devices=1, num_nodes=2, strategy="ddp",
+                   accelerator="cpu", progress_bar=False, logger=False)
+print("run directory", s.run_dir, "global zero", s.is_global_zero, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_nodes_share_rank_zeros_run_directory(tmp_path, text, cache):
+    """Two torchrun "nodes" without --out, the second one's clock an hour ahead: one run directory, rank 0's
+    timestamp, named the same by both processes (each took its own timestamp)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    script = tmp_path / "nodes.py"
+    script.write_text(textwrap.dedent(NODES_SCRIPT).format(tiny=TINY))
+    results = two_nodes(script, corpus, cache, "-", cwd=tmp_path, env=ddp_env(cache))
+    assert [r[0] for r in results] == [0, 0], results[0][2][-2000:] + results[1][2][-2000:]
+    said = [re.search(r"run directory (\S+) global zero (\w+)", r[1]).groups() for r in results]
+    assert [g for _, g in said] == ["True", "False"]
+    assert said[0][0] == said[1][0], said
+    runs = list((tmp_path / "runs").iterdir())
+    assert [p.name for p in runs] == [Path(said[0][0]).name] and (runs[0] / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_two_nodes_refuse_an_out_directory_that_holds_files(tmp_path, text, cache):
+    """A non-empty --out on two nodes (torchrun sets LOCAL_RANK in every process, which skipped the check):
+    refused, nothing written, both nodes stop."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    script = tmp_path / "nodes.py"
+    script.write_text(textwrap.dedent(NODES_SCRIPT).format(tiny=TINY))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.md").write_text("mine")
+    results = two_nodes(script, corpus, cache, busy, cwd=tmp_path, env=ddp_env(cache), timeout=240)
+    assert [r[0] != 0 for r in results] == [True, True]
+    assert f"FileExistsError: refusing to replace {busy}: it already holds files (notes.md)" in results[0][2]
+    assert [p.name for p in busy.iterdir()] == ["notes.md"] and (busy / "notes.md").read_text() == "mine"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the summary reads like summary.json
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_summaries_are_mappings_like_summary_json(tmp_path, text, cache):
+    """`summary["steps"]` failed on train_lm's summary (a dataclass) while summary.json is a dict."""
+    from decoderlab.finetuning import FinetuneSummary
+    from decoderlab.training import TrainSummary
+
+    _, _, s = run(text, tmp_path / "run", cache, tiny_config(max_steps=2, eval_every=2))
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert isinstance(s, TrainSummary) and s["steps"] == s.steps == on_disk["steps"] == 2
+    assert list(s) == list(on_disk) and len(s) == len(on_disk)
+    assert json.loads(json.dumps(s.to_dict())) == on_disk
+    assert s["val_loss"] == pytest.approx(on_disk["val_loss"]) and s.get("nope") is None
+    with pytest.raises(KeyError, match="'stpes'; the summary's keys: steps, train_loss"):
+        s["stpes"]
+    assert issubclass(FinetuneSummary, type(s).__mro__[1])  # the same mapping

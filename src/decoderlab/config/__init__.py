@@ -7,7 +7,7 @@ from here (one definition each).
     names     the choices: positions, norms, MLPs, kernels, tokenizers, templates, dtypes, precisions,
               optimizers, schedules
     model     ModelConfig, PRESETS, preset()
-    train     TrainConfig, check_train_seed, FINETUNE_TRAIN, PAIR_TRAIN
+    train     TrainConfig, check_train_seed, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, PAIR_TRAIN
     recipes   Recipe, RECIPES, DEFAULT_RECIPE, resolve()
     limits    ServeLimits, DEFAULT_MAX_NEW_TOKENS
 """
@@ -19,7 +19,7 @@ from .model import PRESETS, ModelConfig, preset
 from .names import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, DTYPES, INITS, KERNELS, MLPS, NORMS,
                     OPTIMIZERS, POSITIONS, PRECISION_ALIASES, PRECISIONS, SCHEDULES, TEMPLATES, TOKENIZERS)
 from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, resolve
-from .train import FINETUNE_TRAIN, MAX_TRAIN_SEED, PAIR_TRAIN, TrainConfig, check_train_seed
+from .train import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, MAX_TRAIN_SEED, PAIR_TRAIN, TrainConfig, check_train_seed
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS", "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "ServeLimits",
@@ -27,5 +27,5 @@ __all__ = [
     "DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "INITS", "KERNELS", "MLPS", "NORMS",
     "OPTIMIZERS", "POSITIONS", "PRECISION_ALIASES", "PRECISIONS", "SCHEDULES", "TEMPLATES", "TOKENIZERS",
     "DEFAULT_RECIPE", "RECIPES", "Recipe", "resolve",
-    "FINETUNE_TRAIN", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed",
+    "FINETUNE_TRAIN", "FINETUNE_VAL_FRACTION", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed",
 ]

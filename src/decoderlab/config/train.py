@@ -183,6 +183,8 @@ def _validate_speedrun_fields(cfg: TrainConfig) -> None:
 #: the ``TrainConfig`` fields ``decoderlab.finetune`` sets when no ``train_config`` is given (the rest are
 #: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
 FINETUNE_TRAIN = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
+#: the share of the conversations ``decoderlab.finetune`` holds out (seeded) when no held-out data is given
+FINETUNE_VAL_FRACTION = 0.1
 
 #: ``decoderlab.train_pairs``' defaults: the lesson's ``L.Trainer(max_epochs=30)``, seed 42, Adam lr 0.1,
 #: one pair per batch
