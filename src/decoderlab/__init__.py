@@ -33,7 +33,8 @@ _EXPORTS = {
     "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "cli")
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "cli", "feedback",
+               "reinforcement", "lora")
 
 __all__ = ["__version__", *_EXPORTS]
 

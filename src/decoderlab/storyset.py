@@ -18,6 +18,8 @@ import random
 import re
 from pathlib import Path
 
+from .feedback.rewards import word_coverage  # noqa: F401 -- the one definition of "uses the word" (the reward scores it)
+
 #: function words and very common verbs/adverbs that make poor "content" words
 FUNCTION_WORDS = frozenset("""
 a an the and or but so if then than that this these those there here where when what who whom whose which
@@ -139,7 +141,3 @@ def words_of_prompt(prompt: str) -> list[str]:
     return [w.strip() for w in tail.split(",")]
 
 
-def word_coverage(reply: str, words: list[str]) -> int:
-    """How many of ``words`` occur in ``reply`` as whole words (case-insensitive)."""
-    found = {w.lower() for w in _WORD.findall(reply)}
-    return sum(w.lower() in found for w in words)

@@ -89,7 +89,8 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
         num_sanity_val_steps=0, use_distributed_sampler=False,
         # a run shorter than log_every still logs its train loss once (at its last step)
         log_every_n_steps=min(cfg.log_every, cfg.max_steps), logger=loggers,
-        enable_checkpointing=bool(checkpointing and run_dir is not None),
+        # a caller's own ModelCheckpoint (a run without validation, e.g. reinforcement learning) needs it on too
+        enable_checkpointing=bool(checkpointing and run_dir is not None) or any(isinstance(c, ModelCheckpoint) for c in cbs),
         enable_progress_bar=bar, enable_model_summary=False,
         callbacks=cbs, default_root_dir=str(run_dir) if run_dir is not None else None,
     )

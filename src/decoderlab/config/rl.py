@@ -1,0 +1,101 @@
+"""Settings of the stages after supervised fine-tuning, as plain data (no torch): reinforcement learning from
+a checkable reward (GRPO-style), preference tuning (DPO) and LoRA adapters.
+
+The code that reads them: :mod:`decoderlab.feedback` (rewards, prompt and preference files),
+:mod:`decoderlab.training.grpo` / :mod:`decoderlab.training.dpo` (the losses and Lightning modules),
+:mod:`decoderlab.reinforcement` (sample -> reward -> step) and :mod:`decoderlab.lora` (PEFT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+#: the built-in rewards (``decoderlab.feedback.rewards.BUILTIN_REWARDS`` maps them to functions); any other
+#: reward is given as ``module:function``
+REWARDS = ("contains_words", "exact", "regex", "number")
+DEFAULT_REWARD = "contains_words"
+#: what ``contains_words`` adds to the share of words present when the reply ends its turn (so a reply
+#: that uses every word and stops scores 1 + this)
+END_OF_TURN_BONUS = 0.2
+
+#: DPO's beta (Rafailov et al. 2023; TRL ``DPOConfig.beta``'s default): the strength of the implicit KL
+#: constraint to the reference model
+DPO_BETA = 0.1
+
+#: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
+LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
+DEFAULT_LORA_TARGETS = ("attn", "mlp")
+
+
+@dataclass
+class RLConfig:
+    """How a reinforcement-learning step samples and scores (the optimizer, steps, accumulation and seed are
+    the run's :class:`~decoderlab.config.train.TrainConfig`; its ``batch_size`` counts prompts per
+    micro-batch, each answered ``group_size`` times).
+
+    Attributes:
+        group_size: G, replies sampled per prompt; the advantages are each reply's reward minus its group's
+            mean, so G = 1 would give all zeros (refused). nanochat's ``chat_rl`` samples 16, TRL's
+            ``GRPOTrainer`` 8 (``num_generations``).
+        max_new_tokens: the longest reply, in tokens (a reply also stops at the end of turn and at the
+            model's ``max_len``).
+        temperature, top_k, top_p: sampling (as ``decoderlab.generation``; temperature must be > 0: greedy
+            replies of a group are all alike).
+        kl_coef: weight of the KL penalty to the starting model (0: none, as nanochat; TRL's ``beta``).
+        scale_rewards: divide the advantages by the group's standard deviation (+ 1e-4), as GRPO (Shao et
+            al. 2024) and TRL by default; False keeps reward minus mean (nanochat, Dr. GRPO).
+    """
+
+    group_size: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    kl_coef: float = 0.0
+    scale_rewards: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "RLConfig":
+        """Raise ``ValueError`` naming the offending field, its value and what is allowed."""
+        g = self.group_size
+        if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+            raise ValueError(f"group_size must be an integer >= 2 (replies per prompt; with {g!r} every reward "
+                             f"equals its group's mean, so every advantage is 0 and nothing is learned), got {g!r}")
+        m = self.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {m!r}")
+        if not _real(self.temperature) or not self.temperature > 0:
+            raise ValueError(f"temperature must be a finite number > 0 (the replies of a group must differ), "
+                             f"got {self.temperature!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 0):
+            raise ValueError(f"top_k must be None or an integer >= 0, got {self.top_k!r}")
+        if self.top_p is not None and not (_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p!r}")
+        if not _real(self.kl_coef) or self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
+        if not isinstance(self.scale_rewards, bool):
+            raise ValueError(f"scale_rewards must be True or False, got {self.scale_rewards!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RLConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown RLConfig field(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "RLConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _real(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)

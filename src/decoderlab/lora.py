@@ -1,0 +1,243 @@
+"""LoRA adapters on a ``DecoderOnlyTransformer`` through PEFT: wrap, count, merge back, save the adapter alone.
+
+LoRA (Hu et al. 2021) freezes a linear layer's weight W (out x in) and learns a low-rank change to it::
+
+    y = x W^T + (alpha / r) * dropout(x) A^T B^T        A: (r, in), B: (out, r), B = 0 at the start
+
+so a targeted layer trains ``r * (in + out)`` numbers instead of ``in * out``. The layers are PEFT's
+(``peft.inject_adapter_in_model``, the maintained implementation shared with litgpt's and TRL's users): the
+model stays a ``DecoderOnlyTransformer`` whose targeted ``nn.Linear`` modules became ``peft`` LoRA layers,
+so its forward pass, the KV-cache engine and the Lightning modules work on it unchanged, and only the
+adapters have ``requires_grad``. :func:`merge_lora` folds ``W + (alpha / r) B A`` back into an ordinary model
+(which :func:`decoderlab.checkpoint.save_checkpoint` writes as every checkpoint); :func:`save_adapter` writes
+the adapter alone in PEFT's layout (``adapter_model.safetensors`` + ``adapter_config.json``).
+
+Targets (``decoderlab.config.LORA_TARGETS``): ``attn`` -> every block's ``attention.qkv`` (and
+``attention.proj`` when the model has an output projection), ``mlp`` -> ``mlp.fc`` and ``mlp.proj``. The
+word embedding and the (often tied) output layer are never adapted.
+
+``peft`` (and through it ``transformers``) is imported only when an adapter is made or saved: install
+``decoderlab[lora]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .config.rl import DEFAULT_LORA_TARGETS, LORA_TARGETS
+from .files import replace_directory, usual_mode
+from .model import DecoderOnlyTransformer
+
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_NAME = "default"
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:  # pragma: no cover - dev installs have it
+        raise ImportError("LoRA needs the peft package: pip install 'decoderlab[lora]'") from None
+    return peft
+
+
+def parse_targets(targets: str | Sequence[str]) -> tuple[str, ...]:
+    """``"attn,mlp"`` or ``["attn", "mlp"]`` -> ``("attn", "mlp")`` (order kept, duplicates dropped).
+
+    Raises:
+        ValueError: an empty list or an unknown group, listing the known ones.
+    """
+    if isinstance(targets, str):
+        items = targets.split(",")
+    elif isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets):
+        items = list(targets)
+    else:
+        raise ValueError(f"LoRA targets must be a list of names or a comma-separated string, got {targets!r}")
+    items = [t.strip() for t in items if t.strip()]
+    if not items:
+        raise ValueError(f"LoRA targets must name at least one of {', '.join(LORA_TARGETS)}, got {targets!r}")
+    unknown = [t for t in items if t not in LORA_TARGETS]
+    if unknown:
+        raise ValueError(f"unknown LoRA target {unknown[0]!r}; allowed: {', '.join(LORA_TARGETS)} "
+                         f"(comma-separated)")
+    return tuple(dict.fromkeys(items))
+
+
+def lora_target_names(model: torch.nn.Module, targets: str | Sequence[str] = DEFAULT_LORA_TARGETS) -> list[str]:
+    """The full names of the ``nn.Linear`` layers the target groups select (``blocks.0.attention.qkv``, ...).
+
+    Raises:
+        ValueError: a bad target (see :func:`parse_targets`), or a group that names no layer of this model
+            (``mlp`` on a model built with ``mlp='none'``).
+    """
+    groups = parse_targets(targets)
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    names = []
+    for g in groups:
+        found = [n for n in linear if n.startswith("blocks.") and n.split(".", 2)[2] in LORA_TARGETS[g]]
+        if not found:
+            raise ValueError(f"LoRA target {g!r} names no layer of this model (it has no "
+                             f"{' or '.join(LORA_TARGETS[g])} layers; linear layers: {', '.join(linear) or 'none'})")
+        names.extend(found)
+    return names
+
+
+def _check_rank(model, names: list[str], rank) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"LoRA rank must be an integer >= 1, got {rank!r}")
+    modules = dict(model.named_modules())
+    for n in names:
+        layer = modules[n]
+        limit = min(layer.in_features, layer.out_features)
+        if rank > limit:
+            raise ValueError(f"LoRA rank {rank} is larger than layer {n} ({layer.in_features} -> "
+                             f"{layer.out_features} features) allows; the rank must be at most {limit} (a "
+                             f"higher rank adds nothing a full update would not)")
+    return rank
+
+
+def lora_parameter_count(model: torch.nn.Module, rank: int,
+                         targets: str | Sequence[str] = DEFAULT_LORA_TARGETS) -> int:
+    """The number of LoRA parameters of rank ``rank`` on the targets: sum over the targeted layers of
+    ``rank * (in_features + out_features)`` (A is rank x in, B is out x rank)."""
+    modules = dict(model.named_modules())
+    return sum(rank * (modules[n].in_features + modules[n].out_features) for n in lora_target_names(model, targets))
+
+
+def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = None, dropout: float = 0.0,
+               targets: str | Sequence[str] = DEFAULT_LORA_TARGETS, *, init: bool = True) -> DecoderOnlyTransformer:
+    """Put LoRA adapters on ``model`` in place and return it (still a ``DecoderOnlyTransformer``); only the
+    adapters keep ``requires_grad``.
+
+    Args:
+        rank: r, between 1 and the smaller side of every targeted layer.
+        alpha: the scale numerator (the update is scaled by alpha / r); None: alpha = r (scale 1).
+        dropout: dropout on the adapters' input, in [0, 1).
+        targets: groups of ``decoderlab.config.LORA_TARGETS`` ("attn", "mlp"), as a list or "attn,mlp".
+        init: True starts B at zero (the adapted model equals the base, LoRA's initialisation); False draws
+            A and B at random (PEFT's ``init_lora_weights=False``, for tests).
+
+    Raises:
+        ValueError: a bad rank, alpha, dropout or target (each named with what is allowed); a model that
+            already has adapters.
+    """
+    if has_lora(model):
+        raise ValueError("the model already has LoRA adapters; merge them first (merge_lora)")
+    names = lora_target_names(model, targets)
+    rank = _check_rank(model, names, rank)
+    alpha = float(rank) if alpha is None else alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+        raise ValueError(f"LoRA alpha must be a finite number > 0, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
+    peft = _peft()
+    config = peft.LoraConfig(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
+                             bias="none", init_lora_weights=bool(init))
+    peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    return model
+
+
+def has_lora(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds LoRA layers (PEFT tuner layers)."""
+    return any(hasattr(m, "base_layer") and hasattr(m, "lora_A") for m in model.modules())
+
+
+def trainable_parameters(model: torch.nn.Module) -> int:
+    """Parameters with ``requires_grad`` (shared tensors counted once): the adapters of a LoRA model."""
+    seen = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
+    """An ordinary ``DecoderOnlyTransformer`` with every adapter folded into its weight (``W + (alpha / r) B
+    A``, PEFT's ``merge``); ``model`` itself is left as it is. Every parameter of the result trains. A model
+    without adapters is returned as a copy.
+
+    The result has exactly the keys of a model built from ``model.config``, so ``save_checkpoint`` writes an
+    ordinary checkpoint.
+    """
+    work = copy.deepcopy(model)
+    layers = [(n, m) for n, m in work.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
+    for name, layer in layers:
+        layer.merge(safe_merge=True)
+        parent_name, _, child = name.rpartition(".")
+        setattr(work.get_submodule(parent_name) if parent_name else work, child, layer.get_base_layer())
+    out = DecoderOnlyTransformer(model.config)
+    out.lr = getattr(model, "lr", out.lr)
+    p = next(model.parameters())
+    out = out.to(device=p.device, dtype=p.dtype)
+    out.load_state_dict(work.state_dict(), strict=True)
+    out.train(model.training)
+    return out
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights alone, with PEFT's key names (``blocks.0.attention.qkv.lora_A.weight``, ...)."""
+    if not has_lora(model):
+        raise ValueError("the model has no LoRA adapters")
+    return {k: v.detach().contiguous() for k, v in _peft().get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME).items()}
+
+
+def save_adapter(directory: str | os.PathLike, model: torch.nn.Module) -> Path:
+    """Write the adapter alone in PEFT's layout, atomically (assembled next to ``directory``, then swapped
+    in): ``adapter_model.safetensors`` (:func:`adapter_state_dict`) and ``adapter_config.json`` (the
+    ``peft.LoraConfig``: rank, alpha, dropout, target layer names). Returns the directory.
+
+    Raises:
+        ValueError: the model has no adapters.
+    """
+    from safetensors.torch import save_file
+
+    state = adapter_state_dict(model)
+    config = model.peft_config[ADAPTER_NAME]
+    directory = Path(directory).absolute()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    try:
+        save_file(state, str(tmp / ADAPTER_WEIGHTS_FILE))
+        usual_mode(tmp / ADAPTER_WEIGHTS_FILE)
+        d = config.to_dict()
+        d["target_modules"] = sorted(d["target_modules"])  # PEFT keeps a set
+        (tmp / ADAPTER_CONFIG_FILE).write_text(json.dumps(d, indent=2, sort_keys=True, default=str), encoding="utf-8")
+        replace_directory(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def load_adapter(directory: str | os.PathLike, model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
+    """Put the adapter saved by :func:`save_adapter` on ``model`` (its base) in place and return it.
+
+    Raises:
+        FileNotFoundError: a missing adapter file.  ValueError: weights that do not fit the model.
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    for name in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"no {name} in {directory} (an adapter directory written by save_adapter)")
+    d = json.loads((directory / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
+    peft = _peft()
+    config = peft.LoraConfig(r=d["r"], lora_alpha=d["lora_alpha"], lora_dropout=d["lora_dropout"],
+                             target_modules=list(d["target_modules"]), bias="none")
+    peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    result = peft.set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_WEIGHTS_FILE)),
+                                            adapter_name=ADAPTER_NAME)
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing or getattr(result, "unexpected_keys", []):
+        raise ValueError(f"the adapter in {directory} does not fit the model: missing {missing[:3]}, unexpected "
+                         f"{list(getattr(result, 'unexpected_keys', []))[:3]}")
+    return model

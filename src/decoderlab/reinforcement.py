@@ -1,0 +1,207 @@
+"""Reinforcement learning from a checkable reward: sample -> reward -> batch -> step.
+
+It sits above :mod:`decoderlab.generation` (the KV-cache engine samples the replies) and
+:mod:`decoderlab.training` (the loss and the Lightning module, :mod:`decoderlab.training.grpo`), which never
+import each other, and above :mod:`decoderlab.feedback` (the prompts file and the rewards). The module is not
+named ``rl``, so that ``decoderlab.rl`` can stay a function.
+
+One optimizer step ``s`` (:class:`RolloutSampler`, called by :class:`~decoderlab.training.grpo.RLModule` at
+the start of the step with the current weights):
+
+1. the step's prompts: ``batch_size * accumulate`` rows of seeded permutations of the prompts file, epoch
+   after epoch (so every step's prompts are fixed by the seed and the step number);
+2. each prompt rendered with the chat template (the one renderer, ``add_generation_prompt=True``) and
+   answered G times by :func:`decoderlab.generation.generate_batch` (one batch KV cache per micro-batch), each
+   row with its own seed drawn from (seed, step), so a resumed run samples what the uninterrupted one did.
+   A reply stops at the end-of-turn token, at ``max_new_tokens`` or where the context would pass
+   ``max_len`` (it never slides); ``<PAD>`` is never sampled, nor ``<EOS>`` when the template ends turns with
+   another token (so "ended its turn" is exactly "stopped before its limit");
+3. each reply decoded and scored by the reward (:func:`decoderlab.feedback.score`), advantages per group
+   (:func:`~decoderlab.training.grpo.group_advantages`);
+4. rows ``prompt + reply (+ end of turn)`` with labels on the reply and its end of turn only, shifted once
+   (:func:`~decoderlab.training.sft.shift_for_training`), cut into ``accumulate`` micro-batches, with the
+   number of sampled tokens of the whole step as the loss's normaliser.
+
+:func:`train_rl` runs it on Lightning's loop (the run directory, checkpoints and resume of a full ``decoderlab
+rl`` command are the run plumbing's).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+
+from .chat import ChatTemplate, get_template
+from .config.rl import RLConfig
+from .feedback.prompts import PromptRow
+from .feedback.rewards import RewardFn, score
+from .generation import generate_batch
+from .tokenizers import Tokenizer
+from .training import TrainConfig, fit, make_trainer
+from .training.grpo import RLModule, Rollout, group_advantages
+from .training.sft import collate, shift_for_training
+
+#: largest per-row sampling seed (the engine's 0 .. 2**63-1)
+_SEED_MASK = 2**63 - 1
+
+
+def _pad_id(tokenizer: Tokenizer, eot: int) -> int:
+    pad = tokenizer.pad_id
+    return pad if pad is not None and pad != eot else next(i for i in range(tokenizer.vocab_size) if i != eot)
+
+
+class RolloutSampler:
+    """``sampler(model, step) -> Rollout``: the samples of optimizer step ``step`` (see the module docstring).
+
+    Args:
+        prompts: the rows of the prompts file (:func:`decoderlab.feedback.load_prompts`).
+        tokenizer, template: the chat model's tokenizer and template.
+        reward: ``reward(reply, row, ended) -> float`` (:func:`decoderlab.feedback.load_reward`).
+        rl: group size, reply length, sampling, reward scaling.
+        max_len: the model's context length.
+        batch_size: prompts per micro-batch (each answered ``rl.group_size`` times); accumulate: micro-batches
+            per optimizer step; seed: the prompts' order and every reply's sampling seed.
+
+    Raises:
+        ValueError: a prompt that leaves no room for a reply within ``max_len`` (naming its line); the
+            tokenizer lacks the template's tokens.
+    """
+
+    def __init__(self, prompts: Sequence[PromptRow], tokenizer: Tokenizer, template: str | ChatTemplate,
+                 reward: RewardFn, rl: RLConfig, *, max_len: int, batch_size: int, accumulate: int = 1,
+                 seed: int = 0):
+        if not prompts:
+            raise ValueError("no prompts to learn from")
+        self.prompts, self.tokenizer, self.reward = list(prompts), tokenizer, reward
+        self.template, self.rl = get_template(template), rl.validate()
+        self.max_len, self.b, self.acc, self.seed = int(max_len), int(batch_size), int(accumulate), int(seed)
+        self.eot = self.template.end_of_turn_id(tokenizer)
+        self.pad = _pad_id(tokenizer, self.eot)
+        eos = tokenizer.eos_id
+        self.suppress = sorted({t for t in (tokenizer.pad_id, eos if eos != self.eot else None) if t is not None})
+        self.prompt_ids, self.caps = [], []
+        for p in self.prompts:
+            ids, _ = self.template.render(p.messages, tokenizer, add_generation_prompt=True)
+            cap = min(rl.max_new_tokens, self.max_len - len(ids))
+            if cap < 1:
+                raise ValueError(f"the prompt on line {p.line} renders to {len(ids)} tokens, which leaves no room for "
+                                 f"a reply within the model's max_len={self.max_len}; shorten it")
+            self.prompt_ids.append(ids)
+            self.caps.append(cap)
+        self._perms: dict[int, np.ndarray] = {}
+
+    def step_prompts(self, step: int) -> list[int]:
+        """Indices of the prompts of optimizer step ``step``: ``batch_size * accumulate`` consecutive positions
+        of an endless stream of seeded permutations (one per epoch)."""
+        n, per = len(self.prompts), self.b * self.acc
+        out = []
+        for pos in range(step * per, (step + 1) * per):
+            epoch = pos // n
+            if epoch not in self._perms:
+                self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(n)}
+            out.append(int(self._perms[epoch][pos % n]))
+        return out
+
+    def row_seeds(self, step: int, rows: int) -> list[int]:
+        """One sampling seed per reply of step ``step``, drawn from (seed, step)."""
+        state = np.random.SeedSequence([self.seed, step]).generate_state(rows, dtype=np.uint64)
+        return [int(s) & _SEED_MASK for s in state]
+
+    def _sample(self, model, prompt_idx: list[int], seeds: list[int]) -> list[list[int]]:
+        """G replies (token ids, without the end of turn) per prompt, group after group; rows with the same
+        reply limit share one ``generate_batch`` call."""
+        g = self.rl.group_size
+        rows = [i for i in prompt_idx for _ in range(g)]
+        replies: list[list[int] | None] = [None] * len(rows)
+        by_cap: dict[int, list[int]] = {}
+        for r, i in enumerate(rows):
+            by_cap.setdefault(self.caps[i], []).append(r)
+        for cap, members in by_cap.items():
+            out = generate_batch(model, [self.prompt_ids[rows[r]] for r in members], cap,
+                                 temperature=self.rl.temperature, top_k=self.rl.top_k, top_p=self.rl.top_p,
+                                 stop=[self.eot], seed=[seeds[r] for r in members],
+                                 suppress_tokens=self.suppress, stop_at_eos=False)
+            for r, reply in zip(members, out):
+                replies[r] = reply
+        return replies
+
+    def __call__(self, model, step: int) -> Rollout:
+        idx = self.step_prompts(step)
+        g = self.rl.group_size
+        seeds = self.row_seeds(step, len(idx) * g)
+        replies = self._sample(model, idx, seeds)
+        rewards, lengths, ended, texts, rows = [], [], [], [], []
+        for r, reply in enumerate(replies):
+            i = idx[r // g]
+            done = len(reply) < self.caps[i]
+            text = self.tokenizer.decode(reply)
+            rewards.append(score(self.reward, text, self.prompts[i].row, done, self.prompts[i].line))
+            lengths.append(len(reply))
+            ended.append(done)
+            texts.append(text)
+            ids = self.prompt_ids[i] + reply + ([self.eot] if done else [])
+            mask = [False] * len(self.prompt_ids[i]) + [True] * (len(ids) - len(self.prompt_ids[i]))
+            rows.append(shift_for_training(ids, mask, self.max_len))
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), g, self.rl.scale_rewards)
+        per = self.b * g
+        micro = []
+        for m in range(self.acc):
+            x, y = collate(rows[m * per : (m + 1) * per], self.pad)
+            micro.append((x, y, adv[m * per : (m + 1) * per].clone()))
+        tokens = int(sum(int((y != -100).sum()) for _, y, _ in micro))
+        return Rollout(micro, tokens, rewards, lengths, ended, texts)
+
+
+def require_chat_template(template: ChatTemplate | None, checkpoint: str = "the checkpoint") -> ChatTemplate:
+    """The chat template of the model to train, or a ``ValueError`` that says to fine-tune first: the replies
+    are answers to conversations, rendered with the template the model was fine-tuned on (a base model has
+    none; :func:`decoderlab.chat.load_model` gives None)."""
+    if template is None:
+        raise ValueError(f"{checkpoint} has no chat template (it is a base model): reinforcement learning answers "
+                         f"conversations, so fine-tune it on conversations first (decoderlab finetune "
+                         f"--checkpoint {checkpoint} --data chats.jsonl) and start from that checkpoint")
+    return get_template(template)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with no gradients: the reference of the KL penalty (the module runs it in eval
+    mode)."""
+    return copy.deepcopy(model).requires_grad_(False)
+
+
+def train_rl(model, tokenizer: Tokenizer, template: str | ChatTemplate, prompts: Sequence[PromptRow],
+             reward: RewardFn, *, train_config: TrainConfig, rl_config: RLConfig, reference=None,
+             track_kl: bool = False, callbacks: Sequence[L.Callback] = (), ckpt_path=None, run_dir=None,
+             accelerator: str = "auto", progress_bar: bool | str = False, logger: bool = False):
+    """Train ``model`` (in place) on ``prompts`` with ``reward``; return ``(model, history)``.
+
+    ``history`` is :attr:`RLModule.history`: one dict per optimizer step (``step``, ``loss``, ``reward``,
+    ``reward_std``, ``kl``, ``reply_length``, ``end_of_turn_rate``). ``train_config``: optimizer, schedule,
+    ``max_steps``, ``batch_size`` (prompts per micro-batch), ``accumulate``, ``seed``. The KL to the starting
+    model is computed when ``rl_config.kl_coef > 0`` or ``track_kl`` (``reference``: the model to compare
+    with; default a frozen copy of ``model`` as it starts). ``ckpt_path``: a Lightning checkpoint to resume
+    from (written by a ``ModelCheckpoint`` in ``callbacks``; the run directory's checkpoints are the run
+    plumbing's). One process.
+
+    Raises:
+        ValueError: bad settings (see :class:`~decoderlab.config.rl.RLConfig`); a prompt too long for the model.
+        decoderlab.feedback.RewardError: the reward raised or returned a non-number (the run stops; the
+            checkpoints written before are kept).
+    """
+    train_config.validate()
+    rl_config.validate()
+    L.seed_everything(train_config.seed, verbose=False)
+    sampler = RolloutSampler(prompts, tokenizer, template, reward, rl_config, max_len=model.config.max_len,
+                             batch_size=train_config.batch_size, accumulate=train_config.accumulate,
+                             seed=train_config.seed)
+    if reference is None and (rl_config.kl_coef > 0 or track_kl):
+        reference = frozen_copy(model)
+    module = RLModule(model, train_config, sampler, reference=reference, kl_coef=rl_config.kl_coef)
+    trainer = make_trainer(train_config, run_dir, devices=1, accelerator=accelerator, callbacks=callbacks,
+                           progress_bar=progress_bar, logger=logger, checkpointing=False)
+    fit(trainer, module, ckpt_path=ckpt_path)
+    return model, module.history

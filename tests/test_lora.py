@@ -1,0 +1,116 @@
+"""LoRA through PEFT: the adapted model's logits equal the merged model's, the trainable count is the formula's,
+the merged model is an ordinary checkpoint, the adapter saves alone, and bad ranks/targets are refused."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from decoderlab.checkpoint import load_checkpoint, save_checkpoint
+from decoderlab.generation import generate
+from decoderlab.lora import (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, apply_lora, has_lora, load_adapter,
+                             lora_parameter_count, lora_target_names, merge_lora, save_adapter,
+                             trainable_parameters)
+from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.tokenizers import CharTokenizer
+from decoderlab.training import LitModel, TrainConfig, make_trainer
+
+D, FF = 16, 40
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def base(seed=0, **over):
+    torch.manual_seed(seed)
+    cfg = dict(num_tokens=12, d_model=D, n_layer=2, n_head=2, max_len=16, d_ff=FF)
+    return DecoderOnlyTransformer(preset("baby-shakespeare", **{**cfg, **over}))
+
+
+@pytest.mark.parametrize("targets", ["attn", "mlp", "attn,mlp"])
+@pytest.mark.parametrize("rank", [1, 4])
+def test_trainable_parameter_count_is_the_formula(targets, rank):
+    model = apply_lora(base(), rank, targets=targets)
+    per_block = {"attn": rank * (D + 3 * D) + rank * (D + D),  # qkv: 16 -> 48, proj: 16 -> 16
+                 "mlp": rank * (D + FF) + rank * (FF + D)}  # fc: 16 -> 40, proj: 40 -> 16
+    want = 2 * sum(per_block[t] for t in targets.split(","))
+    assert trainable_parameters(model) == want == lora_parameter_count(base(), rank, targets)
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert isinstance(model, DecoderOnlyTransformer) and has_lora(model)
+
+
+def test_lora_logits_equal_the_merged_models_and_the_merged_model_is_ordinary(tmp_path):
+    model = apply_lora(base(), 4, alpha=8, targets="attn,mlp", init=False).eval()  # random A and B: not a no-op
+    x = torch.randint(0, 12, (3, 10))
+    plain = base().eval()
+    assert (model(x) - plain(x)).abs().max() > 1e-2
+    merged = merge_lora(model)
+    assert type(merged) is DecoderOnlyTransformer and not has_lora(merged) and has_lora(model)
+    assert (model(x) - merged(x)).abs().max() < 1e-6
+    assert list(merged.state_dict()) == list(plain.state_dict())
+    assert trainable_parameters(merged) == merged.num_parameters()
+    tok = CharTokenizer.from_text("abcdefghij")
+    save_checkpoint(tmp_path / "merged", merged, tok)
+    loaded, _ = load_checkpoint(tmp_path / "merged")
+    assert (loaded(x) - model(x)).abs().max() < 1e-6
+    # the KV-cache engine runs on the adapted model and gives the merged model's tokens
+    assert generate(model, [3, 4], 6, temperature=0) == generate(merged, [3, 4], 6, temperature=0)
+
+
+def test_the_adapter_saves_alone_and_loads_onto_the_base(tmp_path):
+    model = apply_lora(base(), 2, targets="attn", init=False).eval()
+    out = save_adapter(tmp_path / "adapter", model)
+    assert sorted(p.name for p in out.iterdir()) == [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE]
+    weights = load_file(str(out / ADAPTER_WEIGHTS_FILE))
+    assert sum(t.numel() for t in weights.values()) == trainable_parameters(model)
+    again = load_adapter(out, base()).eval()
+    x = torch.randint(0, 12, (2, 8))
+    assert torch.equal(again(x), model(x))
+
+
+@pytest.mark.parametrize("rank, match", [
+    (0, "LoRA rank must be an integer >= 1, got 0"),
+    (-2, "LoRA rank must be an integer >= 1"),
+    (2.5, "LoRA rank must be an integer >= 1"),
+    (17, r"LoRA rank 17 is larger than layer blocks\.0\.attention\.qkv \(16 -> 48 features\) allows; the rank "
+         r"must be at most 16"),
+])
+def test_a_rank_of_zero_or_larger_than_the_layer_is_refused(rank, match):
+    with pytest.raises(ValueError, match=match):
+        apply_lora(base(), rank)
+
+
+def test_targets_naming_no_layer_are_refused():
+    with pytest.raises(ValueError, match="unknown LoRA target 'head'; allowed: attn, mlp"):
+        apply_lora(base(), 2, targets="attn,head")
+    with pytest.raises(ValueError, match="LoRA target 'mlp' names no layer of this model"):
+        apply_lora(base(mlp="none"), 2, targets="mlp")
+    with pytest.raises(ValueError, match="must name at least one"):
+        apply_lora(base(), 2, targets=" , ")
+    assert lora_target_names(base(attn_out_proj=False), "attn") == ["blocks.0.attention.qkv", "blocks.1.attention.qkv"]
+    model = apply_lora(base(), 2)
+    with pytest.raises(ValueError, match="already has LoRA adapters"):
+        apply_lora(model, 2)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        apply_lora(base(), 2, dropout=1.0)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_training_a_lora_model_changes_only_the_adapters(optimizer):
+    model = apply_lora(base(), 4)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    g = torch.Generator().manual_seed(0)
+    batches = [(x[:, :-1], x[:, 1:]) for x in [torch.randint(0, 12, (4, 9), generator=g)] * 8]
+    cfg = TrainConfig(max_steps=8, batch_size=4, lr=1e-2, warmup=0, log_every=1, eval_every=100, optimizer=optimizer)
+    trainer = make_trainer(cfg, None, accelerator="cpu", progress_bar=False, logger=False, checkpointing=False)
+    trainer.fit(LitModel(model, cfg), train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, frozen[n]), n
+        else:
+            assert not torch.equal(p, adapters[n]), n
