@@ -257,3 +257,16 @@ def test_dropped_conversations_are_not_counted_as_evaluated(tmp_path, capsys):
     assert (s.train_conversations, s.dropped, s.evaluation["conversations"], s.evaluation["dropped"]) == (6, 6, 6, 6)
     assert "train (6 conversations, 6 dropped: no assistant token within max_len, " in captured.out.splitlines()[-1]
     assert "6 with no assistant token left were dropped" in captured.err
+
+
+def test_held_out_conversations_that_were_all_dropped_print_no_nan(tmp_path, capsys):
+    """Held-out conversations with no assistant token within max_len: the evaluation says so (its loss and
+    accuracy measured nothing) instead of "loss nan ... token accuracy nan%"."""
+    long = [conv("b" * 60, "ok")] * 3  # the replies are beyond max_len 48
+    _, _, s = finetune(CONVS, val_data=long, out=tmp_path / "r", base_model=chat_pair(), train_config=tiny_cfg(),
+                       eval_prompts=2, progress_bar="plain", logger=False, accelerator="cpu")
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == ("fine-tuned for 1 steps; held-out (0 conversations, 3 dropped: no assistant token within max_len, 0 "
+                    "assistant tokens): no loss: no assistant token to score; no greedy replies (no conversation to "
+                    "answer)")
+    assert s.evaluation["loss"] is None and s.evaluation["token_accuracy"] is None and s.val_conversations == 0

@@ -109,9 +109,9 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
     (argmax == target over supervised tokens). Greedy replies to the first ``max_prompts`` of those
     conversations' last user turn (with the history before it), through
     :func:`decoderlab.chat.stream_chat_reply`: ``end_of_turn_rate`` (share whose reply ends with the end of
-    turn within ``max_new_tokens``) and ``exact_match`` (reply == reference after stripping whitespace); None
-    when no prompt is answered (``max_prompts`` 0). Returns a dict of these plus the counts ``conversations``
-    (evaluated), ``dropped``, ``tokens``, ``prompts``.
+    turn within ``max_new_tokens``) and ``exact_match`` (reply == reference after stripping whitespace). A
+    measure of nothing (no supervised token; no prompt answered, e.g. ``max_prompts`` 0) is None, never NaN.
+    Returns a dict of these plus the counts ``conversations`` (evaluated), ``dropped``, ``tokens``, ``prompts``.
     """
     model = unwrap_model(model)
     was_training = model.training
@@ -131,9 +131,9 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
     finally:
         model.train(was_training)
     return {
-        "loss": ce_sum / count if count else float("nan"),
+        "loss": ce_sum / count if count else None,
         "bpb": ce_sum / (math.log(2) * ex.bytes) if ex.bytes else None,
-        "token_accuracy": correct / count if count else float("nan"),
+        "token_accuracy": correct / count if count else None,
         "end_of_turn_rate": ended / len(prompts) if prompts else None,
         "exact_match": exact / len(prompts) if prompts else None,
         "conversations": len(ex.rows), "dropped": ex.dropped, "tokens": count, "prompts": len(prompts),
@@ -155,13 +155,21 @@ def _teacher_forced(model, ex: Examples, pad: int, batch_size: int) -> tuple[flo
 
 
 def format_evaluation(ev: dict, on: str = "held-out") -> str:
-    """One line of the evaluation dict for the terminal (``on``: which conversations it is about)."""
-    bpb = f"{ev['bpb']:.3f}" if ev.get("bpb") is not None else "n/a"
+    """One line of the evaluation dict for the terminal (``on``: which conversations it is about); what was not
+    measured says why instead of a NaN."""
     dropped = f", {ev['dropped']} dropped: no assistant token within max_len" if ev.get("dropped") else ""
-    replies = (f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact match "
-               f"{ev['exact_match']:.1%}" if ev["prompts"] else "no greedy replies (eval_prompts 0)")
-    return (f"{on} ({ev['conversations']} conversations{dropped}, {ev['tokens']} assistant tokens): loss "
-            f"{ev['loss']:.4f} nats/token, {bpb} bits per byte, token accuracy {ev['token_accuracy']:.1%}; {replies}")
+    if ev["tokens"]:
+        bpb = f"{ev['bpb']:.3f}" if ev.get("bpb") is not None else "n/a"
+        scores = (f"loss {ev['loss']:.4f} nats/token, {bpb} bits per byte, token accuracy "
+                  f"{ev['token_accuracy']:.1%}")
+    else:
+        scores = "no loss: no assistant token to score"
+    if ev["prompts"]:
+        replies = (f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact "
+                   f"match {ev['exact_match']:.1%}")
+    else:
+        replies = "no greedy replies (" + ("eval_prompts 0)" if ev["conversations"] else "no conversation to answer)")
+    return f"{on} ({ev['conversations']} conversations{dropped}, {ev['tokens']} assistant tokens): {scores}; {replies}"
 
 
 # ---------------------------------------------------------------------------------------------------------
