@@ -131,6 +131,10 @@ class _Template:
 
 def test_chat_mode_streams_a_reply_and_traces_the_conversation(browser_context):
     model, tok = tiny()
+    # the reference first: the page traces the conversation on the server's thread after the reply is done, and
+    # a forward pass of the same model on this thread meanwhile would run inside the trace's hooks
+    ids, _ = _Template().render([{"role": "user", "content": "hi"}], tok, add_generation_prompt=True)
+    want = tok.decode(dl.generate(model, ids, 8, temperature=0, stop=[tok.eos_id]))
     app = create_app(model, tok, model_id="tiny-chat", template=_Template())
     with ServerThread(app) as url:
         page, errors = open_page(browser_context, url)
@@ -140,8 +144,6 @@ def test_chat_mode_streams_a_reply_and_traces_the_conversation(browser_context):
         page.click("#send")
         page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=20000)
         reply = page.text_content("#chat-log .msg:last-child span")
-        ids, _ = _Template().render([{"role": "user", "content": "hi"}], tok, add_generation_prompt=True)
-        want = tok.decode(dl.generate(model, ids, 8, temperature=0, stop=[tok.eos_id]))
         assert reply == want  # greedy (the page's default temperature 0)
         page.wait_for_selector("#heatmap rect.cell")
         assert errors == []

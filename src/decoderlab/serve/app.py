@@ -1,0 +1,84 @@
+"""``create_app``: the FastAPI app over one :class:`~decoderlab.serve.state.AppState`.
+
+Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
+:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.page` (``/``). ``/openapi.json`` and ``/docs`` describe every
+endpoint and field (behind the API key, like the data endpoints). The scheduler starts with the app and stops
+when uvicorn shuts the app down.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from .._version import __version__
+from ..config.limits import ServeLimits
+from . import chat_completions, completions, models, page, trace
+from .errors import install_handlers
+from .middleware import add_access
+from .protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
+from .state import AppState
+
+#: schemas the routes do not name but the wire carries (stream chunks, the error event of a stream)
+EXTRA_SCHEMAS = (CompletionChunk, ChatCompletionChunk, ErrorResponse)
+
+
+def openapi_schema(app: FastAPI) -> dict:
+    """FastAPI's schema with OpenAI's errors: no 422 (validation errors are 400s) and the chunk schemas."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            comps.pop(name, None)
+        for model in EXTRA_SCHEMAS:
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(js.pop("$defs", {}))
+            comps.setdefault(model.__name__, js)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "auto", model_id: str | None = None,
+               api_key: str | None = None, cors_origins: list[str] | None = None, limits: ServeLimits | None = None):
+    """Build the FastAPI app serving ``model``.
+
+    Args:
+        model, tokenizer: e.g. from ``decoderlab.load_checkpoint``; the app's scheduler thread owns the model.
+        meta: the checkpoint's meta.json (for the chat template and the model id).
+        template: a chat template (``render(messages, tokenizer, add_generation_prompt=...)`` -> (ids,
+            mask) and ``end_of_turn_id(tokenizer)``), None for a base model, or "auto" to take it from
+            ``meta`` through ``decoderlab.chat.template_from_meta``.
+        model_id: the id clients name (default meta's "name", else "decoderlab").
+        api_key: if given, every endpoint but /health and the page answers 401 without
+            ``Authorization: Bearer <api_key>``.
+        cors_origins: origins allowed by CORS (None = CORS off); also answers the preflight.
+        limits: :class:`decoderlab.config.ServeLimits`.
+
+    Raises: ``ValueError`` for a malformed chat template in ``meta``.
+    """
+    state = AppState.build(model, tokenizer, meta=meta, template=template, model_id=model_id, limits=limits)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state.scheduler()
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = FastAPI(title="decoderlab", version=__version__, lifespan=lifespan, redoc_url=None,
+                  description="An OpenAI-compatible server for a decoderlab model, and its glass box.")
+    app.state.decoderlab = state
+    app.state.get_scheduler = state.scheduler
+    app.openapi = lambda: openapi_schema(app)
+    install_handlers(app)
+    add_access(app, api_key, cors_origins)
+    for module in (models, completions, chat_completions, trace, page):
+        app.include_router(module.router)
+    return app

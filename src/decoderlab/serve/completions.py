@@ -1,0 +1,64 @@
+"""``POST /v1/completions``: continue a prompt (text or token ids), any checkpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from .body import JSONRoute
+from .errors import ERROR_RESPONSES
+from .prompts import check_context, encode_prompt
+from .protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                       Usage)
+from .generation import settings_of
+from .state import AppState, app_state
+from .streaming import respond, streamed
+
+router = APIRouter(route_class=JSONRoute, tags=["completions"])
+
+
+def logprobs_of(items: list[dict], offset: int = 0) -> CompletionLogprobs:
+    """The scheduler's logprob items in the completions API's shape (``text_offset`` from ``offset``)."""
+    offsets, pos = [], offset
+    for it in items:
+        offsets.append(pos)
+        pos += len(it["token"])
+    return CompletionLogprobs(tokens=[it["token"] for it in items], token_logprobs=[it["logprob"] for it in items],
+                              top_logprobs=[{t["token"]: t["logprob"] for t in it["top_logprobs"]} for it in items],
+                              text_offset=offsets)
+
+
+class Completions:
+    """The completions family of the streaming adapter."""
+
+    id_prefix = "cmpl-"
+
+    def response(self, head: dict, texts, finish, logprobs, usage: Usage) -> CompletionResponse:
+        return CompletionResponse(**head, usage=usage, choices=[
+            CompletionChoice(index=i, text=text, finish_reason=finish[i],
+                             logprobs=None if logprobs is None else logprobs_of(logprobs[i]))
+            for i, text in enumerate(texts)])
+
+    def chunk(self, head: dict, choices, usage) -> CompletionChunk:
+        return CompletionChunk(**head, choices=choices, usage=usage)
+
+    def opening(self, index: int) -> CompletionChoice:
+        return CompletionChoice(index=index, text="")
+
+    def delta(self, index: int, text: str, logprobs, offset: int) -> CompletionChoice:
+        return CompletionChoice(index=index, text=text, logprobs=None if logprobs is None else
+                                logprobs_of(logprobs, offset))
+
+    def finish(self, index: int, reason: str) -> CompletionChoice:
+        return CompletionChoice(index=index, text="", finish_reason=reason)
+
+
+@router.post("/v1/completions", response_model=CompletionResponse,
+             responses={**ERROR_RESPONSES, 200: streamed(CompletionChunk)})
+async def create_completion(body: CompletionRequest, request: Request, state: AppState = Depends(app_state)):
+    """The text ``decoderlab.generate`` gives for the prompt with the same settings and the tokenizer
+    (``<PAD>`` never sampled, ``<EOS>`` ends the text)."""
+    state.check_model(body.model)
+    settings = settings_of(body, state.limits)
+    ids = check_context(state, encode_prompt(state, body.prompt), "prompt")
+    return await respond(request, state, Completions(), settings, ids, [], stream=bool(body.stream),
+                         include_usage=bool(body.stream_options and body.stream_options.include_usage))

@@ -1,0 +1,142 @@
+"""The server's one door to the generation engine: request fields -> sampling settings -> the scheduler's
+request, and the trace page's next-token sampler. Nothing else in ``decoderlab.serve`` calls the engine.
+
+:func:`settings_of` is the one place where a request's fields become sampling settings (a field added to
+``protocol.py`` is mapped here); :func:`submit` and :func:`next_token` are the only calls into
+:mod:`decoderlab.generation`; the other modules read a :class:`Settings` only for ``n`` and ``logprobs`` (and
+:func:`described` for the trace). Every row follows ``decoderlab.generate``'s rules with the tokenizer: ``<PAD>``
+never sampled, ``<EOS>`` ends the text, ``top_k`` 0 = no filter, stop strings matched on the decoded text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..config.limits import ServeLimits
+from ..generation import Sampler
+from ..generation.sampling import check_sampling
+from ..generation.scheduler import GenerationRequest, QueueFull, SchedulerClosed
+from ..generation.stops import parse_stops
+from .errors import APIError, bad
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .state import AppState
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a request asks of the engine, checked: ``max_tokens`` new tokens per choice, ``temperature`` (0 =
+    greedy), ``top_k`` (None = no filter), ``top_p`` (None = no filter), ``stop`` strings, ``seed`` (choice i
+    uses seed + i; None = fresh entropy), ``n`` choices, ``logprobs`` (None, or how many alternatives)."""
+
+    max_tokens: int = 1
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    n: int = 1
+    logprobs: int | None = None
+
+
+def described(settings: Settings) -> dict:
+    """The sampling settings as the trace reports them (``temperature``, ``top_k``, ``top_p``, ``seed``)."""
+    return {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+            "seed": settings.seed}
+
+
+def _max_tokens(body, limits: ServeLimits) -> int:
+    given = getattr(body, "max_completion_tokens", None)
+    name = "max_completion_tokens" if given is not None else "max_tokens"
+    value = given if given is not None else getattr(body, "max_tokens", None)
+    if value is None:
+        return min(limits.default_max_tokens, limits.max_tokens)
+    if value > limits.max_tokens:
+        raise bad(name, f"{name}={value} is above this server's limit of {limits.max_tokens} tokens (--max-tokens)",
+                  "max_tokens_limit")
+    return value
+
+
+def _logprobs(body) -> int | None:
+    if isinstance(body, ChatCompletionRequest):
+        return (body.top_logprobs or 0) if body.logprobs else None
+    return body.logprobs if isinstance(body, CompletionRequest) else None
+
+
+def settings_of(body: SamplingFields, limits: ServeLimits) -> Settings:
+    """The settings of a request (completions, chat or trace), checked by the engine's own checks and this
+    server's limits; each violation is a 400 naming the field."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_k = None if body.top_k in (None, -1) else body.top_k
+    try:  # generate's own checks (the protocol has checked the API's ranges already)
+        temperature, top_k, top_p = check_sampling(temperature, top_k, body.top_p)
+    except (TypeError, ValueError) as e:
+        param = next((p for p in ("temperature", "top_k", "top_p") if str(e).startswith(p)), None)
+        raise bad(param, str(e)) from None
+    stop = tuple(getattr(body, "stop", None) or ())
+    if len(stop) > limits.max_stop:
+        raise bad("stop", f"stop has {len(stop)} strings; at most {limits.max_stop} are allowed")
+    n = getattr(body, "n", None) or 1
+    if n > limits.max_n:
+        raise bad("n", f"n={n} is above this server's limit of {limits.max_n} choices", "n_limit")
+    return Settings(max_tokens=_max_tokens(body, limits), temperature=temperature, top_k=top_k, top_p=top_p,
+                    stop=stop, seed=body.seed, n=n, logprobs=_logprobs(body))
+
+
+def _producible(state: AppState, stops: tuple[str, ...]) -> list[str]:
+    """The stop strings this model could write. ``generate`` refuses a string its tokenizer cannot encode;
+    clients send their usual stops to any model, and a stop that can never appear changes no text, so the
+    server leaves it out."""
+    out = []
+    for s in stops:
+        try:
+            parse_stops(s, state.tokenizer, state.model.config.num_tokens)
+        except ValueError:
+            continue
+        out.append(s)
+    return out
+
+
+def submit(state: AppState, settings: Settings, ids: list[int], stop_ids: list[int],
+           on_event: Callable[[tuple], None]) -> GenerationRequest:
+    """Queue ``settings.n`` continuations of ``ids`` on the scheduler; ``stop_ids`` end a choice as ``<EOS>``
+    does (a chat template's end of turn). ``on_event`` gets the scheduler's events (on its thread).
+
+    Raises: :class:`APIError` 429 (queue full, with ``Retry-After``) or 503 (shutting down)."""
+    req = GenerationRequest(prompt_ids=ids, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                            top_k=settings.top_k, top_p=settings.top_p, stop=_producible(state, settings.stop),
+                            stop_token_ids=stop_ids, seed=settings.seed, n=settings.n, logprobs=settings.logprobs,
+                            on_event=on_event)
+    try:
+        state.scheduler().submit(req)
+    except QueueFull as e:
+        raise APIError(429, f"the server is busy: {e}", type="rate_limit_error", code="rate_limit_exceeded",
+                       headers={"Retry-After": "1"}) from None
+    except SchedulerClosed as e:
+        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+    return req
+
+
+def event_queue() -> tuple[asyncio.Queue, Callable[[tuple], None]]:
+    """An asyncio queue on the running loop and the callback that feeds it from the scheduler's thread."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    return queue, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+
+def next_token(settings: Settings, tokenizer, logits: torch.Tensor, position: int) -> tuple[torch.Tensor, int]:
+    """The trace page's sampler on the last position's logits (V,): (the distribution after the sampling
+    filter, (V,) probabilities; the token it gives next). ``<PAD>`` is never chosen, as in generation; greedy
+    for temperature 0, else seeded with ``seed + position`` (so stepping is reproducible)."""
+    pad = getattr(tokenizer, "pad_id", None)
+    sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, suppress=() if pad is None else (pad,))
+    if sampler.greedy:
+        nxt = int(sampler(logits[None], [])[0])
+        after = torch.zeros_like(logits)
+        after[nxt] = 1.0
+        return after, nxt
+    g = torch.Generator().manual_seed((settings.seed if settings.seed is not None else 0) + position)
+    return torch.softmax(sampler.filter(logits[None])[0], dim=-1), int(sampler(logits[None], [g])[0])

@@ -1,0 +1,63 @@
+"""Prompts to token ids: a completion's prompt (text or ids) and a chat's messages (the chat template), checked
+against the model's context length, its vocabulary and the server's limits."""
+
+from __future__ import annotations
+
+from .errors import APIError, bad
+from .protocol import ChatMessage
+from .state import AppState
+
+
+def check_context(state: AppState, ids: list[int], param: str) -> list[int]:
+    """``ids`` when they fit the context; else the 400 ``context_length_exceeded`` naming both lengths."""
+    if len(ids) > state.max_len:
+        raise APIError(400, f"this model's maximum context length is {state.max_len} tokens; the prompt has "
+                            f"{len(ids)} tokens", param=param, code="context_length_exceeded")
+    return ids
+
+
+def encode_prompt(state: AppState, prompt: str | list[int], param: str = "prompt") -> list[int]:
+    """Text (the tokenizer's ids) or token ids (each in range); an empty prompt is ``<EOS>``, the start token.
+    Not checked against the context length (see :func:`check_context`)."""
+    tok, vocab = state.tokenizer, state.model.config.num_tokens
+    if isinstance(prompt, str):
+        try:
+            ids = list(tok.encode(prompt))
+        except (KeyError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise bad(param, f"the {param} cannot be encoded by this model's tokenizer: {msg}",
+                      "invalid_prompt") from None
+    else:
+        out_of_range = [i for i in prompt if not 0 <= i < vocab]
+        if out_of_range:
+            raise bad(param, f"token id {out_of_range[0]} is out of range; allowed ids are 0 .. {vocab - 1}")
+        ids = list(prompt)
+    if not ids:
+        eos = getattr(tok, "eos_id", None)
+        if eos is None:
+            raise bad(param, f"the {param} is empty and this model has no start token (<EOS>)")
+        ids = [eos]
+    return ids
+
+
+def need_template(state: AppState, hint: str) -> None:
+    """A base model (no chat template) answers messages with a 400 saying what to do instead."""
+    if state.template is None:
+        raise APIError(400, f"the model {state.model_id!r} is a base model without a chat template: {hint}",
+                       param="messages", code="no_chat_template")
+
+
+def render_messages(state: AppState, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
+    """The messages' token ids through the chat template (at most ``--max-messages`` of them). Not checked
+    against the context length."""
+    if len(messages) > state.limits.max_messages:
+        raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
+                              f"{state.limits.max_messages} (--max-messages)", "messages_limit")
+    clean = [{"role": m.role, "content": m.content} for m in messages]
+    try:
+        ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt)
+    except (KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise bad("messages", f"the messages cannot be rendered with this model's chat template: {msg}",
+                  "invalid_prompt") from None
+    return list(ids)

@@ -1,0 +1,473 @@
+"""The wire protocol: pydantic v2 models of every request, response, stream chunk and error the server speaks.
+
+OpenAI's field names and types (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), plus the
+glass-box trace ``/v1/decoderlab/trace``. FastAPI validates request bodies through these models and publishes
+them in ``/openapi.json``. Numbers are strict: a string where a number belongs (``"temperature": "hot"``), a
+float where an integer belongs or a bool where a number belongs is refused, as ``decoderlab.generate`` refuses
+them.
+
+A body field is one of three kinds:
+
+* a field of the request model: validated here, turned into sampling settings in
+  :func:`decoderlab.serve.generation.settings_of`;
+* :data:`IGNORED`: metadata that changes nothing about the output (``user``, ``metadata``, ...), accepted and
+  ignored;
+* :data:`UNSUPPORTED`: fields that would change the output; accepted only at their neutral value, otherwise
+  refused (code ``unsupported_parameter``) naming the field. Supporting one means: delete its line from
+  :data:`UNSUPPORTED`, declare it on the request model, and map it in ``settings_of``.
+
+Anything else is refused as an unknown field. Errors raised here are ``PydanticCustomError`` s whose type is
+the OpenAI error ``code`` and whose context names the ``param``; :mod:`decoderlab.serve.errors` turns every
+validation error into :class:`ErrorResponse` (400).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationInfo, field_validator, model_serializer, model_validator)
+from pydantic_core import PydanticCustomError
+
+from ..config.limits import ServeLimits
+from ..generation.sampling import MAX_SEED
+
+
+#: metadata fields that change nothing about the output: accepted (any value) and ignored
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                     "parallel_tool_calls"})
+
+#: fields that would change the output and are not supported: field -> "is this value neutral?"
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "presence_penalty": lambda v: v in (None, 0, 0.0),
+    "frequency_penalty": lambda v: v in (None, 0, 0.0),
+    "repetition_penalty": lambda v: v in (None, 1, 1.0),
+    "logit_bias": lambda v: not v,
+    "best_of": lambda v: v in (None, 1),
+    "echo": lambda v: v in (None, False),
+    "suffix": lambda v: v in (None, ""),
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in (None, "none"),
+    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "min_p": lambda v: v in (None, 0, 0.0),
+    "modalities": lambda v: v is None or v == ["text"],
+}
+
+#: what a required field holds, for the "is required" message
+REQUIRED_HINTS = {"prompt": "a string or a list of token ids",
+                  "messages": 'a list of {"role", "content"} objects'}
+
+
+def refuse(param: str, message: str, code: str = "invalid_value") -> PydanticCustomError:
+    """A validation error with OpenAI's ``code`` as its type and the ``param`` it names in its context."""
+    return PydanticCustomError(code, message, {"param": param})
+
+
+def _short(value) -> str:
+    try:
+        return json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        return repr(value)[:80]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Requests
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _document_other_fields(schema: dict) -> None:
+    """List the ignored and the unsupported fields in the request's JSON schema too (so /docs shows them)."""
+    props = schema.setdefault("properties", {})
+    for name in sorted(IGNORED):
+        props.setdefault(name, {"description": "metadata: accepted and ignored"})
+    for name in sorted(UNSUPPORTED):
+        props.setdefault(name, {"description": "not supported: refused (400 unsupported_parameter) unless at "
+                                               "its neutral value (0, 1, false, empty, \"text\" or \"none\")"})
+
+
+class _Request(BaseModel):
+    """A request body: its own fields, :data:`IGNORED` metadata, :data:`UNSUPPORTED` fields at their neutral
+    value; anything else is refused naming the field."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_document_other_fields)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_fields(cls, data):
+        if not isinstance(data, dict):
+            return data  # pydantic's own "must be an object" error
+        for key, value in data.items():
+            if key in cls.model_fields or key in IGNORED:
+                continue
+            if key in UNSUPPORTED:
+                if UNSUPPORTED[key](value):
+                    continue
+                raise refuse(key, f"{key}={_short(value)} is not supported by this server (it would change the "
+                                  f"output); remove it", "unsupported_parameter")
+            raise refuse(key, f"unknown field {key!r}; supported fields: {', '.join(sorted(cls.model_fields))}",
+                         "unsupported_parameter")
+        return data
+
+
+Temperature = Annotated[StrictFloat | None, Field(
+    ge=0, le=2, description="0 = greedy (a given 0 is never replaced); default 1")]
+TopP = Annotated[StrictFloat | None, Field(gt=0, le=1, description="nucleus sampling: keep the most probable "
+                                                                    "tokens up to this probability; 1 keeps all")]
+TopK = Annotated[StrictInt | None, Field(ge=-1, description="keep the k most probable tokens; 0, -1 or null: "
+                                                            "no top-k filter")]
+Seed = Annotated[StrictInt | None, Field(ge=0, le=MAX_SEED, description="choice i samples with seed + i; null: "
+                                                                        "fresh entropy")]
+
+
+class SamplingFields(_Request):
+    """The sampling settings every generating endpoint shares (as ``decoderlab.generate``'s)."""
+
+    model: StrictStr | None = Field(None, description="this server's model id (another id is a 404)")
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    seed: Seed = None
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: only with ``stream: true``."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool | None = Field(None, description="send a last chunk with the usage and no choices")
+
+
+def _stop_list(value):
+    """``stop``: a non-empty string or a list of non-empty strings, as a list (the count is checked against the
+    server's limit when the settings are built)."""
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise refuse("stop", f"stop must be a non-empty string or a list of non-empty strings, got {_short(value)}")
+    return stops
+
+
+class GenerationFields(SamplingFields):
+    """The fields of both text-generating endpoints."""
+
+    max_tokens: StrictInt | None = Field(None, ge=1, description=f"the most new tokens per choice, at most the "
+                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens})")
+    stop: StrictStr | list[StrictStr] | None = Field(
+        None, description="up to 4 strings matched on the decoded text; the text ends before the first one found")
+    n: StrictInt | None = Field(None, ge=1, description="how many choices (default 1)")
+    stream: StrictBool | None = Field(None, description="send server-sent events (chunks), then data: [DONE]")
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value):
+        return _stop_list(value)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):
+            raise refuse("stream_options", "stream_options is only allowed when stream is true")
+        return value
+
+
+def _one_prompt(value):
+    """A prompt as text or token ids: a string, a list of token ids, or a list holding one of these."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    raise refuse("prompt", "prompt must be a string, a list of token ids, or a list holding one of these (one "
+                           "prompt per request)")
+
+
+Prompt = Annotated[Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]], Field(
+    description="text, or token ids; a list of one of these (one prompt per request)")]
+
+
+class CompletionRequest(GenerationFields):
+    """``POST /v1/completions``: continue a prompt (any checkpoint)."""
+
+    prompt: Prompt
+    logprobs: StrictInt | None = Field(None, ge=0, le=5, description="report each token's logprob and this many "
+                                                                     "most probable alternatives")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value):
+        return _one_prompt(value)
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    """One message: a role and its text (a string, or a list of text parts, which are joined)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, value):
+        if isinstance(value, list):
+            if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
+                       for c in value):
+                raise PydanticCustomError("invalid_value", "only text content parts are supported")
+            return "".join(c["text"] for c in value)
+        if not isinstance(value, str):
+            raise PydanticCustomError("invalid_value", "the content must be a string or a list of text parts, "
+                                                       "got {got}", {"got": _short(value)})
+        return value
+
+
+class ChatCompletionRequest(GenerationFields):
+    """``POST /v1/chat/completions``: the next assistant turn (checkpoints with a chat template)."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="rendered with the checkpoint's chat template")
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="the most new tokens per choice "
+                                                                            "(wins over max_tokens)")
+    logprobs: StrictBool | None = Field(None, description="report each token's logprob")
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20, description="with logprobs: this many most "
+                                                                          "probable alternatives")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise refuse("top_logprobs", "top_logprobs needs logprobs set to true")
+        return value
+
+
+class TraceRequest(SamplingFields):
+    """``POST /v1/decoderlab/trace``: the glass-box numbers of one of ``prompt`` (+ ``continuation``),
+    ``messages`` or ``token_ids``. The prompt must fit the context, as for /v1/completions."""
+
+    prompt: Prompt | None = None
+    continuation: StrictStr | None = Field(None, description="generated text after the prompt, encoded on its "
+                                                             "own; its window slides past max_len as generation's")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation; a last "
+                                               "assistant message is a reply whose window slides as generation's")
+    token_ids: list[StrictInt] | None = None
+    top: StrictInt = Field(10, ge=1, le=50, description="how many most probable next tokens to list")
+    layers: list[StrictInt] | None = Field(None, description="layer indices to trace (default all)")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value):
+        return None if value is None else _one_prompt(value)
+
+    @model_validator(mode="after")
+    def _something_to_trace(self):
+        if self.prompt is None and self.messages is None and self.token_ids is None:
+            raise refuse("prompt", "give prompt (text), messages, or token_ids", "missing_required_parameter")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, rate_limit_error, server_error")
+    param: str | None = Field(description="the request field at fault, e.g. messages[1].role")
+    code: str | None = Field(description="e.g. invalid_value, unsupported_parameter, context_length_exceeded")
+
+
+class ErrorResponse(BaseModel):
+    """Every error (HTTP 4xx/5xx, or an event ending a stream)."""
+
+    error: ErrorDetail
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Responses and chunks
+# ----------------------------------------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length"]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class _Response(BaseModel):
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(_Response):
+    """One server-sent event of a streamed completion (``usage`` only with ``stream_options.include_usage``)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    """What a chunk adds to a choice: the role first, then content; the fields not given are left out."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(_Response):
+    """One server-sent event of a streamed chat completion."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """The served model (OpenAI's id/object/created/owned_by, plus its shape)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "decoderlab"
+    max_len: int = Field(description="the context length, in tokens")
+    vocab_size: int
+    parameters: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    chat_template: str | bool | None = Field(description="the chat template's name; null for a base model")
+    task: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    """``GET /health`` (never needs the API key): the model id and the scheduler's counters."""
+
+    status: Literal["ok"] = "ok"
+    model: str
+    running: int | None = Field(None, description="rows (choices) being decoded")
+    waiting: int | None = Field(None, description="requests waiting to join the batch")
+    steps: int | None = Field(None, description="decode steps so far")
+    max_rows_seen: int | None = Field(None, description="the largest batch so far")
+
+
+class TokenProb(BaseModel):
+    id: int
+    token: str
+    prob: float
+
+
+class TraceToken(BaseModel):
+    id: int
+    token: str
+
+
+class TraceLayer(BaseModel):
+    layer: int
+    heads: list[int]
+    percents: list[list[list[float]]] = Field(description="(heads, T, T) attention percents, queries down, keys "
+                                                          "across; rows sum to 1")
+
+
+class TraceSampling(BaseModel):
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+
+
+class TraceResponse(BaseModel):
+    """The glass box of ``decoderlab.trace`` for the traced tokens (T of them)."""
+
+    token_ids: list[int]
+    tokens: list[str]
+    n_layer: int
+    n_head: int
+    mask: list[list[bool]] | None = Field(description="(T, T) True where a key is hidden from a query")
+    layers: list[TraceLayer]
+    top_before: list[TokenProb] = Field(description="the next token's most probable ids (softmax of the logits)")
+    top_after: list[TokenProb] = Field(description="... after the sampling filter (temperature, top-k, top-p)")
+    next: TraceToken = Field(description="the token the filter's distribution gives next")
+    sampling: TraceSampling

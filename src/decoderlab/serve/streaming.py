@@ -1,0 +1,154 @@
+"""The one streaming adapter: the scheduler's events -> a JSON response, or server-sent events (SSE), for
+both text-generating endpoint families.
+
+An endpoint family (completions, chat completions) is a :class:`Family`: how its choices and chunks look.
+:func:`respond` submits the generation and answers either way; the events are the scheduler's
+(``("delta", index, text, logprob_items)``, ``("finish", index, reason)``, ``("done", usage)``,
+``("error", exception)``). A stream is ``data: {chunk}`` events: an opening chunk per choice, one per piece of
+text, one with the finish reason per choice, the usage chunk (``stream_options.include_usage``), then
+``data: [DONE]``. A failure mid-stream ends it with an error event in OpenAI's shape (generic text; the
+exception goes to the log). A client that hangs up cancels its rows at the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from .errors import internal_error, log
+from .generation import Settings, event_queue, submit
+from .protocol import Usage
+from .state import AppState
+
+
+def streamed(chunk: type[BaseModel]) -> dict:
+    """The OpenAPI description of an answer that is JSON, or with ``stream: true`` SSE of ``chunk`` s."""
+    return {"description": f"the answer; with `stream: true` server-sent events instead: `data: <{chunk.__name__}>` "
+                           f"events, then `data: [DONE]`",
+            "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk.__name__}"}}}}
+
+
+class Family(Protocol):
+    """How one endpoint family's answers look (see :mod:`.completions` and :mod:`.chat_completions`)."""
+
+    id_prefix: str
+
+    def response(self, head: dict, texts: list[str], finish: list, logprobs: list | None,
+                 usage: Usage) -> BaseModel: ...
+
+    def chunk(self, head: dict, choices: list, usage: Usage | None) -> BaseModel: ...
+
+    def opening(self, index: int): ...
+
+    def delta(self, index: int, text: str, logprobs: list | None, offset: int): ...
+
+    def finish(self, index: int, reason: str): ...
+
+
+@dataclass
+class Collected:
+    """A finished non-streamed generation: per choice its text, finish reason and logprob items."""
+
+    texts: list[str]
+    finish: list
+    logprobs: list[list[dict]]
+    usage: Usage
+
+
+def usage_of(u: dict) -> Usage:
+    return Usage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"],
+                 total_tokens=u["prompt_tokens"] + u["completion_tokens"])
+
+
+def sse(model: BaseModel, **dump) -> str:
+    return f"data: {model.model_dump_json(**dump)}\n\n"
+
+
+async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collected | None:
+    """Wait for every choice; None if the client hung up (its rows are cancelled)."""
+    got = Collected([""] * n, [None] * n, [[] for _ in range(n)], Usage(prompt_tokens=0, completion_tokens=0,
+                                                                         total_tokens=0))
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
+    try:
+        while True:
+            try:
+                ev = await asyncio.wait_for(queue.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                ev = None
+            if loop.time() - checked >= 0.25:  # a client that hung up stops its generation
+                checked = loop.time()
+                if await request.is_disconnected():
+                    req.cancel()
+                    return None
+            if ev is None:
+                continue
+            if ev[0] == "delta":
+                got.texts[ev[1]] += ev[2]
+                got.logprobs[ev[1]].extend(ev[3])
+            elif ev[0] == "finish":
+                got.finish[ev[1]] = ev[2]
+            elif ev[0] == "done":
+                got.usage = usage_of(ev[1])
+                return got
+            elif ev[0] == "error":
+                raise ev[1]
+    except asyncio.CancelledError:
+        req.cancel()
+        raise
+
+
+async def events(family: Family, head: dict, settings: Settings, include_usage: bool, req,
+                 queue: asyncio.Queue) -> AsyncIterator[str]:
+    """The SSE text of a streamed generation (see the module docstring)."""
+    dump = {} if include_usage else {"exclude": {"usage"}}
+    wants_lp = settings.logprobs is not None
+    offsets = [0] * settings.n
+    try:
+        for i in range(settings.n):
+            yield sse(family.chunk(head, [family.opening(i)], None), **dump)
+        while True:
+            ev = await queue.get()
+            if ev[0] == "delta":
+                _, i, text, items = ev
+                yield sse(family.chunk(head, [family.delta(i, text, items if wants_lp else None, offsets[i])], None),
+                          **dump)
+                offsets[i] += len(text)
+            elif ev[0] == "finish":
+                yield sse(family.chunk(head, [family.finish(ev[1], ev[2])], None), **dump)
+            elif ev[0] == "done":
+                if include_usage:
+                    yield sse(family.chunk(head, [], usage_of(ev[1])))
+                yield "data: [DONE]\n\n"
+                return
+            elif ev[0] == "error":
+                log.error("generation failed mid-stream", exc_info=ev[1])
+                yield sse(internal_error().body())
+                return
+    finally:  # a normal end, a hang-up (cancelled) or an error: the rows stop at the next token
+        req.cancel()
+
+
+async def respond(request: Request, state: AppState, family: Family, settings: Settings, ids: list[int],
+                  stop_ids: list[int], *, stream: bool, include_usage: bool) -> Response:
+    """Generate ``settings.n`` continuations of ``ids`` and answer as ``family`` (JSON, or SSE when
+    ``stream``). A failed generation raises (the route answers a generic 500)."""
+    queue, on_event = event_queue()
+    req = submit(state, settings, ids, stop_ids, on_event)
+    head = {"id": family.id_prefix + uuid.uuid4().hex[:24], "created": int(time.time()), "model": state.model_id}
+    if stream:
+        return StreamingResponse(events(family, head, settings, include_usage, req, queue),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    got = await collect(request, req, queue, settings.n)
+    if got is None:
+        return JSONResponse({}, status_code=499)
+    lps = got.logprobs if settings.logprobs is not None else None
+    return JSONResponse(family.response(head, got.texts, got.finish, lps, got.usage).model_dump(mode="json"))

@@ -1,0 +1,102 @@
+"""What the server's tests share: a tiny model, a stand-in chat template, the reference text of
+``decoderlab.generate``, clients of the official ``openai`` package, and ``decoderlab serve`` in a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import torch
+
+import decoderlab as dl
+
+CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
+
+
+MODEL_ID = "tiny"
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    tok = dl.CharTokenizer.from_text(CHARS)
+    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
+    cfg.lm_head_bias = True
+    model = dl.DecoderOnlyTransformer(cfg)
+    with torch.no_grad():  # sharpen the random model a little, and make <EOS> rare (long replies)
+        model.fc_layer.weight.mul_(4.0)
+        model.fc_layer.bias.zero_()
+        model.fc_layer.bias[tok.eos_id] = -30.0
+    model.eval()
+    return model, tok
+
+
+class FakeTemplate:
+    """The duck-typed interface of ``decoderlab.chat.ChatTemplate`` (render, end_of_turn_id, name)."""
+
+    name = "fake"
+
+    def render(self, messages, tokenizer, *, add_generation_prompt=False):
+        ids, mask = [], []
+        for m in messages:
+            part = tokenizer.encode(f"{m['role'][0]}:{m['content']}") + [tokenizer.eos_id]
+            ids += part
+            mask += [m["role"] == "assistant"] * len(part)
+        if add_generation_prompt:
+            part = tokenizer.encode("a:")
+            ids += part
+            mask += [False] * len(part)
+        return ids, mask
+
+    def end_of_turn_id(self, tokenizer):
+        return tokenizer.eos_id
+
+
+def ref_text(mt, prompt_ids, n, temperature, seed, stop=None, top_k=None, top_p=None):
+    """``decoderlab.generate`` called as the server's semantics imply: with the tokenizer (``<PAD>`` never
+    sampled, ``<EOS>`` ends the text), stop strings on the text; its text without control tokens."""
+    model, tok = mt
+    ids = dl.generate(model, list(prompt_ids), n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      stop=stop, tokenizer=tok)
+    return tok.decode(ids, skip_special=True)
+
+
+def client(url, key="none"):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def aclient(url, key="none"):
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def cli_server(directory, *args):
+    """``decoderlab serve --checkpoint DIR ARGS`` in a subprocess (the real command): yields its URL."""
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(dl.__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(directory),
+                             "--port", str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

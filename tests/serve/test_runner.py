@@ -1,0 +1,82 @@
+"""``serve`` through the real command: ``decoderlab serve --checkpoint DIR`` in a subprocess, a decoderlab
+checkpoint or a Hugging Face GPT-2 directory; bad command lines are one error line."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+import decoderlab as dl  # noqa: E402
+
+from .helpers import ref_text, client, cli_server  # noqa: E402
+
+
+def test_cli_serve_runs_a_checkpoint(mt, tmp_path):
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    with cli_server(tmp_path / "ck", "--api-key", "k") as url:
+        r = client(url, "k").completions.create(model="ck", prompt="ab", max_tokens=4, temperature=0)
+        assert r.choices[0].text == ref_text(mt, tok.encode("ab"), 4, 0, None)
+
+
+def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
+    """A Hugging Face GPT-2 directory (config.json + weights + vocab.json/merges.txt) is a checkpoint for
+    serve too; /v1/completions equals generate on the same directory."""
+    transformers = pytest.importorskip("transformers")
+    from decoderlab.hf import load_any_checkpoint
+
+    bpe = dl.BPETokenizer.train("To be, or not to be, that is the question.\n" * 8, 280)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=bpe.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=None,
+        eos_token_id=None))
+    hf.save_pretrained(tmp_path / "gpt2-tiny")
+    bpe.hf_tokenizer.model.save(str(tmp_path / "gpt2-tiny"))  # vocab.json, merges.txt
+    model, tok = load_any_checkpoint(tmp_path / "gpt2-tiny")
+    with cli_server(tmp_path / "gpt2-tiny") as url:
+        c = client(url)
+        assert c.models.list().data[0].id == "gpt2-tiny"
+        for temperature, seed in ((0, None), (1.0, 3)):
+            r = c.completions.create(model="gpt2-tiny", prompt="To be", max_tokens=6, temperature=temperature,
+                                     seed=seed)
+            assert r.choices[0].text == ref_text((model, tok), tok.encode("To be"), 6, temperature, seed)
+
+
+@pytest.mark.parametrize("args,needle", [(["--checkpoint", "/no/such/dir"], "/no/such/dir"),
+                                         (["--checkpoint", ".", "--port", "70000"], "--port"),
+                                         (["--checkpoint", ".", "--max-tokens", "0"], "--max-tokens")])
+def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
+    from decoderlab.cli import main as cli_main
+
+    assert cli_main(["serve", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("decoderlab: error:") and needle in err[0]
+
+
+def test_serve_on_a_busy_port_or_a_bogus_host_is_one_error_line(mt, tmp_path, capsys):
+    """Checked before the checkpoint is loaded, in decoderlab's words naming what was given."""
+    from decoderlab.cli import main as cli_main
+    from decoderlab.serve import serve
+
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}.*another --port"):
+            serve(tmp_path / "ck", port=port)
+        assert cli_main(["serve", "--checkpoint", str(tmp_path / "ck"), "--port", str(port)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("decoderlab: error:") and str(port) in err[0], err
+    with pytest.raises(ValueError, match="bogus.invalid"):
+        serve(tmp_path / "ck", host="bogus.invalid")
+    assert cli_main(["serve", "--checkpoint", str(tmp_path / "ck"), "--host", "bogus.invalid"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("decoderlab: error:") and "--host 'bogus.invalid'" in err[0], err
