@@ -273,7 +273,8 @@ def plan_run(out, resume, train_config: TrainConfig | None = None, config_overri
     cfg = train_config or before
     cfg = cfg.replace(**config_overrides) if config_overrides else cfg
     cfg.validate()
-    changes = {k: (old, new) for (k, old), new in zip(before.to_dict().items(), cfg.to_dict().values()) if old != new}
+    now = cfg.to_dict()
+    changes = {k: (old, now[k]) for k, old in before.to_dict().items() if now[k] != old}
     refused = {k: changes[k] for k in fixed if k in changes}
     if refused:
         raise _refusal(run_dir, refused, "they define the run's validation split and batches")
