@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo demo-statquest bench clean
+.PHONY: install browsers test test-fast demo demo-statquest bench clean
 
 install: $(STAMP)
 
@@ -14,13 +14,21 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
-	@# the browser tests drive Debian's chromium (Playwright's own browser download does not work here); needs root
-	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium chromium-driver)
 	touch $(STAMP)
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium (Playwright's own browser download does not work here). apt-get
+# needs root, so only `make test` asks for it; the library, `make demo` and `make test-fast` need no root (the
+# browser tests skip, saying so, where /usr/bin/chromium is absent).
+browsers:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium chromium-driver)
+
+test: $(STAMP) browsers
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
+
+# the suite without the training runs marked slow (which `make test` runs too)
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 demo: $(STAMP)
 	$(VENV)/bin/decoderlab train --preset statquest --out runs/statquest

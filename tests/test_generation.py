@@ -936,10 +936,10 @@ def test_each_dtype_loads_and_generates_close_to_float32(trained_checkpoint, dty
 
 
 def test_dtype_names_and_errors(trained_checkpoint, monkeypatch):
-    from decoderlab.cli import DTYPE_NAMES
+    from decoderlab.config import DTYPES as DTYPE_NAMES  # what --dtype's help lists
     from decoderlab.dtypes import DTYPES, dtype_name
 
-    assert DTYPE_NAMES == DTYPES == ("float32", "bfloat16", "float16", "int8")
+    assert DTYPE_NAMES is DTYPES == ("float32", "bfloat16", "float16", "int8")
     assert [dtype_name(d) for d in (None, torch.float32, torch.bfloat16, torch.float16, torch.int8)] == \
         ["float32", "float32", "bfloat16", "float16", "int8"]
     for bad in ("fp16", torch.float64, 16):

@@ -2,7 +2,6 @@
 ``verify`` exactness, the optimizer options of ``TrainConfig`` (Muon groups, schedules, subset evaluation) and
 the intra-op thread choice."""
 
-import copy
 
 import pytest
 import torch
@@ -130,81 +129,7 @@ def test_verify_fails_when_the_module_disagrees_with_the_config(field):
 # optimizer options
 # ---------------------------------------------------------------------------------------------------------
 
-from decoderlab.training.optim import MuonAdamW, muon_parameter_groups, schedule_factor  # noqa: E402
 from decoderlab.training import TrainConfig, configure_optimizers, lr_at, train_lm  # noqa: E402
-
-
-@pytest.mark.parametrize("opts", [dict(), dict(tie_weights=False, bias=True), dict(position="rope", norm="rmsnorm")])
-def test_every_parameter_is_in_exactly_one_group(opts):
-    m = _model(**opts)
-    muon, decay, no_decay = muon_parameter_groups(m)
-    names = muon + decay + no_decay
-    assert len(names) == len(set(names))
-    params = dict(m.named_parameters())  # shared tensors listed once
-    assert set(names) == set(params)
-    assert all(params[n].dim() == 2 and n.startswith("blocks.") for n in muon)
-    assert sorted(n.rsplit(".", 2)[-2] for n in muon if n.startswith("blocks.0.")) == ["fc", "proj", "proj", "qkv"]
-    assert "we.weight" in no_decay  # embeddings (and the tied head) stay with AdamW, undecayed
-    if not m.config.tie_weights:
-        assert decay == ["fc_layer.weight"]
-    opt = configure_optimizers(m, TrainConfig(optimizer="muon"))["optimizer"]
-    in_groups = [id(p) for g in opt.param_groups for p in g["params"]]
-    assert sorted(in_groups) == sorted(id(p) for p in params.values())
-
-
-def test_muon_adamw_steps_both_and_the_schedule_scales_both():
-    m = _model()
-    cfg = TrainConfig(optimizer="muon", muon_lr=0.04, lr=2e-3, min_lr=2e-4, warmup=2, max_steps=10)
-    conf = configure_optimizers(m, cfg)
-    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
-    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
-    assert isinstance(opt.adamw, torch.optim.AdamW)
-    before = {n: p.detach().clone() for n, p in m.named_parameters()}
-    m.train()
-    for step in range(3):
-        assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.04 * lr_at(step, cfg) / 2e-3)
-        assert opt.adamw.param_groups[0]["lr"] == pytest.approx(lr_at(step, cfg))
-        loss = m(torch.arange(12)[None]).logsumexp(-1).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-    for n, p in m.named_parameters():
-        assert not torch.equal(p, before[n]), n  # every parameter moved (zero-init off in this preset)
-    # state round trip: a fresh optimizer loaded from the state continues identically
-    state = opt.state_dict()
-    assert set(state) == {"muon", "adamw"}
-    m2 = _model()
-    m2.load_state_dict(m.state_dict())
-    opt2 = configure_optimizers(m2, cfg)["optimizer"]
-    opt2.load_state_dict(copy.deepcopy(state))  # torch shares the tensors of a loaded state otherwise
-    for mm, oo in ((m, opt), (m2, opt2)):
-        mm(torch.arange(12)[None]).logsumexp(-1).mean().backward()
-        oo.step()
-    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
-        torch.testing.assert_close(p, p2, rtol=0, atol=0)
-
-
-def test_muon_rejects_non_matrices():
-    with pytest.raises(ValueError, match="2-D"):
-        MuonAdamW([torch.nn.Parameter(torch.zeros(3))], [])
-
-
-def test_wsd_schedule():
-    kw = dict(warmup=10, max_steps=100, lr=1.0, min_lr=0.1, schedule="wsd", cooldown=0.4)
-    assert schedule_factor(0, **kw) == pytest.approx(0.1)
-    assert schedule_factor(9, **kw) == pytest.approx(1.0)
-    assert schedule_factor(59, **kw) == pytest.approx(1.0)  # flat until the last 40 steps
-    assert schedule_factor(60, **kw) == pytest.approx(1.0)
-    assert schedule_factor(80, **kw) == pytest.approx(0.55)  # half way down the line
-    assert schedule_factor(100, **kw) == pytest.approx(0.1) and schedule_factor(500, **kw) == pytest.approx(0.1)
-    cfg = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100, schedule="wsd", cooldown=0.4)
-    assert lr_at(80, cfg) == pytest.approx(2e-3 * 0.55)
-    # the cosine of schedule_factor is lr_at's
-    c = TrainConfig(lr=2e-3, min_lr=2e-4, warmup=10, max_steps=100)
-    for s in (0, 5, 10, 37, 99, 100, 150):
-        assert lr_at(s, c) == pytest.approx(2e-3 * schedule_factor(s, warmup=10, max_steps=100, lr=2e-3,
-                                                                      min_lr=2e-4))
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -347,7 +272,8 @@ def test_cli_train_defaults_to_the_speedrun_recipe(shared_dir, tmp_path, monkeyp
 
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text((shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:6000],
+    # 1,200 validation tokens: 74 windows of 16, so the subset (--val-batches 1 = 64 windows) is not all of them
+    corpus.write_text((shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:12000],
                       encoding="utf-8")
     out = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--out", str(out), "--max-steps", "2", "--eval-every", "2",

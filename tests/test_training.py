@@ -95,7 +95,7 @@ def test_bad_train_config_values():
         TrainConfig(max_steps=0)
     with pytest.raises(ValueError, match=r"lr \(learning rate\) must be a finite number > 0, got -0.001"):
         TrainConfig(lr=-1e-3)
-    with pytest.raises(ValueError, match="precision must be one of 32, bf16-mixed, got '16'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, 32, bf16-mixed, 16-mixed, got '16'"):
         TrainConfig(precision="16")
     with pytest.raises(ValueError, match="min_lr must be between 0 and lr"):
         TrainConfig(lr=1e-4, min_lr=1e-3)

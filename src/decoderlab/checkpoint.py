@@ -26,7 +26,7 @@ import torch
 
 from ._version import __version__
 from .dtypes import dtype_name, to_inference_dtype
-from .files import atomic_write_bytes, atomic_write_text, replace_directory, usual_mode
+from .files import atomic_write_bytes, atomic_write_text, replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig
 from .tokenizers import Tokenizer
 
@@ -89,7 +89,7 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
         return _save_inplace(directory, model, tokenizer, meta, extra_files)
     check_output_dir(directory, extra_files)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    tmp = temporary_directory(directory)  # an error names directory, not the temporary name
     try:
         save_model(model, str(tmp / WEIGHTS_FILE))
         usual_mode(tmp / WEIGHTS_FILE)  # safetensors creates it 0600; the other files get the usual 0644

@@ -45,12 +45,14 @@ from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_toke
                    check_representable, get_template, stream_chat_reply, template_from_meta)
 from .checkpoint import TOKENIZER_FILE, load_checkpoint, read_config, read_meta, unwrap_model
 from .config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from .config.train import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION
+from .config.defaults import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION
 from .model import DecoderOnlyTransformer
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
 from .training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, Run, ShareRunDirectory, Summary,
                        TrainConfig, fit_run, make_trainer, mean_of_last, plan_run)
+from .training.strategy import on_training_device
+from .training.trainer import check_run_options
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
                            shift_for_training)
 
@@ -190,7 +192,8 @@ class FinetuneSummary(Summary):
         train_conversations / val_conversations: conversations trained on (those with a supervised token
             within max_len + 1 tokens) / held out; truncated / dropped: conversations cut to max_len + 1 tokens
             / dropped for having no supervised token left (training and validation together);
-        template: the chat template's name; added_tokens: special tokens added to the base vocabulary.
+        template: the chat template's name; added_tokens: special tokens added to the base vocabulary;
+        device: where the model trained and the evaluation ran ("cpu", "cuda:0", ...).
     """
 
     steps: int
@@ -209,6 +212,7 @@ class FinetuneSummary(Summary):
     train_seconds: float
     run_dir: str | None
     is_global_zero: bool = True
+    device: str | None = None
 
 
 def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
@@ -244,6 +248,7 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
         raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
                          "(train from scratch)")
     run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**FINETUNE_DEFAULTS))
+    check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the data is read
     template = _template(run, template)
     data_info, train_convs, val_convs = _conversations(run, data, val_data, val_fraction)
     L.seed_everything(run.cfg.seed, verbose=False)
@@ -263,13 +268,12 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     run.record(trainer, model.config, tok, launch, task="chat", template=template.name, **data_info, **start)
     module = SFTModule(model, run.cfg)
     seconds = fit_run(trainer, module, run, datamodule=dm)
-    model = module.model.eval()
-    summary = _summarize(trainer, run, model, tok, template, exporter, (train_convs, val_convs), (train_ex, val_ex),
-                         start["added_tokens"], seconds, dict(max_new_tokens=eval_max_new_tokens,
-                                                              max_prompts=eval_prompts))
+    model, summary = _summarize(trainer, run, module.model, tok, template, exporter, (train_convs, val_convs),
+                                (train_ex, val_ex), start["added_tokens"], seconds,
+                                dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
     if trainer.is_global_zero and (progress_bar or logger):
         print(f"fine-tuned for {summary.steps} steps; {format_evaluation(summary.evaluation, summary.eval_on)}")
-    return model, tok, summary
+    return model.eval(), tok, summary
 
 
 def _sha256(*conversation_sets) -> str:
@@ -388,16 +392,19 @@ def _examples(train_convs: list, val_convs: list, tok, template: ChatTemplate, m
 
 
 def _summarize(trainer, run: Run, model, tok, template: ChatTemplate, exporter, convs: tuple, examples: tuple,
-               added: list, seconds: float, eval_options: dict) -> FinetuneSummary:
-    """The evaluation and the final export (rank 0; on the held-out conversations, else the training ones),
+               added: list, seconds: float, eval_options: dict) -> tuple:
+    """``(the model to return, the summary)``: the evaluation and the final export on the device the model
+    trained on (rank 0, the whole weights under FSDP; on the held-out conversations, else the training ones),
     then the summary (and ``summary.json``)."""
     (train_convs, val_convs), (train_ex, val_ex) = convs, examples
     eval_convs, eval_on = (val_convs, "held-out") if val_convs else (train_convs, "train")
     evaluation: dict = {}
-    if trainer.is_global_zero:
-        evaluation = evaluate_chat(model, tok, template, eval_convs, **eval_options)
-        exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
-        exporter.export(trainer, model)
+    with on_training_device(trainer, model) as (whole, device):  # every process enters (a collective under FSDP)
+        if whole is not None:
+            model = whole.eval()
+            evaluation = evaluate_chat(model, tok, template, eval_convs, **eval_options)
+            exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
+            exporter.export(trainer, model)
     module = trainer.lightning_module
     summary = FinetuneSummary(
         steps=trainer.global_step, train_loss=mean_of_last(module.losses)[0], train_losses=list(module.losses),
@@ -406,6 +413,6 @@ def _summarize(trainer, run: Run, model, tok, template: ChatTemplate, exporter, 
         truncated=train_ex.truncated + (val_ex.truncated if val_ex else 0),
         dropped=train_ex.dropped + (val_ex.dropped if val_ex else 0), template=template.name, added_tokens=added,
         num_parameters=model.num_parameters(), train_seconds=seconds, run_dir=str(run.run_dir),
-        is_global_zero=trainer.is_global_zero)
+        is_global_zero=trainer.is_global_zero, device=str(device))
     run.write_summary(trainer, summary)
-    return summary
+    return model, summary

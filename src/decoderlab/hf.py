@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -46,7 +45,7 @@ import torch
 
 from .checkpoint import CONFIG_FILE, check_output_dir, load_checkpoint, unwrap_model
 from .dtypes import dtype_name, to_inference_dtype
-from .files import replace_directory, usual_mode
+from .files import replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig, preset
 from .tokenizers import BPETokenizer, Tokenizer
 
@@ -459,7 +458,7 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         directory = Path(path)
         check_output_dir(directory, allowed=HF_FILES, what="a Hugging Face GPT-2 directory")
         directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+        tmp = temporary_directory(directory)  # an error names directory, not the temporary name
         try:
             hf.save_pretrained(str(tmp), safe_serialization=True)
             if tokenizer is not None:

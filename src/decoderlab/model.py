@@ -271,15 +271,19 @@ class DecoderOnlyTransformer(nn.Module):
         return total
 
     # -- forward ----------------------------------------------------------------------------------------------
-    def check_token_ids(self, token_ids: torch.Tensor) -> None:
-        """Raise ``ValueError`` for ids outside [0, num_tokens), a bad dtype/shape, or T > max_len."""
+    def check_token_ids(self, token_ids: torch.Tensor, *, values: bool = True) -> None:
+        """Raise ``ValueError`` for ids outside [0, num_tokens), a bad dtype/shape, or T > max_len.
+
+        ``values=False`` checks the type, dtype and shape only: reading the smallest and largest id waits for
+        the device (a host sync), which the training step leaves to where its ids come from (the data,
+        checked once on the host)."""
         if not isinstance(token_ids, torch.Tensor):
             raise TypeError(f"token_ids must be a torch.Tensor of integer ids, got {type(token_ids).__name__}")
         if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
             raise ValueError(f"token_ids must be integer ids, got dtype {token_ids.dtype}")
         if token_ids.dim() not in (1, 2):
             raise ValueError(f"token_ids must have shape (T,) or (B, T), got {tuple(token_ids.shape)}")
-        if token_ids.numel():
+        if values and token_ids.numel():
             lo, hi = int(token_ids.min()), int(token_ids.max())
             if lo < 0 or hi >= self.config.num_tokens:
                 bad = lo if lo < 0 else hi
@@ -289,14 +293,17 @@ class DecoderOnlyTransformer(nn.Module):
                 )
 
     def forward(self, token_ids: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, cache=None, last_only: bool = False) -> torch.Tensor:
+                positions: torch.Tensor | None = None, cache=None, last_only: bool = False,
+                check_ids: bool = True) -> torch.Tensor:
         """Logits of every position: (T,) -> (T, num_tokens), or (B, T) -> (B, T, num_tokens).
 
         ``last_only=True`` runs the final norm and ``fc_layer`` on the last position alone and returns its
         logits as (1, num_tokens) (or (B, 1, num_tokens)): the generation engine's prefill needs no others,
         and the output layer then costs one position instead of T. The last row equals the full forward's.
+        ``check_ids=False`` skips the range check of the ids (not their dtype and shape), for callers that
+        checked them once on the host (training, evaluation): it would wait for the device every forward.
         """
-        self.check_token_ids(token_ids)
+        self.check_token_ids(token_ids, values=check_ids)
         unbatched = token_ids.dim() == 1
         if unbatched:
             token_ids = token_ids.unsqueeze(0)
@@ -372,8 +379,9 @@ class DecoderOnlyTransformer(nn.Module):
         """The lesson's optimizer: ``Adam(self.parameters(), lr=self.lr)`` (lr 0.1 by default)."""
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
-    def compute_loss(self, batch) -> torch.Tensor:
-        """Mean cross-entropy (nats per token) of ``batch = (inputs, labels)``; labels of -100 are ignored."""
+    def compute_loss(self, batch, *, check_ids: bool = True) -> torch.Tensor:
+        """Mean cross-entropy (nats per token) of ``batch = (inputs, labels)``; labels of -100 are ignored.
+        ``check_ids``: as for ``forward`` (training passes False: its data was checked where it came from)."""
         input_tokens, labels = batch[0], batch[1]
-        output = self.forward(input_tokens)
+        output = self(input_tokens, check_ids=check_ids)  # through __call__: hooks (FSDP's gathers) run
         return self.loss(output.reshape(-1, output.size(-1)), labels.reshape(-1))

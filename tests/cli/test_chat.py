@@ -1,5 +1,8 @@
-"""`decoderlab chat`, `generate --chat` and `explain --chat` on a chat checkpoint: the stored template, flag
-combinations, one note per line, and Ctrl-C during a reply."""
+"""``decoderlab chat`` (decoderlab.cli.chat), and `generate --chat` and `explain --chat` on a chat checkpoint: the
+help's defaults are what a conversation uses, the stored template renders every turn, flag combinations, one
+note per line, Ctrl-C during a reply, and a closed output ends it quietly."""
+
+from __future__ import annotations
 
 import os
 import subprocess
@@ -12,8 +15,33 @@ from tiny_runs import GOOD, one_thread, write  # noqa: F401  (one_thread: an aut
 from decoderlab import cli
 from decoderlab.chat import load_model, render_chat
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
+from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
+
+from .helps import helps
+
+
+def test_chat_help_shows_the_defaults_a_conversation_uses(statquest_checkpoint):
+    """chat leaves --temperature and --max-new-tokens to the session when not given: the help's values must be
+    the session's."""
+    import decoderlab as dl
+    from decoderlab.chat import TEMPLATES, TemplateChatSession
+    from decoderlab.generation import ChatSession
+
+    h = helps("chat")
+    assert h["--temperature"] == ("sampling temperature (default: 0 = greedy for pair-trained models, else "
+                                  f"{DEFAULT_TEMPERATURE:g})")
+    assert f"(default {DEFAULT_MAX_NEW_TOKENS};" in h["--max-new-tokens"]
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    session = ChatSession(model, tok)
+    assert (session.temperature, session.max_new_tokens) == (DEFAULT_TEMPERATURE, DEFAULT_MAX_NEW_TOKENS)
+    assert TemplateChatSession(model, tok, TEMPLATES["lesson"]).temperature == 0.0  # the lesson's model: greedy
+
+
+def test_a_closed_output_ends_chat_quietly(closed_stdout_cli, statquest_checkpoint):
+    """A reply written to a closed pipe said "decoderlab: error: [Errno 32] Broken pipe" (exit 2)."""
+    assert closed_stdout_cli("chat", "--checkpoint", statquest_checkpoint, stdin="what is statquest\n") == (141, "")
 
 
 @pytest.mark.slow

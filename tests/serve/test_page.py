@@ -1,6 +1,6 @@
 """The glass-box page in a real browser: Debian's chromium, headless, driven by Playwright's Python package.
 
-Playwright's own browser download does not work here; the project's set-up (``make install``) installs
+Playwright's own browser download does not work here; ``make test`` (its ``browsers`` step, as root) installs
 ``chromium`` from Debian, and these tests are skipped, saying so, only when /usr/bin/chromium is absent.
 """
 
@@ -20,7 +20,7 @@ from decoderlab.serve import ServerThread, create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} is missing: run `make install` (apt-get install chromium) as root")
+                                reason=f"{CHROMIUM} is missing: run `make browsers` (apt-get install chromium) as root")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
 

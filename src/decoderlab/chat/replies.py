@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..config.limits import DEFAULT_MAX_NEW_TOKENS
+from ..config.defaults import DEFAULT_MAX_NEW_TOKENS
 from ..generation import ChatSession, TextStreamer, stream
 from ..tokenizers import Tokenizer
 from .messages import check_messages

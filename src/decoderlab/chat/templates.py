@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
+from ..config.defaults import DEFAULT_TEMPERATURE
 from ..config.names import DEFAULT_TEMPLATE
 from ..lesson import LESSON_TEMPLATE
 from ..tokenizers import EOS, Tokenizer
@@ -61,8 +62,8 @@ class ChatTemplate:
     @property
     def default_temperature(self) -> float:
         """The sampling temperature when none is given: 0 (greedy) for the lesson's template, as the lesson
-        answers, else 1.0."""
-        return 0.0 if self.name == LESSON_TEMPLATE["name"] else 1.0
+        answers, else ``DEFAULT_TEMPERATURE``."""
+        return 0.0 if self.name == LESSON_TEMPLATE["name"] else DEFAULT_TEMPERATURE
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

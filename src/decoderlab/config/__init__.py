@@ -5,31 +5,52 @@ anything that only reads settings stay light; the model, training, serving and t
 from here (one definition each).
 
     names     the choices: positions, norms, MLPs, kernels, tokenizers, templates, dtypes, precisions,
-              optimizers, schedules
-    model     ModelConfig, PRESETS, preset()
-    train     TrainConfig, check_train_seed, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, PAIR_TRAIN
-    recipes   Recipe, RECIPES, DEFAULT_RECIPE, resolve()
-    limits    ServeLimits, DEFAULT_MAX_NEW_TOKENS
+              optimizers, schedules, worked examples
+    defaults  every default as plain data: TrainConfig's, fine-tuning's, the lesson's, generation's,
+              serving's, the glass box's
+    presets   PRESETS (ModelConfig fields by preset name)
+    recipes   Recipe, RECIPES, DEFAULT_RECIPE, TRAIN_CHOICES, resolve()
+    model     ModelConfig, preset()
+    train     TrainConfig, check_train_seed
+    limits    ServeLimits
     rl        RLConfig, REWARDS, END_OF_TURN_BONUS, DPO_BETA, LORA_TARGETS (the stages after fine-tuning)
+
+The names below load their module on first use (PEP 562): ``names``, ``defaults``, ``presets`` and
+``recipes`` import no dataclasses, so ``decoderlab --help`` reads them for about a millisecond.
 """
 
 from __future__ import annotations
 
-from .limits import DEFAULT_MAX_NEW_TOKENS, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, ServeLimits
-from .model import PRESETS, ModelConfig, preset
-from .names import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, DTYPES, INITS, KERNELS, MLPS, NORMS,
-                    OPTIMIZERS, POSITIONS, PRECISION_ALIASES, PRECISIONS, SCHEDULES, TEMPLATES, TOKENIZERS)
-from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, resolve
-from .rl import (DEFAULT_LORA_TARGETS, DEFAULT_REWARD, DPO_BETA, END_OF_TURN_BONUS, LORA_TARGETS, REWARDS,
-                 RLConfig)
-from .train import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, MAX_TRAIN_SEED, PAIR_TRAIN, TrainConfig, check_train_seed
+import importlib
 
-__all__ = [
-    "DEFAULT_MAX_NEW_TOKENS", "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "ServeLimits",
-    "PRESETS", "ModelConfig", "preset",
-    "DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "INITS", "KERNELS", "MLPS", "NORMS",
-    "OPTIMIZERS", "POSITIONS", "PRECISION_ALIASES", "PRECISIONS", "SCHEDULES", "TEMPLATES", "TOKENIZERS",
-    "DEFAULT_RECIPE", "RECIPES", "Recipe", "resolve",
-    "FINETUNE_TRAIN", "FINETUNE_VAL_FRACTION", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed",
-    "DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "DPO_BETA", "END_OF_TURN_BONUS", "LORA_TARGETS", "REWARDS", "RLConfig",
-]
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    **dict.fromkeys(("DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TEMPERATURE", "EXPLAIN_TOP_K", "FINETUNE_EVAL_PROMPTS",
+                     "FINETUNE_TRAIN", "FINETUNE_VAL_FRACTION", "PAIR_TRAIN", "SERVE_HOST", "SERVE_LIMITS",
+                     "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "SERVE_PORT", "TRAIN_DEFAULTS", "VERIFY_TOL"),
+                    "defaults"),
+    **dict.fromkeys(("DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "EXAMPLES",
+                     "INITS", "KERNELS", "MLPS", "NORMS", "OPTIMIZERS", "OWN_STRATEGIES", "POSITIONS", "PRECISION_ALIASES",
+                     "PRECISIONS", "SCHEDULES", "TEMPLATES", "TOKENIZERS"), "names"),
+    "PRESETS": "presets",
+    **dict.fromkeys(("DEFAULT_RECIPE", "RECIPES", "Recipe", "TRAIN_CHOICES", "resolve"), "recipes"),
+    "ModelConfig": "model", "preset": "model",
+    **dict.fromkeys(("MAX_TRAIN_SEED", "TrainConfig", "check_train_seed"), "train"),
+    "ServeLimits": "limits",
+    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "DPO_BETA", "END_OF_TURN_BONUS", "LORA_TARGETS",
+                     "REWARDS", "RLConfig"), "rl"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # next time a plain attribute
+        return value
+    raise AttributeError(f"module 'decoderlab.config' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,13 +1,15 @@
-"""Limits and defaults of serving and generation, as plain data (no torch, no FastAPI): the server, the
-command line's ``--help`` and the engine read them from here."""
+"""Limits of serving as a dataclass (no torch, no FastAPI): the server reads ``ServeLimits``; its defaults,
+and those of generation, are plain data in :mod:`.defaults` (re-exported here)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-#: new tokens a generation asks for when the caller gives no number (``generate``, ``chat``, the CLI)
-DEFAULT_MAX_NEW_TOKENS = 200
+from .defaults import DEFAULT_MAX_NEW_TOKENS, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_LIMITS
+
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "ServeLimits"]
+
+_D = SERVE_LIMITS
 
 
 @dataclass
@@ -21,25 +23,11 @@ class ServeLimits:
     gives neither max_tokens nor max_completion_tokens.
     """
 
-    max_body_bytes: int = 1_000_000
-    max_messages: int = 256
-    max_tokens: int = 4096
-    default_max_tokens: int = 256
-    max_n: int = 8
-    max_stop: int = 4
-    max_batch: int = 32
-    max_queue: int = 64
-
-
-#: what each limit a command-line flag sets means (``decoderlab serve --max-tokens ...``)
-SERVE_LIMIT_HELP = {
-    "max_tokens": "most tokens one choice may ask for",
-    "max_body_bytes": "largest request body in bytes",
-    "max_messages": "most chat messages in a request",
-    "max_n": "most choices per request",
-    "max_batch": "most rows (choices) decoded together",
-    "max_queue": "most requests waiting to join the batch before the server answers 429",
-}
-
-#: the defaults of the limits that have a flag
-SERVE_LIMIT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeLimits) if f.name in SERVE_LIMIT_HELP}
+    max_body_bytes: int = _D["max_body_bytes"]
+    max_messages: int = _D["max_messages"]
+    max_tokens: int = _D["max_tokens"]
+    default_max_tokens: int = _D["default_max_tokens"]
+    max_n: int = _D["max_n"]
+    max_stop: int = _D["max_stop"]
+    max_batch: int = _D["max_batch"]
+    max_queue: int = _D["max_queue"]

@@ -28,10 +28,22 @@ DEFAULT_TEMPLATE = "decoderlab"
 #: inference dtypes (``decoderlab.dtypes``; int8 is weight-only quantization through torchao)
 DTYPES = ("float32", "bfloat16", "float16", "int8")
 
-#: training precisions (``TrainConfig.precision``) and the names Lightning's ``Trainer(precision=...)`` uses
-PRECISIONS = ("32", "bf16-mixed")
-PRECISION_ALIASES = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-mixed"}
+#: training precisions (``TrainConfig.precision``): "auto" picks one for the machine (bf16-mixed on a CUDA GPU
+#: with bfloat16, 16-mixed with a gradient scaler on older GPUs, 32 on the CPU and Apple MPS; see
+#: ``decoderlab.training.precision``); 32 = float32; the mixed ones autocast to bfloat16 / float16 with float32
+#: weights and optimizer state
+PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
+#: each precision name -> the name Lightning's ``Trainer(precision=...)`` uses ("auto" is resolved first)
+PRECISION_ALIASES = {"auto": "auto", "32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-mixed",
+                     "16-mixed": "16-mixed"}
+#: the training strategies decoderlab builds itself (others go to Lightning by name): "fsdp" is FSDP2 with
+#: one unit per decoder block and float32 gradient reduction (``decoderlab.training.strategy``)
+OWN_STRATEGIES = ("fsdp",)
 
 #: optimizers and learning-rate schedules (``TrainConfig.optimizer`` / ``.schedule``; ``decoderlab.training.optim``)
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
+
+#: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
+#: their functions)
+EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")

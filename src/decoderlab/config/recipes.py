@@ -14,22 +14,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections import namedtuple
 
-from .model import PRESETS
-from .train import TrainConfig
+from .presets import PRESETS
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """A model preset name and the ``TrainConfig`` fields that differ from ``TrainConfig()``'s defaults."""
+class Recipe(namedtuple("Recipe", "preset train description", defaults=("",))):
+    """A model preset name and the ``TrainConfig`` fields that differ from ``TrainConfig()``'s defaults, as
+    plain data (a named tuple: the command line's ``--help`` reads recipes without importing dataclasses)."""
 
-    preset: str
-    train: dict[str, Any] = field(default_factory=dict)
-    description: str = ""
+    __slots__ = ()
 
-    def train_config(self) -> TrainConfig:
+    def train_config(self):
+        """The recipe's ``TrainConfig`` (validated)."""
+        from .train import TrainConfig
+
         return TrainConfig(**self.train)
 
 
@@ -48,7 +47,7 @@ RECIPES: dict[str, Recipe] = {
 DEFAULT_RECIPE = "baby-shakespeare-speedrun"
 
 
-def resolve(name: str) -> tuple[str, TrainConfig | None]:
+def resolve(name: str) -> tuple[str, TrainConfig | None]:  # noqa: F821 (TrainConfig: imported when called)
     """``(model preset name, TrainConfig or None)`` for a recipe name or a plain model preset name.
 
     Raises:
@@ -60,3 +59,13 @@ def resolve(name: str) -> tuple[str, TrainConfig | None]:
     if name in PRESETS:
         return name, None
     raise ValueError(f"unknown preset {name!r}; recipes: {', '.join(RECIPES)}; model presets: {', '.join(PRESETS)}")
+
+
+def _model_size(name: str) -> int:
+    shape = PRESETS[RECIPES[name].preset if name in RECIPES else name]
+    return shape["n_layer"] * shape["d_model"]
+
+
+#: what ``decoderlab train --preset`` takes: every model preset and recipe, the smallest model first (a
+#: recipe after the presets of its size)
+TRAIN_CHOICES = tuple(sorted([*PRESETS, *(r for r in RECIPES if r not in PRESETS)], key=_model_size))

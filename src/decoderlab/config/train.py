@@ -1,5 +1,5 @@
-"""``TrainConfig``: the hyper-parameters of a language-model run, as plain data (no torch), and the defaults
-that fine-tuning and the lesson's pair training start from.
+"""``TrainConfig``: the hyper-parameters of a language-model run (no torch). Its defaults, and those that
+fine-tuning and the lesson's pair training start from, are plain data in :mod:`.defaults` (re-exported here).
 
 The optimizer, schedule and evaluation that read these fields live in ``decoderlab.training``.
 """
@@ -10,13 +10,18 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .defaults import FINETUNE_TRAIN, PAIR_TRAIN, TRAIN_DEFAULTS
 from .names import OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, SCHEDULES
+
+__all__ = ["FINETUNE_TRAIN", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed"]
+
+_D = TRAIN_DEFAULTS
 
 
 @dataclass
 class TrainConfig:
-    """Hyper-parameters of a language-model run (the defaults are nanoGPT's CPU "baby" recipe; ``decoderlab
-    train``'s default is the recipe ``decoderlab.training.recipes.RECIPES["baby-shakespeare-speedrun"]``).
+    """Hyper-parameters of a language-model run (the defaults, ``config.defaults.TRAIN_DEFAULTS``, are nanoGPT's
+    CPU "baby" recipe; ``decoderlab train``'s default is the recipe ``RECIPES["baby-shakespeare-speedrun"]``).
 
     Attributes:
         max_steps: optimizer steps (each of ``accumulate`` batches).
@@ -28,7 +33,10 @@ class TrainConfig:
         betas, eps: AdamW's.
         grad_clip: clip the global gradient norm to this value (0 = no clipping).
         accumulate: batches per optimizer step (gradient accumulation).
-        precision: "32" or "bf16-mixed" (bfloat16 autocast; weights and optimizer state stay float32).
+        precision: "auto" (the machine's: bf16-mixed on a CUDA GPU with bfloat16, 16-mixed with a gradient
+            scaler on older GPUs, 32 on the CPU and Apple MPS; see ``decoderlab.training.precision``), "32",
+            "bf16-mixed" (bfloat16 autocast; weights and optimizer state stay float32) or "16-mixed"
+            (float16 autocast with a gradient scaler; CUDA GPUs).
         compile: ``torch.compile`` the model: False, True (inductor) or a backend name (e.g. "eager").
         seed: seeds the initial weights and, with the batch number, every training window.
         eval_every: optimizer steps between validations (and checkpoints).
@@ -37,8 +45,8 @@ class TrainConfig:
         val_fraction: the last fraction of the corpus (by position) used for validation.
         log_every: optimizer steps between logged training metrics.
         num_workers: DataLoader worker processes (0: batches are cut in the training process).
-        fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with precision
-            "bf16-mixed" and gradient clipping, which Lightning cannot combine with a fused optimizer).
+        fused: fused AdamW kernel (None: use it when this PyTorch build has it, except with a mixed precision
+            and gradient clipping, which Lightning cannot combine with a fused optimizer).
         optimizer: "adamw" (every parameter) | "muon" (``torch.optim.Muon`` for the blocks' 2-D weight
             matrices, AdamW with ``lr`` for embeddings, output layer, gains and biases; see
             :mod:`decoderlab.training.optim`).
@@ -53,34 +61,34 @@ class TrainConfig:
             token) is at or below this value (None: never during training).
     """
 
-    max_steps: int = 2000
-    batch_size: int = 12
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup: int = 100
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.99)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    accumulate: int = 1
-    precision: str = "32"
-    compile: bool | str = False
-    seed: int = 42
-    eval_every: int = 250
-    val_batches: int | None = None
-    val_batch_size: int = 64
-    val_fraction: float = 0.1
-    log_every: int = 50
-    num_workers: int = 0
-    fused: bool | None = None
-    optimizer: str = "adamw"
-    muon_lr: float = 0.05
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    schedule: str = "cosine"
-    cooldown: float = 0.4
-    full_val_at_end: bool = False
-    full_val_below: float | None = None
+    max_steps: int = _D["max_steps"]
+    batch_size: int = _D["batch_size"]
+    lr: float = _D["lr"]
+    min_lr: float = _D["min_lr"]
+    warmup: int = _D["warmup"]
+    weight_decay: float = _D["weight_decay"]
+    betas: tuple[float, float] = _D["betas"]
+    eps: float = _D["eps"]
+    grad_clip: float = _D["grad_clip"]
+    accumulate: int = _D["accumulate"]
+    precision: str = _D["precision"]
+    compile: bool | str = _D["compile"]
+    seed: int = _D["seed"]
+    eval_every: int = _D["eval_every"]
+    val_batches: int | None = _D["val_batches"]
+    val_batch_size: int = _D["val_batch_size"]
+    val_fraction: float = _D["val_fraction"]
+    log_every: int = _D["log_every"]
+    num_workers: int = _D["num_workers"]
+    fused: bool | None = _D["fused"]
+    optimizer: str = _D["optimizer"]
+    muon_lr: float = _D["muon_lr"]
+    muon_momentum: float = _D["muon_momentum"]
+    muon_weight_decay: float = _D["muon_weight_decay"]
+    schedule: str = _D["schedule"]
+    cooldown: float = _D["cooldown"]
+    full_val_at_end: bool = _D["full_val_at_end"]
+    full_val_below: float | None = _D["full_val_below"]
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -117,10 +125,10 @@ class TrainConfig:
             raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction!r}")
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ValueError(f"fused must be None (automatic), True or False, got {self.fused!r}")
-        if self.fused and self.precision == "bf16-mixed" and self.grad_clip > 0:
-            raise ValueError(f"fused=True cannot be combined with precision='bf16-mixed' and grad_clip={self.grad_clip}: "
-                             f"Lightning does not clip the gradients of a fused optimizer under mixed precision; "
-                             f"use fused=None or False, grad_clip=0, or precision='32'")
+        if self.fused and self.precision.endswith("-mixed") and self.grad_clip > 0:
+            raise ValueError(f"fused=True cannot be combined with precision={self.precision!r} and "
+                             f"grad_clip={self.grad_clip}: Lightning does not clip the gradients of a fused optimizer "
+                             f"under mixed precision; use fused=None or False, grad_clip=0, or precision='32'")
         if not (isinstance(self.compile, bool) or (isinstance(self.compile, str) and self.compile)):
             raise ValueError(f"compile must be True, False or a torch.compile backend name (e.g. 'eager'), "
                              f"got {self.compile!r}")
@@ -178,14 +186,3 @@ def _validate_speedrun_fields(cfg: TrainConfig) -> None:
                                            or not isinstance(cfg.full_val_below, (int, float))
                                            or not math.isfinite(cfg.full_val_below)):
         raise ValueError(f"full_val_below must be None or a loss in nats per token, got {cfg.full_val_below!r}")
-
-
-#: the ``TrainConfig`` fields ``decoderlab.finetune`` sets when no ``train_config`` is given (the rest are
-#: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
-FINETUNE_TRAIN = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
-#: the share of the conversations ``decoderlab.finetune`` holds out (seeded) when no held-out data is given
-FINETUNE_VAL_FRACTION = 0.1
-
-#: ``decoderlab.train_pairs``' defaults: the lesson's ``L.Trainer(max_epochs=30)``, seed 42, Adam lr 0.1,
-#: one pair per batch
-PAIR_TRAIN = {"max_epochs": 30, "seed": 42, "lr": 0.1, "batch_size": 1}

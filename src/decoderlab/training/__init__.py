@@ -7,6 +7,9 @@
 - :mod:`.datamodule`: ``TokenDataModule`` (random windows, resumable, DDP-sliced);
 - :mod:`.callbacks`, :mod:`.trainer`: metrics, guards, export, the ``Trainer`` factory;
 - :mod:`.timing`: ``ValidationClock``, every evaluation with its wall-clock time (subset or all windows);
+- :mod:`.precision`: ``precision="auto"`` resolved for the machine; :mod:`.strategy`: ``--strategy fsdp``
+  (FSDP2, one unit per decoder block) and the whole model after training; :mod:`.sums`: exact sums, float64
+  on host copies only;
 - :mod:`.run`: the run directory (plan, refuse, record, summary) and the one fit of every run;
 - :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson);
 - :mod:`.sft`: masked supervised fine-tuning pieces (``SFTModule``, a ``LitModel``), driven by

@@ -18,6 +18,9 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
+from ..output import print_line
+from .strategy import full_model
+from .sums import host_column_sums, sum_over_ranks
 
 LIGHTNING_DIR = "lightning"
 LAST_CKPT = "last.ckpt"
@@ -52,12 +55,27 @@ def _synchronize(pl_module) -> None:
         torch.cuda.synchronize(device)
 
 
+def is_logging_step(trainer, step: int | None = None) -> bool:
+    """Whether optimizer step ``step`` (1-based; default ``trainer.global_step``, the one just done) is one
+    where training metrics reach the host: every ``trainer.log_every_n_steps`` steps and the last step. The
+    other steps wait for nothing on the device."""
+    step = trainer.global_step if step is None else step
+    every = max(1, int(trainer.log_every_n_steps or 1))
+    return step % every == 0 or 0 < trainer.max_steps <= step
+
+
 class LossHistory(L.Callback):
     """Records the training loss of every optimizer step (mean over its accumulated batches and, under DDP,
     over all processes), the training tokens (targets of every batch on every process) and the seconds spent
-    in training steps (from the start to the end of each batch, GPU work included), and the wall-clock seconds
-    of the run. Its state is saved in Lightning's checkpoints, so a resumed run keeps the whole history: its
-    counts and seconds include those before the resume."""
+    in training steps (from the start to the end of each batch), and the wall-clock seconds of the run. Its
+    state is saved in Lightning's checkpoints, so a resumed run keeps the whole history: its counts and
+    seconds include those before the resume.
+
+    The step losses stay on the device until a logging step (:func:`is_logging_step`), a validation, a
+    checkpoint or the end of training, where they are averaged over processes and copied to the host at once
+    (:meth:`flush`, on every process): a steady step waits for nothing. On a GPU the clock waits for the
+    queued work at those same points only, so the work of the steps before is counted there.
+    """
 
     def __init__(self):
         self.losses: list[float] = []
@@ -66,11 +84,14 @@ class LossHistory(L.Callback):
         #: wall-clock seconds of the run's earlier ``fit`` calls, up to the checkpoint it resumed from
         self.wall_seconds_before = 0.0
         self._acc: list[torch.Tensor] = []
+        self._pending: list[torch.Tensor] = []  # step means on the device, not yet on the host
         self._t0 = 0.0
         self._fit_t0: float | None = None
+        self._trainer = None
 
     def on_fit_start(self, trainer, pl_module):
         self._fit_t0 = time.perf_counter()
+        self._trainer = trainer
 
     @property
     def wall_seconds(self) -> float:
@@ -79,7 +100,6 @@ class LossHistory(L.Callback):
         return self.wall_seconds_before + (now - self._fit_t0 if self._fit_t0 is not None else 0.0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        _synchronize(pl_module)
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -87,15 +107,33 @@ class LossHistory(L.Callback):
         self._acc.append(loss.detach().float() * trainer.accumulate_grad_batches)
         self.tokens += batch[1].numel() * trainer.world_size
         if len(self._acc) >= trainer.accumulate_grad_batches:
-            mean = torch.stack(self._acc).mean()
+            self._pending.append(torch.stack(self._acc).mean())
             self._acc = []
-            if trainer.world_size > 1:
-                mean = trainer.strategy.reduce(mean, reduce_op="mean")
-            self.losses.append(float(mean))
-        _synchronize(pl_module)
+            if is_logging_step(trainer):
+                _synchronize(pl_module)
+                self.flush(trainer)
         self.train_seconds += time.perf_counter() - self._t0
 
+    def flush(self, trainer=None) -> None:
+        """Move the pending step losses to ``losses`` (averaged over processes first: a collective, so every
+        process calls it at the same point)."""
+        trainer = trainer if trainer is not None else self._trainer
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        means = torch.stack(pending)
+        if trainer is not None and trainer.world_size > 1:
+            means = trainer.strategy.reduce(means, reduce_op="mean")
+        self.losses.extend(means.cpu().tolist())
+
+    def on_validation_start(self, trainer, pl_module):
+        self.flush(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self.flush(trainer)
+
     def state_dict(self):
+        self.flush()  # (Lightning collects callback states on every process)
         return {"losses": list(self.losses), "train_seconds": self.train_seconds, "tokens": self.tokens,
                 "wall_seconds": self.wall_seconds}
 
@@ -114,39 +152,40 @@ class LMMetrics(L.Callback):
     per byte) = those nats / (ln 2 x the UTF-8 bytes of those same targets), the bytes of target id ``i``
     being ``byte_lengths[i]`` (see :func:`decoderlab.data.token_byte_lengths`). All three are logged (on every
     process, equal); ``history`` [(step, val_loss)] and ``last`` (the latest three) are kept, the history in
-    checkpoints too.
+    checkpoints too. Each batch's sums stay on the device (float32 nats, int64 counts); the totals are made
+    in float64 on the host once per validation (:mod:`decoderlab.training.sums`).
 
     Args:
         byte_lengths: 1-D array (vocab_size,) of UTF-8 bytes per token id; None logs no ``val_bpb``.
     """
 
     def __init__(self, byte_lengths=None):
-        self.byte_lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.float64)
+        self.byte_lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.int64)
+        self._lengths = self.byte_lengths  # on the device of the batches
         self.history: list[tuple[int, float]] = []
         self.last: dict[str, float] = {}
-        self._sums = None
+        self._rows: list[list[torch.Tensor]] = []
 
     def on_validation_epoch_start(self, trainer, pl_module):
-        self._sums = torch.zeros(3, dtype=torch.float64)  # nats, targets, bytes
+        self._rows = []
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        y = batch[1].detach().cpu().reshape(-1)
-        y = y[y != -100]
-        if y.numel() == 0:
-            return
-        n = y.numel()
-        self._sums[0] += outputs.detach().double().cpu() * n
-        self._sums[1] += n
+        y = batch[1].detach().reshape(-1)
+        real = y != -100
+        n = real.sum()
+        nats = torch.where(n > 0, outputs.detach().float() * n, 0.0)  # a batch without targets adds nothing
+        row = [nats, n]
         if self.byte_lengths is not None:
-            self._sums[2] += self.byte_lengths[y].sum()
+            if self._lengths.device != y.device:
+                self._lengths = self.byte_lengths.to(y.device)
+            row.append((self._lengths[y.clamp_min(0)] * real).sum())
+        self._rows.append(row)
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
-        total = self._sums.to(pl_module.device)
-        if trainer.world_size > 1:
-            total = trainer.strategy.reduce(total, reduce_op="sum")
-        nats, count, nbytes = (float(v) for v in total.cpu())
+        totals = (host_column_sums(self._rows) + [0.0, 0.0, 0.0])[:3]
+        nats, count, nbytes = sum_over_ranks(trainer.strategy, totals)
         if count == 0:
             raise ValueError("the validation windows held no targets")
         loss = nats / count
@@ -175,24 +214,72 @@ class FinalValidation(L.Callback):
 
 
 class NonFiniteLossGuard(L.Callback):
-    """Stops the run with :class:`NonFiniteLossError` as soon as a training loss is NaN or infinite, before
-    its backward pass and update, so the weights and every checkpoint already written stay as they were."""
+    """Stops the run with :class:`NonFiniteLossError` once a training loss was NaN or infinite, before any
+    checkpoint is written from weights it touched, on every process together.
+
+    Each loss is checked on the device without waiting for it (the first non-finite step and its loss are
+    kept there). The host reads that record -- combined over all processes first, so that every process
+    stops at the same point instead of one raising while the others wait in a collective -- before the
+    optimizer update of every logging step (:func:`is_logging_step`), before each validation and checkpoint,
+    and at the end of training. With ``log_every`` 1 a bad loss therefore stops the run before its update;
+    otherwise at the next logging step, its weights discarded.
+    """
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
         self.run_dir = run_dir
+        #: on the device: (first non-finite step (1-based; 0 = none), its loss); float32 holds steps exactly
+        #: up to 2**24
+        self._record: torch.Tensor | None = None
+        self._unchecked = False  # a loss was recorded since the last check
 
     def on_before_backward(self, trainer, pl_module, loss):
-        if not bool(torch.isfinite(loss)):
-            where = ""
-            if self.run_dir is not None and (Path(self.run_dir) / WEIGHTS_FILE).is_file():
-                where = (f"; the last good checkpoint is kept in {self.run_dir} (weights) and "
-                         f"{Path(self.run_dir) / LIGHTNING_DIR / LAST_CKPT} (for --resume)")
-            elif self.run_dir is not None:
-                where = "; no checkpoint had been written yet (the first is written at the first evaluation)"
-            raise NonFiniteLossError(
-                f"the training loss became {float(loss.detach())} at step {trainer.global_step + 1}: training stopped "
-                f"before this update{where}. Try a lower --lr, --grad-clip 1.0 or --precision 32."
-            )
+        loss = loss.detach().float().reshape(())
+        if self._record is None or self._record.device != loss.device:
+            self._record = torch.zeros(2, dtype=torch.float32, device=loss.device)
+        first = ~torch.isfinite(loss) & (self._record[0] == 0)
+        self._record = torch.where(first, torch.stack([loss.new_tensor(trainer.global_step + 1), loss]),
+                                   self._record)
+        self._unchecked = True
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if is_logging_step(trainer, trainer.global_step + 1):  # the step about to be made
+            self.check(trainer)
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.check(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self.check(trainer)
+
+    def check(self, trainer) -> None:
+        """Raise :class:`NonFiniteLossError` on every process when a loss of any process was not finite (a
+        collective: every process calls it at the same point; nothing to do when no loss came since the
+        last check, alike on every process)."""
+        if not self._unchecked:
+            return
+        self._unchecked = False
+        records = self._record.reshape(1, 2)
+        if trainer.world_size > 1:
+            records = trainer.strategy.all_gather(self._record).reshape(-1, 2)
+        bad = [(int(step), loss) for step, loss in records.cpu().tolist() if step]
+        if bad:
+            self.raise_error(*min(bad), trainer)
+
+    def raise_error(self, step: int, loss: float, trainer) -> None:
+        where = ""
+        if self.run_dir is not None and (Path(self.run_dir) / WEIGHTS_FILE).is_file():
+            where = (f"; the last good checkpoint is kept in {self.run_dir} (weights) and "
+                     f"{Path(self.run_dir) / LIGHTNING_DIR / LAST_CKPT} (for --resume)")
+        elif self.run_dir is not None:
+            where = "; no checkpoint had been written yet (the first is written at the first evaluation)"
+        stopped = ("before this update" if step == trainer.global_step + 1
+                   else f"at step {trainer.global_step}, the weights since then discarded")
+        raise NonFiniteLossError(f"the training loss became {loss} at step {step}: training stopped {stopped}"
+                                 f"{where}. Try a lower --lr, --grad-clip 1.0 or --precision 32.")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -218,14 +305,17 @@ class InterruptNotice(L.Callback):
 
 
 class ExportCheckpoint(L.Callback):
-    """After each validation, (rank 0) writes the decoderlab checkpoint files of the run directory in place
-    (``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json``), each atomically."""
+    """After each validation, global rank 0 writes the decoderlab checkpoint files of the run directory in
+    place (``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json``), each atomically, from the
+    whole weights (gathered from every process first under FSDP)."""
 
     def __init__(self, run_dir, tokenizer, meta: dict, metrics: LMMetrics | None = None):
         self.run_dir, self.tokenizer, self.meta, self.metrics = Path(run_dir), tokenizer, dict(meta), metrics
 
     def export(self, trainer, model) -> None:
-        if not trainer.is_global_zero:
+        """Write the checkpoint of ``model`` (with its whole weights, :func:`~.strategy.full_model`) on
+        global rank 0; nothing elsewhere."""
+        if not trainer.is_global_zero or model is None:
             return
         meta = {**self.meta, "step": trainer.global_step}
         if self.metrics is not None and self.metrics.history:
@@ -234,7 +324,7 @@ class ExportCheckpoint(L.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
-            self.export(trainer, pl_module.model)
+            self.export(trainer, full_model(trainer, pl_module.model))  # a collective under FSDP
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -278,6 +368,9 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer, pl_module):
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
+        history = next((cb for cb in trainer.callbacks if isinstance(cb, LossHistory)), None)
+        if history is not None and history.losses:  # (read at logging steps, not from the device every step)
+            items["train_loss"] = f"{history.losses[-1]:.3f}"
         return items
 
 
@@ -315,7 +408,9 @@ class PlainProgress(L.Callback):
         self.windows: str | None = None
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream or sys.stdout, flush=True)
+        # a closed pipe (`decoderlab train | head -4`) must not stop the run before its checkpoint: the
+        # lines after the reader left are discarded and training goes on
+        print_line(line, self.stream)
 
     def _step(self, step: int) -> str:
         width = len(str(self.max_steps))

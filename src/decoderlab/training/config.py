@@ -2,6 +2,7 @@
 
 Plain torch (no Lightning): ``TrainConfig``, ``lr_at`` (warm-up then cosine, or warm-up/stable/decay),
 ``parameter_groups`` (every parameter in exactly one group: decay for matrices, none for the rest),
+``group_names`` (those groups, named once on the unwrapped model before any strategy wraps or shards it),
 ``configure_optimizers`` (AdamW, or Muon + AdamW from :mod:`.optim`, + ``LambdaLR``), ``evaluate_lm`` (mean
 cross-entropy over non-overlapping windows).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..checkpoint import unwrap_model
@@ -18,6 +20,8 @@ from ..config.names import PRECISION_ALIASES, PRECISIONS
 from ..config.train import MAX_TRAIN_SEED, TrainConfig, check_train_seed
 from ..positions import LearnedPositionEncoding
 from .optim import MuonAdamW, muon_parameter_groups, schedule_factor
+from .precision import autocast_dtype, detect_machine, resolve_precision
+from .sums import host_column_sums
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warm-up ``lr * (step + 1) / warmup`` for
@@ -64,13 +68,14 @@ def _fused_adamw_available() -> bool:
         return False
 
 
-def use_fused_adamw(cfg: TrainConfig) -> bool:
+def use_fused_adamw(cfg: TrainConfig, precision: str | None = None) -> bool:
     """Whether :func:`configure_optimizers` builds the fused AdamW: ``cfg.fused``, or when None, whether this
-    PyTorch build has it -- but not under ``bf16-mixed`` with gradient clipping (Lightning refuses to clip
-    a fused optimizer's gradients under mixed precision)."""
+    PyTorch build has it -- but not under a mixed precision (``precision``: the one the run trains at,
+    Lightning's name or decoderlab's; default ``cfg.precision``) with gradient clipping (Lightning refuses to
+    clip a fused optimizer's gradients under mixed precision)."""
     if cfg.fused is not None:
         return bool(cfg.fused)
-    if cfg.precision == "bf16-mixed" and cfg.grad_clip > 0:
+    if str(precision or cfg.precision).endswith("-mixed") and cfg.grad_clip > 0:
         return False
     return _fused_adamw_available()
 
@@ -115,33 +120,66 @@ def apply_train_config(optimizer: torch.optim.Optimizer, scheduler, cfg: TrainCo
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
-def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> dict:
+def group_names(model: torch.nn.Module, optimizer: str = "adamw") -> dict[str, list[str]]:
+    """The parameter groups of ``optimizer`` ("adamw" or "muon") by name, decided on the plain model:
+    ``{"decay", "no_decay"}`` (:func:`parameter_groups`), plus ``"muon"`` for Muon
+    (:func:`~decoderlab.training.optim.muon_parameter_groups`). Call it before a strategy wraps or shards the
+    model (FSDP's flat 1-D shards would put every parameter in no-decay); parameters keep these names under
+    DDP and FSDP2."""
+    if optimizer == "muon":
+        muon, decay, no_decay = muon_parameter_groups(model)
+        return {"muon": muon, "decay": decay, "no_decay": no_decay}
+    decay, no_decay = parameter_groups(model)
+    return {"decay": decay, "no_decay": no_decay}
+
+
+def _named(model: torch.nn.Module, names: dict[str, list[str]]) -> dict[str, list]:
+    """``names``' groups as the parameters of ``model`` now (wrapped or sharded, under the same names).
+
+    Raises:
+        ValueError: a named parameter the model no longer has, or a trainable one in no group (a wrapper
+            that renames parameters): naming it."""
+    params = dict(unwrap_model(model).named_parameters())
+    grouped = {n for group in names.values() for n in group}
+    missing = sorted(grouped - set(params))
+    stray = sorted(n for n, p in params.items() if p.requires_grad and n not in grouped)
+    if missing or stray:
+        raise ValueError(f"the model's parameters changed names after the optimizer groups were chosen "
+                         f"(missing {missing[:3]}, ungrouped {stray[:3]}): a strategy that renames parameters "
+                         f"cannot train this model; use --strategy ddp or fsdp")
+    return {k: [params[n] for n in group] for k, group in names.items()}
+
+
+def configure_optimizers(model: torch.nn.Module, cfg: TrainConfig, names: dict[str, list[str]] | None = None,
+                         precision: str | None = None) -> dict:
     """AdamW with weight decay on matrices only (see :func:`parameter_groups`), fused when available, and a
     ``LambdaLR`` following :func:`lr_at`, stepped after every optimizer step. With ``optimizer="muon"``: a
     :class:`~decoderlab.training.optim.MuonAdamW` (Muon for the blocks' 2-D matrices, AdamW for the rest; see
-    :func:`~decoderlab.training.optim.muon_parameter_groups`), the same schedule scaling both. Returns
-    Lightning's ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    :func:`~decoderlab.training.optim.muon_parameter_groups`), the same schedule scaling both. ``names``: the
+    groups by name (:func:`group_names`, chosen before wrapping; default: chosen now from ``model``);
+    ``precision``: the precision the run trains at (for :func:`use_fused_adamw`). Returns Lightning's
+    ``{"optimizer": ..., "lr_scheduler": {...}}`` dict."""
+    groups = _named(model, names if names is not None else group_names(model, cfg.optimizer))
+    fused = use_fused_adamw(cfg, precision)
+    adamw = [{"params": groups["decay"], "weight_decay": cfg.weight_decay},
+             {"params": groups["no_decay"], "weight_decay": 0.0}]
     if cfg.optimizer == "muon":
-        muon, decay, no_decay = muon_parameter_groups(model)
-        params = dict(unwrap_model(model).named_parameters())
-        opt = MuonAdamW([params[n] for n in muon],
-                        [{"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay, "decay": True},
-                         {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "decay": False}],
-                        muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+        adamw[0]["decay"], adamw[1]["decay"] = True, False
+        opt = MuonAdamW(groups["muon"], adamw, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                         muon_weight_decay=cfg.muon_weight_decay, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                        fused=use_fused_adamw(cfg))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
-    decay, no_decay = parameter_groups(model)
-    params = dict(unwrap_model(model).named_parameters())
-    groups = [
-        {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
-        {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
-    ]
-    fused = use_fused_adamw(cfg)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=bool(fused))
+                        fused=fused)
+    else:
+        opt = torch.optim.AdamW(adamw, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=bool(fused))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+
+def _check_ids(tokens, num_tokens: int) -> None:
+    """The range check of the ids, once on the host for all windows (the forward passes then skip theirs)."""
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= num_tokens:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is out of range; allowed ids are 0 .. {num_tokens - 1} "
+                         f"(num_tokens={num_tokens})")
 
 
 @torch.no_grad()
@@ -152,30 +190,40 @@ def evaluation_sums(model, tokens, max_len: int | None = None, batch_size: int =
     (vocab_size,) of bytes per token id as :func:`decoderlab.data.token_byte_lengths` gives; 0 without it).
 
     The windows are :class:`decoderlab.data.SequentialWindows`' (every token but the first predicted exactly
-    once), at most ``max_batches`` batches of ``batch_size`` windows.
+    once), at most ``max_batches`` batches of ``batch_size`` windows, run on the model's device at
+    ``precision`` (decoderlab's or Lightning's name; "auto" resolved for that device). The per-batch sums
+    stay on the device and are added in float64 on the host at the end
+    (:func:`~decoderlab.training.sums.host_column_sums`).
+
+    Raises:
+        ValueError: a token id outside the model's vocabulary (checked once, on the host).
     """
     model = unwrap_model(model)
     max_len = max_len or model.config.max_len
     ds = SequentialWindows(tokens, max_len, batch_size, max_batches)
-    lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.float64)
+    _check_ids(np.asarray(tokens), model.config.num_tokens)
+    lengths = None if byte_lengths is None else torch.as_tensor(byte_lengths, dtype=torch.int64)
     device = next(model.parameters()).device
+    if precision == "auto":
+        precision = resolve_precision("auto", detect_machine(device.type))[0]
+    dtype = autocast_dtype(precision)
     was_training = model.training
     model.eval()
-    nats, count, nbytes = 0.0, 0, 0.0
+    losses, count, nbytes = [], 0, 0
     try:
         for j in range(len(ds)):
             x, y = ds[j]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-                logits = model(x.to(device))
-            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
-                                                     y.to(device).reshape(-1), reduction="sum")
-            nats += float(loss)
+            with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                logits = model(x.to(device), check_ids=False)
+            losses.append(torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                            y.to(device).reshape(-1), reduction="sum"))
             count += y.numel()
             if lengths is not None:
-                nbytes += float(lengths[y.reshape(-1)].sum())
+                nbytes += int(lengths[y.reshape(-1)].sum())
     finally:
         model.train(was_training)
-    return {"nats": nats, "targets": count, "bytes": nbytes}
+    nats = host_column_sums([[loss] for loss in losses])
+    return {"nats": nats[0] if nats else 0.0, "targets": count, "bytes": float(nbytes)}
 
 
 def evaluate_lm(model, tokens, max_len: int | None = None, batch_size: int = 64,

@@ -29,6 +29,7 @@ from ..data import CountingSampler
 from .config import TrainConfig
 from .grpo import token_logprobs
 from .module import LitModel
+from .sums import sum_over_ranks
 from .sft import IGNORE_INDEX, SFTBatches, SFTDataModule, collate, shift_for_training
 
 
@@ -177,7 +178,7 @@ class DPOModule(LitModel):
         losses, cr, rr = dpo_loss(logp[:b], logp[b:], ref[:b], ref[b:], self.beta)
         margin = cr - rr
         sums = torch.stack([losses.detach().sum(), margin.sum(), (margin > 0).float().sum(), cr.sum(), rr.sum()])
-        return losses.sum(), sums.double().cpu()
+        return losses.sum(), sums.cpu().double()  # float64 on the host copy only
 
     def training_step(self, batch, batch_idx):
         x, y, step_pairs = batch
@@ -187,7 +188,7 @@ class DPOModule(LitModel):
         if (batch_idx + 1) % acc == 0:
             total = self._step
             if world > 1:
-                total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
+                total = torch.tensor(sum_over_ranks(self.trainer.strategy, total.tolist()), dtype=torch.float64)
             row = {"step": self.trainer.global_step + 1,
                    **{k: float(v) / float(step_pairs) for k, v in zip(_METRICS, total)}}
             self.history.append(row)
@@ -210,7 +211,7 @@ class DPOModule(LitModel):
             return
         total = self._val
         if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total.to(self.device), reduce_op="sum").cpu()
+            total = torch.tensor(sum_over_ranks(self.trainer.strategy, total.tolist()), dtype=torch.float64)
         n = float(total[-1]) or float("nan")
         means = {k: float(v) / n for k, v in zip(_METRICS, total)}
         self.log("val_loss", means["loss"], prog_bar=True)

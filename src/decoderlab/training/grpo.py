@@ -232,7 +232,7 @@ class RLModule(LitModel):
                 ref_logits = self.reference(x)
         pg, kl, _ = policy_gradient_sums(logits, y, adv, ref_logits)
         total = pg + self.kl_coef * kl
-        self._sums += torch.stack([total.detach().double().cpu(), kl.detach().double().cpu()])
+        self._sums += torch.stack([total.detach().cpu().double(), kl.detach().cpu().double()])  # (host float64)
         n = max(self._rollout.tokens, 1)
         if m == acc - 1:
             self._record(n, batch_size=x.size(0))

@@ -32,8 +32,9 @@ from .datamodule import TokenDataModule
 from .module import LitModel
 from .recipes import resolve as resolve_recipe
 from .run import Run, ShareRunDirectory, Summary, fit_run, mean_of_last, plan_run
+from .strategy import on_training_device
 from .timing import ValidationClock
-from .trainer import make_trainer
+from .trainer import check_run_options, make_trainer
 
 #: ``train_lm``'s model preset when none is given (``decoderlab train``'s default is a recipe: ``DEFAULT_RECIPE``)
 DEFAULT_PRESET = "baby-shakespeare"
@@ -56,6 +57,7 @@ class TrainSummary(Summary):
             those before a resume included).
         train_losses: loss of every optimizer step; val_history: [(step, val_loss)] at each evaluation.
         run_dir: the run directory (decoderlab checkpoint + ``lightning/`` + ``logs/``).
+        device: where the model trained and the final evaluation ran ("cpu", "cuda:0", "mps:0").
         eval_log: every evaluation of this ``fit`` with its wall-clock time and whether it covered all windows
             or the ``val_batches`` subset (:class:`~decoderlab.training.timing.ValidationClock`'s entries).
     """
@@ -75,6 +77,7 @@ class TrainSummary(Summary):
     is_global_zero: bool = True
     train_loss_steps: int = 0
     eval_log: list = dataclasses.field(default_factory=list)
+    device: str | None = None
 
 
 def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None, preset: str | None = None,
@@ -110,6 +113,7 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
     resuming = resume not in (None, False)
     model_preset, recipe = (None, None) if preset is None and resuming else resolve_recipe(preset or DEFAULT_PRESET)
     run = plan_run(out, resume, train_config, config_overrides, recipe)
+    check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the corpus is read
     preset = run.info.get("preset") if run.resumed and preset is None else (preset or DEFAULT_PRESET)
     corpus = run.info.get("corpus") if corpus is None and text is None else corpus
     corpus_text = _corpus_text(corpus, text)
@@ -131,11 +135,10 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
     run.record(trainer, model_cfg, tok, dict(devices=devices, strategy=strategy, num_nodes=num_nodes),
                corpus=None if text is not None or corpus is None else str(Path(corpus).resolve()),
                corpus_sha256=_sha256(corpus_text), preset=preset, tokenizer=tok.kind)
-    _label_evaluations(trainer, run.cfg)
-    _compile_blocks(model, run.cfg.compile)
+    _prepare_fit(trainer, model, run.cfg)
     wall = fit_run(trainer, LitModel(model, run.cfg), run, datamodule=dm)
-    model.eval()
-    return model, tok, _summarize(trainer, model, run, pieces, val_tokens, wall)
+    model, summary = _summarize(trainer, model, run, pieces, val_tokens, wall)
+    return model.eval(), tok, summary
 
 
 def _check_settings(cfg: TrainConfig) -> None:
@@ -150,11 +153,13 @@ def _check_settings(cfg: TrainConfig) -> None:
                       f"for the whole run and never reaches its peak or decays", UserWarning, stacklevel=3)
 
 
-def _compile_blocks(model, compile) -> None:
-    """``cfg.compile``: each decoder block compiled in place (``Module.compile``), so state-dict keys stay plain."""
-    if compile:
+def _prepare_fit(trainer, model, cfg: TrainConfig) -> None:
+    """Just before ``fit``: with ``cfg.compile`` each decoder block compiled in place (``Module.compile``, so
+    state-dict keys stay plain); the labels of the plain evaluation lines (:func:`_label_evaluations`)."""
+    if cfg.compile:
         for block in model.blocks:
-            block.compile(backend="inductor" if compile is True else str(compile))
+            block.compile(backend="inductor" if cfg.compile is True else str(cfg.compile))
+    _label_evaluations(trainer, cfg)
 
 
 def _sha256(text: str) -> str:
@@ -276,7 +281,7 @@ def _final_evaluation(trainer, model, run: Run, pieces: dict, val_tokens) -> dic
     if not full_at_end and metrics.history and metrics.history[-1][0] == trainer.global_step and metrics.last:
         return dict(metrics.last)
     sums = clock.full_sums(model, trainer.global_step) if full_at_end else evaluation_sums(
-        model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches, cfg.precision,
+        model, val_tokens, model.config.max_len, cfg.val_batch_size, cfg.val_batches, trainer.precision,
         clock.byte_lengths)
     loss = sums["nats"] / sums["targets"]
     final = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)),
@@ -289,12 +294,15 @@ def _final_evaluation(trainer, model, run: Run, pieces: dict, val_tokens) -> dic
     return final
 
 
-def _summarize(trainer, model, run: Run, pieces: dict, val_tokens, wall: float) -> TrainSummary:
-    """The final evaluation and export (rank 0), then the summary (and ``summary.json``)."""
+def _summarize(trainer, model, run: Run, pieces: dict, val_tokens, wall: float) -> tuple:
+    """``(the model to return, the summary)``: the final evaluation and export on the device the model trained on
+    (rank 0; the whole weights under FSDP), then the summary (and ``summary.json``)."""
     final = {}
-    if trainer.is_global_zero:
-        final = _final_evaluation(trainer, model, run, pieces, val_tokens)
-        pieces["exporter"].export(trainer, model)
+    with on_training_device(trainer, model) as (whole, device):  # every process enters (a collective under FSDP)
+        model = whole if whole is not None else model
+        if whole is not None:
+            final = _final_evaluation(trainer, model, run, pieces, val_tokens)
+            pieces["exporter"].export(trainer, model)
     history = pieces["history"]
     train_loss, n_last = mean_of_last(history.losses)
     summary = TrainSummary(
@@ -304,6 +312,6 @@ def _summarize(trainer, model, run: Run, pieces: dict, val_tokens, wall: float) 
         train_seconds=history.train_seconds, wall_seconds=history.wall_seconds_before + wall,
         num_parameters=model.num_parameters(), train_losses=list(history.losses),
         val_history=list(pieces["metrics"].history), run_dir=str(run.run_dir), is_global_zero=trainer.is_global_zero,
-        train_loss_steps=n_last, eval_log=list(pieces["clock"].entries))
+        train_loss_steps=n_last, eval_log=list(pieces["clock"].entries), device=None if device is None else str(device))
     run.write_summary(trainer, summary)
-    return summary
+    return model, summary

@@ -9,7 +9,7 @@ from typing import Sequence
 import lightning as L
 
 from ..checkpoint import CHAT_TEMPLATE_KEY, save_checkpoint
-from ..config.train import PAIR_TRAIN
+from ..config.defaults import PAIR_TRAIN
 from ..lesson import LESSON_PAIRS, LESSON_TEMPLATE, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
 from .config import check_train_seed

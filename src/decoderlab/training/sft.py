@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from ..data import CountingSampler
 from .config import TrainConfig
 from .module import LitModel
+from .sums import host_column_sums, sum_over_ranks
 
 IGNORE_INDEX = -100
 
@@ -200,42 +201,39 @@ class SFTModule(LitModel):
         super().__init__(model, cfg)
         self.losses: list[float] = []
         self.val_history: list[tuple[int, float]] = []
-        self._step_ce = torch.zeros((), dtype=torch.float64)
-        self._val = torch.zeros(2, dtype=torch.float64)
+        self._step_ce: list[torch.Tensor] = []  # the micro-batch sums of this step, on the device
+        self._val: list[list[torch.Tensor]] = []
 
     def training_step(self, batch, batch_idx):
         x, y, step_count = batch
-        ce, _ = masked_ce_sum(self.model(x), y)
+        ce, _ = masked_ce_sum(self.model(x, check_ids=False), y)  # (the ids come from the tokenizer)
         # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
         n = step_count.clamp(min=1).to(ce.dtype)
-        self._step_ce = self._step_ce.to(ce.device) + ce.detach().double()
+        self._step_ce.append(ce.detach())
         acc, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
         if (batch_idx + 1) % acc == 0:
-            total = self._step_ce
-            if world > 1:
-                total = self.trainer.strategy.reduce(total, reduce_op="sum")
-            step_loss = float(total) / max(int(step_count), 1)
+            # the exact step loss, summed in float64 on the host (over micro-batches, then processes)
+            (total,) = sum_over_ranks(self.trainer.strategy, host_column_sums([[c] for c in self._step_ce]))
+            step_loss = total / max(int(step_count), 1)
             self.losses.append(step_loss)
-            self._step_ce = torch.zeros((), dtype=torch.float64, device=ce.device)
+            self._step_ce = []
             self.log("train_loss", step_loss, prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True,
                      batch_size=x.size(0))
         return ce * (acc * world) / n
 
     def on_validation_epoch_start(self):
-        self._val = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self._val = []
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        ce, n = masked_ce_sum(self.model(x), y)
-        self._val += torch.stack([ce.double(), n.double()])
+        ce, n = masked_ce_sum(self.model(x, check_ids=False), y)
+        self._val.append([ce.detach(), n])
 
     def on_validation_epoch_end(self):
         if self.trainer.sanity_checking:
             return
-        total = self._val
-        if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total, reduce_op="sum")
-        loss = float(total[0] / total[1]) if float(total[1]) else float("nan")
+        nats, count = sum_over_ranks(self.trainer.strategy, (host_column_sums(self._val) + [0.0, 0.0])[:2])
+        loss = nats / count if count else float("nan")
         self.log("val_loss", loss, prog_bar=True, sync_dist=False)
         self.val_history.append((self.trainer.global_step, loss))
 

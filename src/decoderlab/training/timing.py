@@ -15,6 +15,7 @@ import time
 import lightning as L
 
 from .config import evaluation_sums
+from .strategy import evaluation_model
 
 
 class ValidationClock(L.Callback):
@@ -63,12 +64,15 @@ class ValidationClock(L.Callback):
         return sums
 
     def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking or not trainer.is_global_zero or not self.metrics.history:
+        if trainer.sanity_checking or not self.metrics.history:
             return
-        step, loss = self.metrics.history[-1]
-        self.record(step, loss, "subset" if self.subset else "all")
+        step, loss = self.metrics.history[-1]  # (the same on every process)
+        if trainer.is_global_zero:
+            self.record(step, loss, "subset" if self.subset else "all")
         if self.subset and self.full_val_below is not None and loss <= self.full_val_below:
-            self.full_sums(pl_module.model, trainer.global_step)
+            model, _ = evaluation_model(trainer, pl_module.model)  # gathered on rank 0 under FSDP (a collective)
+            if model is not None:
+                self.full_sums(model, trainer.global_step)
 
     def state_dict(self):
         return {"entries": [dict(e) for e in self.entries]}

@@ -14,6 +14,8 @@ import lightning as L
 
 from .callbacks import LIGHTNING_DIR, FinalValidation, PlainProgress, StepProgressBar, TrainingInterrupted
 from .config import PRECISION_ALIASES, TrainConfig
+from .precision import choose_precision, detect_machine, resolve_precision
+from .strategy import build_strategy, check_strategy
 
 
 class _StepNumbers:
@@ -45,6 +47,25 @@ def _loggers(run_dir: Path | None):
     return loggers
 
 
+def check_run_options(cfg: TrainConfig, strategy: str = "auto", accelerator: str = "auto") -> str:
+    """Refuse, before anything is read or launched, what cannot run on this machine or together: the
+    strategy with the optimizer, accelerator and compile settings
+    (:func:`~decoderlab.training.strategy.check_strategy`), the precision for the machine
+    (:func:`~decoderlab.training.precision.resolve_precision`), a fused AdamW under the mixed precision
+    "auto" chose with clipping. Returns the precision the run will train at.
+
+    Raises:
+        ValueError: one line naming the option, what cannot run and the alternatives.
+    """
+    check_strategy(str(strategy), optimizer=cfg.optimizer, accelerator=accelerator, compile=cfg.compile)
+    precision, _ = resolve_precision(cfg.precision, detect_machine(accelerator), strategy=str(strategy))
+    if cfg.fused and precision.endswith("-mixed") and cfg.grad_clip > 0:
+        raise ValueError(f"fused=True cannot be combined with precision {precision!r} (--precision {cfg.precision} "
+                         f"on this machine) and grad_clip={cfg.grad_clip}: use fused=None or False, grad_clip=0, or "
+                         f"precision='32'")
+    return precision
+
+
 def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, devices: int | str = 1,
                  strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
                  callbacks: Sequence[L.Callback] = (), progress_bar: bool | str = True, logger: bool = True,
@@ -58,11 +79,19 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
     ``run_dir/logs`` whose ``step`` is the number of optimizer steps done, and ``ModelCheckpoint`` keeping the
     best (lowest ``val_loss``) and the last Lightning checkpoint in ``run_dir/lightning``
-    (``best-step{N}.ckpt``: N steps done), both written at every validation. ``devices``, ``strategy`` ("auto", "ddp", "fsdp", ...),
-    ``num_nodes`` and ``accelerator`` go to Lightning unchanged.
+    (``best-step{N}.ckpt``: N steps done), both written at every validation. ``devices``, ``num_nodes`` and
+    ``accelerator`` go to Lightning unchanged, ``strategy`` too ("auto", "ddp", ...) except "fsdp":
+    decoderlab's FSDP2 (:mod:`decoderlab.training.strategy`). The precision is ``cfg.precision``, "auto"
+    chosen for the machine (:func:`decoderlab.training.precision.choose_precision`).
+
+    Raises:
+        ValueError: a strategy, precision or option that cannot run on this machine or together (one line,
+            before any process starts).
     """
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
+    check_run_options(cfg, strategy, accelerator)
+    precision = choose_precision(cfg.precision, accelerator, strategy=str(strategy))
     run_dir = Path(run_dir) if run_dir is not None else None
     cbs = [*callbacks, FinalValidation()]
     if progress_bar not in (True, False, "plain"):
@@ -80,8 +109,8 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
                                    auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
                                    save_last=True, enable_version_counter=False))  # always last.ckpt, never last-v1
     return L.Trainer(
-        accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes,
-        precision=PRECISION_ALIASES[cfg.precision],
+        accelerator=accelerator, devices=devices, strategy=build_strategy(strategy), num_nodes=num_nodes,
+        precision=PRECISION_ALIASES[precision],
         max_steps=cfg.max_steps, max_epochs=-1,
         accumulate_grad_batches=cfg.accumulate,
         gradient_clip_val=cfg.grad_clip or None, gradient_clip_algorithm="norm",

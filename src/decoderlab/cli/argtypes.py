@@ -1,0 +1,50 @@
+"""argparse types with errors in decoderlab's words: ``--max-steps must be an integer, got 'x'``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+
+def number(kind, minimum=None, what: str = ""):
+    """An argparse type: an int or float (>= ``minimum`` if given), with an error in our words."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}{what}, "
+                                             f"got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{what}, got {text}")
+        return value
+    parse.integer = kind is int
+    return parse
+
+
+def seed(exponent: int):
+    """An argparse type for ``--seed``: an integer in 0 .. 2**exponent-1 (63: a sampling ``torch.Generator``;
+    32: training, whose ``seed_everything`` seeds NumPy), refused in those words rather than as torch's
+    "Overflow when unpacking long long"."""
+    def parse(text: str):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 <= value < 2**exponent:
+            raise argparse.ArgumentTypeError(f"must be an integer in 0 .. 2**{exponent}-1, got {text!r}")
+        return value
+    parse.integer = True
+    return parse
+
+
+DEVICES_HELP = "a number of devices >= 1, -1 (all), 'auto', or device indices such as 0,1"
+
+
+def devices(text: str):
+    """``--devices``: an int >= 1, -1, "auto", or a comma-separated list of device indices ("0,1", "1,")."""
+    value = text.strip()
+    if value == "auto" or ("," in value and re.fullmatch(r"\d+(,\d+)*,?", value)):
+        return value
+    if re.fullmatch(r"-1|[1-9]\d*", value):
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be {DEVICES_HELP}; got {text!r}")

@@ -1,0 +1,195 @@
+"""``decoderlab generate`` (and its alias ``sample``, which is ``generate --no-stream --echo``): continue a prompt,
+or with ``--chat`` answer it as a user message with the checkpoint's chat template."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
+from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
+                      no_chat_template, no_top_k, set_threads)
+
+DESCRIPTION = (
+    "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
+    "greedily until <EOS>, as in the lesson (with --chat its reply is sampled as the options say). "
+    "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). With --chat the prompt "
+    "is a user message and the reply is rendered with the chat template stored in a checkpoint written by "
+    "`decoderlab finetune`; it ends at the end of turn. "
+    r"--stop understands the backslash escapes \n \t \r \\ \0 \xHH \uHHHH, so --stop '\n\n' stops at a blank line.")
+
+
+def add_generate(p) -> None:
+    p.description = DESCRIPTION
+    _add_generate_options(p)
+
+
+def add_sample(p) -> None:
+    p.description = DESCRIPTION
+    _add_generate_options(p)
+    p.set_defaults(no_stream=True, echo=True)
+
+
+def _add_generate_options(p) -> None:
+    add_options(p, CHECKPOINT_OPTIONS)
+    add_options(p, SAMPLING_OPTIONS,
+                temperature_help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
+    add_options(p, THREADS_OPTIONS)
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help=r"stop before this text; backslash escapes such as \n and \t are understood (repeatable; "
+                        "default: none)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="print the continuation at the end (default: stream it as it is produced)")
+    p.add_argument("--echo", action="store_true",
+                   help="print the prompt followed by its continuation, decoded together (the lesson's model "
+                        "then continues the text instead of answering; default: the continuation only)")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is a user message: one assistant reply with the checkpoint's chat template "
+                        "(default: continue the text)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message before the prompt, with --chat (default: none)")
+    p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
+                   help="the prompt text (or give it as the positional argument; default: a newline)")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
+    p.set_defaults(func=cmd_generate)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "0": "\0", "'": "'", '"': '"', "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v"}
+_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.|$)", re.S)
+
+
+def unescape(text: str, flag: str = "--stop") -> str:
+    r"""``text`` with the backslash escapes a user types in a shell turned into characters: ``\n`` (newline),
+    ``\t``, ``\r``, ``\\``, ``\0``, ``\'``, ``\"``, ``\a``, ``\b``, ``\f``, ``\v``, ``\xHH``, ``\uHHHH`` and
+    ``\UHHHHHHHH`` (as in Python string literals). Any other character stands for itself.
+
+    Raises:
+        ValueError: an unknown escape (``\q``) or a lone backslash at the end, showing ``text`` as typed.
+    """
+    def replace(m: re.Match) -> str:
+        e = m.group(1)
+        if len(e) > 1:
+            return chr(int(e[1:], 16))
+        if e in _ESCAPES:
+            return _ESCAPES[e]
+        what = "ends with a lone backslash" if e == "" else f"has an unknown escape \\{e}"
+        raise ValueError(rf"{flag} '{text}' {what}; known escapes: \n \t \r \\ \0 \xHH \uHHHH (write \\ for a "
+                         "backslash)")
+
+    return _ESCAPE_RE.sub(replace, text)
+
+
+def stops(typed: list[str] | None, tok) -> list[str] | None:
+    """The --stop strings, unescaped and checked against the tokenizer; errors show them as typed."""
+    if typed is None:
+        return None
+    out = []
+    for raw in typed:
+        stop = unescape(raw)
+        if stop == "":
+            raise ValueError("--stop '' is empty; give the text to stop before")
+        if stop not in getattr(tok, "token_to_id", {}):
+            try:
+                ids = tok.encode(stop)
+            except (KeyError, ValueError) as e:
+                msg = e.args[0] if e.args else e
+                raise ValueError(f"--stop '{raw}' cannot be encoded by this model's tokenizer: {msg}") from None
+            if not ids:
+                raise ValueError(f"--stop '{raw}' encodes to no tokens")
+        out.append(stop)
+    return out
+
+
+def cmd_generate(args) -> int:
+    if args.prompt is not None and args.prompt_option is not None:
+        raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
+    prompt = args.prompt if args.prompt is not None else args.prompt_option
+    if args.system is not None and not args.chat:
+        raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
+    set_threads(args)
+    model, tok, template, _ = load_model(args)
+    # the lesson's model answers its prompt (the prompt is the user turn of its template), as in the lesson
+    if args.chat or (template is not None and template.name == "lesson" and not args.echo):
+        return _generate_chat(args, model, tok, template, prompt)
+    from ..generation import stream_text
+    from ..tokenizers import EOS
+
+    prompt = "\n" if prompt is None else prompt
+    n = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
+    # (where the template opens the assistant turn with it, the lesson's, it separates prompt and answer: the
+    # text goes on); with --echo the prompt and its continuation are decoded together, so word tokens keep
+    # their separators
+    pieces = stream_text(model, tok, tok.encode(prompt), n,
+                         temperature=DEFAULT_TEMPERATURE if args.temperature is None else args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, stop=stops(args.stop, tok),
+                         seed=args.seed, echo=args.echo,
+                         stop_at_eos=template is None or template.assistant != EOS)
+    write_pieces(pieces, stream=not args.no_stream)
+    return 0
+
+
+def _lesson_prompt(args, template, prompt):
+    """The lesson's model answering without --chat: greedily, as in the lesson (the sampling options need
+    --chat); its prompt may end with the <EOS> the lesson writes after it (the template adds it otherwise)."""
+    sampling = [*given(args, SAMPLING_OPTIONS), *(["stop"] if args.stop is not None else [])]
+    if sampling:
+        raise ValueError(f"{', '.join(flag(o) for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not "
+                         "apply: the lesson's model answers greedily until <EOS>, as in the lesson (give --chat to "
+                         "sample its reply)")
+    if prompt is not None and prompt.split()[-1:] == [template.assistant]:
+        prompt = prompt.rsplit(template.assistant, 1)[0]
+    return prompt
+
+
+def write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
+    """Write text pieces as they come (``stream``) or all at the end, then ``tail()`` and a newline. On Ctrl-C,
+    what was produced so far is written before the interrupt goes on (``main`` prints the one line, exit 130)."""
+    written: list[str] = []
+    try:
+        for piece in pieces:
+            if stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            else:
+                written.append(piece)
+    except KeyboardInterrupt:
+        sys.stdout.write("".join(written) + "\n")
+        sys.stdout.flush()
+        raise
+    sys.stdout.write("".join(written) + tail() + "\n")
+
+
+def _generate_chat(args, model, tok, template, prompt) -> int:
+    """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
+    checkpoint's template (the renderer fine-tuning used), ending at the end of turn. The lesson's model answers
+    so without --chat too (:func:`_lesson_prompt`), and its answer is printed with its <EOS>."""
+    from ..chat import stream_chat_reply
+
+    lesson = template is not None and template.name == "lesson"
+    if lesson and not args.chat:
+        prompt = _lesson_prompt(args, template, prompt)
+
+    not_here = [f for f, given_ in (("--stop", args.stop is not None),
+                                    ("--echo", args.echo and args.command != "sample")) if given_]
+    if not_here:
+        raise ValueError(f"{', '.join(not_here)} {'does' if len(not_here) == 1 else 'do'} not apply with --chat: "
+                         f"the reply ends at the chat template's end of turn")
+    if template is None:
+        raise no_chat_template(args.checkpoint)
+    if prompt is None:
+        raise ValueError("give the user message to answer, e.g. \"hello\"")
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+        {"role": "user", "content": prompt}]
+    default_t = template.default_temperature  # the lesson answers greedily (and prints its <EOS>)
+    info: dict = {}
+    pieces = stream_chat_reply(
+        model, tok, messages, template,
+        max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
+        temperature=default_t if args.temperature is None else args.temperature,
+        top_k=no_top_k(args.top_k), top_p=args.top_p, seed=args.seed, info=info)
+    write_pieces(pieces, stream=not args.no_stream,
+                 tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
+                 else "")
+    return 0

@@ -1,0 +1,84 @@
+"""``decoderlab verify`` and ``decoderlab explain``: the glass box (``decoderlab.glassbox``) on the command line."""
+
+from __future__ import annotations
+
+import sys
+
+from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
+from ..config.names import EXAMPLES
+from .argtypes import number
+from .errors import FAILED
+from .options import add_checkpoint_option, load_model, no_chat_template
+
+
+def add_verify(p) -> None:
+    add_checkpoint_option(p)
+    p.add_argument("text", help="the input text")
+    p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
+                   help="tolerance per step, times max(1, max |value|) (default %(default)g)")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    from ..glassbox import verify
+
+    model, tok, _, _ = load_model(args)
+    report = verify(model, args.text, tol=args.tol, tokenizer=tok)
+    print(report.table())
+    if not report.ok:
+        print(f"decoderlab: error: verify failed: some steps differ from the float64 reference by more than "
+              f"--tol {args.tol}", file=sys.stderr)
+    return 0 if report.ok else FAILED
+
+
+def add_explain(p) -> None:
+    p.add_argument("--example", default=None, metavar="NAME",
+                   help=f"a worked example: {', '.join(EXAMPLES)} (default: none)")
+    add_checkpoint_option(p, required=False)
+    p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
+    p.add_argument("--chat", action="store_true",
+                   help="TEXT is a user message: explain the tokens a chat checkpoint sees before its reply, "
+                        "rendered with its stored template (default: TEXT as it is)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message before TEXT, with --chat (default: none)")
+    p.add_argument("--layer", type=number(int), default=None, metavar="N", help="only this layer (default: all)")
+    p.add_argument("--head", type=number(int), default=None, metavar="N", help="only this head (default: all)")
+    p.add_argument("--top-k", type=number(int), default=EXPLAIN_TOP_K, metavar="K",
+                   help="next-token probabilities to show per position (default %(default)s)")
+    p.add_argument("--png", default=None, metavar="FILE",
+                   help="write attention heatmaps to this PNG file (default: none)")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="write a self-contained HTML report to this file (default: none)")
+    p.set_defaults(func=cmd_explain)
+
+
+def _chat_tokens(args, tok, template):
+    """The tokens a chat checkpoint sees before it answers ``args.text`` (the renderer of fine-tuning and chat)."""
+    if template is None:
+        raise no_chat_template(args.checkpoint)
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+        {"role": "user", "content": args.text}]
+    ids, _ = template.render(messages, tok, add_generation_prompt=True)
+    return ids
+
+
+def cmd_explain(args) -> int:
+    from ..glassbox import explain, explain_example
+
+    if args.example is not None:
+        if args.checkpoint is not None or args.png or args.html or args.chat:
+            raise ValueError("--example takes no --checkpoint, --png, --html or --chat")
+        print(explain_example(args.example))
+        return 0
+    if args.checkpoint is None or args.text is None:
+        raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system applies with --chat")
+    model, tok, template, _ = load_model(args)
+    text_or_ids = _chat_tokens(args, tok, template) if args.chat else args.text
+    print(explain(model, text_or_ids, tok, layer=args.layer, head=args.head, top_k=args.top_k,
+                  png=args.png, html=args.html))
+    for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):
+        if path:
+            print(f"wrote {what} to {path}")
+    return 0

@@ -1,0 +1,340 @@
+"""The option groups several commands share, and the functions that read them back.
+
+Each group is a table: add a flag to a command family by adding a row (an :func:`option`, or a row of
+``TRAIN_OPTIONS`` / ``SHAPE_OPTIONS``); its reader (:func:`given`, :func:`train_overrides`,
+:func:`model_overrides`) then returns it with the others. The defaults shown in the help come from
+``decoderlab.config`` (plain data, no torch); the library checks the values and its messages are put in the
+flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
+
+    CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (verify, explain, serve:
+                                                                     --checkpoint)
+    SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
+                        --top-p, --seed
+    THREADS_OPTIONS     --threads                                    train, generate, sample, chat, serve
+    TRAIN_OPTIONS       TrainConfig's flags (+ --optimizer,          train, finetune
+                        --schedule, --precision)
+    SHAPE_OPTIONS       ModelConfig's shape flags                    train, finetune
+    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune
+                        --num-nodes, --no-progress-bar
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections import namedtuple
+
+from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
+from ..config.names import DTYPES, MLPS, NORMS, OPTIMIZERS, POSITIONS, PRECISIONS, SCHEDULES
+from ..config.presets import PRESETS
+from .argtypes import DEVICES_HELP, devices, number, seed
+
+#: one flag of a group: its option strings and ``add_argument``'s keywords; a callable ``help`` is called with
+#: the keywords given to :func:`add_options` (a command's own wording)
+Option = namedtuple("Option", "flags kwargs")
+
+
+def option(*flags: str, **kwargs) -> Option:
+    return Option(flags, kwargs)
+
+
+def dest(opt: Option) -> str:
+    """The attribute an option's value lands in (argparse's rule: the first long flag, ``-`` -> ``_``)."""
+    if "dest" in opt.kwargs:
+        return opt.kwargs["dest"]
+    long = next((f for f in opt.flags if f.startswith("--")), opt.flags[0])
+    return long.lstrip("-").replace("-", "_")
+
+
+def add_options(parser, options, **wording) -> None:
+    """Add a group's ``options`` to ``parser`` (or an argument group); values not given are None unless the
+    row says otherwise."""
+    for opt in options:
+        kwargs = {"default": None, **opt.kwargs}
+        if callable(kwargs.get("help")):
+            kwargs["help"] = kwargs["help"](wording)
+        parser.add_argument(*opt.flags, **kwargs)
+
+
+def given(args, options) -> dict:
+    """``{dest: value}`` of the ``options`` given on the command line (not None)."""
+    return {d: getattr(args, d) for d in map(dest, options) if getattr(args, d, None) is not None}
+
+
+def flag(field: str) -> str:
+    """``max_new_tokens`` -> ``--max-new-tokens``."""
+    return "--" + field.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a checkpoint to load, in a dtype
+# ---------------------------------------------------------------------------------------------------------
+
+CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, or a Hugging Face GPT-2 directory "
+                   "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
+                   "merges.txt)")
+
+CHECKPOINT_OPTIONS = (
+    option("--checkpoint", required=True, metavar="DIR", help=CHECKPOINT_HELP),
+    # checked by load_checkpoint (one error line listing the choices), not by argparse's choices
+    option("--dtype", metavar="DTYPE",
+           help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
+                "halve the bytes read per token, int8 quarters them with weight-only quantization and needs "
+                "torchao: pip install \"decoderlab[quant]\")"),
+)
+
+
+def add_checkpoint_option(parser, required: bool = True) -> None:
+    """``--checkpoint`` alone (verify, explain, serve)."""
+    parser.add_argument("--checkpoint", required=required, default=None, metavar="DIR",
+                        help=CHECKPOINT_HELP + ("" if required else " (default: none)"))
+
+
+def load_model(args):
+    """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
+    (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
+    the stored one, None for a base model), its weights in ``--dtype`` where the command has it."""
+    from ..chat import load_model as load
+
+    return load(args.checkpoint, dtype=getattr(args, "dtype", None))
+
+
+def no_chat_template(directory) -> ValueError:
+    return ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {directory} has no chat "
+                      f"template in its meta.json")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sampling
+# ---------------------------------------------------------------------------------------------------------
+
+SAMPLING_OPTIONS = (
+    option("--max-new-tokens", type=number(int), metavar="N",
+           help=f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS}; the lesson's model answers "
+                "until <EOS>)"),
+    option("--temperature", type=number(float), metavar="T", help=lambda wording: wording["temperature_help"]),
+    option("--top-k", type=number(int), metavar="K",
+           help="sample among the K most probable tokens; 0 = no top-k filter (default: no filter)"),
+    option("--top-p", type=number(float), metavar="P",
+           help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no filter)"),
+    option("--seed", type=seed(63), metavar="N", help="seed for reproducible sampling (default: fresh entropy)"),
+)
+
+
+def no_top_k(k):
+    """``--top-k 0`` means no top-k filter (None to the library)."""
+    return None if k == 0 else k
+
+
+# ---------------------------------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------------------------------
+
+THREADS_OPTIONS = (
+    option("--threads", type=number(int), metavar="N",
+           help="PyTorch intra-op threads (default: the cores the 1-minute load average leaves idle, at most 2; "
+                "see decoderlab.threads)"),
+)
+
+
+def set_threads(args) -> int:
+    """``torch.set_num_threads`` from ``--threads``, or chosen from the machine's cores and load."""
+    from ..threads import set_threads as set_torch_threads
+
+    try:
+        return set_torch_threads(getattr(args, "threads", None))
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TrainConfig's flags (train, finetune)
+# ---------------------------------------------------------------------------------------------------------
+
+#: (flag, TrainConfig field, argparse type, help); each help gets "(default ...)"; the values are checked by
+#: TrainConfig, whose messages are put in the flags' words
+TRAIN_OPTIONS = (
+    ("--max-steps", "max_steps", number(int), "optimizer steps"),
+    ("--batch-size", "batch_size", number(int), "sequences per batch per process (statquest: pairs per batch)"),
+    ("--lr", "lr", number(float), "peak learning rate (statquest: Adam's learning rate)"),
+    ("--min-lr", "min_lr", number(float), "learning rate at the end of the cosine decay"),
+    ("--warmup", "warmup", number(int), "steps of linear warm-up (keep it below --max-steps)"),
+    ("--eval-every", "eval_every", number(int), "optimizer steps between evaluations (and checkpoints)"),
+    ("--val-batches", "val_batches", number(int), "evaluate on at most this many batches of 64 windows"),
+    ("--log-every", "log_every", number(int), "optimizer steps between progress lines and logged train-loss rows"),
+    ("--grad-clip", "grad_clip", number(float), "clip the gradient norm to this, 0 = no clipping"),
+    ("--accumulate", "accumulate", number(int), "batches per optimizer step (gradient accumulation)"),
+    ("--muon-lr", "muon_lr", number(float), "Muon's peak learning rate, with --optimizer muon"),
+    ("--cooldown", "cooldown", number(float), "with --schedule wsd: the last fraction of --max-steps that decays"),
+    ("--full-val-below", "full_val_below", number(float),
+     "with --val-batches: also evaluate all validation windows whenever the subset's loss is at or below this"),
+)
+
+#: (flag, TrainConfig field, choices, help) of the TrainConfig fields that are a choice
+TRAIN_CHOICE_OPTIONS = (
+    ("--optimizer", "optimizer", OPTIMIZERS, "adamw: AdamW for every parameter; muon: Muon for the blocks' weight "
+                                             "matrices, AdamW (--lr) for embeddings, gains and biases"),
+    ("--schedule", "schedule", SCHEDULES, "after the warm-up: cosine decay to --min-lr, or wsd (flat, then a "
+                                          "linear decay over the last --cooldown)"),
+    ("--precision", "precision", PRECISIONS,
+     "auto = bf16-mixed on a CUDA GPU with bfloat16, 16-mixed on older GPUs, 32 on the CPU and Apple MPS; "
+     "32 = float32; bf16-mixed / 16-mixed = bfloat16 / float16 autocast (16-mixed with a gradient scaler, GPUs "
+     "only), float32 weights"),
+)
+
+#: TrainConfig fields some commands set with flags of their own (train: --compile, --seed)
+TRAIN_OWN_FIELDS = ("compile", "seed")
+
+
+def _shown(field: str, defaults: dict) -> str:
+    value = defaults[field]
+    if value is None:
+        return "never" if field == "full_val_below" else "all"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _default_text(field: str, defaults: dict, recipe: dict | None, lesson: bool) -> str:
+    """"(default 450; 2000 with a plain model preset; statquest 30)": the recipe's value first where it sets
+    the field, the lesson's where ``lesson``."""
+    extra = f"; statquest {PAIR_TRAIN[field]:g}" if lesson and field in PAIR_TRAIN else ""
+    if recipe is not None and field in recipe and recipe[field] != defaults[field]:
+        return f"(default {_shown(field, recipe)}; {_shown(field, defaults)} with a plain model preset{extra})"
+    return f"(default {_shown(field, defaults)}{extra})"
+
+
+def add_train_config_options(group, defaults: dict = TRAIN_DEFAULTS, *, skip: tuple = (),
+                             helps: dict | None = None, lesson: bool = False, recipe: dict | None = None) -> None:
+    """Add the ``TrainConfig`` flags of :data:`TRAIN_OPTIONS` and :data:`TRAIN_CHOICE_OPTIONS` (less ``skip``)
+    to ``group``, each help ending with its default from ``defaults`` (and statquest's with ``lesson``). With
+    ``recipe`` (the default recipe's fields), a field it sets shows the recipe's value as the default and
+    ``defaults``' as the one of a plain model preset. ``helps`` replaces the text of some fields. Read back by
+    :func:`train_overrides`."""
+    for flag_, field, kind, text in TRAIN_OPTIONS:
+        if field not in skip:
+            group.add_argument(flag_, dest=field, type=kind, default=None, metavar="N" if kind.integer else "X",
+                               help=f"{(helps or {}).get(field, text)} "
+                                    f"{_default_text(field, defaults, recipe, lesson)}")
+    for flag_, field, choices, text in TRAIN_CHOICE_OPTIONS:
+        if field not in skip:
+            group.add_argument(flag_, dest=field, default=None, choices=choices,
+                               help=f"{text} {_default_text(field, defaults, recipe, lesson)}")
+
+
+def train_fields(skip: tuple = ()) -> list[str]:
+    """The TrainConfig fields that have a flag (less ``skip``)."""
+    return [f for _, f, _, _ in (*TRAIN_OPTIONS, *TRAIN_CHOICE_OPTIONS) if f not in skip] + list(TRAIN_OWN_FIELDS)
+
+
+def train_overrides(args, skip: tuple = ()) -> dict:
+    """The ``TrainConfig`` fields given with :func:`add_train_config_options`' flags (and ``--seed``,
+    ``--compile`` where the command has them), as ``{field: value}``."""
+    return {f: getattr(args, f) for f in train_fields(skip) if getattr(args, f, None) is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the model's shape (train, finetune)
+# ---------------------------------------------------------------------------------------------------------
+
+#: (ModelConfig field, argparse keywords, help) of the shape flags
+SHAPE_OPTIONS = (
+    ("n_layer", dict(type=number(int), metavar="N"), "decoder blocks"),
+    ("n_head", dict(type=number(int), metavar="N"), "attention heads; must divide --d-model"),
+    ("d_model", dict(type=number(int), metavar="N"), "values per token, the embedding size"),
+    ("max_len", dict(type=number(int), metavar="N"),
+     "context length in tokens; each data split needs more tokens than this"),
+    ("dropout", dict(type=number(float), metavar="P"), "dropout probability in [0, 1)"),
+    ("position", dict(choices=POSITIONS), "position encoding"),
+    ("norm", dict(choices=NORMS), "normalisation (pre-norm)"),
+    ("mlp", dict(choices=MLPS), "MLP after attention"),
+)
+SHAPE_FIELDS = tuple(field for field, _, _ in SHAPE_OPTIONS)
+
+
+def add_model_shape_options(parser) -> None:
+    """Add the model-shape flags of :data:`SHAPE_OPTIONS` to ``parser``: ``ModelConfig`` fields on top of
+    ``--preset``, each help listing the presets' values. :func:`model_overrides` reads them back."""
+    g = parser.add_argument_group("model shape (ModelConfig fields on top of --preset; default: the preset's)")
+    for field, kwargs, text in SHAPE_OPTIONS:
+        # statquest trains the lesson's fixed model
+        values = ", ".join(f"{name} {shape[field]}" for name, shape in PRESETS.items() if name != "statquest")
+        g.add_argument(flag(field), default=None, help=f"{text} (default: {values})", **kwargs)
+
+
+def model_overrides(args) -> dict:
+    """The ``ModelConfig`` fields given with :func:`add_model_shape_options`' flags, as ``{field: value}``."""
+    return {f: getattr(args, f) for f in SHAPE_FIELDS if getattr(args, f, None) is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a training run: where, resumed or not, on which devices (train, finetune)
+# ---------------------------------------------------------------------------------------------------------
+
+RUN_OPTIONS = (
+    option("--resume", nargs="?", const=True, metavar="RUN_DIR",
+           help="continue a run: its directory or a .ckpt; without a value: --out (default: a new run)"),
+    option("--devices", type=devices, default="1", metavar="N", help=f"{DEVICES_HELP}, per node (default %(default)s)"),
+    option("--strategy", default="auto",
+           help="Lightning strategy: auto, ddp, ddp_spawn, deepspeed, ..., or fsdp (decoderlab's FSDP2: one "
+                "unit per decoder block, float32 gradient reduction, GPUs or CPUs) (default %(default)s)"),
+    option("--num-nodes", type=number(int, 1), default=1, metavar="N", help="machines (default %(default)s)"),
+    option("--no-progress-bar", action="store_true",
+           help="plain progress lines instead of the bar (the default when the output is not a terminal)"),
+)
+
+
+def progress_mode(args):
+    """A bar on a terminal; plain lines when the output is redirected or with ``--no-progress-bar``."""
+    return True if sys.stdout.isatty() and not args.no_progress_bar else "plain"
+
+
+def check_strategy(strategy: str) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    known = ("auto", *StrategyRegistry.available_strategies())
+    if strategy not in known:
+        common = [k for k in known if not re.search(r"find_unused|stage|offload|debug", k)]
+        raise ValueError(f"--strategy {strategy!r} is not a Lightning strategy; known: {', '.join(common)} (and "
+                         f"variants such as fsdp_cpu_offload, deepspeed_stage_2)")
+
+
+def check_out_dir(out) -> None:
+    """``--out`` must be a directory, or a path that can be made one: an existing file, or a place where no
+    directory can be made (``/proc/x``), gets one sentence naming ``--out`` before any work is done."""
+    # os.path rather than pathlib: --help and the argument checks stay quick to start (bench/startup.py)
+    path = os.path.normpath(str(out))
+    p = path
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p or not parent:
+            break
+        p = parent
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ValueError(f"--out {out} is a file, not a directory" if p == path
+                         else f"--out {out}: {p} is a file, not a directory")
+    if not os.path.exists(path):
+        _try_making(path, out)
+
+
+def _try_making(path: str, out) -> None:
+    """Make ``path`` and remove what was made: the run makes it later, after reading and tokenizing its data."""
+    missing, head = [], path
+    while head and not os.path.exists(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    made = []
+    try:
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:  # made meanwhile (another process of the same run)
+                continue
+            made.append(directory)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot make this directory ({e.strerror or e})") from None
+    finally:
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:  # something was put in it meanwhile: it is the run's now
+                pass

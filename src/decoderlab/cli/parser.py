@@ -1,0 +1,81 @@
+"""The parser: argparse with decoderlab's one-line errors, and the table of commands.
+
+Building it imports no torch: each command module adds its options from ``decoderlab.config``'s plain data and
+imports the library only when the command runs (``tests/cli/test_parser.py`` checks ``sys.modules``). A
+command's module is imported only when its options are needed: ``decoderlab --help`` reads this table alone,
+``decoderlab train ...`` the train module (``bench/startup.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+
+from .._version import __version__
+from ..config.recipes import DEFAULT_RECIPE
+
+#: the commands in the order ``decoderlab --help`` lists them: name -> (the module and function that add its
+#: options to its subparser, its one-line help)
+COMMANDS = {
+    "train": ("train", "add_train",
+              f"train a model (default: the {DEFAULT_RECIPE} recipe on the embedded tinyshakespeare)"),
+    "sample": ("generate", "add_sample",
+               "alias of `generate --no-stream --echo`: print a prompt and its continuation"),
+    "generate": ("generate", "add_generate", "continue a prompt with a trained model (streamed as it is produced)"),
+    "chat": ("chat", "add_chat", "talk with a model; each turn continues the conversation (/help, /quit)"),
+    "finetune": ("finetune", "add_finetune", "fine-tune a model on conversations (JSONL) with a chat template"),
+    "verify": ("glassbox", "add_verify",
+               "recompute a checkpoint's forward pass in float64 NumPy and compare every step"),
+    "explain": ("glassbox", "add_explain",
+                "print every attention number step by step (a worked example or a checkpoint)"),
+    "serve": ("serve", "add_serve",
+              "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with decoderlab's one-line errors: ``decoderlab: error: --max-steps must be an integer, got
+    'x' (see decoderlab train --help)`` and exit status 2."""
+
+    def error(self, message: str):
+        m = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        if m:
+            flag = m.group(1).split("/")[-1]
+            message = f"{flag} {m.group(2)}" if m.group(2).startswith("must ") else f"{flag}: {m.group(2)}"
+        self.exit(2, f"decoderlab: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an unknown flag is named alone: ``generate --devices 2 The`` said "unrecognized
+        arguments: --devices The" (the words after an unknown flag are left over too); now "unrecognized
+        option: --devices (see decoderlab generate --help)". Left-over words without a flag are listed."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = [a.split("=", 1)[0] for a in extras
+                     if a.startswith("-") and a != "-" and not re.fullmatch(r"-\d+(\.\d*)?", a)]
+            parser = self
+            for action in self._actions:  # the subcommand's parser names its own --help
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(ns, action.dest, None), self)
+            if flags:
+                parser.error(f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}")
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``argv``, only the command ``argv`` names gets its options (the others are listed
+    by name and one-line help), so that a start imports only what its command needs."""
+    parser = ArgumentParser(
+        prog="decoderlab",
+        description="Build, verify, train, inspect and chat with decoder-only (GPT-style) transformers.",
+    )
+    parser.add_argument("--version", action="version", version=f"decoderlab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # the top level has no option that takes a value: the first word that is not an option names the command
+    wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (module, function, text) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        if wanted is None or name == wanted:
+            getattr(importlib.import_module(f".{module}", __package__), function)(p)
+    return parser

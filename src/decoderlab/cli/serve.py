@@ -1,0 +1,50 @@
+"""``decoderlab serve``: a checkpoint over an OpenAI-compatible HTTP API with the glass-box page at /
+(``decoderlab.serve``)."""
+
+from __future__ import annotations
+
+from ..config.defaults import SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_PORT
+from ..output import KeepWriting
+from .argtypes import number
+from .options import THREADS_OPTIONS, add_checkpoint_option, add_options, flag, set_threads
+
+
+def add_serve(p) -> None:
+    add_checkpoint_option(p)
+    p.add_argument("--host", default=SERVE_HOST, help=f"address to bind (default {SERVE_HOST}: this machine only)")
+    p.add_argument("--port", type=number(int), default=SERVE_PORT, metavar="N",
+                   help=f"port, 0 .. 65535 (default {SERVE_PORT})")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: none, open)")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="allow this browser origin (repeatable; default: CORS off)")
+    p.add_argument("--model-id", default=None, metavar="NAME",
+                   help="the model id clients name (default: the checkpoint's name, else the directory's name)")
+    for field, default in SERVE_LIMIT_DEFAULTS.items():
+        p.add_argument(flag(field), type=number(int), default=default, metavar="N",
+                       help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
+    add_options(p, THREADS_OPTIONS)
+    p.set_defaults(func=cmd_serve)
+
+
+def _check_numbers(args) -> None:
+    for name in ("port", *SERVE_LIMIT_DEFAULTS):
+        value = getattr(args, name)
+        low = 0 if name == "port" else 1
+        if value < low or (name == "port" and value > 65535):
+            raise ValueError(f"{flag(name)} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
+
+
+def cmd_serve(args) -> int:
+    _check_numbers(args)
+    from ..serve import Limits, serve
+
+    set_threads(args)
+    limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMIT_DEFAULTS},
+                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens))
+    # serve() binds --host:--port before loading (a busy port or an unknown host: one error line); a closed
+    # output (uvicorn writes its access lines there) must not disturb the server
+    with KeepWriting():
+        serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
+              limits=limits, model_id=args.model_id)
+    return 0

@@ -1,0 +1,79 @@
+"""The defaults of decoderlab's settings as plain data (numbers, strings, dicts; no dataclasses, no torch).
+
+Each value is defined here once: ``TrainConfig`` (:mod:`.train`) and ``ServeLimits`` (:mod:`.limits`) take
+their field defaults from these dicts, and the command line's ``--help`` reads them without building a class
+(importing ``dataclasses`` alone costs about as much as ``argparse``; ``bench/startup.py``).
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------------------------
+
+#: ``TrainConfig``'s field defaults: nanoGPT's CPU "baby" recipe (AdamW 1e-3 cosine to 1e-4 over 2,000 steps
+#: of 12 windows); see ``TrainConfig`` for what each field means
+TRAIN_DEFAULTS = dict(
+    max_steps=2000, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1, betas=(0.9, 0.99),
+    eps=1e-8, grad_clip=1.0, accumulate=1, precision="auto", compile=False, seed=42, eval_every=250,
+    val_batches=None, val_batch_size=64, val_fraction=0.1, log_every=50, num_workers=0, fused=None,
+    optimizer="adamw", muon_lr=0.05, muon_momentum=0.95, muon_weight_decay=0.0, schedule="cosine",
+    cooldown=0.4, full_val_at_end=False, full_val_below=None,
+)
+
+#: the ``TrainConfig`` fields ``decoderlab.finetune`` sets when no ``train_config`` is given (the rest are
+#: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
+FINETUNE_TRAIN = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
+
+#: ``decoderlab.finetune``'s share of the conversations held out for evaluation (seeded), and how many of the
+#: held-out prompts it answers greedily at the end
+FINETUNE_VAL_FRACTION = 0.1
+FINETUNE_EVAL_PROMPTS = 100
+
+#: ``decoderlab.train_pairs``' defaults: the lesson's ``L.Trainer(max_epochs=30)``, seed 42, Adam lr 0.1,
+#: one pair per batch
+PAIR_TRAIN = {"max_epochs": 30, "seed": 42, "lr": 0.1, "batch_size": 1}
+
+# ---------------------------------------------------------------------------------------------------------
+# generation
+# ---------------------------------------------------------------------------------------------------------
+
+#: new tokens a generation asks for when the caller gives no number (``generate``, ``chat``, the CLI)
+DEFAULT_MAX_NEW_TOKENS = 200
+#: the sampling temperature when the caller gives none (1 = the model's own distribution); the lesson's
+#: pair-trained models answer greedily instead
+DEFAULT_TEMPERATURE = 1.0
+
+# ---------------------------------------------------------------------------------------------------------
+# serving
+# ---------------------------------------------------------------------------------------------------------
+
+#: the address and port ``decoderlab serve`` listens on (this machine only)
+SERVE_HOST = "127.0.0.1"
+SERVE_PORT = 8000
+
+#: ``ServeLimits``' field defaults (see ``ServeLimits`` for each)
+SERVE_LIMITS = dict(max_body_bytes=1_000_000, max_messages=256, max_tokens=4096, default_max_tokens=256, max_n=8,
+                    max_stop=4, max_batch=32, max_queue=64)
+
+#: what each limit a command-line flag sets means (``decoderlab serve --max-tokens ...``)
+SERVE_LIMIT_HELP = {
+    "max_tokens": "most tokens one choice may ask for",
+    "max_body_bytes": "largest request body in bytes",
+    "max_messages": "most chat messages in a request",
+    "max_n": "most choices per request",
+    "max_batch": "most rows (choices) decoded together",
+    "max_queue": "most requests waiting to join the batch before the server answers 429",
+}
+
+#: the defaults of the limits that have a flag
+SERVE_LIMIT_DEFAULTS = {name: SERVE_LIMITS[name] for name in SERVE_LIMIT_HELP}
+
+# ---------------------------------------------------------------------------------------------------------
+# the glass box
+# ---------------------------------------------------------------------------------------------------------
+
+#: ``verify``'s tolerance per step, times max(1, max |value|) of the float64 reference
+VERIFY_TOL = 1e-5
+#: next-token probabilities ``explain`` shows per position
+EXPLAIN_TOP_K = 5
