@@ -111,7 +111,7 @@ def test_an_out_where_no_directory_can_be_made_is_one_line(decoderlab_cli, tmp_p
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-steps", "0"], "--max-steps must be an integer >= 1, got 0"),  # the flag, not the field (issue 14)
+    (["--max-steps", "0"], "--max-steps must be an integer >= 1, got 0"),  # the flag, not the field
     (["--lr", "-0.01"], "lr (learning rate) must be a finite number > 0, got -0.01"),
     (["--data", "/nonexistent/corpus.txt"], "corpus path /nonexistent/corpus.txt does not exist"),
     (["--resume", "/nonexistent/run"], "no training checkpoint /nonexistent/run/lightning/last.ckpt"),
@@ -306,7 +306,7 @@ def test_validation_has_fewer_windows_than_processes(tmp_path, text, cache):
 
 @pytest.mark.slow
 def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
-    """The issue's command: 2 processes, 1 validation batch (64 windows shared out); the validation loss of
+    """2 processes, 1 validation batch (64 windows shared out): the validation loss of
     one process with the same global batch."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
@@ -327,7 +327,7 @@ def test_cli_ddp_with_one_validation_batch(tmp_path, text, cache):
 
 @pytest.mark.slow
 def test_cli_bf16_with_clipping(tmp_path, text, capsys, monkeypatch):
-    """The issue's command (on a small corpus): bf16-mixed with the default grad clip and the fused AdamW
+    """bf16-mixed (on a small corpus) with the default grad clip and the fused AdamW
     this build offers."""
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.txt"
