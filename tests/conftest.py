@@ -77,6 +77,36 @@ def type_lines(monkeypatch, lines):
 
 
 
+@pytest.fixture(scope="module")
+def lm_checkpoint(tmp_path_factory):
+    """A tiny random character-level language model checkpoint ("to be or not to be ..." vocabulary)."""
+    import decoderlab as dl
+    from decoderlab.checkpoint import save_checkpoint
+
+    tok = dl.CharTokenizer.from_text("to be or not to be, that is the question\n")
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
+                                                n_layer=1, n_head=2, max_len=24))
+    out = tmp_path_factory.mktemp("lm") / "ckpt"
+    save_checkpoint(out, model, tok, meta={"task": "lm"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def newline_bpe():
+    """A byte-level BPE that learned "\\n\\n" as one token (and "ab"), with a model that writes "\\n" after
+    "a" and after "\\n" -- one newline token at a time, never the "\\n\\n" token -- and "x" -> "ab" -> "c" -> "\\n"."""
+    from decoderlab.tokenizers import BPETokenizer
+    from tiny_models import bigram_model
+
+    tok = BPETokenizer.train(["ab ab abab pab\n\n" * 50 + "abc c p a b x\n\n"], 270)
+    (nn,), (nl,) = tok.encode("\n\n"), tok.encode("\n")
+    (a,), (ab,), (c,), (p,), (x,) = (tok.encode(s) for s in ("a", "ab", "c", "p", "x"))
+    assert tok.decode([nn]) == "\n\n" and nn != nl
+    model = bigram_model(tok.vocab_size, {p: a, a: nl, nl: nl, x: ab, ab: c, c: nl})
+    return tok, model, dict(nl=nl, nn=nn, a=a, ab=ab, c=c, p=p, x=x)
+
+
 @pytest.fixture(scope="session")
 def overfit(tmp_path_factory):
     """A chat checkpoint fine-tuned once per test session until it reproduces ``tiny_runs.CONVS``: ``(out,

@@ -17,7 +17,7 @@ _EXPORTS = {
     "MultiHeadAttention": "attention", "KVCache": "attention",
     "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
     "generate": "generation", "generate_batch": "generation", "stream": "generation", "stream_text": "generation",
-    "TextStreamer": "generation",
+    "TextStreamer": "generation", "SamplingParams": "generation",
     "Trace": "glassbox", "VerifyReport": "glassbox", "explain": "glassbox", "explain_example": "glassbox",
     "trace": "glassbox", "verify": "glassbox",
     "PRESETS": "model", "DecoderBlock": "model", "DecoderOnlyTransformer": "model", "ModelConfig": "model",

@@ -94,6 +94,17 @@ class Tokenizer:
         return frozenset(self.token_to_id[t] for t in (PAD, EOS, UNK, *self.added_special_tokens)
                          if t in self.token_to_id)
 
+    @property
+    def end_of_text_ids(self) -> tuple[int, ...]:
+        """Ids of the control tokens that end a text, where generation stops (``eos_id`` first, then in id
+        order): ``<EOS>`` (GPT-2's ``<|endoftext|>``) and every added special token -- a chat template's end of
+        turn, and its turn openers too, since a model that opens a turn has left the text it was writing. Not
+        ``<PAD>`` (never a target) nor ``<unk>`` (a stand-in for text)."""
+        eos = self.eos_id
+        skip = {eos, self.pad_id, self.token_to_id.get(UNK)}
+        rest = sorted(i for i in self.special_ids if i not in skip)
+        return ((eos,) if eos is not None else ()) + tuple(rest)
+
     def encode(self, text: str) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -1,9 +1,22 @@
 """``decoderlab generate`` and ``sample`` (decoderlab.cli.generate): no Lightning to answer, the help shows the
-config's defaults, a closed output ends them quietly."""
+config's defaults, a closed output ends them quietly; streaming, stops typed with escapes, invalid Unicode,
+Ctrl-C, the end of text, and one error line for every bad value."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import type_lines
+from tiny_models import biased_char_model, end_of_turn_model, one_thread, run_env  # noqa: F401 -- one_thread: autouse
+
+import decoderlab as dl
+from decoderlab.checkpoint import save_checkpoint
+from decoderlab.cli import main as cli_main
 from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DTYPES
+from decoderlab.generation import Sampler, SamplingParams, generate, stream_text
+from decoderlab.tokenizers import CharTokenizer
 
 from .helps import helps
 from .test_parser import _loaded
@@ -28,3 +41,220 @@ def test_a_closed_output_ends_generate_and_sample_quietly(closed_stdout_cli, sta
     word, exit 141 as a program stopped by SIGPIPE."""
     for argv in (("generate", "--echo", "--max-new-tokens", "100000"), ("sample", "--max-new-tokens", "20")):
         assert closed_stdout_cli(*argv, "--checkpoint", statquest_checkpoint, "what") == (141, ""), argv
+
+
+def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatch):
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    args = ["--max-new-tokens", "30", "--temperature", "0.8", "--top-k", "8", "--top-p", "0.95", "--seed", "13"]
+    # with its tokenizer, as the CLI: <PAD> never sampled, <EOS> ends the text (this seed runs all 30 tokens)
+    ids = generate(model, tok.encode("to be"), 30, temperature=0.8, top_k=8, top_p=0.95, seed=13, tokenizer=tok)
+    assert len(ids) == 30
+    want = tok.decode(ids)
+    writes = []
+    real_write = sys.stdout.write
+
+    def recording_write(s):
+        writes.append(s)
+        return real_write(s)
+
+    monkeypatch.setattr(sys.stdout, "write", recording_write)
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "to be"]) == 0
+    monkeypatch.undo()
+    assert capsys.readouterr().out == want + "\n"
+    assert len(writes) > 5  # piece by piece, not all at the end
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "--no-stream", "to be"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    j = next(i for i in range(3, len(ids) - 1) if min(ids[i:i + 2]) > 1)  # two characters, no specials
+    first = next(i for i in range(len(ids) - 1) if ids[i:i + 2] == ids[j:j + 2])
+    stop = tok.decode(ids[j:j + 2])
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "--stop", stop, "to be"]) == 0
+    assert capsys.readouterr().out == tok.decode(ids[:first]) + "\n"
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--top-p", "2", "to be"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_unescape_understands_the_usual_backslash_escapes():
+    from decoderlab.cli import unescape
+
+    assert unescape(r"\n\n") == "\n\n"
+    assert unescape(r"a\tb\\c\x41\u00e9\r\0") == "a\tb\\cA\u00e9\r\0"
+    assert unescape("no escapes: \u00e9") == "no escapes: \u00e9"
+    with pytest.raises(ValueError) as e:
+        unescape(r"end\q")
+    assert str(e.value) == (r"--stop 'end\q' has an unknown escape \q; known escapes: \n \t \r \\ \0 \xHH \uHHHH "
+                            r"(write \\ for a backslash)")
+    with pytest.raises(ValueError, match=r"'end\\' ends with a lone backslash"):
+        unescape("end\\")
+
+
+def test_cli_stop_with_escapes_as_typed(lm_checkpoint, decoderlab_cli):
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    ids = generate(model, tok.encode("to be"), 80, seed=3, stop="\n", tokenizer=tok)
+    want = tok.decode(ids)
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--no-stream", "--seed", "3", "--max-new-tokens", "80",
+                       "--stop", r"\n", "to be")
+    assert (r.returncode, r.stdout, r.stderr) == (0, want + "\n", "")
+    assert "\n" not in want
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--stop", r"\q", "to be")
+    assert r.returncode == 2
+    assert r.stderr == (r"decoderlab: error: --stop '\q' has an unknown escape \q; known escapes: \n \t \r \\ \0 "
+                        r"\xHH \uHHHH (write \\ for a backslash)" + "\n")
+    r = decoderlab_cli("generate", "--checkpoint", lm_checkpoint, "--stop", r"\n\u00e9", "to be")
+    assert r.returncode == 2
+    assert r.stderr.startswith(r"decoderlab: error: --stop '\n\u00e9' cannot be encoded by this model's tokenizer: "
+                               "character '\u00e9' (U+00E9)")
+
+
+def test_cli_passes_top_k_0_through(lm_checkpoint, capsys, monkeypatch):
+    """--top-k 0 means "no top-k filter"; the CLI hands the 0 to the library's SamplingParams unchanged."""
+    import decoderlab.generation
+
+    seen = {}
+
+    def fake_stream_text(model, tok, prompt_ids, params, **kwargs):
+        seen.update(kwargs, params=params)
+        return iter([])
+
+    monkeypatch.setattr(decoderlab.generation, "stream_text", fake_stream_text)
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--top-k", "0", "to be"]) == 0
+    assert seen["params"] == SamplingParams(top_k=0)  # read by the library's one check: 0 = no filter
+
+
+def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path):
+    """The real console script: --stop "\\n\\n" ends the output before the first blank line."""
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "ckpt", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    cmd = [exe, "generate", "--checkpoint", str(tmp_path / "ckpt"), "--temperature", "0", "--max-new-tokens", "6"]
+    r = subprocess.run(cmd + ["--stop", "\n\n", "p"], capture_output=True, text=True, env=run_env())
+    assert (r.returncode, r.stdout, r.stderr) == (0, "a\n", "")  # was "a" and six newlines
+    r = subprocess.run(cmd + ["--no-stream", "--echo", "--stop", "\n\n", "p"], capture_output=True, text=True,
+                       env=run_env())
+    assert (r.returncode, r.stdout) == (0, "pa\n")
+
+
+def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path):
+    """`sample` on a model whose most probable token is <PAD>: it ends at <EOS> and prints no control token."""
+    tok = CharTokenizer.from_text("hello world\n")
+    pad, eos = tok.pad_id, tok.eos_id
+    model = biased_char_model(tok, {pad: 3.0, eos: -1.0})  # <PAD> is the most probable token
+    # the CLI: `sample` ends at <EOS>, prints no control token
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm"})
+    import subprocess
+
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    r = subprocess.run([exe, "sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
+                        "--prompt", "h"], capture_output=True, text=True, env=run_env())
+    assert r.returncode == 0 and r.stderr == ""
+    want = "h" + "".join(stream_text(model, tok, "h", 2000, seed=0)) + "\n"
+    assert r.stdout == want and "<" not in r.stdout
+
+
+def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_path):
+    """$'para\\xff' (a byte that is not UTF-8; Python makes it U+DCFF): one error line and exit status 2 for
+    every checkpoint kind and command; chat reports it and goes on."""
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "bpe", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab")).encode()
+    for ckpt, commands in ((tmp_path / "bpe", ("generate", "sample", "stop", "explain", "verify")),
+                           (lm_checkpoint, ("generate", "chat"))):
+        for argv in ([b"generate", b"--checkpoint", bytes(ckpt), b"to be\xff"],
+                     [b"sample", b"--checkpoint", bytes(ckpt), b"--prompt", b"to be\xff"],
+                     [b"generate", b"--checkpoint", bytes(ckpt), b"--stop", b"\xff", b"to be"],
+                     [b"explain", b"--checkpoint", bytes(ckpt), b"to be\xff"],
+                     [b"verify", b"--checkpoint", bytes(ckpt), b"to be\xff"]):
+            if (b"stop" if b"--stop" in argv else argv[0]).decode() not in commands:
+                continue
+            r = subprocess.run([exe, *argv], capture_output=True, env=run_env())
+            err = r.stderr.decode("utf-8", "backslashreplace")
+            assert r.returncode == 2, (argv, err)
+            assert err.count("\n") == 1 and err.startswith("decoderlab: error: "), (argv, err)
+            assert "not valid Unicode: U+DCFF" in err and "0xff" in err, (argv, err)
+        if "chat" not in commands:
+            continue
+        r = subprocess.run([exe, b"chat", b"--checkpoint", bytes(ckpt)], input=b"to be\xff\n", capture_output=True,
+                           env=run_env())
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+        assert r.stdout.startswith(b"error: ") and (b"0xff" in r.stdout), r.stdout
+
+
+def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
+    """Ctrl-C while `generate` / `sample` run: the text so far, one line on stderr, exit status 130."""
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    want = tok.decode(generate(model, "to be", 4, seed=13, tokenizer=tok))
+    real_call = Sampler.__call__
+    calls = []
+
+    def interrupted(self, logits, generators, counts=None):
+        calls.append(1)
+        if len(calls) == 5:  # during the fifth token
+            raise KeyboardInterrupt
+        return real_call(self, logits, generators, counts)
+
+    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    for command, out in (("generate", want + "\n"), ("sample", "to be" + want + "\n")):
+        calls.clear()
+        assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--seed", "13", "--prompt", "to be"]) == 130
+        got = capsys.readouterr()
+        assert got.out == out
+        assert got.err == f"decoderlab: interrupted ({command} stopped by Ctrl-C)\n"
+
+
+def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
+    """A real SIGINT to the console script while it streams: no traceback, one line, exit status 130."""
+    import signal
+    import subprocess
+
+    tok, model, _ = newline_bpe
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm"})
+    exe = str(Path(sys.executable).with_name("decoderlab"))
+    proc = subprocess.Popen([exe, "generate", "--checkpoint", str(tmp_path / "c"), "--temperature", "0",
+                             "--max-new-tokens", "100000000", "p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=run_env())
+    try:
+        first = proc.stdout.read(3)  # "a\n\n": it is generating
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert first == b"a\n\n"
+    assert proc.returncode == 130
+    assert err == b"decoderlab: interrupted (generate stopped by Ctrl-C)\n"
+    assert set((first + out).decode()) <= {"a", "\n"}
+
+
+@pytest.mark.parametrize("argv, line", [
+    (("generate", "--seed", "99999999999999999999999", "what"),
+     "--seed must be an integer in 0 .. 2**63-1, got '99999999999999999999999' (see decoderlab generate --help)"),
+    (("sample", "--seed=-1", "--prompt", "what"), "--seed must be an integer in 0 .. 2**63-1, got '-1' "
+                                                   "(see decoderlab sample --help)"),
+    (("chat", "--seed", str(2**63)), f"--seed must be an integer in 0 .. 2**63-1, got '{2**63}' "
+                                     f"(see decoderlab chat --help)"),
+])
+def test_out_of_range_seeds_are_refused_in_one_line(statquest_checkpoint, decoderlab_cli, argv, line):
+    """`--seed 99999999999999999999999` printed torch's "Overflow when unpacking long long"; -1 was accepted."""
+    r = decoderlab_cli(argv[0], "--checkpoint", statquest_checkpoint, *argv[1:])
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
+
+
+def test_generate_sample_and_chat_end_at_a_chat_models_end_of_turn(tmp_path, capsys, monkeypatch):
+    """On a chat checkpoint's tokens, `generate` and `sample` end at the model's <|end|> (they went on to
+    --max-new-tokens, hiding it), as `chat` and `generate --chat` end their replies there."""
+    from decoderlab.chat import TEMPLATES
+
+    tok, model, _ = end_of_turn_model()
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm", "chat_template": TEMPLATES["decoderlab"].to_dict()})
+    common = ["--checkpoint", str(tmp_path / "c"), "--temperature", "0"]
+    assert cli_main(["generate", *common, "a"]) == 0
+    assert capsys.readouterr().out == "bc\n"
+    assert cli_main(["sample", *common, "--prompt", "a"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    assert cli_main(["generate", *common, "--chat", "b"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    type_lines(monkeypatch, ["b"])
+    assert cli_main(["chat", *common]) == 0
+    assert capsys.readouterr().out == "abc\n"

@@ -13,28 +13,11 @@ from pathlib import Path
 
 import httpx
 import openai
-import torch
+from tiny_models import tiny_model  # noqa: F401 -- the served model, shared with the scheduler's tests
 
 import decoderlab as dl
 
-CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
-
-
 MODEL_ID = "tiny"
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    tok = dl.CharTokenizer.from_text(CHARS)
-    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
-    cfg.lm_head_bias = True
-    model = dl.DecoderOnlyTransformer(cfg)
-    with torch.no_grad():  # sharpen the random model a little, and make <EOS> rare (long replies)
-        model.fc_layer.weight.mul_(4.0)
-        model.fc_layer.bias.zero_()
-        model.fc_layer.bias[tok.eos_id] = -30.0
-    model.eval()
-    return model, tok
 
 
 class FakeTemplate:

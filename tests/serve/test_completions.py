@@ -199,3 +199,24 @@ def test_scheduler_error_reaches_the_stream(mt, caplog):
         finally:
             del sch.model.decode
         assert httpx.post(url + "/v1/completions", json={"prompt": "ab", "max_tokens": 5}).status_code == 200
+
+
+def test_completions_on_a_chat_model_end_at_its_end_of_turn():
+    """/v1/completions on a chat checkpoint: the model's <|end|> ends the text with finish_reason "stop" -- it
+    was hidden and the text went on until "length" -- streamed or not, greedy or seeded; chat replies too."""
+    from decoderlab.chat import TEMPLATES
+    from tiny_models import end_of_turn_model
+
+    tok, model, _ = end_of_turn_model()
+    app = create_app(model, tok, model_id=MODEL_ID, template=TEMPLATES["decoderlab"])
+    with ServerThread(app) as url:
+        c = client(url)
+        for temperature, seed in ((0, None), (0.9, 7)):
+            r = c.completions.create(model=MODEL_ID, prompt="a", max_tokens=10, temperature=temperature, seed=seed)
+            assert (r.choices[0].text, r.choices[0].finish_reason) == ("bc", "stop")
+        chunks = [ch for ch in c.completions.create(model=MODEL_ID, prompt="a", max_tokens=10, temperature=0,
+                                                    stream=True) if ch.choices]
+        assert "".join(ch.choices[0].text for ch in chunks) == "bc" and chunks[-1].choices[0].finish_reason == "stop"
+        r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "b"}], max_tokens=10,
+                                      temperature=0)
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("abc", "stop")

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..config.defaults import DEFAULT_MAX_NEW_TOKENS
-from ..generation import ChatSession, TextStreamer, stream
+from ..generation import ChatSession, SamplingParams, TextStreamer, stream
 from ..tokenizers import Tokenizer
 from .messages import check_messages
 from .templates import ChatTemplate, get_template
@@ -44,9 +43,8 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
 
 
 def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
-                      template: str | ChatTemplate | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                      temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                      seed: int | None = None, info: dict | None = None) -> Iterator[str]:
+                      template: str | ChatTemplate | None = None, params: SamplingParams | int | None = None, *,
+                      info: dict | None = None, **sampling) -> Iterator[str]:
     """Stream the assistant's reply to ``messages`` (ending with a user message) as text pieces.
 
     The prompt is ``template.render(messages, add_generation_prompt=True)`` -- the renderer training used.
@@ -57,7 +55,8 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
 
     Args:
         model, tokenizer: e.g. from :func:`~decoderlab.chat.load_model`; template: the checkpoint's (None: default).
-        max_new_tokens, temperature (0 = greedy), top_k, top_p, seed: as :func:`decoderlab.generation.stream`.
+        params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
+            max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
         info: a dict to receive ``prompt_ids``, ``dropped_messages`` (count), ``reply_ids``,
             ``ended_with_end_of_turn`` (bool) and ``max_new_tokens`` (the cap actually used).
 
@@ -65,17 +64,19 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
             message too long for the model.
     """
+    params = SamplingParams.of(params, **sampling)
     template = get_template(template)
     max_len = model.config.max_len
-    reserve = max(1, min(int(max_new_tokens), max_len // 2))
+    reserve = max(1, min(params.max_new_tokens, max_len // 2))
     kept, dropped, ids = fit_messages(messages, tokenizer, template, max_len, reserve)
     eot = template.end_of_turn_id(tokenizer)
-    n_new = max(0, min(int(max_new_tokens), max_len - len(ids)))
+    n_new = max(0, min(params.max_new_tokens, max_len - len(ids)))
     if info is not None:
         info.update(prompt_ids=list(ids), dropped_messages=dropped, max_new_tokens=n_new, reply_ids=[],
                     ended_with_end_of_turn=False)
-    # with the tokenizer, <PAD> is never sampled and <EOS> ends the reply too (without an end of turn)
-    gen = stream(model, ids, n_new, temperature, top_k, top_p, stop=[eot], seed=seed, tokenizer=tokenizer)
+    # the end of turn ends the reply, whatever the settings; <PAD> is never sampled and <EOS> ends it too
+    params = params.replace(max_new_tokens=n_new, stop=(eot,) + (params.stop or ()))
+    gen = stream(model, ids, params, tokenizer=tokenizer)
     streamer = TextStreamer(tokenizer)
     while True:
         try:
@@ -96,11 +97,9 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
 
 
 def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: str | ChatTemplate | None = None,
-               *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, info: dict | None = None) -> str:
+               params: SamplingParams | int | None = None, *, info: dict | None = None, **sampling) -> str:
     """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``)."""
-    return "".join(stream_chat_reply(model, tokenizer, messages, template, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, info=info))
+    return "".join(stream_chat_reply(model, tokenizer, messages, template, params, info=info, **sampling))
 
 
 class TemplateChatSession(ChatSession):
@@ -111,15 +110,15 @@ class TemplateChatSession(ChatSession):
 
     Args: as :class:`decoderlab.generation.ChatSession`, plus ``template`` and an optional ``system`` message.
     Defaults: the template's ``default_temperature`` (greedy for the "lesson" template, as the lesson; 1.0
-    otherwise) and ``DEFAULT_MAX_NEW_TOKENS`` new tokens.
+    otherwise); max_new_tokens the :class:`~decoderlab.generation.SamplingParams` default.
     """
 
-    def __init__(self, model, tokenizer, template: ChatTemplate, *, system: str | None = None,
-                 temperature: float | None = None, max_new_tokens: int | None = None, **kwargs):
+    def __init__(self, model, tokenizer, template: ChatTemplate, params: SamplingParams | None = None, *,
+                 system: str | None = None, **sampling):
         template = get_template(template)
-        super().__init__(model, tokenizer, temperature=template.default_temperature if temperature is None
-                         else temperature, max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None
-                         else max_new_tokens, **kwargs)
+        if params is None:
+            sampling = {"temperature": template.default_temperature, **sampling}
+        super().__init__(model, tokenizer, params, **sampling)
         self.template = template
         self.template.end_of_turn_id(tokenizer)  # the tokenizer must hold the template's tokens
         self.system = system
@@ -134,12 +133,10 @@ class TemplateChatSession(ChatSession):
     def reply(self, text: str) -> Iterator[str]:
         messages = self.messages + [{"role": "user", "content": text}]
         info: dict = {}
-        seed = None if self.seed is None else self.seed + self.turn
         self.notice = None
         pieces: list[str] = []
-        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template,
-                                       max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                       top_k=self.top_k, top_p=self.top_p, seed=seed, info=info):
+        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template, self.turn_params(),
+                                       info=info):
             pieces.append(piece)
             yield piece
         head = 1 if messages[0]["role"] == "system" else 0

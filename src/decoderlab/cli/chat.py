@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, load_model,
-                      no_top_k, set_threads)
+from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, given, load_model,
+                      set_threads)
 
 #: the slash commands of ``decoderlab chat``: (name, argument, help); the settings are named as their flags
 CHAT_COMMANDS = (
@@ -63,47 +63,38 @@ def _command_number(typed: str, arg: str, kind, takes: str, maximum=None):
     return value
 
 
+# each setting changes through SamplingParams.replace, which checks it (the library's one check)
 def _set_temperature(session, typed: str, arg: str, off: bool) -> str:
-    from ..generation.sampling import check_sampling
-
     t = _command_number(typed, arg, float, "a number >= 0 (0 = greedy)")
-    check_sampling(t, session.top_k, session.top_p)
-    session.temperature = t
+    session.params = session.params.replace(temperature=t)
     return f"(temperature = {t:g})"
 
 
 def _set_top_k(session, typed: str, arg: str, off: bool) -> str:
-    from ..generation.sampling import check_sampling
-
     k = None if off else _command_number(typed, arg, int, "an integer >= 0 (0 or off: no top-k filter)")
-    k = no_top_k(k)  # 0 = no top-k filter, as the flag
-    check_sampling(session.temperature, k, session.top_p)
-    session.top_k = k
+    session.params = session.params.replace(top_k=k)  # 0 = no top-k filter, as the flag
+    k = session.params.top_k
     return f"({typed} off)" if k is None else f"({typed} = {k})"
 
 
 def _set_top_p(session, typed: str, arg: str, off: bool) -> str:
-    from ..generation.sampling import check_sampling
-
     p = None if off else _command_number(typed, arg, float, "a number in (0, 1] (off: no top-p filter)")
-    check_sampling(session.temperature, session.top_k, p)
-    session.top_p = p
+    session.params = session.params.replace(top_p=p)
     return f"({typed} off)" if p is None else f"({typed} = {p:g})"
 
 
 def _set_max_new_tokens(session, typed: str, arg: str, off: bool) -> str:
-    from ..generation.sampling import check_int
-
-    session.max_new_tokens = check_int(typed, _command_number(typed, arg, int, "an integer >= 0"), 0)
-    return f"({typed} = {session.max_new_tokens})"
+    session.params = session.params.replace(max_new_tokens=_command_number(typed, arg, int, "an integer >= 0"))
+    return f"({typed} = {session.params.max_new_tokens})"
 
 
 def _set_seed(session, typed: str, arg: str, off: bool) -> str:
     from ..generation.sampling import MAX_SEED
 
-    session.seed = None if off else _command_number(typed, arg, int, "an integer in 0 .. 2**63-1 (off: fresh "
-                                                                     "entropy)", maximum=MAX_SEED)
-    return "(seed off)" if session.seed is None else f"(seed = {session.seed})"
+    seed = None if off else _command_number(typed, arg, int, "an integer in 0 .. 2**63-1 (off: fresh entropy)",
+                                            maximum=MAX_SEED)
+    session.params = session.params.replace(seed=seed)
+    return "(seed off)" if seed is None else f"(seed = {seed})"
 
 
 def _reset(session, typed: str, arg: str, off: bool) -> str:
@@ -176,8 +167,7 @@ def _chat_turn(session, line: str) -> bool:
 def _session(args):
     """The conversation: a chat checkpoint's stored template renders every turn; else the token history."""
     model, tok, template, _ = load_model(args)
-    options = dict(temperature=args.temperature, top_k=no_top_k(args.top_k), top_p=args.top_p,
-                   max_new_tokens=args.max_new_tokens, seed=args.seed)
+    options = given(args, SAMPLING_OPTIONS)  # the flags given; the session's defaults for the others
     if template is not None:
         from ..chat import TemplateChatSession
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import sys
 
-from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
+from ..config.defaults import DEFAULT_TEMPERATURE
 from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
-                      no_chat_template, no_top_k, set_threads)
+                      no_chat_template, sampling_params, set_threads)
 
 DESCRIPTION = (
     "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
@@ -116,16 +116,13 @@ def cmd_generate(args) -> int:
     from ..tokenizers import EOS
 
     prompt = "\n" if prompt is None else prompt
-    n = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    # stop strings are matched on the text; <PAD> is never sampled and <EOS> ends a language model's text
-    # (where the template opens the assistant turn with it, the lesson's, it separates prompt and answer: the
-    # text goes on); with --echo the prompt and its continuation are decoded together, so word tokens keep
-    # their separators
-    pieces = stream_text(model, tok, tok.encode(prompt), n,
-                         temperature=DEFAULT_TEMPERATURE if args.temperature is None else args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, stop=stops(args.stop, tok),
-                         seed=args.seed, echo=args.echo,
-                         stop_at_eos=template is None or template.assistant != EOS)
+    # stop strings are matched on the text; <PAD> is never sampled and the end-of-text tokens (<EOS>, a chat
+    # template's end of turn) end a language model's text (where the template opens the assistant turn with
+    # <EOS>, the lesson's, it separates prompt and answer: the text goes on); with --echo the prompt and its
+    # continuation are decoded together, so word tokens keep their separators
+    params = sampling_params(args, stop=stops(args.stop, tok),
+                             stop_at_eos=template is None or template.assistant != EOS)
+    pieces = stream_text(model, tok, tok.encode(prompt), params, echo=args.echo)
     write_pieces(pieces, stream=not args.no_stream)
     return 0
 
@@ -170,7 +167,6 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     lesson = template is not None and template.name == "lesson"
     if lesson and not args.chat:
         prompt = _lesson_prompt(args, template, prompt)
-
     not_here = [f for f, given_ in (("--stop", args.stop is not None),
                                     ("--echo", args.echo and args.command != "sample")) if given_]
     if not_here:
@@ -182,13 +178,10 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
         raise ValueError("give the user message to answer, e.g. \"hello\"")
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
         {"role": "user", "content": prompt}]
-    default_t = template.default_temperature  # the lesson answers greedily (and prints its <EOS>)
+    # the template's temperature when none is given: the lesson answers greedily (and prints its <EOS>)
+    default = {"temperature": template.default_temperature} if args.temperature is None else {}
     info: dict = {}
-    pieces = stream_chat_reply(
-        model, tok, messages, template,
-        max_new_tokens=DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens,
-        temperature=default_t if args.temperature is None else args.temperature,
-        top_k=no_top_k(args.top_k), top_p=args.top_p, seed=args.seed, info=info)
+    pieces = stream_chat_reply(model, tok, messages, template, sampling_params(args, **default), info=info)
     write_pieces(pieces, stream=not args.no_stream,
                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                  else "")

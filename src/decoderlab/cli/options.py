@@ -122,9 +122,13 @@ SAMPLING_OPTIONS = (
 )
 
 
-def no_top_k(k):
-    """``--top-k 0`` means no top-k filter (None to the library)."""
-    return None if k == 0 else k
+def sampling_params(args, **more):
+    """The sampling flags given and ``more`` (``stop=``, ``stop_at_eos=``, ...) as one
+    ``decoderlab.generation.SamplingParams``: checked there (``--top-k 0`` is no filter there), the flags not
+    given keep its defaults."""
+    from ..generation import SamplingParams
+
+    return SamplingParams(**given(args, SAMPLING_OPTIONS), **more)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,8 +23,11 @@ from typing import Generator, Iterator, Sequence
 import torch
 
 from ..attention import KVCache
-from .sampling import Sampler, as_scalar, check_int, is_integer, make_generators
-from .stops import Stops, parse_stops, text_decoder
+from .checks import as_scalar, check_int, is_integer
+from .params import BoundParams, SamplingParams
+from .processors import TokenCounts
+from .sampling import Sampler, make_generator
+from .stops import Stops
 
 
 def default_keep(max_len: int) -> int:
@@ -41,13 +44,23 @@ def _slide(n: int, start: int, max_len: int, keep: int) -> int:
     return n - keep if n - start > max_len else start
 
 
-def _model_device(model) -> torch.device:
+def model_device(model) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 
 
-def _prompt_list(model, prompt_ids, tokenizer, name: str = "prompt_ids") -> list[int]:
-    """Validate a prompt: ids as a list/tuple/1-D tensor (or text when a tokenizer is given)."""
+def check_prompt(model, prompt_ids, tokenizer=None, name: str = "prompt_ids") -> list[int]:
+    """A prompt as a list of token ids, checked against the model's vocabulary: ids as a list/tuple/1-D tensor
+    (or text when a tokenizer is given). An empty prompt starts from the tokenizer's ``<EOS>``.
+
+    Raises:
+        TypeError: bytes (say text or ids); text without a tokenizer; not a sequence of integer ids.
+        ValueError: a float/bool or 2-D tensor; an id out of range; an empty prompt and no start token.
+    """
+    if isinstance(prompt_ids, (bytes, bytearray)):
+        raise TypeError(f"{name} is bytes ({bytes(prompt_ids[:30])!r}); pass text (a str, decoded) or a list of "
+                        f"token ids")
     if isinstance(prompt_ids, str):
         if tokenizer is None:
             raise TypeError(f"{name} is text ({prompt_ids[:30]!r}); pass token ids, or the tokenizer to encode it")
@@ -82,7 +95,8 @@ def _prompt_list(model, prompt_ids, tokenizer, name: str = "prompt_ids") -> list
     return ids
 
 
-def _check_keep(keep, max_len: int) -> int:
+def check_keep(keep, max_len: int) -> int:
+    """Tokens kept when a window slides: None -> :func:`default_keep`; else an integer in 1 .. max_len."""
     if keep is None:
         return default_keep(max_len)
     keep = check_int("keep", keep, 1)
@@ -91,108 +105,100 @@ def _check_keep(keep, max_len: int) -> int:
     return keep
 
 
+class _Windows:
+    """The B rows of one engine call and how their next logits are computed: each row's context window
+    ``rows[i][starts[i]:]``, the KV cache (allocated once, re-prefilled when a window slides) and the padding
+    of the current prefill -- or, without the cache, the lesson's loop over the whole windows."""
+
+    def __init__(self, model, rows: list[list[int]], use_cache: bool, keep: int):
+        self.model, self.rows, self.keep = model, rows, keep
+        self.b, self.max_len = len(rows), model.config.max_len
+        self.device = model_device(model)
+        self.starts = [max(0, len(r) - self.max_len) for r in rows]
+        self.cache = KVCache.for_model(model) if use_cache else None
+        self.pad_buf = torch.zeros(self.b, self.max_len, dtype=torch.bool, device=self.device)
+        self.pads: torch.Tensor | None = None  # (B, 1) pad counts of the current prefill; None: no row padded
+
+    def first(self) -> torch.Tensor:
+        """(B, num_tokens) logits of every row's next token after its prompt."""
+        return self.prefill() if self.cache is not None else self.full()
+
+    def after(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """The next logits once ``next_ids`` (B,) were appended to the rows (windows slide as they must)."""
+        slid = False
+        for i, r in enumerate(self.rows):
+            s = _slide(len(r), self.starts[i], self.max_len, self.keep)
+            slid |= s != self.starts[i]
+            self.starts[i] = s
+        if self.cache is None:
+            return self.full()
+        if slid or self.cache.length + 1 > self.max_len:
+            return self.prefill()
+        return self.decode(next_ids)
+
+    def prefill(self) -> torch.Tensor:
+        windows = [r[s:] for r, s in zip(self.rows, self.starts)]
+        t = max(len(w) for w in windows)
+        pads = [t - len(w) for w in windows]
+        tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=self.device)
+        self.cache.reset()
+        if not any(pads):
+            self.pads = None
+            return self.model(tokens, cache=self.cache, last_only=True)[:, -1]  # the output layer: last only
+        p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
+        ar = torch.arange(t, device=self.device).unsqueeze(0)
+        self.pad_buf.zero_()
+        self.pad_buf[:, :t] = ar < p
+        self.pads = p
+        return self.model(tokens, positions=(ar - p).clamp_min(0), padding_mask=self.pad_buf[:, :t],
+                          cache=self.cache, last_only=True)[:, -1]
+
+    def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
+        tokens = next_ids.view(self.b, 1)
+        length = self.cache.length
+        if self.pads is None:
+            return self.model.decode(tokens, length, None, self.cache)
+        return self.model.decode(tokens, length - self.pads, self.pad_buf[:, : length + 1], self.cache)
+
+    def full(self) -> torch.Tensor:  # the lesson's loop: the whole window, every step
+        rows, starts, device = self.rows, self.starts, self.device
+        if self.b == 1:
+            return self.model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
+        groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
+        for i, (r, s) in enumerate(zip(rows, starts)):
+            groups.setdefault(len(r) - s, []).append(i)
+        out = [None] * self.b
+        for members in groups.values():
+            tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
+            for i, row_logits in zip(members, self.model(tokens)[:, -1]):
+                out[i] = row_logits
+        return torch.stack(out)
+
+
 def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
-           generators: list[torch.Generator], use_cache: bool, keep: int) -> Iterator[list[int]]:
-    """The engine: yields, per step, the B next token ids; ``rows`` (lists of ids) are extended in place.
+           generators: list[torch.Generator | None], counts: TokenCounts | None, use_cache: bool,
+           keep: int) -> Iterator[list[int]]:
+    """The engine: yields, per step, the B next token ids; ``rows`` (lists of ids) are extended in place and
+    ``counts`` (the penalties' state, when a penalty is on) counts each step's tokens.
 
     Runs under ``torch.inference_mode`` for the caller (see the decorated callers) with the model in eval
     mode. The KV cache is allocated once and reused (re-prefilled) when a window slides.
     """
     if max_new_tokens == 0:
         return
-    b = len(rows)
-    max_len = model.config.max_len
-    device = _model_device(model)
-    starts = [max(0, len(r) - max_len) for r in rows]
-    cache = KVCache.for_model(model) if use_cache else None
-    pad_buf = torch.zeros(b, max_len, dtype=torch.bool, device=device)
-    state = {"pads": None}  # (B, 1) pad counts of the current prefill, None when no row is padded
-
-    def prefill() -> torch.Tensor:
-        windows = [r[s:] for r, s in zip(rows, starts)]
-        t = max(len(w) for w in windows)
-        pads = [t - len(w) for w in windows]
-        tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=device)
-        cache.reset()
-        if any(pads):
-            p = torch.tensor(pads, device=device).unsqueeze(1)  # (B, 1)
-            ar = torch.arange(t, device=device).unsqueeze(0)
-            pad_buf.zero_()
-            pad_buf[:, :t] = ar < p
-            state["pads"] = p
-            logits = model(tokens, positions=(ar - p).clamp_min(0), padding_mask=pad_buf[:, :t], cache=cache,
-                           last_only=True)
-        else:
-            state["pads"] = None
-            logits = model(tokens, cache=cache, last_only=True)
-        return logits[:, -1]  # (B, num_tokens): the output layer ran on the last position only
-
-    def decode(next_ids: torch.Tensor) -> torch.Tensor:
-        tokens = next_ids.view(b, 1)
-        p = state["pads"]
-        length = cache.length
-        if p is None:
-            return model.decode(tokens, length, None, cache)
-        return model.decode(tokens, length - p, pad_buf[:, : length + 1], cache)
-
-    def full() -> torch.Tensor:  # the lesson's loop: the whole window, every step
-        if b == 1:
-            return model(torch.tensor([rows[0][starts[0]:]], dtype=torch.long, device=device))[:, -1]
-        groups: dict[int, list[int]] = {}  # rows whose windows have the same length run as one batch
-        for i, (r, s) in enumerate(zip(rows, starts)):
-            groups.setdefault(len(r) - s, []).append(i)
-        out = [None] * b
-        for members in groups.values():
-            tokens = torch.tensor([rows[i][starts[i]:] for i in members], dtype=torch.long, device=device)
-            for i, row_logits in zip(members, model(tokens)[:, -1]):
-                out[i] = row_logits
-        return torch.stack(out)
-
-    logits = prefill() if use_cache else full()
+    windows = _Windows(model, rows, use_cache, keep)
+    logits = windows.first()
     for step in range(max_new_tokens):
-        next_ids = sampler(logits, generators)
+        next_ids = sampler(logits, generators, counts)
+        if counts is not None:
+            counts.add(next_ids)
         new = next_ids.tolist()
         for r, t in zip(rows, new):
             r.append(t)
         yield new
         if step == max_new_tokens - 1:
             return
-        slid = False
-        for i, r in enumerate(rows):
-            s = _slide(len(r), starts[i], max_len, keep)
-            slid |= s != starts[i]
-            starts[i] = s
-        if not use_cache:
-            logits = full()
-        elif slid or cache.length + 1 > max_len:
-            logits = prefill()
-        else:
-            logits = decode(next_ids)
-
-
-def _prepare(model, max_new_tokens, temperature, top_k, top_p, stop, tokenizer, keep, suppress_tokens,
-             stop_at_eos) -> tuple[int, Sampler, Stops, int]:
-    """Check the arguments every entry point shares; returns (max_new_tokens, sampler, stops, keep)."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-    if suppress_tokens is None:
-        pad = getattr(tokenizer, "pad_id", None) if tokenizer is not None else None
-        suppress_tokens = () if pad is None else (pad,)
-    elif isinstance(suppress_tokens, torch.Tensor):
-        suppress_tokens = suppress_tokens.flatten().tolist()
-    v = model.config.num_tokens
-    suppress = [check_int("suppress_tokens id", i, 0) for i in suppress_tokens]
-    bad = [i for i in suppress if i >= v]
-    if bad:
-        raise ValueError(f"suppress_tokens: token id {bad[0]} is out of range; allowed ids are 0 .. {v - 1}")
-    sampler = Sampler(temperature, top_k, top_p, suppress=suppress)
-    seqs, texts = parse_stops(stop, tokenizer, v)
-    if not isinstance(stop_at_eos, bool):
-        raise TypeError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
-    eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None and stop_at_eos else None
-    if eos is not None and (eos,) not in seqs:
-        seqs.append((eos,))
-    decode = text_decoder(tokenizer) if texts else None
-    return max_new_tokens, sampler, (seqs, texts, decode), _check_keep(keep, model.config.max_len)
+        logits = windows.after(next_ids)
 
 
 class _EvalMode:
@@ -210,50 +216,73 @@ class _EvalMode:
 
 
 @torch.inference_mode()
-def _stream_rows(model, rows, max_new_tokens, sampler, generators, use_cache, keep):
+def _stream_rows(model, rows, max_new_tokens, sampler, generators, counts, use_cache, keep):
     # a decorated generator: inference mode is entered and left around each step, never leaking to the caller
     with _EvalMode(model):
-        yield from _steps(model, rows, max_new_tokens, sampler, generators, use_cache, keep)
+        yield from _steps(model, rows, max_new_tokens, sampler, generators, counts, use_cache, keep)
 
 
-def stream(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-           top_p: float | None = None, stop=None, seed=None, use_cache: bool = True, tokenizer=None,
-           keep: int | None = None, *, suppress_tokens=None,
-           stop_at_eos: bool = True) -> Generator[int, None, tuple[int, ...] | None]:
+def prepare(model, prompt_ids, params, tokenizer, keep, sampling: dict) -> tuple[list[int], BoundParams, int]:
+    """The checks every single-prompt entry point makes, at the call: ``(prompt ids, bound params, keep)``.
+
+    ``params`` and ``sampling`` as :meth:`SamplingParams.of` takes them (the one place settings are checked),
+    bound to the model's vocabulary and ``tokenizer``; the prompt by :func:`check_prompt`; ``keep`` by
+    :func:`check_keep`."""
+    bound = SamplingParams.of(params, **sampling).bind(model.config.num_tokens, tokenizer)
+    ids = check_prompt(model, prompt_ids, tokenizer)
+    return ids, bound, check_keep(keep, model.config.max_len)
+
+
+def stream_tokens(model, ids: list[int], bound: BoundParams, stops: Stops, *, use_cache: bool = True,
+                  keep: int) -> Generator[int, None, tuple[int, ...] | None]:
+    """The token stream of checked arguments (:func:`prepare`): the ids ``stops`` lets through, as
+    :func:`stream` yields them, returning what a stop swallowed (or None). ``ids`` is extended in place with
+    every generated token; ``stops`` keeps the text a stop string left inside its first token (``tail``)."""
+    params = bound.params
+    sampler = Sampler(params)
+    device = model_device(model)
+    gens = [] if sampler.greedy else [make_generator(params.seed, device)]
+    counts = TokenCounts.for_prompts([ids], model.config.num_tokens, device) if sampler.uses_counts else None
+    for (token,) in _stream_rows(model, [ids], params.max_new_tokens, sampler, gens, counts, use_cache, keep):
+        out, matched = stops.push(token)
+        yield from out
+        if matched is not None:
+            return matched
+    yield from stops.flush()
+    return None
+
+
+def stream(model, prompt_ids, params: SamplingParams | int | None = None, *, tokenizer=None,
+           use_cache: bool = True, keep: int | None = None,
+           **sampling) -> Generator[int, None, tuple[int, ...] | None]:
     """Generate tokens one at a time, yielding each id as soon as it is known (the streaming ``generate``).
 
     Args:
         model: a ``DecoderOnlyTransformer`` (any dtype/device; it is put in eval mode for the call and its
             training flag restored afterwards).
         prompt_ids: the prompt, (T,) token ids (list, tuple or 1-D tensor), or text when ``tokenizer`` is
-            given. An empty prompt starts from the tokenizer's ``<EOS>`` (the start token of decoderlab's
-            models, which put ``<EOS>`` between texts); without a tokenizer that has one it is an error.
-        max_new_tokens: the most tokens to produce (0 -> nothing). Tokens swallowed by a stop sequence count.
-        temperature: 0 -> greedy (argmax); otherwise the logits are divided by it before sampling.
-        top_k: sample only among the k most probable tokens (k larger than the vocabulary is clamped);
-            0 or None: no top-k filter.
-        top_p: sample only among the smallest set of most probable tokens whose probability reaches top_p.
-            Numbers of any kind are accepted (Python, NumPy, 0-d tensors).
-        stop: where to stop, before emitting it: a token id; a tuple of ids (one multi-token sequence); a
-            string, which is matched on the decoded **text** of the generated tokens, however the model
-            spells it (``"\n\n"`` stops at one ``"\n\n"`` token or at two ``"\n"`` tokens), except that a
-            string naming a control token of the tokenizer (``"<EOS>"``) is that token; or a list of any of
-            these. What could still become a stop is held back until it is clear it does not. When a stop
-            string begins inside a token, the ids end before that token (the text before the stop inside
-            it is in no returned id; :func:`stream_text` writes it, ending exactly before the stop).
-        seed: seeds the ``torch.Generator`` used for sampling (the global RNG is never touched); the same
-            seed gives the same tokens, with or without the cache. None -> fresh entropy.
+            given (bytes are refused). An empty prompt starts from the tokenizer's ``<EOS>`` (the start token
+            of decoderlab's models, which put ``<EOS>`` between texts); without a tokenizer that has one it is
+            an error.
+        params: a :class:`SamplingParams` (every setting: max_new_tokens, temperature, top_k, top_p, min_p,
+            penalties, logit_bias, suppress_tokens, stop, stop_at_eos, seed), or an int, short for
+            ``max_new_tokens``; None: the defaults.
+        **sampling: SamplingParams fields, applied over ``params``
+            (``stream(model, ids, 50, temperature=0)`` is ``stream(model, ids, SamplingParams(max_new_tokens=50,
+            temperature=0))``).
+        tokenizer: needed for stop strings, text prompts and the empty-prompt start token. It also names the
+            control tokens: with a tokenizer, its ``<PAD>`` is never sampled and its end-of-text tokens
+            (``<EOS>``, a chat template's end of turn) end generation (``suppress_tokens``, ``stop_at_eos``).
         use_cache: True (default) prefills a KV cache once and then runs one token per forward pass; False is
             the lesson's loop (the whole window through the model for every token). Both give the same tokens.
-        tokenizer: needed for stop strings, text prompts and the empty-prompt start token. It also names the
-            control tokens: with a tokenizer, its ``<PAD>`` is never sampled and its ``<EOS>`` ends generation
-            (see ``suppress_tokens`` and ``stop_at_eos``).
         keep: tokens kept when the context window slides (default max_len // 2; see below).
-        suppress_tokens: token ids never to generate (their logits are -inf, also when greedy). Default: the
-            tokenizer's ``<PAD>``, a token a language model never sees as a target; ``()`` suppresses none.
-        stop_at_eos: with a tokenizer that has ``<EOS>`` (the end of a text), generation ends when the model
-            produces it, as a stop (not yielded; as Hugging Face's ``generate`` ends at ``eos_token_id``).
-            False lets ``<EOS>`` through as an id.
+
+    Stops are matched where the user thinks of them: token ids on ids; a stop string on the decoded **text**
+    of the generated tokens, however the model spells it (``"\\n\\n"`` stops at one ``"\\n\\n"`` token or
+    at two ``"\\n"`` tokens). What could still become a stop is held back until it is clear it does not. When
+    a stop string begins inside a token, the ids end before that token (:func:`stream_text` writes the text
+    before the stop inside it). The seed seeds a ``torch.Generator`` (the global RNG is never touched): the
+    same seed gives the same tokens, with or without the cache.
 
     The context window: the model sees at most max_len tokens. A prompt longer than that is cut to its last
     max_len tokens. When the window (prompt plus generated tokens) would pass max_len, it restarts on its
@@ -271,96 +300,120 @@ def stream(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top
         spelled it, from the first one not yielded.
 
     Raises:
-        ValueError: max_new_tokens < 0; temperature < 0, NaN or infinite; top_k < 0; top_p outside (0, 1];
-            prompt, stop or suppressed ids out of range; an empty prompt with no start token; a stop string
-            the tokenizer cannot encode; keep outside 1 .. max_len. While generating: the model's logits hold
-            NaN, or every token of a step is suppressed or filtered out.
-        TypeError: values of the wrong type; a stop string without a tokenizer.
+        ValueError / TypeError: a bad setting (see :class:`SamplingParams`); prompt, stop, suppressed or
+            biased ids out of range; an empty prompt with no start token; a stop string the tokenizer cannot
+            encode, or without a tokenizer; keep outside 1 .. max_len. While generating: the model's logits
+            hold NaN, or every token of a step is suppressed or filtered out.
 
     All arguments are checked at the call, before the first token is asked for.
     """
-    ids, args = _prepare_one(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer,
-                             keep, suppress_tokens, stop_at_eos)
-    return _stream_one(model, ids, *args, use_cache=use_cache)
+    ids, bound, keep = prepare(model, prompt_ids, params, tokenizer, keep, sampling)
+    return stream_tokens(model, ids, bound, bound.stops(), use_cache=use_cache, keep=keep)
 
 
-def _prepare_one(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer, keep,
-                 suppress_tokens, stop_at_eos):
-    n, sampler, (seqs, texts, decode), keep = _prepare(model, max_new_tokens, temperature, top_k, top_p, stop,
-                                                       tokenizer, keep, suppress_tokens, stop_at_eos)
-    ids = _prompt_list(model, prompt_ids, tokenizer)
-    gens = [] if sampler.greedy else make_generators(seed, 1, _model_device(model))
-    return ids, (n, sampler, gens, keep, Stops(seqs, texts, decode))
-
-
-def _stream_one(model, ids, max_new_tokens, sampler, gens, keep, stops, *, use_cache):
-    for (token,) in _stream_rows(model, [ids], max_new_tokens, sampler, gens, use_cache, keep):
-        out, matched = stops.push(token)
-        yield from out
-        if matched is not None:
-            return matched
-    yield from stops.flush()
-    return None
-
-
-def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, stop=None, seed=None, use_cache: bool = True, tokenizer=None,
-             keep: int | None = None, *, suppress_tokens=None, stop_at_eos: bool = True) -> list[int]:
+def generate(model, prompt_ids, params: SamplingParams | int | None = None, *, tokenizer=None,
+             use_cache: bool = True, keep: int | None = None, **sampling) -> list[int]:
     """Continue a prompt: returns the new token ids (not the prompt, not a matched stop).
 
-    Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``). With a
-    stop string the ids end before the token in which the stop begins: a token holding text before the stop
-    and the start of the stop (``"a\n"`` before ``"\n"``, stop ``"\n\n"``) is not returned.
+    Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``):
+    ``generate(model, ids, 50, temperature=0)``, or ``generate(model, ids, SamplingParams(...))``. With a stop
+    string the ids end before the token in which the stop begins: a token holding text before the stop and
+    the start of the stop (``"a\\n"`` before ``"\\n"``, stop ``"\\n\\n"``) is not returned.
     Source: the KV cache as in nanoGPT/nanochat's engines; top-p from Holtzman et al. 2019.
     """
-    return list(stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, stop, seed, use_cache,
-                       tokenizer, keep, suppress_tokens=suppress_tokens, stop_at_eos=stop_at_eos))
+    return list(stream(model, prompt_ids, params, tokenizer=tokenizer, use_cache=use_cache, keep=keep, **sampling))
 
 
-def generate_batch(model, prompts: Sequence, max_new_tokens: int, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, stop=None, seed=None,
-                   use_cache: bool = True, tokenizer=None, keep: int | None = None, *, suppress_tokens=None,
-                   stop_at_eos: bool = True) -> list[list[int]]:
+def batch_params(params, n: int, sampling: dict) -> list[SamplingParams]:
+    """The settings of each of ``n`` rows: ``params`` a SamplingParams / int / None shared by every row, or a
+    sequence of n SamplingParams (one per row); ``sampling`` fields applied to every row, where ``seed`` may
+    also be a sequence of n seeds (one per row).
+
+    Raises: ValueError for a sequence of the wrong length; what :class:`SamplingParams` raises."""
+    sampling = dict(sampling)
+    seeds = sampling.get("seed")
+    if isinstance(seeds, torch.Tensor) and seeds.dim() == 1:
+        seeds = seeds.tolist()
+    per_row_seed = isinstance(seeds, Sequence) and not isinstance(seeds, (str, bytes))
+    if per_row_seed:
+        del sampling["seed"]
+        if len(seeds) != n:
+            raise ValueError(f"seed must be an int or one int per prompt ({n}), got {len(seeds)} seeds")
+    if isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
+        if len(params) != n:
+            raise ValueError(f"params must be one SamplingParams or one per prompt ({n}), got {len(params)}")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
+        rows = [SamplingParams.of(p, **sampling) for p in params]
+    else:
+        rows = [SamplingParams.of(params, **sampling)] * n
+    if per_row_seed:
+        rows = [p.replace(seed=s) for p, s in zip(rows, seeds)]
+    return rows
+
+
+def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use_cache: bool = True,
+                   keep: int | None = None, **sampling) -> list[list[int]]:
     """Continue several prompts of different lengths at once; returns the new ids of each prompt.
 
     The prompts are left-padded to a common length; a padding mask hides the padded keys and each row gets
     its own positions, so every prompt starts at position 0 exactly as when generated alone. Each row follows
     its own context window (the rule of :func:`stream`); when a row's window slides, or the shared cache is
     full, the cache is re-prefilled with every row's current window. A row that hits a stop (token ids, a stop
-    string in its text, or the tokenizer's ``<EOS>``) is done (the others go on); the call ends when all rows
-    are done or after max_new_tokens steps.
+    string in its text, or an end-of-text token) or its own ``max_new_tokens`` is done (the others go on); the
+    call ends when all rows are done.
 
-    Sampling: every row has its own ``torch.Generator``. ``seed`` an int seeds each row's generator with that
-    same int, so row i gives the same tokens as ``generate(model, prompts[i], ..., seed=seed)`` (and equal
-    prompts give equal samples); a list of ints seeds row i with ``seed[i]``; None draws fresh entropy.
+    Settings: ``params`` one :class:`SamplingParams` (or an int, short for max_new_tokens) for every row, or a
+    list of one per prompt -- every row has its own settings, penalties' counts and ``torch.Generator``, so
+    row i gives the same tokens as ``generate(model, prompts[i], params[i])``. A ``seed=`` keyword may be one
+    int (every row seeded with it, so equal prompts give equal samples) or one per prompt.
 
     Args: as :func:`stream`, with ``prompts`` a list of prompts (token-id sequences, or texts with a tokenizer).
 
-    Raises: as :func:`stream`; ValueError for an empty list of prompts or a seed list of the wrong length.
+    Raises: as :func:`stream`; ValueError for an empty list of prompts, or a list of seeds or params of the
+    wrong length.
     """
-    max_new_tokens, sampler, (seqs, texts, decode), keep = _prepare(
-        model, max_new_tokens, temperature, top_k, top_p, stop, tokenizer, keep, suppress_tokens, stop_at_eos)
-    if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence):
+    if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError("prompts must be a list of prompts (each a list of token ids or a text)")
+    rows_params = batch_params(params, len(prompts), sampling)
     if not prompts:
         raise ValueError("prompts is empty; give at least one prompt")
-    rows = [_prompt_list(model, p, tokenizer, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
-    gens = [] if sampler.greedy else make_generators(seed, len(rows), _model_device(model))
-    matchers = [Stops(seqs, texts, decode) for _ in rows]
+    v = model.config.num_tokens
+    bound_of: dict[SamplingParams, BoundParams] = {}  # rows with equal settings are bound once
+    for p in rows_params:
+        if p not in bound_of:
+            bound_of[p] = p.bind(v, tokenizer)
+    bounds = [bound_of[p] for p in rows_params]
+    rows = [check_prompt(model, p, tokenizer, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
+    keep = check_keep(keep, model.config.max_len)
+    return _run_batch(model, rows, bounds, use_cache, keep)
+
+
+def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cache: bool,
+               keep: int) -> list[list[int]]:
+    """generate_batch's loop over checked arguments: each row through its own stops and token limit."""
+    device = model_device(model)
+    sampler = Sampler([b.params for b in bounds])
+    gens = [] if sampler.greedy else [None if b.params.greedy else make_generator(b.params.seed, device)
+                                      for b in bounds]
+    counts = TokenCounts.for_prompts(rows, model.config.num_tokens, device) if sampler.uses_counts else None
+    limits = [b.params.max_new_tokens for b in bounds]
+    matchers = [b.stops() for b in bounds]
     outs: list[list[int]] = [[] for _ in rows]
-    done = [False] * len(rows)
-    steps = _stream_rows(model, rows, max_new_tokens, sampler, gens, use_cache, keep)
-    for new in steps:
+    done = [n == 0 for n in limits]
+    steps = _stream_rows(model, rows, max(limits), sampler, gens, counts, use_cache, keep)
+    for step, new in enumerate(steps, start=1):
         for i, t in enumerate(new):
             if done[i]:
                 continue
             emitted, matched = matchers[i].push(t)
             outs[i].extend(emitted)
             done[i] = matched is not None
+            if not done[i] and step == limits[i]:  # this row's own limit: what the stops hold is text
+                outs[i].extend(matchers[i].flush())
+                done[i] = True
         if all(done):
             steps.close()
             break
-    for i, m in enumerate(matchers):
-        if not done[i]:
-            outs[i].extend(m.flush())
     return outs

@@ -13,18 +13,22 @@ mask and each row gets its own positions (its tokens count from 0, as when gener
 is full, the columns no row uses any more are dropped (compaction). A row whose window would pass max_len
 slides as :func:`decoderlab.generation.stream` does: its last ``keep`` tokens are re-prefilled alone.
 
-Sampling: every row has its own ``torch.Generator`` (seeded with the request's seed; choice i of a request
-with ``n`` > 1 with seed + i) and draws exactly one uniform number per token through
-:class:`decoderlab.generation.Sampler`, so a seeded request gives the same tokens alone or batched with others
-(up to float rounding of batched matmuls, which the tests check does not change the tokens of small models).
+Sampling: every row has its own settings (the request's :class:`decoderlab.generation.SamplingParams`), its
+own ``torch.Generator`` (seeded with the request's seed; choice i of a request with ``n`` > 1 with seed + i)
+and its own penalties' state (a :class:`decoderlab.generation.TokenCounts`). One
+:class:`decoderlab.generation.Sampler` samples every running row together, its logits processors holding
+per-row settings, and each sampled row draws exactly one uniform number per token, so a seeded request gives
+the same tokens alone or batched with rows of other settings (up to float rounding of batched matmuls, which
+the tests check does not change the tokens of small models).
 
-Every row follows :func:`decoderlab.generate`'s rules with the same arguments, through the same code: the
-settings are checked and normalised by the engine's argument checks (``<PAD>`` never sampled, ``<EOS>`` ends
-the text, ``top_k=0`` = no filter), and each row's stops are a :class:`decoderlab.generation.stops.Stops`
-(token-id stops such as ``<EOS>`` or a chat template's end of turn, and stop strings matched on the decoded
-text, however it was tokenized, with what could still become a stop held back) whose emitted ids become text
+Every row follows :func:`decoderlab.generate`'s rules with the same settings, through the same code: the
+settings are checked once when the request's ``SamplingParams`` is built and bound to the model and
+tokenizer by :meth:`~decoderlab.generation.SamplingParams.bind` (``<PAD>`` never sampled, the end-of-text
+tokens -- ``<EOS>``, a chat template's end of turn -- end the text), and each row's stops are a
+:class:`decoderlab.generation.stops.Stops` (token-id stops, and stop strings matched on the decoded text,
+however it was tokenized, with what could still become a stop held back) whose emitted ids become text
 through a :class:`decoderlab.generation.TextStreamer`, as :func:`decoderlab.generation.stream_text` does. So a
-row's text is ``stream_text``'s text for the same prompt, settings and seed.
+row's text is ``stream_text``'s text for the same prompt and settings.
 
 Source: the continuous ("iteration-level") batching of Orca (Yu et al., OSDI 2022), as in vLLM's scheduler;
 written here over decoderlab's own KV cache.
@@ -37,14 +41,16 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from ..attention import KVCache, LayerKVCache
-from .engine import _check_keep, _model_device, _prepare, _prompt_list
-from .sampling import Sampler, as_scalar, check_int, check_seed, is_integer
-from .stops import Stops, parse_stops
+from .checks import check_int
+from .engine import check_keep, check_prompt, model_device
+from .params import BoundParams, SamplingParams
+from .processors import TokenCounts
+from .sampling import Sampler
 from .text import TextStreamer
 
 
@@ -64,47 +70,33 @@ class SchedulerClosed(RuntimeError):
 @dataclass
 class GenerationRequest:
     """One request: ``n`` continuations of ``prompt_ids``, each as :func:`decoderlab.generate` would give it with
-    the same arguments and the scheduler's tokenizer.
+    the same settings and the scheduler's tokenizer.
 
     Args:
         prompt_ids: the prompt's token ids (1 .. max_len of them; the caller checks the length).
-        max_tokens: the most tokens to sample per choice (an integer >= 1, ``generate``'s ``max_new_tokens``);
-            tokens cut by a stop count.
-        temperature, top_k, top_p: as ``generate`` (temperature 0 = greedy; top_k 0 or None = no filter).
-        stop: as ``generate``'s ``stop``: strings matched on the decoded text (a string naming a control token,
-            ``"<EOS>"``, is that token), token ids, tuples of ids, or a list of these.
-        stop_token_ids: more ids that end a choice without adding text (e.g. a chat template's end of turn).
-        suppress_token_ids: ids never sampled; None (default) = the tokenizer's ``<PAD>`` (``generate``'s
-            ``suppress_tokens``).
-        stop_at_eos: the tokenizer's ``<EOS>`` ends a choice (``generate``'s ``stop_at_eos``).
-        seed: choice i samples with a ``torch.Generator`` seeded with seed + i; None = fresh entropy.
+        params: the settings of every choice (a :class:`decoderlab.generation.SamplingParams`, checked when
+            built): ``max_new_tokens`` (>= 1 here) is the most tokens per choice, tokens cut by a stop
+            counting; ``stop`` strings are matched on the decoded text and ids on the ids; the tokenizer's
+            ``<PAD>`` is never sampled and its end-of-text tokens end a choice (``stop_at_eos``); choice i
+            samples with a ``torch.Generator`` seeded with ``seed`` + i (None: fresh entropy).
         n: how many choices.
         logprobs: None, or how many most probable alternatives (0 .. 20) to report with each token's logprob.
         on_event: called from the scheduler thread with each event (a tuple):
             ``("delta", index, text, logprob_items)``, ``("finish", index, reason)`` (reason "stop" or
             "length"; "cancelled" when cancelled), ``("done", usage_dict)`` last, or ``("error", exception)``.
 
-    :meth:`Scheduler.submit` checks the arguments (``ValueError`` / ``TypeError`` as ``generate``).
+    :meth:`Scheduler.submit` binds the settings to the model (``ValueError`` / ``TypeError`` as ``generate``).
     """
 
     prompt_ids: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    stop: object = None
-    stop_token_ids: list[int] = field(default_factory=list)
-    suppress_token_ids: list[int] | None = None
-    stop_at_eos: bool = True
-    seed: int | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     logprobs: int | None = None
     on_event: Callable[[tuple], None] | None = None
     cancelled: bool = False
     completion_tokens: int = 0
     _open_rows: int = 0
-    _sampler: Sampler | None = None
-    _stops: tuple = ((), (), None)  # (token-id sequences, stop strings, decode) for each row's Stops
+    _bound: BoundParams | None = None
 
     def cancel(self) -> None:
         """Stop generating at the next token (a client hung up); the scheduler releases the rows."""
@@ -121,28 +113,29 @@ class GenerationRequest:
 class _Row:
     """One choice of a request while it runs."""
 
-    def __init__(self, req: GenerationRequest, index: int, tokenizer, device):
+    def __init__(self, req: GenerationRequest, index: int, tokenizer, device, num_tokens: int):
         self.req, self.index = req, index
+        self.params = req._bound.params
         self.ids = list(req.prompt_ids)  # prompt + generated, the window is ids[start:]
         self.start = 0
         self.produced = 0
         self.logits: torch.Tensor | None = None  # (V,) the next token's logits, when known
         self.slot = -1
-        self.stops = Stops(*req._stops)  # token ids the stops release go to the streamer, as in stream_text
+        self.stops = req._bound.stops()  # token ids the stops release go to the streamer, as in stream_text
         self.streamer = TextStreamer(tokenizer)
         self.held_lp: collections.deque = collections.deque()  # logprob items of ids the stops hold back
         self.pending_lp: list[dict] = []  # ... of ids the streamer holds (an incomplete character)
         self.ready_lp: list[dict] = []  # ... of ids whose text is out, to send with it
-        if req._sampler.greedy:
+        if self.params.greedy:
             self.gen = None
         else:
             self.gen = torch.Generator(device=device)
-            if req.seed is None:
+            if self.params.seed is None:
                 self.gen.seed()
             else:
-                self.gen.manual_seed(req.seed + index)
-        smp = req._sampler
-        self.sampler_key = (smp.temperature, smp.top_k, smp.top_p, tuple(smp.suppress))
+                self.gen.manual_seed(self.params.seed + index)  # torch takes up to 2**64-1
+        self.counts = (TokenCounts.for_prompts([self.ids], num_tokens, device) if self.params.uses_counts
+                       else None)  # the penalties' state of this row
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -282,8 +275,8 @@ class Scheduler:
         self.max_batch, self.max_queue = check_int("max_batch", max_batch, 1), check_int("max_queue", max_queue, 1)
         cfg = model.config
         self.max_len = cfg.max_len
-        self.keep = _check_keep(keep, cfg.max_len)
-        self.device = _model_device(model)
+        self.keep = check_keep(keep, cfg.max_len)
+        self.device = model_device(model)
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
         self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self._rows: list[_Row] = []  # running rows, in slot order
@@ -291,6 +284,9 @@ class Scheduler:
         self._closed = False
         self.steps = 0
         self.max_rows_seen = 0
+        self._sampler: Sampler | None = None
+        self._sampler_rows: list[_Row] = []  # the rows self._sampler was built for, in order
+        self._empty_counts: TokenCounts | None = None
         model.eval()
         self._tmp = KVCache(cfg.n_layer, cfg.max_len)
         self._cache = BatchKVCache(cfg.n_layer, 2 * cfg.max_len)
@@ -311,21 +307,13 @@ class Scheduler:
             self._cond.notify()
 
     def _prepare(self, req: GenerationRequest) -> None:
-        """Check ``req``'s arguments with ``generate``'s own checks and keep its sampler and stops."""
-        req.max_tokens = check_int("max_tokens", req.max_tokens, 1)
+        """Bind ``req``'s settings to the model and tokenizer (``generate``'s own checks) and check its prompt."""
+        if not isinstance(req.params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(req.params).__name__}")
+        check_int("max_new_tokens", req.params.max_new_tokens, 1)
         req.n = check_int("n", req.n, 1)
-        _, req._sampler, (seqs, texts, decode), _ = _prepare(
-            self.model, req.max_tokens, req.temperature, req.top_k, req.top_p, req.stop, self.tokenizer, None,
-            req.suppress_token_ids, req.stop_at_eos)
-        more = [s for s in parse_stops(list(req.stop_token_ids), None, self.model.config.num_tokens)[0]
-                if s not in seqs]
-        req._stops = (seqs + more, texts, decode)
-        if req.seed is not None:
-            seed = as_scalar(req.seed)
-            if not is_integer(seed):
-                raise TypeError(f"seed must be an integer or None, got {seed!r}")
-            req.seed = check_seed(seed)
-        req.prompt_ids = _prompt_list(self.model, req.prompt_ids, self.tokenizer)
+        req._bound = req.params.bind(self.model.config.num_tokens, self.tokenizer)
+        req.prompt_ids = check_prompt(self.model, req.prompt_ids, self.tokenizer)
         if len(req.prompt_ids) > self.max_len:
             raise ValueError(f"the prompt must have 1 .. {self.max_len} tokens, got {len(req.prompt_ids)}")
 
@@ -397,14 +385,13 @@ class Scheduler:
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.model(tokens, cache=self._tmp)[0, -1]
 
-    def _step(self, admit: list[GenerationRequest]) -> None:
-        cache = self._cache
-        # 1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
-        #    padding: row for row the same math as alone), copy their keys/values into the batch, and sample
-        #    each one's first token right away (its generator's first draw)
+    def _admit(self, admit: list[GenerationRequest]) -> None:
+        """1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
+        padding: row for row the same math as alone), copy their keys/values into the batch, and sample each
+        one's first token right away (its generator's first draw)."""
         live = []
         for req in admit:
-            if req._sampler is None:  # (a request handed to _step directly rather than through submit)
+            if req._bound is None:  # (a request handed to _step directly rather than through submit)
                 self._prepare(req)
             if req.cancelled:
                 req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0,
@@ -424,13 +411,17 @@ class Scheduler:
             for j, req in enumerate(group):
                 req._open_rows = req.n
                 for i in range(req.n):
-                    row = _Row(req, i, self.tokenizer, self.device)
+                    row = _Row(req, i, self.tokenizer, self.device, self.model.config.num_tokens)
                     row.logits = all_logits[j]
-                    row.slot = cache.add_slot()
-                    cache.place(row.slot, src, w, src_row=j)
+                    row.slot = self._cache.add_slot()
+                    self._cache.place(row.slot, src, w, src_row=j)
                     self._rows.append(row)
                     self._sample([row])
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
+
+    def _step(self, admit: list[GenerationRequest]) -> None:
+        cache = self._cache
+        self._admit(admit)
         # 2. cancelled rows go now
         for row in [r for r in self._rows if r.req.cancelled]:
             self._release(row, "cancelled")
@@ -470,30 +461,43 @@ class Scheduler:
             cache.place(r.slot, self._tmp, len(r.ids) - r.start)
 
     def _sample(self, rows: list[_Row]) -> None:
-        """Sample one token for each row (rows with the same settings together, one draw per row each) and hand
-        it to the row (text, stops; finished rows are released). The rows' logits are used up."""
-        groups: dict[tuple, list[_Row]] = {}
-        for r in rows:
-            groups.setdefault(r.sampler_key, []).append(r)
-        chosen: list[tuple[_Row, int]] = []
-        for members in groups.values():
-            sampler = members[0].req._sampler
-            logits = torch.stack([r.logits for r in members])
-            ids = sampler(logits, [r.gen for r in members] if not sampler.greedy else []).tolist()
-            chosen.extend(zip(members, ids))
-        for r, t in chosen:
+        """Sample one token for each row -- all together, each with its own settings, generator and penalties'
+        state -- and hand it to the row (text, stops; finished rows are released). The rows' logits are used
+        up."""
+        if not rows:
+            return
+        if self._sampler_rows != rows:  # the running rows changed: their processors are built again
+            self._sampler = Sampler([r.params for r in rows])
+            self._sampler_rows = list(rows)
+        sampler = self._sampler
+        counts = None
+        if sampler.uses_counts:
+            counts = TokenCounts.cat([r.counts if r.counts is not None else self._no_counts() for r in rows])
+        logits = torch.stack([r.logits for r in rows])
+        ids = sampler(logits, [] if sampler.greedy else [r.gen for r in rows], counts).tolist()
+        for r, t in zip(rows, ids):
             self._accept(r, t)
             r.logits = None
 
+    def _no_counts(self) -> TokenCounts:
+        """Counts for a row without penalties that is sampled with rows that have them (its settings leave
+        them unread): one shared empty state."""
+        v = self.model.config.num_tokens
+        if self._empty_counts is None:
+            self._empty_counts = TokenCounts.for_prompts([[]], v, self.device)
+        return self._empty_counts
+
     def _accept(self, r: _Row, token: int) -> None:
         """One sampled token of row ``r``: through its stops (as ``stream`` does), the ids they release through
-        its text streamer (as ``stream_text`` does); sends the text and ends the row at a stop or max_tokens."""
+        its text streamer (as ``stream_text`` does); sends the text and ends the row at a stop or max_new_tokens."""
         req = r.req
         r.produced += 1
         req.completion_tokens += 1
         if req.logprobs is not None:
             r.held_lp.append(self._logprob_item(r.logits, token, req.logprobs))
         r.ids.append(token)
+        if r.counts is not None:
+            r.counts.add([token])
         out, swallowed = r.stops.push(token)
         text = self._to_text(r, out)
         if swallowed is not None:
@@ -503,7 +507,7 @@ class Scheduler:
                 r.pending_lp.append(r.held_lp.popleft())
             self._send(r, text + r.streamer.end() + tail, final=True)
             self._release(r, "stop")
-        elif r.produced >= req.max_tokens:
+        elif r.produced >= r.params.max_new_tokens:
             text += self._to_text(r, r.stops.flush())
             self._send(r, text + r.streamer.end(), final=True)
             self._release(r, "length")

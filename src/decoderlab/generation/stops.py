@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..tokenizers import Tokenizer
-from .sampling import as_scalar, is_integer
+from .checks import as_scalar, is_integer
 
 
 def text_decoder(tokenizer) -> Callable[[list[int]], str]:
@@ -36,42 +36,79 @@ def _special_ids(tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def parse_stops(stop, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]], list[str]]:
-    """Normalise ``stop`` (see :func:`decoderlab.generation.stream`) to (token-id sequences, text stops).
+def end_of_text_ids(tokenizer) -> tuple[int, ...]:
+    """The ids of the control tokens that end a text, which generation stops at (``stop_at_eos``): the
+    tokenizer's :attr:`~decoderlab.tokenizers.Tokenizer.end_of_text_ids` (``<EOS>``, and a chat template's end
+    of turn and its other turn tokens), or just its ``eos_id`` for a tokenizer that does not name them.
+    Empty without a tokenizer."""
+    if tokenizer is None:
+        return ()
+    ids = getattr(tokenizer, "end_of_text_ids", None)
+    if ids is None:
+        eos = getattr(tokenizer, "eos_id", None)
+        ids = () if eos is None else (eos,)
+    return tuple(int(i) for i in ids)
 
-    An int (of any kind) is one token id; a tuple (or 1-D tensor) of ids is one multi-token sequence; a string
-    that is the name of one of the tokenizer's control tokens (``"<EOS>"``, ``"<PAD>"``, ``"<|endoftext|>"``)
-    is that token; any other string is text; a list mixes any of these.
 
-    Raises:
-        TypeError: an item of another type; a string without a tokenizer.
-        ValueError: an empty stop; an id out of range; a string the tokenizer cannot encode (it could never
-            be produced).
-    """
+def _stop_item(item):
+    """One stop, normalised: an int (a token id), a non-empty str, or a non-empty tuple of ints."""
+    item = as_scalar(item)
+    if is_integer(item):
+        return int(item)
+    if isinstance(item, str):
+        if item == "":
+            raise ValueError("a stop string must not be empty")
+        return item
+    if isinstance(item, (Sequence, torch.Tensor)) and not isinstance(item, (bool, bytes)):
+        seq = tuple(as_scalar(t) for t in item)
+        if not all(is_integer(t) for t in seq):
+            raise TypeError(f"stop must be token ids or strings, got {item!r}")
+        if not seq:
+            raise ValueError("a stop sequence of token ids must not be empty")
+        return tuple(int(t) for t in seq)
+    raise TypeError(f"stop must be token ids or strings, got {item!r}")
+
+
+def normalize_stop(stop) -> tuple | None:
+    """``stop`` (see :func:`decoderlab.generation.stream`) as a tuple of stops, each an int (a token id), a
+    str (text, or the name of a control token) or a tuple of ints (one multi-token sequence); None for none.
+    An int, a string, or a tuple of ids is one stop; a list (or a 1-D tensor) holds several, where a tuple or
+    tensor of ids is one sequence.
+
+    Checks what needs no tokenizer (:func:`resolve_stops` checks the rest). Raises ``TypeError`` for an item
+    of another type, ``ValueError`` for an empty stop."""
     if stop is None:
-        return [], []
+        return None
     if isinstance(stop, torch.Tensor):
-        stop = stop.tolist()
+        stop = stop.tolist()  # a 1-D tensor holds several single-id stops, as a list does
     stop = as_scalar(stop)
     if is_integer(stop) or isinstance(stop, str) or (
-            isinstance(stop, Sequence) and stop and all(is_integer(as_scalar(t)) for t in stop)
-            and not isinstance(stop, list)):
-        # a single id, a single string, or a tuple of ids (one multi-token stop sequence)
-        items = [stop]
+            isinstance(stop, Sequence) and not isinstance(stop, (list, bytes)) and stop
+            and all(is_integer(as_scalar(t)) for t in stop)):
+        items = [stop]  # a single id, a single string, or a tuple of ids (one multi-token stop sequence)
+    elif isinstance(stop, bytes):
+        raise TypeError(f"stop must be token ids or strings, got {stop!r}")
     else:
         try:
             items = list(stop)
         except TypeError:
             raise TypeError(f"stop must be token ids or strings, got {stop!r}") from None
+    return tuple(_stop_item(i) for i in items) or None
+
+
+def resolve_stops(stops: tuple | None, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Normalised stops (:func:`normalize_stop`) as (token-id sequences, text stops) for one tokenizer and
+    vocabulary: a string naming one of the tokenizer's control tokens (``"<EOS>"``, ``"<PAD>"``,
+    ``"<|endoftext|>"``) is that token; any other string is text.
+
+    Raises:
+        TypeError: a string without a tokenizer.
+        ValueError: an id out of range; a string the tokenizer cannot encode (it could never be produced).
+    """
     seqs: list[tuple[int, ...]] = []
     texts: list[str] = []
-    for item in items:
-        item = as_scalar(item)
-        if is_integer(item):
-            seq = (int(item),)
-        elif isinstance(item, str):
-            if item == "":
-                raise ValueError("a stop string must not be empty")
+    for item in stops or ():
+        if isinstance(item, str):
             if tokenizer is None:
                 raise TypeError(f"stop string {item!r} needs the tokenizer: pass tokenizer=... (or give token ids)")
             vocab = getattr(tokenizer, "token_to_id", None)
@@ -85,15 +122,7 @@ def parse_stops(stop, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]]
                 raise ValueError(f"stop string {item!r} cannot be encoded by the tokenizer: {msg}") from None
             texts.append(item)
             continue
-        elif isinstance(item, (Sequence, torch.Tensor)) and not isinstance(item, bool):
-            seq = tuple(as_scalar(t) for t in item)
-            if not all(is_integer(t) for t in seq):
-                raise TypeError(f"stop must be token ids or strings, got {item!r}")
-            seq = tuple(int(t) for t in seq)
-            if not seq:
-                raise ValueError("a stop sequence of token ids must not be empty")
-        else:
-            raise TypeError(f"stop must be token ids or strings, got {item!r}")
+        seq = (item,) if isinstance(item, int) else item
         bad = [t for t in seq if not 0 <= t < num_tokens]
         if bad:
             raise ValueError(f"stop token id {bad[0]} is out of range; allowed ids are 0 .. {num_tokens - 1}")
@@ -101,9 +130,9 @@ def parse_stops(stop, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]]
     return seqs, texts
 
 
-def stop_sequences(stop, tokenizer, num_tokens: int) -> list[tuple[int, ...]]:
-    """The token-id stops of ``stop`` (see :func:`parse_stops`); text stops are left out."""
-    return parse_stops(stop, tokenizer, num_tokens)[0]
+def parse_stops(stop, tokenizer, num_tokens: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """``stop`` as (token-id sequences, text stops): :func:`normalize_stop` then :func:`resolve_stops`."""
+    return resolve_stops(normalize_stop(stop), tokenizer, num_tokens)
 
 
 class StopMatcher:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .engine import _prepare_one, _stream_one, stream
-from .sampling import check_int, check_sampling
+from .checks import MAX_SEED
+from .engine import prepare, stream, stream_tokens
+from .params import SamplingParams
 from .stops import text_decoder
 
 
@@ -54,17 +55,17 @@ class TextStreamer:
         return text[len(before) :]
 
 
-def stream_text(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: int = 200, temperature=1.0,
-                top_k=None, top_p=None, stop=None, seed=None, use_cache: bool = True, keep=None, *,
-                suppress_tokens=None, stop_at_eos: bool = True, echo: bool = False) -> Iterator[str]:
+def stream_text(model, tokenizer, prompt: str | Sequence[int], params: SamplingParams | int | None = None, *,
+                use_cache: bool = True, keep=None, echo: bool = False, **sampling) -> Iterator[str]:
     """Stream the continuation of ``prompt`` as text pieces (str), never splitting a UTF-8 character.
 
-    ``prompt`` is text (encoded with ``tokenizer``) or token ids; the other arguments are those of
-    :func:`stream` (``<PAD>`` is never sampled and ``<EOS>`` ends the text, by default). Stop strings are
-    matched on the text, and the text ends exactly before the first one, also when it begins inside a token.
-    Control tokens are never written as text (see :class:`TextStreamer`). The pieces joined equal
-    ``tokenizer.decode(generate(...), skip_special=True)`` for the same arguments, plus, when a stop string
-    begins inside a token, the text of that token before the stop.
+    ``prompt`` is text (encoded with ``tokenizer``) or token ids (bytes are refused: decode them first);
+    ``params`` / ``**sampling`` and the other arguments are those of :func:`stream` (``<PAD>`` is never sampled
+    and the end-of-text tokens end the text, by default). Stop strings are matched on the text, and the text
+    ends exactly before the first one, also when it begins inside a token. Control tokens are never written as
+    text (see :class:`TextStreamer`). The pieces joined equal ``tokenizer.decode(generate(...),
+    skip_special=True)`` for the same arguments, plus, when a stop string begins inside a token, the text of
+    that token before the stop.
 
     ``echo``: first yield the prompt's text (``decode(prompt ids)``), and decode the continuation together
     with it, so that word tokens keep the separator between prompt and continuation.
@@ -72,16 +73,18 @@ def stream_text(model, tokenizer, prompt: str | Sequence[int], max_new_tokens: i
     Every argument is checked at the call (``ValueError`` / ``TypeError`` as :func:`stream`), not when the
     first piece is asked for.
     """
-    ids, args = _prepare_one(model, prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, tokenizer,
-                             keep, suppress_tokens, stop_at_eos)
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError(f"prompt is bytes ({bytes(prompt[:30])!r}); pass text (a str: decode the bytes first) "
+                        f"or a list of token ids")
+    ids, bound, keep = prepare(model, prompt, params, tokenizer, keep, sampling)
     if not isinstance(echo, bool):
         raise TypeError(f"echo must be True or False, got {echo!r}")
-    stops = args[-1]
-    tokens = _stream_one(model, list(ids), *args, use_cache=use_cache)
-    return _text_pieces(tokenizer, tokens, stops=stops, context=ids if echo else (), echo=echo)
+    stops = bound.stops()
+    tokens = stream_tokens(model, list(ids), bound, stops, use_cache=use_cache, keep=keep)
+    return text_pieces(tokenizer, tokens, stops=stops, context=ids if echo else (), echo=echo)
 
 
-def _text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = None, stops=None,
+def text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = None, stops=None,
                  context: Sequence[int] = (), echo: bool = False):
     """Whole-character text pieces of the ids ``tokens`` yields (appended to ``produced`` if given), ending
     with the text a stop string left inside its tokens (``stops.tail``); with ``echo``, first the text of
@@ -118,23 +121,26 @@ class ChatSession:
 
     Args:
         model, tokenizer: e.g. from ``load_checkpoint``.
-        temperature: default 1.0; top_k, top_p as in :func:`stream`; max_new_tokens: default 200.
-        seed: seeds turn i's sampling with seed + i (None: fresh entropy).
+        params: the sampling settings (a :class:`SamplingParams`), or None; ``**sampling`` fields applied over
+            it (not given: the :class:`SamplingParams` defaults). The seed seeds turn i's sampling with seed + i
+            (None: fresh entropy).
 
-    ``reply(text)`` yields the reply as text pieces while it is generated; ``reset()`` forgets the
-    conversation. (The ``decoderlab chat`` slash commands that change the settings live in the CLI.)
+    ``params`` is the session's settings (replace it to change them: ``session.params =
+    session.params.replace(temperature=0.5)``); ``reply(text)`` yields the reply as text pieces while it is
+    generated; ``reset()`` forgets the conversation. (The ``decoderlab chat`` slash commands that change the
+    settings live in the CLI.)
     """
 
-    def __init__(self, model, tokenizer, *, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, max_new_tokens: int | None = None, seed: int | None = None):
+    def __init__(self, model, tokenizer, params: SamplingParams | None = None, **sampling):
         self.model, self.tokenizer = model, tokenizer
-        temperature = 1.0 if temperature is None else temperature
-        self.temperature, self.top_k, self.top_p = check_sampling(temperature, top_k, top_p)
-        max_new_tokens = 200 if max_new_tokens is None else max_new_tokens
-        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-        self.seed = seed
+        self.params = SamplingParams.of(params, **sampling)
         self.turn = 0
         self.history: list[int] = []
+
+    def turn_params(self) -> SamplingParams:
+        """This turn's settings: the session's, seeded with seed + turn (wrapping within 0 .. 2**63-1)."""
+        seed = self.params.seed
+        return self.params if seed is None else self.params.replace(seed=(seed + self.turn) & MAX_SEED)
 
     def reset(self) -> None:
         self.history = []
@@ -145,11 +151,12 @@ class ChatSession:
         eos = tok.eos_id
         ids = tok.encode(text)
         history = self.history + ids
-        seed = None if self.seed is None else self.seed + self.turn
-        gen = stream(self.model, history, self.max_new_tokens, self.temperature, self.top_k, self.top_p,
-                     stop=None if eos is None else [eos], seed=seed, tokenizer=tok)
+        params = self.turn_params()
+        if eos is not None:  # the reply ends at <EOS> also when the settings let end-of-text tokens through
+            params = params.replace(stop=(params.stop or ()) + (eos,))
+        gen = stream(self.model, history, params, tokenizer=tok)
         produced: list[int] = []
-        matched = yield from _text_pieces(tok, gen, produced)
+        matched = yield from text_pieces(tok, gen, produced)
         history += produced + (list(matched) if matched else [])
         self.history = history[-self.model.config.max_len :]  # all the model can see
         self.turn += 1

@@ -5,7 +5,8 @@ request, and the trace page's next-token sampler. Nothing else in ``decoderlab.s
 ``protocol.py`` is mapped here); :func:`submit` and :func:`next_token` are the only calls into
 :mod:`decoderlab.generation`; the other modules read a :class:`Settings` only for ``n`` and ``logprobs`` (and
 :func:`described` for the trace). Every row follows ``decoderlab.generate``'s rules with the tokenizer: ``<PAD>``
-never sampled, ``<EOS>`` ends the text, ``top_k`` 0 = no filter, stop strings matched on the decoded text.
+never sampled, the end-of-text tokens (``<EOS>``, a chat template's end of turn) end the text, ``top_k`` 0 = no
+filter, stop strings matched on the decoded text.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Callable
 import torch
 
 from ..config.limits import ServeLimits
-from ..generation import Sampler
-from ..generation.sampling import check_sampling
+from ..generation import Sampler, SamplingParams, SamplingTypeError, SamplingValueError
 from ..generation.scheduler import GenerationRequest, QueueFull, SchedulerClosed
 from ..generation.stops import parse_stops
 from .errors import APIError, bad
@@ -28,18 +28,38 @@ from .state import AppState
 
 @dataclass(frozen=True)
 class Settings:
-    """What a request asks of the engine, checked: ``max_tokens`` new tokens per choice, ``temperature`` (0 =
-    greedy), ``top_k`` (None = no filter), ``top_p`` (None = no filter), ``stop`` strings, ``seed`` (choice i
-    uses seed + i; None = fresh entropy), ``n`` choices, ``logprobs`` (None, or how many alternatives)."""
+    """What a request asks of the engine, checked: ``params`` (the :class:`decoderlab.generation.SamplingParams`
+    of every choice: new tokens, temperature, top-k, top-p, stop strings, seed -- choice i uses seed + i), ``n``
+    choices and ``logprobs`` (None, or how many alternatives). The other attributes read ``params`` under the
+    API's names."""
 
-    max_tokens: int = 1
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+    params: SamplingParams
     n: int = 1
     logprobs: int | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def temperature(self) -> float:
+        return self.params.temperature
+
+    @property
+    def top_k(self) -> int | None:
+        return self.params.top_k
+
+    @property
+    def top_p(self) -> float | None:
+        return self.params.top_p
+
+    @property
+    def seed(self) -> int | None:
+        return self.params.seed
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return tuple(self.params.stop or ())
 
 
 def described(settings: Settings) -> dict:
@@ -67,23 +87,22 @@ def _logprobs(body) -> int | None:
 
 
 def settings_of(body: SamplingFields, limits: ServeLimits) -> Settings:
-    """The settings of a request (completions, chat or trace), checked by the engine's own checks and this
-    server's limits; each violation is a 400 naming the field."""
-    temperature = 1.0 if body.temperature is None else body.temperature
-    top_k = None if body.top_k in (None, -1) else body.top_k
-    try:  # generate's own checks (the protocol has checked the API's ranges already)
-        temperature, top_k, top_p = check_sampling(temperature, top_k, body.top_p)
-    except (TypeError, ValueError) as e:
-        param = next((p for p in ("temperature", "top_k", "top_p") if str(e).startswith(p)), None)
-        raise bad(param, str(e)) from None
+    """The settings of a request (completions, chat or trace): one ``SamplingParams``, checked by the engine's
+    own checks, and this server's limits; each violation is a 400 naming the field."""
     stop = tuple(getattr(body, "stop", None) or ())
     if len(stop) > limits.max_stop:
         raise bad("stop", f"stop has {len(stop)} strings; at most {limits.max_stop} are allowed")
     n = getattr(body, "n", None) or 1
     if n > limits.max_n:
         raise bad("n", f"n={n} is above this server's limit of {limits.max_n} choices", "n_limit")
-    return Settings(max_tokens=_max_tokens(body, limits), temperature=temperature, top_k=top_k, top_p=top_p,
-                    stop=stop, seed=body.seed, n=n, logprobs=_logprobs(body))
+    try:  # generate's own checks (the protocol has checked the API's ranges already)
+        params = SamplingParams(max_new_tokens=_max_tokens(body, limits),
+                                temperature=1.0 if body.temperature is None else body.temperature,
+                                top_k=None if body.top_k == -1 else body.top_k, top_p=body.top_p, stop=stop or None,
+                                seed=body.seed)
+    except (SamplingTypeError, SamplingValueError) as e:
+        raise bad({"max_new_tokens": "max_tokens"}.get(e.field, e.field), str(e)) from None
+    return Settings(params=params, n=n, logprobs=_logprobs(body))
 
 
 def _producible(state: AppState, stops: tuple[str, ...]) -> list[str]:
@@ -102,13 +121,12 @@ def _producible(state: AppState, stops: tuple[str, ...]) -> list[str]:
 
 def submit(state: AppState, settings: Settings, ids: list[int], stop_ids: list[int],
            on_event: Callable[[tuple], None]) -> GenerationRequest:
-    """Queue ``settings.n`` continuations of ``ids`` on the scheduler; ``stop_ids`` end a choice as ``<EOS>``
-    does (a chat template's end of turn). ``on_event`` gets the scheduler's events (on its thread).
+    """Queue ``settings.n`` continuations of ``ids`` on the scheduler; ``stop_ids`` end a choice as the
+    end-of-text tokens do (a chat template's end of turn, whatever the tokenizer names). ``on_event`` gets the scheduler's events (on its thread).
 
     Raises: :class:`APIError` 429 (queue full, with ``Retry-After``) or 503 (shutting down)."""
-    req = GenerationRequest(prompt_ids=ids, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                            top_k=settings.top_k, top_p=settings.top_p, stop=_producible(state, settings.stop),
-                            stop_token_ids=stop_ids, seed=settings.seed, n=settings.n, logprobs=settings.logprobs,
+    params = settings.params.replace(stop=_producible(state, settings.stop) + list(stop_ids) or None)
+    req = GenerationRequest(prompt_ids=ids, params=params, n=settings.n, logprobs=settings.logprobs,
                             on_event=on_event)
     try:
         state.scheduler().submit(req)
@@ -131,8 +149,7 @@ def next_token(settings: Settings, tokenizer, logits: torch.Tensor, position: in
     """The trace page's sampler on the last position's logits (V,): (the distribution after the sampling
     filter, (V,) probabilities; the token it gives next). ``<PAD>`` is never chosen, as in generation; greedy
     for temperature 0, else seeded with ``seed + position`` (so stepping is reproducible)."""
-    pad = getattr(tokenizer, "pad_id", None)
-    sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, suppress=() if pad is None else (pad,))
+    sampler = Sampler(settings.params.bind(logits.numel(), tokenizer).params)  # bound as generation binds it
     if sampler.greedy:
         nxt = int(sampler(logits[None], [])[0])
         after = torch.zeros_like(logits)

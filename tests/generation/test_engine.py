@@ -1,0 +1,229 @@
+"""The generation engine: the KV cache equals the lesson's loop, seeded sampling with and without the cache,
+batches equal each prompt alone, and the engine's argument checks."""
+
+import random
+
+import pytest
+import torch
+from tiny_models import FAMILIES, lesson_loop, make_model, one_thread  # noqa: F401 -- one_thread: autouse
+
+import decoderlab as dl
+from decoderlab.generation import KVCache, SamplingParams, generate, generate_batch, stream
+from decoderlab.lesson import greedy_response
+from decoderlab.tokenizers import CharTokenizer
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_with_cache_equals_the_lesson_loop(family, kernel):
+    model = make_model(family, kernel)
+    cfg = model.config
+    rng = random.Random(f"{family}{kernel}")
+    for trial in range(3):
+        t = rng.randint(1, cfg.max_len)
+        prompt = [rng.randrange(cfg.num_tokens) for _ in range(t)]
+        n = rng.randint(1, 2 * cfg.max_len + 3)  # most runs pass max_len
+        keep = [None, cfg.max_len, 1][trial]
+        k = dl.generation.default_keep(cfg.max_len) if keep is None else keep
+        want = lesson_loop(model, prompt, n, k)
+        assert generate(model, prompt, n, temperature=0, keep=keep) == want
+        assert generate(model, prompt, n, temperature=0, keep=keep, use_cache=False) == want
+    # a prompt longer than max_len continues on its last max_len tokens
+    long_prompt = [rng.randrange(cfg.num_tokens) for _ in range(cfg.max_len + 3)]
+    assert generate(model, long_prompt, 5, temperature=0) == lesson_loop(model, long_prompt[3:], 5,
+                                                                          dl.generation.default_keep(cfg.max_len))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_decode_step_equals_the_model_forward(family):
+    """The engine's one-token step (``model.decode``) gives the model's own logits (float64), unpadded and
+    left-padded, also while the glass box records."""
+    model = make_model(family, "explicit", seed=4)
+    cfg = model.config
+    step = model.decode
+    torch.manual_seed(0)
+    ids = torch.randint(cfg.num_tokens, (3, cfg.max_len))
+    pads = torch.tensor([[0], [2], [cfg.max_len - 2]])
+    pad_mask = torch.arange(cfg.max_len)[None] < pads  # (3, max_len), True = padded
+    positions = (torch.arange(cfg.max_len)[None] - pads).clamp_min(0)
+    with torch.no_grad():
+        for padded in (False, True):
+            want = model(ids, padding_mask=pad_mask if padded else None, positions=positions if padded else None)
+            cache = KVCache.for_model(model)
+            t0 = 2
+            model(ids[:, :t0], padding_mask=pad_mask[:, :t0] if padded else None,
+                  positions=positions[:, :t0] if padded else None, cache=cache)
+            for t in range(t0, cfg.max_len):
+                got = step(ids[:, t:t + 1], positions[:, t:t + 1] if padded else t,
+                           pad_mask[:, :t + 1] if padded else None, cache)
+                rows = [0, 1] if padded and t < cfg.max_len - 2 else [0, 1, 2]  # row 2 is all padding early
+                assert torch.allclose(got[rows], want[rows, t], atol=1e-10, rtol=1e-12), (padded, t)
+    model.blocks[0].attention.record = {}  # the glass box is recording: the same blocks, the same numbers
+    cache = KVCache.for_model(model)
+    with torch.no_grad():
+        want = model(ids[:, :3])[:, 2]
+        model(ids[:, :2], cache=cache)
+        got = step(ids[:, 2:3], 2, None, cache)
+    assert torch.allclose(got, want, atol=1e-10, rtol=1e-12)
+    assert model.blocks[0].attention.record["percents"].shape == (3, cfg.n_head, 1, 3)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "explicit"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampling_with_the_same_seed_is_the_same_with_and_without_cache(family, kernel):
+    model = make_model(family, kernel, seed=1)
+    cfg = model.config
+    prompt = [1, 2, 3][: cfg.max_len]
+    n = 2 * cfg.max_len + 5
+    for opts in (dict(), dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.9)):
+        a = generate(model, prompt, n, seed=11, **opts)
+        assert a == generate(model, prompt, n, seed=11, use_cache=False, **opts)
+        assert len(set(a)) > 1
+    assert a == generate(model, prompt, n, seed=11, **opts)  # reproducible
+
+
+def test_trained_statquest_cache_matches_greedy_response(statquest_checkpoint):
+    model, tok = dl.load_checkpoint(statquest_checkpoint)
+    for prompt in ("what is statquest <EOS>", "statquest is what <EOS>"):
+        ids = tok.encode(prompt)
+        want = greedy_response(model, ids, tok.eos_id)
+        got = generate(model, ids, model.config.max_len - len(ids), temperature=0)
+        assert tok.decode(got) == tok.decode(want) == "awesome <EOS>"
+        assert generate(model, ids, 9, temperature=0, stop=tok.eos_id) == want[:-1]
+
+
+def test_generation_leaves_training_mode_and_global_rng_alone():
+    model = make_model("shakespeare-char", "sdpa")  # dropout 0.2: must be off while generating
+    model.train()
+    state = torch.get_rng_state()
+    a = generate(model, [1, 2], 15, seed=3)
+    assert torch.equal(state, torch.get_rng_state())
+    assert model.training
+    assert a == generate(model, [1, 2], 15, seed=3, use_cache=False)
+    assert generate(model, [1, 2], 0) == []
+    # the streaming twin yields the same tokens one at a time, and grad mode is not leaked to the caller
+    it = stream(model, [1, 2], 15, seed=3)
+    first = next(it)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    assert [first, *it] == a
+
+
+@pytest.mark.parametrize("family,kernel", [("baby-shakespeare", "sdpa"), ("rope-rmsnorm", "explicit"),
+                                           ("statquest", "explicit"), ("gpt2", "sdpa")])
+def test_batch_equals_each_prompt_alone(family, kernel):
+    model = make_model(family, kernel, seed=3)
+    cfg = model.config
+    rng = random.Random(family)
+    lengths = [1, cfg.max_len, max(1, cfg.max_len // 2), 2, cfg.max_len + 2]
+    prompts = [[rng.randrange(cfg.num_tokens) for _ in range(t)] for t in lengths]
+    n = 2 * cfg.max_len + 1
+    for opts in (dict(temperature=0), dict(seed=21, temperature=0.9, top_k=4)):
+        batch = generate_batch(model, prompts, n, **opts)
+        assert batch == [generate(model, p, n, **opts) for p in prompts]
+    assert batch == generate_batch(model, prompts, n, use_cache=False, **opts)
+    # stops end rows at different times; per-row seeds
+    alone = [generate(model, p, n, seed=s) for p, s in zip(prompts, range(5))]
+    stop = alone[0][3]
+    batch = generate_batch(model, prompts, n, seed=list(range(5)), stop=stop)
+    assert batch == [generate(model, p, n, seed=s, stop=stop) for p, s in zip(prompts, range(5))]
+    assert batch[0] == alone[0][: alone[0].index(stop)]
+
+
+def test_bad_inputs():
+    model = make_model("baby-shakespeare", "sdpa")
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
+        generate(model, [1], -1)
+    for t in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(model, [1], 3, temperature=t)
+    for p in (0, 0.0, 1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+            generate(model, [1], 3, top_p=p)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 0, got -1"):  # 0: no top-k filter
+        generate(model, [1], 3, top_k=-1)
+    with pytest.raises(ValueError, match=r"token id 65 is out of range; allowed ids are 0 \.\. 64"):
+        generate(model, [1, 65], 3)
+    with pytest.raises(ValueError, match="token id -1 is out of range"):
+        generate_batch(model, [[1], [-1]], 3)
+    with pytest.raises(ValueError, match="empty and the model has no start token"):
+        generate(model, [], 3)
+    with pytest.raises(ValueError, match="keep must be in 1 .. max_len=12"):
+        generate(model, [1], 3, keep=13)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        generate_batch(model, [], 3)
+    with pytest.raises(ValueError, match="one int per prompt"):
+        generate_batch(model, [[1], [2]], 3, seed=[1, 2, 3])
+
+
+def test_empty_prompt_starts_from_eos():
+    tok = CharTokenizer.from_text("abc def")
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=8,
+                                                n_layer=1, n_head=2, max_len=8)).double()
+    plain = dict(suppress_tokens=(), stop_at_eos=False)  # the tokenizer only for its start token
+    assert generate(model, [], 6, seed=1, tokenizer=tok, **plain) == generate(model, [tok.eos_id], 6, seed=1)
+
+
+def test_numbers_of_any_kind_are_accepted():
+    import numpy as np
+
+    model = make_model("baby-shakespeare", "sdpa", seed=2)
+    want = generate(model, [5], 12, temperature=0.7, top_k=3, top_p=0.9, seed=4, keep=6)
+    for kinds in (dict(top_k=np.int64(3), temperature=np.float32(0.7), top_p=np.float64(0.9)),
+                  dict(top_k=torch.tensor(3), temperature=torch.tensor(0.7, dtype=torch.float64),
+                       top_p=torch.tensor(0.9, dtype=torch.float64)),
+                  dict(top_k=3, temperature=0.7, top_p=0.9, seed=np.int64(4), keep=np.int32(6)),
+                  dict(top_k=3, temperature=0.7, top_p=0.9, max_new_tokens=torch.tensor(12))):
+        kw = dict(temperature=0.7, top_k=3, top_p=0.9, seed=4, keep=6, max_new_tokens=12, **{})
+        kw.update(kinds)
+        n = kw.pop("max_new_tokens")
+        got = generate(model, [5], n, **kw)
+        if kinds.get("temperature") is not None and isinstance(kinds["temperature"], np.float32):
+            assert got == generate(model, [5], 12, temperature=float(np.float32(0.7)), top_k=3, top_p=0.9, seed=4,
+                                   keep=6)
+        else:
+            assert got == want
+    assert generate(model, np.array([5, 6]), 4, temperature=0) == generate(model, [5, 6], 4, temperature=0)
+    assert generate(model, [5], 4, temperature=0, stop=np.int64(3)) == generate(model, [5], 4, temperature=0,
+                                                                                   stop=3)
+    # top_k=0 means no top-k filter (as in Hugging Face)
+    assert generate(model, [5], 20, top_k=0, seed=4) == generate(model, [5], 20, seed=4)
+    # still refused: bools, floats for integers, text, tensors with more than one value
+    for bad in (True, 3.0, "3", torch.tensor([3, 4])):
+        with pytest.raises(TypeError, match="top_k must be an integer >= 0"):
+            generate(model, [5], 3, top_k=bad)
+    with pytest.raises(TypeError, match="temperature must be a number >= 0"):
+        generate(model, [5], 3, temperature="hot")
+
+
+def test_a_seed_or_prompt_of_the_wrong_kind_is_named():
+    """seed="abc" was read as three seeds ("got 3 seeds"); bytes were read as token ids."""
+    model = make_model("baby-shakespeare", "sdpa")
+    with pytest.raises(TypeError, match=r"seed must be an integer in 0 \.\. 2\*\*63-1, got 'abc'"):
+        generate(model, [1], 3, seed="abc")
+    with pytest.raises(TypeError, match=r"seed must be an integer in 0 \.\. 2\*\*63-1, got 'abc'"):
+        generate_batch(model, [[1], [2]], 3, seed="abc")
+    with pytest.raises(TypeError, match=r"prompt_ids is bytes \(b'hi'\); pass text \(a str, decoded\) or a list"):
+        generate(model, b"hi", 3)
+    with pytest.raises(TypeError, match=r"prompts\[1\] is bytes"):
+        generate_batch(model, [[1], b"hi"], 3)
+    with pytest.raises(TypeError, match="unknown sampling setting temprature"):
+        generate(model, [1], 3, temprature=0)
+
+
+def test_batch_rows_with_their_own_settings_equal_each_alone():
+    """generate_batch with one SamplingParams per prompt: every row its own settings and token limit."""
+    model = make_model("rope-rmsnorm", "explicit", seed=8)
+    prompts = [[1, 2], [3], [4, 5, 6, 7], [8]]
+    rows = [SamplingParams(max_new_tokens=20, temperature=0),
+            SamplingParams(max_new_tokens=7, temperature=0.8, top_k=5, seed=2),
+            SamplingParams(max_new_tokens=20, top_p=0.7, min_p=0.1, seed=3, stop=[9]),
+            SamplingParams(max_new_tokens=0)]
+    alone = [generate(model, p, r) for p, r in zip(prompts, rows)]
+    assert [len(a) for a in alone][1] == 7 and alone[3] == []
+    assert generate_batch(model, prompts, rows) == alone
+    assert generate_batch(model, prompts, rows, use_cache=False) == alone
+    assert generate_batch(model, prompts, 12, seed=[5, 6, 7, 8]) == [generate(model, p, 12, seed=s)
+                                                                      for p, s in zip(prompts, [5, 6, 7, 8])]
+    with pytest.raises(ValueError, match=r"params must be one SamplingParams or one per prompt \(4\), got 2"):
+        generate_batch(model, prompts, rows[:2])

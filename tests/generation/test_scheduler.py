@@ -1,0 +1,217 @@
+"""The scheduler (continuous batching): rows joining mid-flight, equal prompt lengths prefilled together, stop
+strings, and rows with different settings decoded together each give exactly their own ``generate`` /
+``stream_text`` text; a control token that ends text ends a row with finish reason "stop"."""
+
+import threading
+import time
+
+import pytest
+import torch
+from tiny_models import CHARS, end_of_turn_model, one_thread, tiny_model  # noqa: F401 -- one_thread: autouse
+
+import decoderlab as dl
+from decoderlab.generation import SamplingParams, generate, stream_text
+from decoderlab.generation.scheduler import GenerationRequest, Scheduler
+
+
+@pytest.fixture(scope="module")
+def mt():
+    """The server's model (float32: batched matmuls may round differently from one row's; the tokens must not
+    change)."""
+    return tiny_model()
+
+
+def ref_text(mt, prompt_ids, n, temperature, seed):
+    """``decoderlab.generate``'s text with the tokenizer (<PAD> never sampled, the end-of-text tokens end it)."""
+    model, tok = mt
+    return tok.decode(generate(model, list(prompt_ids), n, temperature=temperature, seed=seed, tokenizer=tok),
+                      skip_special=True)
+
+
+def test_scheduler_joins_rows_mid_flight_greedy_exact(mt):
+    """Rows that join a running batch at different steps still give exactly generate(temperature=0)."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=8)
+    try:
+        results = {}
+        done = threading.Event()
+        prompts = ["a", "hello there", "x y z", "the long prompt, with words: ok"]
+
+        def on(i):
+            def f(ev):
+                if ev[0] == "delta":
+                    results[i] = results.get(i, "") + ev[2]
+                elif ev[0] == "done":
+                    results[f"done{i}"] = True
+                    if all(f"done{j}" in results for j in range(len(prompts))):
+                        done.set()
+            return f
+
+        for i, p in enumerate(prompts):
+            params = SamplingParams(max_new_tokens=45, temperature=0)
+            sch.submit(GenerationRequest(prompt_ids=tok.encode(p), params=params, on_event=on(i)))
+            time.sleep(0.01 * i)
+        assert done.wait(30)
+        for i, p in enumerate(prompts):
+            assert results.get(i, "") == ref_text(mt, tok.encode(p), 45, 0, None)
+    finally:
+        sch.close()
+
+
+def test_scheduler_prefills_equal_lengths_together_and_stays_exact(mt):
+    """Newcomers with prompts of equal length are prefilled in one forward pass; seeded and greedy rows still
+    give exactly generate's tokens (driven step by step on this thread, so the grouping is certain)."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=16)
+    sch.close()  # no thread: _step is driven here
+    prompts = ["abcd", "hey!", "wxyz", "a b.", "ab", "hello there"]
+    texts = {i: "" for i in range(len(prompts))}
+
+    def on(i):
+        def f(ev):
+            if ev[0] == "delta":
+                texts[i] += ev[2]
+        return f
+
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p),
+                              params=SamplingParams(max_new_tokens=40, temperature=0 if i % 2 else 0.9, seed=i),
+                              on_event=on(i)) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        sch._step(reqs[:4])  # four prompts of 4 tokens: one prefill of a (4, 4) batch
+        sch._step(reqs[4:])  # joining a running batch
+        while sch._rows:
+            sch._step([])
+    for i, p in enumerate(prompts):
+        assert texts[i] == ref_text(mt, tok.encode(p), 40, 0 if i % 2 else 0.9, i), p
+
+
+def _run(sch: Scheduler, prompt_ids, **sampling) -> tuple[str, str]:
+    """One request through the scheduler's thread: (its text, its finish reason)."""
+    out = {"text": "", "finish": None}
+    done = threading.Event()
+
+    def on(ev):
+        if ev[0] == "delta":
+            out["text"] += ev[2]
+        elif ev[0] == "finish":
+            out["finish"] = ev[2]
+        elif ev[0] in ("done", "error"):
+            done.set()
+
+    sch.submit(GenerationRequest(prompt_ids=prompt_ids, params=SamplingParams(**sampling), on_event=on))
+    assert done.wait(30)
+    return out["text"], out["finish"]
+
+
+def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newline_bpe):
+    """A byte-level BPE whose model writes "\\n" one token at a time, and "x" -> "ab" -> "c": the stop "\\n\\n"
+    is found across tokens, the stop "bc" begins inside the token "ab"; the scheduler's text is stream_text's,
+    ending exactly before the stop."""
+    tok, model, ids = newline_bpe
+    sch = Scheduler(model, tok, max_batch=4)
+    try:
+        for prompt, stop in (("p", "\n\n"), ("x", "bc"), ("x", "c\n"), ("p", ["zz", "a\n\n"]), ("p", None)):
+            want = "".join(stream_text(model, tok, prompt, 6, temperature=0, stop=stop))
+            got = _run(sch, tok.encode(prompt), max_new_tokens=6, temperature=0, stop=stop)
+            assert got == (want, "length" if stop is None else "stop"), (prompt, stop)
+        assert _run(sch, tok.encode("x"), max_new_tokens=6, temperature=0, stop="bc") == ("a", "stop")
+        with pytest.raises(ValueError, match="top_k"):  # generate's own checks
+            sch.submit(GenerationRequest(prompt_ids=[ids["p"]], params=SamplingParams(max_new_tokens=3, top_k=-1)))
+    finally:
+        sch.close()
+
+
+@pytest.fixture(scope="module")
+def char_model():
+    """A float64 character model (exact: batched and alone give the same logits), <EOS> rare."""
+    torch.manual_seed(0)
+    tok = dl.CharTokenizer.from_text(CHARS)
+    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
+    cfg.lm_head_bias = True
+    model = dl.DecoderOnlyTransformer(cfg).double()
+    with torch.no_grad():
+        model.fc_layer.weight.mul_(3.0)
+        model.fc_layer.bias.zero_()
+        model.fc_layer.bias[tok.eos_id] = -30.0
+    return model.eval(), tok
+
+
+def drive(model, tok, requests, max_batch=16):
+    """Run ``requests`` through a scheduler's steps on this thread, all admitted in the first step (so they
+    are sampled together): returns ({(request, choice): text}, {(request, choice): finish}, the scheduler)."""
+    sch = Scheduler(model, tok, max_batch=max_batch)
+    sch.close()  # no thread: the steps are driven here
+    texts, finish = {}, {}
+
+    def on(k):
+        def f(ev):
+            if ev[0] == "delta":
+                texts[(k, ev[1])] = texts.get((k, ev[1]), "") + ev[2]
+            elif ev[0] == "finish":
+                finish[(k, ev[1])] = ev[2]
+        return f
+
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p), params=params, n=n, on_event=on(k))
+            for k, (p, params, n) in enumerate(requests)]
+    for r in reqs:
+        sch._prepare(r)
+    with torch.inference_mode():
+        sch._step(reqs)
+        while sch._rows:
+            sch._step([])
+    return texts, finish, sch
+
+
+ROWS = [
+    ("hello", SamplingParams(max_new_tokens=30, temperature=0)),
+    ("hello", SamplingParams(max_new_tokens=30, temperature=0.9, top_k=5, seed=1)),
+    ("the cat", SamplingParams(max_new_tokens=25, temperature=1.2, top_p=0.8, seed=2)),
+    ("a", SamplingParams(max_new_tokens=40, min_p=0.2, seed=3)),
+    ("to be, or", SamplingParams(max_new_tokens=30, repetition_penalty=1.5, frequency_penalty=0.7,
+                                 presence_penalty=0.5, seed=4)),
+    ("xyz", SamplingParams(max_new_tokens=30, temperature=0, logit_bias={5: 3.0, 6: -100})),
+    ("xyz", SamplingParams(max_new_tokens=30, temperature=0, repetition_penalty=2.0)),
+    ("q", SamplingParams(max_new_tokens=12, temperature=0.7, stop=["rr"], seed=5)),  # a stop across tokens
+]
+
+
+def test_rows_with_different_settings_each_equal_their_own_generate(char_model):
+    model, tok = char_model
+    texts, finish, sch = drive(model, tok, [(p, params, 1) for p, params in ROWS])
+    assert sch.stats()["max_rows_seen"] == len(ROWS)  # all decoded together
+    for k, (prompt, params) in enumerate(ROWS):
+        want = "".join(stream_text(model, tok, prompt, params))
+        assert texts.get((k, 0), "") == want, (prompt, params)
+        assert finish[(k, 0)] == ("stop" if params.stop else "length"), (prompt, params)
+    assert len({texts[(0, 0)], texts[(5, 0)], texts[(6, 0)]}) == 3  # the settings change the text
+    # n choices: choice i is seeded with seed + i, each with its own penalties' state
+    params = ROWS[4][1]
+    texts, _, _ = drive(model, tok, [(ROWS[4][0], params, 3)])
+    for i in range(3):
+        assert texts[(0, i)] == "".join(stream_text(model, tok, ROWS[4][0], params.replace(seed=4 + i)))
+
+
+def test_an_end_of_turn_ends_a_row_with_stop():
+    """A completion on a chat model's tokens: <|end|> ends the row ("stop"), as generate ends there."""
+    tok, model, _ = end_of_turn_model()
+    texts, finish, _ = drive(model, tok, [("a", SamplingParams(max_new_tokens=10, temperature=0), 1),
+                                          ("a", SamplingParams(max_new_tokens=10, temperature=0.8, seed=1), 2),
+                                          ("a", SamplingParams(max_new_tokens=5, temperature=0, stop_at_eos=False),
+                                           1)])
+    assert (texts[(0, 0)], finish[(0, 0)]) == ("bc", "stop")
+    assert [texts[(1, i)] for i in range(2)] == ["bc", "bc"] and finish[(1, 1)] == "stop"
+    assert (texts[(2, 0)], finish[(2, 0)]) == ("bcab", "length")  # let through: no text, goes on
+
+
+def test_submit_checks_the_request(char_model):
+    model, tok = char_model
+    sch = Scheduler(model, tok)
+    try:
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1, got 0"):
+            sch.submit(GenerationRequest(prompt_ids=[3], params=SamplingParams(max_new_tokens=0)))
+        with pytest.raises(TypeError, match="params must be a SamplingParams, got dict"):
+            sch.submit(GenerationRequest(prompt_ids=[3], params={"temperature": 0}))
+        with pytest.raises(ValueError, match="logit_bias: token id 99 is out of range"):
+            sch.submit(GenerationRequest(prompt_ids=[3], params=SamplingParams(logit_bias={99: 1})))
+    finally:
+        sch.close()
