@@ -30,7 +30,7 @@ _EXPORTS = {
     "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
     "train_pairs": "training",
     "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
-    "stream_chat_reply": "chat", "load_chat_checkpoint": "chat", "load_conversations": "chat",
+    "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",

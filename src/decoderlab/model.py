@@ -251,6 +251,43 @@ class DecoderOnlyTransformer(nn.Module):
         self.tie_weights()
         return self
 
+    @torch.no_grad()
+    def resize_token_embeddings(self, num_tokens: int) -> nn.Embedding:
+        """Grow the vocabulary to ``num_tokens`` in place (Hugging Face's ``resize_token_embeddings``) and return
+        the new word embedding ``we`` (num_tokens, d_model).
+
+        The new rows of the embedding -- and of an untied ``fc_layer`` (weight rows and bias entries) -- start
+        at the mean of the old rows, so a new token begins as an "average" token rather than at random (as
+        Hugging Face's mean resizing, without its sampled noise); the old rows are kept exactly. A tied head
+        stays tied (one ``Parameter``). ``config.num_tokens`` follows. Unchanged size: nothing changes.
+
+        Raises:
+            ValueError: ``num_tokens`` is not an integer or smaller than the current vocabulary.
+        """
+        old = self.config.num_tokens
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            raise ValueError(f"num_tokens must be an integer, got {num_tokens!r}")
+        if num_tokens < old:
+            raise ValueError(f"cannot shrink the vocabulary from {old} to {num_tokens} tokens")
+        if num_tokens == old:
+            return self.we
+
+        def grown(t: torch.Tensor) -> nn.Parameter:
+            mean = t.mean(dim=0, keepdim=True)
+            return nn.Parameter(torch.cat([t, mean.expand(num_tokens - old, *t.shape[1:])], dim=0),
+                                requires_grad=t.requires_grad)
+
+        self.config = self.config.replace(num_tokens=int(num_tokens))
+        self.we.weight = grown(self.we.weight)
+        self.we.num_embeddings = num_tokens
+        if not self.config.tie_weights:
+            self.fc_layer.weight = grown(self.fc_layer.weight)
+        if self.fc_layer.bias is not None:
+            self.fc_layer.bias = grown(self.fc_layer.bias)
+        self.fc_layer.out_features = num_tokens
+        self.tie_weights()
+        return self.we
+
     # -- sizes ------------------------------------------------------------------------------------------------
     @property
     def max_len(self) -> int:
