@@ -215,3 +215,44 @@ def test_submit_checks_the_request(char_model):
             sch.submit(GenerationRequest(prompt_ids=[3], params=SamplingParams(logit_bias={99: 1})))
     finally:
         sch.close()
+
+
+def _wait_for(predicate, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "the scheduler did not get there in time"
+        time.sleep(0.005)
+
+
+def test_a_scheduler_step_waits_for_the_device_once_whatever_the_batch(mt):
+    """A steady step (no newcomer) makes one host sync, the sampled ids of every row together: four rows that
+    joined at different times (so a padding mask and per-row positions), greedy and sampled with penalties,
+    over more than two windows of max_len (every row's window slides and is re-prefilled). The counter is
+    switched on and off on the model thread, between two steps (its modes are per thread)."""
+    from support.host_syncs import HostSyncCounter
+
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=8)
+    counter = HostSyncCounter()
+    reqs = [GenerationRequest(tok.encode("a"), SamplingParams(max_new_tokens=500, temperature=0)),
+            GenerationRequest(tok.encode("hello"), SamplingParams(max_new_tokens=500, temperature=0.8, seed=1,
+                                                                  top_k=5, repetition_penalty=1.2), n=2),
+            GenerationRequest(tok.encode("x y"), SamplingParams(max_new_tokens=500, temperature=0.9, seed=2,
+                                                                top_p=0.9, frequency_penalty=0.5))]
+    try:
+        sch.submit(reqs[0])
+        _wait_for(lambda: sch.stats()["steps"] >= 3)
+        for req in reqs[1:]:
+            sch.submit(req)
+        _wait_for(lambda: sch.stats()["running"] == 4)
+        first = sch.call(lambda: (counter.__enter__(), sch.steps)[1]).result(30)
+        _wait_for(lambda: sch.stats()["steps"] >= first + 2 * model.config.max_len + 2)
+        last = sch.call(lambda: (counter.__exit__(None, None, None), sch.steps)[1]).result(30)
+        assert sch.stats()["running"] == 4  # (nobody finished: every counted step decoded all four rows)
+    finally:
+        for req in reqs:
+            req.cancel()
+        sch.close()
+    assert last - first > 2 * model.config.max_len
+    assert len(counter) == last - first, "more than the sampled ids per step:\n" + counter.report()
+    assert {e.origin.name for e in counter.events} == {"decoderlab.generation.scheduler.Scheduler._sample"}

@@ -385,7 +385,8 @@ class Scheduler:
         """The window ``ids`` through the model in the single-row cache (as ``generate`` prefills); (V,) logits."""
         self._tmp.reset()
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-        return self.model(tokens, cache=self._tmp)[0, -1]
+        # the ids were checked on the host (submit) or sampled: a range check here would wait for the device
+        return self.model(tokens, cache=self._tmp, check_ids=False)[0, -1]
 
     def _admit(self, admit: list[GenerationRequest]) -> None:
         """1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
@@ -409,7 +410,7 @@ class Scheduler:
             else:
                 src = KVCache(self.model.config.n_layer, self.max_len)
                 tokens = torch.tensor([r.prompt_ids for r in group], dtype=torch.long, device=self.device)
-                all_logits = self.model(tokens, cache=src)[:, -1]
+                all_logits = self.model(tokens, cache=src, check_ids=False)[:, -1]  # (checked in submit)
             for j, req in enumerate(group):
                 req._open_rows = req.n
                 for i in range(req.n):
