@@ -101,3 +101,32 @@ def test_a_hand_edited_config_is_refused_naming_the_field_and_the_file(full_run,
         train_lm(text=full_run[4], resume=out, config_overrides={"max_steps": 9}, cache_dir=tmp_path / "cache",
                  progress_bar=False, accelerator="cpu")
     assert str(e.value) == want
+
+
+@pytest.mark.parametrize("family", ["baby-shakespeare", "gpt2", "rope-rmsnorm"])
+def test_loading_onto_a_device_builds_on_meta_and_gives_the_same_model(tmp_path, family):
+    """``load_checkpoint(device=...)`` builds on the meta device and puts the file's tensors in place: the same
+    weights and logits as the saved model, tied weights one tensor again, nothing left on meta after a forward
+    pass (rope's tables are made on first use), the model on the device asked for."""
+    from tiny_models import make_model
+
+    model = make_model(family, "sdpa", seed=4).float().eval()  # (float32, as training writes it)
+    tok = CharTokenizer.from_text("".join(chr(0x100 + i) for i in range(model.config.num_tokens - 2)))
+    assert tok.vocab_size == model.config.num_tokens  # (+ <PAD> and <EOS>)
+    save_checkpoint(tmp_path / "ck", model, tok)
+    loaded, _ = load_checkpoint(tmp_path / "ck", device="cpu")
+    assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+    if model.config.tie_weights:
+        assert loaded.fc_layer.weight is loaded.we.weight
+    want = model.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+    assert not [n for n, t in [*loaded.named_parameters(), *loaded.named_buffers()] if t.is_meta]
+
+
+def test_a_device_this_machine_lacks_is_refused_before_any_file_is_read(tmp_path):
+    with pytest.raises(ValueError, match=r"device tpu: not a device decoderlab knows; allowed: auto, cpu, cuda, "
+                                         r"cuda:N, mps \(this machine has: cpu"):
+        load_checkpoint(tmp_path / "no such directory", device="tpu")

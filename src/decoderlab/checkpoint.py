@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ._version import __version__
+from .devices import resolve_device
 from .dtypes import dtype_name, to_inference_dtype
 from .files import atomic_write_bytes, atomic_write_text, replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig
@@ -222,8 +223,14 @@ def read_config(directory: str | os.PathLike) -> ModelConfig:
         raise ValueError(f"{path} is not a valid ModelConfig JSON file: {e}") from None
 
 
-def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None):
+def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+                    device: str | torch.device | None = None):
     """Load ``(model, tokenizer)`` from a checkpoint directory, without any training code.
+
+    ``device``: where the model goes (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, or a ``torch.device``;
+    :func:`decoderlab.devices.resolve_device`); None: ``map_location`` as given (default the CPU). The model
+    is built on the meta device and the weights are read straight onto ``device`` and put in place
+    (``load_state_dict(assign=True)``, tied weights tied again): no copy on the CPU on the way.
 
     Works for checkpoints written from compiled (``_orig_mod.``) and DDP-wrapped (``module.``) models.
     The model is returned in eval mode.
@@ -239,10 +246,12 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
         ValueError: the tokenizer's vocabulary size does not match the config's num_tokens; a weight is
             missing or mis-shaped (named); an unknown dtype (the allowed ones listed).
         ImportError: dtype int8 without torchao.
+        ValueError: a device this machine does not have (naming the ones it has), before any file is read.
     """
     from safetensors.torch import load_file
 
     dtype_name(dtype)  # an unknown dtype fails before any file is read
+    target = torch.device(map_location) if device is None else resolve_device(device)
     directory = check_checkpoint_dir(directory)
     config = read_config(directory)
     read_meta(directory)  # a corrupt meta.json is named here rather than misread later
@@ -252,21 +261,23 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             f"checkpoint {directory}: tokenizer vocabulary size {tokenizer.vocab_size} does not match "
             f"config num_tokens {config.num_tokens}"
         )
-    model = DecoderOnlyTransformer(config)
+    with torch.device("meta"):  # shapes only: every tensor comes from the file, on the target device
+        model = DecoderOnlyTransformer(config)
     try:
-        state = load_file(str(directory / WEIGHTS_FILE), device=str(map_location))
+        state = load_file(str(directory / WEIGHTS_FILE), device=str(target))
     except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
         raise ValueError(f"{directory / WEIGHTS_FILE} is not a readable safetensors file: {e}") from None
     state = clean_state_dict(state)
-    load_weights(model, state, source=str(directory / WEIGHTS_FILE))
+    load_weights(model, state, source=str(directory / WEIGHTS_FILE), assign=True)
     model.eval()
     to_inference_dtype(model, dtype)
     return model, tokenizer
 
 
-def load_weights(model, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
-    """Copy ``state`` into ``model``; tied weights may be stored once. Raises ``ValueError`` naming a missing,
-    unexpected or mis-shaped tensor."""
+def load_weights(model, state: dict[str, torch.Tensor], source: str = "state dict", *, assign: bool = False) -> None:
+    """Copy ``state`` into ``model`` (``assign=True``: put its tensors in place, for a model built on the meta
+    device); tied weights may be stored once. Raises ``ValueError`` naming a missing, unexpected or mis-shaped
+    tensor."""
     own = model.state_dict()
     tied = {"fc_layer.weight"} if model.config.tie_weights else set()
     if tied and "we.weight" not in state and "fc_layer.weight" in state:
@@ -280,4 +291,9 @@ def load_weights(model, state: dict[str, torch.Tensor], source: str = "state dic
     for k, v in state.items():
         if tuple(v.shape) != tuple(own[k].shape):
             raise ValueError(f"{source}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
-    model.load_state_dict(state, strict=False)
+    if assign:  # the model's dtype (float32), as a copy into it would give
+        state = {k: v.to(own[k].dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model.load_state_dict(state, strict=False, assign=assign)  # (the model's post-hook ties the weights again)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:  # (cannot happen for a state that passed the checks above: a guard for the meta-device build)
+        raise ValueError(f"{source}: tensor(s) {left[:5]} were not loaded")

@@ -47,3 +47,8 @@ SCHEDULES = ("cosine", "wsd")
 #: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
 #: their functions)
 EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")
+
+#: where inference runs (``--device``; :func:`decoderlab.devices.resolve_device`): auto = a CUDA GPU, else Apple
+#: MPS, else the CPU; cuda = the current CUDA GPU; cuda:N = GPU number N
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+DEFAULT_DEVICE = "auto"

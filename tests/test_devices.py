@@ -1,0 +1,48 @@
+"""``resolve_device``: the names ``--device`` takes, and one line naming what this machine has for a device it
+lacks -- on this CPU machine, and with torch's CUDA answers replaced to stand for a one-GPU machine."""
+
+import pytest
+import torch
+
+from decoderlab.devices import machine_devices, resolve_device
+
+
+def test_the_cpu_and_auto_on_a_machine_without_a_gpu():
+    assert resolve_device("cpu") == resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
+        assert resolve_device("auto") == resolve_device(None) == torch.device("cpu")
+        assert machine_devices() == ["cpu"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_on_a_machine_without_one_names_what_it_has():
+    for name in ("cuda", "cuda:0", "cuda:7"):
+        with pytest.raises(ValueError, match=rf"^device {name}: no CUDA GPU here .*; this machine has: cpu"):
+            resolve_device(name)
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has Apple MPS")
+def test_mps_off_a_mac_names_what_this_machine_has():
+    with pytest.raises(ValueError, match=r"^device mps: Apple MPS is on Apple silicon Macs only .*; this machine "
+                                         r"has: cpu"):
+        resolve_device("mps")
+
+
+def test_an_unknown_device_lists_the_names_allowed():
+    for name in ("tpu", "cuda:x", "gpu", "cpu:1", ""):
+        with pytest.raises(ValueError, match=rf"^device {name}: not a device decoderlab knows; allowed: auto, cpu, "
+                                             r"cuda, cuda:N, mps \(this machine has: cpu"):
+            resolve_device(name)
+
+
+def test_a_gpu_number_past_the_last_on_a_one_gpu_machine(monkeypatch):
+    """torch's CUDA answers stand for a machine with one GPU (nothing is put on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert machine_devices() == ["cpu", "cuda:0"]
+    assert resolve_device("auto") == resolve_device("cuda") == resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"^device cuda:7: there is no CUDA GPU 7, only 1 \(cuda:0\); this machine "
+                                         r"has: cpu, cuda:0$"):
+        resolve_device("cuda:7")
