@@ -44,6 +44,7 @@ from typing import Any, Mapping
 import torch
 
 from .checkpoint import CONFIG_FILE, check_output_dir, load_checkpoint, unwrap_model
+from .devices import resolve_device
 from .dtypes import dtype_name, to_inference_dtype
 from .files import replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig, preset
@@ -555,22 +556,25 @@ def gpt2_tokenizer(directory: str | os.PathLike) -> BPETokenizer:
     )
 
 
-def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None):
+def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+                        device: str | torch.device | None = None):
     """``(model, tokenizer)`` from a decoderlab checkpoint directory (``load_checkpoint``) or a Hugging Face
     GPT-2 directory (``config.json`` with GPT-2's fields, ``model.safetensors`` / sharded safetensors /
     ``pytorch_model.bin``, and ``tokenizer.json`` or ``vocab.json`` + ``merges.txt``: :func:`from_gpt2` and
     :func:`gpt2_tokenizer`). The model is in eval mode, its weights in ``dtype`` for inference (None: float32;
-    see :mod:`decoderlab.dtypes`). This is what the command line's ``--checkpoint`` takes.
+    see :mod:`decoderlab.dtypes`), on ``device`` (as :func:`decoderlab.checkpoint.load_checkpoint`; a GPT-2
+    directory is read on the CPU and moved). This is what the command line's ``--checkpoint`` takes.
 
     Raises:
         FileNotFoundError: the directory, its weights or its tokenizer files are missing (named).
         ValueError: a file that cannot be read; a tokenizer whose vocabulary size is not the model's.
     """
     if not is_gpt2_directory(directory):
-        return load_checkpoint(directory, map_location=map_location, dtype=dtype)
+        return load_checkpoint(directory, map_location=map_location, dtype=dtype, device=device)
     dtype_name(dtype)  # an unknown dtype fails before any file is read
+    target = torch.device(map_location) if device is None else resolve_device(device)
     tokenizer = gpt2_tokenizer(directory)  # before the weights: a missing tokenizer is found at once
-    model = from_gpt2(directory).to(map_location)
+    model = from_gpt2(directory).to(target)
     if tokenizer.vocab_size != model.config.num_tokens:
         raise ValueError(f"GPT-2 directory {directory}: the tokenizer has {tokenizer.vocab_size} tokens but the "
                          f"model's vocab_size is {model.config.num_tokens}")

@@ -94,7 +94,7 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
 def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
     """Ctrl-C during a reply stops the reply and the conversation goes on; at the prompt it leaves (130)."""
     model, tok = dl.load_checkpoint(statquest_checkpoint)
-    real_call = Sampler.__call__
+    real_call = Sampler.choose  # (the engine draws with choose, then reads the ids once)
     calls = []
 
     def interrupted(self, logits, generators, counts=None):
@@ -104,7 +104,7 @@ def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
         return real_call(self, logits, generators, counts)
 
     type_lines(monkeypatch, ["what is statquest", "statquest is what", KeyboardInterrupt])
-    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    monkeypatch.setattr(Sampler, "choose", interrupted)
     assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 130
     out = capsys.readouterr()
     assert out.out.splitlines() == ["(reply stopped)", "awesome"]

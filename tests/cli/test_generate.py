@@ -186,7 +186,7 @@ def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
     """Ctrl-C while `generate` / `sample` run: the text so far, one line on stderr, exit status 130."""
     model, tok = dl.load_checkpoint(lm_checkpoint)
     want = tok.decode(generate(model, "to be", 4, seed=13, tokenizer=tok))
-    real_call = Sampler.__call__
+    real_call = Sampler.choose  # (the engine draws with choose, then reads the ids once)
     calls = []
 
     def interrupted(self, logits, generators, counts=None):
@@ -195,7 +195,7 @@ def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
             raise KeyboardInterrupt
         return real_call(self, logits, generators, counts)
 
-    monkeypatch.setattr(Sampler, "__call__", interrupted)
+    monkeypatch.setattr(Sampler, "choose", interrupted)
     for command, out in (("generate", want + "\n"), ("sample", "to be" + want + "\n")):
         calls.clear()
         assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--seed", "13", "--prompt", "to be"]) == 130

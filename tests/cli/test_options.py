@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+from tiny_models import one_thread  # noqa: F401 -- autouse
+
+from decoderlab.cli import main as cli_main
 from decoderlab.cli.options import (SAMPLING_OPTIONS, add_options, dest, given, model_overrides, option,
                                     train_overrides)
 
@@ -27,3 +31,67 @@ def test_the_readers_return_what_was_given():
     assert model_overrides(args) == {"n_layer": 2}
     args = command_parser("finetune").parse_args(["--data", "d", "--out", "o", "--max-steps", "9"])
     assert train_overrides(args, ("val_batches", "full_val_below")) == {"max_steps": 9}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --device: one line naming what this machine has, before anything is loaded (or a port bound)
+# ---------------------------------------------------------------------------------------------------------
+
+def _one_gpu(monkeypatch):
+    """torch's CUDA answers stand for a machine with one GPU (nothing is put on it)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+_DEVICE_LINES = {
+    "cuda": "--device cuda: no CUDA GPU here (torch.cuda.is_available() is False); this machine has: cpu",
+    "mps": "--device mps: Apple MPS is on Apple silicon Macs only (macOS 12.3 or later, a PyTorch built with MPS); "
+           "this machine has: cpu",
+    "cuda:7": "--device cuda:7: there is no CUDA GPU 7, only 1 (cuda:0); this machine has: cpu, cuda:0",
+    "tpu": "--device tpu: not a device decoderlab knows; allowed: auto, cpu, cuda, cuda:N, mps (this machine has: "
+           "cpu)",
+}
+
+
+@pytest.mark.parametrize("command, name", [*(("generate", n) for n in _DEVICE_LINES),
+                                           *((c, "tpu") for c in ("sample", "chat", "explain", "serve"))])
+def test_a_device_this_machine_lacks_is_one_line_naming_what_it_has(command, name, lm_checkpoint, capsys,
+                                                                    monkeypatch):
+    import torch
+
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("the lines are this CPU machine's")
+    if name == "cuda:7":
+        _one_gpu(monkeypatch)
+    argv = [command, "--checkpoint", str(lm_checkpoint), "--device", name]
+    code = cli_main(argv + (["to be"] if command in ("generate", "sample", "explain") else []))
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", f"decoderlab: error: {_DEVICE_LINES[name]}\n")
+
+
+def test_generate_on_the_device_given_and_compiled(lm_checkpoint, capsys, monkeypatch):
+    """--device cpu loads there; --compile decodes with model.compile_decode's step (the same text)."""
+    import torch
+
+    import decoderlab.model
+
+    made = {}
+    real = decoderlab.model.DecoderOnlyTransformer.compile_decode
+
+    def compile_decode(self, **options):  # the "eager" backend: the graph without the C++ compiler
+        made["compiled"] = True
+        return real(self, backend="eager")
+
+    monkeypatch.setattr(decoderlab.model.DecoderOnlyTransformer, "compile_decode", compile_decode)
+    argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--temperature", "0",
+            "--max-new-tokens", "12", "--device", "cpu", "to be"]
+    assert cli_main(argv) == 0
+    eager = capsys.readouterr().out
+    try:
+        assert cli_main(argv + ["--compile"]) == 0
+    finally:
+        torch._dynamo.reset()
+    assert made == {"compiled": True} and capsys.readouterr().out == eager

@@ -221,7 +221,7 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
     assert lines[4] == (f"trained baby-shakespeare ({summary['num_parameters']:,} parameters) for 4 steps: train loss "
                         f"{summary['train_loss']:.4f} (mean of the last 4 steps), "
                         f"{summary['tokens_per_second']:,.0f} tokens per second")
-    assert lines[5].startswith(f"final evaluation at step 4: val loss {summary['val_loss']:.4f} nats/token (perplexity ")
+    assert lines[5].startswith(f"final evaluation at step 4 on cpu: val loss {summary['val_loss']:.4f} nats/token (perplexity ")
     assert lines[5].endswith(f"; checkpoint written to {out}") and len(lines) == 6
     config = json.loads((out / "config.json").read_text())
     assert {k: config[k] for k in ("n_layer", "n_head", "d_model", "max_len", "position", "norm")} == dict(

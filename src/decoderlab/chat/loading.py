@@ -31,9 +31,10 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
-               dtype=None) -> LoadedModel:
+               dtype=None, device: str | torch.device | None = None) -> LoadedModel:
     """Load a decoderlab checkpoint directory or a Hugging Face GPT-2 directory for inference
-    (:func:`decoderlab.hf.load_any_checkpoint`, weights in ``dtype``; see :mod:`decoderlab.dtypes`) together
+    (:func:`decoderlab.hf.load_any_checkpoint`, weights in ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``:
+    ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see :func:`decoderlab.devices.resolve_device`) together
     with its chat template (:func:`~decoderlab.chat.template_from_meta`: a checkpoint of the lesson's pair
     training written by an earlier version reads as the ``lesson`` template) and its ``meta.json``.
 
@@ -42,6 +43,6 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
     """
-    model, tokenizer = load_any_checkpoint(directory, map_location=map_location, dtype=dtype)
+    model, tokenizer = load_any_checkpoint(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
     return LoadedModel(model, tokenizer, template_from_meta(meta), meta)

@@ -106,6 +106,7 @@ def _finetune(args) -> int:
         print_error(e)
         return FAILED
     if s.is_global_zero:
-        print(f"checkpoint written to {s.run_dir} (template {s.template!r}); talk with it: decoderlab chat "
+        print(f"fine-tuned and evaluated on {s.device}; checkpoint written to {s.run_dir} (template "
+              f"{s.template!r}); talk with it: decoderlab chat "
               f"--checkpoint {s.run_dir}")
     return 0

@@ -7,7 +7,7 @@ import re
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
+from .options import (CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
                       no_chat_template, sampling_params, set_threads)
 
 DESCRIPTION = (
@@ -32,6 +32,8 @@ def add_sample(p) -> None:
 
 def _add_generate_options(p) -> None:
     add_options(p, CHECKPOINT_OPTIONS)
+    add_options(p, DEVICE_OPTIONS)
+    add_options(p, COMPILE_OPTIONS)
     add_options(p, SAMPLING_OPTIONS,
                 temperature_help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     add_options(p, THREADS_OPTIONS)

@@ -8,7 +8,7 @@ from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
 from ..config.names import EXAMPLES
 from .argtypes import number
 from .errors import FAILED
-from .options import add_checkpoint_option, load_model, no_chat_template
+from .options import DEVICE_OPTIONS, add_checkpoint_option, add_options, load_model, no_chat_template
 
 
 def add_verify(p) -> None:
@@ -35,6 +35,7 @@ def add_explain(p) -> None:
     p.add_argument("--example", default=None, metavar="NAME",
                    help=f"a worked example: {', '.join(EXAMPLES)} (default: none)")
     add_checkpoint_option(p, required=False)
+    add_options(p, DEVICE_OPTIONS)
     p.add_argument("text", nargs="?", default=None, help="the input text (with --checkpoint)")
     p.add_argument("--chat", action="store_true",
                    help="TEXT is a user message: explain the tokens a chat checkpoint sees before its reply, "

@@ -8,6 +8,8 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
 
     CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (verify, explain, serve:
                                                                      --checkpoint)
+    DEVICE_OPTIONS      --device                                     generate, sample, chat, explain, serve
+    COMPILE_OPTIONS     --compile (a compiled decode step)           generate, serve
     SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
                         --top-p, --seed
     THREADS_OPTIONS     --threads                                    train, generate, sample, chat, serve
@@ -26,7 +28,7 @@ import sys
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
-from ..config.names import DTYPES, MLPS, NORMS, OPTIMIZERS, POSITIONS, PRECISIONS, SCHEDULES
+from ..config.names import DEVICES, DTYPES, MLPS, NORMS, OPTIMIZERS, POSITIONS, PRECISIONS, SCHEDULES
 from ..config.presets import PRESETS
 from .argtypes import DEVICES_HELP, devices, number, seed
 
@@ -91,13 +93,42 @@ def add_checkpoint_option(parser, required: bool = True) -> None:
                         help=CHECKPOINT_HELP + ("" if required else " (default: none)"))
 
 
+#: where the model runs (checked by decoderlab.devices.resolve_device: one line naming what the machine has)
+DEVICE_OPTIONS = (
+    option("--device", metavar="DEVICE",
+           help=f"where the model runs: {', '.join(DEVICES)} (default auto: a CUDA GPU, else Apple MPS, else the "
+                "CPU)"),
+)
+
+COMPILE_OPTIONS = (
+    option("--compile", action="store_true", default=False,
+           help="decode with a compiled step (torch.compile, one graph over a static KV cache; the first token "
+                "waits for the compiler: seconds on a GPU, up to a minute on a CPU; default: eager)"),
+)
+
+
+def device(args):
+    """The ``torch.device`` of ``--device`` (auto where the command has no such flag)."""
+    from ..devices import resolve_device
+
+    try:
+        return resolve_device(getattr(args, "device", None))
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
+
+
 def load_model(args):
     """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
     (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
-    the stored one, None for a base model), its weights in ``--dtype`` where the command has it."""
+    the stored one, None for a base model), its weights in ``--dtype`` where the command has it, on
+    ``--device`` (the CPU for a command without it), decoding compiled with ``--compile``."""
     from ..chat import load_model as load
 
-    return load(args.checkpoint, dtype=getattr(args, "dtype", None))
+    where = device(args) if hasattr(args, "device") else "cpu"
+    loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
+    if getattr(args, "compile", False):
+        loaded.model.compile_decode()
+    return loaded
 
 
 def no_chat_template(directory) -> ValueError:

@@ -6,11 +6,14 @@ from __future__ import annotations
 from ..config.defaults import SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_PORT
 from ..output import KeepWriting
 from .argtypes import number
-from .options import THREADS_OPTIONS, add_checkpoint_option, add_options, flag, set_threads
+from .options import (COMPILE_OPTIONS, DEVICE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, device,
+                      flag, set_threads)
 
 
 def add_serve(p) -> None:
     add_checkpoint_option(p)
+    add_options(p, DEVICE_OPTIONS)
+    add_options(p, COMPILE_OPTIONS)
     p.add_argument("--host", default=SERVE_HOST, help=f"address to bind (default {SERVE_HOST}: this machine only)")
     p.add_argument("--port", type=number(int), default=SERVE_PORT, metavar="N",
                    help=f"port, 0 .. 65535 (default {SERVE_PORT})")
@@ -37,6 +40,7 @@ def _check_numbers(args) -> None:
 
 def cmd_serve(args) -> int:
     _check_numbers(args)
+    where = device(args)  # a device the machine lacks: one line before the port is bound
     from ..serve import Limits, serve
 
     set_threads(args)
@@ -46,5 +50,5 @@ def cmd_serve(args) -> int:
     # output (uvicorn writes its access lines there) must not disturb the server
     with KeepWriting():
         serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
-              limits=limits, model_id=args.model_id)
+              limits=limits, model_id=args.model_id, device=where, compile=args.compile)
     return 0

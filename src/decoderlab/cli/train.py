@@ -117,7 +117,8 @@ def _print_summary(args, name: str, s) -> None:
           f"(mean of the last {s.train_loss_steps} steps), {s.tokens_per_second:,.0f} tokens per second")
     if s.val_loss is not None:
         step = s.val_history[-1][0] if s.val_history else s.steps
-        print(f"final evaluation at step {step}: val loss {s.val_loss:.4f} nats/token (perplexity "
+        where = "" if s.device is None else f" on {s.device}"  # (the device the model trained on)
+        print(f"final evaluation at step {step}{where}: val loss {s.val_loss:.4f} nats/token (perplexity "
               f"{s.val_ppl:.2f}, {s.val_bpb:.3f} bits per byte); checkpoint written to {s.run_dir}")
 
 

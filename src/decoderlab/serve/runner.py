@@ -87,9 +87,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
-          log_level: str = "info") -> None:
+          log_level: str = "info", device=None, compile: bool = False) -> None:
     """Load a checkpoint directory (or a Hugging Face GPT-2 directory) and serve it with uvicorn until
-    interrupted (``decoderlab serve``).
+    interrupted (``decoderlab serve``), on ``device`` (``decoderlab.devices.resolve_device``'s names; None:
+    the CPU), decoding with a compiled step if ``compile`` (``model.compile_decode``).
 
     Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); what
     :func:`decoderlab.chat.load_model` raises (FileNotFoundError, ValueError) for a bad checkpoint.
@@ -98,7 +99,10 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
     sock = listen(host, port)
     try:
-        model, tokenizer, template, meta = load_model(checkpoint)  # the one loader: a decoderlab or GPT-2 directory
+        # the one loader: a decoderlab or GPT-2 directory
+        model, tokenizer, template, meta = load_model(checkpoint, device="cpu" if device is None else device)
+        if compile:
+            model.compile_decode()
         if model_id is None and not meta.get("name"):
             model_id = Path(checkpoint).resolve().name
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
