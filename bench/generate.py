@@ -11,6 +11,12 @@ weights, 255 new tokens from a 1-token prompt (filling the context exactly), gre
 All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds of the whole call, median of
 the repeats. Prints one table with the ratios, and whether the three produced the same tokens.
 
+Then the compile table (``--compile-table``, or alone with ``--only-compile``): batch-1 greedy decode at the same
+shape, eager (``model.decode``) and compiled (``model.compile_decode()``: Inductor, one graph over the static
+KV cache; its compile time apart), against the floor: the same weight products (every ``nn.Linear`` of the
+model, the output layer included, on one token's activations) run alone in the same process, 255 times. The
+ratio decode / floor says how much of a token's time is anything but the weights.
+
 Then the inference-dtype table (``load_checkpoint(..., dtype=...)``, ``--dtype``): a shakespeare-char-shaped
 model is trained here (``train_lm`` on the embedded tinyshakespeare, ``--train-steps`` steps of batch
 ``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and int8 (weight-only,
@@ -21,6 +27,7 @@ greedy agreement with float32 (share of identical tokens over 255 new tokens fro
 taken from the validation text).
 
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
+                             [--only-compile] [--compile-repeats 5]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
 """
 
@@ -58,6 +65,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--skip-speed", action="store_true", help="only the dtype table")
     ap.add_argument("--skip-dtypes", action="store_true", help="only the float32 speed table")
+    ap.add_argument("--only-compile", action="store_true", help="only the compile table (eager, compiled, floor)")
+    ap.add_argument("--compile-repeats", type=int, default=5, help="alternating runs in the compile table")
     ap.add_argument("--checkpoint", default=None,
                     help="dtype table: a shakespeare-char-shaped checkpoint directory; trained there first when it "
                          "does not exist yet (default: train one in a temporary directory)")
@@ -71,8 +80,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
+    if args.only_compile:
+        compile_table(args)
+        return
     if not args.skip_speed:
         speed_table(args)
+    compile_table(args)
     if not args.skip_dtypes:
         dtype_table(args)
 
@@ -166,6 +179,67 @@ def speed_table(args) -> None:
         print(f"| {b} | {name} | {s:.2f} | {tps:,.0f} | {vs_c:.2f}x | {vs_b:.2f}x | {same} |")
     for b, name, s, tps, vs_c in overhead:
         print(f"| {b} | {name} | {s:.2f} | {tps:,.0f} | {vs_c:.2f}x |  |  |")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The compile table: eager and compiled batch-1 decode against the floor
+# ---------------------------------------------------------------------------------------------------------
+
+
+def weight_floor(model, n_tokens: int) -> float:
+    """Seconds for ``n_tokens`` tokens' weight products alone: every ``nn.Linear`` of ``model`` in order (the
+    blocks' projections and MLPs, the output layer) on one token's (1, 1, in_features) activations."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
+    inputs = [torch.randn(1, 1, w.size(1)) for w, _ in linears]
+    with torch.inference_mode():
+        for (w, b), x in zip(linears, inputs):  # warm up
+            F.linear(x, w, b)
+        t = time.perf_counter()
+        for _ in range(n_tokens):
+            for (w, b), x in zip(linears, inputs):
+                F.linear(x, w, b)
+        return time.perf_counter() - t
+
+
+def compile_table(args) -> None:
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
+    eager_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # (warms the eager path up too)
+    t = time.perf_counter()
+    model.compile_decode()
+    compiled_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # the first call compiles
+    compile_s = time.perf_counter() - t
+
+    def eager():
+        model.compiled_decode, kept = None, model.compiled_decode
+        try:
+            return generate(model, [1], NEW_TOKENS, temperature=0)
+        finally:
+            model.compiled_decode = kept
+
+    def compiled():
+        return generate(model, [1], NEW_TOKENS, temperature=0)
+
+    times = {"eager": [], "compiled": [], "floor": []}
+    for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all three alike
+        times["eager"].append(timed(eager)[0])
+        times["compiled"].append(timed(compiled)[0])
+        times["floor"].append(weight_floor(model, NEW_TOKENS))
+    tps = {k: NEW_TOKENS / statistics.median(v) for k, v in times.items()}
+    same = "yes" if eager_tokens == compiled_tokens else "no"
+    print()
+    print(f"compiled decode: shakespeare-char shape (random weights), batch 1, {NEW_TOKENS} new tokens from a "
+          f"1-token prompt, greedy, float32, median of {args.compile_repeats} alternating runs; floor = the same "
+          f"weight products (every nn.Linear, the output layer included) run alone, {NEW_TOKENS} times")
+    print("| decode | tokens/s | vs floor | vs eager | compile s | same tokens as eager |")
+    print("|---|---:|---:|---:|---:|---|")
+    print(f"| eager (model.decode, KV cache) | {tps['eager']:,.0f} | {tps['eager'] / tps['floor']:.2f}x | 1.00x |  |  |")
+    print(f"| compiled (model.compile_decode, Inductor, static KV cache) | {tps['compiled']:,.0f} | "
+          f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | {compile_s:.0f} | {same} |")
+    print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |")
 
 
 # ---------------------------------------------------------------------------------------------------------

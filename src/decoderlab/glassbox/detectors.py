@@ -57,8 +57,8 @@ def _score(patterns: torch.Tensor, det: torch.Tensor, exclude_bos: bool, exclude
            measure: str) -> torch.Tensor:
     """(H,) scores of one row's patterns (H, T, T) against its detection pattern (T, T)."""
     t = det.size(0)
-    p = patterns.double().cpu()
-    det = det.double()
+    p = patterns.cpu().double()  # (float64 on the CPU, wherever the model runs: MPS has none)
+    det = det.cpu().double()
     if measure == "mul":
         if exclude_bos or exclude_current:
             p = p.clone()
@@ -154,24 +154,24 @@ def _reading(model, w: torch.Tensor, layer: int) -> torch.Tensor:
     norm = model.blocks[layer].norm_1
     if isinstance(norm, nn.Identity):
         return w
-    w = w * norm.weight.detach().to(w.dtype).view(-1, *([1] * (w.dim() - 1)))
+    w = w * norm.weight.detach().to(w.device, w.dtype).view(-1, *([1] * (w.dim() - 1)))
     return w - w.mean(0, keepdim=True) if isinstance(norm, nn.LayerNorm) else w
 
 
 def head_matrices(model, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """W_Q, W_K, W_V (H, d_model, d_head) and W_O (H, d_head, d_model) of ``layer`` in TransformerLens's
     layout (x @ W_Q), processed as TransformerLens's (norm gain folded in, centred for layernorm); the
-    identity placement for W_O without an output projection. Float64."""
+    identity placement for W_O without an output projection. Float64, on the CPU (wherever the model runs)."""
     attn = model.blocks[layer].attention
     h, dh, d = attn.n_head, attn.d_head, attn.d_model
-    qkv = plain_linear(attn.qkv, f"blocks.{layer}.attention.qkv").weight.detach().double()  # (3 d_model, d_model)
+    qkv = plain_linear(attn.qkv, f"blocks.{layer}.attention.qkv").weight.detach().cpu().double()  # (3 d_model, d_model)
     plain_linear(attn.proj, f"blocks.{layer}.attention.proj")
     w_q, w_k, w_v = (_reading(model, qkv[i * d:(i + 1) * d].t().reshape(d, h, dh), layer).permute(1, 0, 2)
                      for i in range(3))
     if attn.proj is None:
         w_o = torch.eye(d, dtype=torch.float64).reshape(h, dh, d)
     else:
-        w_o = attn.proj.weight.detach().double().t().reshape(h, dh, d)
+        w_o = attn.proj.weight.detach().cpu().double().t().reshape(h, dh, d)
         if isinstance(model.norm_f, nn.LayerNorm):  # what a layernorm reads is centred: centre what is written
             w_o = w_o - w_o.mean(-1, keepdim=True)
     return w_q, w_k, w_v, w_o

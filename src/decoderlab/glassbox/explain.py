@@ -38,7 +38,7 @@ class _Story:
         self.dims = [f"dim {j}" for j in range(self.cfg.d_model)]
 
     def np_(self, x) -> np.ndarray:
-        return x[self.batch].detach().to("cpu", torch.float64).numpy()
+        return x[self.batch].detach().cpu().double().numpy()  # (to the CPU first: no float64 on MPS)
 
     def matrix(self, title: str, x, cols=None, rows=None, **kw) -> str:
         """A matrix of this row's values, one row per position unless ``rows`` says otherwise."""
@@ -72,7 +72,7 @@ def _head_matrices(st: _Story, lt, slot: int, hd: int, mask) -> list[str]:
     cfg, out = st.cfg, []
     hdims = [f"d{j}" for j in range(cfg.d_head)]
     if st.model is not None:
-        w = st.model.blocks[lt.index].attention.qkv.weight.detach().double().cpu().numpy()
+        w = st.model.blocks[lt.index].attention.qkv.weight.detach().cpu().double().numpy()
         sl = slice(hd * cfg.d_head, (hd + 1) * cfg.d_head)
         for nm, off in (("Wqᵀ", 0), ("Wkᵀ", cfg.d_model), ("Wvᵀ", 2 * cfg.d_model)):
             out += [st.matrix(f"{nm} (d_model x d_head):", w[off:][sl].T, hdims, st.dims), ""]

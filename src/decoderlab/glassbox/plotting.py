@@ -163,7 +163,7 @@ def html_report(tr, *, text: str | None = None, title: str = "decoderlab: inside
     if t <= 64:
         for lt in tr.layers:
             mask = lt.mask.cpu().numpy() if lt.mask is not None else np.zeros((t, t), dtype=bool)
-            pct = lt.percents[batch].detach().double().cpu().numpy()
+            pct = lt.percents[batch].detach().cpu().double().numpy()  # (to the CPU first: no float64 on MPS)
             for slot, hd in enumerate(lt.heads):
                 parts.append(f"<h3>layer {lt.index}, head {hd}</h3>")
                 parts.append(_table(pct[slot], pos, pos, mask))

@@ -58,7 +58,8 @@ def trace_numbers(model, tokenizer, ids: list[int], settings: Settings, top: int
     probabilities before (softmax of the logits) and after the sampling filter, plus the token the filter's
     distribution gives next (:func:`decoderlab.serve.generation.next_token`)."""
     tr = trace(model, ids, tokenizer, layers=layers)
-    logits = tr.logits[0, -1].float()
+    # the page's numbers and its draw (a CPU generator) on the CPU, wherever the model runs
+    logits = tr.logits[0, -1].float().cpu()
     after, nxt = next_token(settings, tokenizer, logits, len(ids))
 
     def top_list(dist: torch.Tensor) -> list[dict]:
