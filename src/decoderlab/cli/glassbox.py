@@ -12,6 +12,9 @@ from .options import DEVICE_OPTIONS, add_checkpoint_option, add_options, load_mo
 
 
 def add_verify(p) -> None:
+    p.description = ("Recompute the checkpoint's forward pass in float64 NumPy and compare every step. It runs on "
+                     "the CPU by design (no --device): the float64 reference is the point, and Apple MPS has no "
+                     "float64.")
     add_checkpoint_option(p)
     p.add_argument("text", help="the input text")
     p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
