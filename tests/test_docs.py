@@ -3,7 +3,9 @@ file that exists, and the README stays a five-minute read (at most 12 KB).
 
 Each ```python block runs in a fresh namespace with a temporary directory as its working directory, so a block
 holds everything it needs (a tiny model, a short run). A block that cannot run here (it needs a server or a
-network) is preceded by the line ``<!-- no-run: why -->``; blocks that train are marked slow."""
+network) is preceded by the line ``<!-- no-run: why -->``. Blocks that train a model, start a server or write a
+GPT-2 directory (several seconds each) are marked slow, so ``make test-fast`` skips them and ``make test`` runs
+them."""
 
 import re
 from pathlib import Path
@@ -18,8 +20,8 @@ README_LIMIT = 12_288
 # a fence opening at the start of a line, its language, the body, the closing fence; the line before it
 FENCE_RE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NO_RUN = "<!-- no-run"
-# calls that train a model: seconds to tens of seconds on a shared CPU
-TRAINS = ("train_pairs(", "train_lm(", "finetune(", "train_model(")
+# calls that take seconds to tens of seconds on a shared CPU: training, a server, transformers' import
+SLOW_CALLS = ("train_pairs(", "train_lm(", "finetune(", "ServerThread(", "to_gpt2(")
 
 
 def python_blocks(page: Path, root: Path = ROOT):
@@ -39,7 +41,7 @@ def _cases():
         for label, code, runnable in python_blocks(page):
             if not runnable:
                 continue
-            marks = [pytest.mark.slow] if any(t in code for t in TRAINS) else []
+            marks = [pytest.mark.slow] if any(call in code for call in SLOW_CALLS) else []
             yield pytest.param(code, id=label, marks=marks)
 
 
