@@ -170,3 +170,14 @@ def test_the_tree_reader_builds_nested_paths():
     text = ("## The source tree\n\n```text\ntop.py    a\n# floor 1: a | b\npkg/      b\n    m.py  c\n"
             "    sub/\n        n.py\nlast.py\n```\n")
     assert design_tree(text) == (["top.py", "pkg/", "pkg/m.py", "pkg/sub/", "pkg/sub/n.py", "last.py"], ["a | b"])
+
+
+def test_the_readme_lesson_prints_the_numbers_it_shows(tmp_path, monkeypatch, capsys):
+    (code,) = [code for _, code, _ in python_blocks(README) if "SelfAttention(" in code]
+    (shown,) = [line for line in code.splitlines() if line.startswith("# tensor(")]
+    numbers = re.findall(r"-?\d+\.\d+", shown)
+    assert len(numbers) == 6
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "<README lesson>", "exec"), {"__name__": "__doc_block__"})
+    printed = re.findall(r"-?\d+\.\d+", capsys.readouterr().out)
+    assert printed[:6] == numbers
