@@ -48,3 +48,11 @@ def devices(text: str):
     if re.fullmatch(r"-1|[1-9]\d*", value):
         return int(value)
     raise argparse.ArgumentTypeError(f"must be {DEVICES_HELP}; got {text!r}")
+
+
+def head_ref(text: str) -> tuple[int, int]:
+    """An attention head written as the glass box labels it, ``L{layer}H{head}`` (``L1H0``): (layer, head)."""
+    m = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"must be a head written L<layer>H<head>, such as L0H1; got {text!r}")
+    return int(m.group(1)), int(m.group(2))

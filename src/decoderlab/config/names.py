@@ -47,3 +47,10 @@ SCHEDULES = ("cosine", "wsd")
 #: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
 #: their functions)
 EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")
+
+#: what ``decoderlab patch --over`` patches (``decoderlab.glassbox.activation_patching``'s ``over``: its
+#: ``PATCH_OVER`` maps them to hook points) and the tables' axes (``by``; "attn_head" is by head)
+PATCH_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_head")
+PATCH_AXES = ("layer", "layer,pos", "layer,head", "layer,pos,head")
+#: the head detectors (``decoderlab.glassbox.KINDS``)
+HEAD_DETECTORS = ("previous_token", "duplicate_token", "induction")
