@@ -208,3 +208,41 @@ def test_chat_requests_are_valid_the_log_shows_both_sides_and_stepping_stops_at_
         assert last["messages"][-1] == {"role": "user", "content": "ca"} and last["continuation"] == "abc"
         assert errors == []
         page.close()
+
+
+def test_a_watched_runs_head_scores_are_drawn_beside_the_loss(browser_context, tmp_path):
+    """A run trained with --watch-heads: the page draws its loss and every head's scores as recorded, and names
+    when each head formed (decoderlab.glassbox.watching.formation_steps)."""
+    from decoderlab.glassbox.watching import append_record, formation_steps, read_records
+
+    model, tok = glass_model()
+    for step in range(0, 50, 10):
+        scores = {kind: [[round(0.01 * (layer + 1) * (head + 1) + (0.1 * step / 10 if (layer, head, kind) == (
+            2, 1, "induction") else 0), 4) for head in range(4)] for layer in range(3)] for kind in dl.glassbox.KINDS}
+        append_record(tmp_path, {"step": step, "loss": None if step == 0 else 4.0 - step / 20, "scores": scores})
+    records = read_records(tmp_path)
+    with ServerThread(create_app(model, tok, model_id="glass", template=None, run_dir=tmp_path)) as url:
+        page, errors = open_page(browser_context, url)
+        assert page.is_visible("#watch-section")
+        loss = json.loads(page.get_attribute("#watch-chart .loss-line", "data-values"))
+        assert loss == [r["loss"] for r in records if r["loss"] is not None]
+        for kind in ("induction", "previous_token"):
+            page.select_option("#watch-kind", kind)
+            lines = page.eval_on_selector_all("#watch-chart .head-line", "els => els.map(e => [e.dataset.head, "
+                                                                        "JSON.parse(e.dataset.values)])")
+            assert len(lines) == 12
+            for name, values in lines:
+                layer, head = map(int, name[1:].split("H"))
+                assert values == [r["scores"][kind][layer][head] for r in records]
+            formed = {f"L{layer}H{head}": step for (layer, head), step in formation_steps(records, kind).items()
+                      if step is not None}
+            assert json.loads(page.get_attribute("#watch-formed", "data-formed")) == formed
+        assert formed == {} and "no head reached" in page.text_content("#watch-formed")
+        page.select_option("#watch-kind", "induction")
+        assert page.text_content("#watch-formed").endswith("L2H1 at step 30")  # 0.02 * 3 ... + 0.3 at step 30
+        assert errors == []
+        page.close()
+    with ServerThread(create_app(model, tok, model_id="glass", template=None)) as url:  # no run: no chart
+        page, errors = open_page(browser_context, url)
+        assert not page.is_visible("#watch-section") and errors == []
+        page.close()
