@@ -1,8 +1,8 @@
 """``create_app``: the FastAPI app over one :class:`~decoderlab.serve.state.AppState`.
 
 Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
-:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page` (``/``). ``/openapi.json`` and ``/docs`` describe every
-endpoint and field (behind the API key, like the data endpoints). The scheduler starts with the app and stops
+:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page`
+(``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data endpoints). The scheduler starts with the app and stops
 when uvicorn shuts the app down.
 """
 
