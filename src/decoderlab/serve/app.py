@@ -2,8 +2,8 @@
 
 Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
 :mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page`
-(``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data endpoints). The scheduler starts with the app and stops
-when uvicorn shuts the app down.
+(``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data
+endpoints). The scheduler starts with the app and stops when uvicorn shuts the app down.
 """
 
 from __future__ import annotations
