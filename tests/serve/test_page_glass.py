@@ -20,6 +20,8 @@ from decoderlab.serve import ServerThread, create_app  # noqa: E402
 from .test_page import browser_context, open_page, pytestmark  # noqa: E402,F401 -- the launcher and its skip
 
 PROMPT = "abc dabc d"
+TITLE = "document.getElementById('decomp-title').textContent"
+BARS = "els => els.map(e => [+e.dataset.id, +e.dataset.prob])"
 
 
 def glass_model():
@@ -66,12 +68,12 @@ def test_decomposition_bars_sum_to_the_logit_shown(browser_context):
         for tid, clicked in ((top2[0], None), (top2[1], f"#bars-before .bar[data-id='{top2[1]}']"), (None, "pos")):
             if clicked == "pos":
                 page.click("#tokens span[data-pos='2']")
-                page.wait_for_function("document.getElementById('decomp-title').textContent.includes('after position 2,')")
+                page.wait_for_function(f"{TITLE}.includes('after position 2,')")
                 d = want_at2
             else:
                 if clicked:
                     page.click(clicked)
-                    page.wait_for_function(f"document.getElementById('decomp-title').textContent.includes('(id {tid})')")
+                    page.wait_for_function(f"{TITLE}.includes('(id {tid})')")
                 d = want[tid]
             rows = decomp_rows(page)
             logit, text = logit_shown(page)
@@ -144,7 +146,7 @@ def test_a_click_on_a_head_ablates_it_as_the_library_does(browser_context):
     with ServerThread(create_app(model, tok, model_id="glass", template=None)) as url:
         page, errors = open_page(browser_context, url)
         trace_on_page(page)
-        clean_bars = page.eval_on_selector_all("#bars-before .bar", "els => els.map(e => [+e.dataset.id, +e.dataset.prob])")
+        clean_bars = page.eval_on_selector_all("#bars-before .bar", BARS)
         assert page.eval_on_selector_all("#ablation .change", "els => els.length") == 0  # nothing ablated yet
         page.check("#click-ablate")
         for (layer, head), heads, after in zip([(1, 0), (0, 3), (1, 0)], steps, want):
@@ -165,7 +167,7 @@ def test_a_click_on_a_head_ablates_it_as_the_library_does(browser_context):
                                                                       "+e.dataset.head])")
             assert sorted(map(tuple, marked)) == sorted(heads)
             # the clean distribution is still the one drawn as the next token
-            now = page.eval_on_selector_all("#bars-before .bar", "els => els.map(e => [+e.dataset.id, +e.dataset.prob])")
+            now = page.eval_on_selector_all("#bars-before .bar", BARS)
             assert now == clean_bars
         page.click("#clear-ablation")
         page.wait_for_function("document.getElementById('ablation-title').textContent === 'Ablation'")
@@ -204,8 +206,9 @@ def test_chat_requests_are_valid_the_log_shows_both_sides_and_stepping_stops_at_
         assert traced and all(status == 200 for status, _ in traced), traced
         for _, body in traced:
             assert all(m["role"] != "assistant" or m["content"] for m in body["messages"]), body
-        last = traced[-1][1]
+        last = traced[-1][1]  # the final trace of the turn comes last: after any live one still in flight
         assert last["messages"][-1] == {"role": "user", "content": "ca"} and last["continuation"] == "abc"
+        assert page.eval_on_selector_all("#tokens span", "els => els.map(e => e.textContent)")[-3:] == ["a", "b", "c"]
         assert errors == []
         page.close()
 
