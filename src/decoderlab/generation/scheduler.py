@@ -134,8 +134,8 @@ class _Row:
                 self.gen.seed()
             else:
                 self.gen.manual_seed(self.params.seed + index)  # torch takes up to 2**64-1
-        self.counts = (TokenCounts.for_prompts([self.ids], num_tokens, device) if self.params.uses_counts
-                       else None)  # the penalties' state of this row
+        self.counts = (TokenCounts.for_prompts([self.ids], num_tokens, device, grammars=[req._bound.grammar])
+                       if self.params.uses_counts else None)  # the penalties' and the grammar's state of this row
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -506,6 +506,10 @@ class Scheduler:
             if tail and r.held_lp:
                 r.pending_lp.append(r.held_lp.popleft())
             self._send(r, text + r.streamer.end() + tail, final=True)
+            self._release(r, "stop")
+        elif r.counts is not None and r.counts.complete(0):  # the grammar allows no more text: a stop
+            text += self._to_text(r, r.stops.flush())
+            self._send(r, text + r.streamer.end(), final=True)
             self._release(r, "stop")
         elif r.produced >= r.params.max_new_tokens:
             text += self._to_text(r, r.stops.flush())

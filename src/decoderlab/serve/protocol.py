@@ -38,12 +38,9 @@ from ..generation.sampling import MAX_SEED
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
                      "parallel_tool_calls"})
 
-#: fields that would change the output and are not supported: field -> "is this value neutral?"
+#: fields that would change the output and are not supported (by this server, or by the endpoint: ``best_of``
+#: and ``echo`` are completions' fields, refused on chat): field -> "is this value neutral?"
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
-    "repetition_penalty": lambda v: v in (None, 1, 1.0),
-    "logit_bias": lambda v: not v,
     "best_of": lambda v: v in (None, 1),
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
@@ -51,8 +48,6 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none"),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-    "min_p": lambda v: v in (None, 0, 0.0),
     "modalities": lambda v: v is None or v == ["text"],
 }
 
