@@ -166,9 +166,16 @@ def check_grammar(value) -> Grammar | None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+#: virtual tokens after the model's vocabulary, one per byte: llguidance tokenizes the grammar's forced text with
+#: the vocabulary and needs every byte string to have a tokenization; the model never samples these ids (the
+#: mask is cut to the model's vocabulary)
+BYTE_TOKENS = 256
+
+
 class _Vocabulary:
-    """What ``llguidance.TokenizerWrapper`` reads: each token's bytes, the special tokens, the end of text, and
-    a tokenize function (greedy longest match over the bytes: llguidance only uses it on grammar literals)."""
+    """What ``llguidance.TokenizerWrapper`` reads: each token's bytes (the model's ``num_tokens``, then the
+    :data:`BYTE_TOKENS` virtual bytes), the special tokens, the end of text, and a tokenize function (greedy
+    longest match over the bytes, one virtual byte where no token fits)."""
 
     def __init__(self, tokenizer, num_tokens: int):
         size = getattr(tokenizer, "vocab_size", num_tokens)
@@ -185,6 +192,7 @@ class _Vocabulary:
                 self.special_token_ids.append(i)
             else:
                 self.tokens.append(sep + _bytes(tokenizer, i))
+        self.tokens += [bytes([b]) for b in range(BYTE_TOKENS)]
         self.eos_token_id = eos[0] if eos else None
         self.end_ids = eos
         self.bos_token_id = None
@@ -192,7 +200,7 @@ class _Vocabulary:
         for i, b in enumerate(self.tokens):
             if i not in specials and b and b not in self._by_bytes:
                 self._by_bytes[b] = i
-        self._longest = max((len(b) for b in self._by_bytes), default=1)
+        self._longest = max(len(b) for b in self._by_bytes)
 
     def __call__(self, text: bytes | str) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
@@ -204,8 +212,6 @@ class _Vocabulary:
                     out.append(tid)
                     i += n
                     break
-            else:
-                i += 1  # a byte no token spells: the grammar's literal cannot be written by this vocabulary
         return out
 
 
@@ -233,7 +239,7 @@ def token_vocabulary(tokenizer, num_tokens: int):
     if num_tokens not in cache:
         llg = _llguidance()
         vocab = _Vocabulary(tokenizer, num_tokens)
-        lltok = llg.LLTokenizer(llg.TokenizerWrapper(vocab), n_vocab=num_tokens,
+        lltok = llg.LLTokenizer(llg.TokenizerWrapper(vocab), n_vocab=num_tokens + BYTE_TOKENS,
                                 eos_token=vocab.end_ids or None)
         cache[num_tokens] = (lltok, tuple(vocab.end_ids))
     return cache[num_tokens]
@@ -253,6 +259,7 @@ class BoundGrammar:
     text: str
     num_tokens: int
     end_ids: tuple[int, ...]
+    lookahead: bool = False
 
     def state(self) -> "GrammarState":
         """A fresh matcher for one row (at the start of its text)."""
@@ -272,7 +279,9 @@ def bind_grammar(grammar: Grammar, tokenizer, num_tokens: int) -> BoundGrammar:
     if error and not error.startswith("WARNING"):
         raise ValueError(f"the {grammar.kind.replace('_', ' ')} cannot be compiled for this vocabulary: "
                          f"{error.strip()}")
-    return BoundGrammar(grammar, lltok, text, num_tokens, end_ids)
+    # a vocabulary that cannot spell every text (words: each token carries a space) checks each allowed token
+    # one step ahead, so that a token after which nothing of the vocabulary fits is not offered
+    return BoundGrammar(grammar, lltok, text, num_tokens, end_ids, lookahead=bool(getattr(tokenizer, "separator", "")))
 
 
 class GrammarState:
@@ -284,18 +293,41 @@ class GrammarState:
         if self.matcher.is_error():
             raise ValueError(f"the grammar cannot be used: {self.matcher.get_error()}")
         self._bits = torch.arange(8, dtype=torch.uint8)
+        self.taken: list[int] = []
+
+    def _mask(self, matcher, num_tokens: int) -> torch.Tensor:
+        raw = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.uint8)
+        return ((raw.unsqueeze(-1) >> self._bits) & 1).view(-1)[:num_tokens].bool()
 
     def allowed(self, num_tokens: int, device=None) -> torch.Tensor:
-        """(num_tokens,) bool: the tokens the grammar allows next (the end-of-text ids once the text may end)."""
-        raw = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
-        mask = ((raw.unsqueeze(-1) >> self._bits) & 1).view(-1)[:num_tokens].bool()
+        """(num_tokens,) bool: the tokens the grammar allows next (the end-of-text ids once the text may end).
+
+        Raises: ``ValueError`` when the grammar allows none of the model's tokens (it needs text this vocabulary
+        cannot write, e.g. a character the character vocabulary lacks)."""
+        mask = self._mask(self.matcher, num_tokens)
+        if self.bound.lookahead:
+            for t in mask.nonzero().flatten().tolist():
+                if t in self.bound.end_ids:
+                    continue
+                ahead = self.matcher.deep_copy()
+                ahead.consume_token(t)
+                if not (ahead.is_stopped() or bool(self._mask(ahead, num_tokens).any())):
+                    mask[t] = False
+        if not bool(mask.any()):
+            raise ValueError("the grammar allows none of this model's tokens here: it needs text the vocabulary "
+                             f"cannot write (after {self.text_so_far()!r})")
         return mask if device is None else mask.to(device)
+
+    def text_so_far(self) -> str:
+        """The text the matcher has taken (for messages)."""
+        return self.bound.lltokenizer.decode_str(self.taken)
 
     def advance(self, token: int) -> None:
         """The sampled token. Raises ``RuntimeError`` for a token the grammar did not allow (a caller that
         sampled without the mask)."""
         if not self.matcher.consume_token(int(token)):
-            raise RuntimeError(f"token {int(token)} does not follow the grammar: {self.matcher.get_error()}")
+            raise RuntimeError(f"token {int(token)} does not follow the grammar after {self.text_so_far()!r}")
+        self.taken.append(int(token))
 
     @property
     def complete(self) -> bool:
