@@ -269,7 +269,8 @@ class BoundGrammar:
 def bind_grammar(grammar: Grammar, tokenizer, num_tokens: int) -> BoundGrammar:
     """``grammar`` for the vocabulary of ``tokenizer`` (``num_tokens`` ids).
 
-    Raises: ``ValueError`` without a tokenizer, or when the grammar does not compile for this vocabulary."""
+    Raises: ``ValueError`` without a tokenizer, when the grammar does not compile for this vocabulary, or when no
+    token of the vocabulary can start it (a JSON object for a vocabulary without ``{``)."""
     if tokenizer is None:
         raise ValueError("a grammar needs the tokenizer (pass tokenizer=...): its tokens' text is what the grammar "
                          "constrains")
@@ -281,7 +282,13 @@ def bind_grammar(grammar: Grammar, tokenizer, num_tokens: int) -> BoundGrammar:
                          f"{error.strip()}")
     # a vocabulary that cannot spell every text (words: each token carries a space) checks each allowed token
     # one step ahead, so that a token after which nothing of the vocabulary fits is not offered
-    return BoundGrammar(grammar, lltok, text, num_tokens, end_ids, lookahead=bool(getattr(tokenizer, "separator", "")))
+    bound = BoundGrammar(grammar, lltok, text, num_tokens, end_ids, lookahead=bool(getattr(tokenizer, "separator", "")))
+    try:  # a grammar whose first step no token of the vocabulary can take is refused now, not mid-generation
+        bound.state().allowed(num_tokens)
+    except ValueError:
+        raise ValueError(f"the {grammar.kind.replace('_', ' ')} cannot be written with this vocabulary: none of "
+                         f"its {num_tokens} tokens can start it") from None
+    return bound
 
 
 class GrammarState:

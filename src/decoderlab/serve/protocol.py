@@ -145,11 +145,61 @@ def _stop_list(value):
     return stops
 
 
+Penalty = Annotated[StrictFloat | None, Field(ge=-2, le=2, description="OpenAI's penalty over the generated "
+                                                                       "tokens, -2 .. 2; 0 = off")]
+
+
+class JSONSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema a reply must follow."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: StrictStr | None = Field(None, description="the schema's name (reported, not used)")
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema (default: any JSON)")
+    strict: StrictBool | None = Field(None, description="true: a schema keyword the server cannot enforce is a 400; "
+                                                        "false/null: such keywords are ignored")
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: text (default), any JSON object, or JSON following a schema -- enforced by a
+    grammar on the tokens (``decoderlab.generation.Grammar``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise refuse("response_format", 'response_format of type "json_schema" needs a json_schema object '
+                                            '({"name": ..., "schema": {...}})')
+        return self
+
+
+#: structured output as an extra field (vLLM's names): field -> what it holds
+GUIDED = {"guided_json": "a JSON schema", "guided_regex": "a regular expression the whole reply matches",
+          "guided_grammar": "a Lark or GBNF grammar", "guided_choice": "a list of the allowed replies"}
+
+
 class GenerationFields(SamplingFields):
     """The fields of both text-generating endpoints."""
 
-    max_tokens: StrictInt | None = Field(None, ge=1, description=f"the most new tokens per choice, at most the "
-                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens})")
+    max_tokens: StrictInt | None = Field(None, ge=0, description=f"the most new tokens per choice, at most the "
+                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens}); 0 only "
+                                         f"with echo")
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: StrictFloat | None = Field(None, gt=0, description="CTRL's penalty over the prompt and the "
+                                                   "generated tokens, > 0; 1 = off")
+    min_p: StrictFloat | None = Field(None, ge=0, le=1, description="keep tokens at least min_p times as probable "
+                                                                    "as the most probable; 0 = off")
+    logit_bias: dict[str, StrictFloat] | None = Field(None, description="token id -> bias -100 .. 100 added to its "
+                                                      "logit; -100 bans it")
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | None = Field(None, description=GUIDED["guided_json"])
+    guided_regex: StrictStr | None = Field(None, description=GUIDED["guided_regex"])
+    guided_grammar: StrictStr | None = Field(None, description=GUIDED["guided_grammar"])
+    guided_choice: list[StrictStr] | None = Field(None, min_length=1, description=GUIDED["guided_choice"])
     stop: StrictStr | list[StrictStr] | None = Field(
         None, description="up to 4 strings matched on the decoded text; the text ends before the first one found")
     n: StrictInt | None = Field(None, ge=1, description="how many choices (default 1)")
@@ -191,6 +241,11 @@ class CompletionRequest(GenerationFields):
     prompt: Prompt
     logprobs: StrictInt | None = Field(None, ge=0, le=5, description="report each token's logprob and this many "
                                                                      "most probable alternatives")
+    echo: StrictBool | None = Field(None, description="the reply starts with the prompt; with logprobs, the "
+                                                      "prompt's tokens' logprobs too (the first is null); with "
+                                                      "max_tokens 0, only those (scoring, as evaluation harnesses do)")
+    best_of: StrictInt | None = Field(None, ge=1, description="sample this many choices and return the n with the "
+                                                              "highest logprob per token (>= n; not with stream)")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -302,9 +357,12 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """Per token: its text, logprob and most probable alternatives (null for the first token of an echoed
+    prompt, which nothing predicts)."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
