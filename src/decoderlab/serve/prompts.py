@@ -53,7 +53,7 @@ def render_messages(state: AppState, messages: list[ChatMessage], *, add_generat
     if len(messages) > state.limits.max_messages:
         raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
                               f"{state.limits.max_messages} (--max-messages)", "messages_limit")
-    clean = [{"role": m.role, "content": m.content} for m in messages]
+    clean = [{"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in messages]
     try:
         ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt)
     except (KeyError, ValueError) as e:

@@ -52,7 +52,7 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 }
 
 #: what a required field holds, for the "is required" message
-REQUIRED_HINTS = {"prompt": "a string or a list of token ids",
+REQUIRED_HINTS = {"prompt": "a string or a list of token ids", "tokens": "a list of token ids",
                   "messages": 'a list of {"role", "content"} objects'}
 
 
@@ -262,10 +262,11 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message: a role and its text (a string, or a list of text parts, which are joined)."""
+    """One message: a role and its text (a string, or a list of text parts, which are joined). ``developer``
+    is OpenAI's newer name for ``system`` and is rendered as one."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[TextPart]
 
     @field_validator("content", mode="before")
@@ -298,6 +299,58 @@ class ChatCompletionRequest(GenerationFields):
         if value is not None and not info.data.get("logprobs"):
             raise refuse("top_logprobs", "top_logprobs needs logprobs set to true")
         return value
+
+
+class TokenizeRequest(_Request):
+    """``POST /tokenize`` (vLLM's shape): the ids of a ``prompt`` -- encoded as ``/v1/completions`` encodes it --
+    or of ``messages`` rendered with the chat template (with the assistant opener, as chat completions does)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = Field(None, min_length=1, description="the text to encode")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation to render")
+    add_special_tokens: StrictBool | None = Field(None, description="accepted; decoderlab's models add no start "
+                                                                    "token")
+    add_generation_prompt: StrictBool | None = Field(None, description="messages: open the assistant turn "
+                                                                       "(default true)")
+    return_token_strs: StrictBool | None = Field(None, description="accepted: the pieces are always returned")
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise refuse("prompt", "give prompt (a non-empty string) or messages, not both",
+                         "missing_required_parameter" if self.prompt is None else "invalid_value")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] = Field(description="each token's text (a control token's name; bytes of a partial "
+                                              "character as \\xNN)")
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize``: token ids -> text, as generation writes it (control tokens are not text)."""
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt] = Field(description="token ids")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """``GET /tokenizer_info`` (vLLM's): what a client needs to tokenize for this model through /tokenize."""
+
+    tokenizer_class: str
+    vocab_size: int
+    model_max_length: int
+    eos_token: str | None
+    bos_token: str | None = None
+    pad_token: str | None
+    chat_template: str | None = Field(None, description="decoderlab's templates are not Jinja: null")
 
 
 class TraceRequest(SamplingFields):

@@ -41,6 +41,7 @@ class AppState:
     model_id: str
     meta: dict = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Any = None  # the app's serve.metrics.Metrics (set by create_app)
     _scheduler: Scheduler | None = None
     _decode: Any = None
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from .errors import internal_error, log
+from .metrics import Timing
 from .generation import Settings, event_queue, submit
 from .protocol import Usage
 from .state import AppState
@@ -93,8 +94,9 @@ def sse(model: BaseModel, **dump) -> str:
     return f"data: {model.model_dump_json(**dump)}\n\n"
 
 
-async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collected | None:
+async def collect(request: Request, req, queue: asyncio.Queue, n: int, timing: Timing | None = None) -> Collected | None:
     """Wait for every choice; None if the client hung up (its rows are cancelled)."""
+    timing = timing or Timing(None)
     got = Collected([""] * n, [None] * n, [[] for _ in range(n)], Usage(prompt_tokens=0, completion_tokens=0,
                                                                          total_tokens=0))
     loop = asyncio.get_running_loop()
@@ -115,10 +117,13 @@ async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collec
             if ev[0] == "delta":
                 got.texts[ev[1]] += ev[2]
                 got.logprobs[ev[1]].extend(ev[3])
+                if ev[2]:
+                    timing.text(ev[1])
             elif ev[0] == "finish":
                 got.finish[ev[1]] = ev[2]
             elif ev[0] == "done":
                 got.usage = usage_of(ev[1])
+                timing.done(ev[1])
                 return got
             elif ev[0] == "error":
                 raise ev[1]
@@ -128,12 +133,13 @@ async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collec
 
 
 async def events(family: Family, head: dict, settings: Settings, include_usage: bool, req,
-                 queue: asyncio.Queue, echo: Echo | None = None) -> AsyncIterator[str]:
+                 queue: asyncio.Queue, echo: Echo | None = None, timing: Timing | None = None) -> AsyncIterator[str]:
     """The SSE text of a streamed generation (see the module docstring); an ``echo``'s prompt is the first
     delta of choice 0."""
     dump = {} if include_usage else {"exclude": {"usage"}}
     wants_lp = settings.logprobs is not None
     offsets = [0] * settings.n
+    timing = timing or Timing(None)
     try:
         for i in range(settings.n):
             yield sse(family.chunk(head, [family.opening(i)], None), **dump)
@@ -145,12 +151,15 @@ async def events(family: Family, head: dict, settings: Settings, include_usage: 
             ev = await queue.get()
             if ev[0] == "delta":
                 _, i, text, items = ev
+                if text:
+                    timing.text(i)
                 yield sse(family.chunk(head, [family.delta(i, text, items if wants_lp else None, offsets[i])], None),
                           **dump)
                 offsets[i] += len(text)
             elif ev[0] == "finish":
                 yield sse(family.chunk(head, [family.finish(ev[1], ev[2])], None), **dump)
             elif ev[0] == "done":
+                timing.done(ev[1])
                 if include_usage:
                     yield sse(family.chunk(head, [], usage_of(ev[1])))
                 yield "data: [DONE]\n\n"
@@ -181,6 +190,7 @@ async def respond(request: Request, state: AppState, family: Family, settings: S
     """Generate ``settings.choices`` continuations of ``ids`` and answer as ``family`` (JSON, or SSE when
     ``stream``): the ``n`` best with ``best_of``, choice 0 after the ``echo``ed prompt (only the prompt when
     ``max_tokens`` is 0). A failed generation raises (the route answers a generic 500)."""
+    timing = Timing(state.metrics)
     if echo is not None and settings.max_tokens == 0:
         req, queue = _NoRequest(), _echo_only(settings, echo)
     else:
@@ -188,10 +198,10 @@ async def respond(request: Request, state: AppState, family: Family, settings: S
         req = submit(state, settings, ids, stop_ids, on_event)
     head = {"id": family.id_prefix + uuid.uuid4().hex[:24], "created": int(time.time()), "model": state.model_id}
     if stream:
-        return StreamingResponse(events(family, head, settings, include_usage, req, queue, echo),
+        return StreamingResponse(events(family, head, settings, include_usage, req, queue, echo, timing),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    got = await collect(request, req, queue, settings.choices)
+    got = await collect(request, req, queue, settings.choices, timing)
     if got is None:
         return JSONResponse({}, status_code=499)
     if settings.best_of is not None:
