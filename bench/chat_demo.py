@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from decoderlab.chat import chat_reply, load_chat_checkpoint  # noqa: E402
+from decoderlab.chat import chat_reply, load_model  # noqa: E402
 from decoderlab.checkpoint import load_checkpoint  # noqa: E402
 from decoderlab.finetuning import finetune  # noqa: E402
 from decoderlab.generation import generate  # noqa: E402
@@ -158,7 +158,7 @@ def main() -> int:
           f"evaluation: {fs.evaluation}", flush=True)
 
     # 3. held-out prompts: fine-tuned (chat template, greedy) vs base (the prompt as text, greedy)
-    chat_model, chat_tok, template = load_chat_checkpoint(out / "chat")
+    chat_model, chat_tok, template, _ = load_model(out / "chat")
     base, btok = load_checkpoint(out / "base")
     decodings = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.7, top_k=40, seed=1)}
     decodings = {k: decodings[k] for k in args.decodings.split(",")}

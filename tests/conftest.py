@@ -105,3 +105,17 @@ def newline_bpe():
     assert tok.decode([nn]) == "\n\n" and nn != nl
     model = bigram_model(tok.vocab_size, {p: a, a: nl, nl: nl, x: ab, ab: c, c: nl})
     return tok, model, dict(nl=nl, nn=nn, a=a, ab=ab, c=c, p=p, x=x)
+
+
+@pytest.fixture(scope="session")
+def overfit(tmp_path_factory):
+    """A chat checkpoint fine-tuned once per test session until it reproduces ``tiny_runs.CONVS``: ``(out,
+    summary)`` (used by the tests of chat replies, fine-tuning and the chat commands)."""
+    from tiny_runs import overfit_chat
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return overfit_chat(tmp_path_factory.mktemp("overfit") / "chat")
+    finally:
+        torch.set_num_threads(n)

@@ -356,3 +356,34 @@ def test_gpt2_directory_without_tokenizer_says_what_is_missing(gpt2_dirs, decode
                         "tokenizer.json, or vocab.json and merges.txt (vocab.json and merges.txt missing). Copy the "
                         "tokenizer files of the model next to its weights, or load the weights alone in Python with "
                         f"decoderlab.hf.from_gpt2({str(bare)!r}) and a tokenizer of your own\n")
+
+
+def test_exported_directory_round_trips_through_auto_tokenizer_and_generate(tmp_path, bpe):
+    """Hugging Face reads an export as decoderlab wrote it: AutoTokenizer gives our ids for the same text (no
+    default <|endoftext|> added past the vocabulary), and generate stops at the model's <EOS>."""
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(0)
+    ours = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=bpe.vocab_size, d_model=32, n_layer=2, n_head=4,
+                                               max_len=32)).eval()
+    prompt = bpe.encode("To be, or")
+    eos_at = len(prompt) + 2  # from this position on the residual is the <EOS> row: the 4th new token is <EOS>
+    with torch.no_grad():
+        ours.pe.weight[eos_at:] += 100 * ours.we.weight[bpe.eos_id]
+    to_gpt2(ours, tmp_path / "export", tokenizer=bpe)
+    files = {p.name for p in (tmp_path / "export").iterdir()}
+    assert {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"} <= files
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert len(tok) == bpe.vocab_size == 300
+    assert (tok.eos_token_id, tok.pad_token_id) == (bpe.eos_id, bpe.pad_id)
+    for text in ("whether 'tis nobler \u00e9t\u00e9 \U0001F600", "x<|endoftext|>y", "a <EOS> b", "To be, or"):
+        assert tok(text)["input_ids"] == bpe.encode(text), text
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "export").eval()
+    assert (hf.config.eos_token_id, hf.generation_config.eos_token_id) == (bpe.eos_id, bpe.eos_id)
+    logits(hf, torch.tensor([tok("x<|endoftext|>y")["input_ids"]]))  # every id is inside the vocabulary
+
+    want = dl.generate(ours, prompt, 10, temperature=0, tokenizer=bpe)  # stops at <EOS>, which it does not return
+    assert len(want) == 3
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)
+    assert out[0].tolist() == prompt + want + [bpe.eos_id]  # Hugging Face keeps the end token, and stops there

@@ -343,3 +343,26 @@ def test_last_only_equals_the_last_row_of_the_full_forward(position, norm):
             assert torch.allclose(cached, last, rtol=1e-12, atol=1e-12)
         assert m(ids[0], last_only=True).shape == (1, 11)  # unbatched (T,) -> (1, num_tokens)
         assert torch.allclose(m(ids[0], last_only=True)[0], m(ids[0])[-1], rtol=1e-12, atol=1e-12)
+
+
+def test_resize_token_embeddings_keeps_the_tying_and_the_old_logits():
+    """The model grows its own vocabulary (Hugging Face's name): new rows at the mean of the old ones, the head
+    still the embedding's one Parameter, config.num_tokens in step, and the old tokens' logits unchanged."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=11, d_model=16, n_layer=1, n_head=2,
+                                                max_len=16))
+    assert model.config.tie_weights
+    x = torch.tensor([[1, 2, 3, 10]])
+    before, old_rows = model(x).detach(), model.we.weight.detach().clone()
+    we = model.resize_token_embeddings(14)
+    assert we is model.we and we.weight.shape == (14, 16) and model.config.num_tokens == 14 == model.num_tokens
+    assert model.fc_layer.weight is model.we.weight and model.fc_layer.out_features == 14
+    torch.testing.assert_close(model.we.weight[:11], old_rows, rtol=0, atol=0)
+    torch.testing.assert_close(model.we.weight[11:], old_rows.mean(0).expand(3, -1))
+    after = model(x)
+    assert after.shape == (1, 4, 14)
+    # the tied head's new rows shift the softmax's normaliser only: the old logits are the same numbers
+    torch.testing.assert_close(after[..., :11], before)
+    assert model.resize_token_embeddings(14) is model.we  # the same size: nothing changes
+    with pytest.raises(ValueError, match="cannot shrink the vocabulary from 14 to 12 tokens"):
+        model.resize_token_embeddings(12)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import decoderlab as dl
+from decoderlab.glassbox import run_with_cache
 from decoderlab.model import ModelConfig
 
 TINY = dict(num_tokens=23, d_model=32, n_layer=2, n_head=4, max_len=12)
@@ -33,11 +34,9 @@ def test_new_options_shapes_and_batched_equals_unbatched(opts):
 
 def test_qk_norm_normalises_each_heads_queries_and_keys():
     m = _model(qk_norm=True)
-    att = m.blocks[0].attention
-    att.record = {}
-    m(torch.arange(12))
-    q, k = att.record["q"], att.record["k"]  # (B, H, T, d_head), after the norm (learned positions: no rope); 1 up to eps
-    att.record = None
+    _, cache = run_with_cache(m, torch.arange(12), ["blocks.0.attn.hook_q_normed", "blocks.0.attn.hook_k_normed"])
+    # (B, T, H, d_head), after the norm (learned positions: no rope); 1 up to eps
+    q, k = cache["blocks.0.attn.hook_q_normed"], cache["blocks.0.attn.hook_k_normed"]
     torch.testing.assert_close(q.pow(2).mean(-1), torch.ones(q.shape[:-1]), rtol=0, atol=5e-3)
     torch.testing.assert_close(k.pow(2).mean(-1), torch.ones(k.shape[:-1]), rtol=0, atol=5e-3)
     # and it changes the function (the option is not a no-op)

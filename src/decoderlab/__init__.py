@@ -19,7 +19,8 @@ _EXPORTS = {
     "generate": "generation", "generate_batch": "generation", "stream": "generation", "stream_text": "generation",
     "TextStreamer": "generation", "SamplingParams": "generation",
     "Trace": "glassbox", "VerifyReport": "glassbox", "explain": "glassbox", "explain_example": "glassbox",
-    "trace": "glassbox", "verify": "glassbox",
+    "trace": "glassbox", "verify": "glassbox", "run_with_cache": "glassbox", "run_with_hooks": "glassbox",
+    "hook_names": "hooks", "use_hooks": "hooks",
     "PRESETS": "model", "DecoderBlock": "model", "DecoderOnlyTransformer": "model", "ModelConfig": "model",
     "preset": "model",
     "LearnedPositionEncoding": "positions", "PositionEncoding": "positions", "RotaryEmbedding": "positions",
@@ -29,12 +30,12 @@ _EXPORTS = {
     "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
     "train_pairs": "training",
     "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
-    "stream_chat_reply": "chat", "load_chat_checkpoint": "chat", "load_conversations": "chat",
+    "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning",
 }
-_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "cli", "feedback",
-               "reinforcement", "lora")
+_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli",
+               "feedback", "reinforcement", "lora")
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -97,7 +97,7 @@ def explicit_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     dropout_p: float = 0.0,
-    record: dict | None = None,
+    hooks=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The lessons' math: softmax(Q Kᵀ / sqrt(d_head), masked) V, per head.
 
@@ -105,22 +105,23 @@ def explicit_attention(
     True = ignore. Returns (out (B, H, T_q, d_head), attention percents (B, H, T_q, T_k)). A query whose keys
     are all masked gets percents of zero and an output of zero (not NaN).
 
-    If ``record`` is a dict, the intermediates are stored in it: ``sims`` (Q Kᵀ), ``scaled_sims``, ``mask``,
-    ``percents`` and ``head_out``.
+    ``hooks`` (the attention layer's hook points, see :mod:`decoderlab.hooks`) sees the masked scaled
+    similarities as ``hook_attn_scores`` and the percents as ``hook_pattern``, both (B, H, T_q, T_k), and may
+    replace them.
 
     Half precision (float16, bfloat16): Q Kᵀ is computed and softmaxed in float32 (float16 overflows past
     65504 before the division by sqrt(d_head): q and k of size 100 over 8 dimensions already give 8e4), so the
-    result is finite wherever the float32 one is; the recorded sims, scaled sims and percents are float32,
-    the returned percents and output have the input's dtype.
+    result is finite wherever the float32 one is; the hooked scores and percents are float32, the returned
+    percents and output have the input's dtype.
     """
     half = q.dtype in (torch.float16, torch.bfloat16)
     if half:
         q, k = q.float(), k.float()
-    sims = torch.matmul(q, k.transpose(-2, -1))
-    scaled = sims / math.sqrt(q.size(-1))
+    # scaled and masked in place: the products are this function's own (autograd saves q and k, not them)
+    scaled = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(q.size(-1)))
     all_masked = None
     if mask is not None:
-        scaled_masked = scaled.masked_fill(mask, float("-inf"))
+        scaled_masked = scaled.masked_fill_(mask, float("-inf"))
         all_masked = mask.all(dim=-1, keepdim=True)
         if all_masked.any():
             # keep softmax finite on rows with no visible key; they are zeroed below
@@ -129,13 +130,15 @@ def explicit_attention(
             all_masked = None
     else:
         scaled_masked = scaled
+    if hooks is not None:
+        scaled_masked = hooks("hook_attn_scores", scaled_masked)
     percents = F.softmax(scaled_masked, dim=-1)
     if all_masked is not None:
         percents = percents.masked_fill(all_masked, 0.0)
+    if hooks is not None:
+        percents = hooks("hook_pattern", percents)
     p = F.dropout(percents, p=dropout_p) if dropout_p > 0 else percents
     out = torch.matmul(p.to(v.dtype), v)
-    if record is not None:
-        record.update(sims=sims, scaled_sims=scaled, mask=mask, percents=percents, head_out=out)
     return out, percents.to(v.dtype) if half else percents
 
 
@@ -195,8 +198,11 @@ class MultiHeadAttention(nn.Module):
     Returns (B, T_q, d_model), or (that, percents (B, H, T_q, T_k)) when ``return_weights`` (which uses the
     explicit kernel whatever the configured one).
 
-    Setting ``self.record = {}`` makes the next forward pass store its intermediates there (used by
-    ``decoderlab.trace``): q, k, v (B, H, T, d_head), sims, scaled_sims, mask, percents, head_out, out.
+    Hook points (:mod:`decoderlab.hooks`; ``self.hooks`` is None unless the glass box installed some, and then
+    costs one test per point): ``hook_q``, ``hook_k``, ``hook_v`` as projected, ``hook_q_normed`` /
+    ``hook_k_normed`` after QK-norm, ``hook_rot_q`` / ``hook_rot_k`` after rope, all (B, T, H, d_head);
+    ``hook_attn_scores`` and ``hook_pattern`` (B, H, T_q, T_k) inside the explicit kernel (which the layer
+    then uses); ``hook_z`` (B, T, H, d_head), the heads' outputs before the output projection.
     """
 
     def __init__(
@@ -228,7 +234,7 @@ class MultiHeadAttention(nn.Module):
         self.rope = rope
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
-        self.record: dict | None = None
+        self.hooks = None  # decoderlab.hooks installs a dispatcher here; None = no hook points, the hot path
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         b, n, _ = t.shape
@@ -247,6 +253,21 @@ class MultiHeadAttention(nn.Module):
                 self.d_model, dim=-1
             )
         return self._heads(q), self._heads(k), self._heads(v)
+
+    def _norm_and_rotate(self, q, k, positions, cross: bool, hooks):
+        """QK-norm, then rotary positions (queries at ``positions``; self-attention keys too), on (B, H, T,
+        d_head) queries and keys, with their hook points."""
+        if self.qk_norm:
+            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
+            if hooks is not None:
+                q, k = hooks.heads("hook_q_normed", q), hooks.heads("hook_k_normed", k)
+        if self.rope is not None:
+            q = self.rope(q, positions)
+            k = self.rope(k, None if cross else positions)
+            if hooks is not None:
+                q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
+        return q, k
 
     def forward(
         self,
@@ -272,14 +293,11 @@ class MultiHeadAttention(nn.Module):
         if kv is not None and (kv.dim() != 3 or kv.shape[-1] != self.d_model):
             raise ValueError(f"kv must have shape (B, T_k, {self.d_model}); got {tuple(kv.shape)}")
         q, k, v = self.project(x, kv)
-        if self.qk_norm:
-            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
-            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
-        if self.rope is not None:
-            q_pos = positions
-            k_pos = positions if kv is None else None
-            q = self.rope(q, q_pos)
-            k = self.rope(k, k_pos)
+        hooks = self.hooks
+        if hooks is not None:
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
+        if self.qk_norm or self.rope is not None:
+            q, k = self._norm_and_rotate(q, k, positions, kv is not None, hooks)
         if cache is not None and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
             # PyTorch's CPU attention kernels in float16/bfloat16 are many times slower than in float32 for one
             # query over a cache (measured 704/362 us vs 42 us per call at d_head 64, 200 keys): a half-precision
@@ -298,8 +316,8 @@ class MultiHeadAttention(nn.Module):
         decode_step = causal and t_q == 1 and attn_mask is None
         fused_causal = causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1)
         p_drop = self.dropout if self.training else 0.0
-        record = self.record
-        use_explicit = self.kernel == "explicit" or return_weights or record is not None
+        use_explicit = (self.kernel == "explicit" or return_weights
+                        or (hooks is not None and hooks.needs_pattern))  # the pattern exists only there
         if decode_step and not use_explicit and padding_mask is not None:
             mask = padding_mask[:, None, None, :]  # (B, 1, 1, T_k), True = ignore
         elif use_explicit or not fused_causal:
@@ -310,20 +328,19 @@ class MultiHeadAttention(nn.Module):
             mask = None
         weights = None
         if use_explicit:
-            rec = {} if record is not None else None
-            y, weights = explicit_attention(q, k, v, mask, p_drop, record=rec)
+            y, weights = explicit_attention(q, k, v, mask, p_drop, hooks=hooks)
         elif fused_causal:
             y = sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop)
         else:
             y = sdpa_attention(q, k, v, mask, dropout_p=p_drop)
         b = y.size(0)
+        if hooks is not None:
+            y = hooks.heads("hook_z", y)
         y = y.transpose(1, 2).reshape(b, t_q, self.d_model).to(x.dtype)  # (a no-op unless upcast above)
         if self.proj is not None:
             y = self.proj(y)
         if p_drop:
             y = self.resid_dropout(y)
-        if record is not None:
-            record.update(rec, q=q, k=k, v=v, out=y)
         if return_weights:
             return y, weights
         return y

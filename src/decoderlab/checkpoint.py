@@ -5,7 +5,8 @@ Layout of a checkpoint directory::
     model.safetensors   the weights (safetensors; tied tensors stored once)
     config.json         the ModelConfig
     tokenizer.json      the tokenizer
-    meta.json           what the model was trained on ("task": "pairs" | "lm") and by which version
+    meta.json           what the model was trained on ("task": "lm" | "chat"), its chat template ("chat_template",
+                        for chat checkpoints: fine-tuned ones and the lesson's pair model) and by which version
     (training state files written by decoderlab.training, for --resume)
 
 Everything is written atomically: files go to a temporary name and are renamed into place, and a whole
@@ -34,6 +35,8 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "meta.json"
 REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
+#: the ``meta.json`` key of a chat checkpoint's template (``decoderlab.chat.ChatTemplate.to_dict()``)
+CHAT_TEMPLATE_KEY = "chat_template"
 _PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
 
 
@@ -63,7 +66,7 @@ def save_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dic
         directory: destination; replaced as a whole if it exists.
         model: a ``DecoderOnlyTransformer`` (compiled or wrapped is fine).
         tokenizer: any decoderlab tokenizer.
-        meta: extra metadata for ``meta.json`` (e.g. ``{"task": "pairs"}``).
+        meta: extra metadata for ``meta.json`` (e.g. ``{"task": "lm"}``).
         extra_files: more files to place in the directory (name -> bytes).
         inplace: keep the directory and whatever else it holds (a training run's ``lightning/`` and
             ``logs/``) and replace the checkpoint's files one by one, each atomically (temporary file, then
@@ -202,6 +205,23 @@ def read_meta(directory: str | os.PathLike) -> dict:
     return meta
 
 
+def read_config(directory: str | os.PathLike) -> ModelConfig:
+    """The ``ModelConfig`` in ``directory/config.json`` (a checkpoint or a run directory), checked.
+
+    Raises:
+        FileNotFoundError: no config.json there.
+        ValueError: not JSON, or a field of the wrong type or value (a hand-edited ``"n_layer": "4"``): the
+            message names the file and the field.
+    """
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (a checkpoint or run directory holds its model's config.json)")
+    try:
+        return ModelConfig.from_json(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a valid ModelConfig JSON file: {e}") from None
+
+
 def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None):
     """Load ``(model, tokenizer)`` from a checkpoint directory, without any training code.
 
@@ -224,10 +244,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
 
     dtype_name(dtype)  # an unknown dtype fails before any file is read
     directory = check_checkpoint_dir(directory)
-    try:
-        config = ModelConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as e:
-        raise ValueError(f"{directory / CONFIG_FILE} is not a valid ModelConfig JSON file: {e}") from None
+    config = read_config(directory)
     read_meta(directory)  # a corrupt meta.json is named here rather than misread later
     tokenizer = Tokenizer.load(directory / TOKENIZER_FILE)
     if tokenizer.vocab_size != config.num_tokens:

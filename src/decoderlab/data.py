@@ -8,6 +8,7 @@ in :mod:`decoderlab.lesson`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -44,7 +45,15 @@ def embedded_corpus_path() -> Path:
     return path
 
 
-def _read_utf8(path: Path) -> str:
+def read_utf8(path: str | os.PathLike) -> str:
+    """The text of a UTF-8 file, a leading byte-order mark dropped (the one reader of the corpus files and the
+    conversation files).
+
+    Raises:
+        ValueError: not UTF-8 (naming the byte and its offset, with a hint: UTF-16, a binary file, or how to
+            convert), or a NUL byte (a binary file).
+    """
+    path = Path(path)
     data = path.read_bytes()
     nul = data.find(b"\0")  # text has no NUL bytes; images, archives, model weights (and UTF-16 text) do
     try:
@@ -65,6 +74,28 @@ def _read_utf8(path: Path) -> str:
     return text.removeprefix("\ufeff")  # a byte-order mark is not text
 
 
+#: the longest path the file system takes (Linux's PATH_MAX); a longer "path" is text
+_PATH_MAX = 4096
+
+
+def _check_path_like(path) -> None:
+    """A str that cannot name a file -- it holds a newline or a NUL, or is longer than a path may be -- is the
+    text itself, given where a path belongs: refuse it with its size, never its contents (a 200 KB text made
+    the file system's "File name too long" error repeat all of it)."""
+    if isinstance(path, str) and ("\n" in path or "\0" in path or len(path) > _PATH_MAX):
+        lines = path.count("\n") + 1
+        raise ValueError(f"the corpus path is a str of {len(path):,} characters ({lines:,} line"
+                         f"{'s' if lines > 1 else ''}), which is text, not the name of a file: give a text file or a "
+                         f"folder of .txt files, or pass the text itself as text= (train_lm(text=...))")
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # a name part longer than the file system's 255 bytes
+            raise ValueError(f"the corpus path ({len(str(path)):,} characters) is too long for a file name "
+                             f"({e.strerror}): give a text file or a folder of .txt files, or pass the text "
+                             f"itself as text= (train_lm(text=...))") from None
+
+
 def read_corpus(path: str | os.PathLike | None = None) -> str:
     """The text of a corpus.
 
@@ -75,12 +106,14 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
 
     Raises:
         FileNotFoundError: ``path`` does not exist; a folder holds no ``.txt`` file (both named).
-        ValueError: ``path`` is not a regular file or folder (a device such as ``/dev/null``, a pipe); a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte,
+        ValueError: ``path`` is text rather than a path (a str with newlines, or longer than a path can be: its
+            size is named, not its contents); ``path`` is not a regular file or folder (a device such as ``/dev/null``, a pipe); a file is not valid UTF-8 (naming the file and the byte offset of the first invalid byte,
             and saying when it is UTF-16 or binary) or is binary (holds a NUL byte, named with its offset); the
             corpus is empty or only whitespace.
     """
     if path is None:
         path = embedded_corpus_path()
+    _check_path_like(path)
     path = Path(path)
     if path.is_dir():
         files = sorted(
@@ -90,10 +123,10 @@ def read_corpus(path: str | os.PathLike | None = None) -> str:
         )
         if not files:
             raise FileNotFoundError(f"corpus folder {path} holds no .txt files")
-        text = "\n".join(_read_utf8(f) for f in files)
+        text = "\n".join(read_utf8(f) for f in files)
         what = f"corpus folder {path} ({len(files)} .txt file{'s' if len(files) > 1 else ''})"
     elif path.is_file():
-        text = _read_utf8(path)
+        text = read_utf8(path)
         what = f"corpus file {path}"
     elif path.exists():
         raise ValueError(f"corpus path {path} is not a regular file (give a text file, a folder of .txt files, "

@@ -28,13 +28,11 @@ transformers' gradient-accumulation fix (2024).
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
 import math
 import os
 import sys
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -45,14 +43,14 @@ import torch
 
 from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_tokens, as_conversations,
                    check_representable, get_template, stream_chat_reply, template_from_meta)
-from .checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir, load_checkpoint, read_meta, unwrap_model
-from .files import atomic_write_text
-from .config.train import FINETUNE_TRAIN
-from .model import DecoderOnlyTransformer, ModelConfig
+from .checkpoint import TOKENIZER_FILE, load_checkpoint, read_config, read_meta, unwrap_model
+from .config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
+from .config.defaults import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION
+from .model import DecoderOnlyTransformer
 from .model import preset as preset_config
 from .tokenizers import Tokenizer, build_tokenizer
-from .training import (RUN_FILE, SUMMARY_FILE, ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, TrainConfig,
-                       fit, make_trainer, resolve_resume)
+from .training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, Run, ShareRunDirectory, Summary,
+                       TrainConfig, fit_run, make_trainer, mean_of_last, plan_run)
 from .training.strategy import on_training_device
 from .training.trainer import check_run_options
 from .training.sft import (IGNORE_INDEX, Examples, SFTBatches, SFTDataModule, SFTModule, collate, masked_ce_sum,
@@ -107,30 +105,24 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
                   *, max_new_tokens: int = 64, max_prompts: int | None = 100, batch_size: int = 32) -> dict:
     """Held-out metrics of a chat model on ``conversations`` (each ending with an assistant turn).
 
-    Teacher-forced over every conversation (truncated to max_len + 1 tokens): ``loss`` (mean nats per
-    supervised token: assistant content + end of turn), ``bpb`` (the summed loss / ln 2 / UTF-8 bytes of the
-    supervised assistant text), ``token_accuracy`` (argmax == target over supervised tokens). Greedy replies to
-    the first ``max_prompts`` conversations' last user turn (with the history before it), through
+    Teacher-forced over every conversation with a supervised token within max_len + 1 tokens (the others are
+    counted as ``dropped``): ``loss`` (mean nats per supervised token: assistant content + end of turn),
+    ``bpb`` (the summed loss / ln 2 / UTF-8 bytes of the supervised assistant text), ``token_accuracy``
+    (argmax == target over supervised tokens). Greedy replies to the first ``max_prompts`` of those
+    conversations' last user turn (with the history before it), through
     :func:`decoderlab.chat.stream_chat_reply`: ``end_of_turn_rate`` (share whose reply ends with the end of
-    turn within ``max_new_tokens``) and ``exact_match`` (reply == reference after stripping whitespace).
-    Returns a dict of these plus the counts ``conversations``, ``tokens``, ``prompts``.
+    turn within ``max_new_tokens``) and ``exact_match`` (reply == reference after stripping whitespace). A
+    measure of nothing (no supervised token; no prompt answered, e.g. ``max_prompts`` 0) is None, never NaN.
+    Returns a dict of these plus the counts ``conversations`` (evaluated), ``dropped``, ``tokens``, ``prompts``.
     """
     model = unwrap_model(model)
     was_training = model.training
     model.eval()
     try:
         ex = build_examples(conversations, tokenizer, template, model.config.max_len)
-        pad = pad_id_for(tokenizer, template)
-        ce_sum, count, correct = 0.0, 0, 0
-        for i in range(0, len(ex.rows), batch_size):
-            x, y = collate(ex.rows[i : i + batch_size], pad)
-            logits = model(x)
-            ce, n = masked_ce_sum(logits, y)
-            ce_sum += float(ce)
-            count += int(n)
-            sel = y != IGNORE_INDEX
-            correct += int((logits.argmax(-1)[sel] == y[sel]).sum())
-        prompts = conversations if max_prompts is None else conversations[:max_prompts]
+        ce_sum, count, correct = _teacher_forced(model, ex, pad_id_for(tokenizer, template), batch_size)
+        kept = [conversations[i] for i in ex.conversations]
+        prompts = kept if max_prompts is None else kept[:max_prompts]
         ended = exact = 0
         for conv in prompts:
             info: dict = {}
@@ -140,24 +132,46 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
             exact += reply.strip() == conv[-1]["content"].strip()
     finally:
         model.train(was_training)
-    loss = ce_sum / count if count else float("nan")
     return {
-        "loss": loss,
+        "loss": ce_sum / count if count else None,
         "bpb": ce_sum / (math.log(2) * ex.bytes) if ex.bytes else None,
-        "token_accuracy": correct / count if count else float("nan"),
-        "end_of_turn_rate": ended / len(prompts) if prompts else float("nan"),
-        "exact_match": exact / len(prompts) if prompts else float("nan"),
-        "conversations": len(conversations), "tokens": count, "prompts": len(prompts),
+        "token_accuracy": correct / count if count else None,
+        "end_of_turn_rate": ended / len(prompts) if prompts else None,
+        "exact_match": exact / len(prompts) if prompts else None,
+        "conversations": len(ex.rows), "dropped": ex.dropped, "tokens": count, "prompts": len(prompts),
     }
 
 
+def _teacher_forced(model, ex: Examples, pad: int, batch_size: int) -> tuple[float, int, int]:
+    """``(summed cross-entropy, supervised tokens, correct argmax predictions)`` over the rows of ``ex``."""
+    ce_sum, count, correct = 0.0, 0, 0
+    for i in range(0, len(ex.rows), batch_size):
+        x, y = collate(ex.rows[i : i + batch_size], pad)
+        logits = model(x)
+        ce, n = masked_ce_sum(logits, y)
+        ce_sum += float(ce)
+        count += int(n)
+        sel = y != IGNORE_INDEX
+        correct += int((logits.argmax(-1)[sel] == y[sel]).sum())
+    return ce_sum, count, correct
+
+
 def format_evaluation(ev: dict, on: str = "held-out") -> str:
-    """One line of the evaluation dict for the terminal (``on``: which conversations it is about)."""
-    bpb = f"{ev['bpb']:.3f}" if ev.get("bpb") is not None else "n/a"
-    return (f"{on} ({ev['conversations']} conversations, {ev['tokens']} assistant tokens): loss "
-            f"{ev['loss']:.4f} nats/token, {bpb} bits per byte, token accuracy {ev['token_accuracy']:.1%}; "
-            f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact match "
-            f"{ev['exact_match']:.1%}")
+    """One line of the evaluation dict for the terminal (``on``: which conversations it is about); what was not
+    measured says why instead of a NaN."""
+    dropped = f", {ev['dropped']} dropped: no assistant token within max_len" if ev.get("dropped") else ""
+    if ev["tokens"]:
+        bpb = f"{ev['bpb']:.3f}" if ev.get("bpb") is not None else "n/a"
+        scores = (f"loss {ev['loss']:.4f} nats/token, {bpb} bits per byte, token accuracy "
+                  f"{ev['token_accuracy']:.1%}")
+    else:
+        scores = "no loss: no assistant token to score"
+    if ev["prompts"]:
+        replies = (f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact "
+                   f"match {ev['exact_match']:.1%}")
+    else:
+        replies = "no greedy replies (" + ("eval_prompts 0)" if ev["conversations"] else "no conversation to answer)")
+    return f"{on} ({ev['conversations']} conversations{dropped}, {ev['tokens']} assistant tokens): {scores}; {replies}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -166,16 +180,18 @@ def format_evaluation(ev: dict, on: str = "held-out") -> str:
 
 
 @dataclass
-class FinetuneSummary:
-    """What :func:`finetune` reports (losses in nats per supervised token).
+class FinetuneSummary(Summary):
+    """What :func:`finetune` reports (losses in nats per supervised token), as attributes or as the mapping of
+    ``summary.json`` (``summary["steps"]``).
 
     Attributes:
         steps: optimizer steps done; train_loss: mean step loss of the last min(50, steps) steps;
         train_losses: every step's loss; val_history: [(step, val_loss)];
         evaluation: :func:`evaluate_chat`'s dict on the held-out conversations (or the training ones when
             there are none, ``eval_on`` says which);
-        train_conversations / val_conversations: counts; truncated / dropped: conversations cut to max_len + 1
-            tokens / dropped for having no supervised token left (training and validation together);
+        train_conversations / val_conversations: conversations trained on (those with a supervised token
+            within max_len + 1 tokens) / held out; truncated / dropped: conversations cut to max_len + 1 tokens
+            / dropped for having no supervised token left (training and validation together);
         template: the chat template's name; added_tokens: special tokens added to the base vocabulary;
         device: where the model trained and the evaluation ran ("cpu", "cuda:0", ...).
     """
@@ -198,192 +214,205 @@ class FinetuneSummary:
     is_global_zero: bool = True
     device: str | None = None
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+
+def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+             preset: str | None = None, template: str | ChatTemplate | None = None, val_data=None,
+             val_fraction: float | None = None, tokenizer: str | Tokenizer | None = None, vocab_size: int | None = None,
+             model_overrides: dict | None = None, train_config: TrainConfig | None = None,
+             config_overrides: dict | None = None, resume: str | os.PathLike | bool | None = None,
+             devices: int | str = 1, strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
+             eval_max_new_tokens: int = 64, eval_prompts: int | None = 100, callbacks: Sequence[L.Callback] = (),
+             progress_bar: bool | str = True, logger: bool = True, base_model=None):
+    """Fine-tune a model on conversations; return ``(model, tokenizer, summary)`` (:class:`FinetuneSummary`).
+
+    Start from a base ``checkpoint``, an in-memory ``base_model=(model, tokenizer)``, or a ``preset`` from
+    scratch (a ``tokenizer`` kind, default "char", built from the data's text); the ``template``'s (default
+    "decoderlab") special tokens are added (:func:`decoderlab.chat.add_chat_tokens`). ``data``, ``val_data``:
+    JSONL paths or lists of conversations; ``val_fraction`` (default 0.1; 0: evaluate on the training data) of
+    ``data`` is held out, seeded, without ``val_data``. Training follows the module docstring with
+    ``train_config`` (default ``TrainConfig(**FINETUNE_DEFAULTS)``, + ``config_overrides``; ``batch_size``:
+    conversations per micro-batch per process); Lightning's ``devices``, ``strategy``, ``num_nodes``,
+    ``accelerator``. ``out`` becomes the run directory (:mod:`decoderlab.training.run`) and a chat checkpoint
+    storing the template; at the end :func:`evaluate_chat` is printed (``eval_prompts`` greedy replies).
+    ``resume`` (a run directory, a ``.ckpt``, or True for ``out``) continues the run with its own model,
+    tokenizer, template, data and settings as ``train_lm`` does: train settings changed are honoured from the
+    next step, and another seed, accumulate, template, val_fraction, data or starting point is refused.
+
+    Raises:
+        ValueError: bad data (file, line and what); an unknown template; not exactly one starting point; a
+            tokenizer that cannot represent the data (naming the characters); no conversation left to train
+            on, or none with a supervised token within max_len; bad config values; a refused resume change.
+        FileNotFoundError: missing files. FileExistsError: a new run's ``out`` holds files.
+    """
+    if sum(x is not None for x in (checkpoint, preset, base_model)) != 1 and resume in (None, False):
+        raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
+                         "(train from scratch)")
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**FINETUNE_DEFAULTS))
+    check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the data is read
+    template = _template(run, template)
+    data_info, train_convs, val_convs = _conversations(run, data, val_data, val_fraction)
+    L.seed_everything(run.cfg.seed, verbose=False)
+    model, tok, start = _starting_point(run, checkpoint, preset, base_model, tokenizer, vocab_size,
+                                        model_overrides, template, train_convs + val_convs)
+    run.announce()  # every refusal is behind us
+    train_ex, val_ex = _examples(train_convs, val_convs, tok, template, model.config.max_len)
+    dm = SFTDataModule(train_ex, val_ex, batch_size=run.cfg.batch_size, accumulate=run.cfg.accumulate,
+                       seed=run.cfg.seed, pad_id=pad_id_for(tok, template), val_batch_size=run.cfg.val_batch_size)
+    exporter = ExportCheckpoint(run.run_dir, tok, {"task": "chat", CHAT_TEMPLATE_KEY: template.to_dict(),
+                                                   "tokenizer": tok.kind, "base": start["checkpoint"],
+                                                   "preset": start["preset"]})
+    launch = dict(devices=devices, strategy=strategy, num_nodes=num_nodes)
+    trainer = make_trainer(run.cfg, run.run_dir, accelerator=accelerator, progress_bar=progress_bar, logger=logger,
+                           callbacks=[NonFiniteLossGuard(run.run_dir), exporter, ShareRunDirectory(run),
+                                      InterruptNotice(run.run_dir, "finetune"), *callbacks], **launch)
+    run.record(trainer, model.config, tok, launch, task="chat", template=template.name, **data_info, **start)
+    module = SFTModule(model, run.cfg)
+    seconds = fit_run(trainer, module, run, datamodule=dm)
+    model, summary = _summarize(trainer, run, module.model, tok, template, exporter, (train_convs, val_convs),
+                                (train_ex, val_ex), start["added_tokens"], seconds,
+                                dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
+    if trainer.is_global_zero and (progress_bar or logger):
+        print(f"fine-tuned for {summary.steps} steps; {format_evaluation(summary.evaluation, summary.eval_on)}")
+    return model.eval(), tok, summary
+
+
+def _sha256(*conversation_sets) -> str:
+    """A digest of the conversations (and held-out ones) a run was fine-tuned on."""
+    sets = [list(c) for c in conversation_sets if c is not None]
+    return hashlib.sha256(json.dumps(sets).encode("utf-8")).hexdigest()
+
+
+def _path_or_none(data) -> str | None:
+    return str(Path(data).resolve()) if isinstance(data, (str, os.PathLike)) else None
+
+
+def _template(run: Run, template) -> ChatTemplate:
+    """The run's chat template: the one given (default "decoderlab"); on a resume the stored one, refusing
+    another."""
+    given = None if template is None else get_template(template)  # an unknown name lists the known ones
+    if not run.resumed:
+        return given or get_template(DEFAULT_TEMPLATE)
+    stored = template_from_meta(read_meta(run.run_dir)) or get_template(run.info.get("template"))
+    run.keep("template", None if given is None else given.name, why="the model learned its tokens and layout")
+    if given is not None and given != stored:
+        raise ValueError(f"cannot resume {run.run_dir} with another {given.name!r} template than the one it was "
+                         f"trained with; resume without a template, or start a new run")
+    return stored
+
+
+def _conversations(run: Run, data, val_data, val_fraction) -> tuple[dict, list, list]:
+    """``(what run.json records of the data, training conversations, held-out conversations)``: ``val_data``,
+    or the seeded ``val_fraction`` of ``data``; on a resume the run's own data (refusing other conversations)
+    and fraction."""
+    if run.resumed:
+        data = run.info.get("data") if data is None else data
+        val_data = run.info.get("val_data") if val_data is None else val_data
+    if data is None:
+        raise ValueError(f"cannot resume {run.run_dir} without data: it was fine-tuned on conversations given as a "
+                         f"list, which run.json does not hold; give the same conversations as data" if run.resumed
+                         else "give the conversations to fine-tune on: data, a JSONL path or a list of conversations")
+    convs = as_conversations(data)
+    held = None if val_data is None else as_conversations(val_data)
+    digest = _sha256(convs, held)
+    if run.resumed and run.info.get("data_sha256") not in (None, digest):
+        raise ValueError(f"cannot resume {run.run_dir}: the conversations differ from those it was fine-tuned on "
+                         f"({run.info.get('data')!r}); resume with the same data, or start a new run")
+    fraction = run.keep("val_fraction", val_fraction, default=FINETUNE_VAL_FRACTION,
+                        why="it defines the held-out conversations")
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 <= fraction < 1):
+        raise ValueError(f"val_fraction must be in [0, 1), got {fraction!r}")
+    info = {"data": _path_or_none(data), "val_data": _path_or_none(val_data), "val_fraction": fraction,
+            "data_sha256": digest}
+    if held is not None:
+        return info, list(convs), list(held)
+    return (info, *_split(convs, fraction, run.cfg.seed))
 
 
 def _split(convs: Conversations, fraction: float, seed: int) -> tuple[list, list]:
+    """``(training, held out)``: a seeded ``fraction`` of the conversations held out (at least one, and never
+    all). Raises ``ValueError`` when the fraction would leave none to train on."""
     n = len(convs)
     if fraction <= 0 or n < 2:
         return list(convs), []
     k = max(1, int(round(fraction * n)))
+    if k >= n:
+        raise ValueError(f"val_fraction={fraction:g} holds out {k} of the {n} conversations and leaves none to train "
+                         f"on; use a smaller val_fraction, or give the held-out conversations as val_data")
     order = np.random.default_rng(seed).permutation(n)
     held = set(order[:k].tolist())
     return [c for i, c in enumerate(convs) if i not in held], [c for i, c in enumerate(convs) if i in held]
 
 
-def finetune(
-    data,
-    *,
-    out: str | os.PathLike,
-    checkpoint: str | os.PathLike | None = None,
-    preset: str | None = None,
-    template: str | ChatTemplate = "decoderlab",
-    val_data=None,
-    val_fraction: float = 0.1,
-    tokenizer: str | Tokenizer = "char",
-    vocab_size: int | None = None,
-    model_overrides: dict | None = None,
-    train_config: TrainConfig | None = None,
-    config_overrides: dict | None = None,
-    resume: str | os.PathLike | bool | None = None,
-    devices: int | str = 1,
-    strategy: str = "auto",
-    num_nodes: int = 1,
-    accelerator: str = "auto",
-    eval_max_new_tokens: int = 64,
-    eval_prompts: int | None = 100,
-    callbacks: Sequence[L.Callback] = (),
-    progress_bar: bool = True,
-    logger: bool = True,
-    base_model=None,
-):
-    """Fine-tune a model on conversations; return ``(model, tokenizer, summary)``.
-
-    Start from a base checkpoint (``checkpoint``, or an in-memory ``base_model=(model, tokenizer)``) or from
-    scratch (``preset``, with a ``tokenizer`` kind built from the data's text). The template's special tokens
-    are added to the tokenizer and the embedding (and untied head) resized (:func:`decoderlab.chat.
-    add_chat_tokens`). Training follows the module docstring (masked loss, shift in
-    :func:`shift_for_training`, exact per-step normalisation over accumulation and processes), with
-    ``train_config`` (default ``TrainConfig(**FINETUNE_DEFAULTS)``; + ``config_overrides``) as
-    ``decoderlab.training.TrainConfig`` (``batch_size`` counts
-    conversations per micro-batch per process; ``val_fraction`` / ``val_batches`` of it are unused: the
-    held-out split is ``val_fraction`` here, or ``val_data``).
-
-    ``out`` becomes a run directory and a chat checkpoint: ``model.safetensors``, ``config.json``,
-    ``tokenizer.json`` (with the special tokens), ``meta.json`` (``"task": "chat"``, ``"chat_template"``),
-    ``run.json``, ``summary.json`` (:class:`FinetuneSummary`, with the evaluation), ``lightning/`` (for
-    ``resume``) and ``logs/``. The evaluation (:func:`evaluate_chat`) is printed at the end.
-
-    Args:
-        data, val_data: JSONL paths (or lists of conversations). val_fraction: share of ``data`` held out
-            (seeded) when ``val_data`` is None; 0 holds nothing out and evaluates on the training data.
-
-    Raises:
-        ValueError: bad data (file, line and what); an unknown template (listing the known ones); both or
-            neither of checkpoint/preset; a tokenizer that cannot represent the data (naming the characters);
-            no supervised token in the data after truncation; bad config values.
-        FileNotFoundError: missing files.
-    """
-    template = get_template(template)
-    if sum(x is not None for x in (checkpoint, preset, base_model)) != 1 and resume is None:
-        raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
-                         "(train from scratch)")
-    if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
-    cfg = train_config if train_config is not None else TrainConfig(**FINETUNE_DEFAULTS)
-    if config_overrides:
-        cfg = cfg.replace(**config_overrides)
-    cfg.validate()
-    check_run_options(cfg, strategy, accelerator)  # the machine's refusals before the data is read
-    run_dir = Path(out)
-    resumed = resolve_resume(resume, run_dir)
-    convs = as_conversations(data)
-    if val_data is not None:
-        train_convs, val_convs = list(convs), list(as_conversations(val_data))
+def _starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
+                    template: ChatTemplate, convs: list) -> tuple:
+    """``(model, tokenizer, start)`` with the template's tokens added; ``start`` is what run.json records:
+    the base ``checkpoint`` (resolved), the ``preset`` and the ``added_tokens``. A resume builds the run's own
+    model (its config.json; the weights come with the Lightning checkpoint) and tokenizer, refusing another
+    starting point, tokenizer or shape."""
+    checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
+    if run.resumed:
+        keep = "a resumed run keeps its model and tokenizer"
+        given = {"base_model": base_model, "tokenizer": tokenizer, "vocab_size": vocab_size,
+                 "model_overrides": model_overrides}
+        if any(v is not None for v in given.values()):
+            named = ", ".join(k for k, v in given.items() if v is not None)
+            raise ValueError(f"cannot resume {run.run_dir} with {named}: {keep}; resume without it, or start a new run")
+        start = {"checkpoint": run.keep("checkpoint", checkpoint, why=keep),
+                 "preset": run.keep("preset", preset, why=keep), "added_tokens": run.info.get("added_tokens", [])}
+        return DecoderOnlyTransformer(read_config(run.run_dir)), Tokenizer.load(run.run_dir / TOKENIZER_FILE), start
+    if base_model is not None:
+        model, tok = base_model
+    elif checkpoint is not None:
+        model, tok = load_checkpoint(checkpoint)
     else:
-        train_convs, val_convs = _split(convs, val_fraction, cfg.seed)
+        text = "\n".join(m["content"] for c in convs for m in c)
+        tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
+                                                                                 text, vocab_size)
+        shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}
+        model = DecoderOnlyTransformer(preset_config(preset, **shape))
+    check_representable(as_conversations(convs), tok)
+    model, tok, added = add_chat_tokens(model, tok, template)
+    return model.train(), tok, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
 
-    # model and tokenizer
-    L.seed_everything(cfg.seed, verbose=False)
-    added: list[str] = []
-    if resumed is not None:
-        run_dir, ckpt_path = resumed
-        tok = Tokenizer.load(run_dir / TOKENIZER_FILE)
-        model = DecoderOnlyTransformer(ModelConfig.from_json((run_dir / CONFIG_FILE).read_text(encoding="utf-8")))
-        stored = template_from_meta(read_meta(run_dir))
-        if stored is not None and stored != template:
-            raise ValueError(f"cannot resume {run_dir} with template {template.name!r}: it was fine-tuned with "
-                             f"{stored.name!r}")
-    else:
-        ckpt_path = None
-        if not os.environ.get("LOCAL_RANK"):  # a new run never overwrites a checkpoint or any other file
-            check_output_dir(run_dir, new_run=True)
-        if base_model is not None:
-            model, tok = base_model
-        elif checkpoint is not None:
-            model, tok = load_checkpoint(checkpoint)
-        else:
-            text = "\n".join(m["content"] for c in convs for m in c)
-            if val_data is not None:
-                text += "\n" + "\n".join(m["content"] for c in val_convs for m in c)
-            tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer, text, vocab_size)
-            model = DecoderOnlyTransformer(preset_config(preset, **{**(model_overrides or {}),
-                                                                     "num_tokens": tok.vocab_size}))
-        check_representable(convs, tok)
-        if val_data is not None:
-            check_representable(as_conversations(val_data), tok)
-        model, tok, added = add_chat_tokens(model, tok, template)
-    model.train()
-    max_len = model.config.max_len
+
+def _examples(train_convs: list, val_convs: list, tok, template: ChatTemplate, max_len: int):
+    """``(training Examples, held-out Examples or None)``; says how many were truncated or dropped."""
     train_ex = build_examples(train_convs, tok, template, max_len)
     val_ex = build_examples(val_convs, tok, template, max_len) if val_convs else None
     truncated = train_ex.truncated + (val_ex.truncated if val_ex else 0)
     dropped = train_ex.dropped + (val_ex.dropped if val_ex else 0)
     if not train_ex.rows:
         raise ValueError(f"no supervised token in the training data: all {len(train_convs)} conversations have "
-                         f"their assistant turns beyond max_len={max_len} tokens (or none); use shorter "
-                         f"conversations or a model with a longer context")
+                         f"their assistant turns beyond max_len={max_len} tokens; use shorter conversations or a "
+                         f"model with a longer context")
     if truncated or dropped:
         print(f"decoderlab: {truncated} conversation(s) longer than max_len + 1 = {max_len + 1} tokens were "
               f"truncated; {dropped} with no assistant token left were dropped", file=sys.stderr)
+    return train_ex, val_ex
 
-    pad = pad_id_for(tok, template)
-    dm = SFTDataModule(train_ex, val_ex, batch_size=cfg.batch_size, accumulate=cfg.accumulate, seed=cfg.seed,
-                       pad_id=pad, val_batch_size=cfg.val_batch_size)
-    module = SFTModule(model, cfg)
-    meta = {"task": "chat", CHAT_TEMPLATE_KEY: template.to_dict(), "tokenizer": tok.kind,
-            "base": None if checkpoint is None else str(Path(checkpoint).resolve()), "preset": preset}
-    exporter = ExportCheckpoint(run_dir, tok, meta)
-    trainer = make_trainer(cfg, run_dir, devices=devices, strategy=strategy, num_nodes=num_nodes,
-                           accelerator=accelerator,
-                           callbacks=[NonFiniteLossGuard(run_dir), exporter, InterruptNotice(run_dir, "finetune"), *callbacks],
-                           progress_bar=progress_bar, logger=logger)
-    if trainer.is_global_zero and resumed is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / CONFIG_FILE, model.config.to_json())
-        tok.save(run_dir / TOKENIZER_FILE)
-        atomic_write_text(run_dir / RUN_FILE, json.dumps({
-            "task": "chat", "data": str(data) if isinstance(data, (str, os.PathLike)) else None,
-            "val_data": str(val_data) if isinstance(val_data, (str, os.PathLike)) else None,
-            "template": template.name, "checkpoint": meta["base"], "preset": preset,
-            "val_fraction": val_fraction, "train_config": cfg.to_dict(), "devices": devices,
-            "strategy": strategy}, indent=2))
-    env_set = "DECODERLAB_RUN_DIR" not in os.environ
-    if env_set:
-        os.environ["DECODERLAB_RUN_DIR"] = str(run_dir)
-    t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*(does not have many workers|exists and is not empty|"
-                                                      r"LeafSpec|resuming from a checkpoint that ended).*")
-            fit(trainer, module, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=False)
-    finally:
-        if env_set:
-            os.environ.pop("DECODERLAB_RUN_DIR", None)
-    seconds = time.perf_counter() - t0
-    model = module.model
+
+def _summarize(trainer, run: Run, model, tok, template: ChatTemplate, exporter, convs: tuple, examples: tuple,
+               added: list, seconds: float, eval_options: dict) -> tuple:
+    """``(the model to return, the summary)``: the evaluation and the final export on the device the model
+    trained on (rank 0, the whole weights under FSDP; on the held-out conversations, else the training ones),
+    then the summary (and ``summary.json``)."""
+    (train_convs, val_convs), (train_ex, val_ex) = convs, examples
     eval_convs, eval_on = (val_convs, "held-out") if val_convs else (train_convs, "train")
     evaluation: dict = {}
-    with on_training_device(trainer, model) as (final, device):  # (whole weights on rank 0 under FSDP)
-        if final is not None:
-            final.eval()
-            evaluation = evaluate_chat(final, tok, template, eval_convs, max_new_tokens=eval_max_new_tokens,
-                                       max_prompts=eval_prompts)
-            exporter.meta.update(evaluation={k: v for k, v in evaluation.items()}, eval_on=eval_on)
-            exporter.export(trainer, final)
-            model = final
-    model.eval()
-    last = module.losses[-50:]
+    with on_training_device(trainer, model) as (whole, device):  # every process enters (a collective under FSDP)
+        if whole is not None:
+            model = whole.eval()
+            evaluation = evaluate_chat(model, tok, template, eval_convs, **eval_options)
+            exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
+            exporter.export(trainer, model)
+    module = trainer.lightning_module
     summary = FinetuneSummary(
-        steps=trainer.global_step, train_loss=sum(last) / len(last) if last else float("nan"),
-        train_losses=list(module.losses), val_history=list(module.val_history), evaluation=evaluation,
-        eval_on=eval_on, train_conversations=len(train_ex.rows), val_conversations=len(val_convs),
-        truncated=truncated, dropped=dropped, template=template.name, added_tokens=added,
-        num_parameters=model.num_parameters(), train_seconds=seconds, run_dir=str(run_dir),
+        steps=trainer.global_step, train_loss=mean_of_last(module.losses)[0], train_losses=list(module.losses),
+        val_history=list(module.val_history), evaluation=evaluation, eval_on=eval_on,
+        train_conversations=len(train_ex.rows), val_conversations=len(val_ex.rows) if val_ex else 0,
+        truncated=train_ex.truncated + (val_ex.truncated if val_ex else 0),
+        dropped=train_ex.dropped + (val_ex.dropped if val_ex else 0), template=template.name, added_tokens=added,
+        num_parameters=model.num_parameters(), train_seconds=seconds, run_dir=str(run.run_dir),
         is_global_zero=trainer.is_global_zero, device=str(device))
-    if trainer.is_global_zero:
-        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary.to_dict(), indent=2))
-        if progress_bar or logger:
-            print(f"fine-tuned for {summary.steps} steps; {format_evaluation(evaluation, eval_on)}")
-    return model, tok, summary
+    run.write_summary(trainer, summary)
+    return model, summary

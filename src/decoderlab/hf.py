@@ -411,14 +411,51 @@ HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "model
             "pytorch_model.bin", *GPT2_TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"}
 
 
+def _special_tokens(tokenizer: BPETokenizer) -> dict[str, str]:
+    """Hugging Face's names for the tokenizer's control tokens: its end of text is also the start token."""
+    out = {}
+    if tokenizer.eos_id is not None:
+        eos = tokenizer.id_to_token[tokenizer.eos_id]
+        out.update(bos_token=eos, eos_token=eos)
+    if tokenizer.pad_id is not None:
+        out["pad_token"] = tokenizer.id_to_token[tokenizer.pad_id]
+    return out
+
+
+def _special_ids(tokenizer: BPETokenizer | None) -> dict[str, int]:
+    """The GPT-2 config's bos/eos/pad ids of ``tokenizer`` (so ``generate`` stops at the end token)."""
+    if tokenizer is None:
+        return {}
+    out = {} if tokenizer.eos_id is None else dict(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id)
+    return out if tokenizer.pad_id is None else {**out, "pad_token_id": tokenizer.pad_id}
+
+
+def write_tokenizer_files(directory: Path, tokenizer: BPETokenizer, max_len: int) -> None:
+    """GPT-2's tokenizer files in ``directory``: ``tokenizer.json``, ``vocab.json``, ``merges.txt``, and the
+    ``tokenizer_config.json`` and ``special_tokens_map.json`` that tell ``AutoTokenizer`` which tokenizer this
+    is and which tokens end a text or pad -- without them it falls back to GPT-2's defaults and adds an
+    ``<|endoftext|>`` past the vocabulary. A special token typed in a text stays text (``split_special_tokens``),
+    as in ``BPETokenizer.encode``, so the same text gives the same ids."""
+    tokenizer.save(directory / "tokenizer.json")
+    tokenizer.save_gpt2_files(directory)
+    special = _special_tokens(tokenizer)
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len, split_special_tokens=True,
+                  clean_up_tokenization_spaces=False, **special)
+    for name, data in (("tokenizer_config.json", config), ("special_tokens_map.json", special)):
+        (directory / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
 def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, *, tokenizer=None,
             **gpt2_kwargs):
     """A Hugging Face ``GPT2LMHeadModel`` with our model's weights; written to ``path`` if given.
 
     The directory gets ``config.json`` and ``model.safetensors`` (via ``save_pretrained``), and with a
     byte-level BPE ``tokenizer`` (``BPETokenizer``) GPT-2's tokenizer files too (``tokenizer.json``,
-    ``vocab.json``, ``merges.txt``), so that the directory is a whole model for Hugging Face and for
-    ``decoderlab generate --checkpoint`` (:func:`load_any_checkpoint`). It is written to a temporary
+    ``vocab.json``, ``merges.txt``, ``tokenizer_config.json``, ``special_tokens_map.json``) and the
+    tokenizer's ``<EOS>`` / ``<PAD>`` ids in the config (``eos_token_id``, ``bos_token_id``, ``pad_token_id``),
+    so that the directory is a whole model for Hugging Face -- ``AutoTokenizer`` gives our ids for the same
+    text, ``GPT2LMHeadModel.generate`` stops at ``<EOS>`` -- and for ``decoderlab generate --checkpoint``
+    (:func:`load_any_checkpoint`). It is written to a temporary
     directory next to ``path`` and renamed into place (an existing directory is replaced).
     ``bias=False`` models are written with zero biases (same function; read back as ``bias=True``).
     Extra keyword arguments go to ``GPT2Config`` (e.g. ``attn_implementation="eager"``).
@@ -441,7 +478,7 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         if tokenizer.vocab_size != model.config.num_tokens:
             raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's "
                              f"num_tokens {model.config.num_tokens}")
-    gpt2_config = model_config_to_gpt2_config(model.config, **gpt2_kwargs)
+    gpt2_config = model_config_to_gpt2_config(model.config, **{**_special_ids(tokenizer), **gpt2_kwargs})
     _, GPT2LMHeadModel = _require_transformers()
     hf = GPT2LMHeadModel(gpt2_config)
     state = {k: v.detach().clone() for k, v in ours_to_gpt2_state(model).items()}
@@ -462,8 +499,7 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
         try:
             hf.save_pretrained(str(tmp), safe_serialization=True)
             if tokenizer is not None:
-                tokenizer.save(tmp / "tokenizer.json")
-                tokenizer.save_gpt2_files(tmp)
+                write_tokenizer_files(tmp, tokenizer, model.config.max_len)
             for f in tmp.iterdir():  # safetensors creates model.safetensors 0600: all files get the usual mode
                 usual_mode(f)
             replace_directory(tmp, directory)

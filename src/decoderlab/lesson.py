@@ -3,7 +3,8 @@
 - ``SelfAttention`` (StatQuest, "Coding Self-Attention in PyTorch") and ``Attention`` ("Coding a ChatGPT Like
   Transformer From Scratch in PyTorch"): the lessons' classes, W_q / W_k / W_v and softmax(Q Kᵀ / sqrt(d_k)) V;
 - the pair scheme: ``LESSON_PAIRS`` ("what is statquest" / "statquest is what" -> "awesome"), the lesson's
-  vocabulary, and prompt ``<EOS>`` response -> inputs and labels;
+  vocabulary, and prompt ``<EOS>`` response -> inputs and labels; ``LESSON_TEMPLATE``, the same scheme as the
+  fields of a chat template (``decoderlab.chat.TEMPLATES["lesson"]``), which a trained pair model stores;
 - ``greedy_response``: the lesson's greedy loop (the whole sequence through the model for every token).
 
 The model itself (``DecoderOnlyTransformer``, whose one-head, d_model-2 preset is the lesson's model) lives in
@@ -138,6 +139,13 @@ IGNORE_INDEX = -100
 
 #: The lesson's two prompt/response pairs.
 LESSON_PAIRS: list[tuple[str, str]] = [("what is statquest", "awesome"), ("statquest is what", "awesome")]
+
+#: The pair scheme ``prompt <EOS> response <EOS>`` as the fields of a chat template (``decoderlab.chat.ChatTemplate``):
+#: the user's text has no opener and no end, the ``<EOS>`` after it opens the assistant turn, and the one after
+#: the response ends it. One definition for the lesson's training (``train_pairs`` stores it in ``meta.json``) and
+#: the ``lesson`` chat template.
+LESSON_TEMPLATE = {"name": "lesson", "user": None, "assistant": EOS, "end": EOS, "system": None,
+                   "end_after_user": False}
 
 
 def lesson_tokenizer() -> WordTokenizer:

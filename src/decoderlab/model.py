@@ -41,6 +41,30 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
+def hooked_norm(norm: nn.Module, x: torch.Tensor, hooks, point: str) -> torch.Tensor:
+    """``norm(x)`` with its hook points (TransformerLens's): ``{point}.hook_scale`` (B, T, 1) =
+    sqrt(mean((x - mean x)^2) + eps) (no centring for RMSNorm) and ``{point}.hook_normalized`` (B, T, d_model) =
+    (x - mean x) / scale, before the gain and bias. Hooks that only look leave the norm's own kernel to run,
+    so recording changes no number; a replaced scale or normalized input (one frozen from another run) gets
+    the norm written out from it. No hook points without a norm."""
+    if isinstance(norm, nn.Identity):
+        return x
+    want_normalized = hooks.wants(point + ".hook_normalized")
+    if not (want_normalized or hooks.wants(point + ".hook_scale")):
+        return norm(x)
+    centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
+    scale = centred.pow(2).mean(-1, keepdim=True).add_(norm.eps).sqrt_()
+    new_scale = hooks(point + ".hook_scale", scale)
+    normalized = new_normalized = None
+    if want_normalized or new_scale is not scale:
+        normalized = centred / new_scale
+        new_normalized = hooks(point + ".hook_normalized", normalized)
+    if new_scale is scale and new_normalized is normalized:
+        return norm(x)
+    y = new_normalized * norm.weight
+    return y + norm.bias if getattr(norm, "bias", None) is not None else y
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """The norm the config asks for, over the last dimension (d_model): LayerNorm (Ba et al. 2016), RMSNorm,
     or an identity for norm='none' (the lesson)."""
@@ -61,10 +85,17 @@ class MLP(nn.Module):
         self.proj = nn.Linear(cfg.ff_size, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.mlp == "relu2"
+        self.hooks = None  # hook points hook_pre, hook_post (B, T, d_ff) when decoderlab.hooks installs them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        y = self.proj(F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh"))
+        hooks = self.hooks
+        if hooks is not None:
+            h = hooks("hook_pre", h)
+        a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        if hooks is not None:
+            a = hooks("hook_post", a)
+        y = self.proj(a)
         return self.dropout(y) if self.training and self.dropout.p else y
 
 
@@ -72,9 +103,10 @@ class DecoderBlock(nn.Module):
     """One decoder block: x = x + attention(norm_1(x)); x = x + mlp(norm_2(x)) (pre-norm; no MLP if mlp='none').
 
     With norm='none' and mlp='none' this is the lesson's "masked self-attention -> residual connection".
-    Shapes: (B, T, d_model) -> (B, T, d_model). Setting ``self.record = {}`` stores the block's
-    intermediates on the next forward pass: ``input``, ``normed`` (norm_1(x)), ``attn_out``, ``resid_1``,
-    ``normed_2``, ``mlp_out``, ``resid_2`` (all (B, T, d_model)).
+    Shapes: (B, T, d_model) -> (B, T, d_model). Hook points (TransformerLens's names, all (B, T, d_model)
+    but the scales (B, T, 1); :mod:`decoderlab.hooks`): ``hook_resid_pre``, ``ln1.hook_scale`` /
+    ``ln1.hook_normalized``, ``hook_attn_out``, ``hook_resid_mid`` (with an MLP), ``ln2.*``, ``hook_mlp_out``,
+    ``hook_resid_post``. ``self.hooks`` is None unless the glass box installed some.
     """
 
     def __init__(self, cfg: ModelConfig, rope: nn.Module | None = None):
@@ -88,22 +120,26 @@ class DecoderBlock(nn.Module):
         if self.has_mlp:
             self.norm_2 = make_norm(cfg)
             self.mlp = MLP(cfg)
-        self.record: dict | None = None
+        self.hooks = None  # decoderlab.hooks installs a dispatcher here; None = no hook points, the hot path
 
     def forward(self, x, *, padding_mask=None, positions=None, cache=None):
-        h = self.norm_1(x)
+        hooks = self.hooks
+        if hooks is not None:
+            x = hooks("hook_resid_pre", x)
+        h = self.norm_1(x) if hooks is None else hooked_norm(self.norm_1, x, hooks, "ln1")
         a = self.attention(h, padding_mask=padding_mask, positions=positions, cache=cache)
-        r1 = x + a
-        out = r1
+        if hooks is not None:
+            a = hooks("hook_attn_out", a)
+        out = x + a
         if self.has_mlp:
-            h2 = self.norm_2(r1)
+            if hooks is not None:
+                out = hooks("hook_resid_mid", out)
+            h2 = self.norm_2(out) if hooks is None else hooked_norm(self.norm_2, out, hooks, "ln2")
             m = self.mlp(h2)
-            out = r1 + m
-        if self.record is not None:
-            self.record.update(input=x, normed=h, attn_out=a, resid_1=r1)
-            if self.has_mlp:
-                self.record.update(normed_2=h2, mlp_out=m, resid_2=out)
-        return out
+            if hooks is not None:
+                m = hooks("hook_mlp_out", m)
+            out = out + m
+        return out if hooks is None else hooks("hook_resid_post", out)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -131,6 +167,10 @@ class DecoderOnlyTransformer(nn.Module):
     Training: ``compute_loss((inputs, labels))`` is the lesson's ``nn.CrossEntropyLoss`` (labels of -100
     ignored), and ``configure_optimizers()`` the lesson's Adam(lr=0.1); ``decoderlab.training.LitModel``
     wraps the model for Lightning's ``Trainer`` (the lesson's ``training_step``).
+
+    Hook points: TransformerLens's names (``hook_embed``, ``blocks.L.attn.hook_pattern`` ...), listed and
+    installed by :mod:`decoderlab.hooks`; with none installed (every ``hooks`` attribute None) a pass pays one
+    ``is None`` test per point.
 
     Raises:
         ValueError: token ids outside [0, num_tokens), a sequence longer than max_len, a negative position or
@@ -176,6 +216,7 @@ class DecoderOnlyTransformer(nn.Module):
         # load_state_dict(..., assign=True) puts the state's tensors in place one by one: tie them again
         self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module.tie_weights())
         self.loss = nn.CrossEntropyLoss(ignore_index=-100)
+        self.hooks = None  # hook points hook_embed, hook_pos_embed, ln_final.* when decoderlab.hooks installs them
         if cfg.init == "gpt2":
             self.apply(self._gpt2_init)
             for name, p in self.named_parameters():
@@ -209,6 +250,43 @@ class DecoderOnlyTransformer(nn.Module):
         super()._apply(fn, recurse)
         self.tie_weights()
         return self
+
+    @torch.no_grad()
+    def resize_token_embeddings(self, num_tokens: int) -> nn.Embedding:
+        """Grow the vocabulary to ``num_tokens`` in place (Hugging Face's ``resize_token_embeddings``) and return
+        the new word embedding ``we`` (num_tokens, d_model).
+
+        The new rows of the embedding -- and of an untied ``fc_layer`` (weight rows and bias entries) -- start
+        at the mean of the old rows, so a new token begins as an "average" token rather than at random (as
+        Hugging Face's mean resizing, without its sampled noise); the old rows are kept exactly. A tied head
+        stays tied (one ``Parameter``). ``config.num_tokens`` follows. Unchanged size: nothing changes.
+
+        Raises:
+            ValueError: ``num_tokens`` is not an integer or smaller than the current vocabulary.
+        """
+        old = self.config.num_tokens
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            raise ValueError(f"num_tokens must be an integer, got {num_tokens!r}")
+        if num_tokens < old:
+            raise ValueError(f"cannot shrink the vocabulary from {old} to {num_tokens} tokens")
+        if num_tokens == old:
+            return self.we
+
+        def grown(t: torch.Tensor) -> nn.Parameter:
+            mean = t.mean(dim=0, keepdim=True)
+            return nn.Parameter(torch.cat([t, mean.expand(num_tokens - old, *t.shape[1:])], dim=0),
+                                requires_grad=t.requires_grad)
+
+        self.config = self.config.replace(num_tokens=int(num_tokens))
+        self.we.weight = grown(self.we.weight)
+        self.we.num_embeddings = num_tokens
+        if not self.config.tie_weights:
+            self.fc_layer.weight = grown(self.fc_layer.weight)
+        if self.fc_layer.bias is not None:
+            self.fc_layer.bias = grown(self.fc_layer.bias)
+        self.fc_layer.out_features = num_tokens
+        self.tie_weights()
+        return self.we
 
     # -- sizes ------------------------------------------------------------------------------------------------
     @property
@@ -324,10 +402,15 @@ class DecoderOnlyTransformer(nn.Module):
 
     def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False) -> torch.Tensor:
         """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only)."""
+        hooks = self.hooks
         x = self.we(token_ids)  # (B, T, d_model)
-        if self.pe is not None:
+        if hooks is not None:
+            x = hooks("hook_embed", x)
+        if self.pe is not None and hooks is None:
             x = self.pe(x, positions)  # + position encodings (rope is applied inside attention instead)
-        x = self.drop(x)  # (the glass box's trace reads the encoded input here)
+        elif self.pe is not None:  # the positions as their own term of the residual stream (same sum)
+            x = x + hooks("hook_pos_embed", self.pe(torch.zeros_like(x), positions))
+        x = self.drop(x)
         for i, block in enumerate(self.blocks):  # (B, T, d_model) -> (B, T, d_model)
             x = block(x, padding_mask=padding_mask, positions=positions,
                       cache=None if cache is None else cache.layers[i])
@@ -335,7 +418,8 @@ class DecoderOnlyTransformer(nn.Module):
             cache.advance(token_ids.size(1))
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model): the output layer only where the next token is predicted
-        return self.fc_layer(self.norm_f(x))  # (B, T, num_tokens)
+        x = self.norm_f(x) if hooks is None else hooked_norm(self.norm_f, x, hooks, "ln_final")
+        return self.fc_layer(x)  # (B, T, num_tokens)
 
     # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----
     def configure_optimizers(self) -> torch.optim.Optimizer:

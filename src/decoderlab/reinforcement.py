@@ -159,7 +159,7 @@ class RolloutSampler:
 def require_chat_template(template: ChatTemplate | None, checkpoint: str = "the checkpoint") -> ChatTemplate:
     """The chat template of the model to train, or a ``ValueError`` that says to fine-tune first: the replies
     are answers to conversations, rendered with the template the model was fine-tuned on (a base model has
-    none; :func:`decoderlab.chat.load_chat_checkpoint` gives None)."""
+    none; :func:`decoderlab.chat.load_model` gives None)."""
     if template is None:
         raise ValueError(f"{checkpoint} has no chat template (it is a base model): reinforcement learning answers "
                          f"conversations, so fine-tune it on conversations first (decoderlab finetune "

@@ -1,19 +1,31 @@
-"""``decoderlab chat`` (decoderlab.cli.chat): the help's defaults are what a conversation uses, a closed output
-ends it quietly, the slash commands are named as the flags and say what they take, Ctrl-C stops a reply."""
+"""``decoderlab chat`` (decoderlab.cli.chat), and `generate --chat` and `explain --chat` on a chat checkpoint: the
+help's defaults are what a conversation uses, a closed output ends it quietly, the slash commands are named as the
+flags and say what they take, Ctrl-C stops a reply, the stored template renders every turn, flag combinations,
+one note per line."""
 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
 
+import pytest
+import torch
 from conftest import type_lines
 from tiny_models import one_thread  # noqa: F401 -- one_thread: autouse
+from tiny_runs import GOOD, write
 
 import decoderlab as dl
+from decoderlab import cli
+from decoderlab.chat import load_model, render_chat
+from decoderlab.checkpoint import load_checkpoint, save_checkpoint
 from decoderlab.cli import CHAT_HELP
 from decoderlab.cli import main as cli_main
 from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
 from decoderlab.generation import Sampler
+from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.tokenizers import CharTokenizer
 
 from .helps import helps
 
@@ -22,6 +34,7 @@ def test_chat_help_shows_the_defaults_a_conversation_uses(statquest_checkpoint):
     """chat leaves --temperature and --max-new-tokens to the session when not given: the help's values must be
     the session's."""
     import decoderlab as dl
+    from decoderlab.chat import TEMPLATES, TemplateChatSession
     from decoderlab.generation import ChatSession
 
     h = helps("chat")
@@ -32,7 +45,7 @@ def test_chat_help_shows_the_defaults_a_conversation_uses(statquest_checkpoint):
     session = ChatSession(model, tok)
     assert (session.params.temperature, session.params.max_new_tokens) == (DEFAULT_TEMPERATURE,
                                                                             DEFAULT_MAX_NEW_TOKENS)
-    assert ChatSession(model, tok, pairs=True).params.temperature == 0.0
+    assert TemplateChatSession(model, tok, TEMPLATES["lesson"]).params.temperature == 0.0  # the lesson: greedy
 
 
 def test_a_closed_output_ends_chat_quietly(closed_stdout_cli, statquest_checkpoint):
@@ -108,3 +121,108 @@ def test_chat_command_errors_say_what_is_allowed(statquest_checkpoint, decoderla
     assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0, got 'abc'", seed + "'abc'",
                                      seed + "'-1'", seed + "'99999999999999999999999'", "(seed = 5)",
                                      top_k + "'abc'", top_k + "'-2'"]
+
+
+@pytest.mark.slow
+def test_cli_generate_and_chat_use_the_stored_template(overfit, capsys, monkeypatch):
+    out, _ = overfit
+    assert cli.main(["generate", "--chat", "--checkpoint", str(out), "--temperature", "0", "abc"]) == 0
+    assert capsys.readouterr().out == "def\n"
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO("name a colour\nbye\n"))
+    assert cli.main(["chat", "--checkpoint", str(out), "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.split("\n")[:2] == ["red", "see you"]
+
+
+@pytest.mark.slow
+def test_cli_explain_chat_renders_what_the_model_sees(overfit, capsys):
+    """explain --chat traces exactly the ids chat and generate --chat give the model (the one renderer)."""
+    out, _ = overfit
+    model, tok, template, _ = load_model(out)
+    want, _ = render_chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}], tok,
+                          template, add_generation_prompt=True)
+    assert cli.main(["explain", "--chat", "--system", "be brief", "--checkpoint", str(out), "abc"]) == 0
+    text = capsys.readouterr().out
+    assert f"({len(want)} tokens, ids {want})" in text
+    assert cli.main(["explain", "--checkpoint", str(out), "abc"]) == 0  # plain text: no template tokens
+    assert f"(3 tokens, ids {tok.encode('abc')})" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_cli_chat_flags_on_a_base_checkpoint_and_bad_combinations(statquest_checkpoint, overfit, tmp_path, capsys):
+    out, _ = overfit
+    data = write(tmp_path, GOOD)
+    # a base language model (no template; the lesson's checkpoint stores the lesson's template)
+    base = save_checkpoint(tmp_path / "base", *load_checkpoint(statquest_checkpoint), meta={"task": "lm"})
+    cases = [
+        (["generate", "--chat", "--checkpoint", str(base), "what is statquest"],
+         "--chat needs a chat checkpoint"),
+        (["generate", "--system", "x", "--checkpoint", str(out), "abc"], "--system applies with --chat"),
+        (["generate", "--chat", "--stop", "x", "--checkpoint", str(out), "abc"], "--stop does not apply with --chat"),
+        (["chat", "--system", "x", "--checkpoint", str(base)], "--system needs a chat checkpoint"),
+        (["explain", "--chat", "--checkpoint", str(base), "what"], "--chat needs a chat checkpoint"),
+        (["finetune", "--data", str(data), "--out", str(tmp_path / "o")], "give --checkpoint DIR"),
+        (["finetune", "--checkpoint", str(out), "--n-layer", "2", "--data", str(data), "--out", str(tmp_path / "o")],
+         "--n-layer applies with --preset"),
+        (["finetune", "--preset", "statquest", "--val-fraction", "1", "--data", str(data), "--out",
+          str(tmp_path / "o")], r"--val-fraction must be in \[0, 1\), got 1"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("decoderlab: error: ") and err.count("\n") == 1, err
+        assert __import__("re").search(message, err), err
+
+
+@pytest.mark.slow
+def test_chat_notes_come_one_line_each(overfit, capsys, monkeypatch):
+    """Both notes of one reply (turns dropped; no end of turn) were printed on one stderr line."""
+    import io
+
+    out, _ = overfit
+    monkeypatch.setattr("sys.stdin", io.StringIO("/max-new-tokens 1\n" + "say yes\n" * 12))
+    assert cli.main(["chat", "--checkpoint", str(out), "--temperature", "0"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "(the reply stopped at 1 tokens without an end of turn)" in err
+    both = [i for i, ln in enumerate(err) if ln.startswith("(the conversation was longer")]
+    assert both and all(ln.startswith("(") and ln.endswith(")") and ln.count("(the ") == 1 for ln in err), err
+    assert err[both[0] + 1] == "(the reply stopped at 1 tokens without an end of turn)"
+
+
+def test_ctrl_c_during_a_reply_stops_only_that_reply(tmp_path):
+    """One Ctrl-C (SIGINT) while a reply streams: "(reply stopped)", and the next line is answered (exit 0)."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from decoderlab.checkpoint import save_checkpoint
+
+    tok = CharTokenizer.from_text("abcdefgh ")
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1,
+                                          n_head=2, tie_weights=False, lm_head_bias=True))
+    with torch.no_grad():
+        model.fc_layer.bias[tok.eos_id] = -1e4  # the reply never ends by itself
+    ckpt = save_checkpoint(tmp_path / "ck", model, tok)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "chat", "--checkpoint", str(ckpt), "--seed", "1",
+                          "--max-new-tokens", "100000000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        p.stdin.write(b"abc\n")
+        p.stdin.flush()
+        first = p.stdout.read(20)  # the reply is streaming
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        p.stdin.write(b"/max-new-tokens 3\nabc\n")
+        p.stdin.close()
+        rest = p.stdout.read()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+    finally:
+        p.kill()
+    lines = (first + rest).decode().splitlines()
+    stopped = lines.index("(reply stopped)")
+    assert lines[stopped + 1:stopped + 2] == ["(max-new-tokens = 3)"] and len(lines) == stopped + 3
+    assert len(lines[-1]) == 3 and set(lines[-1]) <= set("abcdefgh ")  # the next line got its 3-token answer
+    assert p.stderr.read() == b""

@@ -1,12 +1,15 @@
-"""``decoderlab finetune`` (decoderlab.cli.finetune): the help shows fine-tuning's defaults from the config, and
-a closed output costs the run nothing."""
+"""``decoderlab finetune`` (decoderlab.cli.finetune): the help shows fine-tuning's defaults from the config, a
+closed output costs the run nothing, the lesson's template reproduces "awesome", a resume with a changed seed or
+template is refused naming it, and the errors are one line."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from tiny_runs import GOOD, one_thread, write  # noqa: F401  (one_thread: an autouse fixture)
 
+from decoderlab import cli
 from decoderlab.config import (DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, FINETUNE_EVAL_PROMPTS, FINETUNE_TRAIN,
                                FINETUNE_VAL_FRACTION, PRESETS, TEMPLATES, TOKENIZERS, TRAIN_DEFAULTS)
 
@@ -50,3 +53,70 @@ def test_a_closed_output_costs_no_fine_tuning_state(closed_stdout_cli, tmp_path)
     assert status == 0 and "error" not in err and "Traceback" not in err, err
     assert json.loads((out / "meta.json").read_text())["step"] == 4
     assert (out / "lightning" / "last.ckpt").is_file()
+
+
+def test_cli_finetune_lesson_template_reproduces_awesome(tmp_path, capsys):
+    data = tmp_path / "lesson.jsonl"
+    data.write_text('{"prompt": "what is statquest", "completion": "awesome"}\n'
+                    '{"prompt": "statquest is what", "completion": "awesome"}\n')
+    out = tmp_path / "lesson"
+    assert cli.main(["finetune", "--preset", "statquest", "--tokenizer", "word", "--template", "lesson", "--data",
+                     str(data), "--val-fraction", "0", "--out", str(out), "--max-steps", "60", "--lr", "0.1",
+                     "--min-lr", "0.1", "--warmup", "1", "--eval-every", "60", "--grad-clip", "0",
+                     "--no-progress-bar"]) == 0
+    capsys.readouterr()
+    for prompt in ("what is statquest", "statquest is what"):
+        assert cli.main(["generate", "--chat", "--checkpoint", str(out), prompt]) == 0
+        assert capsys.readouterr().out == "awesome <EOS>\n"
+
+
+def test_cli_errors(tmp_path, capsys):
+    data = write(tmp_path, GOOD)
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(tmp_path / "o"),
+                     "--template", "chatml9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlab: error: unknown chat template 'chatml9'; known templates: decoderlab, lesson")
+    bad = write(tmp_path, GOOD, "{oops")
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "line 2: malformed JSON" in capsys.readouterr().err
+
+
+def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path):
+    data = write(tmp_path, GOOD, "{oops")
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"decoderlab: error: {data}, line 2: malformed JSON: Expecting property name enclosed in " \
+                       f"double quotes (column 2)\n"
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o", "--lr", "x")
+    assert r.returncode == 2
+    assert r.stderr == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune --help)\n"
+
+
+def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
+    """/dev/null said "no conversation file /dev/null" (it exists: it is not a regular file)."""
+    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
+                                                         "regular file (give a JSONL file)\n")
+
+
+def test_resume_with_a_changed_seed_or_template_is_refused_naming_it(tmp_path, capsys):
+    """`finetune --resume` rebuilt the run from the fine-tuning defaults and refused nothing: a changed --seed or
+    --template is now refused in one line naming it, and the run is left as it was."""
+    data = write(tmp_path, GOOD, GOOD)
+    out = tmp_path / "run"
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(out), "--max-steps", "2",
+                     "--eval-every", "2", "--val-fraction", "0", "--eval-prompts", "1", "--no-progress-bar"]) == 0
+    capsys.readouterr()
+    step = (out / "meta.json").read_text()
+    for flag, value, says in (("--seed", "7", "with --seed=7: the run was trained with --seed=42, and --seed cannot "
+                                              "change on resume"),
+                              ("--template", "lesson", "with template='lesson': the run was trained with "
+                                                       "template='decoderlab'")):
+        assert cli.main(["finetune", "--resume", "--out", str(out), "--data", str(data), "--max-steps", "4",
+                         flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"decoderlab: error: cannot resume {out} {says}") and err.count("\n") == 1, err
+    assert (out / "meta.json").read_text() == step  # nothing trained
+    assert cli.main(["finetune", "--resume", "--out", str(out), "--data", str(data), "--max-steps", "3",
+                     "--no-progress-bar"]) == 0  # the run's own settings: it goes on
+    assert '"step": 3' in (out / "meta.json").read_text()

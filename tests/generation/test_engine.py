@@ -9,6 +9,7 @@ from tiny_models import FAMILIES, lesson_loop, make_model, one_thread  # noqa: F
 
 import decoderlab as dl
 from decoderlab.generation import KVCache, SamplingParams, generate, generate_batch, stream
+from decoderlab.hooks import use_hooks
 from decoderlab.lesson import greedy_response
 from decoderlab.tokenizers import CharTokenizer
 
@@ -58,14 +59,15 @@ def test_decode_step_equals_the_model_forward(family):
                            pad_mask[:, :t + 1] if padded else None, cache)
                 rows = [0, 1] if padded and t < cfg.max_len - 2 else [0, 1, 2]  # row 2 is all padding early
                 assert torch.allclose(got[rows], want[rows, t], atol=1e-10, rtol=1e-12), (padded, t)
-    model.blocks[0].attention.record = {}  # the glass box is recording: the same blocks, the same numbers
+    seen = {}  # the glass box is recording: the same blocks, the same numbers
+    record = ("blocks.0.attn.hook_pattern", lambda x, name: seen.update(percents=x))
     cache = KVCache.for_model(model)
-    with torch.no_grad():
+    with torch.no_grad(), use_hooks(model, [record]):
         want = model(ids[:, :3])[:, 2]
         model(ids[:, :2], cache=cache)
         got = step(ids[:, 2:3], 2, None, cache)
     assert torch.allclose(got, want, atol=1e-10, rtol=1e-12)
-    assert model.blocks[0].attention.record["percents"].shape == (3, cfg.n_head, 1, 3)
+    assert seen["percents"].shape == (3, cfg.n_head, 1, 3)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "explicit"])

@@ -75,14 +75,16 @@ def test_stream_text_checks_its_arguments_at_the_call():
 
 
 def test_chat_session_continues_the_conversation(statquest_checkpoint):
+    """A language model's session continues its token history (the lesson's word tokenizer reads a typed <EOS>
+    as the token); the lesson's own chat renders its template (TemplateChatSession, tests/chat/)."""
     model, tok = dl.load_checkpoint(statquest_checkpoint)
-    chat = ChatSession(model, tok, pairs=True)
-    assert "".join(chat.reply("what is statquest")) == "awesome"
+    chat = ChatSession(model, tok, temperature=0, max_new_tokens=model.config.max_len)
+    assert "".join(chat.reply("what is statquest <EOS>")) == "awesome"
     assert tok.decode(chat.history) == "what is statquest <EOS> awesome <EOS>"
     # the next turn continues the history (the model sees its last max_len tokens)
     prompt = chat.history + tok.encode("statquest <EOS>")
     want = generate(model, prompt, model.config.max_len, temperature=0, stop=tok.eos_id)
-    assert "".join(chat.reply("statquest")) == tok.decode(want)
+    assert "".join(chat.reply("statquest <EOS>")) == tok.decode(want)
     chat_command(chat, "/reset")
     assert chat.history == []
 
@@ -98,9 +100,11 @@ def test_stream_text_refuses_bytes():
 
 
 def test_chat_session_settings_are_one_sampling_params(statquest_checkpoint):
+    from decoderlab.chat import TEMPLATES, TemplateChatSession
+
     model, tok = dl.load_checkpoint(statquest_checkpoint)
-    chat = ChatSession(model, tok, pairs=True)
-    assert chat.params == SamplingParams(temperature=0, max_new_tokens=model.config.max_len)  # the lesson's
+    chat = TemplateChatSession(model, tok, TEMPLATES["lesson"])  # the lesson's: greedy, its replies end in max_len
+    assert chat.params == SamplingParams(temperature=0)
     lm = ChatSession(model, tok, seed=5, top_k=3)
     assert lm.params == SamplingParams(seed=5, top_k=3) and lm.turn_params().seed == 5
     lm.turn = 2

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, chat_template, given,
-                      load_model, set_threads)
+from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, given, load_model,
+                      set_threads)
 
 #: the slash commands of ``decoderlab chat``: (name, argument, help); the settings are named as their flags
 CHAT_COMMANDS = (
@@ -166,8 +166,7 @@ def _chat_turn(session, line: str) -> bool:
 
 def _session(args):
     """The conversation: a chat checkpoint's stored template renders every turn; else the token history."""
-    model, tok = load_model(args)
-    template = chat_template(args.checkpoint)
+    model, tok, template, _ = load_model(args)
     options = given(args, SAMPLING_OPTIONS)  # the flags given; the session's defaults for the others
     if template is not None:
         from ..chat import TemplateChatSession
@@ -177,9 +176,8 @@ def _session(args):
         raise ValueError(f"--system needs a chat checkpoint (written by `decoderlab finetune`); {args.checkpoint} "
                          f"has no chat template in its meta.json")
     from ..generation import ChatSession
-    from .generate import is_pairs
 
-    return ChatSession(model, tok, pairs=is_pairs(args.checkpoint), **options)
+    return ChatSession(model, tok, **options)
 
 
 def _read_line(interactive: bool) -> str | None:

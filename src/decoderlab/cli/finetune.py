@@ -84,7 +84,8 @@ def _finetune(args) -> int:
     _check_start(args, shape)
     from ..chat import get_template
 
-    template = get_template(args.template or DEFAULT_TEMPLATE)  # lists the known ones
+    if args.template is not None:
+        get_template(args.template)  # an unknown name lists the known ones, before the data is read
     if shape:
         from ..model import preset
 
@@ -93,11 +94,10 @@ def _finetune(args) -> int:
     from ..finetuning import finetune
     from ..training import NonFiniteLossError
 
-    try:
+    try:  # template, val fraction and tokenizer not given: the defaults, or a resumed run's own
         _, _, s = finetune(args.data, out=args.out, checkpoint=args.checkpoint, preset=args.preset,
-                           template=template, val_data=args.val_data,
-                           val_fraction=FINETUNE_VAL_FRACTION if args.val_fraction is None else args.val_fraction,
-                           tokenizer=args.tokenizer or DEFAULT_TOKENIZER, vocab_size=args.vocab_size,
+                           template=args.template, val_data=args.val_data, val_fraction=args.val_fraction,
+                           tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                            model_overrides=shape or None, config_overrides=train_overrides(args, _SKIP),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes, progress_bar=progress_mode(args),

@@ -7,12 +7,12 @@ import re
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, chat_template, flag, given,
-                      load_model, no_chat_template, sampling_params, set_threads)
+from .options import (CHECKPOINT_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
+                      no_chat_template, sampling_params, set_threads)
 
 DESCRIPTION = (
-    "Continue a prompt. A model trained on prompt/response pairs (the lesson's statquest) answers greedily with "
-    "<EOS> appended to the prompt, as in the lesson; the sampling options apply to language models. "
+    "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
+    "greedily until <EOS>, as in the lesson (with --chat its reply is sampled as the options say). "
     "`decoderlab sample` is `decoderlab generate --no-stream --echo` (the same options). With --chat the prompt "
     "is a user message and the reply is rendered with the chat template stored in a checkpoint written by "
     "`decoderlab finetune`; it ends at the end of turn. "
@@ -41,7 +41,7 @@ def _add_generate_options(p) -> None:
     p.add_argument("--no-stream", action="store_true",
                    help="print the continuation at the end (default: stream it as it is produced)")
     p.add_argument("--echo", action="store_true",
-                   help="print the prompt followed by its continuation, decoded together (a pair-trained model "
+                   help="print the prompt followed by its continuation, decoded together (the lesson's model "
                         "then continues the text instead of answering; default: the continuation only)")
     p.add_argument("--chat", action="store_true",
                    help="the prompt is a user message: one assistant reply with the checkpoint's chat template "
@@ -101,12 +101,6 @@ def stops(typed: list[str] | None, tok) -> list[str] | None:
     return out
 
 
-def is_pairs(directory) -> bool:
-    from ..checkpoint import read_meta
-
-    return read_meta(directory).get("task") == "pairs"
-
-
 def cmd_generate(args) -> int:
     if args.prompt is not None and args.prompt_option is not None:
         raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
@@ -114,41 +108,36 @@ def cmd_generate(args) -> int:
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
     set_threads(args)
-    model, tok = load_model(args)
-    if args.chat:
-        return _generate_chat(args, model, tok, prompt)
-    pairs = is_pairs(args.checkpoint)
-    if pairs and not args.echo:
-        return _answer_pair(args, model, tok, prompt)
+    model, tok, template, _ = load_model(args)
+    # the lesson's model answers its prompt (the prompt is the user turn of its template), as in the lesson
+    if args.chat or (template is not None and template.name == "lesson" and not args.echo):
+        return _generate_chat(args, model, tok, template, prompt)
     from ..generation import stream_text
+    from ..tokenizers import EOS
 
     prompt = "\n" if prompt is None else prompt
     # stop strings are matched on the text; <PAD> is never sampled and the end-of-text tokens (<EOS>, a chat
-    # template's end of turn) end a language model's text (in a pair-trained model <EOS> separates prompt and
-    # answer: the text goes on); with --echo the prompt and its continuation are decoded together, so word
-    # tokens keep their separators
-    params = sampling_params(args, stop=stops(args.stop, tok), stop_at_eos=not pairs)
+    # template's end of turn) end a language model's text (where the template opens the assistant turn with
+    # <EOS>, the lesson's, it separates prompt and answer: the text goes on); with --echo the prompt and its
+    # continuation are decoded together, so word tokens keep their separators
+    params = sampling_params(args, stop=stops(args.stop, tok),
+                             stop_at_eos=template is None or template.assistant != EOS)
     pieces = stream_text(model, tok, tok.encode(prompt), params, echo=args.echo)
     write_pieces(pieces, stream=not args.no_stream)
     return 0
 
 
-def _answer_pair(args, model, tok, prompt) -> int:
-    """The lesson: a pair-trained model answers greedily until <EOS>, as it always did."""
-    from ..lesson import greedy_response
-
+def _lesson_prompt(args, template, prompt):
+    """The lesson's model answering without --chat: greedily, as in the lesson (the sampling options need
+    --chat); its prompt may end with the <EOS> the lesson writes after it (the template adds it otherwise)."""
     sampling = [*given(args, SAMPLING_OPTIONS), *(["stop"] if args.stop is not None else [])]
     if sampling:
         raise ValueError(f"{', '.join(flag(o) for o in sampling)} {'does' if len(sampling) == 1 else 'do'} not "
-                         "apply: a model trained on prompt/response pairs answers greedily until <EOS>, as in "
-                         "the lesson")
-    if prompt is None:
-        raise ValueError("give the prompt to answer, e.g. \"what is statquest\"")
-    ids = tok.encode(prompt)
-    if not ids or ids[-1] != tok.eos_id:
-        ids.append(tok.eos_id)  # the CLI appends <EOS>; the library function does not
-    print(tok.decode(greedy_response(model, ids, tok.eos_id)))
-    return 0
+                         "apply: the lesson's model answers greedily until <EOS>, as in the lesson (give --chat to "
+                         "sample its reply)")
+    if prompt is not None and prompt.split()[-1:] == [template.assistant]:
+        prompt = prompt.rsplit(template.assistant, 1)[0]
+    return prompt
 
 
 def write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
@@ -169,27 +158,30 @@ def write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
     sys.stdout.write("".join(written) + tail() + "\n")
 
 
-def _generate_chat(args, model, tok, prompt) -> int:
+def _generate_chat(args, model, tok, template, prompt) -> int:
     """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
-    checkpoint's template (the renderer fine-tuning used), ending at the end of turn."""
+    checkpoint's template (the renderer fine-tuning used), ending at the end of turn. The lesson's model answers
+    so without --chat too (:func:`_lesson_prompt`), and its answer is printed with its <EOS>."""
     from ..chat import stream_chat_reply
 
+    lesson = template is not None and template.name == "lesson"
+    if lesson and not args.chat:
+        prompt = _lesson_prompt(args, template, prompt)
     not_here = [f for f, given_ in (("--stop", args.stop is not None),
                                     ("--echo", args.echo and args.command != "sample")) if given_]
     if not_here:
         raise ValueError(f"{', '.join(not_here)} {'does' if len(not_here) == 1 else 'do'} not apply with --chat: "
                          f"the reply ends at the chat template's end of turn")
-    template = chat_template(args.checkpoint)
     if template is None:
         raise no_chat_template(args.checkpoint)
     if prompt is None:
         raise ValueError("give the user message to answer, e.g. \"hello\"")
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
         {"role": "user", "content": prompt}]
-    lesson = template.name == "lesson"  # the lesson answers greedily and prints its <EOS>
-    greedy = {"temperature": 0.0} if lesson and args.temperature is None else {}
+    # the template's temperature when none is given: the lesson answers greedily (and prints its <EOS>)
+    default = {"temperature": template.default_temperature} if args.temperature is None else {}
     info: dict = {}
-    pieces = stream_chat_reply(model, tok, messages, template, sampling_params(args, **greedy), info=info)
+    pieces = stream_chat_reply(model, tok, messages, template, sampling_params(args, **default), info=info)
     write_pieces(pieces, stream=not args.no_stream,
                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                  else "")

@@ -8,7 +8,7 @@ from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
 from ..config.names import EXAMPLES
 from .argtypes import number
 from .errors import FAILED
-from .options import add_checkpoint_option, chat_template, load_model, no_chat_template
+from .options import add_checkpoint_option, load_model, no_chat_template
 
 
 def add_verify(p) -> None:
@@ -22,7 +22,7 @@ def add_verify(p) -> None:
 def cmd_verify(args) -> int:
     from ..glassbox import verify
 
-    model, tok = load_model(args)
+    model, tok, _, _ = load_model(args)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
     if not report.ok:
@@ -52,9 +52,8 @@ def add_explain(p) -> None:
     p.set_defaults(func=cmd_explain)
 
 
-def _chat_tokens(args, tok):
+def _chat_tokens(args, tok, template):
     """The tokens a chat checkpoint sees before it answers ``args.text`` (the renderer of fine-tuning and chat)."""
-    template = chat_template(args.checkpoint)
     if template is None:
         raise no_chat_template(args.checkpoint)
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
@@ -75,8 +74,8 @@ def cmd_explain(args) -> int:
         raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat")
-    model, tok = load_model(args)
-    text_or_ids = _chat_tokens(args, tok) if args.chat else args.text
+    model, tok, template, _ = load_model(args)
+    text_or_ids = _chat_tokens(args, tok, template) if args.chat else args.text
     print(explain(model, text_or_ids, tok, layer=args.layer, head=args.head, top_k=args.top_k,
                   png=args.png, html=args.html))
     for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):

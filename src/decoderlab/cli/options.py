@@ -92,19 +92,12 @@ def add_checkpoint_option(parser, required: bool = True) -> None:
 
 
 def load_model(args):
-    """``(model, tokenizer)`` of ``--checkpoint`` (a decoderlab checkpoint or a Hugging Face GPT-2 directory,
-    ``decoderlab.hf.load_any_checkpoint``), its weights in ``--dtype`` where the command has it."""
-    from ..hf import load_any_checkpoint
+    """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
+    (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
+    the stored one, None for a base model), its weights in ``--dtype`` where the command has it."""
+    from ..chat import load_model as load
 
-    return load_any_checkpoint(args.checkpoint, dtype=getattr(args, "dtype", None))
-
-
-def chat_template(directory):
-    """The chat template stored in a checkpoint (``decoderlab.chat.template_from_meta``); None for a base model."""
-    from ..chat import template_from_meta
-    from ..checkpoint import read_meta
-
-    return template_from_meta(read_meta(directory))
+    return load(args.checkpoint, dtype=getattr(args, "dtype", None))
 
 
 def no_chat_template(directory) -> ValueError:
@@ -118,7 +111,7 @@ def no_chat_template(directory) -> ValueError:
 
 SAMPLING_OPTIONS = (
     option("--max-new-tokens", type=number(int), metavar="N",
-           help=f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS}; a pair-trained model answers "
+           help=f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS}; the lesson's model answers "
                 "until <EOS>)"),
     option("--temperature", type=number(float), metavar="T", help=lambda wording: wording["temperature_help"]),
     option("--top-k", type=number(int), metavar="K",

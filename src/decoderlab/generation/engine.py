@@ -23,6 +23,7 @@ from typing import Generator, Iterator, Sequence
 import torch
 
 from ..attention import KVCache
+from ..hooks import use_hooks
 from .checks import as_scalar, check_int, is_integer
 from .params import BoundParams, SamplingParams
 from .processors import TokenCounts
@@ -317,16 +318,20 @@ def stream(model, prompt_ids, params: SamplingParams | int | None = None, *, tok
 
 
 def generate(model, prompt_ids, params: SamplingParams | int | None = None, *, tokenizer=None,
-             use_cache: bool = True, keep: int | None = None, **sampling) -> list[int]:
+             use_cache: bool = True, keep: int | None = None, hooks=(), **sampling) -> list[int]:
     """Continue a prompt: returns the new token ids (not the prompt, not a matched stop).
 
     Same arguments, context-window rule and errors as :func:`stream` (this is ``list(stream(...))``):
     ``generate(model, ids, 50, temperature=0)``, or ``generate(model, ids, SamplingParams(...))``. With a stop
     string the ids end before the token in which the stop begins: a token holding text before the stop and
     the start of the stop (``"a\\n"`` before ``"\\n"``, stop ``"\\n\\n"``) is not returned.
+    ``hooks``: pairs ``(hook name, fn)`` installed on the model's hook points for the call (every prefill
+    and decode step; :mod:`decoderlab.hooks`), e.g. a steering vector from ``decoderlab.glassbox.steering``.
     Source: the KV cache as in nanoGPT/nanochat's engines; top-p from Holtzman et al. 2019.
     """
-    return list(stream(model, prompt_ids, params, tokenizer=tokenizer, use_cache=use_cache, keep=keep, **sampling))
+    with use_hooks(model, hooks):
+        return list(stream(model, prompt_ids, params, tokenizer=tokenizer, use_cache=use_cache, keep=keep,
+                           **sampling))
 
 
 def batch_params(params, n: int, sampling: dict) -> list[SamplingParams]:

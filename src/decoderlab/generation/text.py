@@ -114,18 +114,16 @@ def text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = N
 class ChatSession:
     """A conversation with a model: each turn continues the token history of the previous ones.
 
-    For a model trained on prompt/response pairs (``pairs=True``, the lesson's task) the user's text is
-    followed by ``<EOS>`` as in the lesson ("what is statquest <EOS>" -> "awesome <EOS>"); every reply stops
-    at ``<EOS>`` (when the tokenizer has one), which stays in the history as the separator between turns.
-    The model sees the last max_len tokens of the history (the window rule of :func:`stream`).
+    The user's text is encoded as it is (a word tokenizer's typed ``<EOS>`` is the ``<EOS>`` token); every
+    reply stops at ``<EOS>`` (when the tokenizer has one), which stays in the history as the separator between
+    turns. The model sees the last max_len tokens of the history (the window rule of :func:`stream`). A chat
+    checkpoint's conversation, rendered with its template, is ``decoderlab.chat.TemplateChatSession``.
 
     Args:
         model, tokenizer: e.g. from ``load_checkpoint``.
         params: the sampling settings (a :class:`SamplingParams`), or None; ``**sampling`` fields applied over
-            it. Not given: temperature 0 (greedy, as the lesson) and max_new_tokens max_len for pairs, the
-            :class:`SamplingParams` defaults otherwise. The seed seeds turn i's sampling with seed + i (None:
-            fresh entropy).
-        pairs: the model was trained on prompt/response pairs.
+            it (not given: the :class:`SamplingParams` defaults). The seed seeds turn i's sampling with seed + i
+            (None: fresh entropy).
 
     ``params`` is the session's settings (replace it to change them: ``session.params =
     session.params.replace(temperature=0.5)``); ``reply(text)`` yields the reply as text pieces while it is
@@ -133,11 +131,8 @@ class ChatSession:
     settings live in the CLI.)
     """
 
-    def __init__(self, model, tokenizer, params: SamplingParams | None = None, *, pairs: bool = False,
-                 **sampling):
-        self.model, self.tokenizer, self.pairs = model, tokenizer, pairs
-        if params is None and pairs:
-            sampling = {"temperature": 0.0, "max_new_tokens": model.config.max_len, **sampling}
+    def __init__(self, model, tokenizer, params: SamplingParams | None = None, **sampling):
+        self.model, self.tokenizer = model, tokenizer
         self.params = SamplingParams.of(params, **sampling)
         self.turn = 0
         self.history: list[int] = []
@@ -155,11 +150,6 @@ class ChatSession:
         tok = self.tokenizer
         eos = tok.eos_id
         ids = tok.encode(text)
-        if self.pairs:
-            if eos is None:
-                raise ValueError("a model trained on prompt/response pairs needs a tokenizer with <EOS>")
-            if not ids or ids[-1] != eos:
-                ids.append(eos)
         history = self.history + ids
         params = self.turn_params()
         if eos is not None:  # the reply ends at <EOS> also when the settings let end-of-text tokens through

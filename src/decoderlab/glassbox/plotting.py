@@ -192,3 +192,53 @@ def write_html_report(tr, path: str | os.PathLike, *, text: str | None = None,
     path = _check_parent(path, "HTML")
     atomic_write_text(path, html_report(tr, text=text, title=title, batch=batch))
     return path
+
+
+def head_scores_figure(records: list[dict], *, kind: str = "induction", threshold: float | None = None,
+                       title: str | None = None, label_heads: int = 4):
+    """A matplotlib ``Figure`` of a watched run: the training loss (nats per token) over the steps above, every
+    head's ``kind`` score below (one line per head; the ``label_heads`` highest at the end are named), a dashed
+    line at the formation threshold, and a dotted line where the first head crossed it -- beside the loss.
+    ``records`` as :func:`decoderlab.glassbox.watching.read_records` returns them."""
+    from matplotlib.figure import Figure
+
+    from .watching import FORMED_AT, formation_steps, score_curves
+
+    threshold = FORMED_AT if threshold is None else threshold
+    steps, scores = score_curves(records, kind)
+    formed = {k: s for k, s in formation_steps(records, kind, threshold).items() if s is not None}
+    fig = Figure(figsize=(8, 6))
+    loss_ax, score_ax = fig.subplots(2, 1, sharex=True)
+    losses = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+    if losses:
+        loss_ax.plot(*zip(*losses), color="black")
+    loss_ax.set_ylabel("training loss (nats/token)")
+    n_layer, n_head = scores.shape[1:]
+    last = scores[-1].flatten()
+    named = set(last.argsort(descending=True)[:label_heads].tolist())
+    for i in range(n_layer * n_head):
+        layer, head = divmod(i, n_head)
+        style = dict(linewidth=2.0, label=f"L{layer}H{head}") if i in named else dict(linewidth=0.8, alpha=0.5)
+        score_ax.plot(steps, scores[:, layer, head].numpy(), **style)
+    score_ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+    if formed:
+        first = min(formed.values())
+        for ax in (loss_ax, score_ax):
+            ax.axvline(first, color="tab:red", linestyle=":", linewidth=1.2)
+        score_ax.annotate(f"first {kind} head at step {first}", (first, threshold), textcoords="offset points",
+                          xytext=(6, 6), fontsize=8, color="tab:red")
+    score_ax.set_ylabel(f"{kind.replace('_', '-')} score")
+    score_ax.set_xlabel("training step")
+    score_ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title or f"{kind.replace('_', ' ')} heads while training")
+    fig.tight_layout()
+    return fig
+
+
+def save_head_scores_png(records: list[dict], path: str | os.PathLike, **options) -> Path:
+    """Draw :func:`head_scores_figure` and write it to ``path`` atomically; returns the path.
+
+    Raises ``FileNotFoundError`` naming the directory when it does not exist (nothing is written)."""
+    path = _check_parent(path, "PNG")
+    atomic_write_bytes(path, figure_png_bytes(head_scores_figure(records, **options)))
+    return path

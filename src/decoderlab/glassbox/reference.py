@@ -86,6 +86,14 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     residual 2, then final norm and logits (B, T, num_tokens). A model without norms (``norm="none"``, the
     lesson's) has no norm steps; one without an MLP no norm_2, mlp out and residual 2.
     """
+    return _np_pass(model, token_ids)[0]
+
+
+def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
+    """:func:`numpy_forward`'s steps, and the parts the residual stream is the sum of: ``embed``, ``pos``
+    (None for rope / no positions), per layer ``heads`` (B, T, H, d_model), ``attn_bias`` (d_model,) or None,
+    ``mlp`` or None, and the ``final`` residual (B, T, d_model)."""
+
     model = unwrap(model)
     cfg = model.config
     w = _np_weights(model)
@@ -99,10 +107,12 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
 
     x = w["we.weight"][ids]  # (B, T, d)
     steps.append(("word embeddings", x))
+    parts: dict = {"embed": x, "pos": None, "layers": []}
     if cfg.position == "sinusoidal":
-        x = x + np_sinusoidal(t, d)
+        parts["pos"] = np.broadcast_to(np_sinusoidal(t, d), x.shape)
     elif cfg.position == "learned":
-        x = x + w["pe.weight"][:t]
+        parts["pos"] = np.broadcast_to(w["pe.weight"][:t], x.shape)
+    x = x + parts["pos"] if parts["pos"] is not None else x
     steps.append(("+ positions", x))
     mask = np.arange(t)[None, :] > np.arange(t)[:, None]  # (T, T) True = a later key: ignored
 
@@ -128,6 +138,8 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
         head_out = percents @ v  # (B, H, T, dh)
         concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, d)
         attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
+        parts["layers"].append(dict(heads=_np_head_results(head_out, w, p, cfg), mlp=None,
+                                    attn_bias=w.get(p + "attention.proj.bias") if cfg.attn_out_proj else None))
         r1 = x + attn
         steps += [(f"layer {i} norm_1", n1)] if normed else []
         steps += [(f"layer {i} q", q), (f"layer {i} k", k), (f"layer {i} v", v),
@@ -141,13 +153,75 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
             act = _np_relu2 if cfg.mlp == "relu2" else _np_gelu_tanh
             m = _np_linear(act(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
             x = r1 + m
+            parts["layers"][-1]["mlp"] = m
             steps += [(f"layer {i} norm_2", n2)] if normed else []
             steps += [(f"layer {i} mlp out", m), (f"layer {i} residual 2", x)]
     nf = _np_norm(cfg.norm, x, w, "norm_f", cfg.norm_eps)
     if normed:
         steps.append(("final norm", nf))
     steps.append(("logits", _np_linear(nf, w, "fc_layer")))
-    return steps
+    parts["final"] = x
+    return steps, parts
+
+
+def _np_head_results(head_out: np.ndarray, w: dict, p: str, cfg) -> np.ndarray:
+    """(B, T, H, d_model) each head's output written into the residual: its d_head columns of the output
+    projection (its own d_head slice without one)."""
+    b, h, t, dh = head_out.shape
+    out = np.zeros((b, t, h, cfg.d_model))
+    for j in range(h):
+        z = head_out[:, j]  # (B, T, d_head)
+        if cfg.attn_out_proj:
+            out[:, :, j] = z @ w[p + "attention.proj.weight"][:, j * dh:(j + 1) * dh].T
+        else:
+            out[:, :, j, j * dh:(j + 1) * dh] = z
+    return out
+
+
+def numpy_head_results(model, token_ids) -> list[np.ndarray]:
+    """Per layer, (B, T, H, d_model) what each head writes into the residual stream, recomputed in float64
+    NumPy from the weights (the independent check of ``ActivationCache.head_results``)."""
+    return [layer["heads"] for layer in _np_pass(model, token_ids)[1]["layers"]]
+
+
+def numpy_decompose(model, token_ids, position: int, token: int, batch: int = 0
+                    ) -> tuple[list[str], np.ndarray, float]:
+    """The decomposition of :func:`~decoderlab.glassbox.attribution.decompose` recomputed in float64 NumPy from
+    the weights: ``(labels, values, logit)`` with the same labels, each part's contribution through the final
+    norm with its scale frozen (computed here from the recomputed final residual), and the recomputed logit."""
+    model = unwrap(model)
+    cfg = model.config
+    steps, parts = _np_pass(model, token_ids)
+    w = _np_weights(model)
+    labels, vecs = ["embed"], [parts["embed"][batch, position]]
+    if parts["pos"] is not None:
+        labels.append("pos_embed")
+        vecs.append(parts["pos"][batch, position])
+    for i, layer in enumerate(parts["layers"]):
+        labels += [f"L{i}H{j}" for j in range(cfg.n_head)]
+        vecs += list(layer["heads"][batch, position])
+        if layer["attn_bias"] is not None:
+            labels.append(f"L{i} attn bias")
+            vecs.append(layer["attn_bias"])
+        if layer["mlp"] is not None:
+            labels.append(f"L{i} mlp")
+            vecs.append(layer["mlp"][batch, position])
+    final = parts["final"][batch, position]
+    w_u = w["fc_layer.weight"][token]
+    values = []
+    for v in vecs:
+        if cfg.norm == "layernorm":
+            v = (v - v.mean()) / math.sqrt(((final - final.mean()) ** 2).mean() + cfg.norm_eps) * w["norm_f.weight"]
+        elif cfg.norm == "rmsnorm":
+            v = v / math.sqrt((final**2).mean() + cfg.norm_eps) * w["norm_f.weight"]
+        values.append(float(v @ w_u))
+    if cfg.norm == "layernorm" and "norm_f.bias" in w:
+        labels.append("final norm bias")
+        values.append(float(w["norm_f.bias"] @ w_u))
+    if "fc_layer.bias" in w:
+        labels.append("unembed bias")
+        values.append(float(w["fc_layer.bias"][token]))
+    return labels, np.array(values), float(steps[-1][1][batch, position, token])
 
 
 def _torch_steps(tr: Trace) -> list[tuple[str, torch.Tensor]]:

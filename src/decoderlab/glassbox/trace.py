@@ -2,12 +2,15 @@
 head: q, k, v, similarities, scaled similarities, mask, attention percents, head output; per layer: the
 block's input, normed input, attention output, residuals, MLP output; the logits and top-k next tokens).
 
-The model's attention and blocks store their intermediates when their ``record`` attribute is a dict (no
-PyTorch hooks); ``trace`` switches recording on for the layers it keeps and always off again.
+A trace is a view over the pass's :class:`~decoderlab.glassbox.cache.ActivationCache`: ``trace`` records the
+hook points it shows (:mod:`decoderlab.hooks`) with ``run_with_cache``'s recorder and names them as the
+lessons do; the similarities are recomputed from the cached queries and keys (Q Kᵀ, the kernel's own
+product). Nothing else records.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Iterable
@@ -15,12 +18,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ..checkpoint import unwrap_model
-from ..model import DecoderOnlyTransformer
-
-
-_ATTN_KEYS = ("q", "k", "v", "sims", "scaled_sims", "percents", "head_out")
-_BLOCK_KEYS = ("input", "normed", "attn_out", "resid_1", "normed_2", "mlp_out", "resid_2")
+from ..attention import build_ignore_mask
+from ..hooks import has_point, hook_model
+from .cache import ActivationCache, as_ids, record
 
 
 @dataclass
@@ -158,38 +158,7 @@ class Trace:
 
 def unwrap(model):
     """The ``DecoderOnlyTransformer`` in ``model`` (compiled or wrapped); ``TypeError`` for anything else."""
-    model = unwrap_model(model)
-    if not isinstance(model, DecoderOnlyTransformer):
-        raise TypeError(f"model must be a decoderlab DecoderOnlyTransformer, got {type(model).__name__}")
-    return model
-
-
-def _as_ids(model, token_ids_or_text, tokenizer) -> torch.Tensor:
-    """(B, T) int64 ids on the model's device, from text (needs a tokenizer), a list or a tensor."""
-    if isinstance(token_ids_or_text, str):
-        if tokenizer is None:
-            raise ValueError("a text input needs a tokenizer (pass tokenizer=...), or pass token ids instead")
-        ids = tokenizer.encode(token_ids_or_text)  # KeyError/ValueError naming an unknown token
-        ids = torch.tensor(ids, dtype=torch.long)
-    elif isinstance(token_ids_or_text, torch.Tensor):
-        ids = token_ids_or_text
-    elif isinstance(token_ids_or_text, (list, tuple)):
-        ids = torch.tensor(token_ids_or_text, dtype=torch.long)
-    else:
-        raise TypeError(
-            f"token_ids_or_text must be a str, a list of ids or a tensor, got {type(token_ids_or_text).__name__}"
-        )
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.size(1) == 0:
-        raise ValueError(f"need at least one token, as ids of shape (T,) or (B, T); got shape {tuple(ids.shape)}")
-    model.check_token_ids(ids)
-    if ids.size(1) > model.config.max_len:
-        raise ValueError(
-            f"sequence length T={ids.size(1)} is longer than max_len={model.config.max_len}; "
-            f"allowed: T <= {model.config.max_len}"
-        )
-    return ids.to(device=model.we.weight.device, dtype=torch.long)
+    return hook_model(model)
 
 
 def _select(kind: str, wanted, n: int) -> list[int]:
@@ -229,7 +198,8 @@ def trace(model, token_ids_or_text, tokenizer=None, layers=None, heads=None, top
 
     The pass runs in eval mode (no dropout) without gradients. Kept layers use the explicit kernel (the
     same function as ``sdpa``; the logits agree with ``model(token_ids)`` to about 1e-6). The model is left
-    as it was (mode, ``record`` hooks, no forward hooks left), even when the pass raises.
+    as it was (mode, no hook points installed), even when the pass raises. ``trace_from_cache`` gives the
+    same view of a cache made by ``run_with_cache``.
 
     Memory: a kept layer costs 3 B h T² floats (sims, scaled sims, percents) plus O(B T d_model); the
     logits B T V floats. A GPT-2 small trace of 1,024 tokens keeping one layer holds about 0.4 GB.
@@ -246,78 +216,75 @@ def trace(model, token_ids_or_text, tokenizer=None, layers=None, heads=None, top
     keep_heads = _select("head", heads, cfg.n_head)
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-    top_k = int(top_k)
-    ids = _as_ids(model, token_ids_or_text, tokenizer)
-    all_heads = keep_heads == list(range(cfg.n_head))
-    head_index = torch.tensor(keep_heads, device=ids.device)
+    ids = as_ids(model, token_ids_or_text, tokenizer)
+    subset = None if keep_heads == list(range(cfg.n_head)) else keep_heads
+    cache = record(model, ids, trace_names(model, keep_layers), heads=subset)
+    return trace_from_cache(cache, keep_layers, tokenizer=tokenizer, top_k=int(top_k))
 
-    captured: dict[str, torch.Tensor] = {}
-    layer_data: dict[int, dict[str, Any]] = {}
-    handles = []
-    saved_records = [(b.record, b.attention.record) for b in model.blocks]
-    was_training = model.training
 
-    def _keep_heads(t: torch.Tensor) -> torch.Tensor:
-        return t if all_heads else t.index_select(1, head_index)
+def _q_k_points(model, layer: int) -> tuple[str, str]:
+    """The hook points of the queries and keys the similarities are made of (after QK-norm and rope)."""
+    for q, k in (("attn.hook_rot_q", "attn.hook_rot_k"), ("attn.hook_q_normed", "attn.hook_k_normed")):
+        if has_point(model, f"blocks.{layer}.{q}"):
+            return q, k
+    return "attn.hook_q", "attn.hook_k"
 
-    def _block_hook(i):
-        def hook(block, args, output):
-            rec, arec = block.record, block.attention.record
-            data = {key: rec.get(key) for key in _BLOCK_KEYS}
-            for key in _ATTN_KEYS:
-                data[key] = _keep_heads(arec[key])
-            mask = arec.get("mask")
-            data["mask"] = None if mask is None else mask.clone()
-            layer_data[i] = data
-            # drop the full (B, H, T, T) tensors now, so only one layer's are alive at a time
-            rec.clear()
-            arec.clear()
-        return hook
 
-    def _save(name, which):
-        def hook(module, args, output):
-            captured[name] = args[0] if which == "in" else output
-        return hook
+def trace_names(model, layers: list[int]) -> list[str]:
+    """The hook names a trace of ``layers`` shows (the ends of the pass always, each kept layer's points)."""
+    n = model.config.n_layer
+    names = ["hook_embed", "blocks.0.hook_resid_pre", f"blocks.{n - 1}.hook_resid_post"]
+    for i in layers:
+        names += [f"blocks.{i}.{p}" for p in ("hook_resid_pre", *_q_k_points(model, i), "attn.hook_v",
+                                              "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+                                              "hook_mlp_out", "hook_resid_post")]
+    return [name for name in names if has_point(model, name)]
 
-    try:
-        model.eval()
-        for i in keep_layers:
-            block = model.blocks[i]
-            block.record = {}
-            block.attention.record = {}
-            handles.append(block.register_forward_hook(_block_hook(i)))
-        handles.append(model.we.register_forward_hook(_save("word_embeddings", "out")))
-        handles.append(model.drop.register_forward_hook(_save("encoded", "out")))
-        handles.append(model.norm_f.register_forward_hook(_save("final_input", "in")))
-        handles.append(model.norm_f.register_forward_hook(_save("final_normed", "out")))
-        with torch.no_grad():
-            logits = model(ids)
-            k = min(top_k, cfg.num_tokens)
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            top_vals, top_ids = logp.topk(k, dim=-1)
-            top_probs = top_vals.exp()
-            del logp
-    finally:
-        for h in handles:
-            h.remove()
-        for b, (rec, arec) in zip(model.blocks, saved_records):
-            b.record = rec
-            b.attention.record = arec
-        model.train(was_training)
 
-    layer_traces = []
-    for i in keep_layers:
-        d = layer_data[i]
-        layer_traces.append(LayerTrace(index=i, heads=list(keep_heads), **d))
+def _layer_view(cache: ActivationCache, i: int, heads: list[int]) -> LayerTrace:
+    model = cache.model
+    get = lambda point: cache[f"blocks.{i}.{point}"] if has_point(model, f"blocks.{i}.{point}") else None  # noqa: E731
+    q_point, k_point = _q_k_points(model, i)
+    q, k, v = (get(p).transpose(1, 2) for p in (q_point, k_point, "attn.hook_v"))  # (B, h, T, d_head)
+    half = q.dtype in (torch.float16, torch.bfloat16)  # the kernel's similarities are float32 then
+    sims = torch.matmul(q.float(), k.float().transpose(-2, -1)) if half else torch.matmul(q, k.transpose(-2, -1))
+    t = q.size(2)
+    x = get("hook_resid_pre")
+    block = model.blocks[i]
+    resid_1 = get("hook_resid_mid") if block.has_mlp else get("hook_resid_post")
+    with torch.no_grad():  # the norms' outputs, by the norms themselves (TransformerLens's points stop before the gain)
+        normed, normed_2 = block.norm_1(x), block.norm_2(resid_1) if block.has_mlp else None
+    return LayerTrace(
+        index=i, heads=list(heads), input=x, normed=normed, q=q, k=k, v=v, sims=sims,
+        scaled_sims=sims / math.sqrt(q.size(-1)), mask=build_ignore_mask(t, t, causal=True, device=q.device),
+        percents=get("attn.hook_pattern"), head_out=get("attn.hook_z").transpose(1, 2),
+        attn_out=get("hook_attn_out"), resid_1=resid_1,
+        normed_2=normed_2, mlp_out=get("hook_mlp_out"), resid_2=get("hook_resid_post") if block.has_mlp else None,
+    )
+
+
+def trace_from_cache(cache: ActivationCache, layers: list[int], *, tokenizer=None, top_k: int = 5) -> Trace:
+    """The :class:`Trace` view of ``cache`` for ``layers`` (the cache must hold :func:`trace_names`; a cache of
+    a head subset shows those heads). ``KeyError`` names a missing activation."""
+    model, ids, logits = cache.model, cache.token_ids, cache.logits
+    cfg = model.config
+    heads = cache.heads if cache.heads is not None else list(range(cfg.n_head))
+    with torch.no_grad():
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top_vals, top_ids = logp.topk(min(top_k, cfg.num_tokens), dim=-1)
+        top_probs = top_vals.exp()
+        del logp
+    final_input = cache[f"blocks.{cfg.n_layer - 1}.hook_resid_post"]
+    with torch.no_grad():
+        final_normed = model.norm_f(final_input)
     tokens = top_tokens = None
     if tokenizer is not None:
         tokens = [tokenizer.tokens(row.tolist()) for row in ids.cpu()]
         top_tokens = [[tokenizer.tokens(pos.tolist()) for pos in row] for row in top_ids.cpu()]
     return Trace(
-        token_ids=ids, tokens=tokens, config=cfg, word_embeddings=captured["word_embeddings"],
-        encoded=captured["encoded"], layers=layer_traces, final_input=captured["final_input"],
-        final_normed=captured["final_normed"], logits=logits, top_k_probs=top_probs, top_k_ids=top_ids,
-        top_k_tokens=top_tokens,
+        token_ids=ids, tokens=tokens, config=cfg, word_embeddings=cache["hook_embed"],
+        encoded=cache["blocks.0.hook_resid_pre"], layers=[_layer_view(cache, i, heads) for i in layers],
+        final_input=final_input,
+        final_normed=final_normed,
+        logits=logits, top_k_probs=top_probs, top_k_ids=top_ids, top_k_tokens=top_tokens,
     )
-
-

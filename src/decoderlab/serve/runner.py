@@ -10,9 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..checkpoint import read_meta
+from ..chat import load_model
 from ..config.limits import ServeLimits
-from ..hf import load_any_checkpoint
 from .app import create_app
 
 
@@ -93,17 +92,16 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     interrupted (``decoderlab serve``).
 
     Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); what
-    ``load_checkpoint`` raises (FileNotFoundError, ValueError) for a bad checkpoint.
+    :func:`decoderlab.chat.load_model` raises (FileNotFoundError, ValueError) for a bad checkpoint.
     """
     import uvicorn
 
     sock = listen(host, port)
     try:
-        model, tokenizer = load_any_checkpoint(checkpoint)
-        meta = read_meta(checkpoint)
+        model, tokenizer, template, meta = load_model(checkpoint)  # the one loader: a decoderlab or GPT-2 directory
         if model_id is None and not meta.get("name"):
             model_id = Path(checkpoint).resolve().name
-        app = create_app(model, tokenizer, meta=meta, model_id=model_id, api_key=api_key,
+        app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
                          cors_origins=cors_origins, limits=limits)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
         uvicorn.Server(config).run(sockets=[sock])

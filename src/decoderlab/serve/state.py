@@ -14,10 +14,7 @@ from ..generation.scheduler import Scheduler
 from ..generation.stops import text_decoder
 from .errors import APIError
 
-try:  # the chat-template module; a server without it serves completions only
-    from ..chat import template_from_meta
-except ImportError:  # pragma: no cover - depends on the installation
-    template_from_meta = None
+from ..chat import template_from_meta
 
 
 @dataclass
@@ -52,7 +49,7 @@ class AppState:
         "decoderlab"."""
         meta = dict(meta or {})
         if template == "auto":
-            template = template_from_meta(meta) if template_from_meta is not None else None
+            template = template_from_meta(meta)
         return cls(model, tokenizer, template, limits or ServeLimits(),
                    model_id or str(meta.get("name") or "decoderlab"), meta)
 

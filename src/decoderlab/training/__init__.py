@@ -10,6 +10,7 @@
 - :mod:`.precision`: ``precision="auto"`` resolved for the machine; :mod:`.strategy`: ``--strategy fsdp``
   (FSDP2, one unit per decoder block) and the whole model after training; :mod:`.sums`: exact sums, float64
   on host copies only;
+- :mod:`.run`: the run directory (plan, refuse, record, summary) and the one fit of every run;
 - :mod:`.lm`: ``train_lm``; :mod:`.pairs`: ``train_pairs`` (the lesson);
 - :mod:`.sft`: masked supervised fine-tuning pieces (``SFTModule``, a ``LitModel``), driven by
   ``decoderlab.finetuning.finetune``.
@@ -19,7 +20,9 @@ from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistor
                         NonFiniteLossGuard, PlainProgress, StepProgressBar, TrainingInterrupted)
 from .config import PRECISIONS, TrainConfig, configure_optimizers, evaluate_lm, lr_at, parameter_groups
 from .datamodule import TokenDataModule
-from .lm import RUN_FILE, SUMMARY_FILE, TrainSummary, default_run_dir, resolve_resume, train_lm
+from .lm import TrainSummary, train_lm
+from .run import (RUN_FILE, SUMMARY_FILE, Run, ShareRunDirectory, Summary, default_run_dir, fit_run, mean_of_last,
+                  plan_run, resolve_resume)
 from .module import LitModel
 from .optim import MuonAdamW
 from .recipes import DEFAULT_RECIPE, RECIPES, Recipe
@@ -32,5 +35,6 @@ __all__ = [
     "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
     "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "DEFAULT_RECIPE", "RECIPES",
-    "Recipe", "ValidationClock", "TrainingInterrupted", "fit",
+    "Recipe", "ValidationClock", "TrainingInterrupted", "fit", "Run", "ShareRunDirectory", "Summary", "fit_run",
+    "mean_of_last", "plan_run",
 ]

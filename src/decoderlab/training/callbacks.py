@@ -393,7 +393,8 @@ class PlainProgress(L.Callback):
         step  250/2000  val loss 2.0312  perplexity 7.62  2.930 bits per byte
 
     Only the first process prints. The losses come from :class:`LossHistory` and :class:`LMMetrics` when the
-    run has them (as ``train_lm``'s does).
+    run has them (as ``train_lm``'s does). ``windows``: a label for the evaluations in ``fit`` ("first 256
+    windows"), set by a run that also evaluates all windows at the end (whose line says "all N windows").
     """
 
     def __init__(self, max_steps: int, log_every: int = 50, stream=None):
@@ -404,6 +405,7 @@ class PlainProgress(L.Callback):
         self._last_step = -1
         self._mark = (0, 0, 0.0)  # (loss count, tokens, train seconds) of LossHistory at the previous line
         self._own: list[float] = []  # losses seen here when the run has no LossHistory
+        self.windows: str | None = None
 
     def _print(self, line: str) -> None:
         # a closed pipe (`decoderlab train | head -4`) must not stop the run before its checkpoint: the
@@ -457,12 +459,14 @@ class PlainProgress(L.Callback):
         parts += [f"elapsed {_clock(elapsed)}", f"ETA {_clock(eta)}"]
         self._print("  ".join(parts))
 
-    def validation_line(self, step: int, loss: float, bpb: float | None = None) -> None:
+    def validation_line(self, step: int, loss: float, bpb: float | None = None, windows: str | None = None) -> None:
         """Print the line of an evaluation at ``step``: mean loss ``loss`` (nats per token), its perplexity and
-        ``bpb`` (bits per byte of the same targets) when known."""
+        ``bpb`` (bits per byte of the same targets) when known, and which ``windows`` it covered when given."""
         parts = [self._step(step), f"val loss {loss:.4f}", f"perplexity {math.exp(min(loss, 700.0)):.2f}"]
         if bpb:
             parts.append(f"{bpb:.3f} bits per byte")
+        if windows:
+            parts.append(f"({windows})")
         self._print("  ".join(parts))
 
     def on_validation_end(self, trainer, pl_module):
@@ -471,6 +475,6 @@ class PlainProgress(L.Callback):
         metrics = self._find(trainer, LMMetrics)
         if metrics is not None and metrics.history:
             step, loss = metrics.history[-1]
-            self.validation_line(step, loss, metrics.last.get("val_bpb"))
+            self.validation_line(step, loss, metrics.last.get("val_bpb"), self.windows)
         elif "val_loss" in trainer.callback_metrics:
             self.validation_line(trainer.global_step, float(trainer.callback_metrics["val_loss"]))

@@ -190,7 +190,7 @@ class SFTModule(LitModel):
     the optimizer AdamW + warm-up/cosine from ``cfg`` (``LitModel.configure_optimizers``); the steps below
     replace the language-model loss with the masked, step-normalised one.
 
-    ``training_step`` returns ``sum_ce * accumulate * world_size / step_supervised``: after Lightning's
+    ``training_step`` returns ``sum_ce * accumulate * world_size / max(step_supervised, 1)``: after Lightning's
     division by ``accumulate`` and DDP's averaging over processes, the gradient of an optimizer step is that of
     ``(sum of CE over all supervised tokens of the step) / (their count)``. ``losses`` records that exact
     step loss (summed over micro-batches and processes) for every optimizer step; validation logs the exact
@@ -207,13 +207,14 @@ class SFTModule(LitModel):
     def training_step(self, batch, batch_idx):
         x, y, step_count = batch
         ce, _ = masked_ce_sum(self.model(x, check_ids=False), y)  # (the ids come from the tokenizer)
-        n = step_count.to(ce.dtype)
+        # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
+        n = step_count.clamp(min=1).to(ce.dtype)
         self._step_ce.append(ce.detach())
         acc, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
         if (batch_idx + 1) % acc == 0:
             # the exact step loss, summed in float64 on the host (over micro-batches, then processes)
             (total,) = sum_over_ranks(self.trainer.strategy, host_column_sums([[c] for c in self._step_ce]))
-            step_loss = total / int(step_count)
+            step_loss = total / max(int(step_count), 1)
             self.losses.append(step_loss)
             self._step_ce = []
             self.log("train_loss", step_loss, prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True,

@@ -1,0 +1,33 @@
+"""Conversations: chat templates and the one renderer, JSONL conversation data, replies, and the one loader.
+
+One function turns a conversation into token ids plus a loss mask -- :meth:`ChatTemplate.render` (also
+:func:`render_chat`) -- and it is the only renderer: fine-tuning (:func:`decoderlab.finetuning.finetune`),
+``decoderlab chat``, ``decoderlab generate --chat``, ``decoderlab explain --chat``, :func:`chat_reply` /
+:func:`stream_chat_reply` (and so the server) all call it, so a model sees at inference exactly the token
+layout it was trained on.
+
+- :mod:`.messages`: a conversation's shape (roles, order) and its check;
+- :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson"), the stored template, the
+  template's special tokens in a tokenizer and a model;
+- :mod:`.data`: JSONL files in three formats (messages, prompt-completion, Alpaca);
+- :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
+- :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together.
+
+Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and reads checkpoints), below
+``finetuning``, the server and the CLI; it never imports Lightning.
+"""
+
+from ..checkpoint import CHAT_TEMPLATE_KEY
+from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations
+from .loading import LoadedModel, load_model
+from .messages import ROLES, check_messages
+from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
+from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, render_chat,
+                        template_from_meta)
+
+__all__ = [
+    "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
+    "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
+    "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
+    "render_chat", "template_from_meta",
+]

@@ -1,0 +1,207 @@
+"""Chat templates: how a conversation becomes token ids and a loss mask (:meth:`ChatTemplate.render`, the one
+renderer), the built-in templates, the template a checkpoint stores, and the template's special tokens in a
+model and tokenizer.
+
+Templates (``TEMPLATES``):
+
+* ``"decoderlab"`` (the default): ``<|system|> S <|end|> <|user|> U <|end|> <|assistant|> A <|end|> ...`` --
+  four special tokens, atomic in every tokenizer (typed text like "<|user|>" stays text).
+* ``"lesson"``: the StatQuest lesson's pair scheme ``prompt <EOS> response <EOS>`` (the ``<EOS>`` after the
+  prompt opens the assistant turn, the one after the response ends it); a system message is ``S <EOS>``.
+  ``train_pairs`` stores it, so the lesson's model is a chat checkpoint like any other.
+
+The loss mask is True on the assistant's content tokens and the end-of-turn token after them: the tokens a
+chat model must learn to produce. Everything else (system, user, the openers) is context only.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..checkpoint import CHAT_TEMPLATE_KEY
+from ..config.defaults import DEFAULT_TEMPERATURE
+from ..config.names import DEFAULT_TEMPLATE
+from ..lesson import LESSON_TEMPLATE
+from ..tokenizers import EOS, Tokenizer
+from .messages import check_messages
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How a conversation becomes tokens. Each field is a special-token string (None: no token).
+
+    Layout, message by message (``+`` joins token lists; content is ``tokenizer.encode(content,
+    allow_special=False)``):
+
+    * system: ``[system] + content + [end]``
+    * user: ``[user] + content + ([end] if end_after_user)``
+    * assistant: ``[assistant] + content + [end]`` -- mask True on content and ``end``
+    * generation prompt (``add_generation_prompt=True``): ``[assistant]``
+
+    Attributes:
+        name: the template's name (a key of ``TEMPLATES`` for the built-in ones).
+        user, assistant, end, system: special-token strings (user/system may be None).
+        end_after_user: close user turns with ``end`` too.
+    """
+
+    name: str
+    user: str | None
+    assistant: str
+    end: str
+    system: str | None = None
+    end_after_user: bool = True
+
+    @property
+    def special_tokens(self) -> list[str]:
+        """The distinct special tokens of the template, in a fixed order (system, user, assistant, end)."""
+        return list(dict.fromkeys(t for t in (self.system, self.user, self.assistant, self.end) if t))
+
+    @property
+    def default_temperature(self) -> float:
+        """The sampling temperature when none is given: 0 (greedy) for the lesson's template, as the lesson
+        answers, else ``DEFAULT_TEMPERATURE``."""
+        return 0.0 if self.name == LESSON_TEMPLATE["name"] else DEFAULT_TEMPERATURE
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChatTemplate":
+        """Raises ``ValueError`` naming unknown or missing fields."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a chat template must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown chat template field(s) {unknown}; known: {', '.join(sorted(known))}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"incomplete chat template {d!r}: {e}") from None
+
+    def _ids(self, tokenizer: Tokenizer) -> dict[str, int | None]:
+        out = {}
+        for field in ("system", "user", "assistant", "end"):
+            tok = getattr(self, field)
+            if tok is None:
+                out[field] = None
+                continue
+            i = tokenizer.token_to_id.get(tok)
+            if i is None and tok == EOS:
+                i = tokenizer.eos_id
+            if i is None:
+                raise ValueError(
+                    f"the tokenizer has no {tok!r} token, which the {self.name!r} chat template needs; add the "
+                    f"template's tokens first (decoderlab.chat.add_chat_tokens or Tokenizer.add_special_tokens)")
+            out[field] = i
+        return out
+
+    def end_of_turn_id(self, tokenizer: Tokenizer) -> int:
+        """The id of the end-of-turn token in ``tokenizer``. Raises ``ValueError`` if it lacks it."""
+        return self._ids(tokenizer)["end"]
+
+    def render(self, messages: Sequence[dict], tokenizer: Tokenizer, *,
+               add_generation_prompt: bool = False) -> tuple[list[int], list[bool]]:
+        """Token ids of a conversation and a per-id loss mask (True: assistant content and its end of turn).
+
+        Args:
+            messages: ``[{"role", "content"}, ...]`` (checked: roles, order, strings; see
+                :func:`~decoderlab.chat.check_messages`).
+            tokenizer: a tokenizer holding the template's special tokens (:func:`add_chat_tokens`).
+            add_generation_prompt: end with the assistant opener, the point where a model continues
+                (the conversation must then end with a user message).
+
+        Returns:
+            ``(ids, mask)``: two lists of equal length.
+
+        Raises:
+            ValueError: bad messages (naming the message and what is wrong); the tokenizer lacks a special
+                token of the template; content the tokenizer cannot encode.
+            KeyError: a word tokenizer without ``<unk>`` and a word not in its vocabulary.
+        """
+        check_messages(messages, final="user" if add_generation_prompt else None)
+        sp = self._ids(tokenizer)
+        ids: list[int] = []
+        mask: list[bool] = []
+
+        def put(tokens, supervised):
+            ids.extend(tokens)
+            mask.extend([supervised] * len(tokens))
+
+        for m in messages:
+            role = m["role"]
+            content = encode_text(tokenizer, m["content"])
+            if sp[role] is not None:
+                put([sp[role]], False)
+            put(content, role == "assistant")
+            if role in ("assistant", "system") or self.end_after_user:
+                put([sp["end"]], role == "assistant")
+        if add_generation_prompt:
+            put([sp["assistant"]], False)
+        return ids, mask
+
+
+TEMPLATES: dict[str, ChatTemplate] = {
+    "decoderlab": ChatTemplate("decoderlab", user="<|user|>", assistant="<|assistant|>", end="<|end|>",
+                               system="<|system|>", end_after_user=True),
+    "lesson": ChatTemplate(**LESSON_TEMPLATE),
+}
+
+
+def get_template(template: str | ChatTemplate | None = None) -> ChatTemplate:
+    """A template by name (None: the default, ``"decoderlab"``), or the template itself.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if template is None:
+        return TEMPLATES[DEFAULT_TEMPLATE]
+    if isinstance(template, ChatTemplate):
+        return template
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown chat template {template!r}; known templates: {', '.join(TEMPLATES)}")
+    return TEMPLATES[template]
+
+
+def render_chat(messages: Sequence[dict], tokenizer: Tokenizer, template: str | ChatTemplate | None = None, *,
+                add_generation_prompt: bool = False) -> tuple[list[int], list[bool]]:
+    """``get_template(template).render(messages, tokenizer, add_generation_prompt=...)``: ``(ids, mask)``."""
+    return get_template(template).render(messages, tokenizer, add_generation_prompt=add_generation_prompt)
+
+
+def template_from_meta(meta: dict) -> ChatTemplate | None:
+    """The chat template stored in a checkpoint's ``meta.json`` (key ``"chat_template"``); None for a base
+    model. A checkpoint of the lesson's pair training written before pair models stored their template
+    (``"task": "pairs"``, no template) reads as the ``lesson`` template, the scheme it was trained with.
+
+    Raises:
+        ValueError: a malformed stored template.
+    """
+    meta = meta or {}
+    d = meta.get(CHAT_TEMPLATE_KEY)
+    if d is None and meta.get("task") == "pairs":
+        d = LESSON_TEMPLATE
+    return None if d is None else ChatTemplate.from_dict(d)
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Ids of ``text`` as plain text: special-token look-alikes (``"<|user|>"``, ``"<EOS>"``) stay text."""
+    return list(tokenizer.encode(text, allow_special=False))
+
+
+def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | None = None):
+    """Give ``(model, tokenizer)`` the special tokens of ``template``: ``(model, tokenizer, added)`` with the
+    tokenizer extended (:meth:`Tokenizer.add_special_tokens`) and the model resized
+    (:meth:`DecoderOnlyTransformer.resize_token_embeddings`: new rows at the mean of the old ones, tying
+    kept) -- a copy when it grows, so the model given is left as it was; ``added`` lists the new tokens ([]
+    when all were there). ``model`` may be None (only the tokenizer is extended)."""
+    template = get_template(template)
+    new_tok = tokenizer.add_special_tokens(template.special_tokens)
+    added = [t for t in new_tok.added_special_tokens if t not in tokenizer.token_to_id]
+    if model is not None and new_tok.vocab_size != model.config.num_tokens:
+        model = copy.deepcopy(model)
+        model.resize_token_embeddings(new_tok.vocab_size)
+    return model, new_tok, added

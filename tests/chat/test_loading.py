@@ -1,0 +1,32 @@
+"""The one loader: model, tokenizer, template and meta of a checkpoint together; old checkpoints of the lesson's
+pair training load as the lesson's template."""
+
+from decoderlab.chat import TEMPLATES, chat_reply, load_model, template_from_meta
+from decoderlab.checkpoint import load_checkpoint, read_meta, save_checkpoint
+
+
+def test_old_checkpoints_still_load(statquest_checkpoint, tmp_path):
+    """Checkpoints written before chat templates: a language model's loads as a base model (no template, no added
+    tokens); one of the lesson's pair training ("task": "pairs", no template) as the lesson's template."""
+    model, tok = load_checkpoint(statquest_checkpoint)
+    old_lm = save_checkpoint(tmp_path / "lm", model, tok, meta={"task": "lm"})
+    assert tok.added_special_tokens == [] and template_from_meta(read_meta(old_lm)) is None
+    old_pairs = save_checkpoint(tmp_path / "pairs", model, tok, meta={"task": "pairs"})
+    loaded = load_model(old_pairs)
+    assert loaded.template == TEMPLATES["lesson"] and loaded.tokenizer.added_special_tokens == []
+    for prompt in ("what is statquest", "statquest is what"):
+        reply = chat_reply(loaded.model, loaded.tokenizer, [{"role": "user", "content": prompt}], loaded.template,
+                           temperature=0)
+        assert reply == "awesome"
+
+
+def test_the_lesson_checkpoint_loads_with_its_template(statquest_checkpoint):
+    """train_pairs stores the lesson's template: the one loader gives model, tokenizer, template and meta, and
+    the lesson's prompts are answered through the chat path ("awesome", then the end of turn)."""
+    model, tok, template, meta = load_model(statquest_checkpoint)
+    assert template == TEMPLATES["lesson"] and meta["task"] == "chat" and model.num_parameters() == 37
+    for prompt in ("what is statquest", "statquest is what"):
+        info = {}
+        reply = chat_reply(model, tok, [{"role": "user", "content": prompt}], template, temperature=0, info=info)
+        assert (reply, info["ended_with_end_of_turn"]) == ("awesome", True)
+        assert tok.decode(info["prompt_ids"] + info["reply_ids"]) == f"{prompt} <EOS> awesome"  # (the end not a reply id)

@@ -1,0 +1,87 @@
+"""Chat templates: the one renderer (ids and loss mask), typed special-token text, the lesson's pair scheme as a
+template, and the template's special tokens in a tokenizer and a model (the embedding resized, tying kept)."""
+
+import json
+
+import pytest
+import torch
+from tiny_runs import DL, conv, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+
+from decoderlab.chat import add_chat_tokens, render_chat
+from decoderlab.finetuning import IGNORE_INDEX, shift_for_training
+from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "word"])
+def test_supervised_ids_decode_to_each_reply_plus_end_of_turn(kind):
+    c = conv("what is up?", "all good", "and you?", "fine too", system="be nice")
+    text = " ".join(m["content"] for m in c)
+    base = {"char": lambda: CharTokenizer.from_text(text), "bpe": lambda: BPETokenizer.train([text * 5], 300),
+            "word": lambda: WordTokenizer.from_texts([text])}[kind]()
+    tok = base.add_special_tokens(DL.special_tokens)
+    ids, mask = render_chat(c, tok, "decoderlab")
+    assert len(ids) == len(mask)
+    eot = DL.end_of_turn_id(tok)
+    # split the supervised ids into runs: each run is one assistant turn
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    runs.append(cur)
+    assert [r[-1] for r in runs] == [eot, eot]
+    replies = [tok.decode(r[:-1]) for r in runs]
+    assert [r.replace(" ", "") if kind == "word" else r for r in replies] == (
+        ["allgood", "finetoo"] if kind == "word" else ["all good", "fine too"])
+    # the opener of each assistant turn is context, not a target
+    assert all(not m for i, m in zip(ids, mask) if i == tok.token_to_id["<|assistant|>"])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "word"])
+def test_typed_special_token_text_stays_text(kind):
+    text = "hi <|user|> <|end|> there ok <|assistant|>"
+    base = {"char": lambda: CharTokenizer.from_text(text), "bpe": lambda: BPETokenizer.train([text * 5], 300),
+            "word": lambda: WordTokenizer.from_texts(["hi there ok"], unk=True)}[kind]()
+    tok = base.add_special_tokens(DL.special_tokens)
+    ids, _ = render_chat(conv(text, "ok <|assistant|>") if kind != "word" else conv(text, "hi"), tok)
+    specials = [tok.token_to_id[t] for t in DL.special_tokens]
+    # exactly the template's own special tokens: user, end, assistant, end
+    assert [i for i in ids if i in specials] == [specials[1], specials[3], specials[2], specials[3]]
+    if kind != "word":
+        assert tok.decode(tok.encode(text)) == text
+    # saved and loaded, the special tokens come back and stay atomic
+    again = type(tok).from_dict(json.loads(json.dumps(tok.to_dict())))
+    assert again.added_special_tokens == DL.special_tokens
+    assert render_chat(conv(text, "hi"), again)[0] == render_chat(conv(text, "hi"), tok)[0]
+
+
+def test_resize_embedding_new_rows_at_the_mean_untied_head():
+    torch.manual_seed(0)
+    tok = CharTokenizer.from_text("abc")
+    model = DecoderOnlyTransformer(preset("statquest", num_tokens=tok.vocab_size))  # untied head with a bias
+    model2, tok2, added = add_chat_tokens(model, tok, "decoderlab")
+    assert added == DL.special_tokens and tok2.vocab_size == tok.vocab_size + 4
+    n = tok.vocab_size
+    torch.testing.assert_close(model2.we.weight[:n], model.we.weight)
+    torch.testing.assert_close(model2.we.weight[n:], model.we.weight.mean(0).expand(4, -1))
+    torch.testing.assert_close(model2.fc_layer.weight[n:], model.fc_layer.weight.mean(0).expand(4, -1))
+    torch.testing.assert_close(model2.fc_layer.bias[n:], model.fc_layer.bias.mean().expand(4))
+    x = torch.tensor([2, 3, 4])  # old ids: the old logits are unchanged
+    torch.testing.assert_close(model2(x)[:, :n], model(x))
+    with pytest.raises(ValueError, match="shrink"):
+        model2.resize_token_embeddings(n)
+
+
+def test_lesson_template_is_the_pair_scheme():
+    from decoderlab.lesson import LESSON_PAIRS, pair_inputs_and_labels, tokenizer_for_pairs
+
+    tok = tokenizer_for_pairs(LESSON_PAIRS)
+    ids, mask = render_chat(conv("what is statquest", "awesome"), tok, "lesson")
+    inputs, labels = pair_inputs_and_labels(LESSON_PAIRS[:1], tok)
+    x, y = shift_for_training(ids, mask, max_len=6)
+    assert x == inputs[0].tolist()
+    # the lesson supervises every position; the chat loss keeps only the response and its <EOS>
+    assert y == [IGNORE_INDEX] * 3 + labels[0].tolist()[3:]

@@ -1,0 +1,103 @@
+"""Checkpoints: a crash while saving keeps the previous one, one file mode for all files, and a tokenizer that
+does not match the config is named."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_runs import TINY, cache, one_thread, run, text  # noqa: F401
+
+from decoderlab import cli
+from decoderlab.checkpoint import load_checkpoint, save_checkpoint
+from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.tokenizers import CharTokenizer
+from decoderlab.training import train_lm
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, text, cache):
+    out = tmp_path_factory.mktemp("full") / "run"
+    model, tok, summary = run(text, out, cache)
+    return out, model, tok, summary, text
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch, inplace):
+    import safetensors.torch
+
+    tok = CharTokenizer.from_text("abcdefghi")
+    torch.manual_seed(0)
+    old = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, **TINY))
+    new = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, **TINY))
+    save_checkpoint(tmp_path / "ck", old, tok, inplace=inplace)
+
+    def crash(model, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", crash)
+    with pytest.raises(OSError, match="simulated"):
+        save_checkpoint(tmp_path / "ck", new, tok, inplace=inplace)
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    x = torch.tensor([1, 2, 3])
+    torch.testing.assert_close(loaded(x), old.eval()(x))
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["config.json", "meta.json",
+                                                                   "model.safetensors", "tokenizer.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no temporary left behind
+
+
+def test_checkpoint_tokenizer_mismatch(full_run, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "bad"
+    shutil.copytree(full_run[0], out, ignore=shutil.ignore_patterns("lightning", "logs"))
+    config = json.loads((out / "config.json").read_text())
+    config["num_tokens"] += 3
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tokenizer vocabulary size (\d+) does not match config num_tokens"):
+        load_checkpoint(out)
+    assert cli.main(["sample", "--checkpoint", str(out)]) == 2
+    assert "does not match config num_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_checkpoint_files_share_one_mode(tmp_path, inplace):
+    """model.safetensors was 0600 (safetensors' own file) among 0644 files; now all get the umask's mode."""
+    tok = CharTokenizer.from_text("abc")
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, **TINY))
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "ck", model, tok, inplace=inplace)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ck").iterdir()}
+    assert modes == dict.fromkeys(["config.json", "meta.json", "model.safetensors", "tokenizer.json"], 0o644)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("tie_weights", "no", "tie_weights must be True or False, got 'no'"),
+    ("n_layer", "4", "n_layer must be a positive integer, got '4'"),
+])
+def test_a_hand_edited_config_is_refused_naming_the_field_and_the_file(full_run, tmp_path, capsys, field, value,
+                                                                       says):
+    """config.json with a wrong type: every reader (loading, the command line, a resumed run) names the field and
+    the file (a resumed run named the field only)."""
+    import shutil
+
+    out = tmp_path / "edited"
+    shutil.copytree(full_run[0], out)
+    config = json.loads((out / "config.json").read_text())
+    config[field] = value
+    (out / "config.json").write_text(json.dumps(config))
+    want = f"{out / 'config.json'} is not a valid ModelConfig JSON file: {says}"
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(out)
+    assert str(e.value) == want
+    assert cli.main(["generate", "--checkpoint", str(out), "hi"]) == 2
+    assert capsys.readouterr().err == f"decoderlab: error: {want}\n"
+    with pytest.raises(ValueError) as e:
+        train_lm(text=full_run[4], resume=out, config_overrides={"max_steps": 9}, cache_dir=tmp_path / "cache",
+                 progress_bar=False, accelerator="cpu")
+    assert str(e.value) == want
