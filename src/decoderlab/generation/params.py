@@ -81,9 +81,9 @@ def _aliased(changes: dict) -> dict:
             try:
                 name, v = ALIASES[k](v)
             except ValueError as e:
-                raise SamplingValueError("grammar", str(e)) from None
+                raise SamplingValueError("grammar", f"{k}: {e}") from None
             except TypeError as e:
-                raise SamplingTypeError("grammar", str(e)) from None
+                raise SamplingTypeError("grammar", f"{k}: {e}") from None
             if name in changes:
                 raise TypeError(f"{k}= and {name}= are the same setting; give one")
             k = name
