@@ -49,7 +49,7 @@ BAD_FIELDS = [
     (P.CompletionRequest, {"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options",
      ["only allowed when stream is true"]),
     (P.ChatCompletionRequest, {"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role",
-     ["'system', 'developer', 'user' or 'assistant'", '"robot"']),
+     ["'system', 'developer', 'user', 'assistant' or 'tool'", '"robot"']),
     (P.ChatCompletionRequest, {"messages": [{"role": "user", "content": ["hi"]}]}, "messages[0].content",
      ["text content parts"]),
     (P.ChatCompletionRequest, {"messages": [{"role": "user", "content": {"text": "hi"}}]}, "messages[0].content",
@@ -88,8 +88,15 @@ def test_unsupported_fields_stay_refused_with_their_message(model, field, value)
 
 
 def test_chat_only_unsupported_fields_are_refused_on_chat():
-    for field, value in (("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("modalities", ["audio"])):
+    for field, value in (("modalities", ["audio"]),):
         err = refusal(P.ChatCompletionRequest, {"messages": [USER], field: value})
+        assert (err.param, err.code) == (field, "unsupported_parameter")
+    # tools are chat's fields now (checked against the template by the endpoint), and unknown on completions
+    chat = P.ChatCompletionRequest.model_validate({"messages": [USER], "tools": [{"type": "function"}],
+                                                   "tool_choice": "auto"})
+    assert chat.tools == [{"type": "function"}] and chat.tool_choice == "auto"
+    for field, value in (("tools", [{"type": "function"}]), ("tool_choice", "auto")):
+        err = refusal(P.CompletionRequest, {"prompt": "a", field: value})
         assert (err.param, err.code) == (field, "unsupported_parameter")
 
 

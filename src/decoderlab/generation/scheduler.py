@@ -82,8 +82,9 @@ class GenerationRequest:
         n: how many choices.
         logprobs: None, or how many most probable alternatives (0 .. 20) to report with each token's logprob.
         on_event: called from the scheduler thread with each event (a tuple):
-            ``("delta", index, text, logprob_items)``, ``("finish", index, reason)`` (reason "stop" or
-            "length"; "cancelled" when cancelled), ``("done", usage_dict)`` last, or ``("error", exception)``.
+            ``("delta", index, text, logprob_items)``, ``("finish", index, reason, stop)`` (reason "stop" or
+            "length"; "cancelled" when cancelled; ``stop``: the ids of the stop that ended it, as vLLM's
+            ``stop_reason`` -- an end-of-text id, a stop string's tokens -- or None), ``("done", usage_dict)`` last, or ``("error", exception)``.
 
     :meth:`Scheduler.submit` binds the settings to the model (``ValueError`` / ``TypeError`` as ``generate``).
     """
@@ -506,7 +507,7 @@ class Scheduler:
             if tail and r.held_lp:
                 r.pending_lp.append(r.held_lp.popleft())
             self._send(r, text + r.streamer.end() + tail, final=True)
-            self._release(r, "stop")
+            self._release(r, "stop", tuple(swallowed))
         elif r.counts is not None and r.counts.complete(0):  # the grammar allows no more text: a stop
             text += self._to_text(r, r.stops.flush())
             self._send(r, text + r.streamer.end(), final=True)
@@ -557,7 +558,7 @@ class Scheduler:
             item["top_logprobs"] = []
         return item
 
-    def _release(self, r: _Row, reason: str) -> None:
+    def _release(self, r: _Row, reason: str, stop: tuple[int, ...] | None = None) -> None:
         moved = self._cache.remove_slot(r.slot)
         self._rows.remove(r)
         if moved is not None:
@@ -569,7 +570,7 @@ class Scheduler:
         self._rows.sort(key=lambda x: x.slot)
         req = r.req
         if reason != "cancelled":
-            req.emit(("finish", r.index, reason))
+            req.emit(("finish", r.index, reason, stop))
         req._open_rows -= 1
         if req._open_rows == 0:
             req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": req.completion_tokens,

@@ -44,8 +44,6 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1),
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none"),
     "modalities": lambda v: v is None or v == ["text"],
@@ -261,17 +259,46 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
-class ChatMessage(BaseModel):
-    """One message: a role and its text (a string, or a list of text parts, which are joined). ``developer``
-    is OpenAI's newer name for ``system`` and is rendered as one."""
+class FunctionCall(BaseModel):
+    """The function a tool call calls: its name and its arguments as JSON text."""
+
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message (OpenAI's shape)."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message: a role and its text (a string, or a list of text parts, which are joined). ``developer``
+    is OpenAI's newer name for ``system`` and is rendered as one. An assistant message may carry
+    ``tool_calls`` (its content then may be null); a ``tool`` message is the result of the call
+    ``tool_call_id`` names."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise refuse("content", "content is required (null only for an assistant message with tool_calls)",
+                         "missing_required_parameter")
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
     def _text(cls, value):
+        if value is None:
+            return value  # (allowed only with tool_calls: checked after)
         if isinstance(value, list):
             if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
                        for c in value):
@@ -283,8 +310,27 @@ class ChatMessage(BaseModel):
         return value
 
 
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the one function to call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(GenerationFields):
     """``POST /v1/chat/completions``: the next assistant turn (checkpoints with a chat template)."""
+
+    tools: list[dict[str, Any]] | None = Field(None, max_length=64, description='functions the model may call: '
+                                               '[{"type": "function", "function": {"name", "description", '
+                                               '"parameters": JSON schema}}] (a chat template with tool tokens)')
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (default with tools): the model decides; "none"; "required": one call; '
+                          '{"type": "function", "function": {"name"}}: that call. The arguments follow the '
+                          'function\'s parameters schema (a grammar)')
 
     messages: list[ChatMessage] = Field(min_length=1, description="rendered with the checkpoint's chat template")
     max_completion_tokens: StrictInt | None = Field(None, ge=1, description="the most new tokens per choice "
@@ -400,7 +446,7 @@ class ErrorResponse(BaseModel):
 # Responses and chunks
 # ----------------------------------------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(BaseModel):
@@ -464,7 +510,12 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_when_given(self, handler):
+        return {k: v for k, v in handler(self).items() if k != "tool_calls" or v is not None}
 
 
 class ChatChoice(BaseModel):
@@ -480,11 +531,35 @@ class ChatCompletionResponse(_Response):
     usage: Usage
 
 
+class FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ToolCallDelta(BaseModel):
+    """What a chunk adds to a tool call: first its id, type and name (arguments ""), then argument pieces."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatDelta(BaseModel):
-    """What a chunk adds to a choice: the role first, then content; the fields not given are left out."""
+    """What a chunk adds to a choice: the role first, then content or tool calls; the fields not given are left
+    out."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _given_only(self, handler):
