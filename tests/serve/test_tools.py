@@ -6,10 +6,8 @@ them, tool results in the conversation, and each bad tool field a 400 naming it.
 from __future__ import annotations
 
 import json
-import string
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -17,8 +15,7 @@ httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
 import decoderlab as dl  # noqa: E402
-from decoderlab.chat import ToolSet, add_chat_tokens, get_template  # noqa: E402
-from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
+from decoderlab.chat import ToolSet, get_template  # noqa: E402
 
 from .helpers import MODEL_ID, client  # noqa: E402
 
@@ -30,22 +27,6 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "a+b", 
          {"type": "function", "function": {"name": "mul", "parameters": MUL}}]
 SCHEMAS = {"add": ADD, "mul": MUL}
 ASK = [{"role": "user", "content": "17+25?"}]
-
-
-@pytest.fixture(scope="module")
-def tools_model():
-    torch.manual_seed(0)
-    _, tok, _ = add_chat_tokens(None, dl.CharTokenizer(set(string.printable)), "tools")
-    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2, max_len=640)
-    return dl.DecoderOnlyTransformer(cfg).eval(), tok
-
-
-@pytest.fixture(scope="module")
-def tools_server(tools_model):
-    model, tok = tools_model
-    app = create_app(model, tok, model_id=MODEL_ID, template=get_template("tools"), limits=Limits(max_tokens=200))
-    with ServerThread(app) as url:
-        yield url
 
 
 def tool_call_token(tok) -> int:
