@@ -57,6 +57,16 @@ def _message(m: ChatMessage) -> dict:
     return out
 
 
+def merged_system(messages: list[dict]) -> list[dict]:
+    """The messages with every system message after the first merged into one system message first (their
+    texts joined by a blank line, in order): a chat template has one system turn, at the start, while clients
+    (LangChain's agents, OpenAI's own examples) send instructions later too, which peers accept."""
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    if len(systems) <= 1 and (not systems or messages[0]["role"] == "system"):
+        return messages
+    return [{"role": "system", "content": "\n\n".join(systems)}] + [m for m in messages if m["role"] != "system"]
+
+
 def _check_tool_results(messages: list[ChatMessage]) -> None:
     """Each ``tool`` message answers a call of the assistant message before it: a 400 naming its
     ``tool_call_id`` otherwise."""
@@ -80,7 +90,7 @@ def render_messages(state: AppState, messages: list[ChatMessage], *, add_generat
         raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
                               f"{state.limits.max_messages} (--max-messages)", "messages_limit")
     _check_tool_results(messages)
-    clean = [_message(m) for m in messages]
+    clean = merged_system([_message(m) for m in messages])
     more = {"tools": tools} if tools else {}
     try:
         ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt,
