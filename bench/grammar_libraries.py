@@ -5,7 +5,8 @@ decoderlab's own vocabularies (the tinyshakespeare characters + JSON punctuation
 this project's torch 2.13 CPU build.
 
 Each library walks the same valid JSON text token by token (the greedy longest-match tokenization of a fixed
-document), computing the allowed-token mask before every token, as generation does. Reported: the build (schema
+document), computing the allowed-token mask before every token as a (V,) bool tensor, as generation does
+(for llguidance through decoderlab's ``GrammarState.allowed``). Reported: the build (schema
 -> grammar compiled for the vocabulary) and the mean mask time per token, best of 3.
 
 Usage: python bench/grammar_libraries.py
@@ -16,11 +17,13 @@ from __future__ import annotations
 import json
 import time
 
+# properties in sorted order: decoderlab's Grammar stores a schema with sorted keys, and both libraries write
+# the properties in the schema's order
 SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}, "name": {"type": "string", "maxLength": 12},
     "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
-    "required": ["name", "age", "tags"], "additionalProperties": False}
-DOC = '{"name": "romeo", "age": 17, "tags": ["a", "c"]}'
+    "required": ["age", "name", "tags"], "additionalProperties": False}
+DOC = '{"age": 17, "name": "romeo", "tags": ["a", "c"]}'
 
 
 def vocabularies():
@@ -58,6 +61,7 @@ def with_llguidance(tok, ids):
 
 def with_outlines_core(tok, ids):
     import outlines_core as oc
+    import torch
 
     n = tok.vocab_size
     specials = set(getattr(tok, "special_ids", ()))
@@ -73,10 +77,12 @@ def with_outlines_core(tok, ids):
     build = best(build_index)
     index = build_index()
 
-    def walk():
+    def walk():  # the allowed ids as the (V,) bool mask generation applies, as decoderlab's llguidance path does
         g = oc.Guide(index)
         for t in ids:
-            assert t in g.get_tokens()
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[torch.tensor(g.get_tokens())] = True
+            assert bool(mask[t])
             g.advance(t)
     return build, best(walk) / len(ids)
 
