@@ -18,7 +18,7 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 """
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
-from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations
+from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
 from .loading import LoadedModel, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
@@ -30,5 +30,5 @@ __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
     "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
-    "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet",
+    "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
 ]
