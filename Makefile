@@ -30,7 +30,9 @@ test: $(STAMP) browsers
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
+# each run starts afresh (a new run refuses a directory that holds files), so `make demo` can run again
 demo: $(STAMP)
+	rm -rf runs/statquest
 	$(VENV)/bin/decoderlab train --preset statquest --out runs/statquest
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "what is statquest"
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"
