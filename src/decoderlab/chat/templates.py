@@ -86,7 +86,10 @@ class ChatTemplate:
         return 0.0 if self.name == LESSON_TEMPLATE["name"] else DEFAULT_TEMPERATURE
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields (what a checkpoint stores); the tool tokens only when set, so a template without tools is
+        stored as before they existed."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in ("tool_call", "tool") or v is not None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChatTemplate":
