@@ -22,7 +22,7 @@ DEFAULT_TOKENIZER = "char"
 DEFAULT_BPE_VOCAB_SIZE = 1024
 
 #: chat templates (``decoderlab.chat.TEMPLATES`` maps them to templates)
-TEMPLATES = ("decoderlab", "lesson")
+TEMPLATES = ("decoderlab", "lesson", "tools")
 DEFAULT_TEMPLATE = "decoderlab"
 
 #: inference dtypes (``decoderlab.dtypes``; int8 is weight-only quantization through torchao)

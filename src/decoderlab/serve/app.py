@@ -1,6 +1,7 @@
 """``create_app``: the FastAPI app over one :class:`~decoderlab.serve.state.AppState`.
 
 Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
+:mod:`.tokens` (``/tokenize``, ``/detokenize``, ``/tokenizer_info``), :mod:`.metrics` (``/metrics``),
 :mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page`
 (``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data
 endpoints). The scheduler starts with the app and stops when uvicorn shuts the app down.
@@ -16,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 
 from .._version import __version__
 from ..config.limits import ServeLimits
-from . import chat_completions, completions, models, page, trace, watched
+from . import chat_completions, completions, metrics, models, page, tokens, trace, watched
 from .errors import install_handlers
 from .middleware import add_access
 from .protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
@@ -79,10 +80,12 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                   description="An OpenAI-compatible server for a decoderlab model, and its glass box.")
     app.state.decoderlab = state
     app.state.get_scheduler = state.scheduler
+    app.state.metrics = state.metrics = metrics.Metrics(state.stats)
     app.openapi = lambda: openapi_schema(app)
     install_handlers(app)
     add_access(app, api_key, cors_origins)
+    app.add_middleware(metrics.CountRequests, metrics=state.metrics)  # outermost: 401s and CORS answers count too
     app.state.run_dir = run_dir  # its head_scores.jsonl: GET /v1/decoderlab/head_scores (serve/watched.py)
-    for module in (models, completions, chat_completions, trace, watched, page):
+    for module in (models, completions, chat_completions, tokens, metrics, trace, watched, page):
         app.include_router(module.router)
     return app
