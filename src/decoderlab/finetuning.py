@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .chat import (CHAT_TEMPLATE_KEY, ChatTemplate, Conversations, add_chat_tokens, as_conversations,
-                   check_representable, get_template, stream_chat_reply, template_from_meta)
+                   check_representable, get_template, message_text, stream_chat_reply, template_from_meta)
 from .checkpoint import TOKENIZER_FILE, load_checkpoint, read_config, read_meta, unwrap_model
 from .config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
 from .config.defaults import FINETUNE_TRAIN, FINETUNE_VAL_FRACTION
@@ -365,7 +365,7 @@ def _starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_s
     elif checkpoint is not None:
         model, tok = load_checkpoint(checkpoint)
     else:
-        text = "\n".join(m["content"] for c in convs for m in c)
+        text = "\n".join(message_text(m) for c in convs for m in c)
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
                                                                                  text, vocab_size)
         shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}
