@@ -25,6 +25,119 @@ def _attends_line(labels: list[str], row: np.ndarray, q_pos: int, top: int = 8) 
     return f"{label(labels[q_pos])}@{q_pos} attends to: " + ", ".join(parts)
 
 
+class _Story:
+    """What every section of :func:`explain_trace` reads: the trace, its row, labels and sizes."""
+
+    def __init__(self, tr: Trace, model, tokenizer, batch: int):
+        self.tr, self.model, self.tokenizer, self.batch = tr, model, tokenizer, batch
+        self.cfg = tr.config
+        self.labels = tr.labels(batch)
+        self.t = len(self.labels)
+        self.pos_labels = [f"{label(s)}@{i}" for i, s in enumerate(self.labels)]
+        self.small = self.cfg.d_model <= SMALL_D_MODEL
+        self.dims = [f"dim {j}" for j in range(self.cfg.d_model)]
+
+    def np_(self, x) -> np.ndarray:
+        return x[self.batch].detach().to("cpu", torch.float64).numpy()
+
+    def matrix(self, title: str, x, cols=None, rows=None, **kw) -> str:
+        """A matrix of this row's values, one row per position unless ``rows`` says otherwise."""
+        return matrix(title, x, self.pos_labels if rows is None else rows, self.dims if cols is None else cols, **kw)
+
+
+def _header(st: _Story) -> list[str]:
+    cfg, tr = st.cfg, st.tr
+    return [
+        f"Input: {' '.join(label(s) for s in st.labels)}   ({st.t} tokens, ids {tr.token_ids[st.batch].tolist()})",
+        f"Model: d_model {cfg.d_model}, {cfg.n_layer} layer(s), {cfg.n_head} head(s) of d_head {cfg.d_head}, "
+        f"norm {cfg.norm}, positions {cfg.position}, mlp {cfg.mlp}, vocabulary {cfg.num_tokens}",
+        "Rows are queries (the token looking), columns are keys (the tokens looked at); '-' marks a masked "
+        "similarity (a later token: it cannot be seen).",
+    ]
+
+
+def _embeddings(st: _Story) -> list[str]:
+    tr, position = st.tr, st.cfg.position
+    out = ["", st.matrix("word embeddings (we):", st.np_(tr.word_embeddings))]
+    if position in ("sinusoidal", "learned"):
+        out += ["", st.matrix("position encodings:", st.np_(tr.encoded) - st.np_(tr.word_embeddings)),
+                "", st.matrix("encoded = word embeddings + positions:", st.np_(tr.encoded))]
+    elif position == "rope":
+        out += ["", "positions: rotary (applied to queries and keys inside attention)"]
+    return out
+
+
+def _head_matrices(st: _Story, lt, slot: int, hd: int, mask) -> list[str]:
+    """A small model's head, every number: its weights (with the model), Q, K, V and the similarities."""
+    cfg, out = st.cfg, []
+    hdims = [f"d{j}" for j in range(cfg.d_head)]
+    if st.model is not None:
+        w = st.model.blocks[lt.index].attention.qkv.weight.detach().double().cpu().numpy()
+        sl = slice(hd * cfg.d_head, (hd + 1) * cfg.d_head)
+        for nm, off in (("Wqᵀ", 0), ("Wkᵀ", cfg.d_model), ("Wvᵀ", 2 * cfg.d_model)):
+            out += [st.matrix(f"{nm} (d_model x d_head):", w[off:][sl].T, hdims, st.dims), ""]
+    for nm, ten in (("Q (queries)", lt.q), ("K (keys)", lt.k), ("V (values)", lt.v)):
+        out += [st.matrix(f"{nm}:", st.np_(ten)[slot], hdims), ""]
+    out += [st.matrix("similarities Q Kᵀ:", st.np_(lt.sims)[slot], st.pos_labels), ""]
+    out += [st.matrix(f"scaled similarities / sqrt({cfg.d_head}):", st.np_(lt.scaled_sims)[slot], st.pos_labels,
+                      mask=mask), ""]
+    return out
+
+
+def _head(st: _Story, lt, slot: int, hd: int, mask) -> list[str]:
+    out = [f"--- layer {lt.index}, head {hd} ---"]
+    if st.small:
+        out += _head_matrices(st, lt, slot, hd, mask)
+    pct = st.np_(lt.percents)[slot]
+    if st.small or st.t <= TABLE_MAX_T:
+        out += [st.matrix("attention percents (softmax of each row; masked keys get 0):", pct, st.pos_labels,
+                          mask=mask)]
+    rows = range(st.t) if st.t <= TABLE_MAX_T and not st.small else [st.t - 1]
+    out += [_attends_line(st.labels, pct[i], i) for i in rows]
+    if st.small:
+        out += ["", st.matrix("head output = percents V:", st.np_(lt.head_out)[slot],
+                              [f"d{j}" for j in range(st.cfg.d_head)])]
+    return out + [""]
+
+
+def _layer(st: _Story, lt) -> list[str]:
+    cfg = st.cfg
+    out = ["", f"=== layer {lt.index} ==="]
+    mask = lt.mask.cpu().numpy() if lt.mask is not None else np.zeros((st.t, st.t), dtype=bool)
+    if st.small and cfg.norm != "none":
+        out += [st.matrix(f"normalised input ({cfg.norm}):", st.np_(lt.normed)), ""]
+    for slot, hd in enumerate(lt.heads):
+        out += _head(st, lt, slot, hd, mask)
+    if st.small:
+        proj = " after the output projection" if cfg.attn_out_proj else " (heads concatenated, no projection)"
+        out += [st.matrix(f"attention output{proj}:", st.np_(lt.attn_out)), "",
+                st.matrix("residual: input + attention output:", st.np_(lt.resid_1))]
+        if lt.mlp_out is not None:
+            out += ["", st.matrix("MLP output:", st.np_(lt.mlp_out)), "",
+                    st.matrix("residual: + MLP output:", st.np_(lt.resid_2))]
+    return out
+
+
+def _predictions(st: _Story) -> list[str]:
+    """The logits of a tiny vocabulary, the top next-token probabilities and the top next token."""
+    tr, t, batch, out = st.tr, st.t, st.batch, []
+    if st.small and st.cfg.num_tokens <= 16:
+        vocab = range(st.cfg.num_tokens)
+        cols = st.tokenizer.tokens(vocab) if st.tokenizer is not None else [str(j) for j in vocab]
+        out += ["", st.matrix("logits (fc_layer output; one column per vocabulary token):", st.np_(tr.logits), cols)]
+    out += ["", "top next-token probabilities at each position:"]
+    if t > TABLE_MAX_T:
+        out.append(f"(last 5 of {t} positions)")
+    for i in range(t) if t <= TABLE_MAX_T else range(t - 5, t):
+        ids = tr.top_k_ids[batch, i].tolist()
+        probs = tr.top_k_probs[batch, i].tolist()
+        toks = tr.top_k_tokens[batch][i] if tr.top_k_tokens is not None else [str(j) for j in ids]
+        out.append(f"  after {st.pos_labels[i]}: " + ", ".join(f"{label(s)} {p:.4f}" for s, p in zip(toks, probs)))
+    best = tr.top_k_tokens[batch][t - 1][0] if tr.top_k_tokens is not None else str(int(tr.top_k_ids[batch, t - 1, 0]))
+    return out + ["", f"=> the top next token after {label(st.labels[-1])} is {label(best)} "
+                      f"(p = {float(tr.top_k_probs[batch, t - 1, 0]):.4f})"]
+
+
 def explain_trace(tr: Trace, model=None, tokenizer=None, *, batch: int = 0) -> str:
     """The text of :func:`explain` for an existing :class:`Trace` (row ``batch`` of the batch).
 
@@ -34,88 +147,12 @@ def explain_trace(tr: Trace, model=None, tokenizer=None, *, batch: int = 0) -> s
     probabilities. ``model`` (optional) adds the weight matrices and the float64 NumPy check for small models;
     ``tokenizer`` (optional) labels the logits' columns.
     """
-    cfg = tr.config
-    labels = tr.labels(batch)
-    t = len(labels)
-    pos_labels = [f"{label(s)}@{i}" for i, s in enumerate(labels)]
-    small = cfg.d_model <= SMALL_D_MODEL
-    dims = [f"dim {j}" for j in range(cfg.d_model)]
-    out = [
-        f"Input: {' '.join(label(s) for s in labels)}   ({t} tokens, ids {tr.token_ids[batch].tolist()})",
-        f"Model: d_model {cfg.d_model}, {cfg.n_layer} layer(s), {cfg.n_head} head(s) of d_head {cfg.d_head}, "
-        f"norm {cfg.norm}, positions {cfg.position}, mlp {cfg.mlp}, vocabulary {cfg.num_tokens}",
-        "Rows are queries (the token looking), columns are keys (the tokens looked at); '-' marks a masked "
-        "similarity (a later token: it cannot be seen).",
-    ]
-
-    def np_(x):
-        return x[batch].detach().to("cpu", torch.float64).numpy()
-
-    if small:
-        out += ["", matrix("word embeddings (we):", np_(tr.word_embeddings), pos_labels, dims)]
-        if cfg.position in ("sinusoidal", "learned"):
-            out += ["", matrix("position encodings:", np_(tr.encoded) - np_(tr.word_embeddings), pos_labels, dims),
-                    "", matrix("encoded = word embeddings + positions:", np_(tr.encoded), pos_labels, dims)]
-        elif cfg.position == "rope":
-            out += ["", "positions: rotary (applied to queries and keys inside attention)"]
+    st = _Story(tr, model, tokenizer, batch)
+    out = _header(st) + (_embeddings(st) if st.small else [])
     for lt in tr.layers:
-        out += ["", f"=== layer {lt.index} ==="]
-        mask = lt.mask.cpu().numpy() if lt.mask is not None else np.zeros((t, t), dtype=bool)
-        if small:
-            if cfg.norm != "none":
-                out += [matrix(f"normalised input ({cfg.norm}):", np_(lt.normed), pos_labels, dims), ""]
-        for slot, hd in enumerate(lt.heads):
-            hdims = [f"d{j}" for j in range(cfg.d_head)]
-            title = f"--- layer {lt.index}, head {hd} ---"
-            out += [title]
-            if small:
-                if model is not None:
-                    w = model.blocks[lt.index].attention.qkv.weight.detach().double().cpu().numpy()
-                    sl = slice(hd * cfg.d_head, (hd + 1) * cfg.d_head)
-                    for nm, off in (("Wqᵀ", 0), ("Wkᵀ", cfg.d_model), ("Wvᵀ", 2 * cfg.d_model)):
-                        part = w[off:][sl].T
-                        out += [matrix(f"{nm} (d_model x d_head):", part, dims, hdims), ""]
-                for nm, ten in (("Q (queries)", lt.q), ("K (keys)", lt.k), ("V (values)", lt.v)):
-                    out += [matrix(f"{nm}:", np_(ten)[slot], pos_labels, hdims), ""]
-                out += [matrix("similarities Q Kᵀ:", np_(lt.sims)[slot], pos_labels, pos_labels), ""]
-                out += [matrix(f"scaled similarities / sqrt({cfg.d_head}):", np_(lt.scaled_sims)[slot], pos_labels,
-                                pos_labels, mask=mask), ""]
-            if small or t <= TABLE_MAX_T:
-                out += [matrix("attention percents (softmax of each row; masked keys get 0):",
-                                np_(lt.percents)[slot], pos_labels, pos_labels, mask=mask)]
-            pct = np_(lt.percents)[slot]
-            rows = range(t) if t <= TABLE_MAX_T and not small else [t - 1]
-            for i in rows:
-                out.append(_attends_line(labels, pct[i], i))
-            if small:
-                out += ["", matrix("head output = percents V:", np_(lt.head_out)[slot], pos_labels, hdims)]
-            out.append("")
-        if small:
-            proj = " after the output projection" if cfg.attn_out_proj else " (heads concatenated, no projection)"
-            out += [matrix(f"attention output{proj}:", np_(lt.attn_out), pos_labels, dims), "",
-                    matrix("residual: input + attention output:", np_(lt.resid_1), pos_labels, dims)]
-            if lt.mlp_out is not None:
-                out += ["", matrix("MLP output:", np_(lt.mlp_out), pos_labels, dims), "",
-                        matrix("residual: + MLP output:", np_(lt.resid_2), pos_labels, dims)]
-    if small and cfg.num_tokens <= 16:
-        vocab = range(cfg.num_tokens)
-        cols = tokenizer.tokens(vocab) if tokenizer is not None else [str(j) for j in vocab]
-        out += ["", matrix("logits (fc_layer output; one column per vocabulary token):", np_(tr.logits), pos_labels,
-                            cols)]
-    out += ["", "top next-token probabilities at each position:"]
-    positions = range(t) if t <= TABLE_MAX_T else range(t - 5, t)
-    if t > TABLE_MAX_T:
-        out.append(f"(last 5 of {t} positions)")
-    for i in positions:
-        ids = tr.top_k_ids[batch, i].tolist()
-        probs = tr.top_k_probs[batch, i].tolist()
-        toks = tr.top_k_tokens[batch][i] if tr.top_k_tokens is not None else [str(j) for j in ids]
-        cells = ", ".join(f"{label(s)} {p:.4f}" for s, p in zip(toks, probs))
-        out.append(f"  after {pos_labels[i]}: {cells}")
-    best = tr.top_k_tokens[batch][t - 1][0] if tr.top_k_tokens is not None else str(int(tr.top_k_ids[batch, t - 1, 0]))
-    out += ["", f"=> the top next token after {label(labels[-1])} is {label(best)} "
-                f"(p = {float(tr.top_k_probs[batch, t - 1, 0]):.4f})"]
-    if model is not None and small:
+        out += _layer(st, lt)
+    out += _predictions(st)
+    if model is not None and st.small:
         rep = verify(model, tr.token_ids[batch : batch + 1])
         out.append(f"check: max |diff| = {rep.max_abs_diff:.2e} between the model and the float64 NumPy "
                    f"recomputation over {len(rep.steps)} steps ({'ok' if rep.ok else 'FAILED'}; "
