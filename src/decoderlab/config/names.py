@@ -47,3 +47,6 @@ SCHEDULES = ("cosine", "wsd")
 #: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
 #: their functions)
 EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")
+
+#: the fine-tuning methods (``decoderlab finetune --method``): supervised on conversations, DPO on preference pairs
+FINETUNE_METHODS = ("sft", "dpo")

@@ -9,6 +9,7 @@ from typing import Sequence
 import lightning as L
 
 from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate
+from ..config.names import FINETUNE_METHODS
 from ..config.recipes import finetune_defaults
 from ..config.rl import DPO_BETA
 from ..lora import trainable_parameters
@@ -26,7 +27,7 @@ from .start import base_template, run_template, starting_point
 from .supervised import conversations_of, sft_examples, summarize_sft
 
 #: the fine-tuning methods: supervised (masked cross-entropy on conversations), DPO (preference pairs)
-METHODS = ("sft", "dpo")
+METHODS = FINETUNE_METHODS
 
 
 def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike | None = None,

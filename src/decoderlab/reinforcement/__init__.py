@@ -7,10 +7,12 @@ named ``rl``, so that ``decoderlab.rl`` can stay a function.
 
     rollouts   RolloutSampler (the samples of one optimizer step), require_chat_template, train_rl
     plot       plot_history (reward, KL, reply length and end-of-turn rate per step, one PNG)
+    run        rl (one run: the run directory, checkpoints, resume, LoRA, the curves) and RLSummary
 """
 
 from ..training.module import frozen_copy
 from .plot import plot_history
 from .rollouts import RolloutSampler, require_chat_template, train_rl
+from .run import PLOT_FILE, RLSummary, rl
 
-__all__ = ["RolloutSampler", "require_chat_template", "train_rl", "frozen_copy", "plot_history"]
+__all__ = ["RolloutSampler", "require_chat_template", "train_rl", "frozen_copy", "plot_history", "rl", "RLSummary", "PLOT_FILE"]
