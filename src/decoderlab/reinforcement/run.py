@@ -35,12 +35,15 @@ from ..training.adapters import ADAPTER_DIR, run_lora
 from ..training.callbacks import LIGHTNING_DIR
 from ..training.grpo import RLModule
 from ..training.module import frozen_copy
+from ..training.run import RESUME_FIXED
 from ..training.trainer import check_run_options
 from .plot import plot_history
 from .rollouts import RolloutSampler, require_chat_template
 
 #: the curves of a run, in its directory
 PLOT_FILE = "rl.png"
+#: train settings a resumed run cannot change: with the seed they fix every step's prompts and samples
+RL_RESUME_FIXED = (*RESUME_FIXED, "batch_size")
 #: the steps whose mean reward a summary reports as the start and the end of a run
 _EDGE_STEPS = 10
 
@@ -181,7 +184,7 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
             named; the checkpoints written before are kept).
         FileNotFoundError: missing files. FileExistsError: a new run's ``out`` holds files.
     """
-    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**RL_TRAIN))
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**RL_TRAIN), fixed=RL_RESUME_FIXED)
     check_run_options(run.cfg, "auto", accelerator)
     rows, fn, rl_cfg, info = _settings(run, prompts, reward, rl_config)
     L.seed_everything(run.cfg.seed, verbose=False)
