@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from .config.rl import DEFAULT_LORA_TARGETS, LORA_TARGETS
+from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from decoderlab import cli
-from decoderlab.config import RL_TRAIN, TRAIN_DEFAULTS, RLConfig
+from decoderlab.config import RL_DEFAULTS, RL_TRAIN, TRAIN_DEFAULTS, RLConfig
 from reinforcement.letters import letter_checkpoint, letter_prompts
 
 from .helps import actions, helps
@@ -50,9 +50,10 @@ def test_rl_help_shows_the_defaults_of_the_config():
         if field in a and a[field].help and field != "seed":
             shown = f"{value:g}" if isinstance(value, float) else str(value)
             assert a[field].help.endswith(f"(default {shown})"), field
-    for f in dataclasses.fields(RLConfig):
+    for f in dataclasses.fields(RLConfig):  # the help's defaults are the dataclass's
         if f.name in a and f.name != "scale_rewards":
             assert a[f.name].help.endswith(f"(default {f.default})"), f.name
+    assert RLConfig().to_dict() == RL_DEFAULTS
     assert "contains_words, exact, regex, number" in h["--reward"] and "--lora-rank" in h and "--val-batches" not in h
 
 

@@ -3,11 +3,11 @@ template (``decoderlab.finetuning.finetune``)."""
 
 from __future__ import annotations
 
-from ..config.defaults import (FINETUNE_EVAL_PROMPTS, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, TRAIN_DEFAULTS)
+from ..config.defaults import (DPO_BETA, FINETUNE_EVAL_PROMPTS, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION,
+                               TRAIN_DEFAULTS)
 from ..config.names import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, FINETUNE_METHODS, TEMPLATES,
                             TOKENIZERS)
 from ..config.presets import PRESETS
-from ..config.rl import DPO_BETA
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error

@@ -28,9 +28,9 @@ import sys
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
-from ..config.names import DTYPES, MLPS, NORMS, OPTIMIZERS, POSITIONS, PRECISIONS, SCHEDULES
+from ..config.names import (DEFAULT_LORA_TARGETS, DTYPES, LORA_TARGETS, MLPS, NORMS, OPTIMIZERS, POSITIONS,
+                            PRECISIONS, SCHEDULES)
 from ..config.presets import PRESETS
-from ..config.rl import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .argtypes import DEVICES_HELP, devices, number, seed
 
 #: one flag of a group: its option strings and ``add_argument``'s keywords; a callable ``help`` is called with
@@ -361,7 +361,8 @@ LORA_OPTIONS = (
            help=f"comma-separated layer groups to adapt: {', '.join(LORA_TARGETS)} "
                 f"(default {','.join(DEFAULT_LORA_TARGETS)})"),
     option("--save-adapter", action="store_true", default=False,
-           help="also save the adapter alone (PEFT's layout) in RUN_DIR/adapter"),
+           help="also save the adapter alone (PEFT's layout) in RUN_DIR/adapter (default: the merged checkpoint "
+                "only)"),
 )
 
 

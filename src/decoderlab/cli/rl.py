@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from ..config.defaults import RL_TRAIN, TRAIN_DEFAULTS
-from ..config.rl import DEFAULT_REWARD, REWARDS, RLConfig
+from ..config.defaults import RL_DEFAULTS, RL_TRAIN, TRAIN_DEFAULTS
+from ..config.names import DEFAULT_REWARD, REWARDS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
@@ -20,7 +18,7 @@ DESCRIPTION = ("Reinforcement learning of a chat checkpoint from a checkable rew
 
 #: TrainConfig flags that reinforcement learning does not use (it has no validation split)
 _SKIP = ("val_batches", "full_val_below", "val_batch_size", "val_fraction")
-_RL = {f.name: f.default for f in dataclasses.fields(RLConfig)}
+_RL = RL_DEFAULTS
 #: (flag, RLConfig field, argparse keywords, help)
 _RL_OPTIONS = (
     ("--group-size", "group_size", dict(type=number(int), metavar="G"), "replies sampled per prompt (>= 2)"),
@@ -36,10 +34,11 @@ _RL_OPTIONS = (
 def add_rl(p) -> None:
     p.description = DESCRIPTION
     p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="the chat checkpoint to train (written by `decoderlab finetune`)")
+                   help="the chat checkpoint to train (written by `decoderlab finetune`) (default: none; give it or "
+                        "--resume)")
     p.add_argument("--prompts", default=None, metavar="PATH",
                    help="JSONL of conversations to answer ({\"messages\": [...]} or {\"prompt\": ...}) with the "
-                        "fields the reward needs")
+                        "fields the reward needs (default: none; give it or --resume)")
     p.add_argument("--reward", default=None, metavar="NAME",
                    help=f"a built-in reward ({', '.join(REWARDS)}) or module:function, a function (reply, row, "
                         f"ended) -> float (default {DEFAULT_REWARD})")
@@ -60,7 +59,10 @@ def add_rl(p) -> None:
     p.set_defaults(func=cmd_rl)
 
 
-def _rl_config(args) -> RLConfig | None:
+def _rl_config(args):
+    """The ``RLConfig`` of the flags (None on a resume without them: the run's own)."""
+    from ..config.rl import RLConfig
+
     changes = {f: getattr(args, f) for _, f, _, _ in _RL_OPTIONS if getattr(args, f) is not None}
     if args.scale_rewards:
         changes["scale_rewards"] = True

@@ -13,7 +13,7 @@ from here (one definition each).
     model     ModelConfig, preset()
     train     TrainConfig, check_train_seed
     limits    ServeLimits
-    rl        RLConfig, REWARDS, END_OF_TURN_BONUS, DPO_BETA, LORA_TARGETS (the stages after fine-tuning)
+    rl        RLConfig (the stages after fine-tuning; their names and defaults in names and defaults)
 
 The names below load their module on first use (PEP 562): ``names``, ``defaults``, ``presets`` and
 ``recipes`` import no dataclasses, so ``decoderlab --help`` reads them for about a millisecond.
@@ -39,8 +39,9 @@ _EXPORTS = {
     "ModelConfig": "model", "preset": "model",
     **dict.fromkeys(("MAX_TRAIN_SEED", "TrainConfig", "check_train_seed"), "train"),
     "ServeLimits": "limits",
-    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "DPO_BETA", "END_OF_TURN_BONUS", "LORA_TARGETS",
-                     "REWARDS", "RLConfig"), "rl"),
+    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "LORA_TARGETS", "REWARDS"), "names"),
+    **dict.fromkeys(("DPO_BETA", "END_OF_TURN_BONUS", "RL_DEFAULTS"), "defaults"),
+    "RLConfig": "rl",
 }
 
 __all__ = sorted(_EXPORTS)

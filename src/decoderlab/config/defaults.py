@@ -94,3 +94,17 @@ SERVE_LIMIT_DEFAULTS = {name: SERVE_LIMITS[name] for name in SERVE_LIMIT_HELP}
 VERIFY_TOL = 1e-5
 #: next-token probabilities ``explain`` shows per position
 EXPLAIN_TOP_K = 5
+
+#: ``RLConfig``'s defaults (``decoderlab.config.rl``): G = 8 replies per prompt (TRL ``GRPOTrainer``'s
+#: ``num_generations``; nanochat's ``chat_rl`` samples 16), replies of up to 128 tokens sampled at temperature 1,
+#: no KL penalty (nanochat), advantages not divided by the group's standard deviation (nanochat, Dr. GRPO)
+RL_DEFAULTS = {"group_size": 8, "max_new_tokens": 128, "temperature": 1.0, "top_k": None, "top_p": None,
+               "kl_coef": 0.0, "scale_rewards": False}
+
+#: what the ``contains_words`` reward adds to the share of words present when the reply ends its turn (so a
+#: reply that uses every word and stops scores 1 + this)
+END_OF_TURN_BONUS = 0.2
+
+#: DPO's beta (Rafailov et al. 2023; TRL ``DPOConfig.beta``'s default): the strength of the implicit KL
+#: constraint to the reference model
+DPO_BETA = 0.1

@@ -11,7 +11,7 @@ import lightning as L
 from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate
 from ..config.names import FINETUNE_METHODS
 from ..config.recipes import finetune_defaults
-from ..config.rl import DPO_BETA
+from ..config.defaults import DPO_BETA
 from ..lora import trainable_parameters
 from ..tokenizers import Tokenizer
 from ..training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, ShareRunDirectory, TrainConfig,

@@ -23,7 +23,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from ..chat import CHAT_TEMPLATE_KEY, load_model, template_from_meta
 from ..checkpoint import TOKENIZER_FILE, read_config
 from ..config.defaults import RL_TRAIN
-from ..config.rl import DEFAULT_REWARD, RLConfig
+from ..config.names import DEFAULT_REWARD
+from ..config.rl import RLConfig
 from ..feedback import load_prompts, load_reward
 from ..feedback.rewards import reward_name
 from ..lora import has_lora, merge_lora, trainable_parameters

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..config.rl import DPO_BETA
+from ..config.defaults import DPO_BETA
 from ..data import CountingSampler
 from .config import TrainConfig
 from .grpo import token_logprobs
