@@ -22,15 +22,18 @@ $(STAMP): pyproject.toml
 browsers:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium chromium-driver)
 
+# one pytest worker per core (pytest-xdist; each computes on one thread, see tests/conftest.py)
 test: $(STAMP) browsers
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # the suite without the training runs marked slow (which `make test` runs too)
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n 2 -m "not slow"
 
+# each run starts afresh (a new run refuses a directory that holds files), so `make demo` can run again
 demo: $(STAMP)
+	rm -rf runs/statquest
 	$(VENV)/bin/decoderlab train --preset statquest --out runs/statquest
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "what is statquest"
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"

@@ -6,7 +6,10 @@ import lightning as L
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# `make test` runs one pytest worker per core (pytest-xdist): each worker then computes on one thread, so
+# two workers never fight over the same two cores; a plain `pytest` keeps two threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

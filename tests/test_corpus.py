@@ -220,7 +220,7 @@ def test_no_stray_files_in_package_corpora():
 
 
 def test_read_corpus_calls_a_binary_file_binary(tmp_path):
-    """Issue 14: not "convert from latin1" for an image, an archive or model weights."""
+    """A binary file is named as binary, not "convert from latin1" for an image, an archive or model weights."""
     png = tmp_path / "plot.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     with pytest.raises(ValueError) as e:

@@ -276,7 +276,7 @@ def test_to_gpt2_never_deletes_foreign_files(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Hugging Face GPT-2 directories are checkpoints too (issue 14)
+# Hugging Face GPT-2 directories are checkpoints too
 # ---------------------------------------------------------------------------------------------------------
 
 CORPUS = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "

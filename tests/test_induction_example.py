@@ -1,4 +1,4 @@
-"""examples/induction_heads.py, the README's induction-head demo, runs end to end (a short run)."""
+"""examples/induction_heads.py, the induction-head demo of docs/glassbox.md, runs end to end (a short run)."""
 
 import runpy
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Issue 12 (CPU speedrun): the new architecture options (qk_norm, mlp="relu2", zero_init), their float64
+"""The CPU speedrun: the architecture options (qk_norm, mlp="relu2", zero_init), their float64
 ``verify`` exactness, the optimizer options of ``TrainConfig`` (Muon groups, schedules, subset evaluation) and
 the intra-op thread choice."""
 

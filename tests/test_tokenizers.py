@@ -191,7 +191,7 @@ def one_call(bpe, text):
 
 
 def test_bpe_chunks_any_text_and_gives_the_ids_of_one_call(bpe, shakespeare):
-    """Issue 13: CRLF, CR and no line ends at all are cut too (they were encoded in one call: +1.4 GB of
+    """BPE corpus chunking: CRLF, CR and no line ends at all are cut too (they were encoded in one call: +1.4 GB of
     peak memory for 8 MB of CRLF text), and every cut keeps the ids of one call -- on every kind of
     boundary (forced small pieces: a cut is tried after every few characters)."""
     import random
@@ -363,7 +363,7 @@ def test_every_tokenizer_refuses_invalid_unicode_the_same_way():
 @pytest.mark.parametrize("kind", ["char", "word", "bpe"])
 def test_added_special_tokens_are_control_tokens_and_unicode_is_still_checked(kind):
     """Chat tokens added with add_special_tokens are in special_ids (never text), typed look-alikes stay text,
-    and a lone surrogate is refused as before (issue 10 merged with issue 13's check_unicode)."""
+    and a lone surrogate is refused as before (the invalid-Unicode check survives the added tokens)."""
     from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
 
     text = "hi <|user|> there"

@@ -1,4 +1,4 @@
-"""How many intra-op threads PyTorch should use, given the cores and how busy they are (issue 12).
+"""How many intra-op threads PyTorch should use, given the cores and how busy they are.
 
 On a small shared machine, OpenMP threads that each need a whole core wait on one another when another
 process holds a core: two threads under a load of ~2 on two cores ran a training step many times slower than

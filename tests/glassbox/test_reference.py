@@ -22,7 +22,7 @@ def test_verify_agrees_to_1e5_on_every_preset_family(name, variant):
     names = [s.name for s in rep.steps]
     assert names[0] == "word embeddings" and names[-1] == "logits"
     assert "layer 0 percents" in names and "layer 0 sims Q K^T" in names
-    # a model without norms (the lesson's) lists no norm steps (issue 14): "final norm" would be a copy
+    # a model without norms (the lesson's) lists no norm steps: "final norm" would be a copy
     assert ("final norm" in names) == ("layer 0 norm_1" in names) == (m.config.norm != "none")
     assert (m.config.mlp == "gelu") == ("layer 0 mlp out" in names)
     # absolute agreement too, for these untrained models: float32 vs float64

@@ -20,7 +20,7 @@ DESCRIPTION = ("Train a language model on text (a recipe, or a preset's shape ch
                "with --preset statquest the lesson's model on its two pairs. The default recipe, "
                f"{DEFAULT_RECIPE}, is baby-shakespeare's size with rotary positions, QK-norm, ReLU² and "
                f"zero-initialised projections, trained with Muon + AdamW for {_RECIPE_TRAIN['max_steps']} steps "
-               "(README: \"Training a GPT on text\"). Progress: a bar on a terminal; plain lines when the output is "
+               "(docs/training.md). Progress: a bar on a terminal; plain lines when the output is "
                "redirected or with --no-progress-bar. A closed output (`| head`) does not stop the run.")
 
 

@@ -1,5 +1,5 @@
 """Wall-clock log of the validations of a training run, with cheap subset evaluation while training and a
-full evaluation when it matters (issue 12: evaluation counts in a speedrun's wall time).
+full evaluation when it matters (evaluation counts in a speedrun's wall time).
 
 While training, Lightning validates every ``eval_every`` steps on a fixed subset (``val_batches`` batches of
 the first validation windows). :class:`ValidationClock` records each of those with its wall-clock time and,
