@@ -95,41 +95,66 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     run.announce()  # every refusal is behind us
     save_adapter = bool(save_adapter if save_adapter is not None else run.info.get("save_adapter", False))
     pad = pad_id_for(tok, template)
-    if method == "dpo":
-        examples = preference_examples(train_items, val_items, tok, template, model.config.max_len)
-        dm = DPODataModule(*examples, batch_size=run.cfg.batch_size, accumulate=run.cfg.accumulate,
-                           seed=run.cfg.seed, pad_id=pad, val_batch_size=run.cfg.val_batch_size)
-        module = DPOModule(model, run.cfg, reference, beta)
-    else:
-        examples = sft_examples(train_items, val_items, tok, template, model.config.max_len)
-        dm = SFTDataModule(*examples, batch_size=run.cfg.batch_size, accumulate=run.cfg.accumulate,
-                           seed=run.cfg.seed, pad_id=pad, val_batch_size=run.cfg.val_batch_size)
-        module = SFTModule(model, run.cfg)
-    meta = {"task": "chat", CHAT_TEMPLATE_KEY: template.to_dict(), "tokenizer": tok.kind, "base": start["checkpoint"],
-            "preset": start["preset"], "method": method, **({"lora": start["lora"]} if start["lora"] else {})}
-    exporter = ExportCheckpoint(run.run_dir, tok, meta, adapter_dir=run.run_dir / ADAPTER_DIR if save_adapter else None)
+    examples, dm, module = _training(method, run, model, reference, beta, (train_items, val_items), tok, template,
+                                     pad)
     launch = dict(devices=devices, strategy=strategy, num_nodes=num_nodes)
-    trainer = make_trainer(run.cfg, run.run_dir, accelerator=accelerator, progress_bar=progress_bar, logger=logger,
-                           callbacks=[NonFiniteLossGuard(run.run_dir), exporter, ShareRunDirectory(run),
-                                      InterruptNotice(run.run_dir, "finetune"), *callbacks], **launch)
+    trainer, exporter = _trainer(run, tok, template, start, method, save_adapter, launch,
+                                 dict(accelerator=accelerator, progress_bar=progress_bar, logger=logger), callbacks)
     run.record(trainer, model.config, tok, launch, task="chat", method=method, template=template.name,
                **({"beta": beta} if method == "dpo" else {}), **data_info, checkpoint=start["checkpoint"],
                preset=start["preset"], added_tokens=start["added_tokens"], lora=start["lora"],
                save_adapter=save_adapter)
     seconds = fit_run(trainer, module, run, datamodule=dm)
+    model, summary = _summarize(method, trainer, run, module, reference, (tok, template, pad), exporter,
+                                (train_items, val_items), examples, start, beta, seconds,
+                                dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
+    _closing_line(trainer, method, summary, progress_bar or logger)
+    return model.eval(), tok, summary
+
+
+def _summarize(method, trainer, run, module, reference, chat: tuple, exporter, items, examples, start, beta, seconds,
+               eval_options) -> tuple:
+    """``(the model, the summary)`` of the method (:func:`summarize_dpo` or :func:`summarize_sft`)."""
+    tok, template, pad = chat
     if method == "dpo":
-        model, summary = summarize_dpo(trainer, run, module.model, reference, tok, template, exporter, examples,
-                                       start, beta, seconds, pad)
-        line = format_preferences(summary.evaluation, summary.eval_on)
-    else:
-        model, summary = summarize_sft(trainer, run, module.model, tok, template, exporter,
-                                       (train_items, val_items), examples, start, seconds,
-                                       dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
-        line = format_evaluation(summary.evaluation, summary.eval_on)
-    if trainer.is_global_zero and (progress_bar or logger):
+        return summarize_dpo(trainer, run, module.model, reference, tok, template, exporter, examples, start, beta,
+                             seconds, pad)
+    return summarize_sft(trainer, run, module.model, tok, template, exporter, items, examples, start, seconds,
+                         eval_options)
+
+
+def _trainer(run, tok, template, start: dict, method: str, save_adapter: bool, launch: dict, options: dict,
+             callbacks) -> tuple:
+    """``(Lightning trainer, checkpoint exporter)`` of the run: the chat checkpoint's meta (the template, the
+    method, the adapters' settings), the adapter alone when asked, the run plumbing's callbacks."""
+    meta = {"task": "chat", CHAT_TEMPLATE_KEY: template.to_dict(), "tokenizer": tok.kind, "base": start["checkpoint"],
+            "preset": start["preset"], "method": method, **({"lora": start["lora"]} if start["lora"] else {})}
+    exporter = ExportCheckpoint(run.run_dir, tok, meta, adapter_dir=run.run_dir / ADAPTER_DIR if save_adapter else None)
+    trainer = make_trainer(run.cfg, run.run_dir, **options, **launch,
+                           callbacks=[NonFiniteLossGuard(run.run_dir), exporter, ShareRunDirectory(run),
+                                      InterruptNotice(run.run_dir, "finetune"), *callbacks])
+    return trainer, exporter
+
+
+def _training(method: str, run, model, reference, beta, items: tuple, tok, template, pad: int) -> tuple:
+    """``(examples, datamodule, Lightning module)`` of the method: DPO's pairs against the frozen ``reference``,
+    or SFT's conversations."""
+    train_items, val_items = items
+    batches = dict(batch_size=run.cfg.batch_size, accumulate=run.cfg.accumulate, seed=run.cfg.seed, pad_id=pad,
+                   val_batch_size=run.cfg.val_batch_size)
+    if method == "dpo":
+        examples = preference_examples(train_items, val_items, tok, template, model.config.max_len)
+        return examples, DPODataModule(*examples, **batches), DPOModule(model, run.cfg, reference, beta)
+    examples = sft_examples(train_items, val_items, tok, template, model.config.max_len)
+    return examples, SFTDataModule(*examples, **batches), SFTModule(model, run.cfg)
+
+
+def _closing_line(trainer, method: str, summary, verbose) -> None:
+    """The last line of a run on the terminal (the first process, unless the run is silent)."""
+    if trainer.is_global_zero and verbose:
+        line = (format_preferences if method == "dpo" else format_evaluation)(summary.evaluation, summary.eval_on)
         how = "" if method == "sft" else f" ({method})"
         print(f"fine-tuned{how} for {summary.steps} steps; {line}")
-    return model.eval(), tok, summary
 
 
 def _method(run, method: str | None, beta: float | None) -> tuple[str, float | None]:
