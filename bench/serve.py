@@ -11,6 +11,15 @@ Reported per N: failures (non-200, missing [DONE], or the wrong number of tokens
 (first non-empty delta) p50/p95, and aggregate tokens/s = all completion tokens / wall time. The ratio
 column is aggregate tokens/s over the single stream's. Target (issue 11): at 16 clients >= 4x, 0 failures.
 
+Then three more measurements (the targets of the server's sampling/structured-output/prefill issue):
+
+* a burst of 16 requests with prompts of different lengths (8 .. 56 characters) arriving together: TTFT p95
+  against a lone request's (target <= 3x; newcomers are prefilled together in one padded pass);
+* the library's own decode speed (``decoderlab.generate``, 128 tokens, same shape and threads, in this
+  process) against the single served stream (target >= 0.85x);
+* structured output's cost per token: ``generate`` with a regex grammar (every step's token mask from
+  llguidance) against the same call without (target <= 1.3x).
+
 Usage: python bench/serve.py [--clients 1 4 16 32] [--tokens 128]
 """
 
@@ -43,6 +52,10 @@ def run_server(port: int, threads: int) -> None:
         def eos_id(self):  # <EOS> is not a stop token: every client gets all its tokens
             return None
 
+        @property
+        def end_of_text_ids(self):  # (nor any other control token)
+            return ()
+
     tok = NoStopCharTokenizer(set(text))
     model = dl.DecoderOnlyTransformer(dl.preset("shakespeare-char", num_tokens=tok.vocab_size)).eval()
     app = create_app(model, tok, model_id="shakespeare-char", template=None,
@@ -74,6 +87,45 @@ async def one(client, url, prompt, seed, tokens):
     except Exception:  # noqa: BLE001 -- a failure is counted, not raised
         return None, 0
     return (ttft if done and got == tokens else None), got
+
+
+def library_speeds(tokens: int, threads: int) -> tuple[float, float]:
+    """(tokens/s of ``generate`` at the bench shape, the per-token time with a grammar over the time without)."""
+    import torch
+
+    import decoderlab as dl
+    from decoderlab.generation import Grammar
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    text = dl.read_corpus()
+
+    class NoStopCharTokenizer(dl.CharTokenizer):
+        @property
+        def eos_id(self):
+            return None
+
+        @property
+        def end_of_text_ids(self):
+            return ()
+
+    tok = NoStopCharTokenizer(set(text))
+    model = dl.DecoderOnlyTransformer(dl.preset("shakespeare-char", num_tokens=tok.vocab_size)).eval()
+    prompt = tok.encode(text[:16])
+    grammar = Grammar.regex("[A-Za-z ,.;:!?'\\n-]+")  # never complete: all the tokens are generated
+
+    def timed(**kw) -> float:
+        best = float("inf")
+        for seed in range(3):
+            t0 = time.perf_counter()
+            out = dl.generate(model, prompt, tokens, temperature=0.8, seed=seed, tokenizer=tok, **kw)
+            best = min(best, time.perf_counter() - t0)
+            assert len(out) == tokens
+        return best
+
+    timed()  # warm-up
+    plain, constrained = timed(), timed(grammar=grammar)
+    return tokens / plain, constrained / plain
 
 
 async def measure(url, prompts, n, tokens, concurrent: bool):
@@ -154,9 +206,22 @@ def main() -> None:
             print(f"\nat 16 clients: {at16[0]['tps'] / single:.2f}x a single stream "
                   f"({at16[0]['tps'] / seq.get(16, single):.2f}x the same 16 requests one after another), "
                   f"{at16[0]['failures']} failures")
+        long_lines = [ln for ln in dl.read_corpus().splitlines() if len(ln) >= 56]
+        mixed = [ln[: 8 + (7 * i) % 49] for i, ln in enumerate(long_lines[:16])]  # 8 .. 56 characters
+        alone = asyncio.run(measure(url, [max(mixed, key=len)], 1, args.tokens, True))  # the longest, alone
+        burst = asyncio.run(measure(url, mixed, 16, args.tokens, True))
+        print(f"\nburst of 16, prompts of 8 .. 56 characters: TTFT p50 {1000 * burst['p50']:.0f} ms, p95 "
+              f"{1000 * burst['p95']:.0f} ms, a lone request's {1000 * alone['p50']:.0f} ms: p95 "
+              f"{burst['p95'] / alone['p50']:.2f}x alone; {burst['failures']} failures")
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+    lib_tps, cost = library_speeds(args.tokens, args.threads)
+    print(f"library decode (generate, {args.tokens} tokens): {lib_tps:.0f} tokens/s; the single served stream "
+          f"{single:.0f} tokens/s = {single / lib_tps:.2f}x the library's")
+    print(f"structured output (a regex grammar's token mask every step): {cost:.2f}x the unconstrained time per "
+          f"token")
+    return
 
 
 if __name__ == "__main__":

@@ -270,3 +270,24 @@ def test_held_out_conversations_that_were_all_dropped_print_no_nan(tmp_path, cap
                     "assistant tokens): no loss: no assistant token to score; no greedy replies (no conversation to "
                     "answer)")
     assert s.evaluation["loss"] is None and s.evaluation["token_accuracy"] is None and s.val_conversations == 0
+
+
+def test_conversations_with_tool_calls_fine_tune_with_the_tools_template(tmp_path):
+    """Messages-format data may hold tool calls and their results: a model built from the data (its characters
+    include the calls' text) fine-tunes with the "tools" template, which the checkpoint stores, and the
+    supervised tokens are the call (after <|tool_call|>) and the final answer."""
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    convs = [[{"role": "user", "content": f"{i} plus 2"}, {"role": "assistant", "content": None, "tool_calls": [
+        dict(call, function={"name": "add", "arguments": {"a": i, "b": 2}})]},
+        {"role": "tool", "tool_call_id": "c", "content": str(i + 2)}, {"role": "assistant", "content": str(i + 2)}]
+        for i in range(8)]
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    model, tok, _ = finetune(str(path), out=tmp_path / "r", preset="baby-shakespeare", template="tools",
+                             model_overrides=dict(TINY_CHAT, max_len=64), train_config=tiny_cfg(), val_fraction=0,
+                             eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu")
+    template = template_from_meta(read_meta(tmp_path / "r"))
+    assert template.name == "tools" and template.has_tools
+    ids, mask = template.render(convs[3], tok)
+    supervised = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert supervised == '<|tool_call|>add {"a": 3, "b": 2}<|end|>5<|end|>'

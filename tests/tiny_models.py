@@ -146,3 +146,44 @@ def tiny_model():
         model.fc_layer.bias[tok.eos_id] = -30.0
     model.eval()
     return model, tok
+
+
+#: the JSON records the small structured-output model is trained on, and the schema they follow
+PERSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets"],
+                 "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+                                "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                                "pets": {"type": "array", "maxItems": 3,
+                                         "items": {"type": "string", "enum": ["cat", "dog", "fish"]}}}}
+JSON_CHARS = '{}[]":, 0123456789abcdefghijklmnopqrstuvwxyz\n'
+
+
+def person_records(n: int, seed: int = 0) -> list[str]:
+    import json
+    import random
+
+    rng = random.Random(seed)
+    names = ["ann", "bob", "cid", "dora", "eve", "finn", "gus", "hana", "ivo", "jo"]
+    return [json.dumps({"name": rng.choice(names), "age": rng.randrange(100),
+                        "pets": rng.sample(["cat", "dog", "fish"], rng.randrange(4))}) for _ in range(n)]
+
+
+def trained_json_model(steps: int = 150, seed: int = 0):
+    """A small character model (2 layers, d_model 32) trained for ``steps`` AdamW steps on lines of
+    ``person_records``: it writes records like them (about 2 s on one thread)."""
+    torch.manual_seed(seed)
+    tok = dl.CharTokenizer(set(JSON_CHARS))
+    text = "\n".join(person_records(400, seed)) + "\n"
+    data = torch.tensor(tok.encode(text))
+    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=32, n_layer=2, n_head=2, max_len=64)
+    model = dl.DecoderOnlyTransformer(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - 65, (16,), generator=g)
+        x = torch.stack([data[s:s + 64] for s in starts])
+        y = torch.stack([data[s + 1:s + 65] for s in starts])
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), tok

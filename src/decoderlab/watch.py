@@ -30,7 +30,8 @@ class HeadWatch(L.Callback):
     and every head's previous-token, duplicate-token and induction scores on a fixed probe.
 
     Args:
-        run_dir: the run directory (created if missing).
+        run_dir: the run directory (created if missing); None: the trainer's ``default_root_dir`` (the run
+            directory of ``train_lm``, whose default ``runs/<timestamp>`` is only named when the run starts).
         every: record every this many steps (>= 1).
         probe: (B, T) ids to score on; default :func:`~decoderlab.glassbox.watching.probe_tokens` (4 rows of
             min(max_len // 2, 64) random tokens repeated twice, seed ``seed``).
@@ -43,11 +44,11 @@ class HeadWatch(L.Callback):
         ValueError: ``every`` below 1; a probe that is not (B, T) ids the model accepts; FSDP.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, every: int = 50, *, probe: torch.Tensor | None = None,
+    def __init__(self, run_dir: str | os.PathLike | None, every: int = 50, *, probe: torch.Tensor | None = None,
                  seed: int = 0):
         if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
             raise ValueError(f"every must be an integer >= 1 (steps between records), got {every!r}")
-        self.run_dir = Path(run_dir)
+        self.run_dir = None if run_dir is None else Path(run_dir)
         self.every = int(every)
         self.probe = probe
         self.seed = seed
@@ -59,6 +60,8 @@ class HeadWatch(L.Callback):
         if "fsdp" in type(trainer.strategy).__name__.lower():
             raise ValueError("HeadWatch runs the model on rank 0 alone, which sharded (FSDP) weights do not allow; "
                              "watch heads with a single device or DDP")
+        if self.run_dir is None:
+            self.run_dir = Path(trainer.default_root_dir)
         model = unwrap_model(pl_module.model)
         if self.probe is None:
             self.probe = probe_tokens(model, seed=self.seed)

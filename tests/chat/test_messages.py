@@ -17,3 +17,26 @@ def test_the_last_message_is_named_with_its_article(messages, final, message):
     with pytest.raises(ValueError) as e:
         check_messages(messages, final=final)
     assert str(e.value) == message
+
+
+def _call(i):
+    return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def test_tool_calls_are_answered_by_tool_results_before_the_assistant_speaks():
+    ok = [{"role": "user", "content": "q"},
+          {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]},
+          {"role": "tool", "tool_call_id": "b", "content": "1"}, {"role": "tool", "tool_call_id": "a", "content": "2"}]
+    check_messages(ok, final="user")  # a tool result may end a conversation awaiting the reply
+    check_messages(ok + [{"role": "assistant", "content": "3"}])
+    with pytest.raises(ValueError, match="message 3 is a tool result for tool_call_id 'b'"):
+        check_messages(ok[:3] + [{"role": "tool", "tool_call_id": "b", "content": "2"}], final=None)
+    with pytest.raises(ValueError, match="message 2: a tool call without its result"):
+        check_messages(ok[:2] + [{"role": "user", "content": "x"}], final=None)
+    with pytest.raises(ValueError, match="have no tool result"):
+        check_messages(ok[:3], final=None)
+    with pytest.raises(ValueError, match="only an assistant message may call tools"):
+        check_messages([{"role": "user", "content": "q", "tool_calls": [_call("a")]}], final=None)
+    with pytest.raises(ValueError, match="message 1 is a tool result"):
+        check_messages([{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "a", "content": "1"}],
+                       final=None)

@@ -85,3 +85,32 @@ def test_lesson_template_is_the_pair_scheme():
     assert x == inputs[0].tolist()
     # the lesson supervises every position; the chat loss keeps only the response and its <EOS>
     assert y == [IGNORE_INDEX] * 3 + labels[0].tolist()[3:]
+
+
+def test_tools_template_renders_calls_results_and_definitions_with_their_own_tokens():
+    """The "tools" template: the tools offered after the system message, a call after <|tool_call|> (supervised,
+    as the assistant's content), the result after <|tool|> (context), each turn closed by <|end|>."""
+    from decoderlab.chat import get_template, parse_tool_call, tool_call_text
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":17,"b": 25}'}}
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}, {"role": "assistant", "content": "42!"}]
+    template = get_template("tools")
+    tok = CharTokenizer.from_text('sq42!add {}"ab:,17 25[]typeobjctnmr').add_special_tokens(template.special_tokens)
+    ids, mask = template.render(messages, tok, tools=tools)
+    sp = {t: tok.token_to_id[t] for t in template.special_tokens}
+    want = ([sp["<|system|>"]] + tok.encode("s") + [sp["<|end|>"], sp["<|tool|>"]]
+            + tok.encode('[{"name": "add", "parameters": {"type": "object"}}]') + [sp["<|end|>"]]
+            + [sp["<|user|>"]] + tok.encode("q") + [sp["<|end|>"]]
+            + [sp["<|assistant|>"], sp["<|tool_call|>"]] + tok.encode('add {"a": 17, "b": 25}') + [sp["<|end|>"]]
+            + [sp["<|tool|>"]] + tok.encode("42") + [sp["<|end|>"]]
+            + [sp["<|assistant|>"]] + tok.encode("42!") + [sp["<|end|>"]])
+    assert ids == want
+    supervised = [i for i, m in zip(ids, mask) if m]
+    assert supervised == ([sp["<|tool_call|>"]] + tok.encode('add {"a": 17, "b": 25}') + [sp["<|end|>"]]
+                          + tok.encode("42!") + [sp["<|end|>"]])
+    assert parse_tool_call(tool_call_text("add", call["function"]["arguments"])) == ("add", '{"a": 17, "b": 25}')
+    with pytest.raises(ValueError, match="no tool-call tokens"):
+        DL.render(messages, tok.add_special_tokens(DL.special_tokens))

@@ -73,6 +73,42 @@ def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatc
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_cli_penalties_min_p_and_json_schema_are_the_librarys(lm_checkpoint, capsys, tmp_path):
+    """The sampling flags a row each: --min-p, --repetition-penalty, --frequency-penalty, --presence-penalty
+    give generate's text with those settings; --json-schema FILE constrains the reply (this vocabulary can
+    write "true" but not "false", so a boolean schema is "true")."""
+    model, tok = dl.load_checkpoint(lm_checkpoint)
+    controls = dict(min_p=0.05, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=-0.5)
+    # a seed whose text runs a while and changes with the controls
+    seed = next(s for s in range(100) if len(generate(model, tok.encode("to be"), 25, seed=s, tokenizer=tok,
+                                                      **controls)) > 8 and
+                generate(model, tok.encode("to be"), 25, seed=s, tokenizer=tok, **controls) !=
+                generate(model, tok.encode("to be"), 25, seed=s, tokenizer=tok))
+    ids = generate(model, tok.encode("to be"), 25, seed=seed, tokenizer=tok, **controls)
+    flags = ["--max-new-tokens", "25", "--seed", str(seed), "--min-p", "0.05", "--repetition-penalty", "1.3",
+             "--frequency-penalty", "0.4", "--presence-penalty", "-0.5"]
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *flags, "--no-stream", "to be"]) == 0
+    assert capsys.readouterr().out == tok.decode(ids) + "\n"
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "boolean"}')
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--json-schema", str(schema), "--seed", "1",
+                     "to be"]) == 0
+    assert capsys.readouterr().out == "true\n"
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--presence-penalty", "3", "to be"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "presence_penalty must be" in err and "-2 to 2" in err  # (as top_p's)
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--min-p", "1.5", "to be"]) == 2
+    assert "min_p must be" in capsys.readouterr().err
+    schema.write_text('{"type": "nonsense"}')
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--json-schema", str(schema), "to be"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlab: error: json_schema:") and "nonsense" in err and err.count("\n") == 1
+    schema.write_text("{not json")
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--json-schema", str(schema), "to be"])
+    assert "is not valid JSON" in capsys.readouterr().err
+
+
 def test_unescape_understands_the_usual_backslash_escapes():
     from decoderlab.cli import unescape
 

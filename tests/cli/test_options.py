@@ -12,13 +12,16 @@ from .helps import command_parser
 
 
 def test_a_row_is_a_flag_of_the_group_and_its_reader():
-    rows = (*SAMPLING_OPTIONS, option("--min-p", type=float, metavar="P", help=lambda w: f"min-p ({w['where']})"))
+    # a made-up flag, not one of the group's: a row with a callable help
+    rows = (*SAMPLING_OPTIONS, option("--typical-p", type=float, metavar="P", help=lambda w: f"typical ({w['where']})"))
     p = argparse.ArgumentParser()
     add_options(p, rows, temperature_help="t", where="here")
-    args = p.parse_args(["--min-p", "0.1", "--top-k", "5"])
-    assert given(args, rows) == {"top_k": 5, "min_p": 0.1}
-    assert [dest(r) for r in rows] == ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "min_p"]
-    assert {a.dest: a.help for a in p._actions}["min_p"] == "min-p (here)"
+    args = p.parse_args(["--typical-p", "0.1", "--top-k", "5"])
+    assert given(args, rows) == {"top_k": 5, "typical_p": 0.1}
+    assert [dest(r) for r in rows] == ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "min_p",
+                                       "repetition_penalty", "frequency_penalty", "presence_penalty", "json_schema",
+                                       "typical_p"]
+    assert {a.dest: a.help for a in p._actions}["typical_p"] == "typical (here)"
 
 
 def test_the_readers_return_what_was_given():

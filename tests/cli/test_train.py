@@ -363,3 +363,37 @@ def test_cli_train_bad_data_path_is_one_line(decoderlab_cli, tmp_path):
         r = decoderlab_cli("train", "--data", data, "--max-steps", "5", "--out", tmp_path / "run", cwd=tmp_path)
         assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: corpus path {data} {what} {tail}\n")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_watch_heads_records_the_scores_and_the_loss_into_the_run(small_corpus, tiny_lm_flags, tmp_path, capsys,
+                                                                   monkeypatch):
+    from decoderlab.glassbox import all_head_scores
+    from decoderlab.glassbox.watching import WATCH_FILE, probe_tokens, read_records
+
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(small_corpus), "--out", str(out), "--max-steps", "4", "--watch-heads", "2",
+                     "--eval-every", "4", "--no-progress-bar", *tiny_lm_flags]) == 0
+    printed = capsys.readouterr().out
+    assert f"head scores recorded every 2 steps in {out}/{WATCH_FILE}" in printed
+    records = read_records(out)
+    assert [r["step"] for r in records] == [0, 2, 4]
+    assert records[0]["loss"] is None and all(0 < r["loss"] < 10 for r in records[1:])
+    model, _ = load_checkpoint(out)  # the last record is the final model's scores on the probe
+    want = all_head_scores(model, probe_tokens(model))
+    for kind, table in records[-1]["scores"].items():
+        assert np.allclose(table, want[kind].numpy(), atol=1e-5), kind
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--watch-heads", "0"], "--watch-heads must be >= 1, got 0"),
+    (["--preset", "statquest", "--watch-heads", "5"], "--watch-heads applies to language-model presets only"),
+])
+def test_watch_heads_bad_input(argv, message, capsys, tmp_path):
+    try:
+        status = cli.main(["train", "--out", str(tmp_path / "run"), *argv])
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and err.count("\n") == 1, err

@@ -85,6 +85,40 @@ def test_scheduler_prefills_equal_lengths_together_and_stays_exact(mt):
         assert texts[i] == ref_text(mt, tok.encode(p), 40, 0 if i % 2 else 0.9, i), p
 
 
+def test_a_burst_of_different_lengths_is_prefilled_in_one_padded_pass_and_stays_exact(mt):
+    """Newcomers of different prompt lengths arriving in one step are prefilled together (left-padded, a padding
+    mask, per-row positions): one forward pass for the burst, and each row still gives exactly generate's tokens,
+    also with n > 1 and when a second burst joins running rows."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=16)
+    sch.close()  # no thread: _step is driven here
+    prompts = ["a", "hello there", "x y", "the long prompt, with words: ok", "ab", "hey!"]
+    texts: dict = {}
+
+    def on(i):
+        def f(ev):
+            if ev[0] == "delta":
+                texts[i, ev[1]] = texts.get((i, ev[1]), "") + ev[2]
+        return f
+
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p), n=2 if i == 1 else 1,
+                              params=SamplingParams(max_new_tokens=30, temperature=0 if i % 2 else 0.9, seed=i),
+                              on_event=on(i)) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        sch._step(reqs[:4])  # four lengths (1, 11, 3, 31 tokens): one padded prefill
+        assert sch.prefills == 1 and len(sch._rows) == 5
+        sch._step(reqs[4:])  # a second burst joins the running rows: one more
+        assert sch.prefills == 2
+        while sch._rows:
+            sch._step([])
+    assert sch.prefills == 2
+    for i, p in enumerate(prompts):
+        temperature = 0 if i % 2 else 0.9
+        assert texts.get((i, 0), "") == ref_text(mt, tok.encode(p), 30, temperature, i), p
+    # choice 1 of the n=2 request samples with seed + 1 (greedy here: the same text)
+    assert texts.get((1, 1), "") == ref_text(mt, tok.encode(prompts[1]), 30, 0, 2)
+
+
 def _run(sch: Scheduler, prompt_ids, **sampling) -> tuple[str, str]:
     """One request through the scheduler's thread: (its text, its finish reason)."""
     out = {"text": "", "finish": None}

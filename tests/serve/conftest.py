@@ -1,9 +1,16 @@
 """Fixtures of the server's tests: a real uvicorn on a free port serving the tiny model (``server``: a base
-model; ``chat_server``: with a chat template, an API key and CORS)."""
+model; ``chat_server``: with a chat template, an API key and CORS; ``tools_server``: an untrained model with the
+"tools" chat template and a printable-character vocabulary, for tool calls and structured output)."""
 
 from __future__ import annotations
 
+import string
+
 import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.chat import add_chat_tokens, get_template
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
@@ -35,3 +42,20 @@ def chat_server(mt):
                      cors_origins=["http://example.test"], limits=Limits(max_messages=8))
     with ServerThread(app) as url:
         yield url, app
+
+
+@pytest.fixture(scope="module")
+def tools_model():
+    torch.manual_seed(0)
+    _, tok, _ = add_chat_tokens(None, dl.CharTokenizer(set(string.printable)), "tools")
+    # a long context: the tools' definitions are rendered into the prompt, one token per character
+    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2, max_len=640)
+    return dl.DecoderOnlyTransformer(cfg).eval(), tok
+
+
+@pytest.fixture(scope="module")
+def tools_server(tools_model):
+    model, tok = tools_model
+    app = create_app(model, tok, model_id=MODEL_ID, template=get_template("tools"), limits=Limits(max_tokens=200))
+    with ServerThread(app) as url:
+        yield url

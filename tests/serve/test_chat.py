@@ -47,3 +47,24 @@ def test_chat_equals_generate_through_the_template(chat_server, mt):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_system_messages_after_the_first_are_merged_into_the_first(chat_server, mt):
+    """A later system (or developer) message is merged into one system message first, texts joined by a blank
+    line: the reply is the one to that merged conversation."""
+    url, _ = chat_server
+    _, tok = mt
+    c = client(url, "sekret")
+    sent = [{"role": "system", "content": "b"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"}, {"role": "developer", "content": "p"},
+            {"role": "user", "content": "ok"}]
+    merged = [{"role": "system", "content": "b\n\np"}, {"role": "user", "content": "hi"},
+              {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok"}]
+    ids, _ = FakeTemplate().render(merged, tok, add_generation_prompt=True)
+    r = c.chat.completions.create(model=MODEL_ID, messages=sent, max_tokens=8, temperature=0.9, seed=3)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == ref_text(mt, ids, 8, 0.9, 3)
+    late_only = [{"role": "user", "content": "hi"}, {"role": "system", "content": "b"}]
+    r = c.chat.completions.create(model=MODEL_ID, messages=late_only, max_tokens=2)
+    want = FakeTemplate().render([late_only[1], late_only[0]], tok, add_generation_prompt=True)[0]
+    assert r.usage.prompt_tokens == len(want)

@@ -43,6 +43,21 @@ def test_api_key_and_cors(chat_server):
     assert r.headers["access-control-allow-origin"] == "http://example.test"
 
 
+def test_cors_preflight_allows_the_headers_the_browser_asks_for(chat_server):
+    """openai-node in a browser sends its x-stainless-* headers; the preflight allows what it names."""
+    url, _ = chat_server
+    asked = "authorization, content-type, x-stainless-os, x-stainless-lang, x-stainless-retry-count"
+    pre = httpx.options(url + "/v1/chat/completions", headers={
+        "Origin": "http://example.test", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": asked})
+    assert pre.status_code == 200, pre.text
+    allowed = {h.strip().lower() for h in pre.headers["access-control-allow-headers"].split(",")}
+    assert {h.strip() for h in asked.split(",")} <= allowed
+    other = httpx.options(url + "/v1/chat/completions", headers={
+        "Origin": "http://evil.test", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers  # the origin guards
+
+
 def test_cors_off_by_default(server):
     url, _ = server
     pre = httpx.options(url + "/v1/completions", headers={"Origin": "http://example.test",

@@ -43,7 +43,7 @@ def test_openapi_lists_the_endpoints_with_their_request_schemas(chat_server):
     streamed = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
     assert resolve(schema, streamed)["properties"]["object"]["const"] == "chat.completion.chunk"
     role = schema["components"]["schemas"]["ChatMessage"]["properties"]["role"]
-    assert role["enum"] == ["system", "user", "assistant"]
+    assert role["enum"] == ["system", "developer", "user", "assistant", "tool"]
     assert schema["components"]["schemas"]["CompletionRequest"]["properties"]["temperature"]["anyOf"][0]["maximum"] == 2
 
 

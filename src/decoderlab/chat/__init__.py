@@ -7,7 +7,7 @@ One function turns a conversation into token ids plus a loss mask -- :meth:`Chat
 layout it was trained on.
 
 - :mod:`.messages`: a conversation's shape (roles, order) and its check;
-- :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson"), the stored template, the
+- :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson", "tools"), the stored template, the
   template's special tokens in a tokenizer and a model;
 - :mod:`.data`: JSONL files in three formats (messages, prompt-completion, Alpaca);
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
@@ -18,16 +18,17 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 """
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
-from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations
+from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
 from .loading import LoadedModel, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
-from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, render_chat,
-                        template_from_meta)
+from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
+                        render_chat, template_from_meta, tool_call_text, tools_text)
+from .tools import ToolSet
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
     "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
-    "render_chat", "template_from_meta",
+    "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
 ]

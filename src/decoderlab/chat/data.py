@@ -11,7 +11,7 @@ from pathlib import Path
 from ..data import read_utf8
 from ..tokenizers import EOS, Tokenizer
 from .messages import check_messages
-from .templates import encode_text
+from .templates import encode_text, tool_call_text
 
 FORMATS = ("messages", "prompt-completion", "alpaca")
 
@@ -51,6 +51,17 @@ def _to_messages(obj, fmt: str) -> list[dict]:
         raise ValueError("Alpaca \"instruction\" and \"input\" must be strings")
     user = obj["instruction"] + (f"\n\n{inp}" if inp.strip() else "")
     return [{"role": "user", "content": user}, {"role": "assistant", "content": obj["output"]}]
+
+
+def _kept(m: dict) -> dict:
+    """What the template renders of a message: role, content, and a tool call's or result's fields."""
+    return {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m}
+
+
+def message_text(m: dict) -> str:
+    """The text of a message as the template renders it: its content and its tool calls (``NAME {ARGUMENTS}``)."""
+    return " ".join([m["content"] or ""] + [tool_call_text(c["function"]["name"], c["function"]["arguments"])
+                                            for c in m.get("tool_calls") or ()])
 
 
 class Conversations(list):
@@ -99,7 +110,7 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
             check_messages(messages, final="assistant")
         except ValueError as e:
             raise ValueError(f"{path}, line {n}: {e}") from None
-        out.append([{"role": m["role"], "content": m["content"]} for m in messages])
+        out.append([_kept(m) for m in messages])
         out.lines.append(n)
     if not out:
         raise ValueError(f"{path} holds no conversations (it is empty)")
@@ -122,7 +133,7 @@ def as_conversations(data) -> Conversations:
             check_messages(conv, final="assistant")
         except ValueError as e:
             raise ValueError(f"conversation {i}: {e}") from None
-        out.append([{"role": m["role"], "content": m["content"]} for m in conv])
+        out.append([_kept(m) for m in conv])
         out.lines.append(i + 1)
     out.format = "messages"
     return out
@@ -136,16 +147,17 @@ def check_representable(conversations: Conversations, tokenizer: Tokenizer) -> N
     missing: dict[str, int] = {}
     for conv, line in zip(conversations, conversations.lines):
         for m in conv:
+            text = message_text(m)
             try:
-                encode_text(tokenizer, m["content"])
+                encode_text(tokenizer, text)
             except (ValueError, KeyError):
                 if tokenizer.kind == "char":
-                    units = [c for c in m["content"] if c not in tokenizer.token_to_id]
+                    units = [c for c in text if c not in tokenizer.token_to_id]
                 elif tokenizer.kind == "word":
-                    units = [w for w in m["content"].split() if w not in tokenizer.token_to_id
+                    units = [w for w in text.split() if w not in tokenizer.token_to_id
                              or w in (EOS, "<PAD>", *tokenizer.added_special_tokens)]
                 else:
-                    units = [m["content"][:20]]
+                    units = [text[:20]]
                 for u in units:
                     missing.setdefault(u, line)
     if missing:

@@ -6,6 +6,10 @@ Templates (``TEMPLATES``):
 
 * ``"decoderlab"`` (the default): ``<|system|> S <|end|> <|user|> U <|end|> <|assistant|> A <|end|> ...`` --
   four special tokens, atomic in every tokenizer (typed text like "<|user|>" stays text).
+* ``"tools"``: ``"decoderlab"`` with two more tokens for tool calls: an assistant turn that calls a tool is
+  ``<|assistant|> A <|tool_call|> NAME {ARGUMENTS} <|end|>`` (one ``<|tool_call|>`` per call, the arguments as
+  JSON), a tool's result ``<|tool|> RESULT <|end|>``, and the tools offered ``<|tool|> [FUNCTIONS] <|end|>``
+  after the system message (their names, descriptions and parameter schemas as a JSON list).
 * ``"lesson"``: the StatQuest lesson's pair scheme ``prompt <EOS> response <EOS>`` (the ``<EOS>`` after the
   prompt opens the assistant turn, the one after the response ends it); a system message is ``S <EOS>``.
   ``train_pairs`` stores it, so the lesson's model is a chat checkpoint like any other.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,10 +46,16 @@ class ChatTemplate:
     * assistant: ``[assistant] + content + [end]`` -- mask True on content and ``end``
     * generation prompt (``add_generation_prompt=True``): ``[assistant]``
 
+    With ``tool_call`` and ``tool`` (the ``"tools"`` template): an assistant message's ``tool_calls`` follow its
+    content, each ``[tool_call] + tool_call_text(name, arguments)`` (mask True, as content); a ``tool`` message
+    is ``[tool] + content + [end]`` (context); ``tools=`` (function definitions) renders ``[tool] +
+    tools_text(tools) + [end]`` after the system message.
+
     Attributes:
         name: the template's name (a key of ``TEMPLATES`` for the built-in ones).
         user, assistant, end, system: special-token strings (user/system may be None).
         end_after_user: close user turns with ``end`` too.
+        tool_call, tool: the tool-call opener and the tool-result opener (None: no tools).
     """
 
     name: str
@@ -53,11 +64,20 @@ class ChatTemplate:
     end: str
     system: str | None = None
     end_after_user: bool = True
+    tool_call: str | None = None
+    tool: str | None = None
 
     @property
     def special_tokens(self) -> list[str]:
-        """The distinct special tokens of the template, in a fixed order (system, user, assistant, end)."""
-        return list(dict.fromkeys(t for t in (self.system, self.user, self.assistant, self.end) if t))
+        """The distinct special tokens of the template, in a fixed order (system, user, assistant, end, tool_call,
+        tool)."""
+        return list(dict.fromkeys(t for t in (self.system, self.user, self.assistant, self.end, self.tool_call,
+                                              self.tool) if t))
+
+    @property
+    def has_tools(self) -> bool:
+        """The template can render tool calls and tool results."""
+        return bool(self.tool_call and self.tool)
 
     @property
     def default_temperature(self) -> float:
@@ -66,7 +86,10 @@ class ChatTemplate:
         return 0.0 if self.name == LESSON_TEMPLATE["name"] else DEFAULT_TEMPERATURE
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields (what a checkpoint stores); the tool tokens only when set, so a template without tools is
+        stored as before they existed."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in ("tool_call", "tool") or v is not None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChatTemplate":
@@ -84,7 +107,7 @@ class ChatTemplate:
 
     def _ids(self, tokenizer: Tokenizer) -> dict[str, int | None]:
         out = {}
-        for field in ("system", "user", "assistant", "end"):
+        for field in ("system", "user", "assistant", "end", "tool_call", "tool"):
             tok = getattr(self, field)
             if tok is None:
                 out[field] = None
@@ -103,8 +126,16 @@ class ChatTemplate:
         """The id of the end-of-turn token in ``tokenizer``. Raises ``ValueError`` if it lacks it."""
         return self._ids(tokenizer)["end"]
 
-    def render(self, messages: Sequence[dict], tokenizer: Tokenizer, *,
-               add_generation_prompt: bool = False) -> tuple[list[int], list[bool]]:
+    def tool_call_id(self, tokenizer: Tokenizer) -> int:
+        """The id of the tool-call opener in ``tokenizer``. Raises ``ValueError`` when the template has no tools
+        or the tokenizer lacks the token."""
+        if not self.has_tools:
+            raise ValueError(f"the {self.name!r} chat template has no tool-call tokens (fine-tune with the "
+                             f"\"tools\" template for tool calls)")
+        return self._ids(tokenizer)["tool_call"]
+
+    def render(self, messages: Sequence[dict], tokenizer: Tokenizer, *, add_generation_prompt: bool = False,
+               tools: Sequence[dict] | None = None) -> tuple[list[int], list[bool]]:
         """Token ids of a conversation and a per-id loss mask (True: assistant content and its end of turn).
 
         Args:
@@ -112,7 +143,9 @@ class ChatTemplate:
                 :func:`~decoderlab.chat.check_messages`).
             tokenizer: a tokenizer holding the template's special tokens (:func:`add_chat_tokens`).
             add_generation_prompt: end with the assistant opener, the point where a model continues
-                (the conversation must then end with a user message).
+                (the conversation must then end with a user message or a tool result).
+            tools: function definitions offered to the model (``[{"name", "description", "parameters"}]`` or
+                OpenAI's ``[{"type": "function", "function": {...}}]``); needs a template with tools.
 
         Returns:
             ``(ids, mask)``: two lists of equal length.
@@ -124,6 +157,9 @@ class ChatTemplate:
         """
         check_messages(messages, final="user" if add_generation_prompt else None)
         sp = self._ids(tokenizer)
+        if (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)) and not self.has_tools:
+            raise ValueError(f"the {self.name!r} chat template has no tool-call tokens, so it cannot render tools, "
+                             f"tool calls or tool results (the \"tools\" template can)")
         ids: list[int] = []
         mask: list[bool] = []
 
@@ -131,13 +167,17 @@ class ChatTemplate:
             ids.extend(tokens)
             mask.extend([supervised] * len(tokens))
 
-        for m in messages:
+        for i, m in enumerate(messages):
+            if tools and i == (1 if messages[0]["role"] == "system" else 0):
+                put([sp["tool"], *encode_text(tokenizer, tools_text(tools)), sp["end"]], False)
             role = m["role"]
-            content = encode_text(tokenizer, m["content"])
             if sp[role] is not None:
                 put([sp[role]], False)
-            put(content, role == "assistant")
-            if role in ("assistant", "system") or self.end_after_user:
+            put(encode_text(tokenizer, m["content"] or ""), role == "assistant")
+            for call in m.get("tool_calls") or ():
+                fn = call["function"]
+                put([sp["tool_call"], *encode_text(tokenizer, tool_call_text(fn["name"], fn["arguments"]))], True)
+            if role in ("assistant", "system", "tool") or self.end_after_user:
                 put([sp["end"]], role == "assistant")
         if add_generation_prompt:
             put([sp["assistant"]], False)
@@ -148,7 +188,39 @@ TEMPLATES: dict[str, ChatTemplate] = {
     "decoderlab": ChatTemplate("decoderlab", user="<|user|>", assistant="<|assistant|>", end="<|end|>",
                                system="<|system|>", end_after_user=True),
     "lesson": ChatTemplate(**LESSON_TEMPLATE),
+    "tools": ChatTemplate("tools", user="<|user|>", assistant="<|assistant|>", end="<|end|>", system="<|system|>",
+                          end_after_user=True, tool_call="<|tool_call|>", tool="<|tool|>"),
 }
+
+
+def _function(tool: dict) -> dict:
+    """A function definition from OpenAI's ``{"type": "function", "function": {...}}`` or the bare ``{...}``."""
+    return tool["function"] if isinstance(tool.get("function"), dict) else tool
+
+
+def tools_text(tools: Sequence[dict]) -> str:
+    """The text the ``"tools"`` template renders for the tools offered: a JSON list of ``{"name",
+    "description", "parameters"}`` (the fields given), in the order given."""
+    keep = ("name", "description", "parameters")
+    return json.dumps([{k: _function(t)[k] for k in keep if k in _function(t)} for t in tools], ensure_ascii=False)
+
+
+def tool_call_text(name: str, arguments: str | dict) -> str:
+    """The text of one tool call after the ``<|tool_call|>`` token: ``NAME {ARGUMENTS}``, the arguments as JSON
+    (a JSON text is normalised to ``json.dumps``' spacing, the spacing the model is constrained to write;
+    text that is not JSON is kept as it is)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return f"{name} {arguments}"
+    return f"{name} {json.dumps(arguments, ensure_ascii=False)}"
+
+
+def parse_tool_call(text: str) -> tuple[str, str]:
+    """``(name, arguments JSON text)`` of a tool call's text (``NAME {ARGUMENTS}``, :func:`tool_call_text`)."""
+    name, _, arguments = text.strip().partition(" ")
+    return name, arguments.strip() or "{}"
 
 
 def get_template(template: str | ChatTemplate | None = None) -> ChatTemplate:

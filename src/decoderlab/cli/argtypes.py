@@ -48,3 +48,24 @@ def devices(text: str):
     if re.fullmatch(r"-1|[1-9]\d*", value):
         return int(value)
     raise argparse.ArgumentTypeError(f"must be {DEVICES_HELP}; got {text!r}")
+
+
+def head_ref(text: str) -> tuple[int, int]:
+    """An attention head written as the glass box labels it, ``L{layer}H{head}`` (``L1H0``): (layer, head)."""
+    m = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"must be a head written L<layer>H<head>, such as L0H1; got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def json_file(text: str):
+    """An argparse type: a file holding one JSON value (a JSON schema), read and parsed, errors naming it."""
+    import json
+
+    try:
+        with open(text, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"{text} is not valid JSON: {e}") from None

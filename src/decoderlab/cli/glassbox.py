@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
-from ..config.names import EXAMPLES
+from ..config.names import EXAMPLES, HEAD_DETECTORS
 from .argtypes import number
 from .errors import FAILED
 from .options import add_checkpoint_option, load_model, no_chat_template
@@ -45,8 +45,14 @@ def add_explain(p) -> None:
     p.add_argument("--head", type=number(int), default=None, metavar="N", help="only this head (default: all)")
     p.add_argument("--top-k", type=number(int), default=EXPLAIN_TOP_K, metavar="K",
                    help="next-token probabilities to show per position (default %(default)s)")
+    p.add_argument("--run", default=None, metavar="DIR",
+                   help="a run trained with --watch-heads: each head's scores over the steps, beside the loss "
+                        "(with --png / --html: drawn; default: none)")
+    p.add_argument("--kind", default="induction", choices=HEAD_DETECTORS,
+                   help="the head detector --run shows (default %(default)s)")
     p.add_argument("--png", default=None, metavar="FILE",
-                   help="write attention heatmaps to this PNG file (default: none)")
+                   help="write attention heatmaps (with --run: the scores and the loss) to this PNG file "
+                        "(default: none)")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="write a self-contained HTML report to this file (default: none)")
     p.set_defaults(func=cmd_explain)
@@ -65,6 +71,8 @@ def _chat_tokens(args, tok, template):
 def cmd_explain(args) -> int:
     from ..glassbox import explain, explain_example
 
+    if args.run is not None:
+        return _explain_run(args)
     if args.example is not None:
         if args.checkpoint is not None or args.png or args.html or args.chat:
             raise ValueError("--example takes no --checkpoint, --png, --html or --chat")
@@ -81,4 +89,34 @@ def cmd_explain(args) -> int:
     for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):
         if path:
             print(f"wrote {what} to {path}")
+    return 0
+
+
+def _explain_run(args) -> int:
+    """``explain --run DIR``: the head scores a ``--watch-heads`` run recorded -- when each head formed -- and the
+    loss, as a table, and drawn one above the other with ``--png`` / ``--html``."""
+    given = [f for f, v in (("--example", args.example), ("--checkpoint", args.checkpoint), ("TEXT", args.text),
+                            ("--chat", args.chat), ("--system", args.system)) if v]
+    if given:
+        raise ValueError(f"--run reads a run's recorded head scores; it takes no {', '.join(given)}")
+    from ..glassbox.figures import check_out_path
+    from ..glassbox.watching import read_records, watch_table
+
+    for path, what in ((args.png, "PNG"), (args.html, "HTML")):
+        if path:
+            check_out_path(path, what)
+    records = read_records(args.run)
+    text = watch_table(records, args.kind)
+    print(text)
+    if args.png or args.html:
+        from ..glassbox.figures import save_html, save_png
+        from ..glassbox.plotting import head_scores_figure
+
+        fig = head_scores_figure(records, kind=args.kind)
+        if args.png:
+            save_png(fig, args.png)
+            print(f"wrote the head scores and the loss to {args.png}")
+        if args.html:
+            save_html(f"decoderlab: {args.kind} heads while training", text, fig, args.html)
+            print(f"wrote the HTML page to {args.html}")
     return 0

@@ -9,7 +9,8 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
     CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (verify, explain, serve:
                                                                      --checkpoint)
     SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
-                        --top-p, --seed
+                        --top-p, --seed, --min-p, the penalties,
+                        --json-schema
     THREADS_OPTIONS     --threads                                    train, generate, sample, chat, serve
     TRAIN_OPTIONS       TrainConfig's flags (+ --optimizer,          train, finetune
                         --schedule, --precision)
@@ -31,7 +32,7 @@ from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
 from ..config.names import (DEFAULT_LORA_TARGETS, DTYPES, LORA_TARGETS, MLPS, NORMS, OPTIMIZERS, POSITIONS,
                             PRECISIONS, SCHEDULES)
 from ..config.presets import PRESETS
-from .argtypes import DEVICES_HELP, devices, number, seed
+from .argtypes import DEVICES_HELP, devices, json_file, number, seed
 
 #: one flag of a group: its option strings and ``add_argument``'s keywords; a callable ``help`` is called with
 #: the keywords given to :func:`add_options` (a command's own wording)
@@ -122,6 +123,17 @@ SAMPLING_OPTIONS = (
     option("--top-p", type=number(float), metavar="P",
            help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no filter)"),
     option("--seed", type=seed(63), metavar="N", help="seed for reproducible sampling (default: fresh entropy)"),
+    option("--min-p", type=number(float), metavar="P",
+           help="keep tokens at least P times as probable as the most probable, P in [0, 1] (default 0: off)"),
+    option("--repetition-penalty", type=number(float), metavar="R",
+           help="CTRL's penalty on every token of the prompt and the reply so far, > 0 (default 1: off)"),
+    option("--frequency-penalty", type=number(float), metavar="F",
+           help="OpenAI's: lower a token's logit by F per time it was generated, -2 .. 2 (default 0: off)"),
+    option("--presence-penalty", type=number(float), metavar="F",
+           help="OpenAI's: lower the logit of every token generated so far by F, -2 .. 2 (default 0: off)"),
+    option("--json-schema", type=json_file, metavar="FILE",
+           help="structured output: the reply is JSON valid against the JSON schema in FILE (a token mask; the "
+                "reply ends when the JSON is complete; default: free text)"),
 )
 
 
@@ -131,7 +143,7 @@ def sampling_params(args, **more):
     given keep its defaults."""
     from ..generation import SamplingParams
 
-    return SamplingParams(**given(args, SAMPLING_OPTIONS), **more)
+    return SamplingParams.of(None, **given(args, SAMPLING_OPTIONS), **more)
 
 
 # ---------------------------------------------------------------------------------------------------------

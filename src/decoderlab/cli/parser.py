@@ -30,6 +30,12 @@ COMMANDS = {
                "recompute a checkpoint's forward pass in float64 NumPy and compare every step"),
     "explain": ("glassbox", "add_explain",
                 "print every attention number step by step (a worked example or a checkpoint)"),
+    "lens": ("interpret", "add_lens",
+             "the logit lens at a position, and that next token's logit split into its parts (heads, MLPs, ...)"),
+    "heads": ("interpret", "add_heads",
+              "every head's previous-token, duplicate-token and induction scores; ablate a head (--ablate)"),
+    "patch": ("interpret", "add_patch",
+              "activation patching: which layers, positions or heads carry the clean run's answer"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }

@@ -46,6 +46,10 @@ def add_train(p) -> None:
     add_train_config_options(g, lesson=True, recipe=_RECIPE_TRAIN)
     g.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the decoder blocks (default: off)")
+    g.add_argument("--watch-heads", type=number(int, 1), default=None, metavar="N",
+                   help="every N steps record every head's previous-token, duplicate-token and induction scores and "
+                        "the loss into the run directory's head_scores.jsonl (decoderlab explain --run DIR draws "
+                        "them; default: off)")
     add_options(g, RUN_OPTIONS)
     add_options(g, THREADS_OPTIONS)
     add_model_shape_options(p)
@@ -55,7 +59,7 @@ def add_train(p) -> None:
 #: flags that apply to language-model training only (statquest trains the lesson's pairs)
 _LM_ONLY = ("data", "tokenizer", "vocab_size", "max_steps", "min_lr", "warmup", "precision", "compile", "eval_every",
             "val_batches", "log_every", "grad_clip", "accumulate", "resume", "optimizer", "muon_lr", "schedule",
-            "cooldown", "full_val_below", *SHAPE_FIELDS)
+            "cooldown", "full_val_below", "watch_heads", *SHAPE_FIELDS)
 
 
 @in_flag_terms
@@ -83,13 +87,27 @@ def _train_lm(args, name: str) -> int:
         _, _, s = train_lm(args.data, preset=preset, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                            out=args.out, config_overrides=train_overrides(args), model_overrides=shape or None,
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
-                           num_nodes=args.num_nodes, progress_bar=progress_mode(args))
+                           num_nodes=args.num_nodes, progress_bar=progress_mode(args), callbacks=_watch(args))
     except NonFiniteLossError as e:
         print_error(e)
         return FAILED
     if s.is_global_zero:
         _print_summary(args, name, s)
+        if args.watch_heads is not None:
+            from ..glassbox.watching import WATCH_FILE
+
+            print(f"head scores recorded every {args.watch_heads} steps in {s.run_dir}/{WATCH_FILE}; draw them "
+                  f"beside the loss with: decoderlab explain --run {s.run_dir} --png heads.png")
     return 0
+
+
+def _watch(args) -> list:
+    """``--watch-heads N``: the HeadWatch callback, writing into the run directory train_lm names."""
+    if args.watch_heads is None:
+        return []
+    from ..watch import HeadWatch
+
+    return [HeadWatch(None, every=args.watch_heads)]
 
 
 def _checked_shape(args, name: str) -> dict:

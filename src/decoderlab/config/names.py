@@ -22,7 +22,7 @@ DEFAULT_TOKENIZER = "char"
 DEFAULT_BPE_VOCAB_SIZE = 1024
 
 #: chat templates (``decoderlab.chat.TEMPLATES`` maps them to templates)
-TEMPLATES = ("decoderlab", "lesson")
+TEMPLATES = ("decoderlab", "lesson", "tools")
 DEFAULT_TEMPLATE = "decoderlab"
 
 #: inference dtypes (``decoderlab.dtypes``; int8 is weight-only quantization through torchao)
@@ -47,6 +47,13 @@ SCHEDULES = ("cosine", "wsd")
 #: the worked examples of ``decoderlab explain --example NAME`` (``decoderlab.glassbox.EXAMPLES`` maps them to
 #: their functions)
 EXAMPLES = ("self-attention-101", "statquest-self-attention", "position-encoding")
+
+#: what ``decoderlab patch --over`` patches (``decoderlab.glassbox.activation_patching``'s ``over``: its
+#: ``PATCH_OVER`` maps them to hook points) and the tables' axes (``by``; "attn_head" is by head)
+PATCH_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_head")
+PATCH_AXES = ("layer", "layer,pos", "layer,head", "layer,pos,head")
+#: the head detectors (``decoderlab.glassbox.KINDS``)
+HEAD_DETECTORS = ("previous_token", "duplicate_token", "induction")
 
 #: the fine-tuning methods (``decoderlab finetune --method``): supervised on conversations, DPO on preference pairs
 FINETUNE_METHODS = ("sft", "dpo")

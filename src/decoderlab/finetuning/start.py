@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chat import ChatTemplate, add_chat_tokens, as_conversations, check_representable, get_template, template_from_meta
+from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_representable, get_template, message_text,
+                    template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
 from ..hf import is_gpt2_directory, load_any_checkpoint
@@ -100,7 +101,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     elif checkpoint is not None:
         model, tok = load_any_checkpoint(checkpoint)
     else:
-        text = "\n".join(m["content"] for c in convs for m in c)
+        text = "\n".join(message_text(m) for c in convs for m in c)
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
                                                                                  text, vocab_size)
         shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}

@@ -6,7 +6,7 @@ travels), :func:`generate` / :func:`stream` (one prompt; tokens as a list or yie
 :func:`stream_text` / :class:`TextStreamer` (text pieces that never split a character), :class:`Sampler`
 (the rows' logits processors, then argmax or one seeded draw), the logits processors of
 :mod:`~decoderlab.generation.processors` (penalties, logit bias, suppression, temperature, top-k, top-p,
-min-p, in a documented order), :class:`ChatSession` (a conversation's token history). With the cache the
+min-p, the grammar mask of structured output, in a documented order; :class:`Grammar`), :class:`ChatSession` (a conversation's token history). With the cache the
 tokens are exactly those of the lesson's loop (``use_cache=False``; the lesson's own ``greedy_response`` is
 in :mod:`decoderlab.lesson`), greedy or seeded; see :func:`stream` for the context-window rule past max_len.
 """
@@ -14,7 +14,8 @@ in :mod:`decoderlab.lesson`), greedy or seeded; see :func:`stream` for the conte
 from ..attention import KVCache, LayerKVCache
 from .engine import default_keep, generate, generate_batch, stream
 from .params import BoundParams, SamplingParams, SamplingTypeError, SamplingValueError
-from .processors import (FrequencyPenalty, LogitBias, LogitsProcessor, LogitsProcessorList, MinP, PresencePenalty,
+from .grammar import Grammar
+from .processors import (FrequencyPenalty, GrammarMask, LogitBias, LogitsProcessor, LogitsProcessorList, MinP, PresencePenalty,
                          RepetitionPenalty, SuppressTokens, Temperature, TokenCounts, TopK, TopP)
 from .sampling import Sampler
 from .stops import StopMatcher
@@ -24,6 +25,6 @@ __all__ = [
     "KVCache", "LayerKVCache", "default_keep", "generate", "generate_batch", "stream", "SamplingParams",
     "BoundParams", "SamplingTypeError", "SamplingValueError", "Sampler", "LogitsProcessor",
     "LogitsProcessorList", "TokenCounts", "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "LogitBias",
-    "SuppressTokens", "Temperature", "TopK", "TopP", "MinP", "StopMatcher", "ChatSession", "TextStreamer",
+    "SuppressTokens", "GrammarMask", "Grammar", "Temperature", "TopK", "TopP", "MinP", "StopMatcher", "ChatSession", "TextStreamer",
     "stream_text",
 ]

@@ -243,12 +243,16 @@ def stream_tokens(model, ids: list[int], bound: BoundParams, stops: Stops, *, us
     sampler = Sampler(params)
     device = model_device(model)
     gens = [] if sampler.greedy else [make_generator(params.seed, device)]
-    counts = TokenCounts.for_prompts([ids], model.config.num_tokens, device) if sampler.uses_counts else None
+    counts = (TokenCounts.for_prompts([ids], model.config.num_tokens, device, grammars=[bound.grammar])
+              if sampler.uses_counts else None)
     for (token,) in _stream_rows(model, [ids], params.max_new_tokens, sampler, gens, counts, use_cache, keep):
         out, matched = stops.push(token)
         yield from out
         if matched is not None:
             return matched
+        if counts is not None and counts.complete(0):  # the grammar allows no more text: a stop that took nothing
+            yield from stops.flush()
+            return ()
     yield from stops.flush()
     return None
 
@@ -298,7 +302,8 @@ def stream(model, prompt_ids, params: SamplingParams | int | None = None, *, tok
         token ids (ints). The generator's return value (``StopIteration.value``) is None when generation
         ended without a stop; after a stop, the tuple of generated ids that were not yielded: the stop
         sequence for a token-id stop (``(eos_id,)`` at ``<EOS>``), and for a stop string the tokens that
-        spelled it, from the first one not yielded.
+        spelled it, from the first one not yielded; ``()`` when a grammar (``grammar=``, ``json_schema=``)
+        allowed no more text.
 
     Raises:
         ValueError / TypeError: a bad setting (see :class:`SamplingParams`); prompt, stop, suppressed or
@@ -402,7 +407,8 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
     sampler = Sampler([b.params for b in bounds])
     gens = [] if sampler.greedy else [None if b.params.greedy else make_generator(b.params.seed, device)
                                       for b in bounds]
-    counts = TokenCounts.for_prompts(rows, model.config.num_tokens, device) if sampler.uses_counts else None
+    counts = (TokenCounts.for_prompts(rows, model.config.num_tokens, device, grammars=[b.grammar for b in bounds])
+              if sampler.uses_counts else None)
     limits = [b.params.max_new_tokens for b in bounds]
     matchers = [b.stops() for b in bounds]
     outs: list[list[int]] = [[] for _ in rows]
@@ -415,7 +421,8 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
             emitted, matched = matchers[i].push(t)
             outs[i].extend(emitted)
             done[i] = matched is not None
-            if not done[i] and step == limits[i]:  # this row's own limit: what the stops hold is text
+            if not done[i] and (step == limits[i] or counts is not None and counts.complete(i)):
+                # this row's own limit, or its grammar is complete: what the stops hold is text
                 outs[i].extend(matchers[i].flush())
                 done[i] = True
         if all(done):

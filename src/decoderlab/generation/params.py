@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE
 from .checks import check_int, check_seed
-from .processors import (FrequencyPenalty, LogitBias, MinP, PresencePenalty, RepetitionPenalty, SuppressTokens,
-                         Temperature, TopK, TopP)
+from .grammar import BoundGrammar, Grammar, bind_grammar
+from .processors import (FrequencyPenalty, GrammarMask, LogitBias, MinP, PresencePenalty, RepetitionPenalty,
+                         SuppressTokens, Temperature, TopK, TopP)
 from .stops import Stops, end_of_text_ids, normalize_stop, resolve_stops, text_decoder
 
 
@@ -59,14 +60,39 @@ _CHECKS: dict[str, Callable] = {
     "presence_penalty": PresencePenalty.check,
     "logit_bias": LogitBias.check,
     "suppress_tokens": _check_suppress,
+    "grammar": GrammarMask.check,
     "stop": normalize_stop,
     "stop_at_eos": _check_bool("stop_at_eos"),
     "seed": lambda v: None if v is None else check_seed(v),
 }
 
 
+#: keywords that are short for a field: ``json_schema=S`` is ``grammar=Grammar.json_schema(S)``
+ALIASES: dict[str, Callable] = {"json_schema": lambda v: ("grammar", None if v is None else Grammar.json_schema(v))}
+
+
+def _aliased(changes: dict) -> dict:
+    """``changes`` with the :data:`ALIASES` keywords as the fields they stand for."""
+    if not any(k in ALIASES for k in changes):
+        return changes
+    out = {}
+    for k, v in changes.items():
+        if k in ALIASES:
+            try:
+                name, v = ALIASES[k](v)
+            except ValueError as e:
+                raise SamplingValueError("grammar", f"{k}: {e}") from None
+            except TypeError as e:
+                raise SamplingTypeError("grammar", f"{k}: {e}") from None
+            if name in changes:
+                raise TypeError(f"{k}= and {name}= are the same setting; give one")
+            k = name
+        out[k] = v
+    return out
+
+
 def _known(changes: dict) -> None:
-    unknown = sorted(set(changes) - set(_CHECKS))
+    unknown = sorted(set(changes) - set(_CHECKS) - set(ALIASES))
     if unknown:
         raise TypeError(f"unknown sampling setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                         f"known: {', '.join(_CHECKS)}")
@@ -92,6 +118,11 @@ class SamplingParams:
             pairs in id order (``dict(params.logit_bias)``), None when empty.
         suppress_tokens: ids never generated (their logits -inf, also when greedy); None (default): the
             tokenizer's ``<PAD>`` (resolved by :meth:`bind`); ``()``: none.
+        grammar: structured output, a :class:`decoderlab.generation.grammar.Grammar` (a JSON schema, a
+            regex, a Lark grammar, a choice) that the generated text follows (a token mask before sampling;
+            generation ends when the grammar allows no more text); a dict is a JSON schema. The keyword
+            ``json_schema=`` (of :meth:`of`, ``generate``, ``stream``) is short for
+            ``grammar=Grammar.json_schema(...)``. Needs a tokenizer when bound.
         stop: where to stop, before emitting it: a token id, a tuple of ids (one sequence), a string (matched
             on the decoded text; a control token's name, ``"<EOS>"``, is that token), or a list of these
             (stored as a tuple, see :func:`decoderlab.generation.stops.normalize_stop`).
@@ -117,6 +148,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] | None = None
     suppress_tokens: tuple[int, ...] | None = None
+    grammar: Grammar | None = None
     stop: tuple | None = None
     stop_at_eos: bool = True
     seed: int | None = None
@@ -139,6 +171,7 @@ class SamplingParams:
         Raises: ``TypeError`` for an unknown field (listing the known ones) or a ``params`` of another type;
         what the checks raise."""
         _known(changes)
+        changes = _aliased(changes)
         if isinstance(params, cls):
             return params.replace(**changes) if changes else params
         if params is None:
@@ -152,7 +185,7 @@ class SamplingParams:
     def replace(self, **changes) -> "SamplingParams":
         """A copy with ``changes`` applied, checked as when built (``dataclasses.replace``)."""
         _known(changes)
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_aliased(changes))
 
     @property
     def greedy(self) -> bool:
@@ -161,19 +194,20 @@ class SamplingParams:
 
     @property
     def uses_counts(self) -> bool:
-        """A penalty is on, so the rows' token counts must be kept (``TokenCounts``)."""
+        """A penalty or a grammar is on, so the rows' state must be kept (``TokenCounts``)."""
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
+                or self.presence_penalty != 0.0 or self.grammar is not None)
 
     def bind(self, num_tokens: int, tokenizer=None) -> "BoundParams":
         """These settings for one model's vocabulary (``num_tokens`` ids) and tokenizer: ``suppress_tokens``
         None becomes the tokenizer's ``<PAD>``; suppressed, biased and stop ids are checked against the
         vocabulary; stop strings against the tokenizer; with ``stop_at_eos`` the tokenizer's end-of-text ids
-        join the token-id stops (after the caller's).
+        join the token-id stops (after the caller's); a grammar is compiled for the tokenizer's vocabulary.
 
         Raises:
             ValueError: an id out of range (named, with the allowed range); a stop string the tokenizer cannot
-                encode. TypeError: a stop string without a tokenizer.
+                encode; a grammar without a tokenizer or that does not compile for its vocabulary
+                (``SamplingValueError`` with field "grammar"). TypeError: a stop string without a tokenizer.
         """
         suppress = self.suppress_tokens
         if suppress is None:
@@ -188,7 +222,13 @@ class SamplingParams:
         if self.stop_at_eos:
             seqs += [(i,) for i in end_of_text_ids(tokenizer) if (i,) not in seqs]
         params = self if suppress == self.suppress_tokens else self.replace(suppress_tokens=suppress)
-        return BoundParams(params, tuple(seqs), tuple(texts), text_decoder(tokenizer) if texts else None)
+        grammar = None
+        if self.grammar is not None:
+            try:
+                grammar = bind_grammar(self.grammar, tokenizer, num_tokens)
+            except ValueError as e:
+                raise SamplingValueError("grammar", str(e)) from None
+        return BoundParams(params, tuple(seqs), tuple(texts), text_decoder(tokenizer) if texts else None, grammar)
 
 
 @dataclass(frozen=True)
@@ -199,12 +239,15 @@ class BoundParams:
         params: the settings, with ``suppress_tokens`` resolved to ids.
         stop_ids: the token-id stops (the caller's, then the end-of-text ids).
         stop_texts: the stop strings, matched on the text decoded with ``decode``.
+        grammar: ``params.grammar`` compiled for the tokenizer's vocabulary (each row's state starts from it:
+            ``TokenCounts.for_prompts(..., grammars=...)``), or None.
     """
 
     params: SamplingParams
     stop_ids: tuple[tuple[int, ...], ...] = ()
     stop_texts: tuple[str, ...] = ()
     decode: Callable[[list[int]], str] | None = None
+    grammar: BoundGrammar | None = None
 
     def stops(self) -> Stops:
         """A fresh stop matcher for one row (it holds that row's pending tokens)."""

@@ -11,12 +11,14 @@ The order (:data:`RAW_PROCESSORS` then :data:`WARPERS`), and why:
 4. :class:`LogitBias` -- after the penalties, so that the caller's bias is the last word on a token's logit
    (a penalty never rescales it; -100 stays a ban).
 5. :class:`SuppressTokens` -- -inf: never chosen, whatever came before (``<PAD>``).
+5b. :class:`GrammarMask` -- structured output: -inf for the tokens the row's grammar does not allow next, the
+   others unchanged; after everything that changes a logit's value, before anything that truncates.
 6. :class:`Temperature` -- scales the distribution; everything after it truncates the distribution that is
    actually sampled (as Hugging Face's warpers follow its processors).
 7. :class:`TopK`, 8. :class:`TopP`, 9. :class:`MinP` -- truncation, in Hugging Face's order. The most probable
    token survives each of them.
 
-Steps 1-5 are the raw processors: a greedy row (temperature 0) is the argmax after them (penalties and bias
+Steps 1-5b are the raw processors: a greedy row (temperature 0) is the argmax after them (penalties and bias
 change greedy choices, as in Hugging Face; truncation never does). Steps 6-9 apply to sampled rows only.
 
 Every processor is called as ``processor(logits, counts) -> logits`` with logits (B, V) and ``counts`` the
@@ -35,6 +37,7 @@ from typing import ClassVar, Mapping, Sequence
 import torch
 
 from .checks import as_scalar, check_int, check_range, check_real, is_integer
+from .grammar import check_grammar
 
 NEG_INF = float("-inf")
 
@@ -50,40 +53,55 @@ def check_rows(logits: torch.Tensor) -> None:
 
 
 class TokenCounts:
-    """The per-row state the penalties read: which tokens each row's prompt holds and how often each token
-    was generated so far.
+    """The per-row state the processors read: which tokens each row's prompt holds and how often each token
+    was generated so far (the penalties), and where each row stands in its grammar (structured output).
 
     Attributes:
         generated: (B, V) float32 counts of the generated tokens (OpenAI's ``c[j]``).
         in_prompt: (B, V) bool, True where the token occurs in the row's prompt.
+        grammars: per row its :class:`decoderlab.generation.grammar.GrammarState`, or None (no grammar).
 
-    ``add(ids)`` counts one generated token per row; :meth:`cat` joins rows kept apart (the scheduler keeps
-    one (1, V) state per row, as its rows join and leave).
+    ``add(ids)`` counts one generated token per row (and advances each row's grammar); :meth:`cat` joins rows
+    kept apart (the scheduler keeps one (1, V) state per row, as its rows join and leave; the grammar states
+    are shared, not copied); :meth:`complete` says a row's grammar allows no more text.
     """
 
-    def __init__(self, generated: torch.Tensor, in_prompt: torch.Tensor):
+    def __init__(self, generated: torch.Tensor, in_prompt: torch.Tensor, grammars: Sequence | None = None):
         self.generated, self.in_prompt = generated, in_prompt
+        self.grammars = list(grammars) if grammars is not None else [None] * generated.size(0)
 
     @classmethod
-    def for_prompts(cls, prompts: Sequence[Sequence[int]], num_tokens: int,
-                    device: torch.device | str = "cpu") -> "TokenCounts":
-        """Empty counts for rows whose prompts are ``prompts`` (lists of token ids < num_tokens)."""
+    def for_prompts(cls, prompts: Sequence[Sequence[int]], num_tokens: int, device: torch.device | str = "cpu",
+                    grammars: Sequence | None = None) -> "TokenCounts":
+        """Empty counts for rows whose prompts are ``prompts`` (lists of token ids < num_tokens); ``grammars``:
+        per row a bound grammar (``BoundParams.grammar``) or None, each row starting at its grammar's start."""
         b = len(prompts)
         in_prompt = torch.zeros(b, num_tokens, dtype=torch.bool, device=device)
         for i, ids in enumerate(prompts):
             if len(ids):
                 in_prompt[i, torch.as_tensor(list(ids), dtype=torch.long, device=device)] = True
-        return cls(torch.zeros(b, num_tokens, dtype=torch.float32, device=device), in_prompt)
+        states = None if grammars is None else [g.state() if g is not None else None for g in grammars]
+        return cls(torch.zeros(b, num_tokens, dtype=torch.float32, device=device), in_prompt, states)
 
     @classmethod
     def cat(cls, parts: Sequence["TokenCounts"]) -> "TokenCounts":
-        return cls(torch.cat([p.generated for p in parts]), torch.cat([p.in_prompt for p in parts]))
+        return cls(torch.cat([p.generated for p in parts]), torch.cat([p.in_prompt for p in parts]),
+                   [g for p in parts for g in p.grammars])
 
     def add(self, ids: torch.Tensor | Sequence[int]) -> None:
-        """Count ``ids`` (B,): one generated token per row."""
+        """Count ``ids`` (B,): one generated token per row; each row's grammar takes its token."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.generated.device).view(-1)
         rows = torch.arange(ids.numel(), device=ids.device)
         self.generated[rows, ids] += 1
+        if any(g is not None for g in self.grammars):
+            for g, t in zip(self.grammars, ids.tolist()):
+                if g is not None:
+                    g.advance(t)
+
+    def complete(self, row: int) -> bool:
+        """Row ``row``'s grammar allows no more text (so generation ends that row, as at a stop)."""
+        g = self.grammars[row]
+        return g is not None and g.complete
 
     @property
     def seen(self) -> torch.Tensor:
@@ -448,9 +466,34 @@ class MinP(LogitsProcessor):
         return logits.masked_fill(probs < p * top, NEG_INF)
 
 
+class GrammarMask(LogitsProcessor):
+    """Structured output: the tokens the row's grammar does not allow next become -inf; the allowed ones keep
+    their logits exactly (a mask, not a rescaling). The setting is a
+    :class:`decoderlab.generation.grammar.Grammar` (None: off); the row's position in it is its
+    ``TokenCounts.grammars`` state, which ``TokenCounts.add`` advances with each sampled token. Last of the raw
+    processors, so a greedy row is the argmax of the allowed tokens and top-k, top-p and min-p cut the
+    distribution the grammar leaves."""
+
+    field = "grammar"
+    neutral = None
+    uses_counts = True
+
+    @classmethod
+    def check(cls, value):
+        return check_grammar(value)
+
+    def apply(self, logits, counts):
+        v = logits.size(-1)
+        masks = [g.allowed(v) if g is not None else None for g in counts.grammars]
+        if all(m is None for m in masks):
+            return logits
+        allowed = torch.stack([m if m is not None else torch.ones(v, dtype=torch.bool) for m in masks])
+        return logits.masked_fill(~allowed.to(logits.device), NEG_INF)
+
+
 #: the processors greedy and sampled rows share, in order (see the module docstring)
 RAW_PROCESSORS: tuple[type[LogitsProcessor], ...] = (RepetitionPenalty, FrequencyPenalty, PresencePenalty,
-                                                     LogitBias, SuppressTokens)
+                                                     LogitBias, SuppressTokens, GrammarMask)
 #: the steps only sampled rows take, after the raw processors
 WARPERS: tuple[type[LogitsProcessor], ...] = (Temperature, TopK, TopP, MinP)
 

@@ -2,9 +2,10 @@
 
 One background thread owns the model. Requests wait in a bounded queue (:class:`QueueFull` when it is full);
 between two decode steps the thread admits waiting requests into the running batch (newcomers' prompts are
-prefilled as :func:`decoderlab.generate` prefills them -- prompts of equal length together in one forward
-pass without padding, others alone -- their keys/values are copied into the batch cache and their first token
-is sampled at once), then samples one token for every running row, releases the rows that finished or were
+prefilled together in one forward pass, as :func:`decoderlab.generate_batch` prefills them -- left-padded to
+the longest, a padding mask hiding the pads and each row at its own positions; prompts of equal length need no
+padding -- so a burst of requests waits for one prefill, not one each; their keys/values are copied into the
+batch cache and their first token is sampled at once), then samples one token for every running row, releases the rows that finished or were
 cancelled, and runs one decode step of one token per row for all the others together.
 
 The batch cache keeps every row's keys/values right-aligned on one timeline of columns: a row that holds W
@@ -82,8 +83,9 @@ class GenerationRequest:
         n: how many choices.
         logprobs: None, or how many most probable alternatives (0 .. 20) to report with each token's logprob.
         on_event: called from the scheduler thread with each event (a tuple):
-            ``("delta", index, text, logprob_items)``, ``("finish", index, reason)`` (reason "stop" or
-            "length"; "cancelled" when cancelled), ``("done", usage_dict)`` last, or ``("error", exception)``.
+            ``("delta", index, text, logprob_items)``, ``("finish", index, reason, stop)`` (reason "stop" or
+            "length"; "cancelled" when cancelled; ``stop``: the ids of the stop that ended it, as vLLM's
+            ``stop_reason`` -- an end-of-text id, a stop string's tokens -- or None), ``("done", usage_dict)`` last, or ``("error", exception)``.
 
     :meth:`Scheduler.submit` binds the settings to the model (``ValueError`` / ``TypeError`` as ``generate``).
     """
@@ -134,8 +136,8 @@ class _Row:
                 self.gen.seed()
             else:
                 self.gen.manual_seed(self.params.seed + index)  # torch takes up to 2**64-1
-        self.counts = (TokenCounts.for_prompts([self.ids], num_tokens, device) if self.params.uses_counts
-                       else None)  # the penalties' state of this row
+        self.counts = (TokenCounts.for_prompts([self.ids], num_tokens, device, grammars=[req._bound.grammar])
+                       if self.params.uses_counts else None)  # the penalties' and the grammar's state of this row
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -216,9 +218,10 @@ class BatchKVCache:
         self.start_col.append(self.length)
         return self.n - 1
 
-    def place(self, slot: int, src: KVCache, w: int, src_row: int = 0) -> None:
-        """Copy the first ``w`` cached tokens of row ``src_row`` of the cache ``src`` into ``slot``, ending at
-        the timeline's current end (moving the other rows right when the timeline is shorter than ``w``)."""
+    def place(self, slot: int, src: KVCache, w: int, src_row: int = 0, src_start: int = 0) -> None:
+        """Copy ``w`` cached tokens of row ``src_row`` of the cache ``src`` (from column ``src_start``: after a
+        left-padded prefill's pads) into ``slot``, ending at the timeline's current end (moving the other rows
+        right when the timeline is shorter than ``w``)."""
         like = src.layers[0].k
         self._grow(like, self.n)
         if self.length < w:
@@ -229,8 +232,8 @@ class BatchKVCache:
             raise RuntimeError("batch cache overflow")
         c = self.length - w
         for lay, s in zip(self.layers, src.layers):
-            lay.k[slot, :, c : self.length] = s.k[src_row, :, :w]
-            lay.v[slot, :, c : self.length] = s.v[src_row, :, :w]
+            lay.k[slot, :, c : self.length] = s.k[src_row, :, src_start : src_start + w]
+            lay.v[slot, :, c : self.length] = s.v[src_row, :, src_start : src_start + w]
         self.start_col[slot] = c
 
     def remove_slot(self, slot: int) -> int | None:
@@ -283,6 +286,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self.steps = 0
+        self.prefills = 0  # forward passes that admitted newcomers (one per step that admits any)
         self.max_rows_seen = 0
         self._sampler: Sampler | None = None
         self._sampler_rows: list[_Row] = []  # the rows self._sampler was built for, in order
@@ -385,10 +389,29 @@ class Scheduler:
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.model(tokens, cache=self._tmp)[0, -1]
 
+    def _prefill_together(self, reqs: list[GenerationRequest]) -> tuple[KVCache, torch.Tensor, list[int]]:
+        """The prompts of ``reqs`` through the model in one forward pass: (the cache holding row j's keys/values
+        after its pads, (len(reqs), V) last-position logits, each row's pad count). Prompts of different lengths
+        are left-padded to the longest with a padding mask and per-row positions (``generate_batch``'s prefill:
+        each row the same math as alone, up to the rounding of batched matmuls); equal lengths need no padding."""
+        if len(reqs) == 1:
+            return self._tmp, self._prefill_alone(list(reqs[0].prompt_ids))[None], [0]
+        t = max(len(r.prompt_ids) for r in reqs)
+        pads = [t - len(r.prompt_ids) for r in reqs]
+        tokens = torch.tensor([[0] * p + list(r.prompt_ids) for p, r in zip(pads, reqs)], dtype=torch.long,
+                              device=self.device)
+        src = KVCache(self.model.config.n_layer, self.max_len)
+        if not any(pads):
+            return src, self.model(tokens, cache=src, last_only=True)[:, -1], pads
+        p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
+        ar = torch.arange(t, device=self.device).unsqueeze(0)
+        logits = self.model(tokens, positions=(ar - p).clamp_min(0), padding_mask=ar < p, cache=src,
+                            last_only=True)[:, -1]
+        return src, logits, pads
+
     def _admit(self, admit: list[GenerationRequest]) -> None:
-        """1. admit: prefill the newcomers (prompts of equal length together, in one forward pass without
-        padding: row for row the same math as alone), copy their keys/values into the batch, and sample each
-        one's first token right away (its generator's first draw)."""
+        """1. admit: prefill the newcomers together (one forward pass, :meth:`_prefill_together`), copy their
+        keys/values into the batch, and sample each one's first token right away (its generator's first draw)."""
         live = []
         for req in admit:
             if req._bound is None:  # (a request handed to _step directly rather than through submit)
@@ -398,25 +421,18 @@ class Scheduler:
                                    "total_tokens": len(req.prompt_ids)}))
             else:
                 live.append(req)
-        by_len: dict[int, list[GenerationRequest]] = {}
-        for req in live:
-            by_len.setdefault(len(req.prompt_ids), []).append(req)
-        for w, group in by_len.items():
-            if len(group) == 1:
-                src, all_logits = self._tmp, self._prefill_alone(list(group[0].prompt_ids))[None]
-            else:
-                src = KVCache(self.model.config.n_layer, self.max_len)
-                tokens = torch.tensor([r.prompt_ids for r in group], dtype=torch.long, device=self.device)
-                all_logits = self.model(tokens, cache=src)[:, -1]
-            for j, req in enumerate(group):
-                req._open_rows = req.n
-                for i in range(req.n):
-                    row = _Row(req, i, self.tokenizer, self.device, self.model.config.num_tokens)
-                    row.logits = all_logits[j]
-                    row.slot = self._cache.add_slot()
-                    self._cache.place(row.slot, src, w, src_row=j)
-                    self._rows.append(row)
-                    self._sample([row])
+        if live:
+            src, all_logits, pads = self._prefill_together(live)
+            self.prefills += 1
+        for j, req in enumerate(live):
+            req._open_rows = req.n
+            for i in range(req.n):
+                row = _Row(req, i, self.tokenizer, self.device, self.model.config.num_tokens)
+                row.logits = all_logits[j]
+                row.slot = self._cache.add_slot()
+                self._cache.place(row.slot, src, len(req.prompt_ids), src_row=j, src_start=pads[j])
+                self._rows.append(row)
+                self._sample([row])
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
 
     def _step(self, admit: list[GenerationRequest]) -> None:
@@ -506,6 +522,10 @@ class Scheduler:
             if tail and r.held_lp:
                 r.pending_lp.append(r.held_lp.popleft())
             self._send(r, text + r.streamer.end() + tail, final=True)
+            self._release(r, "stop", tuple(swallowed))
+        elif r.counts is not None and r.counts.complete(0):  # the grammar allows no more text: a stop
+            text += self._to_text(r, r.stops.flush())
+            self._send(r, text + r.streamer.end(), final=True)
             self._release(r, "stop")
         elif r.produced >= r.params.max_new_tokens:
             text += self._to_text(r, r.stops.flush())
@@ -553,7 +573,7 @@ class Scheduler:
             item["top_logprobs"] = []
         return item
 
-    def _release(self, r: _Row, reason: str) -> None:
+    def _release(self, r: _Row, reason: str, stop: tuple[int, ...] | None = None) -> None:
         moved = self._cache.remove_slot(r.slot)
         self._rows.remove(r)
         if moved is not None:
@@ -565,7 +585,7 @@ class Scheduler:
         self._rows.sort(key=lambda x: x.slot)
         req = r.req
         if reason != "cancelled":
-            req.emit(("finish", r.index, reason))
+            req.emit(("finish", r.index, reason, stop))
         req._open_rows -= 1
         if req._open_rows == 0:
             req.emit(("done", {"prompt_tokens": len(req.prompt_ids), "completion_tokens": req.completion_tokens,

@@ -1,9 +1,10 @@
 """``create_app``: the FastAPI app over one :class:`~decoderlab.serve.state.AppState`.
 
 Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
-:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.page` (``/``). ``/openapi.json`` and ``/docs`` describe every
-endpoint and field (behind the API key, like the data endpoints). The scheduler starts with the app and stops
-when uvicorn shuts the app down.
+:mod:`.tokens` (``/tokenize``, ``/detokenize``, ``/tokenizer_info``), :mod:`.metrics` (``/metrics``),
+:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page`
+(``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data
+endpoints). The scheduler starts with the app and stops when uvicorn shuts the app down.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 
 from .._version import __version__
 from ..config.limits import ServeLimits
-from . import chat_completions, completions, models, page, trace
+from . import chat_completions, completions, metrics, models, page, tokens, trace, watched
 from .errors import install_handlers
 from .middleware import add_access
 from .protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
@@ -45,7 +46,8 @@ def openapi_schema(app: FastAPI) -> dict:
 
 
 def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "auto", model_id: str | None = None,
-               api_key: str | None = None, cors_origins: list[str] | None = None, limits: ServeLimits | None = None):
+               api_key: str | None = None, cors_origins: list[str] | None = None, limits: ServeLimits | None = None,
+               run_dir=None):
     """Build the FastAPI app serving ``model``.
 
     Args:
@@ -59,6 +61,8 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
             ``Authorization: Bearer <api_key>``.
         cors_origins: origins allowed by CORS (None = CORS off); also answers the preflight.
         limits: :class:`decoderlab.config.ServeLimits`.
+        run_dir: the served run directory: the head scores it recorded while training (``--watch-heads``)
+            are ``GET /v1/decoderlab/head_scores``'s (default none).
 
     Raises: ``ValueError`` for a malformed chat template in ``meta``.
     """
@@ -76,9 +80,12 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
                   description="An OpenAI-compatible server for a decoderlab model, and its glass box.")
     app.state.decoderlab = state
     app.state.get_scheduler = state.scheduler
+    app.state.metrics = state.metrics = metrics.Metrics(state.stats)
     app.openapi = lambda: openapi_schema(app)
     install_handlers(app)
     add_access(app, api_key, cors_origins)
-    for module in (models, completions, chat_completions, trace, page):
+    app.add_middleware(metrics.CountRequests, metrics=state.metrics)  # outermost: 401s and CORS answers count too
+    app.state.run_dir = run_dir  # its head_scores.jsonl: GET /v1/decoderlab/head_scores (serve/watched.py)
+    for module in (models, completions, chat_completions, tokens, metrics, trace, watched, page):
         app.include_router(module.router)
     return app

@@ -12,6 +12,7 @@ from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatComple
                        ChatCompletionResponse, ChatDelta, ChatLogprobs, Usage)
 from .state import AppState, app_state
 from .streaming import respond, streamed
+from .tools import answer, banned_calls, tool_turn
 
 router = APIRouter(route_class=JSONRoute, tags=["chat"])
 
@@ -46,12 +47,20 @@ class ChatCompletions:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: AppState = Depends(app_state)):
     """The messages rendered with the checkpoint's chat template, continued as ``decoderlab.generate`` does;
-    the template's end of turn (and ``<EOS>``) ends the reply."""
+    the template's end of turn (and ``<EOS>``) ends the reply. With ``tools``, the turn may call one
+    (:mod:`decoderlab.serve.tools`)."""
     state.check_model(body.model)
     need_template(state, "use /v1/completions, or fine-tune it for chat first (the chat template is stored in its "
                          "checkpoint)")
     settings = settings_of(body, state.limits)
-    ids = check_context(state, render_messages(state, body.messages), "messages")
+    turn = tool_turn(state, body, settings)
+    ids = check_context(state, render_messages(state, body.messages, tools=body.tools), "messages")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if turn is not None and turn.choice != "none":
+        return await answer(request, state, settings, ids, turn, stream=bool(body.stream),
+                            include_usage=include_usage)
+    if turn is not None:
+        settings = banned_calls(settings, turn)
     stop_ids = [int(state.template.end_of_turn_id(state.tokenizer))]
     return await respond(request, state, ChatCompletions(), settings, ids, stop_ids, stream=bool(body.stream),
-                         include_usage=bool(body.stream_options and body.stream_options.include_usage))
+                         include_usage=include_usage)

@@ -9,9 +9,9 @@ from .errors import ERROR_RESPONSES
 from .prompts import check_context, encode_prompt
 from .protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
                        Usage)
-from .generation import settings_of
+from .generation import Settings, prompt_items, settings_of
 from .state import AppState, app_state
-from .streaming import respond, streamed
+from .streaming import Echo, respond, streamed
 
 router = APIRouter(route_class=JSONRoute, tags=["completions"])
 
@@ -23,7 +23,8 @@ def logprobs_of(items: list[dict], offset: int = 0) -> CompletionLogprobs:
         offsets.append(pos)
         pos += len(it["token"])
     return CompletionLogprobs(tokens=[it["token"] for it in items], token_logprobs=[it["logprob"] for it in items],
-                              top_logprobs=[{t["token"]: t["logprob"] for t in it["top_logprobs"]} for it in items],
+                              top_logprobs=[None if it["top_logprobs"] is None else
+                                            {t["token"]: t["logprob"] for t in it["top_logprobs"]} for it in items],
                               text_offset=offsets)
 
 
@@ -56,9 +57,18 @@ class Completions:
              responses={**ERROR_RESPONSES, 200: streamed(CompletionChunk)})
 async def create_completion(body: CompletionRequest, request: Request, state: AppState = Depends(app_state)):
     """The text ``decoderlab.generate`` gives for the prompt with the same settings and the tokenizer
-    (``<PAD>`` never sampled, ``<EOS>`` ends the text)."""
+    (``<PAD>`` never sampled, ``<EOS>`` ends the text). With ``echo`` the answer starts with the prompt (and its
+    tokens' logprobs, with ``logprobs``); ``max_tokens`` 0 then scores the prompt without generating."""
     state.check_model(body.model)
     settings = settings_of(body, state.limits)
     ids = check_context(state, encode_prompt(state, body.prompt), "prompt")
+    echo = await echo_of(state, settings, ids) if settings.echo else None
     return await respond(request, state, Completions(), settings, ids, [], stream=bool(body.stream),
-                         include_usage=bool(body.stream_options and body.stream_options.include_usage))
+                         include_usage=bool(body.stream_options and body.stream_options.include_usage), echo=echo)
+
+
+async def echo_of(state: AppState, settings: Settings, ids: list[int]) -> Echo:
+    """The prompt as an echo answer starts: its text, and with logprobs its tokens' logprobs (one forward pass on
+    the model's thread, ``decoderlab.generation.scoring``)."""
+    items = await prompt_items(state, ids, settings.logprobs) if settings.logprobs is not None else []
+    return Echo(text=state.text_of(ids), items=items, tokens=len(ids))

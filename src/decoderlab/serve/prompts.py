@@ -47,15 +47,54 @@ def need_template(state: AppState, hint: str) -> None:
                        param="messages", code="no_chat_template")
 
 
-def render_messages(state: AppState, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
-    """The messages' token ids through the chat template (at most ``--max-messages`` of them). Not checked
-    against the context length."""
+def _message(m: ChatMessage) -> dict:
+    """A request's message as the chat template reads it (``developer`` is ``system``)."""
+    out = {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def merged_system(messages: list[dict]) -> list[dict]:
+    """The messages with every system message after the first merged into one system message first (their
+    texts joined by a blank line, in order): a chat template has one system turn, at the start, while clients
+    (LangChain's agents, OpenAI's own examples) send instructions later too, which peers accept."""
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    if len(systems) <= 1 and (not systems or messages[0]["role"] == "system"):
+        return messages
+    return [{"role": "system", "content": "\n\n".join(systems)}] + [m for m in messages if m["role"] != "system"]
+
+
+def _check_tool_results(messages: list[ChatMessage]) -> None:
+    """Each ``tool`` message answers a call of the assistant message before it: a 400 naming its
+    ``tool_call_id`` otherwise."""
+    open_calls: set[str] = set()
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            if m.tool_call_id not in open_calls:
+                raise bad(f"messages[{i}].tool_call_id", f"messages[{i}] is a tool result for tool_call_id "
+                          f"{m.tool_call_id!r}, which no call of the assistant message before it has "
+                          f"(open calls: {', '.join(sorted(open_calls)) or 'none'})")
+            open_calls.discard(m.tool_call_id)
+        else:
+            open_calls = {c.id for c in m.tool_calls or ()}
+
+
+def render_messages(state: AppState, messages: list[ChatMessage], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+    """The messages' token ids through the chat template (at most ``--max-messages`` of them; ``tools``: the
+    functions offered, rendered by a template with tool tokens). Not checked against the context length."""
     if len(messages) > state.limits.max_messages:
         raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
                               f"{state.limits.max_messages} (--max-messages)", "messages_limit")
-    clean = [{"role": m.role, "content": m.content} for m in messages]
+    _check_tool_results(messages)
+    clean = merged_system([_message(m) for m in messages])
+    more = {"tools": tools} if tools else {}
     try:
-        ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt)
+        ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt,
+                                           **more)
     except (KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise bad("messages", f"the messages cannot be rendered with this model's chat template: {msg}",

@@ -38,26 +38,19 @@ from ..generation.sampling import MAX_SEED
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
                      "parallel_tool_calls"})
 
-#: fields that would change the output and are not supported: field -> "is this value neutral?"
+#: fields that would change the output and are not supported (by this server, or by the endpoint: ``best_of``
+#: and ``echo`` are completions' fields, refused on chat): field -> "is this value neutral?"
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
-    "repetition_penalty": lambda v: v in (None, 1, 1.0),
-    "logit_bias": lambda v: not v,
     "best_of": lambda v: v in (None, 1),
     "echo": lambda v: v in (None, False),
     "suffix": lambda v: v in (None, ""),
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none"),
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none"),
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-    "min_p": lambda v: v in (None, 0, 0.0),
     "modalities": lambda v: v is None or v == ["text"],
 }
 
 #: what a required field holds, for the "is required" message
-REQUIRED_HINTS = {"prompt": "a string or a list of token ids",
+REQUIRED_HINTS = {"prompt": "a string or a list of token ids", "tokens": "a list of token ids",
                   "messages": 'a list of {"role", "content"} objects'}
 
 
@@ -150,11 +143,61 @@ def _stop_list(value):
     return stops
 
 
+Penalty = Annotated[StrictFloat | None, Field(ge=-2, le=2, description="OpenAI's penalty over the generated "
+                                                                       "tokens, -2 .. 2; 0 = off")]
+
+
+class JSONSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema a reply must follow."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: StrictStr | None = Field(None, description="the schema's name (reported, not used)")
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema (default: any JSON)")
+    strict: StrictBool | None = Field(None, description="true: a schema keyword the server cannot enforce is a 400; "
+                                                        "false/null: such keywords are ignored")
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: text (default), any JSON object, or JSON following a schema -- enforced by a
+    grammar on the tokens (``decoderlab.generation.Grammar``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise refuse("response_format", 'response_format of type "json_schema" needs a json_schema object '
+                                            '({"name": ..., "schema": {...}})')
+        return self
+
+
+#: structured output as an extra field (vLLM's names): field -> what it holds
+GUIDED = {"guided_json": "a JSON schema", "guided_regex": "a regular expression the whole reply matches",
+          "guided_grammar": "a Lark or GBNF grammar", "guided_choice": "a list of the allowed replies"}
+
+
 class GenerationFields(SamplingFields):
     """The fields of both text-generating endpoints."""
 
-    max_tokens: StrictInt | None = Field(None, ge=1, description=f"the most new tokens per choice, at most the "
-                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens})")
+    max_tokens: StrictInt | None = Field(None, ge=0, description=f"the most new tokens per choice, at most the "
+                                         f"server's --max-tokens (default {ServeLimits.default_max_tokens}); 0 only "
+                                         f"with echo")
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: StrictFloat | None = Field(None, gt=0, description="CTRL's penalty over the prompt and the "
+                                                   "generated tokens, > 0; 1 = off")
+    min_p: StrictFloat | None = Field(None, ge=0, le=1, description="keep tokens at least min_p times as probable "
+                                                                    "as the most probable; 0 = off")
+    logit_bias: dict[str, StrictFloat] | None = Field(None, description="token id -> bias -100 .. 100 added to its "
+                                                      "logit; -100 bans it")
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | None = Field(None, description=GUIDED["guided_json"])
+    guided_regex: StrictStr | None = Field(None, description=GUIDED["guided_regex"])
+    guided_grammar: StrictStr | None = Field(None, description=GUIDED["guided_grammar"])
+    guided_choice: list[StrictStr] | None = Field(None, min_length=1, description=GUIDED["guided_choice"])
     stop: StrictStr | list[StrictStr] | None = Field(
         None, description="up to 4 strings matched on the decoded text; the text ends before the first one found")
     n: StrictInt | None = Field(None, ge=1, description="how many choices (default 1)")
@@ -196,6 +239,11 @@ class CompletionRequest(GenerationFields):
     prompt: Prompt
     logprobs: StrictInt | None = Field(None, ge=0, le=5, description="report each token's logprob and this many "
                                                                      "most probable alternatives")
+    echo: StrictBool | None = Field(None, description="the reply starts with the prompt; with logprobs, the "
+                                                      "prompt's tokens' logprobs too (the first is null); with "
+                                                      "max_tokens 0, only those (scoring, as evaluation harnesses do)")
+    best_of: StrictInt | None = Field(None, ge=1, description="sample this many choices and return the n with the "
+                                                              "highest logprob per token (>= n; not with stream)")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -211,16 +259,46 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
-class ChatMessage(BaseModel):
-    """One message: a role and its text (a string, or a list of text parts, which are joined)."""
+class FunctionCall(BaseModel):
+    """The function a tool call calls: its name and its arguments as JSON text."""
+
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message (OpenAI's shape)."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message: a role and its text (a string, or a list of text parts, which are joined). ``developer``
+    is OpenAI's newer name for ``system`` and is rendered as one. An assistant message may carry
+    ``tool_calls`` (its content then may be null); a ``tool`` message is the result of the call
+    ``tool_call_id`` names."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise refuse("content", "content is required (null only for an assistant message with tool_calls)",
+                         "missing_required_parameter")
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
     def _text(cls, value):
+        if value is None:
+            return value  # (allowed only with tool_calls: checked after)
         if isinstance(value, list):
             if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
                        for c in value):
@@ -232,8 +310,27 @@ class ChatMessage(BaseModel):
         return value
 
 
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the one function to call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(GenerationFields):
     """``POST /v1/chat/completions``: the next assistant turn (checkpoints with a chat template)."""
+
+    tools: list[dict[str, Any]] | None = Field(None, max_length=64, description='functions the model may call: '
+                                               '[{"type": "function", "function": {"name", "description", '
+                                               '"parameters": JSON schema}}] (a chat template with tool tokens)')
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (default with tools): the model decides; "none"; "required": one call; '
+                          '{"type": "function", "function": {"name"}}: that call. The arguments follow the '
+                          'function\'s parameters schema (a grammar)')
 
     messages: list[ChatMessage] = Field(min_length=1, description="rendered with the checkpoint's chat template")
     max_completion_tokens: StrictInt | None = Field(None, ge=1, description="the most new tokens per choice "
@@ -250,9 +347,70 @@ class ChatCompletionRequest(GenerationFields):
         return value
 
 
+class HeadRef(BaseModel):
+    """One attention head: ``{"layer": L, "head": h}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    layer: StrictInt = Field(ge=0)
+    head: StrictInt = Field(ge=0)
+
+
+class TokenizeRequest(_Request):
+    """``POST /tokenize`` (vLLM's shape): the ids of a ``prompt`` -- encoded as ``/v1/completions`` encodes it --
+    or of ``messages`` rendered with the chat template (with the assistant opener, as chat completions does)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = Field(None, min_length=1, description="the text to encode")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation to render")
+    add_special_tokens: StrictBool | None = Field(None, description="accepted; decoderlab's models add no start "
+                                                                    "token")
+    add_generation_prompt: StrictBool | None = Field(None, description="messages: open the assistant turn "
+                                                                       "(default true)")
+    return_token_strs: StrictBool | None = Field(None, description="accepted: the pieces are always returned")
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise refuse("prompt", "give prompt (a non-empty string) or messages, not both",
+                         "missing_required_parameter" if self.prompt is None else "invalid_value")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] = Field(description="each token's text (a control token's name; bytes of a partial "
+                                              "character as \\xNN)")
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize``: token ids -> text, as generation writes it (control tokens are not text)."""
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt] = Field(description="token ids")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """``GET /tokenizer_info`` (vLLM's): what a client needs to tokenize for this model through /tokenize."""
+
+    tokenizer_class: str
+    vocab_size: int
+    model_max_length: int
+    eos_token: str | None
+    bos_token: str | None = None
+    pad_token: str | None
+    chat_template: str | None = Field(None, description="decoderlab's templates are not Jinja: null")
+
+
 class TraceRequest(SamplingFields):
     """``POST /v1/decoderlab/trace``: the glass-box numbers of one of ``prompt`` (+ ``continuation``),
-    ``messages`` or ``token_ids``. The prompt must fit the context, as for /v1/completions."""
+    ``messages`` (+ ``continuation``: the reply so far) or ``token_ids``. The prompt must fit the context, as
+    for /v1/completions."""
 
     prompt: Prompt | None = None
     continuation: StrictStr | None = Field(None, description="generated text after the prompt, encoded on its "
@@ -262,6 +420,16 @@ class TraceRequest(SamplingFields):
     token_ids: list[StrictInt] | None = None
     top: StrictInt = Field(10, ge=1, le=50, description="how many most probable next tokens to list")
     layers: list[StrictInt] | None = Field(None, description="layer indices to trace (default all)")
+    position: StrictInt | None = Field(None, description="the position the logit lens and the decomposition read "
+                                                         "(negative counts from the end; default the last)")
+    token: StrictInt | None = Field(None, ge=0, description="the token whose logit is decomposed (default: the "
+                                                            "most probable one at position)")
+    scores: Literal["text", "probe"] | None = Field(None, description="head detector scores of every head: on "
+                                                    "the traced tokens, or on the probe (random tokens repeated "
+                                                    "twice, as decoderlab train --watch-heads records); default "
+                                                    "none")
+    ablate: list[HeadRef] | None = Field(None, description="heads to zero-ablate (their blocks.L.attn.hook_z "
+                                                           "slice) in a second pass: the response's ablation")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -272,6 +440,13 @@ class TraceRequest(SamplingFields):
     def _something_to_trace(self):
         if self.prompt is None and self.messages is None and self.token_ids is None:
             raise refuse("prompt", "give prompt (text), messages, or token_ids", "missing_required_parameter")
+        if self.continuation is not None and self.token_ids is not None:
+            raise refuse("continuation", "a continuation follows a prompt or messages, not token_ids (append the "
+                                         "ids instead)")
+        if self.continuation is not None and self.messages is not None and self.messages[-1].role == "assistant":
+            raise refuse("continuation", "with messages, a continuation is the reply so far after the generation "
+                                         "prompt: the last message must not be an assistant message (send the "
+                                         "reply as the continuation, or as that message without a continuation)")
         return self
 
 
@@ -297,7 +472,7 @@ class ErrorResponse(BaseModel):
 # Responses and chunks
 # ----------------------------------------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(BaseModel):
@@ -307,9 +482,12 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """Per token: its text, logprob and most probable alternatives (null for the first token of an echoed
+    prompt, which nothing predicts)."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -358,7 +536,12 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_when_given(self, handler):
+        return {k: v for k, v in handler(self).items() if k != "tool_calls" or v is not None}
 
 
 class ChatChoice(BaseModel):
@@ -374,11 +557,35 @@ class ChatCompletionResponse(_Response):
     usage: Usage
 
 
+class FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ToolCallDelta(BaseModel):
+    """What a chunk adds to a tool call: first its id, type and name (arguments ""), then argument pieces."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatDelta(BaseModel):
-    """What a chunk adds to a choice: the role first, then content; the fields not given are left out."""
+    """What a chunk adds to a choice: the role first, then content or tool calls; the fields not given are left
+    out."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _given_only(self, handler):
@@ -444,6 +651,58 @@ class TraceToken(BaseModel):
     token: str
 
 
+class TraceNext(TraceToken):
+    ends_text: bool = Field(description="the token is one of the tokenizer's end-of-text ids (<EOS>, a chat "
+                                        "template's end of turn): generation stops there, and so does stepping")
+
+
+class TraceLensEntry(BaseModel):
+    label: str = Field(description='"L_pre": the residual stream entering layer L; "final_post": the last '
+                                   "block's output (the model's own next-token distribution)")
+    top: list[TokenProb] = Field(description="the most probable next tokens read from that residual through the "
+                                             "final norm and the output layer")
+
+
+class TracePart(BaseModel):
+    label: str = Field(description='"embed", "pos_embed", "L{L}H{h}" (a head), "L{L} attn bias", "L{L} mlp", '
+                                   '"final norm bias", "unembed bias"')
+    value: float = Field(description="its direct contribution to the logit")
+
+
+class TraceDecomposition(BaseModel):
+    """``decoderlab.glassbox.decompose``: a logit split into what wrote the residual stream, the final norm's
+    scale frozen from this pass (TransformerLens's convention), so the parts add up to the logit."""
+
+    position: int
+    token: TraceToken
+    logit: float = Field(description="the model's logit of token at position")
+    total: float = Field(description="the sum of the parts: the logit, up to float rounding")
+    parts: list[TracePart]
+
+
+class TraceHeadScores(BaseModel):
+    on: Literal["text", "probe"] = Field(description="the traced tokens, or the probe (random tokens repeated "
+                                                     "twice)")
+    scores: dict[str, list[list[float]]] = Field(description="detector -> (n_layer, n_head) scores "
+                                                             "(decoderlab.glassbox.all_head_scores)")
+
+
+class TraceChange(BaseModel):
+    id: int
+    token: str
+    before: float = Field(description="probability in the clean pass")
+    after: float = Field(description="probability with the heads ablated")
+
+
+class TraceAblation(BaseModel):
+    """The last position's next-token distribution (softmax of the logits) with ``heads`` zero-ablated."""
+
+    heads: list[HeadRef]
+    top: list[TokenProb]
+    changes: list[TraceChange] = Field(description="the tokens of both top lists, largest change first")
+    kl: float = Field(description="KL(clean || ablated) of the whole distribution, in nats")
+
+
 class TraceLayer(BaseModel):
     layer: int
     heads: list[int]
@@ -469,5 +728,13 @@ class TraceResponse(BaseModel):
     layers: list[TraceLayer]
     top_before: list[TokenProb] = Field(description="the next token's most probable ids (softmax of the logits)")
     top_after: list[TokenProb] = Field(description="... after the sampling filter (temperature, top-k, top-p)")
-    next: TraceToken = Field(description="the token the filter's distribution gives next")
+    next: TraceNext = Field(description="the token the filter's distribution gives next")
+    ended: bool = Field(description="the traced tokens end a turn: messages ending with an assistant reply, "
+                                    "rendered with the template's end of turn (nothing follows it)")
     sampling: TraceSampling
+    position: int = Field(description="the position the lens and the decomposition read (0 .. T - 1)")
+    lens: list[TraceLensEntry] = Field(description="the logit lens at position, one entry per layer and the end")
+    decomposition: TraceDecomposition
+    head_scores: TraceHeadScores | None = Field(None, description="with scores (null for fewer than 2 tokens on "
+                                                                  "the text)")
+    ablation: TraceAblation | None = Field(None, description="with ablate")

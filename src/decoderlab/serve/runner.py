@@ -102,7 +102,7 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         if model_id is None and not meta.get("name"):
             model_id = Path(checkpoint).resolve().name
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
-                         cors_origins=cors_origins, limits=limits)
+                         cors_origins=cors_origins, limits=limits, run_dir=checkpoint)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
         uvicorn.Server(config).run(sockets=[sock])
     finally:

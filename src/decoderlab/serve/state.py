@@ -11,6 +11,7 @@ from fastapi import Request
 
 from ..config.limits import ServeLimits
 from ..generation.scheduler import Scheduler
+from ..generation.stops import text_decoder
 from .errors import APIError
 
 from ..chat import template_from_meta
@@ -37,7 +38,9 @@ class AppState:
     model_id: str
     meta: dict = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Any = None  # the app's serve.metrics.Metrics (set by create_app)
     _scheduler: Scheduler | None = None
+    _decode: Any = None
 
     @classmethod
     def build(cls, model, tokenizer, *, meta: dict | None, template: Any, model_id: str | None,
@@ -60,6 +63,16 @@ class AppState:
             self._scheduler = Scheduler(self.model, self.tokenizer, max_batch=self.limits.max_batch,
                                         max_queue=self.limits.max_queue)
         return self._scheduler
+
+    def text_of(self, ids: list[int]) -> str:
+        """Token ids as text, as generation writes it (control tokens are not text)."""
+        return self.decode(ids)
+
+    @property
+    def decode(self):
+        if self._decode is None:
+            self._decode = text_decoder(self.tokenizer)
+        return self._decode
 
     def stats(self) -> dict:
         return self._scheduler.stats() if self._scheduler is not None else {}

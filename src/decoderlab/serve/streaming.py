@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from .errors import internal_error, log
+from .metrics import Timing
 from .generation import Settings, event_queue, submit
 from .protocol import Usage
 from .state import AppState
@@ -62,6 +63,28 @@ class Collected:
     usage: Usage
 
 
+@dataclass
+class Echo:
+    """The prompt an ``echo`` answer starts with: its text and, with logprobs, its tokens' logprob items (the
+    first with logprob None: nothing predicts it)."""
+
+    text: str
+    items: list[dict]
+    tokens: int
+
+
+def best_of(got: Collected, n: int) -> Collected:
+    """The ``n`` choices with the highest mean logprob per token (OpenAI's "best"), best first, as choices
+    0 .. n-1."""
+    def mean(i: int) -> float:
+        lps = [it["logprob"] for it in got.logprobs[i]]
+        return sum(lps) / len(lps) if lps else float("-inf")
+
+    keep = sorted(range(len(got.texts)), key=mean, reverse=True)[:n]
+    return Collected([got.texts[i] for i in keep], [got.finish[i] for i in keep],
+                     [got.logprobs[i] for i in keep], got.usage)
+
+
 def usage_of(u: dict) -> Usage:
     return Usage(prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"],
                  total_tokens=u["prompt_tokens"] + u["completion_tokens"])
@@ -71,8 +94,9 @@ def sse(model: BaseModel, **dump) -> str:
     return f"data: {model.model_dump_json(**dump)}\n\n"
 
 
-async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collected | None:
+async def collect(request: Request, req, queue: asyncio.Queue, n: int, timing: Timing | None = None) -> Collected | None:
     """Wait for every choice; None if the client hung up (its rows are cancelled)."""
+    timing = timing or Timing(None)
     got = Collected([""] * n, [None] * n, [[] for _ in range(n)], Usage(prompt_tokens=0, completion_tokens=0,
                                                                          total_tokens=0))
     loop = asyncio.get_running_loop()
@@ -93,10 +117,13 @@ async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collec
             if ev[0] == "delta":
                 got.texts[ev[1]] += ev[2]
                 got.logprobs[ev[1]].extend(ev[3])
+                if ev[2]:
+                    timing.text(ev[1])
             elif ev[0] == "finish":
                 got.finish[ev[1]] = ev[2]
             elif ev[0] == "done":
                 got.usage = usage_of(ev[1])
+                timing.done(ev[1])
                 return got
             elif ev[0] == "error":
                 raise ev[1]
@@ -106,24 +133,33 @@ async def collect(request: Request, req, queue: asyncio.Queue, n: int) -> Collec
 
 
 async def events(family: Family, head: dict, settings: Settings, include_usage: bool, req,
-                 queue: asyncio.Queue) -> AsyncIterator[str]:
-    """The SSE text of a streamed generation (see the module docstring)."""
+                 queue: asyncio.Queue, echo: Echo | None = None, timing: Timing | None = None) -> AsyncIterator[str]:
+    """The SSE text of a streamed generation (see the module docstring); an ``echo``'s prompt is the first
+    delta of choice 0."""
     dump = {} if include_usage else {"exclude": {"usage"}}
     wants_lp = settings.logprobs is not None
     offsets = [0] * settings.n
+    timing = timing or Timing(None)
     try:
         for i in range(settings.n):
             yield sse(family.chunk(head, [family.opening(i)], None), **dump)
+        if echo is not None:
+            yield sse(family.chunk(head, [family.delta(0, echo.text, echo.items if wants_lp else None, 0)], None),
+                      **dump)
+            offsets[0] = len(echo.text)
         while True:
             ev = await queue.get()
             if ev[0] == "delta":
                 _, i, text, items = ev
+                if text:
+                    timing.text(i)
                 yield sse(family.chunk(head, [family.delta(i, text, items if wants_lp else None, offsets[i])], None),
                           **dump)
                 offsets[i] += len(text)
             elif ev[0] == "finish":
                 yield sse(family.chunk(head, [family.finish(ev[1], ev[2])], None), **dump)
             elif ev[0] == "done":
+                timing.done(ev[1])
                 if include_usage:
                     yield sse(family.chunk(head, [], usage_of(ev[1])))
                 yield "data: [DONE]\n\n"
@@ -136,19 +172,42 @@ async def events(family: Family, head: dict, settings: Settings, include_usage: 
         req.cancel()
 
 
+def _echo_only(settings: Settings, echo: Echo) -> asyncio.Queue:
+    """The events of an answer that is the echoed prompt alone (max_tokens 0): nothing is generated."""
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait(("finish", 0, "length"))
+    queue.put_nowait(("done", {"prompt_tokens": echo.tokens, "completion_tokens": 0}))
+    return queue
+
+
+class _NoRequest:
+    def cancel(self) -> None:
+        pass
+
+
 async def respond(request: Request, state: AppState, family: Family, settings: Settings, ids: list[int],
-                  stop_ids: list[int], *, stream: bool, include_usage: bool) -> Response:
-    """Generate ``settings.n`` continuations of ``ids`` and answer as ``family`` (JSON, or SSE when
-    ``stream``). A failed generation raises (the route answers a generic 500)."""
-    queue, on_event = event_queue()
-    req = submit(state, settings, ids, stop_ids, on_event)
+                  stop_ids: list[int], *, stream: bool, include_usage: bool, echo: Echo | None = None) -> Response:
+    """Generate ``settings.choices`` continuations of ``ids`` and answer as ``family`` (JSON, or SSE when
+    ``stream``): the ``n`` best with ``best_of``, choice 0 after the ``echo``ed prompt (only the prompt when
+    ``max_tokens`` is 0). A failed generation raises (the route answers a generic 500)."""
+    timing = Timing(state.metrics)
+    if echo is not None and settings.max_tokens == 0:
+        req, queue = _NoRequest(), _echo_only(settings, echo)
+    else:
+        queue, on_event = event_queue()
+        req = submit(state, settings, ids, stop_ids, on_event)
     head = {"id": family.id_prefix + uuid.uuid4().hex[:24], "created": int(time.time()), "model": state.model_id}
     if stream:
-        return StreamingResponse(events(family, head, settings, include_usage, req, queue),
+        return StreamingResponse(events(family, head, settings, include_usage, req, queue, echo, timing),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    got = await collect(request, req, queue, settings.n)
+    got = await collect(request, req, queue, settings.choices, timing)
     if got is None:
         return JSONResponse({}, status_code=499)
+    if settings.best_of is not None:
+        got = best_of(got, settings.n)
+    if echo is not None:
+        got.texts[0] = echo.text + got.texts[0]
+        got.logprobs[0] = echo.items + got.logprobs[0]
     lps = got.logprobs if settings.logprobs is not None else None
     return JSONResponse(family.response(head, got.texts, got.finish, lps, got.usage).model_dump(mode="json"))

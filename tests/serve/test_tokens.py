@@ -1,0 +1,56 @@
+"""``/tokenize``, ``/detokenize`` and ``/tokenizer_info``: the ids ``/v1/completions`` encodes (and the chat
+template renders), their pieces, the text generation writes; bad bodies are 400s naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from .helpers import MODEL_ID  # noqa: E402
+
+
+def test_tokenize_gives_the_ids_and_pieces_completions_uses(server, mt):
+    url, _ = server
+    model, tok = mt
+    r = httpx.post(url + "/tokenize", json={"model": MODEL_ID, "prompt": "hi there", "add_special_tokens": False})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["tokens"] == tok.encode("hi there") and body["count"] == 8 and body["max_model_len"] == 32
+    assert body["token_strs"] == list("hi there")
+    used = httpx.post(url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 1}).json()
+    assert used["usage"]["prompt_tokens"] == body["count"]
+    back = httpx.post(url + "/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back == {"prompt": "hi there"}
+
+
+def test_tokenize_messages_renders_the_chat_template(chat_server, mt):
+    url, _ = chat_server
+    model, tok = mt
+    msgs = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    r = httpx.post(url + "/tokenize", headers={"Authorization": "Bearer sekret"}, json={"messages": msgs})
+    want = tok.encode("s:be brief") + [tok.eos_id] + tok.encode("u:hi") + [tok.eos_id] + tok.encode("a:")
+    assert r.status_code == 200 and r.json()["tokens"] == want  # developer is rendered as the system message
+
+
+def test_tokenizer_info_names_the_control_tokens(server, mt):
+    url, _ = server
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] == "<EOS>" and info["pad_token"] == "<PAD>" and info["vocab_size"] == 35
+    assert info["model_max_length"] == 32 and info["tokenizer_class"] == "CharTokenizer"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/tokenize", {"prompt": ""}, "prompt"), ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": ["a"]}, "prompt"), ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
+    ("/tokenize", {"prompt": "#"}, "prompt"), ("/detokenize", {"tokens": [1, 99]}, "tokens[1]"),
+    ("/detokenize", {"tokens": "12"}, "tokens"), ("/detokenize", {}, "tokens")])
+def test_bad_token_requests_are_400s_naming_the_field(server, path, body, param):
+    url, _ = server
+    r = httpx.post(url + path, json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    for raw in (b"", b"[1, 2]", b'"text"'):
+        r = httpx.post(url + path, content=raw)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    assert httpx.post(url + "/tokenize", json={"prompt": "ok"}).status_code == 200  # it serves the others

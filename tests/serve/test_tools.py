@@ -1,0 +1,145 @@
+"""Tool calls on /v1/chat/completions through the official ``openai`` client against a real uvicorn: ``tools``
++ ``tool_choice`` ("required", a named function, "auto", "none"), the call's arguments valid against the
+function's schema (a grammar), ``tool_calls`` + ``finish_reason: "tool_calls"`` as OpenAI returns and streams
+them, tool results in the conversation, and each bad tool field a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+jsonschema = pytest.importorskip("jsonschema")
+
+import decoderlab as dl  # noqa: E402
+from decoderlab.chat import ToolSet, get_template  # noqa: E402
+
+from .helpers import MODEL_ID, client  # noqa: E402
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                        "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+       "required": ["a", "b"], "additionalProperties": False}
+MUL = {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "a+b", "parameters": ADD}},
+         {"type": "function", "function": {"name": "mul", "parameters": MUL}}]
+SCHEMAS = {"add": ADD, "mul": MUL}
+ASK = [{"role": "user", "content": "17+25?"}]
+
+
+def tool_call_token(tok) -> int:
+    return get_template("tools").tool_call_id(tok)
+
+
+def test_required_calls_a_function_with_valid_arguments_equal_to_the_librarys(tools_server, tools_model):
+    model, tok = tools_model
+    c = client(tools_server)
+    ids, _ = get_template("tools").render(ASK, tok, add_generation_prompt=True, tools=TOOLS)
+    for seed in range(3):
+        r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required", seed=seed,
+                                      max_tokens=120)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        # the library's generation from the same prompt and <|tool_call|>, under the call grammar, writes the same
+        ref = dl.generate(model, ids + [tool_call_token(tok)], 120, seed=seed, tokenizer=tok,
+                          grammar=ToolSet.of(TOOLS).grammar())
+        assert tok.decode(ref, skip_special=True) == f"{call.function.name} {call.function.arguments}"
+
+
+def test_a_named_function_is_the_one_called(tools_server):
+    c = client(tools_server)
+    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=0, max_tokens=60,
+                                  tool_choice={"type": "function", "function": {"name": "mul"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "mul" and json.loads(call.function.arguments) in ({"x": True}, {"x": False})
+
+
+def test_auto_calls_when_the_model_opens_a_call_and_none_never_does(tools_server, tools_model):
+    _, tok = tools_model
+    c = client(tools_server)
+    tc = str(tool_call_token(tok))
+    # auto: a model that opens a call (its first token, pushed by the bias) writes one under the grammar
+    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=1, max_tokens=80,
+                                  logit_bias={tc: 100})
+    assert r.choices[0].finish_reason == "tool_calls"
+    call = r.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    # auto: a model that does not open one answers in text
+    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=1, max_tokens=20,
+                                  logit_bias={tc: -100})
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+    # none: no call even when the bias pushes for one
+    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="none", seed=1,
+                                  max_tokens=20, logit_bias={tc: 100})
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_streamed_call_is_the_non_streamed_one_in_openai_s_pieces(tools_server):
+    c = client(tools_server)
+    kw = dict(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required", seed=2, max_tokens=120)
+    whole = c.chat.completions.create(**kw).choices[0]
+    deltas, finish = [], None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            deltas += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    first = deltas[0]
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == whole.message.tool_calls[0].function.name and first.function.arguments == ""
+    assert all(d.id is None and d.function.name is None for d in deltas[1:]) and len(deltas) > 2
+    assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
+    assert finish == "tool_calls"
+
+
+def test_a_tool_result_is_rendered_and_answered(tools_server, tools_model):
+    _, tok = tools_model
+    c = client(tools_server)
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}
+    messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS, tool_choice="none", seed=0,
+                                  max_tokens=5)
+    assert r.choices[0].message.tool_calls is None
+    assert r.usage.prompt_tokens == len(get_template("tools").render(messages, tok, add_generation_prompt=True,
+                                                                    tools=TOOLS)[0])
+
+
+BAD_TOOLS = [
+    # (body fields, param)
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "div"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "n": 2}, "n"),
+    ({"tools": TOOLS, "logprobs": True}, "logprobs"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "messages": ASK + [{"role": "assistant", "content": "x"},
+                                         {"role": "tool", "tool_call_id": "call_9", "content": "42"}]},
+     "messages[2].tool_call_id"),
+]
+
+
+@pytest.mark.parametrize("fields,param", BAD_TOOLS, ids=[b[1] for b in BAD_TOOLS])
+def test_bad_tool_fields_are_400s_naming_them(tools_server, fields, param):
+    r = httpx.post(tools_server + "/v1/chat/completions", json={"messages": ASK, **fields})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert httpx.get(tools_server + "/health").status_code == 200  # it keeps serving
+
+
+def test_tools_on_a_template_without_tool_tokens_are_a_400(chat_server):
+    url, _ = chat_server
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": ASK, "tools": TOOLS},
+                   headers={"Authorization": "Bearer sekret"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "tools" in r.json()["error"]["message"]
