@@ -32,6 +32,9 @@ from decoderlab.storyset import (build_story_set, content_words, lead_words, sto
                                  word_coverage, words_of_prompt)
 from decoderlab.training import TrainConfig, train_lm  # noqa: E402
 
+#: replies shorter than this many words are not stories (a reply that lists the three words is a reward hack)
+SHORT_WORDS = 15
+
 
 def coverage_table(counts: list[int]) -> dict:
     n = len(counts)
@@ -92,6 +95,16 @@ def main() -> int:
     ap.add_argument("--n-head", type=int, default=8)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--finetune-batch", type=int, default=16)
+    ap.add_argument("--rl", action="store_true",
+                    help="continue the fine-tuned model with `rl --reward contains_words` on training prompts (not "
+                         "the held-out ones), and a control of as many extra SFT steps on the same prompts' "
+                         "reference replies; score both on the held-out prompts greedily")
+    ap.add_argument("--rl-steps", type=int, default=60)
+    ap.add_argument("--rl-prompts", type=int, default=512, help="training prompts the RL stage answers")
+    ap.add_argument("--rl-group", type=int, default=8, help="replies per prompt (G)")
+    ap.add_argument("--rl-batch", type=int, default=4, help="prompts per RL step")
+    ap.add_argument("--rl-lr", type=float, default=1e-4)
+    ap.add_argument("--rl-kl", type=float, default=0.0, help="KL penalty to the fine-tuned model")
     ap.add_argument("--score-only", action="store_true",
                     help="score the base/ and chat/ checkpoints already in --out again (no training); writes "
                          "results_rescored.json")
@@ -219,7 +232,66 @@ def main() -> int:
           f"{cpu / 60:.1f} CPU-minutes, {args.threads} thread(s)")
     t = transcripts[-len(ft_counts)]  # the last decoding's first prompt
     print(f"\ntranscript ({t['decoding']}):\n> {t['prompt']}\n{t['fine_tuned']}\n(base model: {t['base'][:200]!r})")
+    if args.rl:
+        res["rl"] = rl_stage(args, out, train, held, common)
+        (out / "results.json").write_text(json.dumps(res, indent=2))
     return 0
+
+
+def score_chat(model, tok, template, held, common, max_new_tokens) -> dict:
+    """Greedy replies to the held-out prompts: all three words, on the harder prompts too, end of turn, mean
+    length in words, share of replies under ``SHORT_WORDS`` words, and the first three replies."""
+    counts, ended, lengths, hard, replies = [], 0, [], [], []
+    for conv in held:
+        words = words_of_prompt(conv[0]["content"])
+        info: dict = {}
+        reply = chat_reply(model, tok, [conv[0]], template, max_new_tokens=max_new_tokens, info=info, temperature=0.0)
+        counts.append(word_coverage(reply, words))
+        ended += info["ended_with_end_of_turn"]
+        lengths.append(len(reply.split()))
+        replies.append(reply)
+        if any(w not in common for w in words):
+            hard.append(counts[-1] == 3)
+    return {**coverage_table(counts), "harder_all_three": sum(hard) / max(len(hard), 1), "harder_n": len(hard),
+            "end_of_turn_rate": ended / len(held), "mean_words": sum(lengths) / len(lengths),
+            "under_15_words": sum(n < SHORT_WORDS for n in lengths) / len(lengths), "samples": replies[:3]}
+
+
+def rl_stage(args, out: Path, train, held, common) -> dict:
+    """``rl --reward contains_words`` from the fine-tuned model on training prompts, the SFT control of as many
+    steps on the same prompts' reference replies, both scored as the fine-tuned model on the held-out prompts."""
+    from decoderlab.config import RLConfig
+    from decoderlab.reinforcement import rl
+
+    convs = train[: args.rl_prompts]
+    rows = [{"messages": [c[0]], "words": words_of_prompt(c[0]["content"])} for c in convs]
+    t0, c0 = time.perf_counter(), time.process_time()
+    _, _, rs = rl(rows, checkpoint=out / "chat", out=out / "rl", reward="contains_words",
+                  rl_config=RLConfig(group_size=args.rl_group, max_new_tokens=args.max_new_tokens, kl_coef=args.rl_kl),
+                  config_overrides=dict(max_steps=args.rl_steps, batch_size=args.rl_batch, lr=args.rl_lr,
+                                        min_lr=args.rl_lr, eval_every=args.rl_steps, log_every=10),
+                  accelerator="cpu", progress_bar="plain", logger=False)
+    rl_wall, rl_cpu = time.perf_counter() - t0, time.process_time() - c0
+    finetune(convs, checkpoint=out / "chat", out=out / "control", val_fraction=0, eval_prompts=0,
+             train_config=TrainConfig(max_steps=args.rl_steps, batch_size=args.rl_batch * args.rl_group,
+                                      lr=args.finetune_lr / 10, min_lr=args.finetune_lr / 10, warmup=0,
+                                      eval_every=args.rl_steps), progress_bar=False, logger=False, accelerator="cpu")
+    held = held[: args.held_out]
+    scores = {name: score_chat(*load_model(out / name)[:3], held, common, args.max_new_tokens)
+              for name in ("chat", "control", "rl")}
+    print("\n| model | all three words | harder prompts: all three | end of turn | mean words | under 15 words |")
+    print("|---|---|---|---|---|---|")
+    for name, label in (("chat", "fine-tuned"), ("control", f"+{args.rl_steps} SFT steps (control)"),
+                        ("rl", f"+{args.rl_steps} RL steps")):
+        sc = scores[name]
+        print(f"| {label} | {sc['all_three']:.0%} | {sc['harder_all_three']:.0%} of {sc['harder_n']} | "
+              f"{sc['end_of_turn_rate']:.0%} | {sc['mean_words']:.1f} | {sc['under_15_words']:.0%} |")
+    print(f"RL stage: {rs.steps} steps in {rl_wall:.0f} s wall, {rl_cpu / 60:.1f} CPU-minutes; mean reward "
+          f"{rs.reward_start:.3f} -> {rs.reward_end:.3f}; KL to the fine-tuned model at the end "
+          f"{rs.history[-1]['kl']:.4f} nats/token")
+    for name in ("chat", "rl"):
+        print(f"\n{name} replies:\n" + "\n".join(f"  - {r[:300]!r}" for r in scores[name]["samples"]))
+    return {"scores": scores, "rl_seconds": rl_wall, "rl_cpu_seconds": rl_cpu, "rl_history": rs.history}
 
 
 if __name__ == "__main__":

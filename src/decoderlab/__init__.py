@@ -31,7 +31,7 @@ _EXPORTS = {
     "train_pairs": "training",
     "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
     "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
-    "finetune": "finetuning",
+    "finetune": "finetuning", "rl": "reinforcement",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
                "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli",

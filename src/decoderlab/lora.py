@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from .config.rl import DEFAULT_LORA_TARGETS, LORA_TARGETS
+from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer
 
@@ -69,6 +69,33 @@ def parse_targets(targets: str | Sequence[str]) -> tuple[str, ...]:
         raise ValueError(f"unknown LoRA target {unknown[0]!r}; allowed: {', '.join(LORA_TARGETS)} "
                          f"(comma-separated)")
     return tuple(dict.fromkeys(items))
+
+
+def lora_settings(rank: int, alpha: float | None = None, dropout: float = 0.0,
+                  targets: str | Sequence[str] = DEFAULT_LORA_TARGETS) -> dict:
+    """The LoRA settings of a run as plain data (what ``run.json`` records and :func:`apply_lora` takes as
+    keywords): ``{"rank", "alpha", "dropout", "targets"}``, alpha None -> rank (scale 1), targets a list.
+
+    Raises:
+        ValueError: a rank that is not an integer >= 1, an alpha not > 0, a dropout outside [0, 1), a bad
+            target (each named with what is allowed; a rank larger than a layer is found by :func:`apply_lora`).
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"LoRA rank must be an integer >= 1, got {rank!r}")
+    alpha = float(rank) if alpha is None else alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+        raise ValueError(f"LoRA alpha must be a finite number > 0, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
+    return {"rank": rank, "alpha": float(alpha), "dropout": float(dropout), "targets": list(parse_targets(targets))}
+
+
+def describe_lora(model: torch.nn.Module, settings: dict) -> str:
+    """One line for the terminal: the adapters' settings and the trainable parameter count of ``model``."""
+    total = sum({id(p): p.numel() for p in model.parameters()}.values())
+    n = trainable_parameters(model)
+    return (f"LoRA rank {settings['rank']} (alpha {settings['alpha']:g}, dropout {settings['dropout']:g}) on "
+            f"{','.join(settings['targets'])}: {n:,} trainable parameters of {total:,} ({n / max(total, 1):.2%})")
 
 
 def lora_target_names(model: torch.nn.Module, targets: str | Sequence[str] = DEFAULT_LORA_TARGETS) -> list[str]:
@@ -131,13 +158,9 @@ def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = N
     """
     if has_lora(model):
         raise ValueError("the model already has LoRA adapters; merge them first (merge_lora)")
-    names = lora_target_names(model, targets)
-    rank = _check_rank(model, names, rank)
-    alpha = float(rank) if alpha is None else alpha
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
-        raise ValueError(f"LoRA alpha must be a finite number > 0, got {alpha!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
+    settings = lora_settings(rank, alpha, dropout, targets)
+    names = lora_target_names(model, settings["targets"])
+    rank, alpha, dropout = _check_rank(model, names, rank), settings["alpha"], settings["dropout"]
     peft = _peft()
     config = peft.LoraConfig(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
                              bias="none", init_lora_weights=bool(init))

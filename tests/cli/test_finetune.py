@@ -120,3 +120,32 @@ def test_resume_with_a_changed_seed_or_template_is_refused_naming_it(tmp_path, c
     assert cli.main(["finetune", "--resume", "--out", str(out), "--data", str(data), "--max-steps", "3",
                      "--no-progress-bar"]) == 0  # the run's own settings: it goes on
     assert '"step": 3' in (out / "meta.json").read_text()
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"prompt": "a", "rejected": "c"}, "line 2: "),
+    ({"prompt": "a", "chosen": "b", "rejected": ""}, "line 2: "),
+])
+def test_dpo_rows_missing_chosen_or_with_an_empty_rejected_are_one_line(tmp_path, capsys, row, says):
+    rows = [{"prompt": "a", "chosen": "b", "rejected": "c"}, row]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["finetune", "--method", "dpo", "--preset", "statquest", "--data", str(data), "--out",
+                     str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"decoderlab: error: {data}, {says}") and err.count("\n") == 1, err
+    assert ("chosen" if "chosen" not in row else "rejected") in err
+
+
+@pytest.mark.parametrize("more, says", [
+    (("--lora-rank", "0"), "LoRA rank must be an integer >= 1, got 0"),
+    (("--lora-rank", "2", "--lora-targets", "nothing"), "'nothing'"),
+    (("--save-adapter",), "--save-adapter needs --lora-rank R"),
+    (("--beta", "0.2"), "--beta=0.2 applies to method='dpo' (--method dpo) only"),
+])
+def test_bad_lora_and_dpo_settings_are_one_line(tmp_path, capsys, more, says):
+    data = write(tmp_path, GOOD, GOOD)
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(tmp_path / "o"),
+                     "--max-steps", "1", *more]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlab: error: ") and says in err and err.count("\n") == 1, err

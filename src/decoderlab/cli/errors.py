@@ -27,7 +27,8 @@ CLOSED_PIPE = 141
 
 #: the Python names in library messages -> the flags a user typed (see :func:`in_flag_words`)
 FIELD_FLAGS = {**{f: flag(f) for f in (*train_fields(), *(f for f, kw, _ in SHAPE_OPTIONS if "type" in kw),
-                                       "vocab_size", "val_fraction", "eval_prompts", "threads")},
+                                       "vocab_size", "val_fraction", "eval_prompts", "threads",
+                                       "group_size", "kl_coef", "beta")},
                "max_epochs": "--epochs"}
 
 

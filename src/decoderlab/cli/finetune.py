@@ -3,20 +3,24 @@ template (``decoderlab.finetuning.finetune``)."""
 
 from __future__ import annotations
 
-from ..config.defaults import (FINETUNE_EVAL_PROMPTS, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION, TRAIN_DEFAULTS)
-from ..config.names import DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, TEMPLATES, TOKENIZERS
+from ..config.defaults import (DPO_BETA, FINETUNE_EVAL_PROMPTS, FINETUNE_TRAIN, FINETUNE_VAL_FRACTION,
+                               TRAIN_DEFAULTS)
+from ..config.names import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TEMPLATE, DEFAULT_TOKENIZER, FINETUNE_METHODS, TEMPLATES,
+                            TOKENIZERS)
 from ..config.presets import PRESETS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
-from .options import (RUN_OPTIONS, SHAPE_FIELDS, add_model_shape_options, add_options, add_train_config_options,
-                      check_out_dir, check_strategy, flag, model_overrides, progress_mode, train_overrides)
+from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, add_model_shape_options, add_options,
+                      add_train_config_options, check_out_dir, check_strategy, flag, lora_options, model_overrides,
+                      progress_mode, train_overrides)
 
 DESCRIPTION = ("Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL file of "
                "{\"messages\": [...]}, {\"prompt\", \"completion\"} or Alpaca {\"instruction\", \"input\", "
-               "\"output\"} lines. Only the assistant's tokens and the end of turn after them are trained. The run "
-               "directory becomes a chat checkpoint storing its template, for `decoderlab chat` and `generate "
-               "--chat`.")
+               "\"output\"} lines. Only the assistant's tokens and the end of turn after them are trained. With --method "
+               "dpo: preference pairs in TRL's format ({\"prompt\", \"chosen\", \"rejected\"}, as text or messages). "
+               "The run directory becomes a chat checkpoint storing its template, for `decoderlab chat` and "
+               "`generate --chat`.")
 
 #: TrainConfig flags that fine-tuning does not use (the held-out split is --val-fraction / --val-data)
 _SKIP = ("val_batches", "full_val_below")
@@ -40,11 +44,19 @@ def add_finetune(p) -> None:
                              helps={"batch_size": "conversations per batch per process", "lr": "peak learning rate"})
     add_options(g, RUN_OPTIONS)
     add_model_shape_options(p)
+    add_options(p.add_argument_group("LoRA adapters"), LORA_OPTIONS)
     p.set_defaults(func=cmd_finetune)
 
 
 def _add_data_options(p) -> None:
-    p.add_argument("--data", required=True, metavar="PATH", help="the JSONL file of conversations")
+    p.add_argument("--data", required=True, metavar="PATH",
+                   help="the JSONL file of conversations (with --method dpo: of preference pairs)")
+    p.add_argument("--method", default=None, choices=FINETUNE_METHODS,
+                   help="sft: supervised on conversations; dpo: preference pairs against the starting model, "
+                        "frozen (default sft)")
+    p.add_argument("--beta", type=number(float), default=None, metavar="X",
+                   help=f"DPO's beta, the strength of the pull to the starting model, with --method dpo "
+                        f"(default {DPO_BETA:g})")
     p.add_argument("--val-data", default=None, metavar="PATH",
                    help="a held-out JSONL file (default: hold out --val-fraction of --data)")
     p.add_argument("--val-fraction", type=number(float, 0), default=None, metavar="X",
@@ -91,6 +103,7 @@ def _finetune(args) -> int:
 
         preset(args.preset, **shape)  # the shape's errors before the data is read
     check_strategy(args.strategy)
+    lora = lora_options(args)
     from ..finetuning import finetune
     from ..training import NonFiniteLossError
 
@@ -100,7 +113,8 @@ def _finetune(args) -> int:
                            tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                            model_overrides=shape or None, config_overrides=train_overrides(args, _SKIP),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
-                           num_nodes=args.num_nodes, progress_bar=progress_mode(args),
+                           num_nodes=args.num_nodes, progress_bar=progress_mode(args), method=args.method,
+                           beta=args.beta, lora=lora, save_adapter=args.save_adapter or None,
                            eval_prompts=FINETUNE_EVAL_PROMPTS if args.eval_prompts is None else args.eval_prompts)
     except NonFiniteLossError as e:
         print_error(e)

@@ -17,8 +17,10 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
     TRAIN_OPTIONS       TrainConfig's flags (+ --optimizer,          train, finetune
                         --schedule, --precision)
     SHAPE_OPTIONS       ModelConfig's shape flags                    train, finetune
-    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune
-                        --num-nodes, --no-progress-bar
+    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl: --resume,
+                        --num-nodes, --no-progress-bar               --no-progress-bar)
+    LORA_OPTIONS        --lora-rank, --lora-alpha, --lora-dropout,   finetune, rl
+                        --lora-targets, --save-adapter
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import sys
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
-from ..config.names import DEVICES, DTYPES, MLPS, NORMS, OPTIMIZERS, POSITIONS, PRECISIONS, SCHEDULES
+from ..config.names import (DEFAULT_LORA_TARGETS, DEVICES, DTYPES, LORA_TARGETS, MLPS, NORMS, OPTIMIZERS,
+                            POSITIONS, PRECISIONS, SCHEDULES)
 from ..config.presets import PRESETS
 from .argtypes import DEVICES_HELP, devices, json_file, number, seed
 
@@ -385,3 +388,41 @@ def _try_making(path: str, out) -> None:
                 os.rmdir(directory)
             except OSError:  # something was put in it meanwhile: it is the run's now
                 pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LoRA adapters (finetune, rl)
+# ---------------------------------------------------------------------------------------------------------
+
+LORA_OPTIONS = (
+    option("--lora-rank", type=number(int), metavar="R",
+           help="train LoRA adapters of rank R (PEFT) instead of every weight; the checkpoint is saved merged "
+                "(default: none, every weight trains)"),
+    option("--lora-alpha", type=number(float), metavar="A", help="LoRA's alpha; the scale is A/R (default: R)"),
+    option("--lora-dropout", type=number(float), metavar="P", help="dropout on the adapters' input (default 0)"),
+    option("--lora-targets", metavar="LIST",
+           help=f"comma-separated layer groups to adapt: {', '.join(LORA_TARGETS)} "
+                f"(default {','.join(DEFAULT_LORA_TARGETS)})"),
+    option("--save-adapter", action="store_true", default=False,
+           help="also save the adapter alone (PEFT's layout) in RUN_DIR/adapter (default: the merged checkpoint "
+                "only)"),
+)
+
+
+def lora_options(args) -> dict | None:
+    """``{"rank", "alpha", "dropout", "targets"}`` of the LoRA flags given (None without ``--lora-rank``).
+
+    Raises:
+        ValueError: ``--lora-alpha``, ``--lora-dropout``, ``--lora-targets`` or ``--save-adapter`` without
+            ``--lora-rank`` (on a new run; a resume keeps the run's own adapters).
+    """
+    more = [f for f in ("lora_alpha", "lora_dropout", "lora_targets") if getattr(args, f) is not None]
+    if args.lora_rank is None:
+        if more or (args.save_adapter and getattr(args, "resume", None) is None):
+            named = ", ".join(flag(f) for f in more) or "--save-adapter"
+            raise ValueError(f"{named} needs --lora-rank R (the adapters' rank)")
+        return None
+    out = {"rank": args.lora_rank}
+    for f in more:
+        out[f.removeprefix("lora_")] = getattr(args, f)
+    return out

@@ -25,6 +25,7 @@ COMMANDS = {
     "generate": ("generate", "add_generate", "continue a prompt with a trained model (streamed as it is produced)"),
     "chat": ("chat", "add_chat", "talk with a model; each turn continues the conversation (/help, /quit)"),
     "finetune": ("finetune", "add_finetune", "fine-tune a model on conversations (JSONL) with a chat template"),
+    "rl": ("rl", "add_rl", "reinforcement learning of a chat checkpoint from a checkable reward"),
     "verify": ("glassbox", "add_verify",
                "recompute a checkpoint's forward pass in float64 NumPy and compare every step"),
     "explain": ("glassbox", "add_explain",

@@ -9,11 +9,11 @@ from here (one definition each).
     defaults  every default as plain data: TrainConfig's, fine-tuning's, the lesson's, generation's,
               serving's, the glass box's
     presets   PRESETS (ModelConfig fields by preset name)
-    recipes   Recipe, RECIPES, DEFAULT_RECIPE, TRAIN_CHOICES, resolve()
+    recipes   Recipe, RECIPES, DEFAULT_RECIPE, TRAIN_CHOICES, resolve(), finetune_defaults()
     model     ModelConfig, preset()
     train     TrainConfig, check_train_seed
     limits    ServeLimits
-    rl        RLConfig, REWARDS, END_OF_TURN_BONUS, DPO_BETA, LORA_TARGETS (the stages after fine-tuning)
+    rl        RLConfig (the stages after fine-tuning; their names and defaults in names and defaults)
 
 The names below load their module on first use (PEP 562): ``names``, ``defaults``, ``presets`` and
 ``recipes`` import no dataclasses, so ``decoderlab --help`` reads them for about a millisecond.
@@ -26,20 +26,24 @@ import importlib
 #: public name -> the submodule that defines it
 _EXPORTS = {
     **dict.fromkeys(("DEFAULT_MAX_NEW_TOKENS", "DEFAULT_TEMPERATURE", "EXPLAIN_TOP_K", "FINETUNE_EVAL_PROMPTS",
-                     "FINETUNE_TRAIN", "FINETUNE_VAL_FRACTION", "PAIR_TRAIN", "SERVE_HOST", "SERVE_LIMITS",
+                     "FINETUNE_TRAIN", "FINETUNE_VAL_FRACTION", "LESSON_FINETUNE", "PAIR_TRAIN", "RL_TRAIN",
+                     "SCRATCH_FIELDS", "SERVE_HOST", "SERVE_LIMITS",
                      "SERVE_LIMIT_DEFAULTS", "SERVE_LIMIT_HELP", "SERVE_PORT", "TRAIN_DEFAULTS", "VERIFY_TOL"),
                     "defaults"),
     **dict.fromkeys(("DEFAULT_BPE_VOCAB_SIZE", "DEFAULT_TEMPLATE", "DEFAULT_TOKENIZER", "DTYPES", "EXAMPLES",
+                     "FINETUNE_METHODS",
                      "HEAD_DETECTORS", "INITS", "KERNELS", "MLPS", "NORMS", "OPTIMIZERS", "OWN_STRATEGIES",
                      "PATCH_AXES", "PATCH_POINTS", "POSITIONS", "PRECISION_ALIASES", "PRECISIONS",
                      "SCHEDULES", "TEMPLATES", "TOKENIZERS"), "names"),
     "PRESETS": "presets",
-    **dict.fromkeys(("DEFAULT_RECIPE", "RECIPES", "Recipe", "TRAIN_CHOICES", "resolve"), "recipes"),
+    **dict.fromkeys(("DEFAULT_RECIPE", "RECIPES", "Recipe", "TRAIN_CHOICES", "finetune_defaults", "recipe_of",
+                    "resolve"), "recipes"),
     "ModelConfig": "model", "preset": "model",
     **dict.fromkeys(("MAX_TRAIN_SEED", "TrainConfig", "check_train_seed"), "train"),
     "ServeLimits": "limits",
-    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "DPO_BETA", "END_OF_TURN_BONUS", "LORA_TARGETS",
-                     "REWARDS", "RLConfig"), "rl"),
+    **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "LORA_TARGETS", "REWARDS"), "names"),
+    **dict.fromkeys(("DPO_BETA", "END_OF_TURN_BONUS", "RL_DEFAULTS"), "defaults"),
+    "RLConfig": "rl",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -25,6 +25,23 @@ TRAIN_DEFAULTS = dict(
 #: ``TrainConfig``'s defaults): a shorter run at a lower learning rate than pretraining
 FINETUNE_TRAIN = {"max_steps": 500, "batch_size": 16, "lr": 3e-4, "min_lr": 3e-5, "warmup": 20, "eval_every": 100}
 
+#: the ``TrainConfig`` fields a fine-tuning from scratch (``preset=``, no base model) takes from the training
+#: recipe of its preset instead of ``FINETUNE_TRAIN``: a new model needs pretraining's learning rate, not the
+#: gentle one that keeps a base's knowledge (``decoderlab.config.recipes.finetune_defaults``)
+SCRATCH_FIELDS = ("optimizer", "lr", "min_lr", "muon_lr", "schedule")
+
+#: the lesson's optimizer as ``TrainConfig`` fields: Adam at a constant lr 0.1 (PyTorch's betas, no weight decay,
+#: no warm-up, no clipping), what the ``lesson`` template and the statquest preset bring to ``finetune``
+LESSON_FINETUNE = {"lr": 0.1, "min_lr": 0.1, "warmup": 0, "grad_clip": 0.0, "weight_decay": 0.0,
+                   "betas": (0.9, 0.999)}
+
+#: the ``TrainConfig`` fields ``decoderlab.rl`` sets when no ``train_config`` is given: ``batch_size`` counts
+#: prompts per micro-batch (each answered ``RLConfig.group_size`` times); ``eval_every`` is the steps between
+#: checkpoints (a run has no validation); a small constant learning rate, as policy-gradient fine-tuning of a
+#: chat model uses (nanochat's ``chat_rl``, TRL's ``GRPOConfig``: no decay to speak of)
+RL_TRAIN = {"max_steps": 200, "batch_size": 4, "lr": 1e-4, "min_lr": 1e-4, "warmup": 0, "weight_decay": 0.0,
+            "grad_clip": 1.0, "eval_every": 50, "log_every": 10}
+
 #: ``decoderlab.finetune``'s share of the conversations held out for evaluation (seeded), and how many of the
 #: held-out prompts it answers greedily at the end
 FINETUNE_VAL_FRACTION = 0.1
@@ -77,3 +94,17 @@ SERVE_LIMIT_DEFAULTS = {name: SERVE_LIMITS[name] for name in SERVE_LIMIT_HELP}
 VERIFY_TOL = 1e-5
 #: next-token probabilities ``explain`` shows per position
 EXPLAIN_TOP_K = 5
+
+#: ``RLConfig``'s defaults (``decoderlab.config.rl``): G = 8 replies per prompt (TRL ``GRPOTrainer``'s
+#: ``num_generations``; nanochat's ``chat_rl`` samples 16), replies of up to 128 tokens sampled at temperature 1,
+#: no KL penalty (nanochat), advantages not divided by the group's standard deviation (nanochat, Dr. GRPO)
+RL_DEFAULTS = {"group_size": 8, "max_new_tokens": 128, "temperature": 1.0, "top_k": None, "top_p": None,
+               "kl_coef": 0.0, "scale_rewards": False}
+
+#: what the ``contains_words`` reward adds to the share of words present when the reply ends its turn (so a
+#: reply that uses every word and stops scores 1 + this)
+END_OF_TURN_BONUS = 0.2
+
+#: DPO's beta (Rafailov et al. 2023; TRL ``DPOConfig.beta``'s default): the strength of the implicit KL
+#: constraint to the reference model
+DPO_BETA = 0.1

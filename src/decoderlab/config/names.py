@@ -58,3 +58,15 @@ PATCH_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "
 PATCH_AXES = ("layer", "layer,pos", "layer,head", "layer,pos,head")
 #: the head detectors (``decoderlab.glassbox.KINDS``)
 HEAD_DETECTORS = ("previous_token", "duplicate_token", "induction")
+
+#: the fine-tuning methods (``decoderlab finetune --method``): supervised on conversations, DPO on preference pairs
+FINETUNE_METHODS = ("sft", "dpo")
+
+#: the built-in rewards of reinforcement learning (``decoderlab.feedback.rewards.BUILTIN_REWARDS`` maps them to
+#: functions); any other reward is given as ``module:function``
+REWARDS = ("contains_words", "exact", "regex", "number")
+DEFAULT_REWARD = "contains_words"
+
+#: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
+LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
+DEFAULT_LORA_TARGETS = ("attn", "mlp")

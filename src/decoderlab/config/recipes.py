@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from .defaults import FINETUNE_TRAIN, LESSON_FINETUNE, SCRATCH_FIELDS, TRAIN_DEFAULTS
 from .presets import PRESETS
 
 
@@ -69,3 +70,26 @@ def _model_size(name: str) -> int:
 #: what ``decoderlab train --preset`` takes: every model preset and recipe, the smallest model first (a
 #: recipe after the presets of its size)
 TRAIN_CHOICES = tuple(sorted([*PRESETS, *(r for r in RECIPES if r not in PRESETS)], key=_model_size))
+
+
+def recipe_of(preset: str) -> Recipe | None:
+    """The recipe that trains the model preset ``preset`` (``baby-shakespeare`` -> nanoGPT's), or None."""
+    return next((r for r in RECIPES.values() if r.preset == preset), None)
+
+
+def finetune_defaults(preset: str | None = None, template: str | None = None) -> dict:
+    """The ``TrainConfig`` fields ``decoderlab.finetune`` starts from when no ``train_config`` is given.
+
+    From a base checkpoint: ``FINETUNE_TRAIN`` (a short run at a low learning rate). From scratch (``preset``):
+    the same, but with the optimizer settings (``SCRATCH_FIELDS``) of the preset's training recipe
+    (:func:`recipe_of`; ``TrainConfig``'s defaults for a preset no recipe trains). With the ``lesson`` template
+    or the ``statquest`` preset: the lesson's optimizer, ``LESSON_FINETUNE``.
+    """
+    out = dict(FINETUNE_TRAIN)
+    if template == "lesson" or preset == "statquest":
+        out.update(LESSON_FINETUNE)
+    elif preset is not None:
+        recipe = recipe_of(preset)
+        train = {**TRAIN_DEFAULTS, **(recipe.train if recipe is not None else {})}
+        out.update({k: train[k] for k in SCRATCH_FIELDS})
+    return out

@@ -1,5 +1,6 @@
-"""Settings of the stages after supervised fine-tuning, as plain data (no torch): reinforcement learning from
-a checkable reward (GRPO-style), preference tuning (DPO) and LoRA adapters.
+"""Settings of the stages after supervised fine-tuning (no torch): reinforcement learning from a checkable
+reward (GRPO-style, :class:`RLConfig`), preference tuning (DPO) and LoRA adapters; their choices and defaults
+are plain data in :mod:`~decoderlab.config.names` and :mod:`~decoderlab.config.defaults`.
 
 The code that reads them: :mod:`decoderlab.feedback` (rewards, prompt and preference files),
 :mod:`decoderlab.training.grpo` / :mod:`decoderlab.training.dpo` (the losses and Lightning modules),
@@ -12,21 +13,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-#: the built-in rewards (``decoderlab.feedback.rewards.BUILTIN_REWARDS`` maps them to functions); any other
-#: reward is given as ``module:function``
-REWARDS = ("contains_words", "exact", "regex", "number")
-DEFAULT_REWARD = "contains_words"
-#: what ``contains_words`` adds to the share of words present when the reply ends its turn (so a reply
-#: that uses every word and stops scores 1 + this)
-END_OF_TURN_BONUS = 0.2
-
-#: DPO's beta (Rafailov et al. 2023; TRL ``DPOConfig.beta``'s default): the strength of the implicit KL
-#: constraint to the reference model
-DPO_BETA = 0.1
-
-#: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
-LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
-DEFAULT_LORA_TARGETS = ("attn", "mlp")
+# the choices and defaults as plain data (names, defaults: the command line's help reads them without this
+# module's dataclass), here too for the code that reads the settings
+from .defaults import DPO_BETA, END_OF_TURN_BONUS, RL_DEFAULTS  # noqa: F401
+from .names import DEFAULT_LORA_TARGETS, DEFAULT_REWARD, LORA_TARGETS, REWARDS  # noqa: F401
 
 
 @dataclass
@@ -48,13 +38,13 @@ class RLConfig:
             al. 2024) and TRL by default; False keeps reward minus mean (nanochat, Dr. GRPO).
     """
 
-    group_size: int = 8
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    kl_coef: float = 0.0
-    scale_rewards: bool = False
+    group_size: int = RL_DEFAULTS["group_size"]
+    max_new_tokens: int = RL_DEFAULTS["max_new_tokens"]
+    temperature: float = RL_DEFAULTS["temperature"]
+    top_k: int | None = RL_DEFAULTS["top_k"]
+    top_p: float | None = RL_DEFAULTS["top_p"]
+    kl_coef: float = RL_DEFAULTS["kl_coef"]
+    scale_rewards: bool = RL_DEFAULTS["scale_rewards"]
 
     def __post_init__(self):
         self.validate()

@@ -38,7 +38,8 @@ import sys
 from decimal import Decimal, InvalidOperation
 from typing import Callable, Sequence
 
-from ..config.rl import END_OF_TURN_BONUS, REWARDS
+from ..config.defaults import END_OF_TURN_BONUS
+from ..config.names import REWARDS
 
 RewardFn = Callable[[str, dict, bool], float]
 

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
+from ..lora import has_lora, merge_lora, save_adapter
 from ..output import print_line
 from .strategy import full_model
 from .sums import host_column_sums, sum_over_ranks
@@ -307,10 +308,19 @@ class InterruptNotice(L.Callback):
 class ExportCheckpoint(L.Callback):
     """After each validation, global rank 0 writes the decoderlab checkpoint files of the run directory in
     place (``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json``), each atomically, from the
-    whole weights (gathered from every process first under FSDP)."""
+    whole weights (gathered from every process first under FSDP).
 
-    def __init__(self, run_dir, tokenizer, meta: dict, metrics: LMMetrics | None = None):
+    A model with LoRA adapters is written merged (:func:`decoderlab.lora.merge_lora`: an ordinary checkpoint),
+    and with ``adapter_dir`` the adapter alone there too (:func:`decoderlab.lora.save_adapter`).
+    ``every_n_steps``: also export after every that many optimizer steps and after the last (a run without
+    validation, as reinforcement learning)."""
+
+    def __init__(self, run_dir, tokenizer, meta: dict, metrics: LMMetrics | None = None, *,
+                 adapter_dir=None, every_n_steps: int | None = None):
         self.run_dir, self.tokenizer, self.meta, self.metrics = Path(run_dir), tokenizer, dict(meta), metrics
+        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        self.every_n_steps = every_n_steps
+        self._exported = -1  # the step last exported by on_train_batch_end
 
     def export(self, trainer, model) -> None:
         """Write the checkpoint of ``model`` (with its whole weights, :func:`~.strategy.full_model`) on
@@ -320,7 +330,22 @@ class ExportCheckpoint(L.Callback):
         meta = {**self.meta, "step": trainer.global_step}
         if self.metrics is not None and self.metrics.history:
             meta["val_loss"] = self.metrics.history[-1][1]
+        if has_lora(model):
+            if self.adapter_dir is not None:
+                save_adapter(self.adapter_dir, model)
+            model = merge_lora(model)
         save_checkpoint(self.run_dir, model, self.tokenizer, meta=meta, inplace=True)
+
+    def on_train_start(self, trainer, pl_module):
+        self._exported = trainer.global_step  # (a resumed run: its checkpoint is that step's)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step  # the steps done; unchanged over a step's accumulation batches
+        if not self.every_n_steps or step <= self._exported or not (
+                step % self.every_n_steps == 0 or step >= trainer.max_steps):
+            return
+        self._exported = step
+        self.export(trainer, full_model(trainer, pl_module.model))
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
@@ -387,7 +412,8 @@ class PlainProgress(L.Callback):
 
         step   50/2000  train loss 2.4532  lr 5.00e-04  6,208 tokens/s  elapsed 0:21  ETA 13:25
 
-    (the train loss is the mean over the steps since the previous line; tokens per second over the time spent
+    (the train loss is the mean over the steps since the previous line -- a module with a ``progress_fields()``
+    method, as reinforcement learning's and DPO's, gives its own fields instead; tokens per second over the time spent
     in those training steps; the ETA extrapolates this session's time per step), and after each evaluation::
 
         step  250/2000  val loss 2.0312  perplexity 7.62  2.930 bits per byte
@@ -450,7 +476,10 @@ class PlainProgress(L.Callback):
         done = step - self._step0
         eta = elapsed / done * (self.max_steps - step) if done > 0 else 0.0
         parts = [self._step(step)]
-        if losses:
+        own = getattr(pl_module, "progress_fields", None)  # a module with metrics of its own (RL, DPO)
+        if callable(own):
+            parts += own()
+        elif losses:
             parts.append(f"train loss {sum(losses) / len(losses):.4f}")
         if trainer.optimizers:
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.2e}")
@@ -473,7 +502,10 @@ class PlainProgress(L.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         metrics = self._find(trainer, LMMetrics)
-        if metrics is not None and metrics.history:
+        own = getattr(pl_module, "validation_fields", None)  # a loss that is not nats per token (DPO)
+        if callable(own):
+            self._print("  ".join([self._step(trainer.global_step), *own()]))
+        elif metrics is not None and metrics.history:
             step, loss = metrics.history[-1]
             self.validation_line(step, loss, metrics.last.get("val_bpb"), self.windows)
         elif "val_loss" in trainer.callback_metrics:

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..config.rl import DPO_BETA
+from ..config.defaults import DPO_BETA
 from ..data import CountingSampler
 from .config import TrainConfig
 from .grpo import token_logprobs
@@ -165,6 +165,8 @@ class DPOModule(LitModel):
         self.beta = float(beta)
         self.history: list[dict] = []
         self.val_history: list[tuple[int, float]] = []
+        self._shown = 0  # history rows already on a progress line
+        self.last_validation: dict[str, float] = {}
         self._step = torch.zeros(len(_METRICS), dtype=torch.float64)
         self._val = torch.zeros(len(_METRICS) + 1, dtype=torch.float64)
 
@@ -218,6 +220,22 @@ class DPOModule(LitModel):
         self.log("val_reward_margin", means["reward_margin"])
         self.log("val_reward_accuracy", means["reward_accuracy"])
         self.val_history.append((self.trainer.global_step, means["loss"]))
+        self.last_validation = means
+
+    def validation_fields(self) -> list[str]:
+        """The plain progress line of a validation: the held-out DPO loss, reward margin and accuracy."""
+        m = self.last_validation
+        return [f"val loss {m['loss']:.4f}", f"reward margin {m['reward_margin']:+.4f}",
+                f"reward accuracy {m['reward_accuracy']:.0%}"] if m else []
+
+    def progress_fields(self) -> list[str]:
+        """The plain progress line's fields: the means over the steps since the previous line."""
+        rows, self._shown = self.history[self._shown :], len(self.history)
+        if not rows:
+            return []
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("loss", "reward_margin", "reward_accuracy")}
+        return [f"train loss {mean['loss']:.4f}", f"reward margin {mean['reward_margin']:+.4f}",
+                f"reward accuracy {mean['reward_accuracy']:.0%}"]
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["dpo_history"] = [dict(h) for h in self.history]
@@ -225,4 +243,5 @@ class DPOModule(LitModel):
 
     def on_load_checkpoint(self, checkpoint):
         self.history = [dict(h) for h in checkpoint.get("dpo_history", [])]
+        self._shown = len(self.history)
         self.val_history = [(int(s), float(v)) for s, v in checkpoint.get("dpo_val_history", [])]

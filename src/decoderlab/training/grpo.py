@@ -195,6 +195,7 @@ class RLModule(LitModel):
             reference.requires_grad_(False)
         self.kl_coef = float(kl_coef)
         self.history: list[dict] = []
+        self._shown = 0  # history rows already on a progress line
         self._rollout: Rollout | None = None
         self._rollout_step = -1
         self._micro = 0
@@ -246,8 +247,19 @@ class RLModule(LitModel):
             self.log("train_loss" if name == "loss" else name, row[name], prog_bar=name in ("loss", "reward"),
                      on_step=True, on_epoch=False, batch_size=batch_size)
 
+    def progress_fields(self) -> list[str]:
+        """The plain progress line's fields: the means over the steps since the previous line (then the
+        line's own lr, speed and times)."""
+        rows, self._shown = self.history[self._shown :], len(self.history)
+        if not rows:
+            return []
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("reward", "kl", "reply_length", "end_of_turn_rate")}
+        return [f"reward {mean['reward']:.4f}", f"kl {mean['kl']:.4f}", f"reply length {mean['reply_length']:.1f}",
+                f"end of turn {mean['end_of_turn_rate']:.0%}"]
+
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rl_history"] = [dict(h) for h in self.history]
 
     def on_load_checkpoint(self, checkpoint):
         self.history = [dict(h) for h in checkpoint.get("rl_history", [])]
+        self._shown = len(self.history)

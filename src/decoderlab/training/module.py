@@ -8,6 +8,8 @@ AdamW with warm-up and cosine decay when a :class:`~decoderlab.training.config.T
 
 from __future__ import annotations
 
+import copy
+
 import lightning as L
 import torch
 
@@ -81,3 +83,10 @@ class LitModel(L.LightningModule):
         trainer = getattr(self, "_trainer", None)
         return configure_optimizers(self.model, self.train_config, self.group_names,
                                     precision=None if trainer is None else trainer.precision)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with no gradients: the reference model of DPO and of the RL KL penalty (the modules
+    that hold it run it in eval mode). Take it before LoRA adapters are put on ``model``: the reference is the
+    starting model."""
+    return copy.deepcopy(model).requires_grad_(False)

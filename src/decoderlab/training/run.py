@@ -60,9 +60,9 @@ _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCI
 #: Lightning warnings a run handles itself: few DataLoader workers (batches are cut in the process on purpose),
 #: resuming a finished epoch, the SFT step returning a scaled loss, the checkpoint directory not empty (the
 #: run directory holds the checkpoint), pytree's LeafSpec, a run directory that was moved (run_dir is where it
-#: is now), and the sync_dist hint for the validation metrics LMMetrics has already summed over processes
+#: is now), a frozen reference model in eval mode (DPO's, RL's KL), and the sync_dist hint for the validation metrics LMMetrics has already summed over processes
 _HANDLED_WARNINGS = (r".*(does not have many workers|resuming from a checkpoint that ended|`training_step` returned|"
-                     r"exists and is not empty|LeafSpec|no `val_dataloader`|The dirpath has changed from|"
+                     r"exists and is not empty|LeafSpec|module\(s\) in eval mode at the start of training|no `val_dataloader`|The dirpath has changed from|"
                      r"It is recommended to use `self\.log\('val_(ppl|bpb)', \.\.\., sync_dist=True\)).*")
 
 

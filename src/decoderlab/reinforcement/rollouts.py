@@ -1,9 +1,4 @@
-"""Reinforcement learning from a checkable reward: sample -> reward -> batch -> step.
-
-It sits above :mod:`decoderlab.generation` (the KV-cache engine samples the replies) and
-:mod:`decoderlab.training` (the loss and the Lightning module, :mod:`decoderlab.training.grpo`), which never
-import each other, and above :mod:`decoderlab.feedback` (the prompts file and the rewards). The module is not
-named ``rl``, so that ``decoderlab.rl`` can stay a function.
+"""The samples of a reinforcement-learning step: sample -> reward -> batch, and the loop that steps on them.
 
 One optimizer step ``s`` (:class:`RolloutSampler`, called by :class:`~decoderlab.training.grpo.RLModule` at
 the start of the step with the current weights):
@@ -12,7 +7,7 @@ the start of the step with the current weights):
    after epoch (so every step's prompts are fixed by the seed and the step number);
 2. each prompt rendered with the chat template (the one renderer, ``add_generation_prompt=True``) and
    answered G times by :func:`decoderlab.generation.generate_batch` (one batch KV cache per micro-batch), each
-   row with its own seed drawn from (seed, step), so a resumed run samples what the uninterrupted one did.
+   row with its own :class:`~decoderlab.generation.SamplingParams` seeded from (seed, step), so a resumed run samples what the uninterrupted one did.
    A reply stops at the end-of-turn token, at ``max_new_tokens`` or where the context would pass
    ``max_len`` (it never slides); ``<PAD>`` is never sampled, nor ``<EOS>`` when the template ends turns with
    another token (so "ended its turn" is exactly "stopped before its limit");
@@ -28,22 +23,22 @@ rl`` command are the run plumbing's).
 
 from __future__ import annotations
 
-import copy
 from typing import Sequence
 
 import lightning as L
 import numpy as np
 import torch
 
-from .chat import ChatTemplate, get_template
-from .config.rl import RLConfig
-from .feedback.prompts import PromptRow
-from .feedback.rewards import RewardFn, score
-from .generation import generate_batch
-from .tokenizers import Tokenizer
-from .training import TrainConfig, fit, make_trainer
-from .training.grpo import RLModule, Rollout, group_advantages
-from .training.sft import collate, shift_for_training
+from ..chat import ChatTemplate, get_template
+from ..config.rl import RLConfig
+from ..feedback.prompts import PromptRow
+from ..feedback.rewards import RewardFn, score
+from ..generation import SamplingParams, generate_batch
+from ..tokenizers import Tokenizer
+from ..training import TrainConfig, fit, make_trainer
+from ..training.grpo import RLModule, Rollout, group_advantages
+from ..training.module import frozen_copy
+from ..training.sft import collate, shift_for_training
 
 #: largest per-row sampling seed (the engine's 0 .. 2**63-1)
 _SEED_MASK = 2**63 - 1
@@ -111,23 +106,21 @@ class RolloutSampler:
         state = np.random.SeedSequence([self.seed, step]).generate_state(rows, dtype=np.uint64)
         return [int(s) & _SEED_MASK for s in state]
 
+    def row_params(self, cap: int, seed: int) -> SamplingParams:
+        """The sampling settings of one reply: the run's temperature, top-k and top-p, at most ``cap`` new
+        tokens, stopping at the end of turn (never at another end-of-text token), ``<PAD>`` (and ``<EOS>`` when
+        it is not the end of turn) never sampled, seeded with ``seed``."""
+        return SamplingParams(max_new_tokens=cap, temperature=self.rl.temperature, top_k=self.rl.top_k,
+                              top_p=self.rl.top_p, stop=self.eot, stop_at_eos=False,
+                              suppress_tokens=tuple(self.suppress), seed=seed)
+
     def _sample(self, model, prompt_idx: list[int], seeds: list[int]) -> list[list[int]]:
-        """G replies (token ids, without the end of turn) per prompt, group after group; rows with the same
-        reply limit share one ``generate_batch`` call."""
+        """G replies (token ids, without the end of turn) per prompt, group after group, in one
+        ``generate_batch`` call (one batch KV cache; each row with its own limit and seed)."""
         g = self.rl.group_size
         rows = [i for i in prompt_idx for _ in range(g)]
-        replies: list[list[int] | None] = [None] * len(rows)
-        by_cap: dict[int, list[int]] = {}
-        for r, i in enumerate(rows):
-            by_cap.setdefault(self.caps[i], []).append(r)
-        for cap, members in by_cap.items():
-            out = generate_batch(model, [self.prompt_ids[rows[r]] for r in members], cap,
-                                 temperature=self.rl.temperature, top_k=self.rl.top_k, top_p=self.rl.top_p,
-                                 stop=[self.eot], seed=[seeds[r] for r in members],
-                                 suppress_tokens=self.suppress, stop_at_eos=False)
-            for r, reply in zip(members, out):
-                replies[r] = reply
-        return replies
+        params = [self.row_params(self.caps[i], seed) for i, seed in zip(rows, seeds)]
+        return generate_batch(model, [self.prompt_ids[i] for i in rows], params)
 
     def __call__(self, model, step: int) -> Rollout:
         idx = self.step_prompts(step)
@@ -165,12 +158,6 @@ def require_chat_template(template: ChatTemplate | None, checkpoint: str = "the 
                          f"conversations, so fine-tune it on conversations first (decoderlab finetune "
                          f"--checkpoint {checkpoint} --data chats.jsonl) and start from that checkpoint")
     return get_template(template)
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` with no gradients: the reference of the KL penalty (the module runs it in eval
-    mode)."""
-    return copy.deepcopy(model).requires_grad_(False)
 
 
 def train_rl(model, tokenizer: Tokenizer, template: str | ChatTemplate, prompts: Sequence[PromptRow],

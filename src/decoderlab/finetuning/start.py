@@ -1,0 +1,111 @@
+"""What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
+decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
+resume the run's own), the held-out split and the digest of the data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_representable, get_template, message_text,
+                    template_from_meta)
+from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
+from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
+from ..hf import is_gpt2_directory, load_any_checkpoint
+from ..model import DecoderOnlyTransformer
+from ..model import preset as preset_config
+from ..tokenizers import Tokenizer, build_tokenizer
+from ..training import Run
+
+
+def sha256_of(*item_sets) -> str:
+    """A digest of the conversations or preference rows (and held-out ones) a run was fine-tuned on."""
+    sets = [list(c) for c in item_sets if c is not None]
+    return hashlib.sha256(json.dumps(sets, default=repr).encode("utf-8")).hexdigest()
+
+
+def path_or_none(data) -> str | None:
+    return str(Path(data).resolve()) if isinstance(data, (str, os.PathLike)) else None
+
+
+def base_template(checkpoint) -> ChatTemplate | None:
+    """The chat template stored with a base ``checkpoint`` (None for a base language model, a Hugging Face
+    GPT-2 directory or no checkpoint)."""
+    if checkpoint is None or is_gpt2_directory(checkpoint):
+        return None
+    return template_from_meta(read_meta(checkpoint))
+
+
+def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
+    """The run's chat template: the one given; else the base checkpoint's own (a chat model keeps the layout it
+    learned), else "decoderlab"; on a resume the stored one, refusing another."""
+    given = None if template is None else get_template(template)  # an unknown name lists the known ones
+    if not run.resumed:
+        return given or base_template(checkpoint) or get_template(DEFAULT_TEMPLATE)
+    stored = template_from_meta(read_meta(run.run_dir)) or get_template(run.info.get("template"))
+    run.keep("template", None if given is None else given.name, why="the model learned its tokens and layout")
+    if given is not None and given != stored:
+        raise ValueError(f"cannot resume {run.run_dir} with another {given.name!r} template than the one it was "
+                         f"trained with; resume without a template, or start a new run")
+    return stored
+
+
+def held_out_fraction(run: Run, val_fraction, default: float) -> float:
+    """The run's held-out share (a resume keeps its own), checked to be in [0, 1)."""
+    fraction = run.keep("val_fraction", val_fraction, default=default, why="it defines the held-out conversations")
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 <= fraction < 1):
+        raise ValueError(f"val_fraction must be in [0, 1), got {fraction!r}")
+    return fraction
+
+
+def split_held_out(items, fraction: float, seed: int, what: str = "conversations") -> tuple[list, list]:
+    """``(training, held out)``: a seeded ``fraction`` of ``items`` held out (at least one, and never all).
+    Raises ``ValueError`` when the fraction would leave none to train on."""
+    n = len(items)
+    if fraction <= 0 or n < 2:
+        return list(items), []
+    k = max(1, int(round(fraction * n)))
+    if k >= n:
+        raise ValueError(f"val_fraction={fraction:g} holds out {k} of the {n} {what} and leaves none to train "
+                         f"on; use a smaller val_fraction, or give the held-out {what} as val_data")
+    order = np.random.default_rng(seed).permutation(n)
+    held = set(order[:k].tolist())
+    return [c for i, c in enumerate(items) if i not in held], [c for i, c in enumerate(items) if i in held]
+
+
+def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
+                   template: ChatTemplate, convs: list) -> tuple:
+    """``(model, tokenizer, start)`` with the template's tokens added; ``start`` is what run.json records:
+    the base ``checkpoint`` (resolved), the ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
+    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_any_checkpoint`). A resume builds
+    the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
+    refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
+    text must be representable in the tokenizer)."""
+    checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
+    if run.resumed:
+        keep = "a resumed run keeps its model and tokenizer"
+        given = {"base_model": base_model, "tokenizer": tokenizer, "vocab_size": vocab_size,
+                 "model_overrides": model_overrides}
+        if any(v is not None for v in given.values()):
+            named = ", ".join(k for k, v in given.items() if v is not None)
+            raise ValueError(f"cannot resume {run.run_dir} with {named}: {keep}; resume without it, or start a new run")
+        start = {"checkpoint": run.keep("checkpoint", checkpoint, why=keep),
+                 "preset": run.keep("preset", preset, why=keep), "added_tokens": run.info.get("added_tokens", [])}
+        return DecoderOnlyTransformer(read_config(run.run_dir)), Tokenizer.load(run.run_dir / TOKENIZER_FILE), start
+    if base_model is not None:
+        model, tok = base_model
+    elif checkpoint is not None:
+        model, tok = load_any_checkpoint(checkpoint)
+    else:
+        text = "\n".join(message_text(m) for c in convs for m in c)
+        tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
+                                                                                 text, vocab_size)
+        shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}
+        model = DecoderOnlyTransformer(preset_config(preset, **shape))
+    check_representable(as_conversations(convs), tok)
+    model, tok, added = add_chat_tokens(model, tok, template)
+    return model.train(), tok, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}

@@ -1,0 +1,58 @@
+"""Where a fine-tuning run starts: a Hugging Face GPT-2 directory as the base, and defaults that fit the start
+(a base's gentle learning rate, a preset's training recipe from scratch, the lesson's optimizer with the
+``lesson`` template)."""
+
+import json
+
+import pytest
+import torch
+from tiny_runs import CONVS, one_thread, tiny_cfg  # noqa: F401  (one_thread: an autouse fixture)
+
+from decoderlab.chat import load_model
+from decoderlab.config import FINETUNE_TRAIN, LESSON_FINETUNE, RECIPES, TRAIN_DEFAULTS, finetune_defaults, recipe_of
+from decoderlab.finetuning import finetune
+from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.tokenizers import BPETokenizer
+
+pytest.importorskip("transformers")
+
+
+def test_a_hugging_face_gpt2_directory_is_a_base(tmp_path):
+    from decoderlab.hf import to_gpt2
+
+    text = " ".join(m["content"] for c in CONVS for m in c)
+    tok = BPETokenizer.train([text * 3], 300)
+    torch.manual_seed(0)
+    base = DecoderOnlyTransformer(preset("gpt2", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2,
+                                         max_len=64, d_ff=32))
+    to_gpt2(base, tmp_path / "gpt2", tokenizer=tok)
+    _, _, s = finetune(CONVS, out=tmp_path / "run", checkpoint=tmp_path / "gpt2", train_config=tiny_cfg(max_steps=2),
+                       val_fraction=0, eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
+                       accelerator="cpu")
+    assert s.steps == 2 and s.template == "decoderlab" and s.added_tokens  # the template's tokens were added
+    loaded = load_model(tmp_path / "run")
+    assert loaded.template.name == "decoderlab" and loaded.model.config.num_tokens == tok.vocab_size + len(s.added_tokens)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["checkpoint"] == str((tmp_path / "gpt2").resolve())
+
+
+def test_defaults_fit_the_start():
+    assert finetune_defaults() == FINETUNE_TRAIN  # a base: the gentle learning rate that keeps its knowledge
+    recipe = recipe_of("baby-shakespeare")
+    assert recipe is not None and recipe in RECIPES.values()
+    scratch = finetune_defaults("baby-shakespeare")
+    assert scratch["lr"] == recipe.train.get("lr", TRAIN_DEFAULTS["lr"]) != FINETUNE_TRAIN["lr"]
+    assert scratch["max_steps"] == FINETUNE_TRAIN["max_steps"]  # only the optimizer's settings come from the recipe
+    for start in (dict(template="lesson"), dict(preset="statquest")):
+        lesson = finetune_defaults(**start)
+        assert {k: lesson[k] for k in LESSON_FINETUNE} == LESSON_FINETUNE
+
+
+def test_the_lesson_template_from_scratch_learns_with_the_lesson_s_optimizer_without_flags(tmp_path):
+    data = [[{"role": "user", "content": q}, {"role": "assistant", "content": "awesome"}]
+            for q in ("what is statquest", "statquest is what")]
+    _, _, s = finetune(data, out=tmp_path / "run", preset="statquest", tokenizer="word", template="lesson",
+                       val_fraction=0, config_overrides={"max_steps": 60, "eval_every": 60}, progress_bar=False,
+                       logger=False, accelerator="cpu")
+    cfg = json.loads((tmp_path / "run" / "run.json").read_text())["train_config"]
+    assert cfg["lr"] == LESSON_FINETUNE["lr"] and cfg["grad_clip"] == LESSON_FINETUNE["grad_clip"]
+    assert s.evaluation["exact_match"] == 1.0, s.evaluation
