@@ -1,4 +1,4 @@
-"""Chat demonstration (issue 10, item 6): pretrain a small model on TinyStories paragraphs, fine-tune it on
+"""Chat demonstration: pretrain a small model on TinyStories paragraphs, fine-tune it on
 "write a short story with these three words" conversations, and compare with the base model on held-out
 prompts: share of replies with all three words / at least one / none, and the end-of-turn rate.
 

@@ -9,7 +9,7 @@ prompt, temperature 0.8, its own seed) with stream_options.include_usage.
 
 Reported per N: failures (non-200, missing [DONE], or the wrong number of tokens), time to first token
 (first non-empty delta) p50/p95, and aggregate tokens/s = all completion tokens / wall time. The ratio
-column is aggregate tokens/s over the single stream's. Target (issue 11): at 16 clients >= 4x, 0 failures.
+column is aggregate tokens/s over the single stream's. The earlier target: at 16 clients >= 4x, 0 failures.
 
 Then three more measurements (the targets of the server's sampling/structured-output/prefill issue):
 

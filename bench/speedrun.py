@@ -1,4 +1,4 @@
-"""The CPU speedrun (issue 12): time to a full validation loss of 1.88 nats on tinyshakespeare (char level).
+"""The CPU speedrun: time to a full validation loss of 1.88 nats on tinyshakespeare (char level).
 
 In one run, with the same number of intra-op threads:
 

@@ -13,7 +13,7 @@ Rows, all in one run on the same text:
 
 Times are the median of 3 runs (1 for training).
 
-Second table, peak memory of BPE corpus encoding (issue 13): tinyshakespeare repeated to 8 MB and to 100 MB,
+Second table, peak memory of BPE corpus encoding: tinyshakespeare repeated to 8 MB and to 100 MB,
 with its line ends as they are (LF), as CRLF, and removed (every newline a space: no line end at all),
 through bpe-1024. Each row runs in a fresh process; the peak is the growth of peak RSS during the call above
 what the process held before it (the text and the tokenizer; high-water mark reset via

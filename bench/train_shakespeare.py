@@ -1,10 +1,10 @@
 """Benchmark: the nanoGPT baby recipe (``decoderlab train --preset baby-shakespeare-nanogpt``; the default
-before issue 12) -- baby-shakespeare, char level, embedded tinyshakespeare.
+before the speedrun recipe) -- baby-shakespeare, char level, embedded tinyshakespeare.
 
 Prints the validation loss every 250 steps (full validation: all non-overlapping windows of the last 10%),
 wall time, training tokens per second, peak resident memory and MFU (model FLOP/s over this machine's matmul
 FLOP/s, measured here in fp32 and bf16), and -- in the same process, same shape, same optimizer, same batches --
-Hugging Face ``GPT2LMHeadModel`` trained for 100 steps, for a tokens-per-second ratio. Targets (issue 4):
+Hugging Face ``GPT2LMHeadModel`` trained for 100 steps, for a tokens-per-second ratio. Targets:
 validation loss <= 1.88 nats within 2,000 steps; tokens/s >= 3x Hugging Face's; peak memory < 1 GB.
 
     .venv/bin/python bench/train_shakespeare.py [--steps 2000] [--compare-steps 100] [--threads N] [--bf16]
