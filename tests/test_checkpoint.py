@@ -106,8 +106,10 @@ def test_a_hand_edited_config_is_refused_naming_the_field_and_the_file(full_run,
 @pytest.mark.parametrize("family", ["baby-shakespeare", "gpt2", "rope-rmsnorm"])
 def test_loading_onto_a_device_builds_on_meta_and_gives_the_same_model(tmp_path, family):
     """``load_checkpoint(device=...)`` builds on the meta device and puts the file's tensors in place: the same
-    weights and logits as the saved model, tied weights one tensor again, nothing left on meta after a forward
-    pass (rope's tables are made on first use), the model on the device asked for."""
+    weights and logits as the saved model, tied weights one tensor again, nothing left on meta as soon as it is
+    loaded (rope's cos/sin, not in the file, are computed: before, they stayed on meta until a forward pass, so
+    fine-tuning a rope base crashed when Lightning moved the model with ``.cpu()``), the model on the device
+    asked for."""
     from tiny_models import make_model
 
     model = make_model(family, "sdpa", seed=4).float().eval()  # (float32, as training writes it)
@@ -116,6 +118,8 @@ def test_loading_onto_a_device_builds_on_meta_and_gives_the_same_model(tmp_path,
     save_checkpoint(tmp_path / "ck", model, tok)
     loaded, _ = load_checkpoint(tmp_path / "ck", device="cpu")
     assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+    assert not [n for n, t in [*loaded.named_parameters(), *loaded.named_buffers()] if t.is_meta]
+    loaded.cpu()  # what Lightning's teardown does
     if model.config.tie_weights:
         assert loaded.fc_layer.weight is loaded.we.weight
     want = model.state_dict()

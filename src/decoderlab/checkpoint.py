@@ -269,6 +269,9 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
         raise ValueError(f"{directory / WEIGHTS_FILE} is not a readable safetensors file: {e}") from None
     state = clean_state_dict(state)
     load_weights(model, state, source=str(directory / WEIGHTS_FILE), assign=True)
+    for module in model.modules():  # buffers computed, not stored (rope's cos/sin), made on the target device
+        if hasattr(module, "materialize"):
+            module.materialize(target)
     model.eval()
     to_inference_dtype(model, dtype)
     return model, tokenizer

@@ -129,6 +129,13 @@ class RotaryEmbedding(nn.Module):
         angles = torch.arange(self.max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
         return angles.cos(), angles.sin()
 
+    def materialize(self, device) -> None:
+        """Compute cos/sin on ``device`` when they are still on the meta device (a model built there and
+        loaded with ``assign=True``: the state dict does not hold them), so ``.to()``/``.cpu()`` work."""
+        if self.cos.is_meta:
+            cos, sin = self._table()
+            self.cos, self.sin = cos.to(device), sin.to(device)
+
     def _apply(self, fn, recurse=True):
         # cos/sin are not in the state dict (computed, not learned): after ``to_empty`` (the meta-device loading
         # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
