@@ -77,3 +77,5 @@ def test_a_closed_output_does_not_disturb_the_server(statquest_checkpoint):
         err = p.communicate(timeout=60)[1].decode()
     assert p.returncode == 130 and err.endswith("decoderlab: interrupted (serve stopped by Ctrl-C)\n"), err
     assert "Traceback" not in err and "Logging error" not in err and "Broken pipe" not in err, err
+    # the address is said once, before uvicorn's lines (uvicorn names none when it is handed a socket)
+    assert err.count(f"on http://127.0.0.1:{port} (the page at http://127.0.0.1:{port}/, the API at ") == 1, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import errno
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -108,6 +109,11 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
                          cors_origins=cors_origins, limits=limits, run_dir=checkpoint)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
+        # uvicorn names no address when it is handed a socket: say where the page and the API are (stderr,
+        # beside uvicorn's own lines; stdout may be a closed pipe)
+        url = f"http://{host}:{sock.getsockname()[1]}"
+        print(f"decoderlab: serving {app.state.decoderlab.model_id} on {url} (the page at {url}/, the API at {url}/v1)",
+              file=sys.stderr, flush=True)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
