@@ -14,36 +14,8 @@ from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.training import (TokenDataModule, TrainConfig, configure_optimizers, lr_at, parameter_groups,
                                  train_lm)
 
-TINY = dict(d_model=16, n_layer=1, n_head=2, max_len=16)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def text(shared_dir):
-    return (shared_dir / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:12000]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("token-cache")
-
-
-def tiny_config(**kw):
-    base = dict(max_steps=8, batch_size=4, warmup=2, eval_every=4, val_batches=2, val_batch_size=8, log_every=1)
-    return TrainConfig(**{**base, **kw})
-
-
-def run(text, out, cache, cfg=None, **kw):
-    return train_lm(text=text, out=out, train_config=cfg or tiny_config(), model_overrides=TINY,
-                    cache_dir=cache, progress_bar=False, accelerator="cpu", **kw)
+# the tiny language-model runs shared with tests/training (one_thread: an autouse fixture)
+from tiny_runs import TINY, cache, one_thread, run, text, tiny_config  # noqa: F401,E402
 
 
 # ---------------------------------------------------------------------------------------------------------
