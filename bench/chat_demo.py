@@ -187,7 +187,7 @@ def main() -> int:
             prompt = conv[0]["content"]
             words = words_of_prompt(prompt)
             info: dict = {}
-            reply = chat_reply(chat_model, chat_tok, [conv[0]], template, max_new_tokens=args.max_new_tokens,
+            reply = chat_reply(chat_model, [conv[0]], chat_tok, template, max_new_tokens=args.max_new_tokens,
                                info=info, **dec)
             ended += info["ended_with_end_of_turn"]
             base_reply = btok.decode(generate(base, btok.encode(prompt + "\n"), args.max_new_tokens, **dec))
@@ -245,7 +245,7 @@ def score_chat(model, tok, template, held, common, max_new_tokens) -> dict:
     for conv in held:
         words = words_of_prompt(conv[0]["content"])
         info: dict = {}
-        reply = chat_reply(model, tok, [conv[0]], template, max_new_tokens=max_new_tokens, info=info, temperature=0.0)
+        reply = chat_reply(model, [conv[0]], tok, template, max_new_tokens=max_new_tokens, info=info, temperature=0.0)
         counts.append(word_coverage(reply, words))
         ended += info["ended_with_end_of_turn"]
         lengths.append(len(reply.split()))

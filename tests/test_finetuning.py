@@ -148,7 +148,7 @@ def test_overfitting_eight_conversations_reproduces_them_and_stops(overfit):
     assert template == DL
     for c in CONVS:
         info = {}
-        assert chat_reply(model, tok, c[:-1], template, temperature=0.0, max_new_tokens=20, info=info) == c[-1]["content"]
+        assert chat_reply(model, c[:-1], tok, template, temperature=0.0, max_new_tokens=20, info=info) == c[-1]["content"]
         assert info["ended_with_end_of_turn"]
     assert s.evaluation["end_of_turn_rate"] == 1.0 and s.evaluation["exact_match"] == 1.0
     summary = json.loads((out / "summary.json").read_text())

@@ -15,7 +15,7 @@ def test_old_checkpoints_still_load(statquest_checkpoint, tmp_path):
     loaded = load_model(old_pairs)
     assert loaded.template == TEMPLATES["lesson"] and loaded.tokenizer.added_special_tokens == []
     for prompt in ("what is statquest", "statquest is what"):
-        reply = chat_reply(loaded.model, loaded.tokenizer, [{"role": "user", "content": prompt}], loaded.template,
+        reply = chat_reply(loaded.model, [{"role": "user", "content": prompt}], loaded.tokenizer, loaded.template,
                            temperature=0)
         assert reply == "awesome"
 
@@ -27,6 +27,6 @@ def test_the_lesson_checkpoint_loads_with_its_template(statquest_checkpoint):
     assert template == TEMPLATES["lesson"] and meta["task"] == "chat" and model.num_parameters() == 37
     for prompt in ("what is statquest", "statquest is what"):
         info = {}
-        reply = chat_reply(model, tok, [{"role": "user", "content": prompt}], template, temperature=0, info=info)
+        reply = chat_reply(model, [{"role": "user", "content": prompt}], tok, template, temperature=0, info=info)
         assert (reply, info["ended_with_end_of_turn"]) == ("awesome", True)
         assert tok.decode(info["prompt_ids"] + info["reply_ids"]) == f"{prompt} <EOS> awesome"  # (the end not a reply id)

@@ -184,7 +184,7 @@ def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path):
     r = subprocess.run([exe, "sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
                         "--prompt", "h"], capture_output=True, text=True, env=run_env())
     assert r.returncode == 0 and r.stderr == ""
-    want = "h" + "".join(stream_text(model, tok, "h", 2000, seed=0)) + "\n"
+    want = "h" + "".join(stream_text(model, "h", tok, 2000, seed=0)) + "\n"
     assert r.stdout == want and "<" not in r.stdout
 
 

@@ -125,7 +125,7 @@ def test_generation_ends_when_the_grammar_is_complete():
     out = generate_batch(model, [[a], [a, a]], [SamplingParams(max_new_tokens=50, grammar=Grammar.regex("a{2}")),
                                                 SamplingParams(max_new_tokens=5)], tokenizer=tok, temperature=0)
     assert out == [[a, a], [a] * 5]  # the second row has no grammar: its own limit
-    assert "".join(stream_text(model, tok, [a], 50, temperature=0, grammar=Grammar.regex("a{4}"))) == "aaaa"
+    assert "".join(stream_text(model, [a], tok, 50, temperature=0, grammar=Grammar.regex("a{4}"))) == "aaaa"
 
 
 def test_each_row_of_a_batch_has_its_own_grammar():

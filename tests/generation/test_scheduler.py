@@ -145,7 +145,7 @@ def test_scheduler_stops_as_stream_text_when_a_stop_begins_inside_a_token(newlin
     sch = Scheduler(model, tok, max_batch=4)
     try:
         for prompt, stop in (("p", "\n\n"), ("x", "bc"), ("x", "c\n"), ("p", ["zz", "a\n\n"]), ("p", None)):
-            want = "".join(stream_text(model, tok, prompt, 6, temperature=0, stop=stop))
+            want = "".join(stream_text(model, prompt, tok, 6, temperature=0, stop=stop))
             got = _run(sch, tok.encode(prompt), max_new_tokens=6, temperature=0, stop=stop)
             assert got == (want, "length" if stop is None else "stop"), (prompt, stop)
         assert _run(sch, tok.encode("x"), max_new_tokens=6, temperature=0, stop="bc") == ("a", "stop")
@@ -214,7 +214,7 @@ def test_rows_with_different_settings_each_equal_their_own_generate(char_model):
     texts, finish, sch = drive(model, tok, [(p, params, 1) for p, params in ROWS])
     assert sch.stats()["max_rows_seen"] == len(ROWS)  # all decoded together
     for k, (prompt, params) in enumerate(ROWS):
-        want = "".join(stream_text(model, tok, prompt, params))
+        want = "".join(stream_text(model, prompt, tok, params))
         assert texts.get((k, 0), "") == want, (prompt, params)
         assert finish[(k, 0)] == ("stop" if params.stop else "length"), (prompt, params)
     assert len({texts[(0, 0)], texts[(5, 0)], texts[(6, 0)]}) == 3  # the settings change the text
@@ -222,7 +222,7 @@ def test_rows_with_different_settings_each_equal_their_own_generate(char_model):
     params = ROWS[4][1]
     texts, _, _ = drive(model, tok, [(ROWS[4][0], params, 3)])
     for i in range(3):
-        assert texts[(0, i)] == "".join(stream_text(model, tok, ROWS[4][0], params.replace(seed=4 + i)))
+        assert texts[(0, i)] == "".join(stream_text(model, ROWS[4][0], tok, params.replace(seed=4 + i)))
 
 
 def test_an_end_of_turn_ends_a_row_with_stop():

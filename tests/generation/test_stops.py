@@ -82,7 +82,7 @@ def test_stop_string_matches_the_text_however_the_model_spells_it(newline_bpe):
     assert generate(model, "p", 6, temperature=0, tokenizer=tok) == [a] + [nl] * 5  # (no stop: six tokens)
     assert generate(model, "a", 6, temperature=0, stop="\n\n", tokenizer=tok) == []  # was six "\n"
     assert generate(model, "p", 6, temperature=0, stop="\n\n", tokenizer=tok) == [a]
-    assert "".join(stream_text(model, tok, "p", 6, temperature=0, stop="\n\n")) == "a"
+    assert "".join(stream_text(model, "p", tok, 6, temperature=0, stop="\n\n")) == "a"
     assert list(stream(model, "p", 6, temperature=0, stop=["zz", "\n\n"], tokenizer=tok)) == [a]
     gen = stream(model, "p", 6, temperature=0, stop="\n\n", tokenizer=tok)
     assert next(gen) == a
@@ -106,14 +106,14 @@ def test_stop_string_that_begins_inside_a_token(newline_bpe):
     prompt = [ids["p"], ids["ab"]]  # continues "c", "\n", "\n", ...
     assert generate(model, prompt, 5, temperature=0, tokenizer=tok) == [ids["c"]] + [ids["nl"]] * 4
     assert generate(model, prompt, 5, temperature=0, stop="c\n\n", tokenizer=tok) == []
-    assert "".join(stream_text(model, tok, prompt, 5, temperature=0, stop="\n\n")) == "c"
+    assert "".join(stream_text(model, prompt, tok, 5, temperature=0, stop="\n\n")) == "c"
     # a stop that begins in the prompt's last token's text is not looked for in the prompt
-    assert "".join(stream_text(model, tok, prompt, 5, temperature=0, stop="bc")) == "c\n\n\n\n"
+    assert "".join(stream_text(model, prompt, tok, 5, temperature=0, stop="bc")) == "c\n\n\n\n"
     # "x" -> "ab", "c": the stop "bc" begins inside the generated token "ab"
     assert generate(model, "x", 5, temperature=0, tokenizer=tok)[:2] == [ids["ab"], ids["c"]]
     assert generate(model, "x", 5, temperature=0, stop="bc", tokenizer=tok) == []
-    assert "".join(stream_text(model, tok, "x", 5, temperature=0, stop="bc")) == "a"
-    assert "".join(stream_text(model, tok, "x", 5, temperature=0, stop="c\n")) == "ab"
+    assert "".join(stream_text(model, "x", tok, 5, temperature=0, stop="bc")) == "a"
+    assert "".join(stream_text(model, "x", tok, 5, temperature=0, stop="c\n")) == "ab"
     gen = stream(model, "x", 5, temperature=0, stop="bc", tokenizer=tok)
     with pytest.raises(StopIteration) as end:
         next(gen)
@@ -141,7 +141,7 @@ def test_control_tokens_are_never_sampled_or_written_as_text():
     full = generate(model, [2], 2000, seed=0, tokenizer=tok, stop_at_eos=False)
     assert ids == full[: full.index(eos)]
     # text output never shows a control token as text
-    text = "".join(stream_text(model, tok, [2], 2000, seed=0, stop_at_eos=False))
+    text = "".join(stream_text(model, [2], tok, 2000, seed=0, stop_at_eos=False))
     assert "<EOS>" not in text and "<PAD>" not in text
     assert text == tok.decode(full, skip_special=True)
     assert "".join(pieces_of(tok, [eos, 3, pad, 4, eos])) == tok.decode([3, 4])
@@ -161,12 +161,12 @@ def test_a_chat_templates_end_of_turn_ends_the_text():
     with pytest.raises(StopIteration) as stopped:
         next(gen)
     assert stopped.value.value == (end,)  # swallowed: it ended the text
-    assert "".join(stream_text(model, tok, "a", 10, temperature=0)) == "bc"
+    assert "".join(stream_text(model, "a", tok, 10, temperature=0)) == "bc"
     assert generate_batch(model, ["a", "b"], 10, temperature=0, tokenizer=tok) == [[b, c], [c]]
     assert generate(model, "a", 10, temperature=0.5, seed=3, tokenizer=tok) == [b, c]  # sampled too
     # stop_at_eos=False lets the end-of-text tokens through as ids (and text output leaves them out)
     assert generate(model, "a", 5, temperature=0, tokenizer=tok, stop_at_eos=False) == [b, c, end, ids["a"], b]
-    assert "".join(stream_text(model, tok, "a", 5, temperature=0, stop_at_eos=False)) == "bcab"
+    assert "".join(stream_text(model, "a", tok, 5, temperature=0, stop_at_eos=False)) == "bcab"
 
 
 def test_text_stop_holds_back_and_cuts():

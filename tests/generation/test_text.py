@@ -47,18 +47,30 @@ def test_stream_text_equals_decode_of_generate():
     model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
                                                 n_layer=1, n_head=2, max_len=16))
     ids = generate(model, "日本", 60, seed=2, tokenizer=tok)
-    pieces = list(stream_text(model, tok, "日本", 60, seed=2))
+    pieces = list(stream_text(model, "日本", tok, 60, seed=2))
     assert "".join(pieces) == tok.decode(ids)
     words = dl.lesson_tokenizer()
     m = make_model("statquest", "explicit")
     ids = generate(m, [0, 1], 8, seed=1)
-    assert "".join(stream_text(m, words, [0, 1], 8, seed=1)) == words.decode(ids)  # separators kept
+    assert "".join(stream_text(m, [0, 1], words, 8, seed=1)) == words.decode(ids)  # separators kept
+
+
+def test_stream_text_in_the_old_order_still_works_and_warns():
+    """The tokenizer comes after the prompt, as in every public function; the old order (model, tokenizer,
+    prompt) gives the same text for one release, with a DeprecationWarning saying what to write."""
+    words = dl.lesson_tokenizer()
+    m = make_model("statquest", "explicit")
+    new = "".join(stream_text(m, "what is", words, 6, seed=4))
+    with pytest.warns(DeprecationWarning, match=r"stream_text\(model, prompt, tokenizer, ...\)"):
+        old = "".join(stream_text(m, words, "what is", 6, seed=4))
+    assert old == new == "".join(stream_text(m, prompt="what is", tokenizer=words, params=6, seed=4))
+    assert new == words.decode(generate(m, "what is", 6, seed=4, tokenizer=words), skip_special=True)
 
 
 def test_stream_text_never_writes_what_becomes_a_stop(newline_bpe):
     tok, model, ids = newline_bpe
     for stop in ("\n\n", "a\n\n", "\n\n\n"):
-        pieces = list(stream_text(model, tok, "p", 8, temperature=0, stop=stop))
+        pieces = list(stream_text(model, "p", tok, 8, temperature=0, stop=stop))
         text = "a\n\n\n\n\n\n\n\n"
         assert "".join(pieces) == text[: text.index(stop)]
 
@@ -67,11 +79,11 @@ def test_stream_text_checks_its_arguments_at_the_call():
     model = make_model("statquest", "explicit")
     words = dl.lesson_tokenizer()
     with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
-        stream_text(model, words, "what", -1)  # not iterated
+        stream_text(model, "what", words, -1)  # not iterated
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
-        stream_text(model, words, "what", 3, top_p=2)
+        stream_text(model, "what", words, 3, top_p=2)
     with pytest.raises(KeyError, match="unknown word"):
-        stream_text(model, words, "hello", 3)
+        stream_text(model, "hello", words, 3)
 
 
 def test_chat_session_continues_the_conversation(statquest_checkpoint):
@@ -94,9 +106,9 @@ def test_stream_text_refuses_bytes():
     model = make_model("statquest", "explicit")
     words = dl.lesson_tokenizer()
     with pytest.raises(TypeError, match=r"prompt is bytes \(b'hi'\); pass text \(a str: decode the bytes first\)"):
-        stream_text(model, words, b"hi", 3)
+        stream_text(model, b"hi", words, 3)
     with pytest.raises(TypeError, match="prompt is bytes"):
-        stream_text(model, words, bytearray(b"hi"), 3)
+        stream_text(model, bytearray(b"hi"), words, 3)
 
 
 def test_chat_session_settings_are_one_sampling_params(statquest_checkpoint):

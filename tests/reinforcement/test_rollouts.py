@@ -96,7 +96,7 @@ def test_a_tiny_model_learns_to_reply_with_the_letter_the_prompt_names():
     last = sum(h["reward"] for h in history[-5:]) / 5
     assert len(history) == 60 and first < 0.3 and last > 0.9, (first, last)
     for c in LETTERS:  # greedy, as the demo scores it
-        assert chat_reply(model, tok, [{"role": "user", "content": c}], DL, temperature=0, max_new_tokens=2)[0] == c
+        assert chat_reply(model, [{"role": "user", "content": c}], tok, DL, temperature=0, max_new_tokens=2)[0] == c
     assert all(h["reply_length"] <= 2 and 0 <= h["end_of_turn_rate"] <= 1 for h in history)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..generation import ChatSession, SamplingParams, TextStreamer, stream
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, tokenizer_after_input
 from .messages import check_messages
 from .templates import ChatTemplate, get_template
 
@@ -42,7 +42,7 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
     return head + body, dropped, ids
 
 
-def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
+def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
                       template: str | ChatTemplate | None = None, params: SamplingParams | int | None = None, *,
                       info: dict | None = None, **sampling) -> Iterator[str]:
     """Stream the assistant's reply to ``messages`` (ending with a user message) as text pieces.
@@ -54,7 +54,10 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
     or after ``min(max_new_tokens, max_len - prompt length)`` tokens, so the context never slides.
 
     Args:
-        model, tokenizer: e.g. from :func:`~decoderlab.chat.load_model`; template: the checkpoint's (None: default).
+        model: e.g. from :func:`~decoderlab.chat.load_model`; messages: OpenAI's ``[{"role", "content"}]``.
+        tokenizer: after the messages, as in every public function (the old order ``(model, tokenizer,
+            messages)`` still works for one release, with a ``DeprecationWarning``).
+        template: the checkpoint's (None: default).
         params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
             max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
         info: a dict to receive ``prompt_ids``, ``dropped_messages`` (count), ``reply_ids``,
@@ -64,6 +67,7 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
             message too long for the model.
     """
+    messages, tokenizer = tokenizer_after_input("stream_chat_reply", "messages", messages, tokenizer)
     params = SamplingParams.of(params, **sampling)
     template = get_template(template)
     max_len = model.config.max_len
@@ -96,10 +100,12 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
         info["ended_with_end_of_turn"] = matched == (eot,)
 
 
-def chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict], template: str | ChatTemplate | None = None,
+def chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer, template: str | ChatTemplate | None = None,
                params: SamplingParams | int | None = None, *, info: dict | None = None, **sampling) -> str:
-    """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``)."""
-    return "".join(stream_chat_reply(model, tokenizer, messages, template, params, info=info, **sampling))
+    """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``; the old
+    argument order ``(model, tokenizer, messages)`` still works for one release, with a warning)."""
+    messages, tokenizer = tokenizer_after_input("chat_reply", "messages", messages, tokenizer)
+    return "".join(stream_chat_reply(model, messages, tokenizer, template, params, info=info, **sampling))
 
 
 class TemplateChatSession(ChatSession):
@@ -135,7 +141,7 @@ class TemplateChatSession(ChatSession):
         info: dict = {}
         self.notice = None
         pieces: list[str] = []
-        for piece in stream_chat_reply(self.model, self.tokenizer, messages, self.template, self.turn_params(),
+        for piece in stream_chat_reply(self.model, messages, self.tokenizer, self.template, self.turn_params(),
                                        info=info):
             pieces.append(piece)
             yield piece

@@ -124,7 +124,7 @@ def cmd_generate(args) -> int:
     # continuation are decoded together, so word tokens keep their separators
     params = sampling_params(args, stop=stops(args.stop, tok),
                              stop_at_eos=template is None or template.assistant != EOS)
-    pieces = stream_text(model, tok, tok.encode(prompt), params, echo=args.echo)
+    pieces = stream_text(model, tok.encode(prompt), tok, params, echo=args.echo)
     write_pieces(pieces, stream=not args.no_stream)
     return 0
 
@@ -183,7 +183,7 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     # the template's temperature when none is given: the lesson answers greedily (and prints its <EOS>)
     default = {"temperature": template.default_temperature} if args.temperature is None else {}
     info: dict = {}
-    pieces = stream_chat_reply(model, tok, messages, template, sampling_params(args, **default), info=info)
+    pieces = stream_chat_reply(model, messages, tok, template, sampling_params(args, **default), info=info)
     write_pieces(pieces, stream=not args.no_stream,
                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                  else "")

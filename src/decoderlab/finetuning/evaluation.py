@@ -77,7 +77,7 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
         ended = exact = 0
         for conv in prompts:
             info: dict = {}
-            reply = "".join(stream_chat_reply(model, tokenizer, conv[:-1], template, max_new_tokens=max_new_tokens,
+            reply = "".join(stream_chat_reply(model, conv[:-1], tokenizer, template, max_new_tokens=max_new_tokens,
                                               temperature=0.0, info=info))
             ended += bool(info["ended_with_end_of_turn"])
             exact += reply.strip() == conv[-1]["content"].strip()
