@@ -304,13 +304,14 @@ def gpt2_dirs(tmp_path_factory, bpe):
     return hf, root
 
 
-def test_load_any_checkpoint_reads_a_gpt2_directory(gpt2_dirs, bpe):
-    from decoderlab.hf import load_any_checkpoint
+def test_the_one_loader_reads_a_gpt2_directory(gpt2_dirs, bpe):
+    from decoderlab.chat import load_model
 
     hf, root = gpt2_dirs
     text = "whether 'tis nobler \u00e9t\u00e9 \U0001F600"
     for name in ("files", "exported"):
-        model, tok = load_any_checkpoint(root / name)
+        model, tok, template, meta = load_model(root / name)
+        assert template is None and meta == {}
         assert tok.encode(text) == bpe.encode(text) and tok.decode(tok.encode(text)) == text
         ids = torch.tensor([tok.encode(text)])
         assert (logits(model, ids) - logits(hf, ids)).abs().max().item() < 1e-5
@@ -320,6 +321,21 @@ def test_load_any_checkpoint_reads_a_gpt2_directory(gpt2_dirs, bpe):
     os.umask(umask)
     assert {p.name: p.stat().st_mode & 0o777 for p in (root / "exported").iterdir()} == {
         p.name: 0o666 & ~umask for p in (root / "exported").iterdir()}  # model.safetensors too, not 0600
+
+
+def test_load_any_checkpoint_is_a_deprecated_alias_of_the_one_loader(gpt2_dirs, statquest_checkpoint):
+    """load_any_checkpoint stays for one release: it warns and gives what load_model gives (both formats)."""
+    from decoderlab.chat import load_model
+    from decoderlab.hf import load_any_checkpoint
+
+    _, root = gpt2_dirs
+    for where in (root / "files", statquest_checkpoint):
+        with pytest.warns(DeprecationWarning, match="decoderlab.load"):
+            model, tok = load_any_checkpoint(where)
+        loaded = load_model(where)
+        ids = torch.tensor([[1, 2, 3]])
+        assert tok.to_dict() == loaded.tokenizer.to_dict()
+        assert torch.equal(logits(model, ids), logits(loaded.model, ids))
 
 
 def test_to_gpt2_writes_tokenizer_files_only_for_byte_level_bpe(tmp_path):

@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,7 +52,7 @@ from .model import DecoderOnlyTransformer, ModelConfig, preset
 from .tokenizers import BPETokenizer, Tokenizer
 
 __all__ = ["from_gpt2", "to_gpt2", "gpt2_config_to_model_config", "model_config_to_gpt2_config",
-           "load_any_checkpoint", "is_gpt2_directory", "gpt2_tokenizer"]
+           "load_gpt2_directory", "checkpoint_reader", "load_any_checkpoint", "is_gpt2_directory", "gpt2_tokenizer"]
 
 _INSTALL_HINT = "pip install 'decoderlab[hf]'"
 _IGNORED_BLOCK_KEYS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of older transformers versions
@@ -456,7 +457,7 @@ def to_gpt2(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None
     tokenizer's ``<EOS>`` / ``<PAD>`` ids in the config (``eos_token_id``, ``bos_token_id``, ``pad_token_id``),
     so that the directory is a whole model for Hugging Face -- ``AutoTokenizer`` gives our ids for the same
     text, ``GPT2LMHeadModel.generate`` stops at ``<EOS>`` -- and for ``decoderlab generate --checkpoint``
-    (:func:`load_any_checkpoint`). It is written to a temporary
+    (:func:`decoderlab.chat.load_model`). It is written to a temporary
     directory next to ``path`` and renamed into place (an existing directory is replaced).
     ``bias=False`` models are written with zero biases (same function; read back as ``bias=True``).
     Extra keyword arguments go to ``GPT2Config`` (e.g. ``attn_implementation="eager"``).
@@ -556,21 +557,21 @@ def gpt2_tokenizer(directory: str | os.PathLike) -> BPETokenizer:
     )
 
 
-def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+def load_gpt2_directory(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
                         device: str | torch.device | None = None):
-    """``(model, tokenizer)`` from a decoderlab checkpoint directory (``load_checkpoint``) or a Hugging Face
-    GPT-2 directory (``config.json`` with GPT-2's fields, ``model.safetensors`` / sharded safetensors /
-    ``pytorch_model.bin``, and ``tokenizer.json`` or ``vocab.json`` + ``merges.txt``: :func:`from_gpt2` and
-    :func:`gpt2_tokenizer`). The model is in eval mode, its weights in ``dtype`` for inference (None: float32;
-    see :mod:`decoderlab.dtypes`), on ``device`` (as :func:`decoderlab.checkpoint.load_checkpoint`; a GPT-2
-    directory is read on the CPU and moved). This is what the command line's ``--checkpoint`` takes.
+    """``(model, tokenizer)`` of a Hugging Face GPT-2 directory (``config.json`` with GPT-2's fields,
+    ``model.safetensors`` / sharded safetensors / ``pytorch_model.bin``, and ``tokenizer.json`` or
+    ``vocab.json`` + ``merges.txt``: :func:`from_gpt2` and :func:`gpt2_tokenizer`): GPT-2's format, as
+    :func:`decoderlab.checkpoint.load_checkpoint` reads decoderlab's. The one loader,
+    :func:`decoderlab.chat.load_model` (and ``decoderlab.load`` above it), reads either. The model is in eval
+    mode, its weights in ``dtype`` for inference (None: float32; see :mod:`decoderlab.dtypes`), read on the CPU
+    and moved to ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``; None: ``map_location``).
 
     Raises:
         FileNotFoundError: the directory, its weights or its tokenizer files are missing (named).
-        ValueError: a file that cannot be read; a tokenizer whose vocabulary size is not the model's.
+        ValueError: a file that cannot be read; a tokenizer whose vocabulary size is not the model's; an unknown
+            dtype or a device this machine lacks (before any file is read).
     """
-    if not is_gpt2_directory(directory):
-        return load_checkpoint(directory, map_location=map_location, dtype=dtype, device=device)
     dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
     tokenizer = gpt2_tokenizer(directory)  # before the weights: a missing tokenizer is found at once
@@ -579,3 +580,21 @@ def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.
         raise ValueError(f"GPT-2 directory {directory}: the tokenizer has {tokenizer.vocab_size} tokens but the "
                          f"model's vocab_size is {model.config.num_tokens}")
     return to_inference_dtype(model, dtype), tokenizer
+
+
+def checkpoint_reader(directory: str | os.PathLike):
+    """The reader of ``directory``'s format: :func:`load_gpt2_directory` for a Hugging Face GPT-2 directory
+    (:func:`is_gpt2_directory`), else :func:`decoderlab.checkpoint.load_checkpoint` (which names a missing
+    directory or missing files)."""
+    return load_gpt2_directory if is_gpt2_directory(directory) else load_checkpoint
+
+
+def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+                        device: str | torch.device | None = None):
+    """Deprecated (kept for one release): ``(model, tokenizer)`` of a decoderlab checkpoint or a Hugging Face
+    GPT-2 directory. Use ``decoderlab.load(path)`` (a :class:`decoderlab.Model`) or
+    :func:`decoderlab.chat.load_model` (model, tokenizer, template, meta), the one loader; this warns
+    (``DeprecationWarning``) and reads as they do (:func:`checkpoint_reader`)."""
+    warnings.warn("decoderlab.hf.load_any_checkpoint is deprecated: use decoderlab.load(path) (a Model) or "
+                  "decoderlab.chat.load_model(path), the one loader", DeprecationWarning, stacklevel=2)
+    return checkpoint_reader(directory)(directory, map_location=map_location, dtype=dtype, device=device)

@@ -29,7 +29,7 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
     """A Hugging Face GPT-2 directory (config.json + weights + vocab.json/merges.txt) is a checkpoint for
     serve too; /v1/completions equals generate on the same directory."""
     transformers = pytest.importorskip("transformers")
-    from decoderlab.hf import load_any_checkpoint
+    from decoderlab.chat import load_model
 
     bpe = dl.BPETokenizer.train("To be, or not to be, that is the question.\n" * 8, 280)
     torch.manual_seed(0)
@@ -38,7 +38,7 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
         eos_token_id=None))
     hf.save_pretrained(tmp_path / "gpt2-tiny")
     bpe.hf_tokenizer.model.save(str(tmp_path / "gpt2-tiny"))  # vocab.json, merges.txt
-    model, tok = load_any_checkpoint(tmp_path / "gpt2-tiny")
+    model, tok, _, _ = load_model(tmp_path / "gpt2-tiny")
     with cli_server(tmp_path / "gpt2-tiny") as url:
         c = client(url)
         assert c.models.list().data[0].id == "gpt2-tiny"

@@ -1,5 +1,6 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
-``meta.json`` together, for the command line, chat and the server."""
+``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
+of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from ..checkpoint import read_meta
-from ..hf import load_any_checkpoint
+from ..hf import checkpoint_reader
 from .templates import ChatTemplate, template_from_meta
 
 
@@ -32,10 +33,10 @@ class LoadedModel(NamedTuple):
 
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
                dtype=None, device: str | torch.device | None = None) -> LoadedModel:
-    """Load a decoderlab checkpoint directory or a Hugging Face GPT-2 directory for inference
-    (:func:`decoderlab.hf.load_any_checkpoint`, weights in ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``:
-    ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see :func:`decoderlab.devices.resolve_device`) together
-    with its chat template (:func:`~decoderlab.chat.template_from_meta`: a checkpoint of the lesson's pair
+    """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`) or a
+    Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_gpt2_directory`), for inference (weights in
+    ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
+    :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`~decoderlab.chat.template_from_meta`: a checkpoint of the lesson's pair
     training written by an earlier version reads as the ``lesson`` template) and its ``meta.json``.
 
     Raises:
@@ -43,6 +44,7 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
     """
-    model, tokenizer = load_any_checkpoint(directory, map_location=map_location, dtype=dtype, device=device)
+    read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
+    model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
     return LoadedModel(model, tokenizer, template_from_meta(meta), meta)

@@ -15,7 +15,7 @@ from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_repre
                     template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..hf import is_gpt2_directory, load_any_checkpoint
+from ..hf import checkpoint_reader, is_gpt2_directory
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
@@ -81,7 +81,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
                    template: ChatTemplate, convs: list) -> tuple:
     """``(model, tokenizer, start)`` with the template's tokens added; ``start`` is what run.json records:
     the base ``checkpoint`` (resolved), the ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_any_checkpoint`). A resume builds
+    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
@@ -99,7 +99,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     if base_model is not None:
         model, tok = base_model
     elif checkpoint is not None:
-        model, tok = load_any_checkpoint(checkpoint)
+        model, tok = checkpoint_reader(checkpoint)(checkpoint)
     else:
         text = "\n".join(message_text(m) for c in convs for m in c)
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
