@@ -12,6 +12,7 @@ from ._version import __version__
 
 #: public name -> the module that defines it
 _EXPORTS = {
+    "load": "api", "Model": "api",
     "Attention": "lesson", "SelfAttention": "lesson", "LESSON_PAIRS": "lesson", "lesson_tokenizer": "lesson",
     "pair_inputs_and_labels": "lesson", "tokenizer_for_pairs": "lesson", "greedy_response": "lesson",
     "MultiHeadAttention": "attention", "KVCache": "attention",
@@ -33,7 +34,7 @@ _EXPORTS = {
     "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning", "rl": "reinforcement",
 }
-_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
+_SUBMODULES = ("api", "attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
                "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli",
                "feedback", "reinforcement", "lora")
 

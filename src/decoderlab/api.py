@@ -1,0 +1,256 @@
+"""The front door: ``decoderlab.load(path)`` -> a :class:`Model`, one object that takes text and gives text.
+
+A :class:`Model` holds what :func:`decoderlab.chat.load_model` reads from a checkpoint directory (the
+``DecoderOnlyTransformer``, its tokenizer, its chat template and ``meta.json``) and offers the library's free
+functions as methods, each a thin call of the function it names (the same arguments, the same result)::
+
+    m = decoderlab.load("runs/statquest")
+    m.generate("what is statquest <EOS>", temperature=0)   # 'awesome'  (decoderlab.generate, decoded)
+    m.chat("what is statquest")                            # 'awesome'  (decoderlab.chat_reply)
+    m.verify("what is statquest <EOS>").ok                 # True       (decoderlab.verify)
+
+An in-memory model goes through the same door: ``Model(module, tokenizer, template="lesson")`` (the model
+``decoderlab.train_pairs()`` returns, for one). The methods stay thin on purpose: a new capability of the
+library becomes one more method calling its function.
+
+The tokenizer is never passed: every method hands the model's own to the function it calls.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from .chat import CHAT_TEMPLATE_KEY, ChatTemplate, chat_reply, get_template, load_model, stream_chat_reply
+from .checkpoint import save_checkpoint, unwrap_model
+from .config import PRESETS
+from .generation import SamplingParams, generate, stream, stream_text
+from .glassbox import explain, run_with_cache, trace, verify
+from .hf import to_gpt2
+from .model import DecoderOnlyTransformer
+from .tokenizers import BPETokenizer
+
+__all__ = ["Model", "load"]
+
+#: ModelConfig fields that say what family a model is (the rest are its sizes)
+_DESIGN = ("norm", "position", "mlp", "bias", "tie_weights", "attn_out_proj", "lm_head_bias", "qk_norm")
+
+
+def load(path: str | os.PathLike, *, device: str | torch.device | None = None, dtype=None) -> "Model":
+    """Load a checkpoint directory as a :class:`Model`: a decoderlab checkpoint (``model.safetensors``,
+    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face GPT-2 directory.
+
+    Args:
+        path: the directory.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
+            see :func:`decoderlab.devices.resolve_device`.
+        dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
+            ``torch.float16``, or ``"int8"`` (torchao); see :mod:`decoderlab.dtypes`.
+
+    This is :func:`decoderlab.chat.load_model` (the one loader of the command line, chat and the server)
+    wrapped in a :class:`Model`.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, is a file, or lacks a checkpoint's files (the message
+            names the path and what is missing).
+        ValueError: a file that cannot be read (named); an unknown dtype or a device this machine lacks.
+    """
+    loaded = load_model(path, device=device, dtype=dtype)
+    return Model(loaded.model, loaded.tokenizer, loaded.template, meta=loaded.meta, path=path)
+
+
+class Model:
+    """A model with its tokenizer and chat template, and the library's functions as methods.
+
+    Args:
+        model: a ``DecoderOnlyTransformer`` (compiled or wrapped is fine: the bare module is kept).
+        tokenizer: its tokenizer (its vocabulary size must be the model's ``num_tokens``).
+        template: the chat template (a ``ChatTemplate`` or a name of ``decoderlab.chat.TEMPLATES``:
+            ``"lesson"`` for the lesson's pair model); None: a base language model (no :meth:`chat`).
+        meta: the checkpoint's ``meta.json`` ({} for an in-memory model); path: where it was loaded from.
+
+    Attributes: ``model`` (the ``nn.Module``), ``tokenizer``, ``template``, ``config`` (the ``ModelConfig``),
+    ``meta``, ``path``; ``device`` and ``dtype`` (of the weights) as properties.
+
+    Raises:
+        TypeError: ``model`` is not a ``DecoderOnlyTransformer``.
+        ValueError: the tokenizer's vocabulary size is not the model's; an unknown template name.
+    """
+
+    def __init__(self, model, tokenizer, template: str | ChatTemplate | None = None, *, meta: dict | None = None,
+                 path: str | os.PathLike | None = None):
+        model = unwrap_model(model)
+        if not isinstance(model, DecoderOnlyTransformer):
+            raise TypeError(f"Model wraps a DecoderOnlyTransformer, got {type(model).__name__}")
+        if tokenizer.vocab_size != model.config.num_tokens:
+            raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's "
+                             f"num_tokens {model.config.num_tokens}")
+        self.model, self.tokenizer = model, tokenizer
+        self.template = None if template is None else get_template(template)
+        self.meta = dict(meta or {})
+        self.path = None if path is None else Path(path)
+
+    load = staticmethod(load)
+
+    # -- what it is -------------------------------------------------------------------------------------------
+
+    @property
+    def config(self):
+        """The ``ModelConfig`` (the checkpoint's ``config.json``)."""
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the word embedding (float32 unless loaded with another ``dtype``)."""
+        return self.model.we.weight.dtype
+
+    def preset(self) -> str:
+        """The preset this model is (``"statquest"``), ``"<name>-like"`` for a preset's design at other sizes,
+        else ``"custom"``."""
+        mine = self.config.to_dict()
+        for name, fields in PRESETS.items():
+            if all(mine.get(k) == v for k, v in fields.items() if k not in ("dropout", "attention", "init")):
+                return name
+        for name, fields in PRESETS.items():
+            if all(mine.get(k) == fields.get(k, mine.get(k)) for k in _DESIGN):
+                return f"{name}-like"
+        return "custom"
+
+    def __repr__(self) -> str:
+        c = self.config
+        template = self.template.name if self.template is not None else None
+        where = f", path={str(self.path)!r}" if self.path is not None else ""
+        return (f"Model({self.preset()}: d_model={c.d_model}, n_layer={c.n_layer}, n_head={c.n_head}, "
+                f"num_tokens={c.num_tokens}, max_len={c.max_len}; {self.model.num_parameters():,} parameters; "
+                f"tokenizer={self.tokenizer.kind}, template={template!r}, device={self.device}, "
+                f"dtype={str(self.dtype).removeprefix('torch.')}{where})")
+
+    # -- text <-> ids -----------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """``tokenizer.encode(text)``: the token ids (T,) of a text."""
+        return list(self.tokenizer.encode(text))
+
+    def detokenize(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = False) -> str:
+        """``tokenizer.decode(ids)``: the text of token ids (``skip_special`` leaves out ``<EOS>``, ``<PAD>``)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.tokenizer.decode(list(ids), skip_special=skip_special)
+
+    # -- generation -------------------------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int] | torch.Tensor, params: SamplingParams | int | None = None, *,
+                 use_cache: bool = True, keep: int | None = None, **sampling) -> str | list[int]:
+        """Continue ``prompt``: text in, text out (``"".join(stream_text(...))``, whole characters, control
+        tokens left out); token ids in, the new ids out (:func:`decoderlab.generation.generate`).
+
+        ``params`` / ``**sampling``: :class:`~decoderlab.generation.SamplingParams` or its fields by name
+        (temperature, top_k, top_p, min_p, max_new_tokens, seed, stop, stop_at_eos, repetition_penalty, ...;
+        an int ``params`` is max_new_tokens). Defaults as ``SamplingParams`` (temperature 1.0: a sample).
+
+        Raises:
+            TypeError: an unknown sampling keyword (naming it and listing the known ones); ValueError: a value
+                out of range (named) -- as :func:`decoderlab.generation.stream`.
+        """
+        if isinstance(prompt, str):
+            return "".join(self.stream(prompt, params, use_cache=use_cache, keep=keep, **sampling))
+        return generate(self.model, prompt, params, tokenizer=self.tokenizer, use_cache=use_cache, keep=keep,
+                        **sampling)
+
+    def stream(self, prompt: str | Sequence[int] | torch.Tensor, params: SamplingParams | int | None = None, *,
+               use_cache: bool = True, keep: int | None = None, **sampling) -> Iterator[str] | Iterator[int]:
+        """Stream the continuation: text in, text pieces out (:func:`decoderlab.generation.stream_text`); ids
+        in, ids out one at a time (:func:`decoderlab.generation.stream`). Arguments and errors as
+        :meth:`generate`; every argument is checked at the call."""
+        if isinstance(prompt, str):
+            return stream_text(self.model, prompt, self.tokenizer, params, use_cache=use_cache, keep=keep,
+                               **sampling)
+        return stream(self.model, prompt, params, tokenizer=self.tokenizer, use_cache=use_cache, keep=keep,
+                      **sampling)
+
+    def chat(self, messages: str | Sequence[dict], params: SamplingParams | int | None = None, *, tools=None,
+             info: dict | None = None, **sampling) -> str:
+        """The assistant's reply (:func:`decoderlab.chat.chat_reply`) to ``messages`` (OpenAI's
+        ``[{"role": "user", "content": ...}, ...]``, ending with a user message) or to one user text, rendered
+        with the model's chat template. Sampling as :meth:`generate`; the default temperature is the
+        template's (greedy for the lesson's, as ``decoderlab chat``). ``info``: see ``chat_reply``.
+
+        Raises:
+            ValueError: the model has no chat template (a base language model: use :meth:`generate`); bad
+                messages or sampling values (as ``chat_reply``).
+            NotImplementedError: ``tools`` (this version answers without tools).
+        """
+        template, messages, sampling = self._chat_args(messages, params, sampling)
+        if tools is not None:
+            raise NotImplementedError("Model.chat(tools=...) is not available in this version; call without tools")
+        return chat_reply(self.model, messages, self.tokenizer, template, params, info=info, **sampling)
+
+    def stream_chat(self, messages: str | Sequence[dict], params: SamplingParams | int | None = None, *,
+                    info: dict | None = None, **sampling) -> Iterator[str]:
+        """:meth:`chat`'s reply as text pieces (:func:`decoderlab.chat.stream_chat_reply`)."""
+        template, messages, sampling = self._chat_args(messages, params, sampling)
+        return stream_chat_reply(self.model, messages, self.tokenizer, template, params, info=info, **sampling)
+
+    def _chat_args(self, messages, params, sampling: dict) -> tuple[ChatTemplate, list[dict], dict]:
+        if self.template is None:
+            raise ValueError(f"{self._name()} has no chat template (a base language model): continue text with "
+                             ".generate(text), or fine-tune it on conversations (decoderlab finetune)")
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if params is None and "temperature" not in sampling:
+            sampling = {"temperature": self.template.default_temperature, **sampling}
+        return self.template, list(messages), sampling
+
+    def _name(self) -> str:
+        return f"the model at {self.path}" if self.path is not None else "this model"
+
+    # -- the glass box ----------------------------------------------------------------------------------------
+
+    def trace(self, text: str | Sequence[int] | torch.Tensor, layers=None, heads=None, top_k: int = 5):
+        """Every number of one forward pass (:func:`decoderlab.glassbox.trace`): a ``Trace``, e.g.
+        ``.layers[0].percents`` (B, H, T, T)."""
+        return trace(self.model, text, self.tokenizer, layers=layers, heads=heads, top_k=top_k)
+
+    def run_with_cache(self, text: str | Sequence[int] | torch.Tensor, names_filter=None):
+        """``(logits (B, T, num_tokens), ActivationCache)`` of one pass, keyed by TransformerLens's hook names
+        (:func:`decoderlab.glassbox.run_with_cache`)."""
+        return run_with_cache(self.model, text, names_filter, tokenizer=self.tokenizer)
+
+    def verify(self, text: str | Sequence[int] | torch.Tensor, tol: float = 1e-5):
+        """The pass recomputed in float64 NumPy, step by step (:func:`decoderlab.glassbox.verify`): a
+        ``VerifyReport`` (``.ok``, ``.table()``)."""
+        return verify(self.model, text, tol, tokenizer=self.tokenizer)
+
+    def explain(self, text: str | Sequence[int] | torch.Tensor, **options) -> str:
+        """The step-by-step story of a pass, as the lesson prints it (:func:`decoderlab.glassbox.explain`;
+        ``options``: layer, head, top_k, png, html)."""
+        return explain(self.model, text, self.tokenizer, **options)
+
+    # -- writing it out ---------------------------------------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.save_checkpoint`) with the
+        chat template in its ``meta.json``, so :func:`load` gives this model back; returns its path.
+
+        Raises: ``FileExistsError`` for a directory holding other files (named, nothing deleted)."""
+        meta = {k: v for k, v in self.meta.items() if k != "decoderlab_version"}
+        if self.template is not None:
+            meta.update(task="chat", **{CHAT_TEMPLATE_KEY: self.template.to_dict()})
+        return save_checkpoint(directory, self.model, self.tokenizer, meta=meta)
+
+    def to_hf(self, directory: str | os.PathLike):
+        """Write a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`; with the tokenizer's files for
+        a byte-level BPE) and return the ``GPT2LMHeadModel``.
+
+        Raises: ``ValueError`` for a design GPT-2 cannot express (named: the lesson's model has sinusoidal
+        positions); ``ImportError`` without transformers (``pip install 'decoderlab[hf]'``)."""
+        byte_bpe = isinstance(self.tokenizer, BPETokenizer) and self.tokenizer.byte_level
+        return to_gpt2(self.model, directory, tokenizer=self.tokenizer if byte_bpe else None)

@@ -1,0 +1,237 @@
+"""decoderlab.load and Model: every method gives what the free function it wraps gives, on the lesson's model
+and on a Hugging Face GPT-2 directory; repr; save -> load; the bad inputs a user makes."""
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.chat import chat_reply, stream_chat_reply
+from decoderlab.checkpoint import load_checkpoint
+from decoderlab.generation import generate, stream, stream_text
+
+LESSON = "what is statquest <EOS>"
+
+
+@pytest.fixture(scope="module")
+def lesson(statquest_checkpoint):
+    return dl.load(statquest_checkpoint)
+
+
+def logits_of(m, ids):
+    with torch.no_grad():
+        return m.model(torch.tensor([ids]))
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the lesson's model
+# -------------------------------------------------------------------------------------------------------------
+
+
+def test_lesson_generate_text_and_ids(lesson):
+    model, tok = lesson.model, lesson.tokenizer
+    assert lesson.generate(LESSON, temperature=0) == "awesome"
+    assert lesson.generate(LESSON, temperature=0) == "".join(stream_text(model, LESSON, tok, temperature=0))
+    ids = tok.encode(LESSON)
+    assert lesson.generate(ids, temperature=0) == generate(model, ids, tokenizer=tok, temperature=0) == [3]
+    # without the stop at <EOS>: "awesome <EOS>" and on, sampled with a seed, the same through both doors
+    kw = dict(max_new_tokens=4, seed=7, stop_at_eos=False, temperature=1.5)
+    assert lesson.generate(ids, **kw) == generate(model, ids, tokenizer=tok, **kw)
+    assert lesson.generate(ids, temperature=0, stop_at_eos=False, max_new_tokens=2)[:2] == tok.encode("awesome <EOS>")
+    assert lesson.generate(LESSON, **kw) == "".join(stream_text(model, LESSON, tok, **kw))
+    assert lesson.generate(LESSON, 2, temperature=0) == lesson.generate(LESSON, dl.SamplingParams(max_new_tokens=2,
+                                                                                                 temperature=0))
+
+
+def test_lesson_stream(lesson):
+    model, tok = lesson.model, lesson.tokenizer
+    kw = dict(max_new_tokens=5, seed=3, stop_at_eos=False)
+    assert list(lesson.stream(LESSON, **kw)) == list(stream_text(model, LESSON, tok, **kw))
+    ids = tok.encode(LESSON)
+    assert list(lesson.stream(ids, **kw)) == list(stream(model, ids, tokenizer=tok, **kw))
+
+
+def test_lesson_chat(lesson):
+    model, tok, template = lesson.model, lesson.tokenizer, lesson.template
+    assert template == dl.TEMPLATES["lesson"]
+    for prompt in ("what is statquest", "statquest is what"):
+        messages = [{"role": "user", "content": prompt}]
+        want = chat_reply(model, messages, tok, template, temperature=0)
+        assert lesson.chat(prompt) == lesson.chat(messages) == want == "awesome"  # greedy: the template's default
+        info = {}
+        assert "".join(lesson.stream_chat(messages, info=info)) == "".join(
+            stream_chat_reply(model, messages, tok, template, temperature=0))
+        assert info["ended_with_end_of_turn"]
+    kw = dict(temperature=2.0, seed=5, max_new_tokens=3)
+    assert lesson.chat("what is statquest", **kw) == chat_reply(model, [{"role": "user", "content": "what is statquest"}],
+                                                                tok, template, **kw)
+
+
+def test_lesson_glass_box(lesson):
+    model, tok = lesson.model, lesson.tokenizer
+    mine, theirs = lesson.trace(LESSON), dl.trace(model, LESSON, tok)
+    assert mine.tokens == theirs.tokens
+    assert torch.equal(mine.layers[0].percents, theirs.layers[0].percents)
+    assert torch.equal(mine.logits, theirs.logits)
+    logits, cache = lesson.run_with_cache(LESSON)
+    logits2, cache2 = dl.run_with_cache(model, LESSON, tokenizer=tok)
+    assert torch.equal(logits, logits2) and sorted(cache.keys()) == sorted(cache2.keys())
+    assert torch.equal(cache["blocks.0.attn.hook_pattern"], cache2["blocks.0.attn.hook_pattern"])
+    report = lesson.verify(LESSON)
+    assert report.ok and report.table() == dl.verify(model, tok.encode(LESSON)).table()
+    assert lesson.explain(LESSON) == dl.explain(model, LESSON, tok)
+    assert lesson.explain(LESSON, layer=0, top_k=2) == dl.explain(model, LESSON, tok, layer=0, top_k=2)
+
+
+def test_lesson_tokens_config_repr(lesson):
+    tok = lesson.tokenizer
+    assert lesson.tokenize(LESSON) == tok.encode(LESSON) == [0, 1, 2, 4]
+    assert lesson.detokenize([3, 4]) == tok.decode([3, 4]) == "awesome <EOS>"
+    assert lesson.detokenize(torch.tensor([3, 4]), skip_special=True) == "awesome"
+    assert lesson.config == lesson.model.config and lesson.config.d_model == 2
+    assert lesson.device == torch.device("cpu") and lesson.dtype == torch.float32
+    assert lesson.meta["task"] == "chat"
+    r = repr(lesson)
+    for part in ("statquest", "d_model=2", "n_layer=1", "n_head=1", "37 parameters", "template='lesson'",
+                 "device=cpu", "dtype=float32", "tokenizer=word"):
+        assert part in r, (part, r)
+
+
+def test_lesson_save_load_round_trip(lesson, tmp_path):
+    out = lesson.save(tmp_path / "copy")
+    back = dl.load(out)
+    ids = lesson.tokenize(LESSON)
+    assert torch.equal(logits_of(back, ids), logits_of(lesson, ids))
+    assert back.template == lesson.template and back.chat("what is statquest") == "awesome"
+    assert back.meta["task"] == "chat" and str(out) in repr(back)
+
+
+def test_in_memory_models_go_through_the_same_door(statquest_checkpoint):
+    """An (model, tokenizer) pair -- here train_pairs()'s, as the README trains it -- wrapped by Model."""
+    model, tok = dl.train_pairs()
+    m = dl.Model(model, tok, template="lesson")
+    assert m.chat("what is statquest") == "awesome" and m.generate(LESSON, temperature=0) == "awesome"
+    assert "path=" not in repr(m) and "template='lesson'" in repr(m)
+    loaded, _ = load_checkpoint(statquest_checkpoint)
+    assert torch.equal(logits_of(m, m.tokenize(LESSON)), logits_of(dl.Model(loaded, tok), m.tokenize(LESSON)))
+    assert dl.Model(model, tok).template is None  # a base language model: no chat template
+    assert dl.Model.load(statquest_checkpoint).chat("statquest is what") == "awesome"
+
+
+# -------------------------------------------------------------------------------------------------------------
+# a Hugging Face GPT-2 directory
+# -------------------------------------------------------------------------------------------------------------
+
+CORPUS = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer.\n" * 4
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from decoderlab.hf import to_gpt2
+    from decoderlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(CORPUS, 300)
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=tok.vocab_size, d_model=32, n_layer=2, n_head=2,
+                                                max_len=32)).eval()
+    path = tmp_path_factory.mktemp("gpt2") / "tiny"
+    to_gpt2(model, path, tokenizer=tok)
+    return path
+
+
+def test_gpt2_directory_methods_equal_the_free_functions(gpt2_dir):
+    m = dl.load(gpt2_dir)
+    model, tok = m.model, m.tokenizer
+    text = "To be, or"
+    kw = dict(max_new_tokens=6, seed=1, top_k=20, top_p=0.9, min_p=0.01)
+    assert m.generate(text, **kw) == "".join(stream_text(model, text, tok, **kw))
+    ids = m.tokenize(text)
+    assert ids == tok.encode(text) and m.detokenize(ids) == text
+    assert m.generate(ids, **kw) == generate(model, ids, tokenizer=tok, **kw)
+    assert list(m.stream(ids, **kw)) == list(stream(model, ids, tokenizer=tok, **kw))
+    assert torch.equal(m.trace(text).logits, dl.trace(model, text, tok).logits)
+    assert torch.equal(m.run_with_cache(text)[0], dl.run_with_cache(model, text, tokenizer=tok)[0])
+    assert m.verify(text).ok and m.verify(text).table() == dl.verify(model, text, tokenizer=tok).table()
+    assert m.explain(text, layer=1) == dl.explain(model, text, tok, layer=1)
+    r = repr(m)
+    for part in ("gpt2-like", "d_model=32", "n_layer=2", "n_head=2", f"{model.num_parameters():,} parameters",
+                 "template=None", "tokenizer=bpe", "device=cpu", "dtype=float32"):
+        assert part in r, (part, r)
+
+
+def test_gpt2_directory_save_and_to_hf_round_trips(gpt2_dir, tmp_path):
+    m = dl.load(gpt2_dir)
+    ids = m.tokenize("whether 'tis nobler")
+    m.to_hf(tmp_path / "hf")
+    m.save(tmp_path / "ours")
+    for back in (dl.load(tmp_path / "hf"), dl.load(tmp_path / "ours")):
+        assert torch.equal(logits_of(back, ids), logits_of(m, ids))
+        assert back.tokenizer.encode("whether 'tis nobler") == ids
+
+
+def test_a_base_model_has_no_chat(gpt2_dir):
+    with pytest.raises(ValueError, match=f"{gpt2_dir}.*no chat template.*generate"):
+        dl.load(gpt2_dir).chat("hello")
+
+
+def test_load_in_bfloat16(gpt2_dir):
+    m = dl.load(gpt2_dir, dtype="bfloat16", device="cpu")
+    assert m.dtype == torch.bfloat16 and "dtype=bfloat16" in repr(m)
+    assert m.generate("To be", max_new_tokens=3, seed=0) == "".join(
+        stream_text(m.model, "To be", m.tokenizer, max_new_tokens=3, seed=0))
+
+
+# -------------------------------------------------------------------------------------------------------------
+# bad inputs
+# -------------------------------------------------------------------------------------------------------------
+
+
+def test_missing_path_is_named(tmp_path):
+    where = tmp_path / "no-such-run"
+    with pytest.raises(FileNotFoundError, match=f"{where}.*does not exist"):
+        dl.load(where)
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*missing config.json, model.safetensors, tokenizer.json"):
+        dl.load(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'afile'} is a file"):
+        dl.load(tmp_path / "afile")
+
+
+def test_an_unknown_sampling_keyword_is_named_with_the_known_ones(lesson):
+    for call in (lambda: lesson.generate(LESSON, tempreature=0), lambda: lesson.generate([0, 1], tempreature=0),
+                 lambda: lesson.stream(LESSON, tempreature=0), lambda: lesson.chat("what is statquest", tempreature=0)):
+        with pytest.raises(TypeError, match="unknown sampling setting tempreature; known: max_new_tokens, "
+                                            "temperature, top_k, top_p, min_p"):
+            call()
+
+
+def test_a_sampling_value_out_of_range_is_named(lesson):
+    with pytest.raises(ValueError, match="top_p"):
+        lesson.generate(LESSON, top_p=1.5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        lesson.chat("what is statquest", max_new_tokens=-1)
+
+
+def test_bad_construction(lesson):
+    with pytest.raises(TypeError, match="DecoderOnlyTransformer, got Linear"):
+        dl.Model(torch.nn.Linear(2, 2), lesson.tokenizer)
+    with pytest.raises(ValueError, match="vocabulary size 5 does not match the model's num_tokens 7"):
+        dl.Model(dl.DecoderOnlyTransformer(num_tokens=7), lesson.tokenizer)
+    with pytest.raises(ValueError, match="nope"):
+        dl.Model(lesson.model, lesson.tokenizer, template="nope")
+
+
+def test_the_lesson_model_cannot_become_gpt2(lesson, tmp_path):
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="position='sinusoidal'"):
+        lesson.to_hf(tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_tools_are_refused_not_ignored(lesson):
+    with pytest.raises(NotImplementedError, match="tools"):
+        lesson.chat("what is statquest", tools=[{"type": "function", "function": {"name": "f"}}])
