@@ -181,3 +181,12 @@ def test_the_readme_lesson_prints_the_numbers_it_shows(tmp_path, monkeypatch, ca
     exec(compile(code, "<README lesson>", "exec"), {"__name__": "__doc_block__"})
     printed = re.findall(r"-?\d+\.\d+", capsys.readouterr().out)
     assert printed[:6] == numbers
+
+
+def test_the_readme_names_every_command():
+    """The README's command line lists every command the parser has (a command added later is listed too)."""
+    from decoderlab.cli.parser import COMMANDS
+
+    text = README.read_text(encoding="utf-8")
+    missing = [name for name in COMMANDS if f"`{name}`" not in text]
+    assert not missing, f"README.md does not name the command(s) {missing}"
