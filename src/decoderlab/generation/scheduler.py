@@ -140,6 +140,15 @@ class _Row:
                        if self.params.uses_counts else None)  # the penalties' and the grammar's state of this row
 
 
+class _Prefill:
+    """A request whose long prompt is being prefilled chunk by chunk, alone, into its own KV cache."""
+
+    def __init__(self, req: GenerationRequest, n_layer: int, max_len: int):
+        self.req = req
+        self.cache = KVCache(n_layer, max_len)
+        self.done = 0  # prompt tokens in the cache
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The scheduler
 # ----------------------------------------------------------------------------------------------------------
@@ -155,13 +164,23 @@ class Scheduler:
         max_batch: most rows (choices) decoded together; more wait in the queue.
         max_queue: most requests waiting to be admitted; :meth:`submit` raises :class:`QueueFull` beyond.
         keep: tokens kept when a row's window slides (default max_len // 2, as ``generate``).
+        prefill_chunk: None (default): a newcomer's prompt is prefilled whole, all newcomers together in one
+            padded pass. An integer C >= 1: a prompt longer than C tokens is prefilled alone in chunks of C tokens
+            into its own KV cache, one chunk between two decode steps of the running rows, which so keep
+            producing tokens while it is read (vLLM's chunked prefill); it joins the batch when its last chunk
+            is in. Either way each row gives ``generate``'s tokens (up to the rounding of the chunked
+            attention, which the tests check does not change them).
 
     ``submit(request)`` queues a :class:`GenerationRequest`; its events arrive through ``request.on_event``.
     ``stats()`` returns counters (running rows, waiting requests, decode steps); ``close()`` stops the thread.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None):
+    def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None,
+                 prefill_chunk: int | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, 1)
+        self._prefilling: collections.deque[_Prefill] = collections.deque()  # long prompts, chunk by chunk
+        self.prefill_chunks = 0  # chunks of long prompts run
         self.max_batch, self.max_queue = check_int("max_batch", max_batch, 1), check_int("max_queue", max_queue, 1)
         cfg = model.config
         self.max_len = cfg.max_len
@@ -221,7 +240,8 @@ class Scheduler:
     def stats(self) -> dict:
         with self._cond:
             return {"running": len(self._rows), "waiting": len(self._waiting), "steps": self.steps,
-                    "max_rows_seen": self.max_rows_seen}
+                    "max_rows_seen": self.max_rows_seen, "prefilling": len(self._prefilling),
+                    "prefill_chunks": self.prefill_chunks}
 
     def close(self) -> None:
         with self._cond:
@@ -233,15 +253,16 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._closed or self._waiting or self._calls or self._rows):
+                while not (self._closed or self._waiting or self._calls or self._rows or self._prefilling):
                     self._cond.wait()
                 if self._closed:
                     break
                 calls = list(self._calls)
                 self._calls.clear()
                 admit: list[GenerationRequest] = []
-                room = self.max_batch - len(self._rows)
-                while self._waiting and (room >= self._waiting[0].n or not self._rows and not admit):
+                room = self.max_batch - len(self._rows) - sum(p.req.n for p in self._prefilling)
+                while self._waiting and (room >= self._waiting[0].n or not self._rows and not admit
+                                         and not self._prefilling):
                     req = self._waiting.popleft()
                     room -= req.n
                     admit.append(req)
@@ -258,7 +279,9 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 -- reported to every running request, then a clean slate
                 reqs = {id(r.req): r.req for r in self._rows}
                 reqs.update({id(r): r for r in admit})
+                reqs.update({id(p.req): p.req for p in self._prefilling})
                 self._rows = []
+                self._prefilling.clear()
                 self._cache = BatchKVCache(self.model.config.n_layer, 2 * self.max_len)
                 for req in reqs.values():
                     req.emit(("error", e))
@@ -267,7 +290,7 @@ class Scheduler:
         err = SchedulerClosed("the server is shutting down")
         for r in {id(r.req): r.req for r in self._rows}.values():
             r.emit(("error", err))
-        for req in self._waiting:
+        for req in [*self._waiting, *(p.req for p in self._prefilling)]:
             req.emit(("error", err))
 
     def _prefill_alone(self, ids: list[int]) -> torch.Tensor:
@@ -299,7 +322,8 @@ class Scheduler:
 
     def _admit(self, admit: list[GenerationRequest]) -> None:
         """1. admit: prefill the newcomers together (one forward pass, :meth:`_prefill_together`), copy their
-        keys/values into the batch, and sample each one's first token right away (its generator's first draw)."""
+        keys/values into the batch, and sample each one's first token right away (its generator's first draw).
+        With ``prefill_chunk``, prompts longer than it wait in ``_prefilling`` instead (:meth:`_prefill_next_chunk`)."""
         live = []
         for req in admit:
             if req._bound is None:  # (a request handed to _step directly rather than through submit)
@@ -309,9 +333,17 @@ class Scheduler:
                                    "total_tokens": len(req.prompt_ids)}))
             else:
                 live.append(req)
+        chunked = {id(r) for r in live if self.prefill_chunk is not None and len(r.prompt_ids) > self.prefill_chunk}
+        self._prefilling.extend(_Prefill(r, self.model.config.n_layer, self.max_len) for r in live if id(r) in chunked)
+        live = [r for r in live if id(r) not in chunked]
         if live:
             src, all_logits, pads = self._prefill_together(live)
             self.prefills += 1
+            self._join(live, src, all_logits, pads)
+
+    def _join(self, live: list[GenerationRequest], src: KVCache, all_logits: torch.Tensor, pads: list[int]) -> None:
+        """Newcomers whose prompts are in ``src`` (row j after ``pads[j]`` pads) join the batch: their keys/values
+        are copied in and each row's first token is sampled at once (its generator's first draw)."""
         for j, req in enumerate(live):
             req._open_rows = req.n
             for i in range(req.n):
@@ -323,9 +355,30 @@ class Scheduler:
                 self._sample([row])
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
 
+    def _prefill_next_chunk(self) -> None:
+        """One chunk (``prefill_chunk`` tokens) of the oldest long prompt, into its own cache at its own positions
+        (as ``generate`` would prefill them, the chunk's queries seeing the cached keys and each other causally);
+        after its last chunk the request joins the batch. A cancelled one is dropped here."""
+        if not self._prefilling:
+            return
+        p = self._prefilling[0]
+        req, ids = p.req, p.req.prompt_ids
+        if req.cancelled:
+            self._prefilling.popleft()
+            req.emit(("done", {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}))
+            return
+        chunk = torch.tensor([ids[p.done:p.done + self.prefill_chunk]], dtype=torch.long, device=self.device)
+        logits = self.model(chunk, cache=p.cache, last_only=True, check_ids=False)[:, -1]  # (checked in submit)
+        p.done += chunk.size(1)
+        self.prefill_chunks += 1
+        if p.done == len(ids):
+            self._prefilling.popleft()
+            self._join([req], p.cache, logits, [0])
+
     def _step(self, admit: list[GenerationRequest]) -> None:
         cache = self._cache
         self._admit(admit)
+        self._prefill_next_chunk()
         # 2. cancelled rows go now
         for row in [r for r in self._rows if r.req.cancelled]:
             self._release(row, "cancelled")
