@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -111,14 +110,13 @@ def cpu_flags() -> set[str]:
 
 
 def machine_line(threads: int) -> str:
-    flags = cpu_flags()
-    simd = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16") if f in flags)
+    from decoderlab.devices import cpu_summary
+
     try:
         load = "load average %.1f %.1f %.1f" % os.getloadavg()
     except OSError:
         load = "load unknown"
-    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags: {simd or '?'}; "
-            f"torch {torch.__version__}, {threads} intra-op thread(s); {load}")
+    return f"machine: {cpu_summary()}; torch {torch.__version__}, {threads} intra-op thread(s); {load}"
 
 
 def speed_table(args) -> None:
