@@ -26,8 +26,11 @@ float32 with the same weights alternating within each repeat; median), the full 
 greedy agreement with float32 (share of identical tokens over 255 new tokens from each of 4 one-token prompts
 taken from the validation text).
 
+Then (alone, ``--only-batch-step``) the batch-step table: one eager decode step of B = 1 .. 32 rows over a KV cache of
+128 tokens per row, against one row's step (a step reads the weights once whatever B).
+
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
-                             [--only-compile] [--compile-repeats 5]
+                             [--only-compile] [--compile-repeats 5] [--only-batch-step] [--step-batches 1,4,16]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
 """
 
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -66,6 +68,9 @@ def main() -> None:
     ap.add_argument("--skip-speed", action="store_true", help="only the dtype table")
     ap.add_argument("--skip-dtypes", action="store_true", help="only the float32 speed table")
     ap.add_argument("--only-compile", action="store_true", help="only the compile table (eager, compiled, floor)")
+    ap.add_argument("--only-batch-step", action="store_true",
+                    help="only the batch-step table: one decode step of B rows against one row's")
+    ap.add_argument("--step-batches", default="1,2,4,8,16,32", help="batch sizes of the batch-step table")
     ap.add_argument("--compile-repeats", type=int, default=5, help="alternating runs in the compile table")
     ap.add_argument("--checkpoint", default=None,
                     help="dtype table: a shakespeare-char-shaped checkpoint directory; trained there first when it "
@@ -82,6 +87,9 @@ def main() -> None:
     print(machine_line(args.threads))
     if args.only_compile:
         compile_table(args)
+        return
+    if args.only_batch_step:
+        batch_step_table(args)
         return
     if not args.skip_speed:
         speed_table(args)
@@ -102,14 +110,13 @@ def cpu_flags() -> set[str]:
 
 
 def machine_line(threads: int) -> str:
-    flags = cpu_flags()
-    simd = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16") if f in flags)
+    from decoderlab.devices import cpu_summary
+
     try:
         load = "load average %.1f %.1f %.1f" % os.getloadavg()
     except OSError:
         load = "load unknown"
-    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags: {simd or '?'}; "
-            f"torch {torch.__version__}, {threads} intra-op thread(s); {load}")
+    return f"machine: {cpu_summary()}; torch {torch.__version__}, {threads} intra-op thread(s); {load}"
 
 
 def speed_table(args) -> None:
@@ -240,6 +247,52 @@ def compile_table(args) -> None:
     print(f"| compiled (model.compile_decode, Inductor, static KV cache) | {tps['compiled']:,.0f} | "
           f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | {compile_s:.0f} | {same} |")
     print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The batch-step table: what a decode step of B rows costs against one row's
+# ---------------------------------------------------------------------------------------------------------
+
+
+def batch_step_table(args, context: int = 128, steps: int = 32) -> None:
+    """One decode step (``model.decode``, eager) of B rows over a KV cache holding ``context`` tokens per row,
+    against B = 1: a step reads the weights once whatever B, so B rows should cost far less than B steps of one
+    row. Median of ``--compile-repeats`` alternating rounds of ``steps`` steps each."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
+    batches = [int(b) for b in args.step_batches.split(",")]
+    caches = {}
+    with torch.inference_mode():
+        for b in batches:  # each batch's cache prefilled once with `context` tokens
+            cache = dl.KVCache.for_model(model)
+            model(torch.randint(model.config.num_tokens, (b, context)), cache=cache, check_ids=False)
+            caches[b] = cache
+
+        def run(b):
+            cache = caches[b]
+            tokens = torch.zeros(b, 1, dtype=torch.long)
+            t = time.perf_counter()
+            for _ in range(steps):
+                model.decode(tokens, context, None, cache)  # (not advanced: every step writes the same column)
+            return (time.perf_counter() - t) / steps
+
+        times = {b: [] for b in batches}
+        for b in batches:
+            run(b)
+        for _ in range(args.compile_repeats):
+            for b in batches:
+                times[b].append(run(b))
+    one = statistics.median(times[1]) if 1 in times else None
+    print()
+    print(f"batched decode step: shakespeare-char shape (random weights), eager model.decode over a KV cache of "
+          f"{context} tokens per row, {steps} steps per round, median of {args.compile_repeats} alternating rounds")
+    print("| rows B | ms per step | vs one row's step | tokens/s (B / step) | vs B steps of one row |")
+    print("|---:|---:|---:|---:|---:|")
+    for b in batches:
+        ms = statistics.median(times[b])
+        rel = f"{ms / one:.2f}x" if one else ""
+        speed = f"{b * one / ms:.2f}x" if one else ""
+        print(f"| {b} | {ms * 1e3:.2f} | {rel} | {b / ms:,.0f} | {speed} |")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """``resolve_device``: the names ``--device`` takes, and one line naming what this machine has for a device it
 lacks -- on this CPU machine, and with torch's CUDA answers replaced to stand for a one-GPU machine."""
 
+import os
+
 import pytest
 import torch
 
@@ -46,3 +48,20 @@ def test_a_gpu_number_past_the_last_on_a_one_gpu_machine(monkeypatch):
     with pytest.raises(ValueError, match=r"^device cuda:7: there is no CUDA GPU 7, only 1 \(cuda:0\); this machine "
                                          r"has: cpu, cuda:0$"):
         resolve_device("cuda:7")
+
+
+def test_cpu_features_are_the_flags_of_proc_cpuinfo_that_decide_the_dtypes():
+    from pathlib import Path
+
+    from decoderlab.devices import CPU_FEATURES, cpu_features, cpu_summary
+
+    info = Path("/proc/cpuinfo")
+    if not info.is_file():
+        pytest.skip("no /proc/cpuinfo here")
+    flags = set(next(line for line in info.read_text().splitlines() if line.startswith("flags")).split(":")[1].split())
+    have = cpu_features()
+    assert have == [f for f in CPU_FEATURES if f in flags]
+    summary = cpu_summary()
+    assert f"{os.cpu_count()} CPUs: " in summary and " ".join(have) in summary and "torch kernels " in summary
+    lacks = [f for f in CPU_FEATURES if f not in flags]
+    assert (f"(no {', '.join(lacks)})" in summary) == bool(lacks)

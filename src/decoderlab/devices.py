@@ -8,6 +8,8 @@ in one line that names what it has (:func:`machine_devices`), before any weight 
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 
 import torch
@@ -72,3 +74,44 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     if cuda:
         return _cuda(text, None if cuda.group(1) is None else int(cuda.group(1)))
     raise ValueError(f"device {text}: not a device decoderlab knows; allowed: {', '.join(DEVICES)} ({_has()})")
+
+
+#: CPU instructions that decide how fast each weight dtype decodes: fp32 FMA (avx2, avx512f), int8 dot products
+#: (avx512_vnni, amx_int8), bfloat16 dot products (avx512_bf16, amx_bf16) and float16 arithmetic (avx512_fp16)
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                "amx_int8")
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:  # not Linux: the name alone
+        pass
+    return name, flags
+
+
+def cpu_features() -> list[str]:
+    """The instructions of :data:`CPU_FEATURES` this CPU has (from ``/proc/cpuinfo``; [] where it cannot be
+    read), in that order."""
+    flags = _cpuinfo()[1]
+    return [f for f in CPU_FEATURES if f in flags]
+
+
+def cpu_summary() -> str:
+    """One line naming the CPU: its model, CPU count, the instructions of :data:`CPU_FEATURES` it has and lacks,
+    and the kernels torch picked (``torch.backends.cpu.get_cpu_capability()``), e.g. ``AMD EPYC, 2 CPUs: avx2
+    fma avx512f avx512_vnni avx512_bf16 (no avx512_fp16, amx_tile, amx_bf16, amx_int8); torch kernels AVX512``."""
+    name, flags = _cpuinfo()
+    have = [f for f in CPU_FEATURES if f in flags]
+    lacks = [f for f in CPU_FEATURES if f not in flags]
+    kernels = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")()
+    feats = (" ".join(have) + (f" (no {', '.join(lacks)})" if lacks else "")) if flags else "instructions unknown"
+    return f"{name}, {os.cpu_count()} CPUs: {feats}; torch kernels {kernels}"

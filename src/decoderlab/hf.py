@@ -45,6 +45,7 @@ from typing import Any, Mapping
 import torch
 
 from .checkpoint import CONFIG_FILE, check_output_dir, load_checkpoint, unwrap_model
+from .config.names import GPT2_SHAPE
 from .devices import resolve_device
 from .dtypes import dtype_name, to_inference_dtype
 from .files import replace_directory, temporary_directory, usual_mode
@@ -122,16 +123,8 @@ def gpt2_config_to_model_config(gpt2_config: Any, attention: str = "sdpa") -> Mo
 
 
 def _check_expressible(cfg: ModelConfig) -> None:
-    """Raise ``ValueError`` naming the first ModelConfig field that GPT-2 cannot express."""
-    rules = (
-        ("position", "learned", "GPT-2 has learned absolute positions (wpe)"),
-        ("norm", "layernorm", "GPT-2 uses pre-LayerNorm"),
-        ("mlp", "gelu", "GPT-2 blocks have a GELU MLP"),
-        ("attn_out_proj", True, "GPT-2 attention has an output projection (c_proj)"),
-        ("lm_head_bias", False, "GPT-2's lm_head has no bias"),
-        ("qk_norm", False, "GPT-2 has no query/key norm"),
-    )
-    for name, allowed, why in rules:
+    """Raise ``ValueError`` naming the first ModelConfig field that GPT-2 cannot express (``GPT2_SHAPE``)."""
+    for name, allowed, _, why in GPT2_SHAPE:
         value = getattr(cfg, name)
         if value != allowed:
             raise ValueError(f"GPT-2 cannot express {name}={value!r}; allowed: {name}={allowed!r} ({why})")
@@ -140,7 +133,8 @@ def _check_expressible(cfg: ModelConfig) -> None:
 def model_config_to_gpt2_config(cfg: ModelConfig, **gpt2_kwargs):
     """A ``transformers.GPT2Config`` for our config (built locally; nothing is downloaded).
 
-    ``bias=False`` is expressed with zero biases (GPT-2 always has them); dropout goes to resid_pdrop,
+    ``n_ctx`` repeats ``n_positions`` (llama.cpp's GGUF converter reads it; transformers writes only
+    ``n_positions``). ``bias=False`` is expressed with zero biases (GPT-2 always has them); dropout goes to resid_pdrop,
     embd_pdrop and attn_pdrop. Extra keyword arguments go to ``GPT2Config`` (e.g. ``attn_implementation``).
 
     Raises:
@@ -152,7 +146,7 @@ def model_config_to_gpt2_config(cfg: ModelConfig, **gpt2_kwargs):
     GPT2Config, _ = _require_transformers()
     special = {} if cfg.num_tokens > 50256 else dict(bos_token_id=None, eos_token_id=None)
     kwargs = dict(
-        vocab_size=cfg.num_tokens, n_positions=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_layer,
+        vocab_size=cfg.num_tokens, n_positions=cfg.max_len, n_ctx=cfg.max_len, n_embd=cfg.d_model, n_layer=cfg.n_layer,
         n_head=cfg.n_head, n_inner=None if cfg.ff_size == 4 * cfg.d_model else cfg.ff_size,
         activation_function="gelu_new", resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
         layer_norm_epsilon=cfg.norm_eps, tie_word_embeddings=cfg.tie_weights, scale_attn_weights=True,

@@ -408,13 +408,26 @@ class DecoderOnlyTransformer(nn.Module):
             positions = torch.full((1,), positions, dtype=torch.long, device=tokens.device)
         return self._logits(tokens, padding_mask, positions, cache)[:, -1]
 
-    def compile_decode(self, **options):
+    def compile_decode(self, *, cpp_wrapper: bool | None = None, **options):
         """Compile :meth:`decode` as ``torch.compile(self.decode, fullgraph=True, **options)`` (torch.compile's
-        ``mode``, ``backend``, ``dynamic``) and keep it as ``compiled_decode``, which the generation engine and
-        the scheduler then decode with -- the engine over a static KV cache (``KVCache(static=True)``: the same
-        shapes and no changing Python number at every token, so one graph serves the whole context). Returns
-        it. ``model.compiled_decode = None`` goes back to eager decoding. The first step compiles (seconds on a
-        GPU, up to a minute with a C++ compiler on a CPU); a compiled model does not pickle or deep-copy."""
+        ``mode``, ``backend``, ``dynamic``, ``options``) and keep it as ``compiled_decode``, which the generation
+        engine and the scheduler then decode with -- the engine over a static KV cache (``KVCache(static=True)``:
+        the same shapes and no changing Python number at every token, so one graph serves the whole context).
+        Returns it. ``model.compiled_decode = None`` goes back to eager decoding.
+
+        ``cpp_wrapper``: run the compiled step through Inductor's C++ wrapper, so that a step is one call into
+        compiled code with no Python between its kernels (``torch._inductor.config.cpp_wrapper``). Default: on
+        for Inductor on a CPU (measured faster there, ``bench/generate.py``), off elsewhere and with a ``mode``
+        (torch.compile takes ``mode`` or ``options``, not both). The first step compiles: seconds on a GPU, a
+        minute or more with a C++ compiler on a loaded CPU; Inductor keeps what it compiled on disk (its FX graph
+        cache), so a later process with the same model shape compiles faster. A compiled model does not pickle
+        or deep-copy."""
+        backend = options.get("backend", "inductor")
+        on_cpu = all(p.device.type == "cpu" for p in self.parameters())
+        if cpp_wrapper is None:
+            cpp_wrapper = backend == "inductor" and on_cpu and "mode" not in options
+        if cpp_wrapper:
+            options["options"] = {"cpp_wrapper": True, **(options.get("options") or {})}
         self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
         return self.compiled_decode
 

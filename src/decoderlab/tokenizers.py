@@ -500,7 +500,15 @@ def _bytes_to_unicode() -> dict[int, str]:
     return out
 
 
-_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+_CHAR_OF_BYTE = _bytes_to_unicode()
+_BYTE_OF_CHAR = {c: b for b, c in _CHAR_OF_BYTE.items()}
+
+
+def byte_level_text(data: bytes) -> str:
+    """``data`` spelt in the byte-level alphabet, one character per byte: how a byte-level BPE vocabulary and
+    its merges write a token (``b" the"`` -> ``"Ġthe"``); ``BPETokenizer.token_bytes`` reads it back."""
+    return "".join(_CHAR_OF_BYTE[b] for b in data)
+
 
 #: Where text may be cut so that its pieces encode exactly as the whole does: boundaries of the byte-level
 #: pre-tokenizer's regex (GPT-2's ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``)

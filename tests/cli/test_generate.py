@@ -4,6 +4,7 @@ Ctrl-C, the end of text, and one error line for every bad value."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -294,3 +295,20 @@ def test_generate_sample_and_chat_end_at_a_chat_models_end_of_turn(tmp_path, cap
     type_lines(monkeypatch, ["b"])
     assert cli_main(["chat", *common]) == 0
     assert capsys.readouterr().out == "abc\n"
+
+
+def test_verbose_names_the_device_dtype_threads_and_the_cpus_instructions(lm_checkpoint, capsys):
+    from decoderlab.devices import cpu_features
+
+    args = ["generate", "--checkpoint", str(lm_checkpoint), "--temperature", "0", "--max-new-tokens", "5",
+            "--threads", "1", "--verbose", "to be"]
+    assert cli_main(args) == 0
+    quiet = cli_main(args[:-2] + ["to be"])
+    out = capsys.readouterr()
+    first, last = out.err.strip().splitlines()[0], out.err.strip().splitlines()[-1]
+    assert first.startswith("decoderlab: device cpu, weights float32, 1 intra-op thread(s), decode eager; cpu ")
+    assert all(f in first for f in cpu_features()) and "torch kernels" in first
+    assert re.fullmatch(r"decoderlab: first text after \d+\.\d\d s, \d+\.\d\d s in all", last)
+    assert quiet == 0 and out.err.count("decoderlab:") == 2  # the run without --verbose says nothing
+    half = out.out.split("\n")
+    assert half[0] == half[1] and half[2:] == [""]  # the same text with and without --verbose

@@ -325,3 +325,29 @@ def test_the_decode_step_compiles_to_one_graph_for_the_whole_context(family):
     finally:
         model.compiled_decode = None
         torch._dynamo.reset()
+
+
+def test_the_inductor_step_through_its_cpp_wrapper_gives_the_eager_tokens():
+    """The real compiled step, as ``generate --compile`` makes it on a CPU: Inductor with its C++ wrapper
+    (``compile_decode()``'s default there). Greedy and seeded sampled tokens equal eager's over a window that
+    slides. The step holds no host sync: it is one graph (``fullgraph=True`` raises at a graph break, which a
+    read of a tensor's value would be), so a token waits for the device only where an eager one does, outside
+    the step (counted above; the sync counter's dispatch mode cannot run under torch.compile). One graph
+    (batch 1) is compiled: about half a minute with a C++ compiler on a loaded 2-core machine."""
+    from torch._inductor import config as inductor_config
+
+    model = make_model("gpt2", "sdpa", seed=5)
+    n = 2 * model.config.max_len
+    want = [generate(model, [1], n, temperature=0), generate(model, [1, 2], n, **SAMPLED)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        step = model.compile_decode()
+        got = [generate(model, [1], n, temperature=0), generate(model, [1, 2], n, **SAMPLED)]
+        stats, recompiles, breaks = _dynamo_counts()
+        assert step is model.compiled_decode and got == want
+        assert stats["unique_graphs"] == 1 and recompiles == 0 and not breaks, (stats, recompiles, breaks)
+        assert inductor_config.cpp_wrapper is False  # (the option is the compiled step's own, not global)
+    finally:
+        model.compiled_decode = None
+        torch._dynamo.reset()

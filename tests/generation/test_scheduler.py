@@ -290,3 +290,41 @@ def test_a_scheduler_step_waits_for_the_device_once_whatever_the_batch(mt):
     assert last - first > 2 * model.config.max_len
     assert len(counter) == last - first, "more than the sampled ids per step:\n" + counter.report()
     assert {e.origin.name for e in counter.events} == {"decoderlab.generation.scheduler.Scheduler._sample"}
+
+
+def test_chunked_prefill_interleaves_long_prompts_with_decode_steps_and_stays_exact(mt):
+    """With ``prefill_chunk`` 4, the two long prompts (11 and 31 tokens) are read 4 tokens per step, one chunk
+    between two decode steps, while the short ones (admitted with them) already decode; every row still gives
+    exactly generate's tokens, greedy and seeded, and a request cancelled while its prompt is read ends with no
+    tokens."""
+    model, tok = mt
+    sch = Scheduler(model, tok, max_batch=16, prefill_chunk=4)
+    sch.close()  # no thread: _step is driven here
+    prompts = ["a", "hello there", "x y", "the long prompt, with words: ok"]
+    texts, first_delta = {}, {}
+
+    def on(i):
+        def f(ev):
+            if ev[0] == "delta":
+                texts[i] = texts.get(i, "") + ev[2]
+                first_delta.setdefault(i, sch.steps)
+        return f
+
+    reqs = [GenerationRequest(prompt_ids=tok.encode(p), on_event=on(i),
+                              params=SamplingParams(max_new_tokens=30, temperature=0 if i % 2 else 0.9, seed=i))
+            for i, p in enumerate(prompts)]
+    gone = GenerationRequest(prompt_ids=tok.encode("a prompt to cancel"), params=SamplingParams(max_new_tokens=5),
+                             on_event=lambda ev: texts.setdefault("gone", []).append(ev))
+    with torch.inference_mode():
+        sch._step(reqs + [gone])
+        assert sch.prefills == 1 and len(sch._rows) == 2 and sch.stats()["prefilling"] == 3
+        gone.cancel()
+        while sch._rows or sch._prefilling:
+            sch._step([])
+    assert sch.prefill_chunks == 3 + 8  # ceil(11 / 4) + ceil(31 / 4); the cancelled one read none
+    assert first_delta[0] == first_delta[2] == 0 and first_delta[1] >= 2 and first_delta[3] >= 10
+    for i, p in enumerate(prompts):
+        assert texts.get(i, "") == ref_text(mt, tok.encode(p), 30, 0 if i % 2 else 0.9, i), p
+    assert texts["gone"] == [("done", {"prompt_tokens": 18, "completion_tokens": 0, "total_tokens": 18})]
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Scheduler(model, tok, prefill_chunk=0)

@@ -10,7 +10,7 @@ bad values) print one ``decoderlab: error: ...`` line and exit 2.
     argtypes.py   argparse types with errors in our words
     errors.py     how a command ends: error lines, exit statuses, library messages in the flags' words
     train.py, generate.py (+ sample), chat.py, finetune.py, glassbox.py (verify, explain),
-                  interpret.py (lens, heads, patch), serve.py
+                  interpret.py (lens, heads, patch), serve.py, export.py
                   one module per command family
 """
 

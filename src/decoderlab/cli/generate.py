@@ -53,6 +53,10 @@ def _add_generate_options(p) -> None:
     p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
                    help="the prompt text (or give it as the positional argument; default: a newline)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
+    p.add_argument("--verbose", action="store_true",
+                   help="say on standard error where and how it decodes (device, weight dtype, threads, the CPU's "
+                        "instructions, eager or compiled) and, at the end, the time to the first text and in all "
+                        "(default: off)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -109,8 +113,10 @@ def cmd_generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_option
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
-    set_threads(args)
+    threads = set_threads(args)
     model, tok, template, _ = load_model(args)
+    if getattr(args, "verbose", False):
+        say_setup(model, threads, args)
     # the lesson's model answers its prompt (the prompt is the user turn of its template), as in the lesson
     if args.chat or (template is not None and template.name == "lesson" and not args.echo):
         return _generate_chat(args, model, tok, template, prompt)
@@ -125,8 +131,38 @@ def cmd_generate(args) -> int:
     params = sampling_params(args, stop=stops(args.stop, tok),
                              stop_at_eos=template is None or template.assistant != EOS)
     pieces = stream_text(model, tok.encode(prompt), tok, params, echo=args.echo)
+    if getattr(args, "verbose", False):
+        pieces = timed_pieces(pieces)
     write_pieces(pieces, stream=not args.no_stream)
     return 0
+
+
+def say_setup(model, threads: int, args) -> None:
+    """``--verbose``: one line on standard error naming the device, the weights' dtype, the threads, the CPU's
+    instructions (the ones that decide which dtype decodes fast) and the decode step."""
+    from ..devices import cpu_summary
+    from ..dtypes import dtype_name
+
+    p = next(model.parameters())
+    cpu = f"; cpu {cpu_summary()}" if p.device.type == "cpu" else ""
+    step = "compiled (torch.compile, static KV cache)" if model.compiled_decode is not None else "eager"
+    print(f"decoderlab: device {p.device}, weights {dtype_name(getattr(args, 'dtype', None))}, {threads} intra-op thread(s), "
+          f"decode {step}{cpu}", file=sys.stderr, flush=True)
+
+
+def timed_pieces(pieces):
+    """The pieces, then one line on standard error: seconds to the first text (a compiled step's compile
+    included) and in all."""
+    import time
+
+    start, first = time.perf_counter(), None
+    for piece in pieces:
+        if first is None:
+            first = time.perf_counter() - start
+        yield piece
+    total = time.perf_counter() - start
+    print(f"\ndecoderlab: first text after {first or total:.2f} s, {total:.2f} s in all", file=sys.stderr,
+          flush=True)
 
 
 def _lesson_prompt(args, template, prompt):

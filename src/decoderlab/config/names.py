@@ -70,3 +70,19 @@ DEFAULT_REWARD = "contains_words"
 #: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
 LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
 DEFAULT_LORA_TARGETS = ("attn", "mlp")
+
+#: export formats (``decoderlab export --format``): a Hugging Face GPT-2 directory, or one GGUF file for
+#: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
+EXPORT_FORMATS = ("hf", "gguf")
+#: GGUF weight types: float32, float16, and llama.cpp's 8-bit blocks (32 weights + one float16 scale)
+GGUF_DTYPES = ("f32", "f16", "q8_0")
+#: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
+#: that sets it or None, why). ``decoderlab.hf.to_gpt2`` and ``decoderlab.export.to_gguf`` refuse any other.
+GPT2_SHAPE = (
+    ("position", "learned", "--position", "GPT-2 has learned absolute positions (wpe)"),
+    ("norm", "layernorm", "--norm", "GPT-2 uses pre-LayerNorm"),
+    ("mlp", "gelu", "--mlp", "GPT-2 blocks have a GELU MLP"),
+    ("attn_out_proj", True, None, "GPT-2 attention has an output projection (c_proj)"),
+    ("lm_head_bias", False, None, "GPT-2's lm_head has no bias"),
+    ("qk_norm", False, None, "GPT-2 has no query/key norm"),
+)

@@ -8,11 +8,10 @@ padding -- so a burst of requests waits for one prefill, not one each; their key
 batch cache and their first token is sampled at once), then samples one token for every running row, releases the rows that finished or were
 cancelled, and runs one decode step of one token per row for all the others together.
 
-The batch cache keeps every row's keys/values right-aligned on one timeline of columns: a row that holds W
-tokens occupies columns ``length - W .. length - 1``; the columns before them are hidden by a (B, T_k) padding
-mask and each row gets its own positions (its tokens count from 0, as when generated alone). When the timeline
-is full, the columns no row uses any more are dropped (compaction). A row whose window would pass max_len
-slides as :func:`decoderlab.generation.stream` does: its last ``keep`` tokens are re-prefilled alone.
+The batch cache (:class:`decoderlab.generation.batch_cache.BatchKVCache`, its own module) keeps every row's
+keys/values right-aligned on one timeline, each row at its own positions behind a padding mask. A row whose
+window would pass max_len slides as :func:`decoderlab.generation.stream` does: its last ``keep`` tokens are
+re-prefilled alone.
 
 Sampling: every row has its own settings (the request's :class:`decoderlab.generation.SamplingParams`), its
 own ``torch.Generator`` (seeded with the request's seed; choice i of a request with ``n`` > 1 with seed + i)
@@ -46,7 +45,8 @@ from typing import Callable
 
 import torch
 
-from ..attention import KVCache, LayerKVCache
+from ..attention import KVCache
+from .batch_cache import BatchKVCache
 from .checks import check_int
 from .engine import check_keep, check_prompt, model_device
 from .params import BoundParams, SamplingParams
@@ -140,119 +140,13 @@ class _Row:
                        if self.params.uses_counts else None)  # the penalties' and the grammar's state of this row
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The batch cache
-# ----------------------------------------------------------------------------------------------------------
+class _Prefill:
+    """A request whose long prompt is being prefilled chunk by chunk, alone, into its own KV cache."""
 
-
-class _SlotLayer(LayerKVCache):
-    """One layer's keys/values for every slot: (S, H, capacity, d_head), allocated by the owning
-    :class:`BatchKVCache`; rows 0 .. n-1 are the running ones. ``update`` is what a model's attention calls
-    (the interface of ``LayerKVCache``), writing the n running rows only."""
-
-    def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        o = self.owner
-        n, start = k_new.size(0), o.length
-        end = start + k_new.size(2)
-        if n != o.n or end > o.capacity:
-            raise RuntimeError(f"batch cache misuse: {n} rows for {o.n} slots, end {end} > {o.capacity}")
-        self.k[:n, :, start:end] = k_new
-        self.v[:n, :, start:end] = v_new
-        return self.k[:n, :, :end], self.v[:n, :, :end]
-
-
-class BatchKVCache:
-    """A KV cache whose rows join and leave: see the module docstring. ``length`` is the timeline's used
-    columns, ``n`` the running rows (slots 0 .. n-1), ``start_col[i]`` slot i's first column."""
-
-    static = False  # its shapes grow with the timeline (see attention.KVCache)
-
-    def __init__(self, n_layer: int, capacity: int):
-        self.capacity = capacity
-        self.length = 0
-        self.n = 0
-        self.slots = 0
-        self.start_col: list[int] = []
-        self.layers = [_SlotLayer(self) for _ in range(n_layer)]
-
-    def advance(self, t: int) -> None:
-        self.length += t
-
-    def _grow(self, like: torch.Tensor, want: int) -> None:
-        if want <= self.slots:
-            return
-        new_slots = max(want, 2 * self.slots, 4)
-        _, h, _, d = like.shape
-        for lay in self.layers:
-            k = like.new_zeros(new_slots, h, self.capacity, d)  # zeros: never NaN under a mask
-            v = like.new_zeros(new_slots, h, self.capacity, d)
-            if lay.k is not None:
-                k[: self.slots] = lay.k
-                v[: self.slots] = lay.v
-            lay.k, lay.v = k, v
-        self.slots = new_slots
-
-    def _shift(self, d: int) -> None:
-        """Move every running row d columns (right for d > 0, left for d < 0)."""
-        n, length = self.n, self.length
-        if d == 0 or n == 0:
-            return
-        for lay in self.layers:
-            for t in (lay.k, lay.v):
-                if d > 0:
-                    t[:n, :, d : d + length] = t[:n, :, :length].clone()
-                else:
-                    t[:n, :, : length + d] = t[:n, :, -d:length].clone()
-        self.length += d
-        self.start_col = [c + d for c in self.start_col]
-
-    def compact(self) -> None:
-        """Drop the leading columns no running row uses."""
-        if self.n == 0:
-            self.length = 0
-            return
-        m = min(self.start_col)
-        if m > 0:
-            self._shift(-m)
-
-    def add_slot(self) -> int:
-        self.n += 1
-        self.start_col.append(self.length)
-        return self.n - 1
-
-    def place(self, slot: int, src: KVCache, w: int, src_row: int = 0, src_start: int = 0) -> None:
-        """Copy ``w`` cached tokens of row ``src_row`` of the cache ``src`` (from column ``src_start``: after a
-        left-padded prefill's pads) into ``slot``, ending at the timeline's current end (moving the other rows
-        right when the timeline is shorter than ``w``)."""
-        like = src.layers[0].k
-        self._grow(like, self.n)
-        if self.length < w:
-            if self.n > 1:
-                self._shift(w - self.length)
-            self.length = w
-        if self.length > self.capacity:
-            raise RuntimeError("batch cache overflow")
-        c = self.length - w
-        for lay, s in zip(self.layers, src.layers):
-            lay.k[slot, :, c : self.length] = s.k[src_row, :, src_start : src_start + w]
-            lay.v[slot, :, c : self.length] = s.v[src_row, :, src_start : src_start + w]
-        self.start_col[slot] = c
-
-    def remove_slot(self, slot: int) -> int | None:
-        """Release ``slot``; the last running slot moves into it. Returns the index that moved (or None)."""
-        last = self.n - 1
-        moved = None
-        if slot != last:
-            for lay in self.layers:
-                lay.k[slot, :, : self.length] = lay.k[last, :, : self.length]
-                lay.v[slot, :, : self.length] = lay.v[last, :, : self.length]
-            self.start_col[slot] = self.start_col[last]
-            moved = last
-        self.start_col.pop()
-        self.n -= 1
-        if self.n == 0:
-            self.length = 0
-        return moved
+    def __init__(self, req: GenerationRequest, n_layer: int, max_len: int):
+        self.req = req
+        self.cache = KVCache(n_layer, max_len)
+        self.done = 0  # prompt tokens in the cache
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -270,13 +164,23 @@ class Scheduler:
         max_batch: most rows (choices) decoded together; more wait in the queue.
         max_queue: most requests waiting to be admitted; :meth:`submit` raises :class:`QueueFull` beyond.
         keep: tokens kept when a row's window slides (default max_len // 2, as ``generate``).
+        prefill_chunk: None (default): a newcomer's prompt is prefilled whole, all newcomers together in one
+            padded pass. An integer C >= 1: a prompt longer than C tokens is prefilled alone in chunks of C tokens
+            into its own KV cache, one chunk between two decode steps of the running rows, which so keep
+            producing tokens while it is read (vLLM's chunked prefill); it joins the batch when its last chunk
+            is in. Either way each row gives ``generate``'s tokens (up to the rounding of the chunked
+            attention, which the tests check does not change them).
 
     ``submit(request)`` queues a :class:`GenerationRequest`; its events arrive through ``request.on_event``.
     ``stats()`` returns counters (running rows, waiting requests, decode steps); ``close()`` stops the thread.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None):
+    def __init__(self, model, tokenizer, *, max_batch: int = 32, max_queue: int = 64, keep: int | None = None,
+                 prefill_chunk: int | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, 1)
+        self._prefilling: collections.deque[_Prefill] = collections.deque()  # long prompts, chunk by chunk
+        self.prefill_chunks = 0  # chunks of long prompts run
         self.max_batch, self.max_queue = check_int("max_batch", max_batch, 1), check_int("max_queue", max_queue, 1)
         cfg = model.config
         self.max_len = cfg.max_len
@@ -336,7 +240,8 @@ class Scheduler:
     def stats(self) -> dict:
         with self._cond:
             return {"running": len(self._rows), "waiting": len(self._waiting), "steps": self.steps,
-                    "max_rows_seen": self.max_rows_seen}
+                    "max_rows_seen": self.max_rows_seen, "prefilling": len(self._prefilling),
+                    "prefill_chunks": self.prefill_chunks}
 
     def close(self) -> None:
         with self._cond:
@@ -348,15 +253,16 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._closed or self._waiting or self._calls or self._rows):
+                while not (self._closed or self._waiting or self._calls or self._rows or self._prefilling):
                     self._cond.wait()
                 if self._closed:
                     break
                 calls = list(self._calls)
                 self._calls.clear()
                 admit: list[GenerationRequest] = []
-                room = self.max_batch - len(self._rows)
-                while self._waiting and (room >= self._waiting[0].n or not self._rows and not admit):
+                room = self.max_batch - len(self._rows) - sum(p.req.n for p in self._prefilling)
+                while self._waiting and (room >= self._waiting[0].n or not self._rows and not admit
+                                         and not self._prefilling):
                     req = self._waiting.popleft()
                     room -= req.n
                     admit.append(req)
@@ -373,7 +279,9 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 -- reported to every running request, then a clean slate
                 reqs = {id(r.req): r.req for r in self._rows}
                 reqs.update({id(r): r for r in admit})
+                reqs.update({id(p.req): p.req for p in self._prefilling})
                 self._rows = []
+                self._prefilling.clear()
                 self._cache = BatchKVCache(self.model.config.n_layer, 2 * self.max_len)
                 for req in reqs.values():
                     req.emit(("error", e))
@@ -382,7 +290,7 @@ class Scheduler:
         err = SchedulerClosed("the server is shutting down")
         for r in {id(r.req): r.req for r in self._rows}.values():
             r.emit(("error", err))
-        for req in self._waiting:
+        for req in [*self._waiting, *(p.req for p in self._prefilling)]:
             req.emit(("error", err))
 
     def _prefill_alone(self, ids: list[int]) -> torch.Tensor:
@@ -414,7 +322,8 @@ class Scheduler:
 
     def _admit(self, admit: list[GenerationRequest]) -> None:
         """1. admit: prefill the newcomers together (one forward pass, :meth:`_prefill_together`), copy their
-        keys/values into the batch, and sample each one's first token right away (its generator's first draw)."""
+        keys/values into the batch, and sample each one's first token right away (its generator's first draw).
+        With ``prefill_chunk``, prompts longer than it wait in ``_prefilling`` instead (:meth:`_prefill_next_chunk`)."""
         live = []
         for req in admit:
             if req._bound is None:  # (a request handed to _step directly rather than through submit)
@@ -424,9 +333,17 @@ class Scheduler:
                                    "total_tokens": len(req.prompt_ids)}))
             else:
                 live.append(req)
+        chunked = {id(r) for r in live if self.prefill_chunk is not None and len(r.prompt_ids) > self.prefill_chunk}
+        self._prefilling.extend(_Prefill(r, self.model.config.n_layer, self.max_len) for r in live if id(r) in chunked)
+        live = [r for r in live if id(r) not in chunked]
         if live:
             src, all_logits, pads = self._prefill_together(live)
             self.prefills += 1
+            self._join(live, src, all_logits, pads)
+
+    def _join(self, live: list[GenerationRequest], src: KVCache, all_logits: torch.Tensor, pads: list[int]) -> None:
+        """Newcomers whose prompts are in ``src`` (row j after ``pads[j]`` pads) join the batch: their keys/values
+        are copied in and each row's first token is sampled at once (its generator's first draw)."""
         for j, req in enumerate(live):
             req._open_rows = req.n
             for i in range(req.n):
@@ -438,9 +355,30 @@ class Scheduler:
                 self._sample([row])
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
 
+    def _prefill_next_chunk(self) -> None:
+        """One chunk (``prefill_chunk`` tokens) of the oldest long prompt, into its own cache at its own positions
+        (as ``generate`` would prefill them, the chunk's queries seeing the cached keys and each other causally);
+        after its last chunk the request joins the batch. A cancelled one is dropped here."""
+        if not self._prefilling:
+            return
+        p = self._prefilling[0]
+        req, ids = p.req, p.req.prompt_ids
+        if req.cancelled:
+            self._prefilling.popleft()
+            req.emit(("done", {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}))
+            return
+        chunk = torch.tensor([ids[p.done:p.done + self.prefill_chunk]], dtype=torch.long, device=self.device)
+        logits = self.model(chunk, cache=p.cache, last_only=True, check_ids=False)[:, -1]  # (checked in submit)
+        p.done += chunk.size(1)
+        self.prefill_chunks += 1
+        if p.done == len(ids):
+            self._prefilling.popleft()
+            self._join([req], p.cache, logits, [0])
+
     def _step(self, admit: list[GenerationRequest]) -> None:
         cache = self._cache
         self._admit(admit)
+        self._prefill_next_chunk()
         # 2. cancelled rows go now
         for row in [r for r in self._rows if r.req.cancelled]:
             self._release(row, "cancelled")

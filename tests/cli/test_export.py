@@ -1,0 +1,88 @@
+"""``decoderlab export``: a run directory as one GGUF file or a Hugging Face GPT-2 directory; a shape the format
+cannot carry is one error line naming the option, before anything is read or written; --help says what each
+format carries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.cli import main as cli_main
+from decoderlab.tokenizers import BPETokenizer
+
+gguf = pytest.importorskip("gguf")
+
+
+def run_dir(tmp_path, name: str, tok, **shape):
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=1, n_head=2, d_model=32, max_len=24,
+                                                num_tokens=tok.vocab_size, **shape))
+    return dl.save_checkpoint(tmp_path / name, model, tok), model
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return BPETokenizer.train(open(dl.embedded_corpus_path(), encoding="utf-8").read()[:10_000], 300)
+
+
+def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe, tmp_path, capsys):
+    run, model = run_dir(tmp_path, "run", bpe)
+    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", str(run), str(tmp_path / "m.gguf")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0, {model.num_parameters():,} parameters")
+    assert "tokenizer: bpe" in out
+    r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    assert r.fields["general.name"].contents() == "run"
+    assert {t.name: t.tensor_type.name for t in r.tensors}["blk.0.attn_qkv.weight"] == "Q8_0"
+
+
+def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_path, capsys):
+    run, model = run_dir(tmp_path, "run", bpe)
+    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "hf")]) == 0
+    assert "hf (GPT-2 directory)" in capsys.readouterr().out
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["n_ctx"] == config["n_positions"] == 24  # what llama.cpp's converter reads
+    back, tok = dl.hf.load_any_checkpoint(tmp_path / "hf")
+    ids = torch.tensor([bpe.encode("ROMEO: hello")])
+    with torch.no_grad():
+        assert torch.allclose(back(ids), model.eval()(ids), atol=1e-5)
+    assert tok.encode("ROMEO: hello") == bpe.encode("ROMEO: hello")
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hf"])
+def test_a_rope_run_is_refused_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys, fmt):
+    run, _ = run_dir(tmp_path, "rope-run", bpe, position="rope")
+    (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
+    assert cli_main(["export", "--format", fmt, str(run), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"decoderlab: error: --format {fmt} carries GPT-2-shaped models")
+    assert ("this model has position='rope' (--position rope); train with --preset baby-shakespeare / "
+            "shakespeare-char / gpt2 (or --position learned) to export it") in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_dtype_for_hf_a_word_vocabulary_and_a_missing_run_are_one_line_each(tmp_path, capsys):
+    word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
+    run, _ = run_dir(tmp_path, "word-run", word)
+    cases = [(["--format", "hf", "--dtype", "f16", str(run)], "--dtype 'f16' is not one --format hf writes; "
+              "allowed: f32"),
+             ([str(run)], "a word vocabulary has no form llama.cpp reads"),
+             ([str(tmp_path / "nowhere")], "nowhere")]
+    for args, message in cases:
+        assert cli_main(["export", *args, str(tmp_path / "out.gguf")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("decoderlab: error:") and message in err, err
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_help_says_what_each_format_carries(decoderlab_cli):
+    r = decoderlab_cli("export", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for words in ("hf a Hugging Face GPT-2 directory", "gguf one GGUF file for llama.cpp and ollama",
+                  "position='learned', norm='layernorm', mlp='gelu'", "--position rope, --norm rmsnorm, --mlp relu2",
+                  "a word vocabulary is refused", "f32, f16 or q8_0"):
+        assert words in text, words
