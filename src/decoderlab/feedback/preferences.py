@@ -24,7 +24,7 @@ from typing import Sequence
 
 from ..chat import ChatTemplate, check_messages, get_template
 from ..tokenizers import Tokenizer
-from .jsonl import jsonl_rows
+from ..jsonl import jsonl_rows
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..chat import check_messages
-from .jsonl import jsonl_rows
+from ..jsonl import jsonl_rows
 from .rewards import RewardFn, reward_name
 
 
