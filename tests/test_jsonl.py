@@ -11,9 +11,9 @@ import pytest
 
 from decoderlab import cli
 from decoderlab.chat import load_conversations
+from decoderlab.finetuning.dpo import load_preferences
 from decoderlab.jsonl import jsonl_rows
-from decoderlab.feedback import load_preferences
-from decoderlab.feedback import load_prompts
+from decoderlab.reinforcement.prompts import load_prompts
 from reinforcement.letters import letter_checkpoint
 
 #: a separator Python's str.splitlines splits at, raw inside a JSON string (valid JSON, one JSON Lines line)

@@ -34,8 +34,9 @@ _EXPORTS = {
     "finetune": "finetuning", "rl": "reinforcement",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "storyset", "watch", "cli",
-               "feedback", "reinforcement", "lora")
+               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "tinystories", "headwatch",
+               "cli", "reinforcement", "lora", "jsonl",
+               "feedback", "storyset", "watch")  # (the last three: aliases for one release of moved modules)
 
 __all__ = ["__version__", *_EXPORTS]
 

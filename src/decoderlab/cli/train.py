@@ -105,7 +105,7 @@ def _watch(args) -> list:
     """``--watch-heads N``: the HeadWatch callback, writing into the run directory train_lm names."""
     if args.watch_heads is None:
         return []
-    from ..watch import HeadWatch
+    from ..headwatch import HeadWatch
 
     return [HeadWatch(None, every=args.watch_heads)]
 

@@ -1,6 +1,7 @@
 """What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
 decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
-resume the run's own), the held-out split and the digest of the data."""
+resume the run's own), the held-out split, the digest of the data and the padding id -- the pieces every
+method shares."""
 
 from __future__ import annotations
 
@@ -109,3 +110,13 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     check_representable(as_conversations(convs), tok)
     model, tok, added = add_chat_tokens(model, tok, template)
     return model.train(), tok, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
+
+
+def pad_id_for(tokenizer: Tokenizer, template: ChatTemplate) -> int:
+    """The padding id: ``<PAD>`` when the tokenizer has one, else 0 -- never the end-of-turn id (its label is
+    -100 anyway, but the input must not read as an end of turn)."""
+    eot = template.end_of_turn_id(tokenizer)
+    pad = tokenizer.pad_id
+    if pad is None or pad == eot:
+        pad = next(i for i in range(tokenizer.vocab_size) if i != eot)
+    return pad
