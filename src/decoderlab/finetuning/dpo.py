@@ -540,6 +540,6 @@ def options(run: Run, given: dict) -> dict:
 
 
 #: DPO's parts, for :func:`~decoderlab.finetuning.finetune`
-DPO = Method(name="dpo", option_names=("beta",), options=options, load=pairs_of, texts=pair_conversations,
+DPO = Method(name="dpo", option_names=("beta",), options=options, read_data=pairs_of, texts=pair_conversations,
              train=train, summarize=summarize, reference=True,
              closing=lambda summary: format_preferences(summary.evaluation, summary.eval_on))

@@ -18,6 +18,7 @@ from ..chat import ChatTemplate
 from ..lora import has_lora, merge_lora
 from ..tokenizers import Tokenizer
 from ..training import Run
+from .start import pad_id_for
 
 
 @dataclass
@@ -27,7 +28,6 @@ class Job:
     Attributes:
         run: the run directory and its ``TrainConfig`` (:class:`decoderlab.training.Run`).
         tokenizer, template: the model's tokenizer (with the template's tokens) and the chat template.
-        pad_id: the padding id (never the end of turn; :func:`~decoderlab.finetuning.start.pad_id_for`).
         max_len: the context the rows are cut to (the model's ``max_len``).
         start: what run.json records of the starting point (``checkpoint``, ``preset``, ``added_tokens``,
             ``lora``, ``trainable_parameters``).
@@ -40,7 +40,6 @@ class Job:
     run: Run
     tokenizer: Tokenizer
     template: ChatTemplate
-    pad_id: int
     max_len: int
     start: dict
     options: dict
@@ -48,6 +47,12 @@ class Job:
     val_items: list
     reference: torch.nn.Module | None = None
     eval_options: dict = field(default_factory=dict)
+
+    @property
+    def pad_id(self) -> int:
+        """The padding id of the tokenizer under the template (never the end of turn;
+        :func:`~decoderlab.finetuning.start.pad_id_for`)."""
+        return pad_id_for(self.tokenizer, self.template)
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,8 @@ class Method:
             method's, naming the method it applies to.
         options: ``options(run, given) -> dict``: those settings from ``given`` (None: not given), defaults
             filled and a resume's own kept.
-        load: ``load(run, data, val_data, val_fraction) -> (what run.json records, training items, held-out
-            items)``, refusing on a resume data other than the run's.
+        read_data: ``read_data(run, data, val_data, val_fraction) -> (what run.json records, training items,
+            held-out items)``, refusing on a resume data other than the run's.
         texts: ``texts(items) -> conversations``: the text a tokenizer must represent (and one built from
             scratch learns).
         train: ``train(job, model) -> (examples, datamodule, Lightning module)``.
@@ -74,7 +79,7 @@ class Method:
     name: str
     option_names: tuple[str, ...]
     options: Callable[[Run, dict], dict]
-    load: Callable[..., tuple[dict, list, list]]
+    read_data: Callable[..., tuple[dict, list, list]]
     texts: Callable[[list], list]
     train: Callable[[Job, torch.nn.Module], tuple[Any, Any, Any]]
     summarize: Callable[..., tuple]

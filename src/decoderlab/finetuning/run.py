@@ -10,7 +10,7 @@ from typing import Sequence
 
 import lightning as L
 
-from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate
+from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, get_template
 from ..config.names import FINETUNE_METHODS
 from ..config.recipes import finetune_defaults
 from ..lora import trainable_parameters
@@ -23,7 +23,7 @@ from ..training.trainer import check_run_options
 from .dpo import DPO
 from .method import Job, Method
 from .sft import SFT
-from .start import base_template, pad_id_for, run_template, starting_point
+from .start import base_template, starting_point
 
 #: the fine-tuning methods by name: each one's parts (its room ends with them)
 METHODS: dict[str, Method] = {m.name: m for m in (SFT, DPO)}
@@ -72,14 +72,13 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     run, chosen, options = _plan(out, resume, template, train_config, config_overrides, checkpoint=checkpoint,
                                  preset=preset, base_model=base_model, method=method, options={"beta": beta},
                                  strategy=strategy, accelerator=accelerator, lora=lora)
-    template = run_template(run, template, checkpoint)
-    data_info, train_items, val_items = chosen.load(run, data, val_data, val_fraction)
-    model, tok, start = starting_point(run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
-                                       template, chosen.texts(train_items + val_items))
+    data_info, train_items, val_items = chosen.read_data(run, data, val_data, val_fraction)
+    model, tok, template, start = starting_point(run, checkpoint, preset, base_model, tokenizer, vocab_size,
+                                                 model_overrides, template, chosen.texts(train_items + val_items))
     reference = _adapters(run, chosen, model, start, lora, save_adapter)
     run.announce()  # every refusal is behind us
-    job = Job(run, tok, template, pad_id_for(tok, template), model.config.max_len, start, options, train_items,
-              val_items, reference, dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
+    job = Job(run, tok, template, model.config.max_len, start, options, train_items, val_items, reference,
+              dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
     examples, dm, module = chosen.train(job, model)
     launch = dict(devices=devices, strategy=strategy, num_nodes=num_nodes)
     trainer, exporter = _trainer(job, chosen.name, launch, callbacks, accelerator=accelerator,
@@ -96,8 +95,8 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
           options: dict, strategy, accelerator, lora) -> tuple:
     """``(run, method, its options)``: the run (:func:`decoderlab.training.plan_run`) with the fine-tuning
     defaults of its start (one of checkpoint, preset, base model unless resuming) and template, after the
-    machine's refusals (before the data is read), the method's (:func:`method_of`) and LoRA's under FSDP; then
-    the random state seeded for the model about to be built."""
+    machine's refusals (before the data is read), the method's (:func:`method_of`), an unknown template's and
+    LoRA's under FSDP; then the random state seeded for the model about to be built."""
     if sum(x is not None for x in (checkpoint, preset, base_model)) != 1 and resume in (None, False):
         raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
                          "(train from scratch)")
@@ -105,6 +104,8 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
     run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)))
     check_run_options(run.cfg, strategy, accelerator)
     chosen, options = method_of(run, method, options)
+    if template is not None:
+        get_template(template)  # an unknown name lists the known ones, before the data is read
     if (lora or run.info.get("lora")) and str(strategy) == "fsdp":
         raise ValueError("LoRA adapters cannot train under strategy='fsdp' (--strategy fsdp); use ddp")
     L.seed_everything(run.cfg.seed, verbose=False)

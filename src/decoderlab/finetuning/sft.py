@@ -375,6 +375,6 @@ def train(job: Job, model) -> tuple:
 
 
 #: supervised fine-tuning's parts, for :func:`~decoderlab.finetuning.finetune`
-SFT = Method(name="sft", option_names=(), options=lambda run, given: {}, load=conversations_of,
+SFT = Method(name="sft", option_names=(), options=lambda run, given: {}, read_data=conversations_of,
              texts=lambda convs: list(convs), train=train, summarize=summarize,
              closing=lambda summary: format_evaluation(summary.evaluation, summary.eval_on))

@@ -79,13 +79,15 @@ def split_held_out(items, fraction: float, seed: int, what: str = "conversations
 
 
 def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
-                   template: ChatTemplate, convs: list) -> tuple:
-    """``(model, tokenizer, start)`` with the template's tokens added; ``start`` is what run.json records:
-    the base ``checkpoint`` (resolved), the ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
+                   template: str | ChatTemplate | None, convs: list) -> tuple:
+    """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
+    tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
+    ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
     checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_any_checkpoint`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
+    template = run_template(run, template, checkpoint)
     checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
     if run.resumed:
         keep = "a resumed run keeps its model and tokenizer"
@@ -96,7 +98,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
             raise ValueError(f"cannot resume {run.run_dir} with {named}: {keep}; resume without it, or start a new run")
         start = {"checkpoint": run.keep("checkpoint", checkpoint, why=keep),
                  "preset": run.keep("preset", preset, why=keep), "added_tokens": run.info.get("added_tokens", [])}
-        return DecoderOnlyTransformer(read_config(run.run_dir)), Tokenizer.load(run.run_dir / TOKENIZER_FILE), start
+        config = read_config(run.run_dir)
+        return DecoderOnlyTransformer(config), Tokenizer.load(run.run_dir / TOKENIZER_FILE), template, start
     if base_model is not None:
         model, tok = base_model
     elif checkpoint is not None:
@@ -109,7 +112,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         model = DecoderOnlyTransformer(preset_config(preset, **shape))
     check_representable(as_conversations(convs), tok)
     model, tok, added = add_chat_tokens(model, tok, template)
-    return model.train(), tok, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
+    return model.train(), tok, template, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
 
 
 def pad_id_for(tokenizer: Tokenizer, template: ChatTemplate) -> int:
