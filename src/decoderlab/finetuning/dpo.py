@@ -498,10 +498,11 @@ class PreferenceSummary(Summary):
     device: str | None = None
 
 
-def summarize(job: Job, trainer, exporter, examples: tuple, seconds: float) -> tuple:
+def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
     """``(the model to return, the summary)``: the held-out metrics and the final export on the device the
     model trained on (rank 0), then the summary (and ``summary.json``)."""
-    (train_ex, val_ex), module, run, reference = examples, trainer.lightning_module, job.run, job.reference
+    module, run, reference = trainer.lightning_module, job.run, job.reference
+    train_ex, val_ex = trainer.datamodule.train, trainer.datamodule.val  # (the pairs it trained on)
     eval_ex, eval_on = (val_ex, "held-out") if val_ex is not None and val_ex.rows else (train_ex, "train")
     evaluation: dict = {}
     model, beta = module.model, job.options["beta"]
@@ -526,12 +527,13 @@ def summarize(job: Job, trainer, exporter, examples: tuple, seconds: float) -> t
 
 
 def train(job: Job, model) -> tuple:
-    """``(examples, datamodule, DPOModule)`` of the run's pairs, against the frozen ``job.reference``."""
+    """``(datamodule, DPOModule)`` of the run's pairs (the datamodule holds their rows), against the frozen
+    ``job.reference``."""
     examples = preference_examples(job.train_items, job.val_items, job.tokenizer, job.template, job.max_len)
     cfg = job.run.cfg
     dm = DPODataModule(*examples, batch_size=cfg.batch_size, accumulate=cfg.accumulate, seed=cfg.seed,
                        pad_id=job.pad_id, val_batch_size=cfg.val_batch_size)
-    return examples, dm, DPOModule(model, cfg, job.reference, job.options["beta"])
+    return dm, DPOModule(model, cfg, job.reference, job.options["beta"])
 
 
 def options(run: Run, given: dict) -> dict:

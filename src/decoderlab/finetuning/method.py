@@ -69,9 +69,10 @@ class Method:
             held-out items)``, refusing on a resume data other than the run's.
         texts: ``texts(items) -> conversations``: the text a tokenizer must represent (and one built from
             scratch learns).
-        train: ``train(job, model) -> (examples, datamodule, Lightning module)``.
-        summarize: ``summarize(job, trainer, exporter, examples, seconds) -> (model, summary)``: the held-out
-            evaluation and the export on the training device, the summary (and summary.json).
+        train: ``train(job, model) -> (datamodule, Lightning module)``; the datamodule holds the training and
+            held-out rows (``.train``, ``.val``).
+        summarize: ``summarize(job, trainer, exporter, seconds) -> (model, summary)``: the held-out evaluation
+            and the export on the training device, the summary (and summary.json).
         closing: ``closing(summary) -> str``: the run's last line on the terminal.
         reference: whether the method trains against the starting model, frozen (``Job.reference``).
     """
@@ -81,7 +82,7 @@ class Method:
     options: Callable[[Run, dict], dict]
     read_data: Callable[..., tuple[dict, list, list]]
     texts: Callable[[list], list]
-    train: Callable[[Job, torch.nn.Module], tuple[Any, Any, Any]]
+    train: Callable[[Job, torch.nn.Module], tuple[Any, Any]]
     summarize: Callable[..., tuple]
     closing: Callable[[Any], str]
     reference: bool = False

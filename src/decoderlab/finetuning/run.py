@@ -79,14 +79,14 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     run.announce()  # every refusal is behind us
     job = Job(run, tok, template, model.config.max_len, start, options, train_items, val_items, reference,
               dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
-    examples, dm, module = chosen.train(job, model)
+    dm, module = chosen.train(job, model)
     launch = dict(devices=devices, strategy=strategy, num_nodes=num_nodes)
     trainer, exporter = _trainer(job, chosen.name, launch, callbacks, accelerator=accelerator,
                                  progress_bar=progress_bar, logger=logger)
     run.record(trainer, model.config, tok, launch, task="chat", method=chosen.name, template=template.name,
                **options, **data_info, checkpoint=start["checkpoint"], preset=start["preset"],
                added_tokens=start["added_tokens"], lora=start["lora"], save_adapter=start["save_adapter"])
-    model, summary = chosen.summarize(job, trainer, exporter, examples, fit_run(trainer, module, run, datamodule=dm))
+    model, summary = chosen.summarize(job, trainer, exporter, fit_run(trainer, module, run, datamodule=dm))
     _closing_line(trainer, chosen, summary, progress_bar or logger)
     return model.eval(), tok, summary
 

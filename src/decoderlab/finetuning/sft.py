@@ -337,11 +337,12 @@ class FinetuneSummary(Summary):
     lora: dict | None = None
 
 
-def summarize(job: Job, trainer, exporter, examples: tuple, seconds: float) -> tuple:
+def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
     """``(the model to return, the summary)``: the evaluation and the final export on the device the model
     trained on (rank 0, the whole weights under FSDP; on the held-out conversations, else the training ones),
     then the summary (and ``summary.json``)."""
-    (train_ex, val_ex), module, run = examples, trainer.lightning_module, job.run
+    module, run = trainer.lightning_module, job.run
+    train_ex, val_ex = trainer.datamodule.train, trainer.datamodule.val  # (the rows it trained on)
     eval_convs, eval_on = (job.val_items, "held-out") if job.val_items else (job.train_items, "train")
     evaluation: dict = {}
     model = module.model
@@ -366,12 +367,12 @@ def summarize(job: Job, trainer, exporter, examples: tuple, seconds: float) -> t
 
 
 def train(job: Job, model) -> tuple:
-    """``(examples, datamodule, SFTModule)`` of the run's conversations."""
+    """``(datamodule, SFTModule)`` of the run's conversations (the datamodule holds their rows)."""
     examples = sft_examples(job.train_items, job.val_items, job.tokenizer, job.template, job.max_len)
     cfg = job.run.cfg
     dm = SFTDataModule(*examples, batch_size=cfg.batch_size, accumulate=cfg.accumulate, seed=cfg.seed,
                        pad_id=job.pad_id, val_batch_size=cfg.val_batch_size)
-    return examples, dm, SFTModule(model, cfg)
+    return dm, SFTModule(model, cfg)
 
 
 #: supervised fine-tuning's parts, for :func:`~decoderlab.finetuning.finetune`
