@@ -544,4 +544,4 @@ def options(run: Run, given: dict) -> dict:
 #: DPO's parts, for :func:`~decoderlab.finetuning.finetune`
 DPO = Method(name="dpo", option_names=("beta",), options=options, read_data=pairs_of, texts=pair_conversations,
              train=train, summarize=summarize, reference=True,
-             closing=lambda summary: format_preferences(summary.evaluation, summary.eval_on))
+             closing=lambda s: f"fine-tuned (dpo) for {s.steps} steps; {format_preferences(s.evaluation, s.eval_on)}")

@@ -73,7 +73,8 @@ class Method:
             held-out rows (``.train``, ``.val``).
         summarize: ``summarize(job, trainer, exporter, seconds) -> (model, summary)``: the held-out evaluation
             and the export on the training device, the summary (and summary.json).
-        closing: ``closing(summary) -> str``: the run's last line on the terminal.
+        closing: ``closing(summary) -> str``: the run's last line on the terminal ("fine-tuned for N steps;
+            ..." with the held-out evaluation).
         reference: whether the method trains against the starting model, frozen (``Job.reference``).
     """
 

@@ -126,8 +126,7 @@ def _adapters(run, chosen: Method, model, start: dict, lora: dict | None, save_a
 def _closing_line(trainer, chosen: Method, summary, verbose) -> None:
     """The last line of a run on the terminal (the first process, unless the run is silent)."""
     if trainer.is_global_zero and verbose:
-        how = "" if chosen.name == "sft" else f" ({chosen.name})"
-        print(f"fine-tuned{how} for {summary.steps} steps; {chosen.closing(summary)}")
+        print(chosen.closing(summary))
 
 
 def method_of(run, method: str | None, given: dict) -> tuple[Method, dict]:

@@ -378,4 +378,4 @@ def train(job: Job, model) -> tuple:
 #: supervised fine-tuning's parts, for :func:`~decoderlab.finetuning.finetune`
 SFT = Method(name="sft", option_names=(), options=lambda run, given: {}, read_data=conversations_of,
              texts=lambda convs: list(convs), train=train, summarize=summarize,
-             closing=lambda summary: format_evaluation(summary.evaluation, summary.eval_on))
+             closing=lambda s: f"fine-tuned for {s.steps} steps; {format_evaluation(s.evaluation, s.eval_on)}")
