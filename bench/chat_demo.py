@@ -28,7 +28,7 @@ from decoderlab.chat import chat_reply, load_model  # noqa: E402
 from decoderlab.checkpoint import load_checkpoint  # noqa: E402
 from decoderlab.finetuning import finetune  # noqa: E402
 from decoderlab.generation import generate  # noqa: E402
-from decoderlab.storyset import (build_story_set, content_words, lead_words, story_prompt,  # noqa: E402
+from decoderlab.tinystories import (build_story_set, content_words, lead_words, story_prompt,  # noqa: E402
                                  word_coverage, words_of_prompt)
 from decoderlab.training import TrainConfig, train_lm  # noqa: E402
 

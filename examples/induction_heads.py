@@ -7,7 +7,7 @@ Each training sequence is L random tokens followed by the same L tokens again (O
 Learning and Induction Heads"). The first half cannot be predicted (ln V nats per token); the second half can,
 by a two-head circuit: a previous-token head in layer 0 writes "the token before me" into each position, and an
 induction head in layer 1 finds the earlier copy of the current token and attends to the token after it.
-``decoderlab.watch.HeadWatch`` records every head's scores and the loss every few steps into the run
+``decoderlab.headwatch.HeadWatch`` records every head's scores and the loss every few steps into the run
 directory; the plot shows the loss falling from ln V towards half of it in the same steps in which a layer-1
 head's induction score rises.
 """
@@ -28,7 +28,7 @@ from decoderlab.glassbox import head_scores, repeated_tokens
 from decoderlab.glassbox.plotting import save_head_scores_png
 from decoderlab.glassbox.watching import formation_steps, read_records, watch_table
 from decoderlab.training import LitModel
-from decoderlab.watch import HeadWatch
+from decoderlab.headwatch import HeadWatch
 
 
 class RepeatedTokens(torch.utils.data.IterableDataset):

@@ -141,7 +141,7 @@ def test_bad_train_options_are_named(field, value, match):
 
 
 def test_recipes_resolve_and_the_nanogpt_recipe_is_the_old_default():
-    from decoderlab.training.recipes import DEFAULT_RECIPE, RECIPES, resolve
+    from decoderlab.config.recipes import DEFAULT_RECIPE, RECIPES, resolve
 
     name, cfg = resolve("baby-shakespeare-nanogpt")
     assert name == "baby-shakespeare" and cfg == TrainConfig()

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .files import atomic_write_chunks
+from .jsonl import read_utf8
 
 # ---------------------------------------------------------------------------------------------------------------
 # Corpus -> token ids: read a corpus, tokenize it once into a memmap cached on disk, split by position.
@@ -43,35 +44,6 @@ def embedded_corpus_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"the embedded corpus {path} is missing; reinstall decoderlab with its package data")
     return path
-
-
-def read_utf8(path: str | os.PathLike) -> str:
-    """The text of a UTF-8 file, a leading byte-order mark dropped (the one reader of the corpus files and the
-    conversation files).
-
-    Raises:
-        ValueError: not UTF-8 (naming the byte and its offset, with a hint: UTF-16, a binary file, or how to
-            convert), or a NUL byte (a binary file).
-    """
-    path = Path(path)
-    data = path.read_bytes()
-    nul = data.find(b"\0")  # text has no NUL bytes; images, archives, model weights (and UTF-16 text) do
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad = f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid ({e.reason})"
-        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            hint = ("it is UTF-16 text (it starts with a UTF-16 byte-order mark): convert it to UTF-8 (e.g. iconv -f "
-                    "utf-16 -t utf-8)")
-        elif nul >= 0:
-            hint = f"it is a binary file, not text (it holds a NUL byte at byte offset {nul}): give a UTF-8 text file"
-        else:
-            hint = "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        raise ValueError(f"{bad}; {hint}") from None
-    if nul >= 0:
-        raise ValueError(f"{path} is a binary file, not text: it holds a NUL byte at byte offset {nul}; give a UTF-8 "
-                         "text file")
-    return text.removeprefix("\ufeff")  # a byte-order mark is not text
 
 
 #: the longest path the file system takes (Linux's PATH_MAX); a longer "path" is text

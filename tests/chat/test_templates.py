@@ -8,7 +8,7 @@ import torch
 from tiny_runs import DL, conv, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 from decoderlab.chat import add_chat_tokens, render_chat
-from decoderlab.finetuning import IGNORE_INDEX, shift_for_training
+from decoderlab.training.rows import IGNORE_INDEX, shift_for_training
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer
 

@@ -68,8 +68,8 @@ def test_explain_run_bad_input_is_one_line(tmp_path, capsys):
     from decoderlab.cli import main
 
     run_dir = _watched_run(tmp_path / "run")
-    cases = ((["--run", str(tmp_path / "none")], f"{tmp_path / 'none'} does not exist: a run "
-              "records head scores when trained with decoderlab.watch.HeadWatch (decoderlab train --watch-heads N)"),
+    cases = ((["--run", str(tmp_path / "none")], f"{tmp_path / 'none'} does not exist: a run records head "
+              "scores when trained with decoderlab.headwatch.HeadWatch (decoderlab train --watch-heads N)"),
              (["--run", str(run_dir), "--checkpoint", str(run_dir)],
               "--run reads a run's recorded head scores; it takes no --checkpoint"),
              (["--run", str(run_dir), "--png", str(tmp_path / "no" / "x.png")],

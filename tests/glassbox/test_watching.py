@@ -54,7 +54,7 @@ def test_a_record_of_a_real_model(tmp_path):
 
 def test_bad_record_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"head_scores.jsonl does not exist: a run records head scores when "
-                                                r"trained with decoderlab.watch.HeadWatch"):
+                                                r"trained with decoderlab.headwatch.HeadWatch"):
         read_records(tmp_path)
     (tmp_path / WATCH_FILE).write_text('{"step": 0, "scores": {}}\nnot json\n')
     with pytest.raises(ValueError, match=r"head_scores.jsonl line 2 is not a head-score record: 'not json'"):

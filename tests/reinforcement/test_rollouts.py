@@ -9,12 +9,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_reply
 from decoderlab.config import RLConfig
-from decoderlab.feedback import RewardError, load_prompts, load_reward
+from decoderlab.reinforcement.prompts import load_prompts
+from decoderlab.reinforcement.rewards import RewardError, load_reward
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.reinforcement import RolloutSampler, require_chat_template, train_rl
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import TrainConfig, TrainingInterrupted
-from decoderlab.training.sft import IGNORE_INDEX
+from decoderlab.training.rows import IGNORE_INDEX
 
 LETTERS = "abcd"
 DL = TEMPLATES["decoderlab"]

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from decoderlab.chat import load_model
 from decoderlab.config import RLConfig
-from decoderlab.feedback import RewardError
+from decoderlab.reinforcement.rewards import RewardError
 from decoderlab.lora import lora_parameter_count
 from decoderlab.reinforcement import PLOT_FILE, rl
 from decoderlab.training import TrainingInterrupted

@@ -60,7 +60,7 @@ def test_the_forward_checks_ids_on_the_host_unless_the_caller_did():
     import numpy as np
 
     from decoderlab.model import DecoderOnlyTransformer, preset
-    from decoderlab.training.config import evaluation_sums
+    from decoderlab.training.evaluation import evaluation_sums
 
     model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=30, **SHAPE)).eval()
     ids = torch.randint(0, 30, (2, 8), generator=torch.Generator().manual_seed(0))

@@ -1,6 +1,6 @@
 """``decoderlab.training.optim``: Muon + AdamW as one optimizer (its groups, its step, its state in PyTorch's
-standard format, under a gradient scaler), the parameter groups named before any wrapping, and the WSD
-schedule."""
+standard format, under a gradient scaler), the parameter groups named before any wrapping (weight decay on
+matrices only), and the schedules (warm-up, cosine, WSD)."""
 
 import copy
 from collections import defaultdict
@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import decoderlab as dl
+from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.training import TrainConfig, configure_optimizers, lr_at
-from decoderlab.training.config import group_names
-from decoderlab.training.optim import MuonAdamW, muon_parameter_groups, schedule_factor
+from decoderlab.training.optim import (MuonAdamW, group_names, muon_parameter_groups, parameter_groups,
+                                      schedule_factor)
+from tiny_runs import TINY as TINY_LM
 
 TINY = dict(num_tokens=23, d_model=32, n_layer=2, n_head=4, max_len=12)
 
@@ -206,7 +208,7 @@ def test_groups_are_named_before_wrapping_and_looked_up_by_name(optimizer):
 
 
 def test_fused_adamw_is_not_chosen_under_a_mixed_precision_with_clipping():
-    from decoderlab.training.config import use_fused_adamw
+    from decoderlab.training.optim import use_fused_adamw
 
     for precision in ("bf16-mixed", "16-mixed"):
         assert not use_fused_adamw(TrainConfig(grad_clip=1.0), precision)
@@ -246,3 +248,42 @@ def test_a_run_saved_with_the_former_optimizer_state_resumes_as_the_uninterrupte
     _, _, resumed = train_lm(resume=tmp_path / "old", config_overrides={"max_steps": 4}, **kw)
     assert resumed.train_losses == pytest.approx(whole.train_losses, abs=1e-6)
     assert resumed.val_loss == pytest.approx(whole.val_loss, abs=1e-6)
+
+
+def test_weight_decay_on_matrices_only():
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=11, bias=True, **TINY_LM))
+    decay, no_decay = parameter_groups(model)
+    assert sorted(decay) == sorted(
+        n for n in dict(model.named_parameters())
+        if n.endswith((".qkv.weight", "attention.proj.weight", "mlp.fc.weight", "mlp.proj.weight"))
+    )
+    assert "we.weight" in no_decay and "pe.weight" in no_decay  # embeddings
+    assert "fc_layer.weight" not in decay + no_decay  # tied to we.weight: counted once
+    assert any(n.endswith("norm_1.weight") for n in no_decay) and any(n.endswith(".bias") for n in no_decay)
+    opt = configure_optimizers(model, TrainConfig(weight_decay=0.1))["optimizer"]
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(p) for n, p in model.named_parameters() if n in decay}
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_parameters()
+    # an untied output layer is a weight matrix like the others
+    untied = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=11, tie_weights=False, **TINY_LM))
+    assert "fc_layer.weight" in parameter_groups(untied)[0]
+
+
+def test_schedule_warmup_peak_cosine_end():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup=10, max_steps=110)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(4, cfg) == pytest.approx(5e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)  # peak at the end of warm-up
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(60, cfg) == pytest.approx(5.5e-4)  # half way down the cosine
+    assert lr_at(110, cfg) == pytest.approx(1e-4) and lr_at(500, cfg) == pytest.approx(1e-4)
+    # the LambdaLR applies it after each optimizer step
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=11, **TINY_LM))
+    conf = configure_optimizers(model, cfg)
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(111):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([lr_at(s, cfg) for s in range(111)])

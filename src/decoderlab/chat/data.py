@@ -4,11 +4,10 @@ line -- ``{"messages": [...]}``, ``{"prompt", "completion"}`` (the lesson's pair
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from ..data import read_utf8
+from ..jsonl import jsonl_rows
 from ..tokenizers import EOS, Tokenizer
 from .messages import check_messages
 from .templates import encode_text, tool_call_text
@@ -77,8 +76,8 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
     """Read a JSONL file of conversations, one per line (blank lines skipped), all in one format detected
     from the first: ``{"messages": [...]}``, ``{"prompt", "completion"}`` or Alpaca ``{"instruction",
     "input", "output"}``. Every conversation is checked (:func:`~decoderlab.chat.check_messages`, ending with
-    the assistant). The file is read as the corpus files are (:func:`decoderlab.data.read_utf8`: UTF-8, a
-    leading byte-order mark dropped).
+    the assistant). The file is read as every JSON Lines file is (:func:`decoderlab.jsonl.jsonl_rows`: UTF-8, a
+    leading byte-order mark dropped, CRLF line ends, lines split at ``\\n`` only).
 
     Returns:
         a :class:`Conversations` list (``.path``, ``.format``, ``.lines``).
@@ -90,19 +89,9 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
             in a row, an empty assistant turn, ...; an empty file. Nothing is returned unless every line is good.
     """
     path = Path(path)
-    if path.exists() and not path.is_file():  # a folder, /dev/null, a pipe
-        raise ValueError(f"conversation file {path} is not a regular file (give a JSONL file)")
-    if not path.is_file():
-        raise FileNotFoundError(f"no conversation file {path}")
     out = Conversations()
     out.path, out.lines = str(path), []
-    for n, line in enumerate(read_utf8(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {n}: malformed JSON: {e.msg} (column {e.colno})") from None
+    for n, obj in jsonl_rows(path, "conversation file"):
         try:
             if out.format is None:
                 out.format = _detect_format(obj)
@@ -112,8 +101,6 @@ def load_conversations(path: str | os.PathLike) -> Conversations:
             raise ValueError(f"{path}, line {n}: {e}") from None
         out.append([_kept(m) for m in messages])
         out.lines.append(n)
-    if not out:
-        raise ValueError(f"{path} holds no conversations (it is empty)")
     return out
 
 

@@ -105,7 +105,7 @@ def _watch(args) -> list:
     """``--watch-heads N``: the HeadWatch callback, writing into the run directory train_lm names."""
     if args.watch_heads is None:
         return []
-    from ..watch import HeadWatch
+    from ..headwatch import HeadWatch
 
     return [HeadWatch(None, every=args.watch_heads)]
 
@@ -120,7 +120,7 @@ def _checked_shape(args, name: str) -> dict:
         _check_not_finished(args)
     elif shape:
         from ..model import preset
-        from ..training.recipes import resolve
+        from ..config.recipes import resolve
 
         preset(resolve(name)[0], **shape)  # the shape's errors before the corpus is read and tokenized
     return shape

@@ -9,6 +9,7 @@ from here (one definition each).
     defaults  every default as plain data: TrainConfig's, fine-tuning's, the lesson's, generation's,
               serving's, the glass box's
     presets   PRESETS (ModelConfig fields by preset name)
+    settings  Settings: the one to_dict / from_dict / replace of the dataclasses below
     recipes   Recipe, RECIPES, DEFAULT_RECIPE, TRAIN_CHOICES, resolve(), finetune_defaults()
     model     ModelConfig, preset()
     train     TrainConfig, check_train_seed
@@ -43,7 +44,7 @@ _EXPORTS = {
     "ServeLimits": "limits",
     **dict.fromkeys(("DEFAULT_LORA_TARGETS", "DEFAULT_REWARD", "LORA_TARGETS", "REWARDS"), "names"),
     **dict.fromkeys(("DPO_BETA", "END_OF_TURN_BONUS", "RL_DEFAULTS"), "defaults"),
-    "RLConfig": "rl",
+    "RLConfig": "rl", "Settings": "settings",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,17 +4,16 @@ in :mod:`.presets`; re-exported here). No torch."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from .names import INITS, KERNELS, MLPS, NORMS, POSITIONS
 from .presets import PRESETS
+from .settings import Settings
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Settings):
     """Everything needed to build a ``DecoderOnlyTransformer``; saved as ``config.json`` in every checkpoint.
 
     Attributes:
@@ -112,27 +111,12 @@ class ModelConfig:
     def ff_size(self) -> int:
         return self.d_ff or 4 * self.d_model
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        """Build from a dict; unknown keys raise ``ValueError`` listing the known ones."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
-
-    @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
         return cls.from_dict(json.loads(text))
-
-    def replace(self, **changes) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def preset(name: str, **overrides) -> ModelConfig:

@@ -23,7 +23,7 @@ PRESETS: dict[str, dict] = {
     "baby-shakespeare": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64, bias=False,
                              dropout=0.0),
     # The speedrun's model: baby-shakespeare's size with rotary positions, QK-norm, ReLU² and
-    # zero-initialised output projections (recipe "baby-shakespeare-speedrun" in decoderlab.training.recipes).
+    # zero-initialised output projections (recipe "baby-shakespeare-speedrun" in decoderlab.config.recipes).
     "baby-shakespeare-speedrun": dict(_GPT, num_tokens=65, d_model=128, n_layer=4, n_head=4, max_len=64,
                                       bias=False, dropout=0.0, position="rope", mlp="relu2", qk_norm=True,
                                       zero_init=True),

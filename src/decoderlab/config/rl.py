@@ -9,7 +9,6 @@ The code that reads them: :mod:`decoderlab.feedback` (rewards, prompt and prefer
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,10 +16,11 @@ from dataclasses import dataclass
 # module's dataclass), here too for the code that reads the settings
 from .defaults import DPO_BETA, END_OF_TURN_BONUS, RL_DEFAULTS  # noqa: F401
 from .names import DEFAULT_LORA_TARGETS, DEFAULT_REWARD, LORA_TARGETS, REWARDS  # noqa: F401
+from .settings import Settings
 
 
 @dataclass
-class RLConfig:
+class RLConfig(Settings):
     """How a reinforcement-learning step samples and scores (the optimizer, steps, accumulation and seed are
     the run's :class:`~decoderlab.config.train.TrainConfig`; its ``batch_size`` counts prompts per
     micro-batch, each answered ``group_size`` times).
@@ -72,19 +72,6 @@ class RLConfig:
             raise ValueError(f"scale_rewards must be True or False, got {self.scale_rewards!r}")
         return self
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RLConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown RLConfig field(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "RLConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def _real(v) -> bool:

@@ -6,12 +6,12 @@ The optimizer, schedule and evaluation that read these fields live in ``decoderl
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from .defaults import FINETUNE_TRAIN, PAIR_TRAIN, TRAIN_DEFAULTS
 from .names import OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, SCHEDULES
+from .settings import Settings
 
 __all__ = ["FINETUNE_TRAIN", "MAX_TRAIN_SEED", "PAIR_TRAIN", "TrainConfig", "check_train_seed"]
 
@@ -19,7 +19,7 @@ _D = TRAIN_DEFAULTS
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Settings):
     """Hyper-parameters of a language-model run (the defaults, ``config.defaults.TRAIN_DEFAULTS``, are nanoGPT's
     CPU "baby" recipe; ``decoderlab train``'s default is the recipe ``RECIPES["baby-shakespeare-speedrun"]``).
 
@@ -135,21 +135,6 @@ class TrainConfig:
         _validate_speedrun_fields(self)
         return self
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
 
 
 #: the largest training seed: Lightning's ``seed_everything`` seeds NumPy too, which takes 0 .. 2**32-1

@@ -1,25 +1,33 @@
-"""Data and rewards of learning from feedback (the stage after supervised fine-tuning).
+"""An alias for one release: ``decoderlab.feedback`` dissolved into the rooms that use it. Import from there:
 
-- :mod:`.rewards`: rewards a program can check (``contains_words``, ``exact``, ``regex``, ``number``) and a
-  user's own ``module:function``; :func:`~.rewards.score` calls one and names the prompt when it misbehaves
-  (the module itself imports no torch);
-- :mod:`.prompts`: the prompts JSONL of a reinforcement-learning run (conversations to answer + the fields
-  the reward needs);
-- :mod:`.preferences`: TRL's ``prompt`` / ``chosen`` / ``rejected`` rows for DPO, read and rendered with the
-  chat template;
-- :mod:`.jsonl`: JSON Lines with line numbers for every error.
+- the rewards and the prompts file of RL: :mod:`decoderlab.reinforcement.rewards`,
+  :mod:`decoderlab.reinforcement.prompts` (or ``decoderlab.reinforcement``);
+- DPO's preference rows: :mod:`decoderlab.finetuning.dpo` (or ``decoderlab.finetuning``);
+- the JSON Lines reader: :mod:`decoderlab.jsonl`.
 
-Layer: above :mod:`decoderlab.chat` (the renderer and the message checks), below the runs that use them
-(:mod:`decoderlab.reinforcement`, :mod:`decoderlab.finetuning`).
+The names load on first use (PEP 562), as before from their new homes; ``decoderlab.feedback.rewards``,
+``.prompts`` and ``.preferences`` are aliases of those modules too.
 """
 
-from .preferences import PreferencePair, load_preferences, parse_pair, render_completion, render_pair
-from .prompts import PromptRow, load_prompts
-from .rewards import (BUILTIN_REWARDS, RewardError, RewardFn, last_number, load_reward, reward_name, score,
-                      word_coverage)
+from __future__ import annotations
 
-__all__ = [
-    "PreferencePair", "load_preferences", "parse_pair", "render_completion", "render_pair", "PromptRow",
-    "load_prompts", "BUILTIN_REWARDS", "RewardError", "RewardFn", "last_number", "load_reward", "reward_name",
-    "score", "word_coverage",
-]
+import importlib
+
+#: old public name -> the module that defines it now
+_MOVED = {
+    **dict.fromkeys(("PreferencePair", "load_preferences", "parse_pair", "render_completion", "render_pair"),
+                    "decoderlab.finetuning.dpo"),
+    **dict.fromkeys(("PromptRow", "load_prompts"), "decoderlab.reinforcement.prompts"),
+    **dict.fromkeys(("BUILTIN_REWARDS", "RewardError", "RewardFn", "last_number", "load_reward", "reward_name",
+                     "score", "word_coverage"), "decoderlab.reinforcement.rewards"),
+}
+
+__all__ = list(_MOVED)
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        value = getattr(importlib.import_module(_MOVED[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'decoderlab.feedback' has no attribute {name!r}")

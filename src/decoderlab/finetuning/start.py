@@ -1,6 +1,7 @@
 """What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
 decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
-resume the run's own), the held-out split and the digest of the data."""
+resume the run's own), the held-out split, the digest of the data and the padding id -- the pieces every
+method shares."""
 
 from __future__ import annotations
 
@@ -78,13 +79,15 @@ def split_held_out(items, fraction: float, seed: int, what: str = "conversations
 
 
 def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
-                   template: ChatTemplate, convs: list) -> tuple:
-    """``(model, tokenizer, start)`` with the template's tokens added; ``start`` is what run.json records:
-    the base ``checkpoint`` (resolved), the ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
+                   template: str | ChatTemplate | None, convs: list) -> tuple:
+    """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
+    tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
+    ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
     checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
+    template = run_template(run, template, checkpoint)
     checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
     if run.resumed:
         keep = "a resumed run keeps its model and tokenizer"
@@ -95,7 +98,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
             raise ValueError(f"cannot resume {run.run_dir} with {named}: {keep}; resume without it, or start a new run")
         start = {"checkpoint": run.keep("checkpoint", checkpoint, why=keep),
                  "preset": run.keep("preset", preset, why=keep), "added_tokens": run.info.get("added_tokens", [])}
-        return DecoderOnlyTransformer(read_config(run.run_dir)), Tokenizer.load(run.run_dir / TOKENIZER_FILE), start
+        config = read_config(run.run_dir)
+        return DecoderOnlyTransformer(config), Tokenizer.load(run.run_dir / TOKENIZER_FILE), template, start
     if base_model is not None:
         model, tok = base_model
     elif checkpoint is not None:
@@ -108,4 +112,14 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         model = DecoderOnlyTransformer(preset_config(preset, **shape))
     check_representable(as_conversations(convs), tok)
     model, tok, added = add_chat_tokens(model, tok, template)
-    return model.train(), tok, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
+    return model.train(), tok, template, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
+
+
+def pad_id_for(tokenizer: Tokenizer, template: ChatTemplate) -> int:
+    """The padding id: ``<PAD>`` when the tokenizer has one, else 0 -- never the end-of-turn id (its label is
+    -100 anyway, but the input must not read as an end of turn)."""
+    eot = template.end_of_turn_id(tokenizer)
+    pad = tokenizer.pad_id
+    if pad is None or pad == eot:
+        pad = next(i for i in range(tokenizer.vocab_size) if i != eot)
+    return pad

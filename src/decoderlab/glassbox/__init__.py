@@ -22,7 +22,7 @@ And what people who study small models do next, on the model's named hook points
 - ``attribution``: :func:`logit_lens`, and :func:`decompose` -- a logit split into embeddings, positions,
   each head, each MLP and the biases, adding up exactly.
 - ``detectors``: previous-token, duplicate-token and induction scores of every head, composition scores.
-- ``watching``: head scores and loss recorded during training (``decoderlab.watch.HeadWatch``), read back.
+- ``watching``: head scores and loss recorded during training (``decoderlab.headwatch.HeadWatch``), read back.
 
 Sources: the StatQuest lessons ("Coding Self-Attention in PyTorch", "Coding a ChatGPT Like Transformer From
 Scratch in PyTorch"); "Day 27: Self-Attention Explained From Scratch" (A=[1,0], B=[0,1], C=[1,1]);

@@ -89,6 +89,31 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     return _np_pass(model, token_ids)[0]
 
 
+def _np_attention(cfg, w: dict, p: str, n1: np.ndarray, mask: np.ndarray) -> tuple:
+    """One block's self-attention in float64 on its normed input ``n1`` (B, T, d_model): ``(q, k, v, sims,
+    scaled sims, percents, head out)``, each (B, H, T, .) -- q, k and v after the qk-norm and rope when the
+    model has them. ``mask`` (T, T): True = a later key, ignored."""
+    b, t, _ = n1.shape
+    h, dh, d = cfg.n_head, cfg.d_head, cfg.d_model
+    qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, 3d)
+
+    def heads(m):
+        return m.reshape(b, t, h, dh).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(qkv[..., :d]), heads(qkv[..., d : 2 * d]), heads(qkv[..., 2 * d :])
+    if cfg.qk_norm:  # each head's q and k divided by its RMS (no gain)
+        q = q / np.sqrt((q**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
+        k = k / np.sqrt((k**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
+    if cfg.position == "rope":
+        q, k = _np_rope(q), _np_rope(k)
+    sims = q @ k.transpose(0, 1, 3, 2)
+    scaled = sims / math.sqrt(dh)
+    masked = np.where(mask, -np.inf, scaled)
+    e = np.exp(masked - masked.max(axis=-1, keepdims=True))
+    percents = e / e.sum(axis=-1, keepdims=True)
+    return q, k, v, sims, scaled, percents, percents @ v  # head out (B, H, T, dh)
+
+
 def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
     """:func:`numpy_forward`'s steps, and the parts the residual stream is the sum of: ``embed``, ``pos``
     (None for rope / no positions), per layer ``heads`` (B, T, H, d_model), ``attn_bias`` (d_model,) or None,
@@ -101,7 +126,7 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
     if ids.ndim == 1:
         ids = ids[None, :]
     b, t = ids.shape
-    h, dh, d = cfg.n_head, cfg.d_head, cfg.d_model
+    d = cfg.d_model
     steps: list[tuple[str, np.ndarray]] = []
     normed = cfg.norm != "none"  # a model without norms has no norm steps to list
 
@@ -119,23 +144,7 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
     for i in range(cfg.n_layer):
         p = f"blocks.{i}."
         n1 = _np_norm(cfg.norm, x, w, p + "norm_1", cfg.norm_eps)
-        qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, 3d)
-
-        def heads(m):
-            return m.reshape(b, t, h, dh).transpose(0, 2, 1, 3)
-
-        q, k, v = heads(qkv[..., :d]), heads(qkv[..., d : 2 * d]), heads(qkv[..., 2 * d :])
-        if cfg.qk_norm:  # each head's q and k divided by its RMS (no gain)
-            q = q / np.sqrt((q**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
-            k = k / np.sqrt((k**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
-        if cfg.position == "rope":
-            q, k = _np_rope(q), _np_rope(k)
-        sims = q @ k.transpose(0, 1, 3, 2)
-        scaled = sims / math.sqrt(dh)
-        masked = np.where(mask, -np.inf, scaled)
-        e = np.exp(masked - masked.max(axis=-1, keepdims=True))
-        percents = e / e.sum(axis=-1, keepdims=True)
-        head_out = percents @ v  # (B, H, T, dh)
+        q, k, v, sims, scaled, percents, head_out = _np_attention(cfg, w, p, n1, mask)
         concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, d)
         attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
         parts["layers"].append(dict(heads=_np_head_results(head_out, w, p, cfg), mlp=None,

@@ -1,5 +1,5 @@
 """Head scores watched while a model trains: the records a training callback
-(``decoderlab.watch.HeadWatch``) appends to the run directory, read back, and when each head became, say,
+(``decoderlab.headwatch.HeadWatch``) appends to the run directory, read back, and when each head became, say,
 an induction head.
 
 ``head_scores.jsonl`` in the run directory holds one JSON object per line::
@@ -67,7 +67,7 @@ def read_records(run_dir: str | os.PathLike) -> list[dict]:
     path = path / WATCH_FILE if path.is_dir() else path
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: a run records head scores when trained with "
-                                "decoderlab.watch.HeadWatch (decoderlab train --watch-heads N)")
+                                "decoderlab.headwatch.HeadWatch (decoderlab train --watch-heads N)")
     records = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

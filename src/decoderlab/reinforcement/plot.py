@@ -16,7 +16,7 @@ PANELS = (("reward", "mean reward"), ("kl", "KL to the starting model (nats/toke
 
 
 def plot_history(history: Sequence[dict], path: str | os.PathLike, title: str = "reinforcement learning") -> Path:
-    """Draw ``history`` (:attr:`decoderlab.training.grpo.RLModule.history`: one dict per step with ``step``,
+    """Draw ``history`` (:attr:`decoderlab.reinforcement.grpo.RLModule.history`: one dict per step with ``step``,
     ``reward``, ``reward_std``, ``kl``, ``reply_length``, ``end_of_turn_rate``) as four panels against the step,
     the reward with a band of one standard deviation across the step's replies; write the PNG to ``path``
     atomically and return it.

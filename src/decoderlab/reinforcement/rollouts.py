@@ -1,6 +1,6 @@
-"""The samples of a reinforcement-learning step: sample -> reward -> batch, and the loop that steps on them.
+"""The samples of a reinforcement-learning step: sample -> reward -> batch.
 
-One optimizer step ``s`` (:class:`RolloutSampler`, called by :class:`~decoderlab.training.grpo.RLModule` at
+One optimizer step ``s`` (:class:`RolloutSampler`, called by :class:`~decoderlab.reinforcement.grpo.RLModule` at
 the start of the step with the current weights):
 
 1. the step's prompts: ``batch_size * accumulate`` rows of seeded permutations of the prompts file, epoch
@@ -11,34 +11,30 @@ the start of the step with the current weights):
    A reply stops at the end-of-turn token, at ``max_new_tokens`` or where the context would pass
    ``max_len`` (it never slides); ``<PAD>`` is never sampled, nor ``<EOS>`` when the template ends turns with
    another token (so "ended its turn" is exactly "stopped before its limit");
-3. each reply decoded and scored by the reward (:func:`decoderlab.feedback.score`), advantages per group
-   (:func:`~decoderlab.training.grpo.group_advantages`);
+3. each reply decoded and scored by the reward (:func:`decoderlab.reinforcement.rewards.score`), advantages per
+   group (:func:`~decoderlab.reinforcement.grpo.group_advantages`);
 4. rows ``prompt + reply (+ end of turn)`` with labels on the reply and its end of turn only, shifted once
-   (:func:`~decoderlab.training.sft.shift_for_training`), cut into ``accumulate`` micro-batches, with the
+   (:func:`~decoderlab.training.rows.shift_for_training`), cut into ``accumulate`` micro-batches, with the
    number of sampled tokens of the whole step as the loss's normaliser.
 
-:func:`train_rl` runs it on Lightning's loop (the run directory, checkpoints and resume of a full ``decoderlab
-rl`` command are the run plumbing's).
+:func:`decoderlab.reinforcement.train.train_rl` runs it on Lightning's loop.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import lightning as L
 import numpy as np
 import torch
 
 from ..chat import ChatTemplate, get_template
 from ..config.rl import RLConfig
-from ..feedback.prompts import PromptRow
-from ..feedback.rewards import RewardFn, score
 from ..generation import SamplingParams, generate_batch
 from ..tokenizers import Tokenizer
-from ..training import TrainConfig, fit, make_trainer
-from ..training.grpo import RLModule, Rollout, group_advantages
-from ..training.module import frozen_copy
-from ..training.sft import collate, shift_for_training
+from ..training.rows import IGNORE_INDEX, collate, shift_for_training
+from .grpo import Rollout, group_advantages
+from .prompts import PromptRow
+from .rewards import RewardFn, score
 
 #: largest per-row sampling seed (the engine's 0 .. 2**63-1)
 _SEED_MASK = 2**63 - 1
@@ -53,9 +49,9 @@ class RolloutSampler:
     """``sampler(model, step) -> Rollout``: the samples of optimizer step ``step`` (see the module docstring).
 
     Args:
-        prompts: the rows of the prompts file (:func:`decoderlab.feedback.load_prompts`).
+        prompts: the rows of the prompts file (:func:`decoderlab.reinforcement.prompts.load_prompts`).
         tokenizer, template: the chat model's tokenizer and template.
-        reward: ``reward(reply, row, ended) -> float`` (:func:`decoderlab.feedback.load_reward`).
+        reward: ``reward(reply, row, ended) -> float`` (:func:`decoderlab.reinforcement.rewards.load_reward`).
         rl: group size, reply length, sampling, reward scaling.
         max_len: the model's context length.
         batch_size: prompts per micro-batch (each answered ``rl.group_size`` times); accumulate: micro-batches
@@ -145,7 +141,7 @@ class RolloutSampler:
         for m in range(self.acc):
             x, y = collate(rows[m * per : (m + 1) * per], self.pad)
             micro.append((x, y, adv[m * per : (m + 1) * per].clone()))
-        tokens = int(sum(int((y != -100).sum()) for _, y, _ in micro))
+        tokens = int(sum(int((y != IGNORE_INDEX).sum()) for _, y, _ in micro))
         return Rollout(micro, tokens, rewards, lengths, ended, texts)
 
 
@@ -158,37 +154,3 @@ def require_chat_template(template: ChatTemplate | None, checkpoint: str = "the 
                          f"conversations, so fine-tune it on conversations first (decoderlab finetune "
                          f"--checkpoint {checkpoint} --data chats.jsonl) and start from that checkpoint")
     return get_template(template)
-
-
-def train_rl(model, tokenizer: Tokenizer, template: str | ChatTemplate, prompts: Sequence[PromptRow],
-             reward: RewardFn, *, train_config: TrainConfig, rl_config: RLConfig, reference=None,
-             track_kl: bool = False, callbacks: Sequence[L.Callback] = (), ckpt_path=None, run_dir=None,
-             accelerator: str = "auto", progress_bar: bool | str = False, logger: bool = False):
-    """Train ``model`` (in place) on ``prompts`` with ``reward``; return ``(model, history)``.
-
-    ``history`` is :attr:`RLModule.history`: one dict per optimizer step (``step``, ``loss``, ``reward``,
-    ``reward_std``, ``kl``, ``reply_length``, ``end_of_turn_rate``). ``train_config``: optimizer, schedule,
-    ``max_steps``, ``batch_size`` (prompts per micro-batch), ``accumulate``, ``seed``. The KL to the starting
-    model is computed when ``rl_config.kl_coef > 0`` or ``track_kl`` (``reference``: the model to compare
-    with; default a frozen copy of ``model`` as it starts). ``ckpt_path``: a Lightning checkpoint to resume
-    from (written by a ``ModelCheckpoint`` in ``callbacks``; the run directory's checkpoints are the run
-    plumbing's). One process.
-
-    Raises:
-        ValueError: bad settings (see :class:`~decoderlab.config.rl.RLConfig`); a prompt too long for the model.
-        decoderlab.feedback.RewardError: the reward raised or returned a non-number (the run stops; the
-            checkpoints written before are kept).
-    """
-    train_config.validate()
-    rl_config.validate()
-    L.seed_everything(train_config.seed, verbose=False)
-    sampler = RolloutSampler(prompts, tokenizer, template, reward, rl_config, max_len=model.config.max_len,
-                             batch_size=train_config.batch_size, accumulate=train_config.accumulate,
-                             seed=train_config.seed)
-    if reference is None and (rl_config.kl_coef > 0 or track_kl):
-        reference = frozen_copy(model)
-    module = RLModule(model, train_config, sampler, reference=reference, kl_coef=rl_config.kl_coef)
-    trainer = make_trainer(train_config, run_dir, devices=1, accelerator=accelerator, callbacks=callbacks,
-                           progress_bar=progress_bar, logger=logger, checkpointing=False)
-    fit(trainer, module, ckpt_path=ckpt_path)
-    return model, module.history

@@ -25,8 +25,6 @@ from ..checkpoint import TOKENIZER_FILE, read_config
 from ..config.defaults import RL_TRAIN
 from ..config.names import DEFAULT_REWARD
 from ..config.rl import RLConfig
-from ..feedback import load_prompts, load_reward
-from ..feedback.rewards import reward_name
 from ..lora import has_lora, merge_lora, trainable_parameters
 from ..model import DecoderOnlyTransformer
 from ..tokenizers import Tokenizer
@@ -34,11 +32,13 @@ from ..training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, R
                         make_trainer, plan_run)
 from ..training.adapters import ADAPTER_DIR, run_lora
 from ..training.callbacks import LIGHTNING_DIR
-from ..training.grpo import RLModule
 from ..training.module import frozen_copy
 from ..training.run import RESUME_FIXED
 from ..training.trainer import check_run_options
+from .grpo import RLModule
 from .plot import plot_history
+from .prompts import load_prompts
+from .rewards import load_reward, reward_name
 from .rollouts import RolloutSampler, require_chat_template
 
 #: the curves of a run, in its directory
@@ -166,13 +166,14 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
 
     Start from ``checkpoint`` (a chat checkpoint: a decoderlab one with a chat template, or any checkpoint
     :func:`decoderlab.chat.load_model` reads) or ``base_model=(model, tokenizer, template)``. ``prompts``: a JSONL
-    path or rows (:func:`decoderlab.feedback.load_prompts`: conversations with the fields the reward needs).
+    path or rows (:func:`decoderlab.reinforcement.prompts.load_prompts`: conversations with the fields the reward
+    needs).
     ``reward``: a built-in name (``decoderlab.config.rl.REWARDS``; default ``contains_words``), ``module:function``
     or a function ``reward(reply, row, ended) -> float``. ``rl_config``: G, reply length, sampling, KL
     coefficient, reward scaling (:class:`~decoderlab.config.rl.RLConfig`). ``train_config`` (default
     ``decoderlab.config.RL_TRAIN`` on ``TrainConfig``, plus ``config_overrides``): ``batch_size`` prompts per
     micro-batch, ``accumulate``, ``max_steps``, the optimizer; ``eval_every`` steps between checkpoints. The
-    algorithm: :mod:`decoderlab.reinforcement.rollouts` and :mod:`decoderlab.training.grpo`. ``lora``:
+    algorithm: :mod:`decoderlab.reinforcement.rollouts` and :mod:`decoderlab.reinforcement.grpo`. ``lora``:
     ``{"rank", "alpha", "dropout", "targets"}`` trains LoRA adapters only; the checkpoint is written merged (and
     with ``save_adapter`` the adapter alone in ``out/adapter``). ``resume`` (a run directory, a ``.ckpt`` or
     True for ``out``) continues the run with its own prompts, reward, RL settings and adapters (refusing
@@ -181,8 +182,8 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
     Raises:
         ValueError: a checkpoint without a chat template (fine-tune it first); bad prompts (line and field),
             reward, RL, train or LoRA settings; a refused resume change.
-        decoderlab.feedback.RewardError: the reward raised or returned a non-number (the prompt and the value
-            named; the checkpoints written before are kept).
+        decoderlab.reinforcement.rewards.RewardError: the reward raised or returned a non-number (the prompt and
+            the value named; the checkpoints written before are kept).
         FileNotFoundError: missing files. FileExistsError: a new run's ``out`` holds files.
     """
     run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**RL_TRAIN), fixed=RL_RESUME_FIXED)

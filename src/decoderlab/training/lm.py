@@ -21,16 +21,18 @@ import lightning as L
 import torch
 
 from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, read_config
+from ..config.recipes import resolve as resolve_recipe
+from ..config.train import TrainConfig
 from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_corpus, split_tokens,
                     token_byte_lengths)
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
-from .callbacks import ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossGuard, PlainProgress
-from .config import TrainConfig, evaluation_sums
+from .callbacks import ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossGuard
 from .datamodule import TokenDataModule
+from .evaluation import evaluation_sums
 from .module import LitModel
-from .recipes import resolve as resolve_recipe
+from .progress import PlainProgress
 from .run import Run, ShareRunDirectory, Summary, fit_run, mean_of_last, plan_run
 from .strategy import on_training_device
 from .timing import ValidationClock

@@ -3,7 +3,7 @@
 The model is a plain ``nn.Module`` so that loading, generating, serving and tracing never import Lightning;
 this ``LightningModule`` adds the lesson's ``training_step`` (cross-entropy, labels of -100 ignored) and
 ``validation_step``, and the optimizer: the lesson's Adam(lr=0.1) (``model.configure_optimizers()``), or
-AdamW with warm-up and cosine decay when a :class:`~decoderlab.training.config.TrainConfig` is given.
+AdamW with warm-up and cosine decay when a :class:`~decoderlab.config.TrainConfig` is given.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import copy
 import lightning as L
 import torch
 
-from .config import TrainConfig, apply_train_config, configure_optimizers, group_names
+from ..config.train import TrainConfig
+from .optim import apply_train_config, configure_optimizers, group_names
 from .strategy import FSDPStrategy, shard_model
 
 
@@ -34,7 +35,7 @@ class LitModel(L.LightningModule):
     model's per-forward range check of the ids (a host sync): the data was checked where it came from.
 
     The optimizer's parameter groups are named here, on the plain model, before any strategy wraps it
-    (:func:`~decoderlab.training.config.group_names`); under decoderlab's ``--strategy fsdp``
+    (:func:`~decoderlab.training.optim.group_names`); under decoderlab's ``--strategy fsdp``
     (:class:`~decoderlab.training.strategy.FSDPStrategy`) ``configure_model`` shards each decoder block.
     """
 

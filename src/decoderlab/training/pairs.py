@@ -12,7 +12,7 @@ from ..checkpoint import CHAT_TEMPLATE_KEY, save_checkpoint
 from ..config.defaults import PAIR_TRAIN
 from ..lesson import LESSON_PAIRS, LESSON_TEMPLATE, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
-from .config import check_train_seed
+from ..config.train import check_train_seed
 from .module import LitModel
 from .run import check_new_run_dir, fit_run
 

@@ -44,7 +44,7 @@ import torch
 from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, check_output_dir
 from ..files import atomic_write_text
 from .callbacks import LAST_CKPT, LIGHTNING_DIR
-from .config import TrainConfig
+from ..config.train import TrainConfig
 from .trainer import fit
 
 RUN_FILE = "run.json"

@@ -14,7 +14,7 @@ import time
 
 import lightning as L
 
-from .config import evaluation_sums
+from .evaluation import evaluation_sums
 from .strategy import evaluation_model
 
 
@@ -23,7 +23,7 @@ class ValidationClock(L.Callback):
 
     Args:
         val_tokens: the validation split (1-D token array) for full evaluations.
-        max_len, batch_size, precision: as for :func:`~decoderlab.training.config.evaluation_sums`.
+        max_len, batch_size, precision: as for :func:`~decoderlab.training.evaluation.evaluation_sums`.
         metrics: the run's :class:`~decoderlab.training.callbacks.LMMetrics` (its last history entry is the
             loss just computed).
         full_val_below: evaluate all windows when the subset loss is <= this (None: never).
@@ -52,7 +52,7 @@ class ValidationClock(L.Callback):
         return entry
 
     def full_sums(self, model, step: int) -> dict:
-        """:func:`~decoderlab.training.config.evaluation_sums` over all validation windows of ``model`` (a
+        """:func:`~decoderlab.training.evaluation.evaluation_sums` over all validation windows of ``model`` (a
         ``DecoderOnlyTransformer``) after ``step`` optimizer steps, recorded; the one already made at
         ``step`` is reused."""
         if self.last_full is not None and self.last_full[0] == step:

@@ -12,9 +12,11 @@ from typing import Sequence
 
 import lightning as L
 
-from .callbacks import LIGHTNING_DIR, FinalValidation, PlainProgress, StepProgressBar, TrainingInterrupted
-from .config import PRECISION_ALIASES, TrainConfig
+from ..config.names import PRECISION_ALIASES
+from ..config.train import TrainConfig
+from .callbacks import LIGHTNING_DIR, FinalValidation, TrainingInterrupted
 from .precision import choose_precision, detect_machine, resolve_precision
+from .progress import PlainProgress, StepProgressBar
 from .strategy import build_strategy, check_strategy
 
 

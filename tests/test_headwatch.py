@@ -7,7 +7,7 @@ import torch
 import decoderlab as dl
 from decoderlab.glassbox.watching import read_records
 from decoderlab.training import LitModel
-from decoderlab.watch import HeadWatch
+from decoderlab.headwatch import HeadWatch
 
 
 def _data(num_tokens, n=12, t=8):

@@ -1,5 +1,6 @@
-"""Fine-tuning on conversations: the pipeline's loss against float64, accumulation and DDP equal one big batch,
-resume, overfitting eight conversations, truncation and drops, and data a tokenizer cannot represent."""
+"""Supervised fine-tuning on conversations (decoderlab.finetuning.sft): the pipeline's loss against float64,
+accumulation and DDP equal one big batch, resume, overfitting eight conversations, truncation and drops, data a
+tokenizer cannot represent, and a step with no target."""
 
 import copy
 import json
@@ -16,10 +17,12 @@ from conftest import InterruptAt
 from tiny_runs import (ALPHABET, CONVS, DL, TINY_CHAT, chat_pair, conv, one_thread, run_ft,  # noqa: F401
                        tiny_cfg)
 
-from decoderlab.chat import chat_reply, load_model, template_from_meta
+from decoderlab.chat import chat_reply, load_model, render_chat, template_from_meta
 from decoderlab.checkpoint import load_checkpoint, read_meta
-from decoderlab.finetuning import IGNORE_INDEX, SFTBatches, build_examples, finetune
+from decoderlab.finetuning import finetune
+from decoderlab.finetuning.sft import SFTBatches, build_examples
 from decoderlab.training import TrainConfig
+from decoderlab.training.rows import IGNORE_INDEX
 
 TINY = TINY_CHAT
 
@@ -291,3 +294,24 @@ def test_conversations_with_tool_calls_fine_tune_with_the_tools_template(tmp_pat
     ids, mask = template.render(convs[3], tok)
     supervised = tok.decode([i for i, m in zip(ids, mask) if m])
     assert supervised == '<|tool_call|>add {"a": 3, "b": 2}<|end|>5<|end|>'
+
+
+def test_a_step_whose_every_target_is_masked_has_a_zero_loss(tmp_path):
+    """SFTModule.training_step divided 0 by 0 on a step with no supervised token (NaN: the run stopped); its
+    loss is 0, its gradient 0, and the weights stay as they were."""
+    from decoderlab.training import make_trainer
+    from decoderlab.finetuning.sft import Examples, SFTDataModule, SFTModule
+    from decoderlab.training.rows import IGNORE_INDEX
+
+    model, tok = chat_pair()
+    start = copy.deepcopy(model)
+    ids, _ = render_chat(conv("hello", "world"), tok)
+    rows = [(ids[:-1], [IGNORE_INDEX] * (len(ids) - 1))] * 2  # every label masked
+    ex = Examples(rows, [0, 1], 0, 0, 0)
+    cfg = TrainConfig(max_steps=1, batch_size=2, warmup=1, eval_every=1, weight_decay=0.0, grad_clip=0.0)
+    module = SFTModule(model, cfg)
+    trainer = make_trainer(cfg, None, accelerator="cpu", progress_bar=False, logger=False, checkpointing=False)
+    trainer.fit(module, datamodule=SFTDataModule(ex, None, batch_size=2, accumulate=1, seed=0, pad_id=0))
+    assert module.losses == [0.0]
+    for (name, p), q in zip(model.state_dict().items(), start.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)

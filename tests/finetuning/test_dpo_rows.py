@@ -6,7 +6,7 @@ import json
 import pytest
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens
-from decoderlab.feedback import load_preferences, render_pair
+from decoderlab.finetuning.dpo import load_preferences, render_pair
 from decoderlab.tokenizers import CharTokenizer
 
 

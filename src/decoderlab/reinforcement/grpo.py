@@ -1,10 +1,10 @@
 """Reinforcement learning from a reward, GRPO-style: group advantages, the policy-gradient loss normalised per
 token over the optimizer step, an optional KL penalty to the starting model, and the Lightning module.
 
-For each prompt G replies are sampled and rewarded (outside this module: :mod:`decoderlab.reinforcement`
-samples through the generation engine, which training never imports, and hands each step's samples in as a
-:class:`Rollout`). Then, with ``m`` the mask of the sampled tokens (each reply and its end of turn) and N the
-number of sampled tokens in the whole optimizer step (every micro-batch)::
+For each prompt G replies are sampled and rewarded (:mod:`.rollouts`, through the generation engine) and
+handed in, one optimizer step at a time, as a :class:`Rollout`. Then, with ``m`` the mask of the sampled tokens
+(each reply and its end of turn) and N the number of sampled tokens in the whole optimizer step (every
+micro-batch)::
 
     A_i   = r_i - mean(r of i's group)                  [/ (std of the group + 1e-4) with scale_rewards]
     loss  = sum_{i,t} m_it * ( -A_i * log p(y_it) + kl_coef * KL_it ) / N
@@ -14,7 +14,7 @@ number of sampled tokens in the whole optimizer step (every micro-batch)::
 Sampling is on-policy (one update per sample), so ``-A log p`` has the gradient of PPO's clipped ratio
 objective at ratio 1, as in nanochat's ``chat_rl``; dividing by N (not by each reply's length) is the
 token-level normalisation of DAPO and of TRL's ``loss_type="dapo"``, and matches the fine-tuning loss
-(:mod:`.sft`). With equal rewards in a group its advantages are 0 and so is its gradient.
+(:mod:`decoderlab.finetuning.sft`). With equal rewards in a group its advantages are 0 and so is its gradient.
 
 Sources: Shao et al. 2024 (DeepSeekMath, GRPO); nanochat ``scripts/chat_rl.py``; TRL ``GRPOTrainer``;
 Schulman 2020, "Approximating KL divergence" (k3).
@@ -26,12 +26,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..data import CountingSampler
-from .config import TrainConfig
-from .module import LitModel
-from .sft import IGNORE_INDEX
+from ..training import LitModel, TrainConfig
+from ..training.rows import IGNORE_INDEX, token_logprobs
 
 #: added to the group's standard deviation when ``scale_rewards`` divides by it (TRL's 1e-4)
 STD_EPS = 1e-4
@@ -61,15 +59,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = False
     # a group of equal rewards teaches nothing: exactly 0 (the float mean of three 0.7s is not exactly 0.7)
     adv = adv.masked_fill((r == r[:, :1]).all(dim=1, keepdim=True), 0.0)
     return adv.reshape(-1).to(rewards.dtype)
-
-
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities (nats; float32, or float64 for float64 logits) of the labels under the logits:
-    (B, T, V), (B, T) -> (B, T), 0 where the label is -100. The labels are already shifted (label t is the
-    token after input t)."""
-    logp = F.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
-    picked = logp.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-    return picked.masked_fill(labels == IGNORE_INDEX, 0.0)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

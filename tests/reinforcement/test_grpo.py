@@ -10,9 +10,9 @@ import torch
 from decoderlab.config import RLConfig
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.training import TrainConfig, make_trainer
-from decoderlab.training.grpo import (STD_EPS, RLModule, Rollout, group_advantages, policy_gradient_loss,
+from decoderlab.reinforcement.grpo import (STD_EPS, RLModule, Rollout, group_advantages, policy_gradient_loss,
                                       token_logprobs)
-from decoderlab.training.sft import IGNORE_INDEX
+from decoderlab.training.rows import IGNORE_INDEX
 
 V, T = 7, 5
 REWARDS = [1.0, 0.0, 0.5, 2.0, 3.0, -1.0]  # 2 prompts x 3 replies

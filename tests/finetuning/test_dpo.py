@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens
-from decoderlab.feedback import load_preferences, render_pair
 from decoderlab.model import DecoderOnlyTransformer, preset
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import TrainConfig, make_trainer
-from decoderlab.training.dpo import (DPODataModule, DPOModule, PreferenceBatches, build_preference_examples,
-                                     dpo_loss, sequence_logprobs)
-from decoderlab.training.sft import IGNORE_INDEX
+from decoderlab.finetuning.dpo import (DPODataModule, DPOModule, PreferenceBatches, build_preference_examples,
+                                       dpo_loss, load_preferences, render_pair, sequence_logprobs)
+from decoderlab.training.rows import IGNORE_INDEX
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from decoderlab.feedback import load_prompts, load_reward
+from decoderlab.reinforcement.prompts import load_prompts
+from decoderlab.reinforcement.rewards import load_reward
 
 
 def write_rows(path, rows):

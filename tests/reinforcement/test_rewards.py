@@ -9,9 +9,9 @@ from decimal import Decimal
 import pytest
 
 from decoderlab.config import END_OF_TURN_BONUS, REWARDS
-from decoderlab.feedback.rewards import (BUILTIN_REWARDS, ContainsWords, RewardError, last_number, load_reward,
+from decoderlab.reinforcement.rewards import (BUILTIN_REWARDS, ContainsWords, RewardError, last_number, load_reward,
                                          score, word_coverage)
-from decoderlab.storyset import word_coverage as story_word_coverage
+from decoderlab.tinystories import word_coverage as story_word_coverage
 
 ROW = {"messages": [{"role": "user", "content": "Write a short story with the words: cat, hat, bat."}],
        "words": ["cat", "hat", "bat"]}

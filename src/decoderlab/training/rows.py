@@ -1,0 +1,182 @@
+"""Masked rows, the shared base of every method that trains on chosen tokens of a row (SFT, DPO, GRPO): the one
+label shift, right-padded batches, the masked sums, and step-exact batches.
+
+1. :func:`shift_for_training` -- the only place where the label shift happens: inputs = ids[:-1], labels =
+   ids[1:] where the mask of ids[1:] is True, else :data:`IGNORE_INDEX` (-100), after truncating to max_len + 1
+   tokens;
+2. :func:`collate` -- rows right-padded into (B, T) inputs and labels;
+3. :func:`masked_ce_sum` and :func:`token_logprobs` -- the sum of cross-entropy and the log-probabilities of the
+   supervised labels (the others ignored);
+4. :class:`StepBatches` and :class:`StepDataModule` -- optimizer step s uses a fixed set of ``batch_size *
+   accumulate * world_size`` rows (seeded shuffles, epoch after epoch), whatever the split into micro-batches
+   and processes, and a resumed run serves the batches the uninterrupted one would have. A method says what a
+   micro-batch of its rows is (:meth:`StepBatches.batch`) and how held-out rows are batched
+   (:meth:`StepDataModule.validation_batches`).
+
+The methods themselves live above: :mod:`decoderlab.finetuning.sft`, :mod:`decoderlab.finetuning.dpo`,
+:mod:`decoderlab.reinforcement.grpo`.
+
+Sources: the masked-loss recipe as in nanochat ``chat_sft``, litgpt ``finetune`` and TRL ``SFTTrainer`` (prompt
+tokens at -100); per-token normalisation across accumulation as discussed in Hugging Face transformers'
+gradient-accumulation fix (2024).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from ..data import CountingSampler
+
+#: the label of a token that is not a target (PyTorch's ``cross_entropy`` default ``ignore_index``)
+IGNORE_INDEX = -100
+
+#: one training row: (inputs, labels), the labels already shifted
+Row = tuple[list[int], list[int]]
+
+
+def shift_for_training(ids: Sequence[int], mask: Sequence[bool], max_len: int) -> Row:
+    """``(inputs, labels)`` of one rendered row: the one place where labels are shifted.
+
+    The first ``max_len + 1`` tokens are kept; ``inputs = ids[:-1]`` and ``labels[t] = ids[t + 1]`` where
+    ``mask[t + 1]`` is True, else -100. Both lists have length ``min(len(ids), max_len + 1) - 1``.
+    """
+    ids, mask = list(ids[: max_len + 1]), list(mask[: max_len + 1])
+    return ids[:-1], [t if m else IGNORE_INDEX for t, m in zip(ids[1:], mask[1:])]
+
+
+def supervised_count(labels: Sequence[int]) -> int:
+    """How many labels are targets (not -100)."""
+    return sum(1 for t in labels if t != IGNORE_INDEX)
+
+
+def collate(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad rows to the longest: inputs with ``pad_id``, labels with -100. Returns two (B, T) int64.
+    (Right padding needs no attention mask: causal attention never lets a real token see a later pad.)"""
+    t = max(len(x) for x, _ in rows)
+    xs = torch.full((len(rows), t), pad_id, dtype=torch.long)
+    ys = torch.full((len(rows), t), IGNORE_INDEX, dtype=torch.long)
+    for i, (x, y) in enumerate(rows):
+        xs[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+        ys[i, : len(y)] = torch.tensor(y, dtype=torch.long)
+    return xs, ys
+
+
+def masked_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of per-token cross-entropy in nats, number of supervised tokens)`` over the labels != -100.
+    logits: (B, T, V); labels: (B, T), already shifted (:func:`shift_for_training`). Float32 sum."""
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1),
+                         ignore_index=IGNORE_INDEX, reduction="sum")
+    return ce, (labels != IGNORE_INDEX).sum()
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities (nats; float32, or float64 for float64 logits) of the labels under the logits:
+    (B, T, V), (B, T) -> (B, T), 0 where the label is -100. The labels are already shifted (label t is the
+    token after input t)."""
+    logp = F.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    picked = logp.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    return picked.masked_fill(labels == IGNORE_INDEX, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step-exact batches
+# ---------------------------------------------------------------------------------------------------------
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Micro-batch number k -> :meth:`batch` of this process's rows of it, for one process.
+
+    Optimizer step ``s = k // accumulate`` takes ``G = batch_size * accumulate * world_size`` consecutive rows
+    of an endless stream of seeded permutations of the rows (one per epoch); micro-batch ``m = k %
+    accumulate`` of rank r takes rows ``[(m * world_size + r) * batch_size, ... + batch_size)`` of them. 1
+    process x accumulate 4 x batch 2, 1 x 1 x 8 and 2 processes x 1 x 4 therefore see the same rows in the
+    same step. A method subclasses it with its :meth:`batch`.
+    """
+
+    def __init__(self, rows, batch_size: int, accumulate: int, seed: int, pad_id: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True):
+        self.rows, self.b, self.acc, self.seed = rows, int(batch_size), int(accumulate), int(seed)
+        self.pad_id, self.rank, self.world, self.shuffle = int(pad_id), int(rank), int(world_size), shuffle
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            n = len(self.rows)
+            self._perms = {epoch: (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
+                                   else np.arange(n))}
+        return self._perms[epoch]
+
+    def step_rows(self, step: int) -> np.ndarray:
+        """Row indices of optimizer step ``step`` (all micro-batches, all processes)."""
+        g = self.b * self.acc * self.world
+        n = len(self.rows)
+        pos = np.arange(step * g, (step + 1) * g)
+        return np.array([self._perm(int(p // n))[p % n] for p in pos], dtype=np.int64)
+
+    def batch(self, mine: list, step: np.ndarray):
+        """The micro-batch of the rows ``mine`` (this process's share), in the step of the row indices ``step``."""
+        raise NotImplementedError
+
+    def __getitem__(self, k: int):
+        step, m = divmod(int(k), self.acc)
+        rows = self.step_rows(step)
+        start = (m * self.world + self.rank) * self.b
+        return self.batch([self.rows[i] for i in rows[start : start + self.b]], rows)
+
+    def __len__(self) -> int:
+        return 2**62
+
+
+class StepDataModule(L.LightningDataModule):
+    """Training micro-batches (a :class:`StepBatches` subclass, ``batches``) and validation batches (held-out
+    rows, shared out across processes; the training rows when there are none). ``train`` and ``val`` hold the
+    rows as ``.rows``. The number of micro-batches served is saved in Lightning checkpoints, so a resumed run
+    continues with the batches the uninterrupted run would have seen."""
+
+    batches: type[StepBatches] = StepBatches
+
+    def __init__(self, train, val, *, batch_size: int, accumulate: int, seed: int, pad_id: int,
+                 val_batch_size: int = 64):
+        super().__init__()
+        self.train, self.val = train, val
+        self.batch_size, self.accumulate, self.seed, self.pad_id = batch_size, accumulate, seed, pad_id
+        self.val_batch_size = val_batch_size
+        self.batches_served = 0
+
+    def _rank_world(self):
+        trainer = getattr(self, "trainer", None)
+        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+
+    def train_dataloader(self):
+        rank, world = self._rank_world()
+        ds = self.batches(self.train.rows, self.batch_size, self.accumulate, self.seed, self.pad_id, rank, world)
+        return DataLoader(ds, batch_size=None, sampler=CountingSampler(self.batches_served))
+
+    def validation_batches(self, rows: list) -> list:
+        """The held-out batches of ``rows`` (this process's share): ``val_batch_size`` rows, collated."""
+        return [collate(rows[i : i + self.val_batch_size], self.pad_id)
+                for i in range(0, len(rows), self.val_batch_size)]
+
+    def val_dataloader(self):
+        rank, world = self._rank_world()
+        rows = self.val.rows if self.val is not None and self.val.rows else self.train.rows
+        return DataLoader(self.validation_batches(rows[rank::world]), batch_size=None, shuffle=False)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            self.batches_served += 1
+        return batch
+
+    def state_dict(self):
+        return {"batches_served": self.batches_served, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        self.batches_served = int(state["batches_served"])
+        self.seed = int(state["seed"])
