@@ -36,6 +36,10 @@ COMMANDS = {
               "every head's previous-token, duplicate-token and induction scores; ablate a head (--ablate)"),
     "patch": ("interpret", "add_patch",
               "activation patching: which layers, positions or heads carry the clean run's answer"),
+    "sae": ("dictionary", "add_sae",
+            "train a sparse autoencoder on a layer's activations (TopK or ReLU + L1), in SAELens's format"),
+    "features": ("dictionary", "add_features",
+                 "a sparse autoencoder feature's dashboard: top contexts, histogram, logit effects, density"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }
