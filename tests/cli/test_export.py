@@ -45,7 +45,7 @@ def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_p
     assert "hf (GPT-2 directory)" in capsys.readouterr().out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["n_ctx"] == config["n_positions"] == 24  # what llama.cpp's converter reads
-    back, tok = dl.hf.load_any_checkpoint(tmp_path / "hf")
+    back, tok = dl.hf.load_gpt2_directory(tmp_path / "hf")
     ids = torch.tensor([bpe.encode("ROMEO: hello")])
     with torch.no_grad():
         assert torch.allclose(back(ids), model.eval()(ids), atol=1e-5)

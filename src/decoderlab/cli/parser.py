@@ -38,6 +38,10 @@ COMMANDS = {
               "activation patching: which layers, positions or heads carry the clean run's answer"),
     "export": ("export", "add_export",
                "write a checkpoint as a Hugging Face GPT-2 directory or a GGUF file (llama.cpp, ollama)"),
+    "sae": ("dictionary", "add_sae",
+            "train a sparse autoencoder on a layer's activations (TopK or ReLU + L1), in SAELens's format"),
+    "features": ("dictionary", "add_features",
+                 "a sparse autoencoder feature's dashboard: top contexts, histogram, logit effects, density"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }

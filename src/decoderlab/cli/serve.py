@@ -26,6 +26,9 @@ def add_serve(p) -> None:
     for field, default in SERVE_LIMIT_DEFAULTS.items():
         p.add_argument(flag(field), type=number(int), default=default, metavar="N",
                        help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
+    p.add_argument("--sae", default=None, metavar="DIR",
+                   help="a sparse autoencoder of this model (`decoderlab sae --out DIR`) whose features the page shows "
+                        "(default: none)")
     add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_serve)
 
@@ -50,5 +53,5 @@ def cmd_serve(args) -> int:
     # output (uvicorn writes its access lines there) must not disturb the server
     with KeepWriting():
         serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
-              limits=limits, model_id=args.model_id, device=where, compile=args.compile)
+              limits=limits, model_id=args.model_id, device=where, compile=args.compile, sae=args.sae)
     return 0

@@ -62,7 +62,7 @@ HEAD_DETECTORS = ("previous_token", "duplicate_token", "induction")
 #: the fine-tuning methods (``decoderlab finetune --method``): supervised on conversations, DPO on preference pairs
 FINETUNE_METHODS = ("sft", "dpo")
 
-#: the built-in rewards of reinforcement learning (``decoderlab.feedback.rewards.BUILTIN_REWARDS`` maps them to
+#: the built-in rewards of reinforcement learning (``decoderlab.reinforcement.rewards.BUILTIN_REWARDS`` maps them to
 #: functions); any other reward is given as ``module:function``
 REWARDS = ("contains_words", "exact", "regex", "number")
 DEFAULT_REWARD = "contains_words"

@@ -2,9 +2,9 @@
 reward (GRPO-style, :class:`RLConfig`), preference tuning (DPO) and LoRA adapters; their choices and defaults
 are plain data in :mod:`~decoderlab.config.names` and :mod:`~decoderlab.config.defaults`.
 
-The code that reads them: :mod:`decoderlab.feedback` (rewards, prompt and preference files),
-:mod:`decoderlab.training.grpo` / :mod:`decoderlab.training.dpo` (the losses and Lightning modules),
-:mod:`decoderlab.reinforcement` (sample -> reward -> step) and :mod:`decoderlab.lora` (PEFT).
+The code that reads them: :mod:`decoderlab.reinforcement` (rewards, prompts, the GRPO loss and module,
+sample -> reward -> step), :mod:`decoderlab.finetuning.dpo` (preference rows, the DPO loss and module) and
+:mod:`decoderlab.lora` (PEFT).
 """
 
 from __future__ import annotations

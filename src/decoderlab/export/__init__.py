@@ -98,7 +98,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     from pathlib import Path
 
     from ..checkpoint import read_config
-    from ..hf import is_gpt2_directory, load_any_checkpoint
+    from ..hf import checkpoint_reader, is_gpt2_directory
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
@@ -107,7 +107,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
     if not is_gpt2_directory(run_dir):
         check_shape(read_config(run_dir), format)  # before the weights are read
-    model, tokenizer = load_any_checkpoint(run_dir)
+    model, tokenizer = checkpoint_reader(run_dir)(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),
                    tokenizer=getattr(tokenizer, "kind", None))

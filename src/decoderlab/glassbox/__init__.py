@@ -23,6 +23,9 @@ And what people who study small models do next, on the model's named hook points
   each head, each MLP and the biases, adding up exactly.
 - ``detectors``: previous-token, duplicate-token and induction scores of every head, composition scores.
 - ``watching``: head scores and loss recorded during training (``decoderlab.headwatch.HeadWatch``), read back.
+- ``sae`` / ``features`` / ``dashboards``: sparse autoencoders on a hook point (TopK, ReLU + L1; SAELens's files),
+  their evaluation (CE loss recovered), features ablated or steered with, and a feature's dashboard
+  (training them: ``decoderlab.dictionary.train_sae``).
 
 Sources: the StatQuest lessons ("Coding Self-Attention in PyTorch", "Coding a ChatGPT Like Transformer From
 Scratch in PyTorch"); "Day 27: Self-Attention Explained From Scratch" (A=[1,0], B=[0,1], C=[1,1]);
@@ -36,10 +39,13 @@ from .cache import ActivationCache, act_name, run_with_cache, run_with_hooks
 from .detectors import (KINDS, all_head_scores, composition_scores, detection_pattern, head_scores, repeated_tokens,
                         scores_table)
 from .examples import EXAMPLES, explain_example
+from .features import (SAEEvaluation, evaluate_sae, feature_ablation, feature_dashboard, feature_steering,
+                       hook_activations, splice_sae, token_features)
 from .explain import explain, explain_trace
 from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, resample_ablation,
                        steering, zero_ablation)
 from .reference import VerifyReport, VerifyStep, numpy_decompose, numpy_forward, numpy_head_results, verify
+from .sae import SparseAutoencoder, load_sae
 from .trace import LayerTrace, Trace, trace, trace_from_cache
 
 __all__ = [
@@ -53,4 +59,6 @@ __all__ = [
     "scores_table",
     "VerifyStep", "VerifyReport", "verify", "numpy_forward", "numpy_head_results", "numpy_decompose",
     "EXAMPLES", "explain_example", "explain", "explain_trace",
+    "SparseAutoencoder", "load_sae", "SAEEvaluation", "evaluate_sae", "splice_sae", "hook_activations",
+    "feature_ablation", "feature_steering", "feature_dashboard", "token_features",
 ]

@@ -2,7 +2,8 @@
 
 Routers: :mod:`.models` (``/health``, ``/v1/models``), :mod:`.completions`, :mod:`.chat_completions`,
 :mod:`.tokens` (``/tokenize``, ``/detokenize``, ``/tokenizer_info``), :mod:`.metrics` (``/metrics``),
-:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.page`
+:mod:`.trace` (``/v1/decoderlab/trace``), :mod:`.watched` (``/v1/decoderlab/head_scores``), :mod:`.features`
+(``/v1/decoderlab/features``), :mod:`.page`
 (``/``). ``/openapi.json`` and ``/docs`` describe every endpoint and field (behind the API key, like the data
 endpoints). The scheduler starts with the app and stops when uvicorn shuts the app down.
 """
@@ -17,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 
 from .._version import __version__
 from ..config.limits import ServeLimits
-from . import chat_completions, completions, metrics, models, page, tokens, trace, watched
+from . import chat_completions, completions, features, metrics, models, page, tokens, trace, watched
 from .errors import install_handlers
 from .middleware import add_access
 from .protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
@@ -47,7 +48,7 @@ def openapi_schema(app: FastAPI) -> dict:
 
 def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "auto", model_id: str | None = None,
                api_key: str | None = None, cors_origins: list[str] | None = None, limits: ServeLimits | None = None,
-               run_dir=None):
+               run_dir=None, sae=None):
     """Build the FastAPI app serving ``model``.
 
     Args:
@@ -63,8 +64,11 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
         limits: :class:`decoderlab.config.ServeLimits`.
         run_dir: the served run directory: the head scores it recorded while training (``--watch-heads``)
             are ``GET /v1/decoderlab/head_scores``'s (default none).
+        sae: a sparse autoencoder on the model (a ``SparseAutoencoder`` or its directory, SAELens's format)
+            whose features ``/v1/decoderlab/features`` and the page's Features view show (default none).
 
-    Raises: ``ValueError`` for a malformed chat template in ``meta``.
+    Raises: ``ValueError`` for a malformed chat template in ``meta``, or an SAE whose hook or size the model
+    does not have.
     """
     state = AppState.build(model, tokenizer, meta=meta, template=template, model_id=model_id, limits=limits)
 
@@ -86,6 +90,7 @@ def create_app(model, tokenizer, *, meta: dict | None = None, template: Any = "a
     add_access(app, api_key, cors_origins)
     app.add_middleware(metrics.CountRequests, metrics=state.metrics)  # outermost: 401s and CORS answers count too
     app.state.run_dir = run_dir  # its head_scores.jsonl: GET /v1/decoderlab/head_scores (serve/watched.py)
-    for module in (models, completions, chat_completions, tokens, metrics, trace, watched, page):
+    app.state.sae = None if sae is None else features.serve_sae(model, sae)
+    for module in (models, completions, chat_completions, tokens, metrics, trace, watched, features, page):
         app.include_router(module.router)
     return app

@@ -88,10 +88,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
-          log_level: str = "info", device=None, compile: bool = False) -> None:
+          log_level: str = "info", device=None, compile: bool = False, sae=None) -> None:
     """Load a checkpoint directory (or a Hugging Face GPT-2 directory) and serve it with uvicorn until
     interrupted (``decoderlab serve``), on ``device`` (``decoderlab.devices.resolve_device``'s names; None:
-    the CPU), decoding with a compiled step if ``compile`` (``model.compile_decode``).
+    the CPU), decoding with a compiled step if ``compile`` (``model.compile_decode``); ``sae``: an SAE directory
+    whose features the page shows (``/v1/decoderlab/features``).
 
     Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); what
     :func:`decoderlab.chat.load_model` raises (FileNotFoundError, ValueError) for a bad checkpoint.
@@ -107,7 +108,7 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         if model_id is None and not meta.get("name"):
             model_id = Path(checkpoint).resolve().name
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
-                         cors_origins=cors_origins, limits=limits, run_dir=checkpoint)
+                         cors_origins=cors_origins, limits=limits, run_dir=checkpoint, sae=sae)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
         # uvicorn names no address when it is handed a socket: say where the page and the API are (stderr,
         # beside uvicorn's own lines; stdout may be a closed pipe)

@@ -1,0 +1,109 @@
+"""``decoderlab sae`` (train a sparse autoencoder on a checkpoint's activations, saved in SAELens's format) and
+``decoderlab features`` (one feature's dashboard: top contexts, histogram, logit effects, density)."""
+
+from __future__ import annotations
+
+import re
+
+from .argtypes import number
+from .options import add_checkpoint_option
+
+#: the library's field names at the start of its messages -> the flags
+_FLAGS = {"hook": "--hook", "width": "--width", "k": "--k", "tokens": "--tokens", "batch_tokens": "--batch-tokens",
+          "context": "--context", "lr": "--lr", "feature": "--feature"}
+
+
+def _in_flags(e: ValueError) -> ValueError:
+    m = re.match(r"(\w+) ", str(e))
+    if m and m.group(1) in _FLAGS:
+        return ValueError(_FLAGS[m.group(1)] + str(e)[len(m.group(1)):])
+    return e
+
+
+def add_sae(p) -> None:
+    p.description = ("Train a sparse autoencoder (TopK, or ReLU + L1 with --l1) on one hook point of a checkpoint, "
+                     "on activations streamed from the model over its own training corpus (or --data); decoder "
+                     "rows kept at unit norm, dead features resampled; saved in SAELens's format (cfg.json + "
+                     "sae_weights.safetensors) with its held-out evaluation (L0, explained variance, MSE, dead "
+                     "share, CE loss recovered).")
+    add_checkpoint_option(p)
+    p.add_argument("--hook", default=None, metavar="NAME",
+                   help="the hook point read (default: blocks.<n_layer // 2>.hook_resid_post, a middle layer)")
+    p.add_argument("--width", type=number(int), default=8, metavar="W", help="features per d_model (default 8)")
+    p.add_argument("--k", type=number(int), default=32, metavar="K",
+                   help="active features per token of the TopK SAE (default 32)")
+    p.add_argument("--l1", action="store_true", help="the ReLU + L1 variant instead of TopK (default: TopK)")
+    p.add_argument("--l1-coefficient", type=number(float), default=5.0, metavar="X",
+                   help="the L1 penalty of --l1 (default 5.0)")
+    p.add_argument("--tokens", type=number(int), default=2_000_000, metavar="N",
+                   help="training tokens (default 2,000,000)")
+    p.add_argument("--batch-tokens", type=number(int), default=4096, metavar="N",
+                   help="tokens per step (default 4096)")
+    p.add_argument("--lr", type=number(float), default=None, metavar="X", help="Adam's learning rate (default 1e-3)")
+    p.add_argument("--seed", type=number(int), default=42, metavar="N", help="random seed (default 42)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="the text to read (a file or a folder of .txt files; default: the checkpoint's training corpus)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the SAE's directory (new, or with --resume)")
+    p.add_argument("--resume", action="store_true", help="continue the SAE run in --out from its last checkpoint, with its settings (default: a new run)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines (default: a line every 50 steps)")
+    p.set_defaults(func=cmd_sae)
+
+
+def cmd_sae(args) -> int:
+    from ..dictionary import SAETrainConfig, train_sae
+    from ..dictionary.run import DEFAULT_LR
+
+    hook = args.hook
+    if hook is None:
+        from ..checkpoint import read_config
+
+        hook = f"blocks.{read_config(args.checkpoint).n_layer // 2}.hook_resid_post"
+    cfg = SAETrainConfig(hook=hook, width=args.width, k=None if args.l1 else args.k,
+                         l1_coefficient=args.l1_coefficient, tokens=args.tokens, batch_tokens=args.batch_tokens,
+                         lr=DEFAULT_LR if args.lr is None else args.lr, seed=args.seed)
+    try:
+        run = train_sae(args.checkpoint, cfg, out=args.out, data=args.data, resume=args.resume,
+                        progress=not args.no_progress)
+    except ValueError as e:
+        raise _in_flags(e) from None
+    print(run.evaluation.table())
+    print(f"trained in {run.seconds:.1f} s; {run.resampled} features resampled; wrote {run.out} (SAELens's format)")
+    return 0
+
+
+def add_features(p) -> None:
+    p.description = ("One feature's dashboard: its top activating contexts on the held-out text (the token in "
+                     "[[ ]]), its activation histogram, its logit effects (the decoder direction through the final "
+                     "norm and the output layer) and its density.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="an SAE directory written by `decoderlab sae`")
+    p.add_argument("--feature", type=number(int), required=True, metavar="F", help="the feature's index, 0 .. d_sae - 1")
+    p.add_argument("--contexts", type=number(int, 1), default=12, metavar="N",
+                   help="top contexts shown (default 12)")
+    p.add_argument("--tokens", type=number(int, 1), default=65_536, metavar="N",
+                   help="held-out tokens read (default 65,536)")
+    p.add_argument("--png", default=None, metavar="FILE", help="also draw the dashboard to this PNG file (default: none)")
+    p.add_argument("--html", default=None, metavar="FILE", help="also write it as a self-contained HTML page (default: none)")
+    p.set_defaults(func=cmd_features)
+
+
+def cmd_features(args) -> int:
+    from ..dictionary.features import open_sae_run
+    from ..glassbox.dashboards import dashboard_text, save_dashboard
+    from ..glassbox.features import check_feature, feature_dashboard
+    from ..glassbox.figures import check_out_path
+
+    for path, what in ((args.png, "PNG"), (args.html, "HTML")):
+        if path:
+            check_out_path(path, what)
+    opened = open_sae_run(args.run_dir)
+    try:
+        check_feature(opened.sae, args.feature)
+    except ValueError as e:
+        raise _in_flags(e) from None
+    windows = opened.held_out(args.tokens)
+    d = feature_dashboard(opened.model, opened.sae, opened.hook, args.feature, windows[:, :-1],
+                          n_contexts=args.contexts)
+    print(dashboard_text(d, opened.tokenizer))
+    for path in save_dashboard(d, opened.tokenizer, png=args.png, html=args.html):
+        print(f"wrote {path}")
+    return 0

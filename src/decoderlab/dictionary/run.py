@@ -1,0 +1,236 @@
+"""``train_sae``: a sparse autoencoder trained on one hook point of a checkpoint, in a run directory.
+
+The run directory (``out``) is SAELens's SAE directory plus what a resume and the dashboards need::
+
+    cfg.json, sae_weights.safetensors, sparsity.safetensors   SAELens's files (sae_lens.SAE.load_from_disk)
+    sae_run.json        the checkpoint, the corpus, the settings, and at the end the held-out evaluation
+    lightning/last.ckpt the whole training state every ``checkpoint_every`` steps (``resume=True``)
+
+The corpus is the checkpoint's own training corpus (its ``run.json``), or ``data``; the SAE trains on the
+training split's random windows and is evaluated on the held-out split (the run's ``val_fraction``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from ..files import atomic_write_text
+from ..glassbox.features import SAEEvaluation, evaluate_sae, held_out_windows
+from ..glassbox.sae import SparseAutoencoder, check_sae_hook, check_sae_size, load_sae
+from .module import LAST_CKPT, LIGHTNING_DIR, SAEModule, SAEProgress, SaveEvery
+
+SAE_RUN_FILE = "sae_run.json"
+#: SAELens's default lr (3e-4) suits its normalised activations; ours are raw, and a TopK SAE of a small model
+#: trains in a few hundred steps at this rate
+DEFAULT_LR = 1e-3
+#: Lightning's notes about what this loop does on purpose: no validation step, batches cut in the process, the
+#: checkpoint loaded as the run's own
+_HANDLED_WARNINGS = r".*(val_dataloader|does not have many workers|LeafSpec|weights_only|exists and is not empty).*"
+
+
+@dataclass(frozen=True)
+class SAETrainConfig:
+    """The settings of one SAE run.
+
+    Attributes:
+        hook: the hook point read (``blocks.L.hook_resid_post``, ...; :func:`~decoderlab.glassbox.sae.sae_hook_names`).
+        width: features per input dimension (d_sae = width x d_in).
+        k: active features per token (TopK); None for ReLU + L1.
+        l1_coefficient: the L1 penalty of the ReLU variant.
+        tokens: training tokens (steps = tokens // batch_tokens).
+        batch_tokens: tokens per step (whole windows of ``context`` tokens).
+        context: window length (default: the model's max_len, at most 128).
+        lr: Adam's learning rate (constant, then a linear decay over the last 20%).
+        dead_steps: a feature that has not fired for this many steps is dead.
+        resample_every: resample dead features every this many steps (0: never), until 3/4 of the run.
+        checkpoint_every: steps between resumable checkpoints.
+        eval_tokens: held-out tokens of the final evaluation.
+        seed: the SAE's initialisation, the batches and the resampling.
+    """
+
+    hook: str
+    width: int = 8
+    k: int | None = 32
+    l1_coefficient: float = 5.0
+    tokens: int = 2_000_000
+    batch_tokens: int = 4096
+    context: int | None = None
+    lr: float = DEFAULT_LR
+    dead_steps: int = 50
+    resample_every: int = 100
+    checkpoint_every: int = 100
+    log_every: int = 50
+    eval_tokens: int = 65_536
+    seed: int = 42
+
+    def replace(self, **changes) -> "SAETrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class SAERun:
+    """What :func:`train_sae` returns: the SAE, its run directory, the held-out evaluation, and the number
+    of features resampled while training."""
+
+    sae: SparseAutoencoder
+    out: Path
+    evaluation: SAEEvaluation
+    resampled: int
+    seconds: float
+
+
+def _positive(value, name: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer ({what}), got {value!r}")
+    return value
+
+
+def run_corpus(checkpoint, data=None) -> tuple[str, float, str | None]:
+    """``(text, val_fraction, corpus path)`` of the corpus an SAE of ``checkpoint`` reads: ``data`` (a file or
+    folder), else the checkpoint's training corpus from its ``run.json`` (None there: the embedded
+    tinyshakespeare, checked against the recorded sha256).
+
+    Raises ``ValueError`` for a checkpoint that records no corpus (the lesson's pairs, a GPT-2 directory, a run
+    trained on text passed directly) and no ``data``; ``FileNotFoundError`` for a missing corpus path."""
+    from ..data import read_corpus
+
+    run_file = Path(checkpoint) / "run.json"
+    info = json.loads(run_file.read_text(encoding="utf-8")) if run_file.is_file() else {}
+    val_fraction = float(info.get("train_config", {}).get("val_fraction", 0.1))
+    if data is not None:
+        return read_corpus(data), val_fraction, str(Path(data).resolve())
+    if "corpus_sha256" not in info:
+        raise ValueError(f"checkpoint {checkpoint} records no training corpus (no run.json of a language-model "
+                         "run); pass the text to read with --data PATH")
+    text = read_corpus(info.get("corpus"))
+    if hashlib.sha256(text.encode("utf-8")).hexdigest() != info["corpus_sha256"]:
+        where = info.get("corpus") or "the embedded tinyshakespeare"
+        raise ValueError(f"checkpoint {checkpoint} was trained on a corpus that is not {where} any more (or on "
+                         "text passed directly); pass the text to read with --data PATH")
+    return text, val_fraction, info.get("corpus")
+
+
+def _plan(out: Path, resume: bool, settings: dict) -> dict:
+    """The run's settings: a new run's ``settings`` (``out`` must be empty), or the resumed run's own."""
+    run_file = out / SAE_RUN_FILE
+    if resume:
+        if not (out / LIGHTNING_DIR / LAST_CKPT).is_file() or not run_file.is_file():
+            raise FileNotFoundError(f"cannot resume: {out} holds no {LIGHTNING_DIR}/{LAST_CKPT} and {SAE_RUN_FILE} of "
+                                    "an SAE run")
+        return json.loads(run_file.read_text(encoding="utf-8"))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} already holds files; give an empty or new --out directory, or --resume to "
+                              "continue the SAE run there")
+    return settings
+
+
+def _check_config(cfg: SAETrainConfig, model_cfg) -> tuple[int, int]:
+    """(steps, context); every refusal before any work."""
+    _positive(cfg.tokens, "tokens", "training tokens")
+    _positive(cfg.batch_tokens, "batch_tokens", "tokens per step")
+    context = min(model_cfg.max_len, 128) if cfg.context is None else _positive(cfg.context, "context",
+                                                                                "window length")
+    if context > model_cfg.max_len:
+        raise ValueError(f"context {context} is longer than the model's max_len {model_cfg.max_len}")
+    if cfg.batch_tokens < context:
+        raise ValueError(f"batch_tokens {cfg.batch_tokens} is fewer than one window of {context} tokens")
+    if cfg.tokens < cfg.batch_tokens:
+        raise ValueError(f"tokens {cfg.tokens} is fewer than one batch of {cfg.batch_tokens} tokens; give at least "
+                         f"{cfg.batch_tokens}")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr must be positive, got {cfg.lr!r}")
+    return cfg.tokens // cfg.batch_tokens, context
+
+
+def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, resume: bool = False,
+              progress: bool = True, hook: str | None = None, callbacks=()) -> SAERun:
+    """Train a sparse autoencoder on ``checkpoint``'s activations at ``cfg.hook`` and save it to ``out`` in
+    SAELens's format (see the module docstring); ``resume=True`` continues the run in ``out`` with its own
+    settings, repeating what the uninterrupted run would have done.
+
+    Raises:
+        ValueError: a hook the model lacks or an SAE cannot read (listing the valid ones); width or k not
+            positive, k > width x d_in; tokens fewer than one batch; no corpus recorded and no ``data``.
+        FileExistsError: a new run's ``out`` holds files.  FileNotFoundError: nothing to resume; missing paths.
+    """
+    from ..chat import load_model
+    from ..data import corpus_tokens, split_tokens
+    from ..training.datamodule import TokenDataModule
+    from ..training.trainer import fit
+
+    out = Path(out)
+    loaded = load_model(checkpoint)
+    model, tok = loaded.model.eval(), loaded.tokenizer
+    if cfg is None:
+        cfg = SAETrainConfig(hook=hook or f"blocks.{model.config.n_layer // 2}.hook_resid_post")
+    settings = _plan(out, resume, {"checkpoint": str(Path(checkpoint).resolve()), "data": data,
+                                   "config": dataclasses.asdict(cfg)})
+    cfg = SAETrainConfig(**settings["config"])
+    check_sae_hook(model, cfg.hook)
+    steps, context = _check_config(cfg, model.config)
+    text, val_fraction, corpus = run_corpus(checkpoint, settings["data"])
+    train, val = split_tokens(corpus_tokens(text, tok), val_fraction)
+    x0 = _d_in(model, cfg.hook)
+    d_sae, k = check_sae_size(x0, cfg.width, cfg.k)
+    meta = {"model_name": Path(checkpoint).name, "hook_name": cfg.hook, "context_size": context,
+            "dataset_path": corpus or "tinyshakespeare (embedded)"}
+    sae = SparseAutoencoder(x0, d_sae, k, metadata=meta, seed=cfg.seed)
+    module = SAEModule(sae, model, cfg.hook, lr=cfg.lr, steps=steps, l1_coefficient=cfg.l1_coefficient,
+                       dead_steps=cfg.dead_steps, resample_every=cfg.resample_every, seed=cfg.seed)
+    dm = TokenDataModule(train, val, max_len=context, batch_size=cfg.batch_tokens // context, seed=cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / SAE_RUN_FILE, json.dumps(settings, indent=2))
+    callbacks = [SaveEvery(out, cfg.checkpoint_every), *callbacks]
+    if progress:
+        callbacks.append(SAEProgress(steps, cfg.log_every, (cfg.batch_tokens // context) * context))
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        num_sanity_val_steps=0, limit_val_batches=0, deterministic=False)
+    ckpt = out / LIGHTNING_DIR / LAST_CKPT if resume else None
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_HANDLED_WARNINGS)
+        fit(trainer, module, datamodule=dm, ckpt_path=None if ckpt is None else str(ckpt), weights_only=False)
+    seconds = time.perf_counter() - t0
+    return _finish(out, model, module, cfg, val, context, settings, seconds)
+
+
+def _d_in(model, hook: str) -> int:
+    from ..glassbox.features import hook_activations
+
+    return int(hook_activations(model, torch.zeros(1, 1, dtype=torch.long), hook).shape[-1])
+
+
+def _finish(out: Path, model, module: SAEModule, cfg: SAETrainConfig, val, context: int, settings: dict,
+            seconds: float) -> SAERun:
+    """The held-out evaluation, the SAELens files and the summary in ``sae_run.json``."""
+    sae = module.sae.eval()
+    windows = held_out_windows(val, context, max(1, cfg.eval_tokens // context))
+    ev = evaluate_sae(model, sae, cfg.hook, windows)
+    sae.save(out, log_sparsity=torch.log10(ev.density.double() + 1e-10))
+    summary = {**ev.to_dict(), "dead_in_training": int(module.dead().sum()), "resampled": module.resampled,
+               "train_seconds": seconds, "steps": int(module.steps_done)}
+    atomic_write_text(out / SAE_RUN_FILE, json.dumps({**settings, "summary": summary}, indent=2))
+    return SAERun(sae, out, ev, module.resampled, seconds)
+
+
+def load_sae_run(run_dir) -> tuple[SparseAutoencoder, dict]:
+    """``(sae, settings)`` of an SAE run directory: the SAE (:func:`~decoderlab.glassbox.sae.load_sae`) and its
+    ``sae_run.json`` ({} for an SAE directory SAELens wrote, which names no checkpoint).
+
+    Raises ``FileNotFoundError`` for a directory that is not an SAE's."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"SAE directory {run_dir} does not exist")
+    sae = load_sae(run_dir)
+    f = run_dir / SAE_RUN_FILE
+    return sae, (json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {})

@@ -1,0 +1,120 @@
+"""``train_sae`` and ``decoderlab sae`` / ``decoderlab features`` (decoderlab.dictionary): a tiny language
+model's activations streamed into an SAE on the Lightning loop, saved in SAELens's format; a resumed run equals
+an uninterrupted one; every bad input is one error line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny_runs import StopAt, cache, one_thread, text  # noqa: F401 -- fixtures
+
+from decoderlab.dictionary import SAETrainConfig, load_sae_run, train_sae
+from decoderlab.glassbox.features import evaluate_sae, held_out_windows
+from decoderlab.glassbox.sae import SAE_CFG_FILE, SAE_WEIGHTS_FILE, SPARSITY_FILE
+from decoderlab.training import TrainConfig, train_lm
+
+from cli.glass_runs import check_html, check_png, one_error_line, run
+
+HOOK = "blocks.0.hook_resid_post"
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory, text, cache):
+    """A 2-layer character model trained 20 steps on a corpus file (its run.json records the file)."""
+    root = tmp_path_factory.mktemp("sae-lm")
+    corpus = root / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    cfg = TrainConfig(max_steps=20, batch_size=8, warmup=2, eval_every=20, val_batches=1, val_batch_size=8,
+                      log_every=10)
+    train_lm(corpus=corpus, out=root / "lm", train_config=cfg, cache_dir=cache, progress_bar=False,
+             accelerator="cpu", model_overrides=dict(d_model=16, n_layer=2, n_head=2, max_len=16))
+    return root / "lm"
+
+
+def _cfg(**kw):
+    base = dict(hook=HOOK, width=4, k=4, tokens=8 * 256, batch_tokens=256, checkpoint_every=4, log_every=4,
+                eval_tokens=512, dead_steps=3, resample_every=4)
+    return SAETrainConfig(**{**base, **kw})
+
+
+def test_train_sae_writes_saelens_files_and_its_evaluation(lm, tmp_path):
+    out = tmp_path / "sae"
+    r = train_sae(lm, _cfg(), out=out, progress=False)
+    for name in (SAE_CFG_FILE, SAE_WEIGHTS_FILE, SPARSITY_FILE, "sae_run.json", "lightning/last.ckpt"):
+        assert (out / name).is_file(), name
+    assert torch.allclose(r.sae.W_dec.norm(dim=1), torch.ones(64), atol=1e-5)
+    sae, settings = load_sae_run(out)
+    assert torch.equal(sae.W_enc, r.sae.W_enc) and sae.k == 4 and sae.metadata["hook_name"] == HOOK
+    summary = settings["summary"]
+    assert summary["steps"] == 8 and summary["l0"] == pytest.approx(4.0)
+    assert 0 <= summary["dead_share"] <= 1 and summary["ce_zero"] > summary["ce_clean"]
+    # the summary is the library's evaluation of the saved SAE on the held-out split
+    from decoderlab.chat import load_model
+    from decoderlab.data import corpus_tokens, split_tokens
+
+    loaded = load_model(lm)
+    corpus = json.loads((lm / "run.json").read_text())["corpus"]
+    _, val = split_tokens(corpus_tokens(open(corpus, encoding="utf-8").read(), loaded.tokenizer), 0.1)
+    ev = evaluate_sae(loaded.model, sae, HOOK, held_out_windows(val, 16, 32))
+    assert ev.explained_variance == pytest.approx(summary["explained_variance"], abs=1e-9)
+    assert ev.ce_loss_recovered == pytest.approx(summary["ce_loss_recovered"], abs=1e-9)
+
+
+@pytest.mark.parametrize("l1", [False, True])
+def test_a_resumed_run_equals_an_uninterrupted_one(lm, tmp_path, l1):
+    extra = dict(k=None, l1_coefficient=0.5) if l1 else {}
+    whole = train_sae(lm, _cfg(**extra), out=tmp_path / "whole", progress=False)
+    part = tmp_path / "part"
+    train_sae(lm, _cfg(**extra), out=part, progress=False, callbacks=[StopAt(4)])
+    assert json.loads((part / "sae_run.json").read_text())["summary"]["steps"] == 4
+    resumed = train_sae(lm, None, out=part, resume=True, progress=False)
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        assert torch.equal(getattr(resumed.sae, name), getattr(whole.sae, name)), name
+    assert resumed.resampled == whole.resampled
+
+
+def test_sae_and_features_commands(lm, tmp_path, capsys):
+    out = tmp_path / "cli-sae"
+    status, printed, err = run(capsys, "sae", "--checkpoint", lm, "--hook", HOOK, "--width", "2", "--k", "3",
+                               "--tokens", "1024", "--batch-tokens", "256", "--out", out)
+    assert status == 0, err
+    assert "CE loss recovered" in printed and "step 4/4" in printed and f"wrote {out}" in printed
+    png, page = tmp_path / "f.png", tmp_path / "f.html"
+    status, printed, err = run(capsys, "features", out, "--feature", "3", "--png", png, "--html", page,
+                               "--tokens", "512")
+    assert status == 0, err
+    assert printed.startswith(f"feature 3 at {HOOK}: fires on") and "logit effects, promotes:" in printed
+    check_png(png)
+    check_html(page, f"feature 3 at {HOOK}")
+    assert "Top activating contexts" in page.read_text()
+
+
+def test_bad_inputs_are_one_error_line(lm, tmp_path, capsys, statquest_checkpoint):
+    base = ("sae", "--checkpoint", lm, "--tokens", "1024", "--batch-tokens", "256")
+    msg = one_error_line(capsys, *base, "--hook", "blocks.5.hook_resid_post", "--out", tmp_path / "a")
+    assert msg.startswith("--hook 'blocks.5.hook_resid_post' is not a hook point of this model; valid hooks: "
+                          "hook_embed, ") and "blocks.1.hook_resid_post" in msg
+    for flag, value, want in (("--width", "0", "--width must be a positive integer"),
+                              ("--width", "-3", "--width must be a positive integer"),
+                              ("--k", "0", "--k must be a positive integer"),
+                              ("--k", "-2", "--k must be a positive integer"),
+                              ("--k", "200", "--k must be at most the number of features width x d_in = 8 x 16 "
+                                             "= 128, got 200")):
+        assert one_error_line(capsys, *base, flag, value, "--out", tmp_path / "b").startswith(want)
+    assert one_error_line(capsys, "sae", "--checkpoint", lm, "--tokens", "100", "--out", tmp_path / "c") == (
+        "--tokens 100 is fewer than one batch of 4096 tokens; give at least 4096")
+    msg = one_error_line(capsys, "sae", "--checkpoint", statquest_checkpoint, "--hook", "blocks.0.hook_resid_post",
+                         "--out", tmp_path / "d")
+    assert msg.startswith(f"checkpoint {statquest_checkpoint} records no training corpus") and "--data PATH" in msg
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_features_out_of_range_is_one_error_line(lm, tmp_path, capsys):
+    out = tmp_path / "s"
+    train_sae(lm, _cfg(tokens=256), out=out, progress=False)
+    assert one_error_line(capsys, "features", out, "--feature", "64") == (
+        "--feature 64 is out of range; valid features are 0 .. 63 (d_sae=64)")
+    assert one_error_line(capsys, "features", out, "--feature", "-1").startswith("--feature -1 is out of range")
+    assert "is not an SAE directory" in one_error_line(capsys, "features", tmp_path, "--feature", "0")
