@@ -235,3 +235,45 @@ def test_the_lesson_model_cannot_become_gpt2(lesson, tmp_path):
 def test_tools_are_refused_not_ignored(lesson):
     with pytest.raises(NotImplementedError, match="tools"):
         lesson.chat("what is statquest", tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+def test_to_gguf_writes_the_export_functions_file(gpt2_dir, tmp_path):
+    """Model.to_gguf is export.to_gguf: the same tensors, byte for byte, and the same summary."""
+    gguf = pytest.importorskip("gguf")
+    from decoderlab.export import to_gguf
+
+    m = dl.load(gpt2_dir)
+    ours = m.to_gguf(tmp_path / "m.gguf", dtype="f16")
+    free = to_gguf(m.model, m.tokenizer, tmp_path / "f.gguf", dtype="f16", name=gpt2_dir.name)
+    assert ours == free and ours["bytes"] > 0
+    a, b = gguf.GGUFReader(str(tmp_path / "m.gguf")), gguf.GGUFReader(str(tmp_path / "f.gguf"))
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for x, y in zip(a.tensors, b.tensors):
+        assert x.tensor_type == y.tensor_type and (x.data == y.data).all(), x.name
+
+
+def test_compile_keeps_the_greedy_tokens(gpt2_dir):
+    """generate(compile=True) decodes through the compiled step and gives eager's greedy tokens (the eager
+    backend here, so the test needs no C++ compiler; bench/generate.py times Inductor's)."""
+    eager = dl.load(gpt2_dir)
+    ids = eager.tokenize("To be, or")
+    want = eager.generate(ids, max_new_tokens=8, temperature=0.0)
+    m = dl.load(gpt2_dir).compile(backend="eager")
+    assert m.model.compiled_decode is not None
+    assert m.generate(ids, max_new_tokens=8, temperature=0.0, compile=True) == want
+
+
+def test_features_are_the_glass_box_token_features(lesson, tmp_path):
+    """Model.features(sae, hook, text) equals glassbox.features.token_features, from a loaded SAE or its
+    directory (SAELens's files)."""
+    from decoderlab.glassbox.features import token_features
+    from decoderlab.glassbox.sae import SparseAutoencoder
+
+    d_model = lesson.config.d_model
+    sae = SparseAutoencoder(d_model, 4 * d_model, 2, seed=0)
+    hook = "blocks.0.hook_resid_post"
+    text = "what is statquest <EOS>"
+    want = token_features(lesson.model, sae, hook, lesson.tokenize(text), top=3, tokenizer=lesson.tokenizer)
+    assert lesson.features(sae, hook, text, top=3) == want
+    sae.save(tmp_path / "sae")
+    assert lesson.features(tmp_path / "sae", hook, text, top=3) == want

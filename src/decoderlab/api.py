@@ -29,6 +29,9 @@ from .checkpoint import save_checkpoint, unwrap_model
 from .config import PRESETS
 from .generation import SamplingParams, generate, stream, stream_text
 from .glassbox import explain, run_with_cache, trace, verify
+from .export import to_gguf
+from .glassbox.features import token_features
+from .glassbox.sae import load_sae
 from .hf import to_gpt2
 from .model import DecoderOnlyTransformer
 from .tokenizers import BPETokenizer
@@ -148,22 +151,35 @@ class Model:
     # -- generation -------------------------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, params: SamplingParams | int | None = None, *,
-                 use_cache: bool = True, keep: int | None = None, **sampling) -> str | list[int]:
+                 use_cache: bool = True, keep: int | None = None, compile: bool = False,
+                 **sampling) -> str | list[int]:
         """Continue ``prompt``: text in, text out (``"".join(stream_text(...))``, whole characters, control
         tokens left out); token ids in, the new ids out (:func:`decoderlab.generation.generate`).
 
         ``params`` / ``**sampling``: :class:`~decoderlab.generation.SamplingParams` or its fields by name
         (temperature, top_k, top_p, min_p, max_new_tokens, seed, stop, stop_at_eos, repetition_penalty, ...;
         an int ``params`` is max_new_tokens). Defaults as ``SamplingParams`` (temperature 1.0: a sample).
+        ``compile``: decode through the compiled step (:meth:`DecoderOnlyTransformer.compile_decode`, compiled
+        once on first use and kept; the same greedy tokens as eager).
 
         Raises:
             TypeError: an unknown sampling keyword (naming it and listing the known ones); ValueError: a value
                 out of range (named) -- as :func:`decoderlab.generation.stream`.
         """
+        if compile:
+            self.compile()
         if isinstance(prompt, str):
             return "".join(self.stream(prompt, params, use_cache=use_cache, keep=keep, **sampling))
         return generate(self.model, prompt, params, tokenizer=self.tokenizer, use_cache=use_cache, keep=keep,
                         **sampling)
+
+    def compile(self, **options) -> "Model":
+        """Decode through the compiled step from now on (:meth:`DecoderOnlyTransformer.compile_decode`: Inductor,
+        fullgraph, a static KV cache; on a CPU through Inductor's C++ wrapper; ``options`` as ``compile_decode``'s).
+        Compiles once; returns self."""
+        if getattr(self.model, "compiled_decode", None) is None:
+            self.model.compile_decode(**options)
+        return self
 
     def stream(self, prompt: str | Sequence[int] | torch.Tensor, params: SamplingParams | int | None = None, *,
                use_cache: bool = True, keep: int | None = None, **sampling) -> Iterator[str] | Iterator[int]:
@@ -245,6 +261,29 @@ class Model:
         if self.template is not None:
             meta.update(task="chat", **{CHAT_TEMPLATE_KEY: self.template.to_dict()})
         return save_checkpoint(directory, self.model, self.tokenizer, meta=meta)
+
+    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32") -> dict:
+        """Write one GGUF file for llama.cpp and ollama (:func:`decoderlab.export.to_gguf`: GPT-2-shaped models,
+        the tokenizer inside; ``dtype`` "f32", "f16" or "q8_0"); returns its summary (bytes, tensors, types).
+
+        Raises: ``ValueError`` for a shape or tokenizer the format cannot carry (named), or an unknown dtype."""
+        name = Path(self.path).resolve().name if self.path is not None else None
+        return to_gguf(self.model, self.tokenizer, path, dtype=dtype, name=name)
+
+    # -- sparse autoencoders ----------------------------------------------------------------------------------
+
+    def load_sae(self, directory: str | os.PathLike):
+        """A sparse autoencoder saved in SAELens's format (``decoderlab sae --out DIR``;
+        :func:`decoderlab.glassbox.sae.load_sae`), on this model's device."""
+        return load_sae(directory).to(self.device)
+
+    def features(self, sae, hook: str, text: str | Sequence[int] | torch.Tensor, *, top: int = 8):
+        """Each position's most active features of ``sae`` (a loaded SAE or its directory) at ``hook``
+        (:func:`decoderlab.glassbox.features.token_features`) for ``text``."""
+        if not hasattr(sae, "encode"):
+            sae = self.load_sae(sae)
+        ids = self.tokenize(text) if isinstance(text, str) else text
+        return token_features(self.model, sae, hook, ids, top=top, tokenizer=self.tokenizer)
 
     def to_hf(self, directory: str | os.PathLike):
         """Write a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`; with the tokenizer's files for
