@@ -36,6 +36,8 @@ COMMANDS = {
               "every head's previous-token, duplicate-token and induction scores; ablate a head (--ablate)"),
     "patch": ("interpret", "add_patch",
               "activation patching: which layers, positions or heads carry the clean run's answer"),
+    "tasks": ("tasks", "add_tasks",
+              "write checkable questions (arithmetic, spelling, comparison, tool) as chat JSONL or rl prompts"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }
