@@ -28,13 +28,13 @@ from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, g
                         render_chat, template_from_meta, tool_call_text, tools_text)
 from .tools import ToolSet
 from .calculator import TOOLS, CalculatorError, Tool, calculate, evaluate, get_tools
-from .tool_loop import ToolCallRecord, ToolTurn, run_tool_turn
+from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
     "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
-    "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolTurn",
+    "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
     "run_tool_turn",
 ]

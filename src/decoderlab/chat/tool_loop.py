@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 from ..generation import SamplingParams, stream
 from ..tokenizers import Tokenizer
 from .calculator import Tool
+from .replies import TemplateChatSession
 from .templates import ChatTemplate, encode_text, get_template, parse_tool_call
 from .tools import ToolSet
 
@@ -144,6 +145,7 @@ def run_tool_turn(model, tokenizer: Tokenizer, messages: Sequence[dict], templat
         call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
         call_ids, matched = _generate(model, tokenizer, head, call_params, (eot,)) if room > 0 else ([], None)
         name, arguments = parse_tool_call(tokenizer.decode(call_ids))
+        name = name or "?"  # a call without a name still enters the conversation, refused as an unknown tool
         call_id = f"call_{len(turn.calls)}"
         used = len(head) + len(call_ids) + 3  # the call's end, the result's opener and end
         result = fit_result(_run(tools, name, arguments), tokenizer, max_len - used - ANSWER_ROOM - 1)
@@ -162,3 +164,42 @@ def _finish(turn: ToolTurn, content: str, reason: str) -> ToolTurn:
     turn.content, turn.finish_reason = content, reason
     turn.messages.append({"role": "assistant", "content": content})
     return turn
+
+
+def call_line(call: ToolCallRecord) -> str:
+    """How ``decoderlab chat`` shows a call and its result: ``[calculator {"expression": "2 * 3"} -> 6]``."""
+    return f"[{call.name} {call.arguments} -> {call.result}]"
+
+
+class ToolChatSession(TemplateChatSession):
+    """``decoderlab chat --tools``: :class:`~decoderlab.chat.TemplateChatSession` whose turns run
+    :func:`run_tool_turn` with ``tools``; a reply shows each call and its result on a line of its own
+    (:func:`call_line`) before the answer, and the calls and results stay in the conversation.
+
+    Raises:
+        ValueError: a template without tool tokens (fine-tune with the ``"tools"`` template).
+    """
+
+    def __init__(self, model, tokenizer, template: ChatTemplate, tools: Mapping[str, Tool], params=None, *,
+                 system: str | None = None, max_calls: int = DEFAULT_MAX_CALLS, **sampling):
+        super().__init__(model, tokenizer, template, params, system=system, **sampling)
+        self.template.tool_call_id(tokenizer)
+        self.tools, self.max_calls = dict(tools), max_calls
+
+    def reply(self, text: str):
+        messages = self.messages + [{"role": "user", "content": text}]
+        self.notice = None
+        turn = run_tool_turn(self.model, self.tokenizer, messages, self.template, self.tools, self.turn_params(),
+                             max_calls=self.max_calls)
+        for call in turn.calls:
+            yield call_line(call) + "\n"
+        if turn.content:
+            yield turn.content
+        final = turn.messages[-1]
+        self.messages = messages + turn.messages[:-1] + [{**final, "content": final["content"] or " "}]
+        if turn.finish_reason != "stop":
+            self.notice = {"length": f"(the reply stopped at {self.turn_params().max_new_tokens} tokens or the "
+                                     f"context's end without an end of turn)",
+                           "max_tool_calls": f"(the turn reached {self.max_calls} tool calls, the most per turn)"
+                           }[turn.finish_reason]
+        self.turn += 1

@@ -38,6 +38,7 @@ COMMANDS = {
               "activation patching: which layers, positions or heads carry the clean run's answer"),
     "tasks": ("tasks", "add_tasks",
               "write checkable questions (arithmetic, spelling, comparison, tool) as chat JSONL or rl prompts"),
+    "report": ("report", "add_report", "the report card of a recipe run: every stage scored on held-out tasks"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }

@@ -14,7 +14,7 @@ DESCRIPTION = ("Write checkable questions: seeded, split into train and held-out
 
 def add_tasks(p) -> None:
     p.description = DESCRIPTION
-    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="make: write questions to a file")
+    sub = p.add_subparsers(dest="action", required=True, help="make: write questions to a file")
     m = sub.add_parser("make", help="write N questions of a task to a JSONL file")
     m.description = DESCRIPTION
     m.error = p.error  # one-line errors naming `decoderlab tasks`
