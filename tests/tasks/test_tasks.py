@@ -92,6 +92,10 @@ def test_rows_for_finetune_and_rl(tmp_path):
     assert rows[0] == row(items[0]) and rows[0]["messages"][1]["content"] == items[0].answer
     p = row(items[0], "prompts")
     assert p["messages"] == [{"role": "user", "content": items[0].question}] and p["reference"] == items[0].answer
+    pair = row(items[0], "pairs")
+    assert pair["chosen"] == items[0].answer and pair["rejected"] != pair["chosen"]
+    assert all(row(i, "pairs")["rejected"] != i.answer for i in generate("arithmetic", "train", 200)
+               + generate("spelling", "train", 200))
     from decoderlab.feedback import load_prompts, load_reward
 
     write_rows(items, tmp_path / "p.jsonl", "prompts")

@@ -25,8 +25,9 @@ def add_tasks(p) -> None:
     m.add_argument("--split", default="train", help="train or held-out (default: train)")
     m.add_argument("--n", type=number(int), required=True, help="how many questions (>= 1)")
     m.add_argument("--out", required=True, help="the JSONL file to write")
-    m.add_argument("--format", default="chat", choices=("chat", "prompts"),
-                   help="chat: conversations for finetune; prompts: questions with a reference for rl (default chat)")
+    m.add_argument("--format", default="chat", choices=("chat", "prompts", "pairs"),
+                   help="chat: conversations for finetune; prompts: questions with a reference for rl; pairs: "
+                        "chosen / rejected answers for finetune --method dpo (default chat)")
     m.add_argument("--difficulty", type=number(int), default=None,
                    help="one difficulty for every question (default: each drawn from the skill's range)")
     m.add_argument("--seed", type=number(int, 0), default=0, help="the seed of the draws (default 0)")

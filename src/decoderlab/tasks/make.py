@@ -22,7 +22,7 @@ SPLITS = ("train", "held-out")
 HELD_OUT_SHARE = 0.2
 #: the name of the built-in tool the tool skill's conversations call, and its argument
 CALCULATOR = "calculator"
-FORMATS = ("chat", "prompts")
+FORMATS = ("chat", "prompts", "pairs")
 #: draws without a new question of the split before a generator says the skill has no more
 _MAX_MISSES = 10_000
 
@@ -137,15 +137,31 @@ def conversation(item: Item) -> list[dict]:
             {"role": "assistant", "content": item.answer}]
 
 
+def wrong_answer(item: Item) -> str:
+    """A wrong answer to ``item`` (the rejected reply of a preference pair), derived from the question's hash:
+    a number off by 1 to 10, a word with two letters swapped or another letter."""
+    h = hashlib.blake2b(item.question.encode("utf-8"), digest_size=4).digest()[0]
+    if item.reward == "number":
+        return str(int(item.answer) + (1 + h % 10) * (1 if h % 2 else -1))
+    a = item.answer
+    if len(a) > 1 and a != a[::-1]:
+        return a[::-1] if len(a) > 2 else a[1] + a[0]
+    return "z" if a != "z" else "a"
+
+
 def row(item: Item, fmt: str = "chat") -> dict:
     """One JSONL row: ``chat`` -- ``{"messages": conversation}`` for ``finetune``; ``prompts`` --
-    ``{"messages": [question], "reference", "reward", ...}`` for ``rl`` (the reward reads ``reference``).
-    Both carry the item's skill, difficulty and split."""
+    ``{"messages": [question], "reference", "reward", ...}`` for ``rl`` (the reward reads ``reference``);
+    ``pairs`` -- TRL's ``{"prompt", "chosen", "rejected"}`` for ``finetune --method dpo`` (the rejected reply
+    :func:`wrong_answer`). A prompt row also carries the item's skill, difficulty and split (the other two
+    formats take no extra keys)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     meta = {"skill": item.skill, "difficulty": item.difficulty, "split": item.split}
     if fmt == "chat":
-        return {"messages": conversation(item), **meta}
+        return {"messages": conversation(item)}
+    if fmt == "pairs":
+        return {"prompt": item.question, "chosen": item.answer, "rejected": wrong_answer(item)}
     return {"messages": [{"role": "user", "content": item.question}], "reference": item.answer,
             "reward": item.reward, "tool": item.tool, **meta}
 
