@@ -36,7 +36,7 @@ def last_number(text):
     return Decimal(found[-1].replace(",", "")) if found else None
 
 
-def my_reply(model, tok, template, question, n=24):
+def my_reply(model, tok, template, question, n=48):
     if template is None:
         ids = dl.generate(model, tok.encode(question + "\n"), n, temperature=0, tokenizer=tok)
         return tok.decode(ids).strip().split("\n")[0]

@@ -29,7 +29,8 @@ ROWS = (("addition", 3), ("subtraction", 3), ("addition", 4), ("subtraction", 4)
         ("backwards", 1), ("larger", 3), ("smallest", 2), ("big_multiplication", 4))
 #: the prompt of the plain chat turn the card checks (text, not a tool call or a number)
 STORY = "Tell me a story about the king."
-MAX_NEW_TOKENS = 24
+#: the longest reply of each step, in tokens: a call to the calculator on two 4-digit numbers is about 30 BPE tokens
+MAX_NEW_TOKENS = 48
 
 
 class TaskReward:
@@ -77,17 +78,17 @@ def _base_reply(model, tok, question: str) -> str:
     return tok.decode(out).strip().split("\n")[0]
 
 
-def _chat_answer(model, tok, template, question: str, tools: bool) -> tuple[str, bool, int]:
-    """(reply, ended with an end of turn, calls made) of a chat model, greedy."""
+def _chat_answer(model, tok, template, question: str, tools: bool) -> tuple[str, bool, list]:
+    """(reply, ended with an end of turn, the calls made) of a chat model, greedy."""
     messages = [{"role": "user", "content": question}]
     if tools:
         turn = run_tool_turn(model, tok, messages, template, TOOLS, temperature=0, max_new_tokens=MAX_NEW_TOKENS)
-        return turn.content, turn.finish_reason == "stop", len(turn.calls)
+        return turn.content, turn.finish_reason == "stop", turn.calls
     ban = {template.tool_call_id(tok): -100.0} if template.has_tools else None
     info: dict = {}
     reply = chat_reply(model, tok, messages, template, temperature=0, max_new_tokens=MAX_NEW_TOKENS,
                        logit_bias=ban, info=info)
-    return reply, info["ended_with_end_of_turn"], 0
+    return reply, info["ended_with_end_of_turn"], []
 
 
 def score_stage(directory, questions_per_row: int = 50, rows=ROWS, tools: bool = False) -> dict:
@@ -96,24 +97,26 @@ def score_stage(directory, questions_per_row: int = 50, rows=ROWS, tools: bool =
     model, tok, template, _ = load_model(directory)
     out = {}
     for (skill, d), items in held_out(questions_per_row, rows).items():
-        right = ended = called = 0
+        right = ended = called = expression = 0
         replies = []
         for item in items:
             if template is None:
-                reply, end, calls = _base_reply(model, tok, item.question), True, 0
+                reply, end, calls = _base_reply(model, tok, item.question), True, []
             else:
                 reply, end, calls = _chat_answer(model, tok, template, item.question, tools and template.has_tools)
             right += _score(item, reply, end)
             replies.append(reply)
             ended += end
-            called += calls > 0
+            called += bool(calls)
+            # the first call computed the question's answer (the calculator's result is the reference)
+            expression += bool(calls) and calls[0].result == item.answer
         out[row_label(skill, d)] = {"accuracy": right / len(items), "ended": ended / len(items),
-                                    "called": called / len(items), "n": len(items), "needs_tool": item.tool,
+                                    "called": called / len(items), "expression_right": expression / len(items), "n": len(items), "needs_tool": item.tool,
                                     "replies": replies}
     if template is not None:
         reply, _, calls = _chat_answer(model, tok, template, STORY, tools and template.has_tools)
         words = [w for w in reply.split() if any(c.isalpha() for c in w)]
-        out["story"] = {"reply": reply, "text": calls == 0 and len(words) >= 3}
+        out["story"] = {"reply": reply, "text": not calls and len(words) >= 3}
     return out
 
 
@@ -165,6 +168,9 @@ def _summary_rows(columns: list[str], scores: dict) -> list[str]:
         _pct(mean(c, lambda v: True, "ended")) for c in columns) + " |")
     lines.append("| no tool call on self-answerable rows (tools on) | " + " | ".join(
         _pct(1 - mean(c + " +calc", lambda v: not v["needs_tool"], "called")) if c + " +calc" in scores else "-"
+        for c in columns) + " |")
+    lines.append("| the call's expression right on tool rows (tools on) | " + " | ".join(
+        _pct(mean(c + " +calc", lambda v: v["needs_tool"], "expression_right")) if c + " +calc" in scores else "-"
         for c in columns) + " |")
     lines.append("| story prompt answered with text | " + " | ".join(
         ("yes" if scores[c]["story"]["text"] else "no") if "story" in scores[c] else "-" for c in columns) + " |")

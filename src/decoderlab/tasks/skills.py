@@ -72,7 +72,10 @@ def _multiplication(rng, d):
 
 
 def _big_multiplication(rng, d):
-    a, b = _number(rng, d), _number(rng, d)
+    """``d`` digits times 3 to ``d`` digits, in either order (4821 * 377 as well as 377 * 4821)."""
+    a, b = _number(rng, d), _number(rng, rng.randint(3, d))
+    if rng.random() < 0.5:
+        a, b = b, a
     return f"What is {a} * {b}?", str(a * b)
 
 
@@ -148,7 +151,7 @@ SKILLS: dict[str, Skill] = {s.name: s for s in (
     Skill("larger", "comparison", "number", (1, 2, 3, 4), 3, _larger, _digits),
     Skill("smallest", "comparison", "number", (1, 2, 3, 4), 2, _smallest, _digits),
     Skill("big_multiplication", "tool", "number", (3, 4), 4, _big_multiplication,
-          lambda d: f"{d}x{d}-digit", needs_tool=True),
+          lambda d: f"{d}x3-{d}-digit", needs_tool=True),
 )}
 
 #: task (a family, or one skill by name) -> its skills
