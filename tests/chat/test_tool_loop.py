@@ -89,3 +89,26 @@ def test_a_result_over_the_context_left_is_cut_with_a_marker(tiny):
     assert result.endswith(TRUNCATED) and result.startswith("777")
     ids, _ = TEMPLATE.render(ASK + turn.messages[:2], tok, add_generation_prompt=True)
     assert len(ids) < model.config.max_len  # room left for the answer
+
+
+def test_the_chat_session_shows_each_call_and_its_result(tiny):
+    from decoderlab.chat import ToolChatSession
+
+    model, tok = tiny
+    session = ToolChatSession(model, tok, TEMPLATE, TOOLS, temperature=0, max_new_tokens=40, max_calls=1,
+                              logit_bias=pushed(tok, "<|tool_call|>"))
+    lines = "".join(session.reply(ASK[0]["content"])).split("\n")
+    call = next(m for m in session.messages if m.get("tool_calls"))["tool_calls"][0]["function"]
+    result = next(m for m in session.messages if m["role"] == "tool")["content"]
+    assert lines[0] == f"[calculator {call['arguments']} -> {result}]" and result == calculate(call["arguments"])
+    assert "1 tool calls" in session.notice and [m["role"] for m in session.messages][-1] == "assistant"
+
+
+def test_chat_with_an_unknown_tool_is_one_error_line():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "decoderlab.cli", "chat", "--checkpoint", "runs/none", "--tools",
+                        "calculator,search"], capture_output=True, text=True, input="")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["decoderlab: error: unknown tool 'search'; built-in tools: calculator"]
