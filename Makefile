@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browsers test test-fast demo demo-statquest bench clean
+.PHONY: install browsers test test-fast demo demo-statquest recipe bench clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(VENV)/bin/decoderlab train --out runs/demo
 	$(VENV)/bin/decoderlab sample --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 --seed 1
+
+# the report card from nothing: pretrain a BPE chat base, SFT on the tasks, RL, score every stage (runs/recipe)
+recipe: $(STAMP)
+	rm -rf runs/recipe
+	$(PY) bench/recipe.py --out runs/recipe
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -232,9 +232,26 @@ def test_the_lesson_model_cannot_become_gpt2(lesson, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-def test_tools_are_refused_not_ignored(lesson):
-    with pytest.raises(NotImplementedError, match="tools"):
-        lesson.chat("what is statquest", tools=[{"type": "function", "function": {"name": "f"}}])
+def test_chat_with_tools_is_the_tool_loop():
+    """Model.chat(tools=...) runs the calls through chat.run_tool_turn: the same reply, calls and finish reason
+    (a tiny tools model pushed to call at every step, so the loop ends at max_tool_calls)."""
+    import string
+
+    from decoderlab.chat import TOOLS, add_chat_tokens, run_tool_turn
+
+    torch.manual_seed(0)
+    _, tok, _ = add_chat_tokens(None, dl.CharTokenizer(set(string.printable)), "tools")
+    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2, max_len=400)
+    m = dl.Model(dl.DecoderOnlyTransformer(cfg).eval(), tok, "tools")
+    ask = [{"role": "user", "content": "What is 4821 * 377?"}]
+    kw = dict(temperature=0, max_new_tokens=40, logit_bias={tok.token_to_id["<|tool_call|>"]: 100.0})
+    want = run_tool_turn(m.model, tok, ask, "tools", TOOLS, max_calls=2, **kw)
+    info: dict = {}
+    assert m.chat(ask, tools="calculator", max_tool_calls=2, info=info, **kw) == want.content
+    assert info["tool_calls"] == want.calls and info["finish_reason"] == "max_tool_calls" == want.finish_reason
+    assert info["messages"] == want.messages
+    with pytest.raises(ValueError, match="unknown tool 'abacus'; built-in tools: calculator"):
+        m.chat(ask, tools=["abacus"])
 
 
 def test_to_gguf_writes_the_export_functions_file(gpt2_dir, tmp_path):

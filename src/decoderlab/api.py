@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from .chat import CHAT_TEMPLATE_KEY, ChatTemplate, chat_reply, get_template, load_model, stream_chat_reply
+from .chat.calculator import get_tools
+from .chat.tool_loop import DEFAULT_MAX_CALLS, run_tool_turn
 from .checkpoint import save_checkpoint, unwrap_model
 from .config import PRESETS
 from .generation import SamplingParams, generate, stream, stream_text
@@ -193,7 +195,7 @@ class Model:
                       **sampling)
 
     def chat(self, messages: str | Sequence[dict], params: SamplingParams | int | None = None, *, tools=None,
-             info: dict | None = None, **sampling) -> str:
+             max_tool_calls: int = DEFAULT_MAX_CALLS, info: dict | None = None, **sampling) -> str:
         """The assistant's reply (:func:`decoderlab.chat.chat_reply`) to ``messages`` (OpenAI's
         ``[{"role": "user", "content": ...}, ...]``, ending with a user message) or to one user text, rendered
         with the model's chat template. Sampling as :meth:`generate`; the default temperature is the
@@ -202,11 +204,21 @@ class Model:
         Raises:
             ValueError: the model has no chat template (a base language model: use :meth:`generate`); bad
                 messages or sampling values (as ``chat_reply``).
-            NotImplementedError: ``tools`` (this version answers without tools).
+            ValueError: ``tools`` naming an unknown built-in tool (the known ones listed).
+
+        ``tools``: the built-in tools by name (``"calculator"`` or a list) or a mapping name -> tool; the turn then
+        runs the calls the model makes and feeds their results back, at most ``max_tool_calls`` of them
+        (:func:`decoderlab.chat.run_tool_turn`); ``info`` receives ``tool_calls`` (the
+        :class:`~decoderlab.chat.ToolCallRecord` list), ``messages`` (what the turn added) and ``finish_reason``.
         """
         template, messages, sampling = self._chat_args(messages, params, sampling)
         if tools is not None:
-            raise NotImplementedError("Model.chat(tools=...) is not available in this version; call without tools")
+            tools = tools if isinstance(tools, Mapping) else get_tools(tools)
+            turn = run_tool_turn(self.model, self.tokenizer, messages, template, tools, params,
+                                 max_calls=max_tool_calls, **sampling)
+            if info is not None:
+                info.update(tool_calls=turn.calls, messages=turn.messages, finish_reason=turn.finish_reason)
+            return turn.content
         return chat_reply(self.model, messages, self.tokenizer, template, params, info=info, **sampling)
 
     def stream_chat(self, messages: str | Sequence[dict], params: SamplingParams | int | None = None, *,

@@ -56,7 +56,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == {"train", "sample", "generate", "chat", "finetune", "rl", "verify", "explain", "lens",
-                                "heads", "patch", "sae", "features", "serve", "export"}
+                                "heads", "patch", "sae", "features", "serve", "export", "tasks", "report"}
     for name, p in sub.choices.items():
         text = p.format_help()
         for action in p._actions:

@@ -143,3 +143,35 @@ def test_tools_on_a_template_without_tool_tokens_are_a_400(chat_server):
                    headers={"Authorization": "Bearer sekret"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert "tools" in r.json()["error"]["message"]
+
+
+def test_the_openai_client_runs_the_calculator_and_gets_a_final_answer(tools_server, tools_model):
+    """The whole loop as an OpenAI client drives it: a request with tools -> tool_calls -> the client runs the
+    tool (decoderlab's calculator) -> a tool message -> the final answer in text."""
+    from decoderlab.chat import TOOLS, calculate
+
+    c = client(tools_server)
+    calculator = [TOOLS["calculator"].definition]
+    messages = [{"role": "user", "content": "What is 4821 * 377?"}]
+    quote = str(tools_model[1].token_to_id['"'])  # the untrained model closes its strings at once
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, tools=calculator, tool_choice="required",
+                                  seed=0, max_tokens=60, logit_bias={quote: 100})
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "calculator" and set(json.loads(call.function.arguments)) == {"expression"}
+    result = calculate(call.function.arguments)  # client-side, as an application runs its tools
+    assert result == calculate(json.loads(call.function.arguments))
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+                 {"role": "tool", "tool_call_id": call.id, "content": result}]
+    model, tok = tools_model
+    no_end = {str(i): -100 for i in tok.end_of_text_ids}  # the untrained model would end its text at once
+    final = c.chat.completions.create(model=MODEL_ID, messages=messages, tools=calculator, tool_choice="none",
+                                      temperature=0, max_tokens=20, logit_bias=no_end)
+    choice = final.choices[0]
+    assert choice.message.tool_calls is None and choice.finish_reason == "length" and choice.message.content
+    # the answer continues the conversation holding the call and its result, as the library renders it
+    ids, _ = get_template("tools").render(messages, tok, add_generation_prompt=True, tools=calculator)
+    assert tok.decode(ids).count(result) == 1
+    ref = dl.generate(model, ids, 20, temperature=0, tokenizer=tok,
+                      logit_bias={int(k): v for k, v in no_end.items()} | {tool_call_token(tok): -100})
+    assert choice.message.content == tok.decode(ref, skip_special=True)

@@ -11,6 +11,8 @@ layout it was trained on.
   template's special tokens in a tokenizer and a model;
 - :mod:`.data`: JSONL files in three formats (messages, prompt-completion, Alpaca);
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
+- :mod:`.calculator`: the built-in ``calculator`` tool (a syntax-tree walker, never ``eval``) and ``TOOLS``;
+- :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back;
 - :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together.
 
 Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and reads checkpoints), below
@@ -25,10 +27,14 @@ from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_
 from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
                         render_chat, template_from_meta, tool_call_text, tools_text)
 from .tools import ToolSet
+from .calculator import TOOLS, CalculatorError, Tool, calculate, evaluate, get_tools
+from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
     "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
+    "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
+    "run_tool_turn",
 ]

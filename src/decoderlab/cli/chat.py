@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
+from .argtypes import number
 from .options import (CHECKPOINT_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, given, load_model,
                       set_threads)
 
@@ -40,6 +41,12 @@ def add_chat(p) -> None:
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message that opens the conversation, for a chat checkpoint; kept when old turns "
                         "are dropped and after /reset (default: none)")
+    p.add_argument("--tools", default=None, metavar="NAMES",
+                   help="built-in tools the model may call, comma-separated (calculator); each call and its result "
+                        "is shown before the answer; needs a checkpoint fine-tuned with the tools template "
+                        "(default: none)")
+    p.add_argument("--max-tool-calls", type=number(int, 0), default=3, metavar="N",
+                   help="the most tool calls in one turn (default 3)")
     add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_chat)
 
@@ -167,8 +174,21 @@ def _chat_turn(session, line: str) -> bool:
 
 def _session(args):
     """The conversation: a chat checkpoint's stored template renders every turn; else the token history."""
+    tools = None
+    if args.tools is not None:  # an unknown name is refused before the model loads
+        from ..chat import get_tools
+
+        tools = get_tools(args.tools)
     model, tok, template, _ = load_model(args)
     options = given(args, SAMPLING_OPTIONS)  # the flags given; the session's defaults for the others
+    if tools is not None:
+        if template is None or not template.has_tools:
+            raise ValueError(f"--tools needs a checkpoint fine-tuned with the tools template; {args.checkpoint} has "
+                             f"{'no chat template' if template is None else f'the {template.name!r} template'}")
+        from ..chat import ToolChatSession
+
+        return ToolChatSession(model, tok, template, tools, system=args.system, max_calls=args.max_tool_calls,
+                               **options)
     if template is not None:
         from ..chat import TemplateChatSession
 

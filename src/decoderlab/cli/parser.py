@@ -42,6 +42,9 @@ COMMANDS = {
             "train a sparse autoencoder on a layer's activations (TopK or ReLU + L1), in SAELens's format"),
     "features": ("dictionary", "add_features",
                  "a sparse autoencoder feature's dashboard: top contexts, histogram, logit effects, density"),
+    "tasks": ("tasks", "add_tasks",
+              "write checkable questions (arithmetic, spelling, comparison, tool) as chat JSONL or rl prompts"),
+    "report": ("report", "add_report", "the report card of a recipe run: every stage scored on held-out tasks"),
     "serve": ("serve", "add_serve",
               "serve a checkpoint over an OpenAI-compatible HTTP API, with a glass-box page at /"),
 }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -126,6 +127,12 @@ def sft_examples(train_convs: list, val_convs: list, tok, template: ChatTemplate
     if truncated or dropped:
         print(f"decoderlab: {truncated} conversation(s) longer than max_len + 1 = {max_len + 1} tokens were "
               f"truncated; {dropped} with no assistant token left were dropped", file=sys.stderr)
+    total = len(train_convs) + len(val_convs or ())
+    if 2 * truncated > total:
+        warnings.warn(f"MOST CONVERSATIONS DO NOT FIT: {truncated} of {total} are longer than the model's context "
+                      f"(max_len={max_len} tokens) and are cut, so the model learns answers without their ends "
+                      f"and chat drops old turns; fine-tune a base with a longer context (the recipe's chat base "
+                      f"has 256, docs/finetuning.md) or use shorter conversations", UserWarning, stacklevel=2)
     return train_ex, val_ex
 
 

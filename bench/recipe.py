@@ -1,0 +1,207 @@
+"""The recipe, measured: pretrain a small BPE chat base -> SFT on the tasks' conversations mixed with ordinary
+chat -> RL on fresh prompts of the weakest tasks -> the report card (``decoderlab report``), every stage scored
+greedily on the same held-out questions, with the calculator off and on, beside the RL control (SFT continued
+for as many steps and samples as RL used).
+
+    PYTHONPATH=src python bench/recipe.py --out runs/recipe            # make recipe
+    PYTHONPATH=src python bench/recipe.py --out runs/t --tiny          # seconds: the shape, not the numbers
+
+CPU only. Prints each stage's wall and CPU time; writes RUN_DIR/recipe.json (times, settings) and the card
+(RUN_DIR/report.md, report.png, card.json). ``--base DIR`` / ``--sft DIR`` reuse a stage an earlier run wrote
+(copied in; its recorded CPU time counted). Targets: docs/benchmarks.md, "The recipe, measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from decoderlab.tasks import conversation, generate  # noqa: E402
+from decoderlab.tasks.chatter import story_conversations  # noqa: E402
+
+#: the fine-tuning mix: (task or skill, difficulty or None for its whole range, share of the conversations)
+SFT_MIX = (("addition", None, 0.16), ("subtraction", None, 0.14), ("multiplication", None, 0.14),
+           ("spelling", None, 0.22), ("comparison", None, 0.12), ("tool", None, 0.12))
+#: the share of ordinary chat (story prompts answered by a corpus passage)
+CHAT_SHARE = 0.10
+
+
+class Clock:
+    """Wall and CPU seconds of each stage (``time.process_time``: this process, all threads)."""
+
+    def __init__(self):
+        self.stages: dict[str, dict] = {}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn(*args, **kwargs)
+        self.stages[name] = {"wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)}
+        print(f"[{name}] {self.stages[name]['wall_s']:.0f} s wall, {self.stages[name]['cpu_s'] / 60:.1f} CPU-min",
+              flush=True)
+        return out
+
+
+def sft_conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    """``n`` training conversations: the tasks of ``SFT_MIX`` (train split) and ``CHAT_SHARE`` of chat, shuffled."""
+    convs = []
+    for task, difficulty, share in SFT_MIX:
+        convs += [conversation(i) for i in generate(task, "train", int(n * share), seed=seed, difficulty=difficulty)]
+    convs += story_conversations(n - len(convs), seed=seed)
+    random.Random(seed).shuffle(convs)
+    return convs
+
+
+def pretrain(args, out: Path):
+    """The chat base: ``decoderlab train --preset baby-shakespeare-speedrun --tokenizer bpe --vocab-size 1024
+    --max-len 256 --max-steps 400 --eval-every 200`` (BPE trained on the corpus alone: its digits stay one
+    token each, so the numbers of the tasks are written digit by digit)."""
+    from decoderlab.training import train_lm
+
+    shape = dict(max_len=args.context)
+    if args.tiny:
+        shape.update(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head)
+    return train_lm(preset="baby-shakespeare-speedrun", tokenizer="bpe", vocab_size=args.vocab,
+                    model_overrides=shape, out=out / "base", progress_bar=False, logger=False, accelerator="cpu",
+                    config_overrides=dict(max_steps=args.pretrain_steps, batch_size=args.pretrain_batch,
+                                          eval_every=max(1, args.pretrain_steps // 2),
+                                          warmup=min(50, args.pretrain_steps // 4)))
+
+
+def sft(args, out: Path):
+    from decoderlab.finetuning import finetune
+    from decoderlab.training import TrainConfig
+
+    held = [conversation(i) for i in generate("arithmetic", "held-out", 64, seed=9)]
+    return finetune(sft_conversations(args.sft_conversations), val_data=held, checkpoint=out / "base",
+                    out=out / "sft", template="tools",
+                    train_config=TrainConfig(max_steps=args.sft_steps, batch_size=args.sft_batch, lr=args.sft_lr,
+                                             min_lr=args.sft_lr / 10, warmup=min(50, args.sft_steps // 4),
+                                             eval_every=args.sft_steps, val_batch_size=32, log_every=100),
+                    eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
+
+
+def rl_prompts(weak: list[tuple[str, int]], n: int, seed: int) -> list[dict]:
+    """Fresh prompts (train split, a seed SFT did not use) of the weak rows, with their references."""
+    from decoderlab.tasks import row
+
+    rows = []
+    for skill, difficulty in weak:
+        rows += [row(i, "prompts") for i in generate(skill, "train", n // len(weak), seed=seed,
+                                                      difficulty=difficulty)]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def reinforce(args, out: Path, weak):
+    from decoderlab.config import RLConfig
+    from decoderlab.reinforcement import rl
+    from decoderlab.reportcard import TaskReward
+
+    return rl(rl_prompts(weak, args.rl_prompts, seed=101), checkpoint=out / "sft", out=out / "rl",
+              reward=TaskReward(), rl_config=RLConfig(group_size=args.rl_group, max_new_tokens=args.rl_tokens,
+                                                      kl_coef=args.rl_kl, scale_rewards=args.rl_scale),
+              config_overrides=dict(max_steps=args.rl_steps, batch_size=args.rl_batch, lr=args.rl_lr,
+                                    min_lr=args.rl_lr, warmup=0, eval_every=args.rl_steps, log_every=10),
+              accelerator="cpu", progress_bar="plain", logger=False)
+
+
+def control(args, out: Path, weak):
+    """SFT continued from the SFT model on the RL prompts' reference answers: as many steps as RL, as many
+    conversations per step as RL sampled replies (prompts x G), at RL's learning rate."""
+    from decoderlab.finetuning import finetune
+    from decoderlab.training import TrainConfig
+
+    prompts = rl_prompts(weak, args.rl_prompts, seed=101)
+    convs = [[p["messages"][0], {"role": "assistant", "content": p["reference"]}] for p in prompts]
+    return finetune(convs, checkpoint=out / "sft", out=out / "control", val_fraction=0, eval_prompts=0,
+                    train_config=TrainConfig(max_steps=args.rl_steps, batch_size=args.rl_batch * args.rl_group,
+                                             lr=args.rl_lr, min_lr=args.rl_lr, warmup=0, eval_every=args.rl_steps),
+                    progress_bar=False, logger=False, accelerator="cpu")
+
+
+TINY = dict(vocab=300, context=64, d_model=32, n_layer=2, n_head=2, pretrain_steps=4, pretrain_batch=4,
+            sft_conversations=64, sft_steps=4, sft_batch=8, rl_steps=2, rl_prompts=8, rl_batch=2, rl_group=2,
+            rl_tokens=6, questions=3)
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/recipe")
+    ap.add_argument("--base", default=None, help="reuse this base run (copied in) instead of pretraining")
+    ap.add_argument("--sft", default=None, help="reuse this SFT run (copied in) instead of fine-tuning")
+    ap.add_argument("--tiny", action="store_true", help="a seconds-long run of every stage (tests)")
+    ap.add_argument("--threads", type=int, default=2)
+    for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
+                              pretrain_batch=12, sft_conversations=24000, sft_steps=3000, sft_batch=16,
+                              rl_steps=60, rl_prompts=1200, rl_batch=8, rl_group=8, rl_tokens=12,
+                              questions=50).items():
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    ap.add_argument("--sft-lr", type=float, default=2e-3)
+    ap.add_argument("--rl-lr", type=float, default=1e-4)
+    ap.add_argument("--rl-kl", type=float, default=0.0)
+    ap.add_argument("--rl-scale", action="store_true", help="divide advantages by the group's std (GRPO)")
+    ap.add_argument("--weak", default="auto", help="the RL rows, skill:difficulty comma-separated, or auto (the "
+                                                   "SFT model's rows nearest 50%%)")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        for k, v in TINY.items():
+            setattr(args, k, v)
+    return args
+
+
+def copied(src, dst: Path) -> float:
+    shutil.copytree(src, dst)
+    prev = Path(src).parent / "recipe.json"
+    return json.loads(prev.read_text())["stages"].get(dst.name, {}).get("cpu_s", 0.0) if prev.exists() else 0.0
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from decoderlab.reportcard import choose_weak, parse_rows, report, score_stage
+
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clock, reused = Clock(), {}
+    if args.base:
+        reused["base"] = copied(args.base, out / "base")
+    else:
+        clock.run("base", pretrain, args, out)
+    if args.sft:
+        reused["sft"] = copied(args.sft, out / "sft")
+    else:
+        clock.run("sft", sft, args, out)
+    if args.weak == "auto":
+        sft_scores = clock.run("score_sft", score_stage, out / "sft", args.questions)
+        weak = choose_weak(sft_scores)
+    else:
+        weak = parse_rows(args.weak)
+    print(f"RL rows: {weak}", flush=True)
+    clock.run("rl", reinforce, args, out, weak)
+    clock.run("control", control, args, out, weak)
+    record = {"args": vars(args), "weak": weak, "stages": clock.stages, "reused_cpu_s": reused}
+    (out / "recipe.json").write_text(json.dumps(record, indent=2))
+    card = clock.run("report", report, out, questions=args.questions)
+    record["stages"] = clock.stages
+    train_cpu = sum(v["cpu_s"] for k, v in clock.stages.items() if k in ("base", "sft", "rl", "control"))
+    record["train_cpu_s"] = train_cpu + sum(reused.values())
+    record["total_cpu_s"] = sum(v["cpu_s"] for v in clock.stages.values()) + sum(reused.values())
+    (out / "recipe.json").write_text(json.dumps(record, indent=2))
+    print(card["markdown"])
+    print(f"\ntraining {record['train_cpu_s'] / 60:.1f} CPU-min; whole card {record['total_cpu_s'] / 60:.1f} "
+          f"CPU-min; {args.threads} thread(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The report card: a tiny recipe run (every stage, seconds of training) writes report.md with a column per stage
+and a row per task, and its numbers equal an independent scoring of the same checkpoints (replies generated
+here through the engine, scored by this file's own last-number and exact-match rules); a directory that is not
+a run is one error line."""
+
+import json
+import re
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import torch
+
+import decoderlab as dl
+from decoderlab.chat import get_template, load_model
+from decoderlab.reportcard import ROWS, STAGES, STORY, held_out, report, row_label
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    out = tmp_path_factory.mktemp("recipe") / "run"
+    torch.set_num_threads(1)
+    assert recipe.main(["--tiny", "--out", str(out), "--threads", "1", "--weak", "addition:4,letter_count:3"]) == 0
+    return out
+
+
+def last_number(text):
+    found = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
+    return Decimal(found[-1].replace(",", "")) if found else None
+
+
+def my_reply(model, tok, template, question, n=48):
+    if template is None:
+        ids = dl.generate(model, tok.encode(question + "\n"), n, temperature=0, tokenizer=tok)
+        return tok.decode(ids).strip().split("\n")[0]
+    ids, _ = template.render([{"role": "user", "content": question}], tok, add_generation_prompt=True)
+    eot, tc = template.end_of_turn_id(tok), template.tool_call_id(tok)
+    out = dl.generate(model, ids, min(n, model.config.max_len - len(ids)), temperature=0, tokenizer=tok,
+                      logit_bias={tc: -100.0}, stop=[eot])
+    return tok.decode([i for i in out if i != eot])
+
+
+@pytest.mark.slow
+def test_the_card_has_a_column_per_stage_a_row_per_task_and_independent_numbers(tiny_run):
+    md = (tiny_run / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| task |"))
+    assert [c.strip() for c in header.strip("|").split("|")][1:] == list(STAGES)
+    card = json.loads((tiny_run / "card.json").read_text())
+    questions = card["questions"]
+    assert (tiny_run / "report.png").stat().st_size > 1000
+    for stage in STAGES:
+        model, tok, template, _ = load_model(tiny_run / stage)
+        for (skill, d), items in held_out(questions).items():
+            label = row_label(skill, d)
+            assert re.search(rf"^\| {re.escape(label)} \|", md, re.M), label
+            mine = [my_reply(model, tok, template, i.question) for i in items]
+            assert mine == card["scores"][stage][label]["replies"], (stage, label)
+            right = sum((last_number(r) == Decimal(i.answer)) if i.reward == "number" else r.strip() == i.answer
+                        for r, i in zip(mine, items))
+            shown = re.search(rf"^\| {re.escape(label)} \|(.*)$", md, re.M)[1].split("|")[STAGES.index(stage)]
+            assert shown.strip() == f"{100 * right / len(items):.0f}%"
+    assert len([r for r in md.splitlines() if r.startswith("| ") and "%" in r]) >= 2 * len(ROWS)
+    assert STORY and "story prompt" in md
+
+
+def test_a_directory_that_is_not_a_run_is_one_error_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    r = subprocess.run([sys.executable, "-m", "decoderlab.cli", "report", str(tmp_path)], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line == (f"decoderlab: error: {tmp_path} is not a recipe run: it holds none of the stage checkpoints "
+                    f"base/, sft/, control/, rl/ (bench/recipe.py writes them)")
+    with pytest.raises(ValueError, match="not a recipe run"):
+        report(tmp_path)
+    with pytest.raises(ValueError, match="questions must be an integer >= 1"):
+        report(tmp_path, questions=0)
+    assert get_template("tools").has_tools
