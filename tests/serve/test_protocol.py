@@ -11,6 +11,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from decoderlab.config import ServeLimits  # noqa: E402
 from decoderlab.serve import protocol as P  # noqa: E402
+from decoderlab.serve import trace_protocol as TP  # noqa: E402
 from decoderlab.serve.body import loads  # noqa: E402
 from decoderlab.serve.errors import APIError, from_validation, param_of  # noqa: E402
 from decoderlab.serve.generation import settings_of  # noqa: E402
@@ -59,10 +60,10 @@ BAD_FIELDS = [
     (P.ChatCompletionRequest, {"messages": []}, "messages", ["at least 1"]),
     (P.ChatCompletionRequest, {"messages": [USER], "top_logprobs": 2}, "top_logprobs", ["needs logprobs"]),
     (P.ChatCompletionRequest, {"messages": [USER], "logprobs": 1}, "logprobs", ["true or false"]),
-    (P.TraceRequest, {"prompt": "a", "top": 0}, "top", [">= 1"]),
-    (P.TraceRequest, {"prompt": "a", "layers": "0"}, "layers", ["list"]),
-    (P.TraceRequest, {"prompt": "a", "continuation": 5}, "continuation", ["string"]),
-    (P.TraceRequest, {"token_ids": [1, "2"]}, "token_ids[1]", ["integer"]),
+    (TP.TraceRequest, {"prompt": "a", "top": 0}, "top", [">= 1"]),
+    (TP.TraceRequest, {"prompt": "a", "layers": "0"}, "layers", ["list"]),
+    (TP.TraceRequest, {"prompt": "a", "continuation": 5}, "continuation", ["string"]),
+    (TP.TraceRequest, {"token_ids": [1, "2"]}, "token_ids[1]", ["integer"]),
 ]
 
 
@@ -126,7 +127,7 @@ def test_missing_required_fields_name_them():
     assert (err.param, err.code) == ("messages", "missing_required_parameter")
     err = refusal(P.ChatCompletionRequest, {"messages": [USER, {"content": "x"}]})
     assert (err.param, err.code) == ("messages[1].role", "missing_required_parameter")
-    err = refusal(P.TraceRequest, {"temperature": 0})
+    err = refusal(TP.TraceRequest, {"temperature": 0})
     assert (err.param, err.code) == ("prompt", "missing_required_parameter")
 
 
