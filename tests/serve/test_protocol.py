@@ -38,7 +38,7 @@ BAD_FIELDS = [
     (P.CompletionRequest, {"prompt": "a", "stop": ""}, "stop", ["non-empty string"]),
     (P.CompletionRequest, {"prompt": {"text": "a"}}, "prompt", ["string", "token ids"]),  # extra nesting
     (P.CompletionRequest, {"prompt": [[1, [2]]]}, "prompt", ["token ids"]),
-    (P.CompletionRequest, {"prompt": ["a", "b"]}, "prompt", ["one prompt per request"]),
+    (P.CompletionRequest, {"prompt": ["a", [2]]}, "prompt", ["a list of strings or a list of token-id lists"]),
     (P.CompletionRequest, {"prompt": "a", "temperature": {"value": 1}}, "temperature", ["number"]),
     (P.CompletionRequest, {"prompt": "a", "temperature": 2.5}, "temperature", ["<= 2"]),
     (P.CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", ["> 0"]),

@@ -218,26 +218,43 @@ class GenerationFields(SamplingFields):
         return value
 
 
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
 def one_prompt(value):
     """A prompt as text or token ids: a string, a list of token ids, or a list holding one of these."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if isinstance(value, str) or _is_ids(value):
         return value
     raise refuse("prompt", "prompt must be a string, a list of token ids, or a list holding one of these (one "
                            "prompt per request)")
 
 
+def prompt_list(value):
+    """One prompt (as :func:`one_prompt`), or a batch kept as its list: several strings, or several token-id
+    lists (OpenAI's list of prompts)."""
+    if isinstance(value, list) and len(value) > 1 and not _is_ids(value):
+        if all(isinstance(p, str) for p in value) or all(_is_ids(p) for p in value):
+            return value
+        raise refuse("prompt", "prompt must be a string, a list of token ids, or a batch: a list of strings or a "
+                               "list of token-id lists")
+    return one_prompt(value)
+
+
 Prompt = Annotated[Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]], Field(
     description="text, or token ids; a list of one of these (one prompt per request)")]
+
+Prompts = Annotated[Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]], Field(
+    description="text, or token ids; or a batch: a list of strings or of token-id lists (one choice per prompt "
+                "per n, prompt-major: choice index = prompt index * n + i)")]
 
 
 class CompletionRequest(GenerationFields):
     """``POST /v1/completions``: continue a prompt (any checkpoint)."""
 
-    prompt: Prompt
+    prompt: Prompts
     logprobs: StrictInt | None = Field(None, ge=0, le=5, description="report each token's logprob and this many "
                                                                      "most probable alternatives")
     echo: StrictBool | None = Field(None, description="the reply starts with the prompt; with logprobs, the "
@@ -249,7 +266,12 @@ class CompletionRequest(GenerationFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, value):
-        return one_prompt(value)
+        return prompt_list(value)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: a list of one for a single prompt."""
+        one = isinstance(self.prompt, str) or all(isinstance(i, int) for i in self.prompt)
+        return [self.prompt] if one else list(self.prompt)
 
 
 class TextPart(BaseModel):
