@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from ..generation.scoring import text_offsets
 from .body import JSONRoute
 from .errors import ERROR_RESPONSES, bad
 from .prompts import check_context, encode_prompt
@@ -18,10 +19,7 @@ router = APIRouter(route_class=JSONRoute, tags=["completions"])
 
 def logprobs_of(items: list[dict], offset: int = 0) -> CompletionLogprobs:
     """The scheduler's logprob items in the completions API's shape (``text_offset`` from ``offset``)."""
-    offsets, pos = [], offset
-    for it in items:
-        offsets.append(pos)
-        pos += len(it["token"])
+    offsets = text_offsets(items, offset)  # in characters of the text, however its bytes were tokenized
     return CompletionLogprobs(tokens=[it["token"] for it in items], token_logprobs=[it["logprob"] for it in items],
                               top_logprobs=[None if it["top_logprobs"] is None else
                                             {t["token"]: t["logprob"] for t in it["top_logprobs"]} for it in items],
