@@ -57,3 +57,31 @@ def test_the_last_message_alone_renders_too_long_in_the_singular(overfit):
     model, tok, template, _ = load_model(out)
     with pytest.raises(ValueError, match=r"^the last user message alone renders to \d+ tokens, which leaves no room"):
         chat_reply(model, tok, [{"role": "user", "content": "say yes " * 40}], template, max_new_tokens=4)
+
+
+def _tool_exchange(i):
+    call = {"id": f"c{i}", "type": "function", "function": {"name": "add", "arguments": {"a": i, "b": 2}}}
+    return [{"role": "user", "content": f"{i} plus 2"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": str(i + 2)},
+            {"role": "assistant", "content": f"it is {i + 2}"}]
+
+
+def test_truncation_drops_whole_exchanges_never_a_call_without_its_result():
+    """A tools conversation too long for the context lost its oldest messages two at a time, keeping a tool
+    result without its call (check_messages then refused it); whole exchanges go now."""
+    from decoderlab.chat import fit_messages, get_template
+    from decoderlab.tokenizers import CharTokenizer
+
+    template = get_template("tools")
+    tok = CharTokenizer.from_text("".join(chr(c) for c in range(32, 127)) + "\n").add_special_tokens(
+        list(template.special_tokens))
+    messages = [{"role": "system", "content": "be brief"}, *_tool_exchange(1), *_tool_exchange(2)[:3]]
+    whole, _ = template.render(messages, tok, add_generation_prompt=True)
+    last, _ = template.render([messages[0], *messages[5:]], tok, add_generation_prompt=True)
+    kept, dropped, ids = fit_messages(messages, tok, template, len(whole) - 1, 0)
+    assert (kept, dropped, ids) == ([messages[0], *messages[5:]], 4, last)
+    check_messages(kept, final="user")
+    kept, dropped, _ = fit_messages(messages, tok, template, len(whole) + 1, 0)  # it fits: nothing dropped
+    assert (kept, dropped) == (messages, 0)
+    kept, dropped, _ = fit_messages(messages, tok, template, len(last) + 1, 10)  # the last exchange stays whole
+    assert kept == [messages[0], *messages[5:]] and dropped == 4

@@ -14,12 +14,15 @@ from .templates import ChatTemplate, get_template
 
 def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatTemplate, max_len: int,
                  reserve: int) -> tuple[list[dict], int, list[int]]:
-    """Drop the oldest turns (a user message with the assistant reply after it; never the system message)
-    until the rendered prompt (with the generation prompt) plus ``reserve`` new tokens fits in ``max_len``.
+    """Drop the oldest exchanges (a user message with everything up to the next user message: the assistant's
+    reply, or its tool calls, their results and the reply after them -- never a call without its result; never
+    the system message) until the rendered prompt (with the generation prompt) plus ``reserve`` new tokens
+    fits in ``max_len``.
 
     Returns:
-        ``(kept_messages, number_of_messages_dropped, prompt_ids)``. When even the last user message alone
-        leaves less than ``reserve`` tokens, it is kept with what room there is.
+        ``(kept_messages, number_of_messages_dropped, prompt_ids)``. When even the last exchange alone (the
+        last user message, with the tool calls and results after it) leaves less than ``reserve`` tokens, it is
+        kept with what room there is.
 
     Raises:
         ValueError: the system message and the last user message alone render to ``max_len`` tokens or more.
@@ -31,10 +34,11 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
     dropped = 0
     while True:
         ids, _ = template.render(head + body, tokenizer, add_generation_prompt=True)
-        if len(ids) + reserve <= max_len or len(body) == 1:
+        users = [i for i, m in enumerate(body) if m["role"] == "user"]
+        if len(ids) + reserve <= max_len or len(users) <= 1:
             break
-        body = body[2:]
-        dropped += 2
+        body = body[users[1]:]  # the oldest whole exchange
+        dropped += users[1]
     if len(ids) >= max_len:
         what = "system message and the last user message alone render" if head else "last user message alone renders"
         raise ValueError(f"the {what} to {len(ids)} tokens, which leaves no room for a reply within the model's "

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from ..chat import ChatTemplate, stream_chat_reply
+from ..chat import ChatTemplate, fit_messages, stream_chat_reply
 from ..checkpoint import unwrap_model
 from ..tokenizers import Tokenizer
 from ..training.sft import IGNORE_INDEX, Examples, collate, masked_ce_sum, shift_for_training
@@ -80,7 +80,7 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
             reply = "".join(stream_chat_reply(model, tokenizer, conv[:-1], template, max_new_tokens=max_new_tokens,
                                               temperature=0.0, info=info))
             ended += bool(info["ended_with_end_of_turn"])
-            exact += reply.strip() == conv[-1]["content"].strip()
+            exact += reply.strip() == (conv[-1].get("content") or "").strip()
     finally:
         model.train(was_training)
     return {
@@ -91,6 +91,24 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
         "exact_match": exact / len(prompts) if prompts else None,
         "conversations": len(ex.rows), "dropped": ex.dropped, "tokens": count, "prompts": len(prompts),
     }
+
+
+def check_eval_prompts(tokenizer: Tokenizer, template: ChatTemplate, conversations: Sequence, max_len: int,
+                       max_prompts: int | None = 100) -> None:
+    """Before training: each prompt :func:`evaluate_chat` will answer (the first ``max_prompts``
+    conversations' history before their last reply) renders and fits ``max_len`` after the oldest exchanges
+    are dropped (:func:`decoderlab.chat.fit_messages`), so that no data error waits for the end of the run.
+
+    Raises:
+        ValueError: naming the conversation (its index) and what is wrong with its prompt.
+    """
+    chosen = conversations if max_prompts is None else conversations[:max_prompts]
+    for k, conv in enumerate(chosen):
+        try:
+            fit_messages(conv[:-1], tokenizer, template, max_len, 1)
+        except ValueError as e:
+            raise ValueError(f"evaluation prompt of conversation {k} (the history before its last reply): {e}") \
+                from None
 
 
 def _teacher_forced(model, ex: Examples, pad: int, batch_size: int) -> tuple[float, int, int]:

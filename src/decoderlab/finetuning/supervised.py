@@ -11,7 +11,7 @@ from ..config.defaults import FINETUNE_VAL_FRACTION
 from ..lora import has_lora, merge_lora
 from ..training import Run, Summary, mean_of_last
 from ..training.strategy import on_training_device
-from .evaluation import build_examples, evaluate_chat
+from .evaluation import build_examples, check_eval_prompts, evaluate_chat
 from .start import held_out_fraction, path_or_none, sha256_of, split_held_out
 
 
@@ -90,6 +90,8 @@ def sft_examples(train_convs: list, val_convs: list, tok, template: ChatTemplate
         raise ValueError(f"no supervised token in the training data: all {len(train_convs)} conversations have "
                          f"their assistant turns beyond max_len={max_len} tokens; use shorter conversations or a "
                          f"model with a longer context")
+    ex, convs = (val_ex, val_convs) if val_ex else (train_ex, train_convs)  # what the evaluation will answer
+    check_eval_prompts(tok, template, [convs[i] for i in ex.conversations], max_len, None)  # before any step
     if truncated or dropped:
         print(f"decoderlab: {truncated} conversation(s) longer than max_len + 1 = {max_len + 1} tokens were "
               f"truncated; {dropped} with no assistant token left were dropped", file=sys.stderr)

@@ -377,6 +377,9 @@ class TokenizeRequest(_Request):
     model: StrictStr | None = None
     prompt: StrictStr | None = Field(None, min_length=1, description="the text to encode")
     messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation to render")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=64, description="with messages: the functions "
+                                               "offered, rendered as chat completions renders them (so a client "
+                                               "can count the tool block before sending)")
     add_special_tokens: StrictBool | None = Field(None, description="accepted; decoderlab's models add no start "
                                                                     "token")
     add_generation_prompt: StrictBool | None = Field(None, description="messages: open the assistant turn "
@@ -388,6 +391,8 @@ class TokenizeRequest(_Request):
         if (self.prompt is None) == (self.messages is None):
             raise refuse("prompt", "give prompt (a non-empty string) or messages, not both",
                          "missing_required_parameter" if self.prompt is None else "invalid_value")
+        if self.tools and self.messages is None:
+            raise refuse("tools", "tools are rendered with messages (a chat template's tool block); give messages")
         return self
 
 
