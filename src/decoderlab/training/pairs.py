@@ -15,6 +15,7 @@ import torch
 from ..checkpoint import CHAT_TEMPLATE_KEY, save_checkpoint
 from ..files import atomic_write_text
 from ..config.defaults import PAIR_TRAIN
+from ..config.train import MAX_STEPS
 from ..lesson import LESSON_PAIRS, LESSON_TEMPLATE, pair_dataloader, tokenizer_for_pairs
 from ..model import DecoderOnlyTransformer, preset
 from .callbacks import LIGHTNING_DIR
@@ -63,8 +64,8 @@ def train_pairs(
     run_dir, ckpt_path, settings = plan_pair_run(out, resume, given)
     pairs = [tuple(p) for p in settings["pairs"]]
     check_train_seed(settings["seed"])
-    if settings["max_epochs"] < 1:
-        raise ValueError(f"max_epochs must be >= 1, got {settings['max_epochs']}")
+    if not 1 <= settings["max_epochs"] <= MAX_STEPS:
+        raise ValueError(f"max_epochs must be >= 1 and <= {MAX_STEPS:,} (MAX_STEPS), got {settings['max_epochs']:,}")
     if not settings["lr"] > 0:
         raise ValueError(f"lr must be > 0, got {settings['lr']}")
     if settings["batch_size"] < 1:
