@@ -34,3 +34,25 @@ def test_a_tools_conversation_longer_than_the_context_is_evaluated_whole_exchang
                        model_overrides=dict(TINY_CHAT, max_len=64), train_config=tiny_cfg(), val_fraction=0,
                        eval_prompts=2, eval_max_new_tokens=2, progress_bar=False, logger=False, accelerator="cpu")
     assert s.evaluation["prompts"] == 2 and (tmp_path / "r" / "summary.json").is_file()
+
+
+def test_ctrl_c_before_the_first_evaluation_keeps_a_resumable_checkpoint(tmp_path, capsys):
+    """Ctrl-C in finetune before its first evaluation left a directory that could neither be resumed ("no
+    training checkpoint") nor reused ("already holds a training run"): now it keeps lightning/last.ckpt at the
+    steps done, and the resume reaches the run's end."""
+    from conftest import InterruptAt
+    from tiny_runs import CONVS
+
+    from decoderlab.training import TrainingInterrupted
+
+    cfg = tiny_cfg(max_steps=6, batch_size=2, eval_every=5, lr=1e-2)
+    common = dict(val_fraction=0, eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
+                  accelerator="cpu")
+    out = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted):
+        finetune(CONVS, out=out, base_model=chat_pair(), train_config=cfg, callbacks=[InterruptAt(2)], **common)
+    err = capsys.readouterr().err
+    assert "interrupted at step 2; a training checkpoint at step 2 was kept" in err
+    assert (out / "lightning" / "last.ckpt").is_file()
+    _, _, s = finetune(CONVS, out=out, resume=True, **common)
+    assert s.steps == 6 and len(s.train_losses) == 6
