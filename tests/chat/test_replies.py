@@ -85,3 +85,29 @@ def test_truncation_drops_whole_exchanges_never_a_call_without_its_result():
     assert (kept, dropped) == (messages, 0)
     kept, dropped, _ = fit_messages(messages, tok, template, len(last) + 1, 10)  # the last exchange stays whole
     assert kept == [messages[0], *messages[5:]] and dropped == 4
+
+
+def test_a_reply_cut_by_a_full_context_says_so(capsys):
+    """A reply that stopped because the prompt and the reply filled the context ended with no word of it:
+    the chat session's notice and `generate --chat` say "context full"."""
+    from decoderlab.chat import get_template
+    from decoderlab.chat.replies import context_full_note
+
+    model, tok = chat_pair()
+    template = get_template("decoderlab")
+    eot = template.end_of_turn_id(tok)
+    info = {}
+    reply = chat_reply(model, tok, [{"role": "user", "content": "hi"}], template, max_new_tokens=1000,
+                       temperature=1.0, seed=0, logit_bias={eot: -100, tok.eos_id: -100}, info=info)
+    assert info["context_full"] and not info["ended_with_end_of_turn"] and len(info["reply_ids"]) <= 48
+    note = context_full_note(info, 48)
+    assert note.startswith("(context full: the reply stopped at ") and "48-token context" in note
+    session = TemplateChatSession(model, tok, template, temperature=1.0, seed=0, max_new_tokens=1000,
+                                  logit_bias={eot: -100, tok.eos_id: -100})
+    "".join(session.reply("hi"))
+    assert session.notice.startswith("(context full")
+    info = {}
+    chat_reply(model, tok, [{"role": "user", "content": "hi"}], template, max_new_tokens=3, temperature=1.0,
+               seed=0, logit_bias={eot: -100, tok.eos_id: -100}, info=info)
+    assert not info["context_full"] and context_full_note(info, 48) is None  # stopped at max_new_tokens
+    assert reply is not None

@@ -46,6 +46,15 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
     return head + body, dropped, ids
 
 
+def context_full_note(info: dict, max_len: int) -> str | None:
+    """The line saying a reply ended because the context was full (its prompt and reply filled ``max_len``
+    before the end of turn or ``max_new_tokens``), from :func:`stream_chat_reply`'s ``info``; else None."""
+    if info.get("ended_with_end_of_turn") or not info.get("context_full"):
+        return None
+    return (f"(context full: the reply stopped at {info['max_new_tokens']} tokens, where the prompt and the reply "
+            f"fill the model's {max_len}-token context)")
+
+
 def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
                       template: str | ChatTemplate | None = None, params: SamplingParams | int | None = None, *,
                       info: dict | None = None, **sampling) -> Iterator[str]:
@@ -62,7 +71,8 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
         params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
             max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
         info: a dict to receive ``prompt_ids``, ``dropped_messages`` (count), ``reply_ids``,
-            ``ended_with_end_of_turn`` (bool) and ``max_new_tokens`` (the cap actually used).
+            ``ended_with_end_of_turn`` (bool), ``max_new_tokens`` (the cap actually used) and ``context_full``
+            (that cap is the room left in the context, below the one asked for).
 
     Raises:
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
@@ -77,7 +87,7 @@ def stream_chat_reply(model, tokenizer: Tokenizer, messages: Sequence[dict],
     n_new = max(0, min(params.max_new_tokens, max_len - len(ids)))
     if info is not None:
         info.update(prompt_ids=list(ids), dropped_messages=dropped, max_new_tokens=n_new, reply_ids=[],
-                    ended_with_end_of_turn=False)
+                    ended_with_end_of_turn=False, context_full=n_new < params.max_new_tokens)
     # the end of turn ends the reply, whatever the settings; <PAD> is never sampled and <EOS> ends it too
     params = params.replace(max_new_tokens=n_new, stop=(eot,) + (params.stop or ()))
     gen = stream(model, ids, params, tokenizer=tokenizer)
@@ -157,5 +167,6 @@ class TemplateChatSession(ChatSession):
                          f"context: dropped the {info['dropped_messages']} oldest messages"
                          f"{', kept the system message' if head else ''})")
         if not info["ended_with_end_of_turn"]:
-            notes.append(f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
+            notes.append(context_full_note(info, self.model.config.max_len) or
+                         f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
         return "\n".join(notes) or None
