@@ -5,6 +5,7 @@ comparison of distinct steps."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tiny_runs import write
@@ -59,3 +60,30 @@ def test_an_unknown_character_s_advice_is_one_a_command_line_user_can_follow():
 ])
 def test_rl_s_closing_comparison_never_compares_a_step_with_itself(rewards, first, last, words):
     assert edge_steps([{"reward": r} for r in rewards]) == (first, last, words)
+
+
+def test_other_libraries_import_notices_are_quiet_unless_verbose(tmp_path):
+    """LoRA runs printed torchao's "Failed to load ..._C_mxfp8" and torch pytree deprecations, which look like a
+    broken install: quiet by default, shown with --verbose (DECODERLAB_VERBOSE=1)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("peft")
+    code = "import decoderlab.lora as lora; lora._peft()"
+    env = {k: v for k, v in os.environ.items() if k != "DECODERLAB_VERBOSE"}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert quiet.returncode == 0 and "Failed to load" not in quiet.stderr and "_pytree" not in quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**env, "DECODERLAB_VERBOSE": "1"})
+    assert loud.returncode == 0
+    if "Failed to load" not in loud.stderr and "_pytree" not in loud.stderr:
+        pytest.skip("this torchao logs nothing on import: nothing to quiet here")
+
+
+def test_verbose_is_taken_anywhere_on_the_line(monkeypatch, capsys):
+    monkeypatch.delenv("DECODERLAB_VERBOSE", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--verbose", "--help"])
+    assert os.environ.get("DECODERLAB_VERBOSE") == "1"
+    monkeypatch.delenv("DECODERLAB_VERBOSE")
