@@ -215,3 +215,10 @@ def test_responses_and_chunks_serialise_in_openai_s_shape():
 def test_messages_quote_the_value_as_given():
     err = refusal(P.CompletionRequest, {"prompt": "a", "suffix": {"1": 2}})
     assert err.message.startswith('suffix={"1": 2} is not supported')
+
+
+def test_the_trace_shapes_live_in_trace_protocol_and_stay_importable_from_protocol():
+    for name in ("TraceRequest", "TraceResponse", "HeadRef", "TokenProb"):
+        assert getattr(P, name) is getattr(TP, name)
+        assert getattr(TP, name).__module__ == "decoderlab.serve.trace_protocol"
+    assert not hasattr(TP, "CompletionRequest") or TP.CompletionRequest is P.CompletionRequest
