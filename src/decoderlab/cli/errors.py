@@ -47,7 +47,6 @@ def in_flag_words(message) -> str:
 CLI_PHRASES = {
     "or with unk=True to map unknown characters to <unk>":
         "or use a model whose tokenizer has it (one trained with --tokenizer bpe reads any text as bytes)",
-    "method='dpo'": "--method dpo",
 }
 
 

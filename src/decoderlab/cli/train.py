@@ -3,10 +3,6 @@ with ``--preset statquest`` the lesson's model on its two pairs (``decoderlab.tr
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-
 from ..config.defaults import PAIR_TRAIN, TRAIN_DEFAULTS
 from ..config.names import DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TOKENIZER, TOKENIZERS
 from ..config.recipes import DEFAULT_RECIPE, RECIPES, TRAIN_CHOICES
@@ -79,6 +75,8 @@ def cmd_train(args) -> int:
 
 def _resumed_dir(args) -> str | None:
     """The run directory ``--resume`` continues (``--out`` for a bare ``--resume``); None for a new run."""
+    import argparse
+
     if args.resume is None or (args.resume is True and args.out is None):
         return None
     return run_out(argparse.Namespace(out=None, resume=args.out if args.resume is True else args.resume))
@@ -86,6 +84,9 @@ def _resumed_dir(args) -> str | None:
 
 def _resumes_pairs(args) -> bool:
     """``--resume`` names a run of the lesson's pair training (its ``run.json`` says ``"task": "pairs"``)."""
+    import json
+    import os
+
     run_dir = _resumed_dir(args)
     try:
         with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:

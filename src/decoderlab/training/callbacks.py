@@ -301,8 +301,8 @@ class InterruptNotice(L.Callback):
 
             saved = keep_interrupted(trainer, self.run_dir)  # before the first evaluation: a resumable one now
             step = read_meta(self.run_dir).get("step") if (self.run_dir / META_FILE).is_file() else None
-            kept = (f"a training checkpoint at step {trainer.global_step} was kept ({saved})" if saved is not None
-                    else f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
+            kept = (f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
+                    else f"a training checkpoint at step {trainer.global_step} was kept ({saved})" if saved is not None
                     else "no checkpoint was written yet")
             end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar's line is not ended on a terminal
             print(f"{end_bar}decoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "

@@ -5,6 +5,7 @@ a run's files; a resume needs a checkpoint)."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from .callbacks import LAST_CKPT, LIGHTNING_DIR
@@ -20,7 +21,9 @@ def keep_interrupted(trainer, run_dir: str | os.PathLike) -> Path | None:
     if not (Path(run_dir) / "run.json").is_file():
         return None  # the run wrote nothing yet: its directory is as it found it
     try:
-        trainer.save_checkpoint(str(path))
+        with warnings.catch_warnings():  # Lightning's notes about a save from an interrupted loop
+            warnings.simplefilter("ignore")
+            trainer.save_checkpoint(str(path), weights_only=False)  # (None logs a line saying so)
     except Exception:  # interrupted while Lightning was still setting up: nothing that could resume
         return None
     return path
