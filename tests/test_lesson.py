@@ -375,26 +375,26 @@ def test_new_runs_never_overwrite_a_checkpoint_or_other_files(statquest_checkpoi
 
     out = tmp_path / "runs" / "statquest"
     shutil.copytree(statquest_checkpoint, out)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     mytext = tmp_path / "mytext.txt"
     mytext.write_text("to be or not to be, that is the question\n" * 40, encoding="utf-8")
     chats = tmp_path / "chats.jsonl"
     chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                               {"role": "assistant", "content": "ho"}]}) + "\n", encoding="utf-8")
-    want = (f"decoderlab: error: refusing to replace {out}: it already holds a checkpoint (config.json, meta.json, "
-            f"model.safetensors, tokenizer.json) that a new run would overwrite; choose another --out directory\n")
+    want = (f"decoderlab: error: {out} already holds a training run (lightning/last.ckpt); continue it with --resume "
+            f"{out}, or train into another --out directory\n")
     for argv in (("train", "--preset", "statquest", "--out", out),
                  ("train", "--data", mytext, "--max-steps", "5", "--out", out),
                  ("finetune", "--preset", "statquest", "--data", chats, "--max-steps", "2", "--out", out)):
         r = decoderlab_cli(*argv)
         assert (r.returncode, r.stdout, r.stderr) == (2, "", want), argv
-    with pytest.raises(FileExistsError, match="refusing to replace .*choose another --out"):
+    with pytest.raises(FileExistsError, match="already holds a training run .*another --out"):
         train_pairs(out=out)
-    with pytest.raises(FileExistsError, match="refusing to replace"):
+    with pytest.raises(FileExistsError, match="already holds a training run"):
         train_lm(mytext, preset="baby-shakespeare", out=out, config_overrides={"max_steps": 1})
-    with pytest.raises(FileExistsError, match="refusing to replace"):
+    with pytest.raises(FileExistsError, match="already holds a training run"):
         finetune(chats, preset="statquest", out=out, config_overrides={"max_steps": 1})
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing lost
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing lost
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.md").write_text("mine")

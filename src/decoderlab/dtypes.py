@@ -20,12 +20,11 @@ are in docs/benchmarks.md and ``bench/generate.py``.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn as nn
 
 from .config.names import DTYPES
+from .output import quiet_imports
 
 _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int8: "int8"}
 
@@ -78,19 +77,13 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     Raises ``ImportError`` when torchao is missing.
     """
     # Importing torchao logs warnings that concern no CPU user: one per CUDA-only kernel library a CPU build
-    # cannot load, and torch's notice about how torchao registers an enum. They are muted for the import only.
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
+    # cannot load, and torch's notice about how torchao registers an enum (shown with decoderlab --verbose).
     try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        with quiet_imports():
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except ImportError as e:
         raise ImportError(f"dtype int8 needs torchao (PyTorch's quantization library): "
                           f'pip install "decoderlab[quant]" (or pip install torchao); import failed: {e}') from None
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
     # set_inductor_config=False: leave torch.compile's global settings alone (nothing here is compiled)
     quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=is_quantized_linear)
     return model

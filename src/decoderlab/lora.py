@@ -35,6 +35,7 @@ import torch
 from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer
+from .output import quiet_imports
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -43,7 +44,8 @@ ADAPTER_NAME = "default"
 
 def _peft():
     try:
-        import peft
+        with quiet_imports():  # peft imports torchao, whose CUDA-kernel notices are no error of a CPU run
+            import peft
     except ImportError:  # pragma: no cover - dev installs have it
         raise ImportError("LoRA needs the peft package: pip install 'decoderlab[lora]'") from None
     return peft

@@ -4,7 +4,8 @@ lines, and every later write to standard output raises ``BrokenPipeError`` (Pyth
 A progress line must never stop a training run: :func:`print_line` writes a line and, once the reader is
 gone, sends the rest of the process's output to ``os.devnull`` (:func:`discard_stdout`), so that the run goes
 on and Python's own flush at exit has nothing to complain about. :class:`KeepWriting` does the same for a
-whole command whose output is a side matter (training, serving). Ground layer: imports nothing from
+whole command whose output is a side matter (training, serving). :class:`quiet_imports` keeps other
+libraries' import-time notices off the output unless ``--verbose``. Ground layer: imports nothing from
 decoderlab.
 """
 
@@ -79,3 +80,37 @@ class KeepWriting:
 
     def __exit__(self, *exc) -> None:
         sys.stdout = self._saved
+
+
+#: loggers of other libraries whose import-time notices concern no user of decoderlab (torchao's "Failed to
+#: load ..._C_mxfp8" for CUDA-only kernels a CPU build lacks, torch pytree's deprecation of how torchao
+#: registers its enums): shown only with ``decoderlab --verbose`` (``DECODERLAB_VERBOSE=1``)
+QUIET_LOGGERS = ("torchao", "torchao.kernel.intmm", "torch.utils._pytree")
+
+
+class quiet_imports:
+    """``with quiet_imports(): import peft`` -- the import-time warnings of :data:`QUIET_LOGGERS` (and their
+    Python warnings) muted for the block, unless ``DECODERLAB_VERBOSE`` is set; errors still show."""
+
+    def __enter__(self):
+        import logging
+        import warnings
+
+        self._on = not os.environ.get("DECODERLAB_VERBOSE")
+        if self._on:
+            self._loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+            self._levels = [log.level for log in self._loggers]
+            for log in self._loggers:
+                log.setLevel(logging.ERROR)
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            for module in ("torchao", "torch.utils._pytree"):
+                warnings.filterwarnings("ignore", module=module)
+        return self
+
+    def __exit__(self, *exc):
+        if self._on:
+            self._warnings.__exit__(*exc)
+            for log, level in zip(self._loggers, self._levels):
+                log.setLevel(level)
+        return False

@@ -69,3 +69,57 @@ def test_chat_reply_in_the_old_order_still_works_and_warns(statquest_checkpoint)
     with pytest.warns(DeprecationWarning, match=r"stream_chat_reply\(model, messages, tokenizer, ...\)"):
         old_stream = "".join(stream_chat_reply(model, tok, messages, template, temperature=0))
     assert old == old_stream == chat_reply(model, messages, tok, template, temperature=0) == "awesome"
+
+
+def _tool_exchange(i):
+    call = {"id": f"c{i}", "type": "function", "function": {"name": "add", "arguments": {"a": i, "b": 2}}}
+    return [{"role": "user", "content": f"{i} plus 2"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": str(i + 2)},
+            {"role": "assistant", "content": f"it is {i + 2}"}]
+
+
+def test_truncation_drops_whole_exchanges_never_a_call_without_its_result():
+    """A tools conversation too long for the context lost its oldest messages two at a time, keeping a tool
+    result without its call (check_messages then refused it); whole exchanges go now."""
+    from decoderlab.chat import fit_messages, get_template
+    from decoderlab.tokenizers import CharTokenizer
+
+    template = get_template("tools")
+    tok = CharTokenizer.from_text("".join(chr(c) for c in range(32, 127)) + "\n").add_special_tokens(
+        list(template.special_tokens))
+    messages = [{"role": "system", "content": "be brief"}, *_tool_exchange(1), *_tool_exchange(2)[:3]]
+    whole, _ = template.render(messages, tok, add_generation_prompt=True)
+    last, _ = template.render([messages[0], *messages[5:]], tok, add_generation_prompt=True)
+    kept, dropped, ids = fit_messages(messages, tok, template, len(whole) - 1, 0)
+    assert (kept, dropped, ids) == ([messages[0], *messages[5:]], 4, last)
+    check_messages(kept, final="user")
+    kept, dropped, _ = fit_messages(messages, tok, template, len(whole) + 1, 0)  # it fits: nothing dropped
+    assert (kept, dropped) == (messages, 0)
+    kept, dropped, _ = fit_messages(messages, tok, template, len(last) + 1, 10)  # the last exchange stays whole
+    assert kept == [messages[0], *messages[5:]] and dropped == 4
+
+
+def test_a_reply_cut_by_a_full_context_says_so(capsys):
+    """A reply that stopped because the prompt and the reply filled the context ended with no word of it:
+    the chat session's notice and `generate --chat` say "context full"."""
+    from decoderlab.chat import get_template
+    from decoderlab.chat.replies import context_full_note
+
+    model, tok = chat_pair()
+    template = get_template("decoderlab")
+    eot = template.end_of_turn_id(tok)
+    info = {}
+    reply = chat_reply(model, [{"role": "user", "content": "hi"}], tok, template, max_new_tokens=1000,
+                       temperature=1.0, seed=0, logit_bias={eot: -100, tok.eos_id: -100}, info=info)
+    assert info["context_full"] and not info["ended_with_end_of_turn"] and len(info["reply_ids"]) <= 48
+    note = context_full_note(info, 48)
+    assert note.startswith("(context full: the reply stopped at ") and "48-token context" in note
+    session = TemplateChatSession(model, tok, template, temperature=1.0, seed=0, max_new_tokens=1000,
+                                  logit_bias={eot: -100, tok.eos_id: -100})
+    "".join(session.reply("hi"))
+    assert session.notice.startswith("(context full")
+    info = {}
+    chat_reply(model, [{"role": "user", "content": "hi"}], tok, template, max_new_tokens=3, temperature=1.0,
+               seed=0, logit_bias={eot: -100, tok.eos_id: -100}, info=info)
+    assert not info["context_full"] and context_full_note(info, 48) is None  # stopped at max_new_tokens
+    assert reply is not None

@@ -114,3 +114,27 @@ def test_tools_template_renders_calls_results_and_definitions_with_their_own_tok
     assert parse_tool_call(tool_call_text("add", call["function"]["arguments"])) == ("add", '{"a": 17, "b": 25}')
     with pytest.raises(ValueError, match="no tool-call tokens"):
         DL.render(messages, tok.add_special_tokens(DL.special_tokens))
+
+
+@pytest.mark.parametrize("arguments", ["", "  ", {}])
+def test_a_call_without_arguments_renders_as_an_empty_object(arguments):
+    """A history call whose ``arguments`` is "" rendered as "add " (vLLM renders ``{}``)."""
+    from decoderlab.chat import get_template, parse_tool_call, tool_call_text
+
+    assert tool_call_text("add", arguments) == "add {}"
+    assert parse_tool_call(tool_call_text("add", arguments)) == ("add", "{}")
+    template = get_template("tools")
+    tok = CharTokenizer.from_text("qadd {}42").add_special_tokens(template.special_tokens)
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    ids, _ = template.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": None,
+                                                                  "tool_calls": [call]},
+                              {"role": "tool", "tool_call_id": "c", "content": "4"},
+                              {"role": "assistant", "content": "2"}], tok)
+    assert "<|tool_call|>add {}<|end|>" in tok.decode(ids)
+
+
+def test_the_tools_template_names_the_json_characters_it_writes():
+    from decoderlab.chat import get_template
+
+    assert set('{}[]":,0123456789 ') <= set(get_template("tools").text_characters)
+    assert get_template("decoderlab").text_characters == ""

@@ -83,7 +83,8 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
     assert (r.returncode, r.stderr) == (0, "")
     out = r.stdout.splitlines()
     assert out[:6] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)",
-                       "error: /max_new_tokens takes an integer >= 0, got 'x'", "(top-p = 0.9)"]
+                       "error: /max_new_tokens takes an integer >= 0 and <= 6 (the model's context, in tokens), got "
+                       "'x'", "(top-p = 0.9)"]
     assert out[6:] == CHAT_HELP.splitlines()  # and nothing after /quit
     for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
         assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
@@ -118,7 +119,8 @@ def test_chat_command_errors_say_what_is_allowed(statquest_checkpoint, decoderla
     assert (r.returncode, r.stderr) == (0, "")
     seed = "error: /seed takes an integer in 0 .. 2**63-1 (off: fresh entropy), got "
     top_k = "error: /top-k takes an integer >= 0 (0 or off: no top-k filter), got "
-    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0, got 'abc'", seed + "'abc'",
+    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's context, in "
+                                     "tokens), got 'abc'", seed + "'abc'",
                                      seed + "'-1'", seed + "'99999999999999999999999'", "(seed = 5)",
                                      top_k + "'abc'", top_k + "'-2'"]
 
@@ -226,3 +228,10 @@ def test_ctrl_c_during_a_reply_stops_only_that_reply(tmp_path):
     assert lines[stopped + 1:stopped + 2] == ["(max-new-tokens = 3)"] and len(lines) == stopped + 3
     assert len(lines[-1]) == 3 and set(lines[-1]) <= set("abcdefgh ")  # the next line got its 3-token answer
     assert p.stderr.read() == b""
+
+
+def test_max_new_tokens_in_chat_is_bounded_by_the_context(statquest_checkpoint, decoderlab_cli):
+    """`/max-new-tokens 100000` was accepted while every reply is cut by the context (6 tokens here)."""
+    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/max-new-tokens 100000\n/max-new-tokens 6\n")
+    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's context, in "
+                                     "tokens), got '100000'", "(max-new-tokens = 6)"]

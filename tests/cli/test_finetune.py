@@ -149,3 +149,35 @@ def test_bad_lora_and_dpo_settings_are_one_line(tmp_path, capsys, more, says):
                      "--max-steps", "1", *more]) == 2
     err = capsys.readouterr().err
     assert err.startswith("decoderlab: error: ") and says in err and err.count("\n") == 1, err
+
+
+def test_a_run_directory_alone_resumes_and_a_changed_data_file_is_refused(tmp_path, capsys):
+    """`finetune --resume DIR` needs nothing else: the run directory records its data and is its output; the
+    data file changed since is refused by its digest."""
+    data = write(tmp_path, GOOD, GOOD)
+    out = tmp_path / "run"
+    assert cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(out), "--max-steps", "2",
+                     "--eval-every", "2", "--val-fraction", "0", "--eval-prompts", "1", "--no-progress-bar"]) == 0
+    assert cli.main(["finetune", "--resume", str(out), "--max-steps", "3", "--no-progress-bar"]) == 0
+    assert json.loads((out / "meta.json").read_text())["step"] == 3
+    assert cli.main(["finetune", "--resume", str(out / "lightning" / "last.ckpt"), "--max-steps", "4",
+                     "--no-progress-bar"]) == 0
+    assert json.loads((out / "meta.json").read_text())["step"] == 4
+    capsys.readouterr()
+    data.write_text(GOOD + "\n", encoding="utf-8")
+    assert cli.main(["finetune", "--resume", str(out), "--max-steps", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"decoderlab: error: cannot resume {out}: the conversations differ") and \
+        err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--preset", "statquest", "--out", "o"], "give --data PATH"),
+    (["--preset", "statquest", "--data", "d.jsonl"], "give --out DIR"),
+    (["--resume", "--data", "d.jsonl"], "--resume without a value continues --out"),
+])
+def test_a_new_run_still_needs_its_data_and_out(argv, says, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["finetune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlab: error: ") and says in err and err.count("\n") == 1, err

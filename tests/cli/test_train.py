@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tiny_runs import TINY, cache, ddp_env, one_thread, run, run_group, text, tiny_config  # noqa: F401
 
 from decoderlab import cli
@@ -397,3 +398,28 @@ def test_watch_heads_bad_input(argv, message, capsys, tmp_path):
         status = e.code
     err = capsys.readouterr().err
     assert status == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_lesson_s_run_keeps_a_checkpoint_that_resumes_with_more_epochs(tmp_path, capsys, closed_stdout_cli):
+    """`train --preset statquest --out D` then `train --resume D --epochs 40`: the lesson's run keeps
+    lightning/last.ckpt (also when the pipe closes early) and its resume to 40 epochs is the 40-epoch run."""
+    from decoderlab.checkpoint import load_checkpoint
+
+    out = tmp_path / "sq"
+    status, err = closed_stdout_cli("train", "--preset", "statquest", "--out", out)
+    assert status == 0 and "Traceback" not in err, err
+    assert (out / "lightning" / "last.ckpt").is_file()
+    assert cli.main(["train", "--resume", str(out)]) == 2  # nothing left to train: say how to go on
+    assert "has trained 30 epochs already; to continue it, give more epochs (--epochs 60)" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(out), "--epochs", "40"]) == 0
+    assert "for 40 epochs" in capsys.readouterr().out
+    assert cli.main(["train", "--preset", "statquest", "--out", str(tmp_path / "forty"), "--epochs", "40"]) == 0
+    a, _ = load_checkpoint(out)
+    b, _ = load_checkpoint(tmp_path / "forty")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--epochs", "50", "--lr", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"decoderlab: error: cannot resume {out} with --lr=0.5: the run was trained with --lr=0.1; resume " \
+                  f"with the run's own, or start a new run\n", err

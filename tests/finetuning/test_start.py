@@ -56,3 +56,19 @@ def test_the_lesson_template_from_scratch_learns_with_the_lesson_s_optimizer_wit
     cfg = json.loads((tmp_path / "run" / "run.json").read_text())["train_config"]
     assert cfg["lr"] == LESSON_FINETUNE["lr"] and cfg["grad_clip"] == LESSON_FINETUNE["grad_clip"]
     assert s.evaluation["exact_match"] == 1.0, s.evaluation
+
+
+def test_a_character_vocabulary_built_for_the_tools_template_holds_its_json_characters(tmp_path):
+    """A char-level model fine-tuned from scratch with the tools template could serve calls only if its data
+    happened to hold every JSON character: the template's own characters are in the vocabulary it builds."""
+    from tiny_runs import TINY_CHAT, conv, tiny_cfg
+
+    from decoderlab.chat import get_template
+    from decoderlab.finetuning import finetune
+
+    data = [conv("hi", "ho"), conv("say yes", "yes")]  # no brace, quote, colon, comma or digit
+    _, tok, _ = finetune(data, out=tmp_path / "r", preset="baby-shakespeare", template="tools",
+                         model_overrides=dict(TINY_CHAT, max_len=64), train_config=tiny_cfg(), val_fraction=0,
+                         eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu")
+    assert set(get_template("tools").text_characters) <= set(tok.token_to_id)
+    assert tok.encode('say {"a": 12, "e": [3.5, -1]}')

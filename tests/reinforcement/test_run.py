@@ -59,7 +59,8 @@ def test_a_tiny_run_raises_the_mean_reward_and_writes_a_chat_checkpoint_with_its
     assert torch.load(out / "lightning" / "last.ckpt", weights_only=False)["global_step"] == 30
 
 
-@pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [None, {"rank": 2}, {"rank": 2, "dropout": 0.3}],
+                         ids=["full", "lora", "lora-dropout"])
 def test_resume_equals_an_uninterrupted_run(base, tmp_path, lora):
     kw = dict(train={"eval_every": 2, "accumulate": 2, "batch_size": 2}, rl={"kl_coef": 0.1, "group_size": 4},
               lora=lora, save_adapter=lora is not None)
@@ -75,7 +76,7 @@ def test_resume_equals_an_uninterrupted_run(base, tmp_path, lora):
         weights = load_file(tmp_path / "cut" / "model.safetensors")
         assert not any("lora" in k for k in weights) and (tmp_path / "cut" / "adapter" / "adapter_config.json").is_file()
         assert s.trainable_parameters == lora_parameter_count(load_model(tmp_path / "cut").model, 2)
-        assert s.lora == {"rank": 2, "alpha": 2.0, "dropout": 0.0, "targets": ["attn", "mlp"]}
+        assert s.lora == {"rank": 2, "alpha": 2.0, "dropout": lora.get("dropout", 0.0), "targets": ["attn", "mlp"]}
 
 
 def test_a_base_model_without_a_chat_template_is_told_to_fine_tune_first(tmp_path):

@@ -220,3 +220,51 @@ def test_completions_on_a_chat_model_end_at_its_end_of_turn():
         r = c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "b"}], max_tokens=10,
                                       temperature=0)
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("abc", "stop")
+
+
+def test_a_list_of_prompts_gives_one_choice_per_prompt_per_n_prompt_major(server, mt):
+    """OpenAI's batch of prompts (lm-eval with batch_size > 1 sends one): choice p * n + i is prompt p's choice
+    i, each the text generate gives that prompt with seed + i; the usage is the batch's."""
+    url, _ = server
+    _, tok = mt
+    prompts = ["the sky", "my name", "ab"]
+    r = client(url).completions.create(model=MODEL_ID, prompt=prompts, max_tokens=6, temperature=1.0, seed=5, n=2)
+    assert [c.index for c in r.choices] == list(range(6))
+    for c in r.choices:
+        p, i = divmod(c.index, 2)
+        assert c.text == ref_text(mt, tok.encode(prompts[p]), 6, 1.0, 5 + i), c.index
+    assert r.usage.prompt_tokens == sum(len(p) for p in prompts) and r.usage.completion_tokens == 36
+    ids = [tok.encode(p) for p in prompts[:2]]
+    r = client(url).completions.create(model=MODEL_ID, prompt=ids, max_tokens=4, temperature=0)
+    assert [c.text for c in r.choices] == [ref_text(mt, x, 4, 0, None) for x in ids]
+
+
+def test_a_list_of_prompts_streams_and_echoes_each_prompt(server, mt):
+    url, _ = server
+    _, tok = mt
+    prompts = ["the sky", "my name"]
+    chunks = list(client(url).completions.create(model=MODEL_ID, prompt=prompts, max_tokens=5, temperature=0,
+                                                 stream=True))
+    texts = ["", ""]
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.text
+    assert texts == [ref_text(mt, tok.encode(p), 5, 0, None) for p in prompts]
+    r = client(url).completions.create(model=MODEL_ID, prompt=prompts, max_tokens=0, echo=True, logprobs=1)
+    assert [c.text for c in r.choices] == prompts
+    assert ["".join(c.logprobs.tokens) for c in r.choices] == prompts
+    assert r.usage.prompt_tokens == sum(len(p) for p in prompts)
+
+
+@pytest.mark.parametrize("prompt", [["a", [1, 2]], [[1], "b"], [[1, 2], [3, [4]]]])
+def test_a_batch_mixing_text_and_ids_is_refused_naming_prompt(server, prompt):
+    url, _ = server
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL_ID, "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_a_batch_with_one_prompt_too_long_is_refused_naming_it(server):
+    url, _ = server
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL_ID, "prompt": ["a", "b" * 200], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt[1]"
+    assert r.json()["error"]["code"] == "context_length_exceeded"

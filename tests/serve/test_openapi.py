@@ -10,6 +10,7 @@ httpx = pytest.importorskip("httpx")
 
 from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
 from decoderlab.serve import protocol as P  # noqa: E402
+from decoderlab.serve import trace_protocol as TP  # noqa: E402
 
 from .helpers import MODEL_ID, FakeTemplate  # noqa: E402
 
@@ -27,7 +28,7 @@ def test_openapi_lists_the_endpoints_with_their_request_schemas(chat_server):
     for path in ("/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/decoderlab/trace", "/"):
         assert path in paths, path
     for path, model in (("/v1/completions", P.CompletionRequest), ("/v1/chat/completions", P.ChatCompletionRequest),
-                        ("/v1/decoderlab/trace", P.TraceRequest)):
+                        ("/v1/decoderlab/trace", TP.TraceRequest)):
         op = paths[path]["post"]
         body = resolve(schema, op["requestBody"]["content"]["application/json"]["schema"])
         props = body["properties"]

@@ -11,6 +11,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from decoderlab.config import ServeLimits  # noqa: E402
 from decoderlab.serve import protocol as P  # noqa: E402
+from decoderlab.serve import trace_protocol as TP  # noqa: E402
 from decoderlab.serve.body import loads  # noqa: E402
 from decoderlab.serve.errors import APIError, from_validation, param_of  # noqa: E402
 from decoderlab.serve.generation import settings_of  # noqa: E402
@@ -37,7 +38,7 @@ BAD_FIELDS = [
     (P.CompletionRequest, {"prompt": "a", "stop": ""}, "stop", ["non-empty string"]),
     (P.CompletionRequest, {"prompt": {"text": "a"}}, "prompt", ["string", "token ids"]),  # extra nesting
     (P.CompletionRequest, {"prompt": [[1, [2]]]}, "prompt", ["token ids"]),
-    (P.CompletionRequest, {"prompt": ["a", "b"]}, "prompt", ["one prompt per request"]),
+    (P.CompletionRequest, {"prompt": ["a", [2]]}, "prompt", ["a list of strings or a list of token-id lists"]),
     (P.CompletionRequest, {"prompt": "a", "temperature": {"value": 1}}, "temperature", ["number"]),
     (P.CompletionRequest, {"prompt": "a", "temperature": 2.5}, "temperature", ["<= 2"]),
     (P.CompletionRequest, {"prompt": "a", "top_p": 0}, "top_p", ["> 0"]),
@@ -59,10 +60,10 @@ BAD_FIELDS = [
     (P.ChatCompletionRequest, {"messages": []}, "messages", ["at least 1"]),
     (P.ChatCompletionRequest, {"messages": [USER], "top_logprobs": 2}, "top_logprobs", ["needs logprobs"]),
     (P.ChatCompletionRequest, {"messages": [USER], "logprobs": 1}, "logprobs", ["true or false"]),
-    (P.TraceRequest, {"prompt": "a", "top": 0}, "top", [">= 1"]),
-    (P.TraceRequest, {"prompt": "a", "layers": "0"}, "layers", ["list"]),
-    (P.TraceRequest, {"prompt": "a", "continuation": 5}, "continuation", ["string"]),
-    (P.TraceRequest, {"token_ids": [1, "2"]}, "token_ids[1]", ["integer"]),
+    (TP.TraceRequest, {"prompt": "a", "top": 0}, "top", [">= 1"]),
+    (TP.TraceRequest, {"prompt": "a", "layers": "0"}, "layers", ["list"]),
+    (TP.TraceRequest, {"prompt": "a", "continuation": 5}, "continuation", ["string"]),
+    (TP.TraceRequest, {"token_ids": [1, "2"]}, "token_ids[1]", ["integer"]),
 ]
 
 
@@ -126,7 +127,7 @@ def test_missing_required_fields_name_them():
     assert (err.param, err.code) == ("messages", "missing_required_parameter")
     err = refusal(P.ChatCompletionRequest, {"messages": [USER, {"content": "x"}]})
     assert (err.param, err.code) == ("messages[1].role", "missing_required_parameter")
-    err = refusal(P.TraceRequest, {"temperature": 0})
+    err = refusal(TP.TraceRequest, {"temperature": 0})
     assert (err.param, err.code) == ("prompt", "missing_required_parameter")
 
 
@@ -214,3 +215,9 @@ def test_responses_and_chunks_serialise_in_openai_s_shape():
 def test_messages_quote_the_value_as_given():
     err = refusal(P.CompletionRequest, {"prompt": "a", "suffix": {"1": 2}})
     assert err.message.startswith('suffix={"1": 2} is not supported')
+
+
+def test_the_trace_shapes_live_in_trace_protocol_and_stay_importable_from_protocol():
+    for name in ("TraceRequest", "TraceResponse", "HeadRef", "TokenProb"):
+        assert getattr(P, name) is getattr(TP, name)
+        assert getattr(TP, name).__module__ == "decoderlab.serve.trace_protocol"

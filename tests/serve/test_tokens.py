@@ -54,3 +54,41 @@ def test_bad_token_requests_are_400s_naming_the_field(server, path, body, param)
         r = httpx.post(url + path, content=raw)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
     assert httpx.post(url + "/tokenize", json={"prompt": "ok"}).status_code == 200  # it serves the others
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+
+def test_tokenize_takes_tools_and_counts_what_chat_completions_sends(tools_server, tools_model):
+    """vLLM's tokenize request takes ``tools``, so a client can count the tool block before sending; the ids are
+    the chat template's render with the tools, the prompt chat completions builds (its usage says so)."""
+    from decoderlab.chat import get_template
+
+    _, tok = tools_model
+    msgs = [{"role": "user", "content": "1 plus 2"}]
+    r = httpx.post(tools_server + "/tokenize", json={"messages": msgs, "tools": TOOLS})
+    assert r.status_code == 200, r.text
+    want, _ = get_template("tools").render(msgs, tok, add_generation_prompt=True, tools=TOOLS)
+    assert r.json()["tokens"] == list(want)
+    without = httpx.post(tools_server + "/tokenize", json={"messages": msgs}).json()
+    assert without["count"] < r.json()["count"]
+    used = httpx.post(tools_server + "/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 1,
+                                                                    "tool_choice": "none"}).json()
+    assert used["usage"]["prompt_tokens"] == r.json()["count"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "tools": TOOLS}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools[0]"),
+])
+def test_tokenize_with_bad_tools_is_a_400_naming_the_field(tools_server, body, param):
+    r = httpx.post(tools_server + "/tokenize", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), r.text
+
+
+def test_tokenize_with_tools_on_a_template_without_tool_tokens_says_so(chat_server):
+    url, _ = chat_server
+    r = httpx.post(url + "/tokenize", headers={"Authorization": "Bearer sekret"},
+                   json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "tool-call tokens" in r.text

@@ -12,8 +12,8 @@ from decoderlab.lesson import LESSON_TEMPLATE
 def test_the_checkpoint_stores_the_lesson_template(statquest_checkpoint):
     meta = read_meta(statquest_checkpoint)
     assert meta["task"] == "chat" and meta["chat_template"] == LESSON_TEMPLATE == TEMPLATES["lesson"].to_dict()
-    assert sorted(p.name for p in statquest_checkpoint.iterdir()) == ["config.json", "meta.json", "model.safetensors",
-                                                                      "tokenizer.json"]  # no run directory
+    assert sorted(p.name for p in statquest_checkpoint.iterdir()) == [
+        "config.json", "lightning", "meta.json", "model.safetensors", "run.json", "tokenizer.json"]  # resumable
 
 
 def test_new_and_old_lesson_checkpoints_answer_awesome(statquest_checkpoint, tmp_path, capsys):

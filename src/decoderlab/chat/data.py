@@ -24,6 +24,10 @@ def _detect_format(obj) -> str:
         if "instruction" in obj and "output" in obj:
             return "alpaca"
     keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+    if isinstance(obj, dict) and {"prompt", "chosen", "rejected"} <= set(obj):
+        raise ValueError(f"unknown conversation format (keys {keys}): this is a preference pair (prompt, chosen, "
+                         f"rejected), which supervised fine-tuning cannot read; train on pairs with method='dpo' "
+                         f"(--method dpo)")
     raise ValueError(f"unknown conversation format (keys {keys}); allowed: {{\"messages\": [...]}}, "
                      f"{{\"prompt\", \"completion\"}} or {{\"instruction\", \"input\", \"output\"}} (Alpaca)")
 

@@ -14,12 +14,15 @@ from .templates import ChatTemplate, get_template
 
 def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatTemplate, max_len: int,
                  reserve: int) -> tuple[list[dict], int, list[int]]:
-    """Drop the oldest turns (a user message with the assistant reply after it; never the system message)
-    until the rendered prompt (with the generation prompt) plus ``reserve`` new tokens fits in ``max_len``.
+    """Drop the oldest exchanges (a user message with everything up to the next user message: the assistant's
+    reply, or its tool calls, their results and the reply after them -- never a call without its result; never
+    the system message) until the rendered prompt (with the generation prompt) plus ``reserve`` new tokens
+    fits in ``max_len``.
 
     Returns:
-        ``(kept_messages, number_of_messages_dropped, prompt_ids)``. When even the last user message alone
-        leaves less than ``reserve`` tokens, it is kept with what room there is.
+        ``(kept_messages, number_of_messages_dropped, prompt_ids)``. When even the last exchange alone (the
+        last user message, with the tool calls and results after it) leaves less than ``reserve`` tokens, it is
+        kept with what room there is.
 
     Raises:
         ValueError: the system message and the last user message alone render to ``max_len`` tokens or more.
@@ -31,15 +34,25 @@ def fit_messages(messages: Sequence[dict], tokenizer: Tokenizer, template: ChatT
     dropped = 0
     while True:
         ids, _ = template.render(head + body, tokenizer, add_generation_prompt=True)
-        if len(ids) + reserve <= max_len or len(body) == 1:
+        users = [i for i, m in enumerate(body) if m["role"] == "user"]
+        if len(ids) + reserve <= max_len or len(users) <= 1:
             break
-        body = body[2:]
-        dropped += 2
+        body = body[users[1]:]  # the oldest whole exchange
+        dropped += users[1]
     if len(ids) >= max_len:
         what = "system message and the last user message alone render" if head else "last user message alone renders"
         raise ValueError(f"the {what} to {len(ids)} tokens, which leaves no room for a reply within the model's "
                          f"max_len={max_len}; shorten the message")
     return head + body, dropped, ids
+
+
+def context_full_note(info: dict, max_len: int) -> str | None:
+    """The line saying a reply ended because the context was full (its prompt and reply filled ``max_len``
+    before the end of turn or ``max_new_tokens``), from :func:`stream_chat_reply`'s ``info``; else None."""
+    if info.get("ended_with_end_of_turn") or not info.get("context_full"):
+        return None
+    return (f"(context full: the reply stopped at {info['max_new_tokens']} tokens, where the prompt and the reply "
+            f"fill the model's {max_len}-token context)")
 
 
 def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
@@ -61,7 +74,8 @@ def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
         params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
             max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
         info: a dict to receive ``prompt_ids``, ``dropped_messages`` (count), ``reply_ids``,
-            ``ended_with_end_of_turn`` (bool) and ``max_new_tokens`` (the cap actually used).
+            ``ended_with_end_of_turn`` (bool), ``max_new_tokens`` (the cap actually used) and ``context_full``
+            (that cap is the room left in the context, below the one asked for).
 
     Raises:
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
@@ -77,7 +91,7 @@ def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
     n_new = max(0, min(params.max_new_tokens, max_len - len(ids)))
     if info is not None:
         info.update(prompt_ids=list(ids), dropped_messages=dropped, max_new_tokens=n_new, reply_ids=[],
-                    ended_with_end_of_turn=False)
+                    ended_with_end_of_turn=False, context_full=n_new < params.max_new_tokens)
     # the end of turn ends the reply, whatever the settings; <PAD> is never sampled and <EOS> ends it too
     params = params.replace(max_new_tokens=n_new, stop=(eot,) + (params.stop or ()))
     gen = stream(model, ids, params, tokenizer=tokenizer)
@@ -159,5 +173,6 @@ class TemplateChatSession(ChatSession):
                          f"context: dropped the {info['dropped_messages']} oldest messages"
                          f"{', kept the system message' if head else ''})")
         if not info["ended_with_end_of_turn"]:
-            notes.append(f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
+            notes.append(context_full_note(info, self.model.config.max_len) or
+                         f"(the reply stopped at {info['max_new_tokens']} tokens without an end of turn)")
         return "\n".join(notes) or None

@@ -34,6 +34,10 @@ from ..tokenizers import EOS, Tokenizer
 from .messages import check_messages
 
 
+#: the characters of a tool call's and a tool block's JSON (:attr:`ChatTemplate.text_characters`)
+TOOL_CALL_CHARACTERS = ' {}[]":,.-+0123456789eE_truefalsn'
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """How a conversation becomes tokens. Each field is a special-token string (None: no token).
@@ -78,6 +82,14 @@ class ChatTemplate:
     def has_tools(self) -> bool:
         """The template can render tool calls and tool results."""
         return bool(self.tool_call and self.tool)
+
+    @property
+    def text_characters(self) -> str:
+        """The characters the template writes itself, beyond its special tokens: a tools template's JSON
+        (braces, brackets, quotes, colon, comma, digits, sign, point, true/false/null, the name's underscore and
+        the space after it). A character vocabulary built for the template holds them, as it holds its special
+        tokens, so that a call can be written whatever the data happened to contain."""
+        return TOOL_CALL_CHARACTERS if self.has_tools else ""
 
     @property
     def default_temperature(self) -> float:
@@ -208,7 +220,9 @@ def tools_text(tools: Sequence[dict]) -> str:
 def tool_call_text(name: str, arguments: str | dict) -> str:
     """The text of one tool call after the ``<|tool_call|>`` token: ``NAME {ARGUMENTS}``, the arguments as JSON
     (a JSON text is normalised to ``json.dumps``' spacing, the spacing the model is constrained to write;
-    text that is not JSON is kept as it is)."""
+    empty text is ``{}``, no arguments, as vLLM renders it; other text that is not JSON is kept as it is)."""
+    if isinstance(arguments, str) and not arguments.strip():
+        arguments = {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -17,6 +17,7 @@ bad values) print one ``decoderlab: error: ...`` line and exit 2.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from .parser import build_parser
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``decoderlab ARGV`` (default ``sys.argv[1:]``) and return its exit status (``decoderlab`` console
     script, ``python -m decoderlab.cli``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--verbose" in argv:  # anywhere on the line: other libraries' import notices are shown too
+        argv.remove("--verbose")
+        os.environ["DECODERLAB_VERBOSE"] = "1"
     args = build_parser(argv).parse_args(argv)
     from .errors import run_command
 

@@ -92,7 +92,9 @@ def _set_top_p(session, typed: str, arg: str, off: bool) -> str:
 
 
 def _set_max_new_tokens(session, typed: str, arg: str, off: bool) -> str:
-    session.params = session.params.replace(max_new_tokens=_command_number(typed, arg, int, "an integer >= 0"))
+    room = session.model.config.max_len  # a reply never outgrows the model's context
+    session.params = session.params.replace(max_new_tokens=_command_number(
+        typed, arg, int, f"an integer >= 0 and <= {room} (the model's context, in tokens)", maximum=room))
     return f"({typed} = {session.params.max_new_tokens})"
 
 

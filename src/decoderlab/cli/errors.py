@@ -43,15 +43,29 @@ def in_flag_words(message) -> str:
     return _field_re().sub(lambda m: FIELD_FLAGS[m.group(1)], str(message))
 
 
+#: advice in library messages that names a Python argument -> what a user of the command line does instead
+CLI_PHRASES = {
+    "or with unk=True to map unknown characters to <unk>":
+        "or use a model whose tokenizer has it (one trained with --tokenizer bpe reads any text as bytes)",
+}
+
+
+def in_cli_phrases(message: str) -> str:
+    """``message`` with the advice of :data:`CLI_PHRASES` in the command line's terms."""
+    for python, cli in CLI_PHRASES.items():
+        message = message.replace(python, cli)
+    return message
+
+
 def error_message(e: BaseException) -> str:
     """The text of the one error line: an operating-system error as ``PATH: reason`` (no ``[Errno 2]``), a
     KeyError's message without its quotes, anything else as it reads."""
     if isinstance(e, KeyError) and e.args:
-        return str(e.args[0])
+        return in_cli_phrases(str(e.args[0]))
     if isinstance(e, OSError) and e.strerror:
         where = [str(p) for p in (e.filename, e.filename2) if p is not None]
         return f"{' -> '.join(where)}: {e.strerror}" if where else e.strerror
-    return str(e)
+    return in_cli_phrases(str(e))
 
 
 def print_error(message) -> None:

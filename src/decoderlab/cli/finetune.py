@@ -13,7 +13,7 @@ from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
 from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, add_model_shape_options, add_options,
                       add_train_config_options, check_out_dir, check_strategy, flag, lora_options, model_overrides,
-                      progress_mode, train_overrides)
+                      progress_mode, run_out, train_overrides)
 
 DESCRIPTION = ("Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL file of "
                "{\"messages\": [...]}, {\"prompt\", \"completion\"} or Alpaca {\"instruction\", \"input\", "
@@ -49,8 +49,9 @@ def add_finetune(p) -> None:
 
 
 def _add_data_options(p) -> None:
-    p.add_argument("--data", required=True, metavar="PATH",
-                   help="the JSONL file of conversations (with --method dpo: of preference pairs)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="the JSONL file of conversations (with --method dpo: of preference pairs); a resume reads "
+                        "the run's own (default: none; give it or --resume)")
     p.add_argument("--method", default=None, choices=FINETUNE_METHODS,
                    help="sft: supervised on conversations; dpo: preference pairs against the starting model, "
                         "frozen (default sft)")
@@ -62,7 +63,8 @@ def _add_data_options(p) -> None:
     p.add_argument("--val-fraction", type=number(float, 0), default=None, metavar="X",
                    help=f"share of --data held out, seeded; 0 = none, evaluate on the training data (default "
                         f"{FINETUNE_VAL_FRACTION:g})")
-    p.add_argument("--out", required=True, metavar="DIR", help="run/checkpoint directory to write")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="run/checkpoint directory to write (default: none; give it, or --resume RUN_DIR)")
     p.add_argument("--template", default=None, metavar="NAME",
                    help=f"chat template: {', '.join(TEMPLATES)} (default {DEFAULT_TEMPLATE})")
     p.add_argument("--seed", type=seed(32), default=None, metavar="N",
@@ -73,6 +75,8 @@ def _add_data_options(p) -> None:
 
 def _check_start(args, shape: dict) -> None:
     """One way to start: --checkpoint, --preset (with the from-scratch flags) or --resume."""
+    if args.resume is None and args.data is None:
+        raise ValueError("give --data PATH (the JSONL file to fine-tune on), or --resume RUN_DIR (a run's own data)")
     if args.resume is None and args.checkpoint is None and args.preset is None:
         raise ValueError("give --checkpoint DIR (a base model to fine-tune) or --preset NAME (a model from scratch)")
     if args.resume is not None and (args.checkpoint or args.preset or shape):
@@ -91,6 +95,7 @@ def cmd_finetune(args) -> int:
 
 
 def _finetune(args) -> int:
+    args.out = run_out(args)
     check_out_dir(args.out)
     shape = model_overrides(args)
     _check_start(args, shape)

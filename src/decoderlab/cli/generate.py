@@ -200,7 +200,7 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
     checkpoint's template (the renderer fine-tuning used), ending at the end of turn. The lesson's model answers
     so without --chat too (:func:`_lesson_prompt`), and its answer is printed with its <EOS>."""
-    from ..chat import stream_chat_reply
+    from ..chat.replies import context_full_note, stream_chat_reply
 
     lesson = template is not None and template.name == "lesson"
     if lesson and not args.chat:
@@ -223,4 +223,7 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     write_pieces(pieces, stream=not args.no_stream,
                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                  else "")
+    note = context_full_note(info, model.config.max_len)
+    if note:
+        print(f"decoderlab: {note.strip('()')}", file=sys.stderr)
     return 0

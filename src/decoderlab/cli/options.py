@@ -333,6 +333,26 @@ RUN_OPTIONS = (
 )
 
 
+def run_out(args) -> str:
+    """The run directory a command writes: ``--out``; on a resume without it, the run directory ``--resume``
+    names (a directory, or the one a ``.ckpt`` belongs to: the parent of its ``lightning/``), so that a run
+    directory alone resumes a run (it records its data and settings in ``run.json``)."""
+    if args.out is not None:
+        return args.out
+    resume = getattr(args, "resume", None)
+    if resume is None:
+        raise ValueError("give --out DIR (the run/checkpoint directory to write)")
+    if resume is True:
+        raise ValueError("--resume without a value continues --out; give --resume RUN_DIR or --out RUN_DIR")
+    path = os.path.normpath(str(resume))
+    if not path.endswith(".ckpt"):
+        return path
+    parent = os.path.dirname(path) or "."
+    if os.path.basename(parent) == "lightning":
+        return os.path.dirname(parent) or "."
+    return parent
+
+
 def progress_mode(args):
     """A bar on a terminal; plain lines when the output is redirected or with ``--no-progress-bar``."""
     return True if sys.stdout.isatty() and not args.no_progress_bar else "plain"

@@ -87,6 +87,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Build, verify, train, inspect and chat with decoder-only (GPT-style) transformers.",
     )
     parser.add_argument("--version", action="version", version=f"decoderlab {__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show other libraries' import-time notices (torchao, torch's pytree), quiet by "
+                             "default; anywhere on the line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # the top level has no option that takes a value: the first word that is not an option names the command
     wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")

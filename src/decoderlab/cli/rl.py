@@ -9,7 +9,7 @@ from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
 from .options import (LORA_OPTIONS, RUN_OPTIONS, add_options, add_train_config_options, check_out_dir, dest,
-                      lora_options, progress_mode, train_overrides)
+                      lora_options, progress_mode, run_out, train_overrides)
 
 DESCRIPTION = ("Reinforcement learning of a chat checkpoint from a checkable reward: each step samples G replies "
                "per prompt, rewards them, and follows the policy gradient of the reward minus its group's mean "
@@ -42,7 +42,8 @@ def add_rl(p) -> None:
     p.add_argument("--reward", default=None, metavar="NAME",
                    help=f"a built-in reward ({', '.join(REWARDS)}) or module:function, a function (reply, row, "
                         f"ended) -> float (default {DEFAULT_REWARD})")
-    p.add_argument("--out", required=True, metavar="DIR", help="run/checkpoint directory to write")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="run/checkpoint directory to write (default: none; give it, or --resume RUN_DIR)")
     p.add_argument("--seed", type=seed(32), default=None, metavar="N",
                    help=f"random seed of the prompts' order and the samples (default {TRAIN_DEFAULTS['seed']})")
     g = p.add_argument_group("sampling and reward (defaults: decoderlab.config.RLConfig)")
@@ -76,6 +77,7 @@ def cmd_rl(args) -> int:
 
 
 def _rl(args) -> int:
+    args.out = run_out(args)
     check_out_dir(args.out)
     if args.resume is None and (args.checkpoint is None or args.prompts is None):
         raise ValueError("give --checkpoint DIR (a chat checkpoint) and --prompts PATH (the prompts to answer)")

@@ -3,7 +3,6 @@ with ``--preset statquest`` the lesson's model on its two pairs (``decoderlab.tr
 
 from __future__ import annotations
 
-
 from ..config.defaults import PAIR_TRAIN, TRAIN_DEFAULTS
 from ..config.names import DEFAULT_BPE_VOCAB_SIZE, DEFAULT_TOKENIZER, TOKENIZERS
 from ..config.recipes import DEFAULT_RECIPE, RECIPES, TRAIN_CHOICES
@@ -12,7 +11,7 @@ from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
 from .options import (RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_model_shape_options, add_options,
                       add_train_config_options, check_out_dir, check_strategy, flag, model_overrides, progress_mode,
-                      set_threads, train_overrides)
+                      run_out, set_threads, train_overrides)
 
 _RECIPE_TRAIN = RECIPES[DEFAULT_RECIPE].train
 
@@ -68,10 +67,32 @@ def cmd_train(args) -> int:
         if args.out is not None:
             check_out_dir(args.out)
         set_threads(args)
-        name = args.preset or DEFAULT_RECIPE
+        name = args.preset or ("statquest" if _resumes_pairs(args) else DEFAULT_RECIPE)
         if name == "statquest":
             return _train_statquest(args)
         return _train_lm(args, name)
+
+
+def _resumed_dir(args) -> str | None:
+    """The run directory ``--resume`` continues (``--out`` for a bare ``--resume``); None for a new run."""
+    import argparse
+
+    if args.resume is None or (args.resume is True and args.out is None):
+        return None
+    return run_out(argparse.Namespace(out=None, resume=args.out if args.resume is True else args.resume))
+
+
+def _resumes_pairs(args) -> bool:
+    """``--resume`` names a run of the lesson's pair training (its ``run.json`` says ``"task": "pairs"``)."""
+    import json
+    import os
+
+    run_dir = _resumed_dir(args)
+    try:
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            return json.load(f).get("task") == "pairs"
+    except (TypeError, OSError, ValueError, AttributeError):
+        return False
 
 
 def _train_lm(args, name: str) -> int:
@@ -164,24 +185,23 @@ def _check_not_finished(args) -> None:
 
 
 def _train_statquest(args) -> int:
+    from ..checkpoint import read_meta
     from ..lesson import LESSON_PAIRS
     from ..training import train_pairs
 
-    lm_only = [opt for opt in _LM_ONLY if getattr(args, opt) is not None]
+    lm_only = [opt for opt in _LM_ONLY if getattr(args, opt) is not None and opt != "resume"]
     lm_only += [opt for opt, default in (("devices", 1), ("strategy", "auto"), ("num_nodes", 1))
                 if getattr(args, opt) != default]
     if lm_only:
         raise ValueError(
             f"--preset statquest trains the lesson's two pairs; {', '.join(flag(o) for o in lm_only)} "
             f"{'applies' if len(lm_only) == 1 else 'apply'} to language-model presets only (statquest takes "
-            f"--out, --epochs, --seed, --lr, --batch-size)"
+            f"--out, --resume, --epochs, --seed, --lr, --batch-size)"
         )
-    out = args.out or "runs/statquest"
-    pick = {k: v for k, v in (("max_epochs", args.epochs), ("seed", args.seed), ("lr", args.lr),
-                              ("batch_size", args.batch_size)) if v is not None}
-    settings = {**PAIR_TRAIN, **pick}
-    model, tok = train_pairs(out=out, **settings)
-    _print_lesson(model, tok, LESSON_PAIRS, settings["max_epochs"], out)
+    out = _resumed_dir(args) or args.out or "runs/statquest"
+    model, tok = train_pairs(out=out, resume=args.resume and out, max_epochs=args.epochs, seed=args.seed,
+                             lr=args.lr, batch_size=args.batch_size)
+    _print_lesson(model, tok, LESSON_PAIRS, read_meta(out)["epochs"], out)
     return 0
 
 

@@ -100,6 +100,7 @@ class TrainConfig(Settings):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        check_steps(self)
         check_train_seed(self.seed)
         for name in ("warmup", "num_workers"):
             v = getattr(self, name)
@@ -139,6 +140,20 @@ class TrainConfig(Settings):
 
 #: the largest training seed: Lightning's ``seed_everything`` seeds NumPy too, which takes 0 .. 2**32-1
 MAX_TRAIN_SEED = 2**32 - 1
+#: the most steps (or epochs, or steps between evaluations...) a run may ask for: a billion, years of training
+#: at any speed; beyond it a typo (20 digits) would print an ETA of millions of millennia and a schedule that
+#: never decays
+MAX_STEPS = 10**9
+#: the step-like settings :data:`MAX_STEPS` bounds
+STEP_FIELDS = ("max_steps", "accumulate", "eval_every", "log_every", "warmup", "val_batches")
+
+
+def check_steps(cfg) -> None:
+    """Each of :data:`STEP_FIELDS` at most :data:`MAX_STEPS`; a ``ValueError`` naming the field and the bound."""
+    for name in STEP_FIELDS:
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_STEPS:
+            raise ValueError(f"{name} must be <= {MAX_STEPS:,} (MAX_STEPS, the most a run may ask for), got {v:,}")
 
 
 def check_train_seed(seed) -> int:

@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..chat import ChatTemplate, as_conversations, stream_chat_reply
+from ..chat import ChatTemplate, as_conversations, fit_messages, stream_chat_reply
 from ..checkpoint import unwrap_model
 from ..config.defaults import FINETUNE_VAL_FRACTION
 from ..tokenizers import Tokenizer
@@ -124,6 +124,8 @@ def sft_examples(train_convs: list, val_convs: list, tok, template: ChatTemplate
         raise ValueError(f"no supervised token in the training data: all {len(train_convs)} conversations have "
                          f"their assistant turns beyond max_len={max_len} tokens; use shorter conversations or a "
                          f"model with a longer context")
+    ex, convs = (val_ex, val_convs) if val_ex else (train_ex, train_convs)  # what the evaluation will answer
+    check_eval_prompts(tok, template, [convs[i] for i in ex.conversations], max_len, None)  # before any step
     if truncated or dropped:
         print(f"decoderlab: {truncated} conversation(s) longer than max_len + 1 = {max_len + 1} tokens were "
               f"truncated; {dropped} with no assistant token left were dropped", file=sys.stderr)
@@ -259,7 +261,7 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
             reply = "".join(stream_chat_reply(model, conv[:-1], tokenizer, template, max_new_tokens=max_new_tokens,
                                               temperature=0.0, info=info))
             ended += bool(info["ended_with_end_of_turn"])
-            exact += reply.strip() == conv[-1]["content"].strip()
+            exact += reply.strip() == (conv[-1].get("content") or "").strip()
     finally:
         model.train(was_training)
     return {
@@ -270,6 +272,24 @@ def evaluate_chat(model, tokenizer: Tokenizer, template: ChatTemplate, conversat
         "exact_match": exact / len(prompts) if prompts else None,
         "conversations": len(ex.rows), "dropped": ex.dropped, "tokens": count, "prompts": len(prompts),
     }
+
+
+def check_eval_prompts(tokenizer: Tokenizer, template: ChatTemplate, conversations: Sequence, max_len: int,
+                       max_prompts: int | None = 100) -> None:
+    """Before training: each prompt :func:`evaluate_chat` will answer (the first ``max_prompts``
+    conversations' history before their last reply) renders and fits ``max_len`` after the oldest exchanges
+    are dropped (:func:`decoderlab.chat.fit_messages`), so that no data error waits for the end of the run.
+
+    Raises:
+        ValueError: naming the conversation (its index) and what is wrong with its prompt.
+    """
+    chosen = conversations if max_prompts is None else conversations[:max_prompts]
+    for k, conv in enumerate(chosen):
+        try:
+            fit_messages(conv[:-1], tokenizer, template, max_len, 1)
+        except ValueError as e:
+            raise ValueError(f"evaluation prompt of conversation {k} (the history before its last reply): {e}") \
+                from None
 
 
 def _teacher_forced(model, ex: Examples, pad: int, batch_size: int) -> tuple[float, int, int]:

@@ -106,6 +106,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         model, tok = checkpoint_reader(checkpoint)(checkpoint)
     else:
         text = "\n".join(message_text(m) for c in convs for m in c)
+        if (tokenizer or DEFAULT_TOKENIZER) == "char":  # the template's own characters, as its special tokens
+            text += "\n" + template.text_characters
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else build_tokenizer(tokenizer or DEFAULT_TOKENIZER,
                                                                                  text, vocab_size)
         shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}

@@ -52,6 +52,7 @@ from .engine import check_keep, check_prompt, model_device
 from .params import BoundParams, SamplingParams
 from .processors import TokenCounts
 from .sampling import Sampler
+from .scoring import logprob_token
 from .text import TextStreamer
 
 
@@ -506,8 +507,8 @@ class Scheduler:
         tok = self.tokenizer
 
         def entry(i: int) -> dict:
-            s = tok.decode([i])
-            return {"token": s, "logprob": float(lp[i]), "bytes": list(s.encode("utf-8"))}
+            s, raw = logprob_token(tok, i)  # byte tokens as "bytes:\\xNN", OpenAI's and vLLM's
+            return {"token": s, "logprob": float(lp[i]), "bytes": raw}
 
         item = entry(token)
         if top:

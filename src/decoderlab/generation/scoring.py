@@ -4,6 +4,7 @@ lm-evaluation-harness's ``loglikelihood``), and what the server's ``echo`` + ``l
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,3 +72,31 @@ def loglikelihood(model, context: Sequence[int], continuation: Sequence[int]) ->
     lps = s.logprobs[cont]
     greedy = bool((s.top_ids[cont, 0] == torch.tensor(continuation)).all())
     return sum(lps.tolist()), greedy  # summed in order in Python floats, as the harness sums the JSON numbers
+
+
+def logprob_token(tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """``(token string, its bytes)`` of one token in a logprobs answer, as OpenAI and vLLM write them: the
+    token's text, or for a token that is part of a UTF-8 character (a byte-level BPE piece) ``"bytes:\\xNN..."``
+    so that different byte tokens never share a string; the bytes are the token's own (``token_bytes``), so a
+    client joins them back into the text's UTF-8."""
+    raw = tokenizer.token_bytes(token_id) if hasattr(tokenizer, "token_bytes") else None
+    if raw is not None:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
+    s = tokenizer.decode([token_id])
+    return s, list(s.encode("utf-8"))
+
+
+def text_offsets(items: Sequence[dict], start: int = 0) -> list[int]:
+    """Where each logprob item's token starts in the decoded text, in characters from ``start``: the characters
+    the bytes before it complete (a token inside a character starts at that character; bytes that are no
+    UTF-8 count as one U+FFFD each, as the text writes them)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out, chars = [], start
+    for it in items:
+        out.append(chars)
+        raw = bytes(it["bytes"]) if it.get("bytes") is not None else it["token"].encode("utf-8")
+        chars += len(decoder.decode(raw))
+    return out

@@ -57,7 +57,7 @@ class RLSummary(Summary):
         steps: optimizer steps done; history: per step ``{"step", "loss", "reward", "reward_std", "kl",
             "reply_length", "end_of_turn_rate"}`` (means over the step's replies; KL in nats per sampled
             token, to the starting model; lengths in tokens);
-        reward_start / reward_end: the mean reward of the first / last min(10, steps) steps;
+        reward_start / reward_end: the mean reward of the first / last min(10, steps // 2) steps (never the same);
         reward: the reward's name; prompts: rows of the prompts file; group_size: replies per prompt;
         plot: the PNG of the curves; template, num_parameters, trainable_parameters, lora, train_seconds,
             run_dir, device: as :class:`~decoderlab.finetuning.FinetuneSummary`.
@@ -213,6 +213,20 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
                    verbose=bool(progress_bar or logger))
 
 
+def edge_steps(history: list[dict]) -> tuple[float, float, str]:
+    """``(mean reward of the first k steps, of the last k, what they are)``: k = min(10, steps // 2), so the
+    two never share a step (one step: that step twice, said so); NaN without steps."""
+    if not history:
+        return float("nan"), float("nan"), "no steps"
+    k = max(1, min(_EDGE_STEPS, len(history) // 2))
+
+    def mean(rows):
+        return sum(h["reward"] for h in rows) / len(rows)
+
+    words = "its one step" if len(history) == 1 else f"first and last {k} step{'s' if k > 1 else ''}"
+    return mean(history[:k]), mean(history[-k:]), words
+
+
 def _finish(trainer, run: Run, module: RLModule, tok, template, info, rl_cfg, settings, seconds, n_prompts, *,
             verbose: bool):
     """The curves, the summary (and ``summary.json``) and the closing line; the model merged, on the CPU."""
@@ -222,11 +236,9 @@ def _finish(trainer, run: Run, module: RLModule, tok, template, info, rl_cfg, se
     trained = module.model.cpu()
     model = (merge_lora(trained) if has_lora(trained) else trained).eval()
 
-    def mean(rows):
-        return sum(h["reward"] for h in rows) / len(rows) if rows else float("nan")
-
-    summary = RLSummary(steps=trainer.global_step, history=history, reward_start=mean(history[:_EDGE_STEPS]),
-                        reward_end=mean(history[-_EDGE_STEPS:]), reward=info["reward"], prompts=n_prompts,
+    first, last, edges = edge_steps(history)
+    summary = RLSummary(steps=trainer.global_step, history=history, reward_start=first, reward_end=last,
+                        reward=info["reward"], prompts=n_prompts,
                         group_size=rl_cfg.group_size, plot=plot, template=template.name,
                         num_parameters=model.num_parameters(), trainable_parameters=trainable_parameters(trained),
                         lora=settings, train_seconds=seconds, run_dir=str(run.run_dir), device=device)
@@ -234,7 +246,7 @@ def _finish(trainer, run: Run, module: RLModule, tok, template, info, rl_cfg, se
     if verbose and history:
         last = history[-1]
         print(f"reinforcement learning for {summary.steps} steps: mean reward {summary.reward_start:.4f} -> "
-              f"{summary.reward_end:.4f} (first and last {min(_EDGE_STEPS, len(history))} steps), KL "
+              f"{summary.reward_end:.4f} ({edges}), KL "
               f"{last['kl']:.4f} nats/token, reply length {last['reply_length']:.1f} tokens, end of turn "
               f"{last['end_of_turn_rate']:.0%}; curves in {plot}", file=sys.stdout)
     return model, tok, summary

@@ -62,5 +62,5 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     if turn is not None:
         settings = banned_calls(settings, turn)
     stop_ids = [int(state.template.end_of_turn_id(state.tokenizer))]
-    return await respond(request, state, ChatCompletions(), settings, ids, stop_ids, stream=bool(body.stream),
+    return await respond(request, state, ChatCompletions(), settings, [ids], stop_ids, stream=bool(body.stream),
                          include_usage=include_usage)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from ..generation.scoring import text_offsets
 from .body import JSONRoute
-from .errors import ERROR_RESPONSES
+from .errors import ERROR_RESPONSES, bad
 from .prompts import check_context, encode_prompt
 from .protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
                        Usage)
@@ -18,10 +19,7 @@ router = APIRouter(route_class=JSONRoute, tags=["completions"])
 
 def logprobs_of(items: list[dict], offset: int = 0) -> CompletionLogprobs:
     """The scheduler's logprob items in the completions API's shape (``text_offset`` from ``offset``)."""
-    offsets, pos = [], offset
-    for it in items:
-        offsets.append(pos)
-        pos += len(it["token"])
+    offsets = text_offsets(items, offset)  # in characters of the text, however its bytes were tokenized
     return CompletionLogprobs(tokens=[it["token"] for it in items], token_logprobs=[it["logprob"] for it in items],
                               top_logprobs=[None if it["top_logprobs"] is None else
                                             {t["token"]: t["logprob"] for t in it["top_logprobs"]} for it in items],
@@ -61,10 +59,17 @@ async def create_completion(body: CompletionRequest, request: Request, state: Ap
     tokens' logprobs, with ``logprobs``); ``max_tokens`` 0 then scores the prompt without generating."""
     state.check_model(body.model)
     settings = settings_of(body, state.limits)
-    ids = check_context(state, encode_prompt(state, body.prompt), "prompt")
-    echo = await echo_of(state, settings, ids) if settings.echo else None
+    prompts = body.prompts()
+    if len(prompts) > state.limits.max_queue:
+        raise bad("prompt", f"the batch has {len(prompts)} prompts; this server takes at most "
+                            f"{state.limits.max_queue} (its queue)")
+    param = "prompt" if len(prompts) == 1 else "prompt[{}]"
+    ids = [check_context(state, encode_prompt(state, p, param.format(k)), param.format(k))
+           for k, p in enumerate(prompts)]
+    echoes = [await echo_of(state, settings, x) for x in ids] if settings.echo else None
     return await respond(request, state, Completions(), settings, ids, [], stream=bool(body.stream),
-                         include_usage=bool(body.stream_options and body.stream_options.include_usage), echo=echo)
+                         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                         echoes=echoes)
 
 
 async def echo_of(state: AppState, settings: Settings, ids: list[int]) -> Echo:

@@ -20,7 +20,7 @@ import torch
 from ..config.limits import ServeLimits
 from ..generation import Grammar, Sampler, SamplingParams, SamplingTypeError, SamplingValueError
 from ..generation.scheduler import GenerationRequest, QueueFull, SchedulerClosed
-from ..generation.scoring import score_tokens
+from ..generation.scoring import logprob_token, score_tokens
 from ..generation.stops import parse_stops
 from .errors import APIError, bad
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -220,8 +220,8 @@ async def prompt_items(state: AppState, ids: list[int], top: int) -> list[dict]:
         raise APIError(503, str(e), type="server_error", code="shutting_down") from None
 
     def entry(i: int, lp) -> dict:
-        s = tok.decode([i])
-        return {"token": s, "logprob": None if lp is None else float(lp), "bytes": list(s.encode("utf-8"))}
+        s, raw = logprob_token(tok, i)
+        return {"token": s, "logprob": None if lp is None else float(lp), "bytes": raw}
 
     items = [dict(entry(ids[0], None), top_logprobs=None)]
     for t in range(len(ids) - 1):

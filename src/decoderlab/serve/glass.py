@@ -14,8 +14,8 @@ from ..glassbox import (all_head_scores, decompose, decompose_names, lens_names,
                         zero_ablation)
 from ..glassbox.detectors import pattern_names
 from ..glassbox.watching import probe_tokens
-from .protocol import (HeadRef, TokenProb, TraceAblation, TraceChange, TraceDecomposition, TraceHeadScores,
-                       TraceLensEntry, TracePart, TraceToken)
+from .trace_protocol import (HeadRef, TokenProb, TraceAblation, TraceChange, TraceDecomposition, TraceHeadScores,
+                             TraceLensEntry, TracePart, TraceToken)
 
 #: how many tokens each logit-lens entry lists
 LENS_TOP = 5

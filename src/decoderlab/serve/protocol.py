@@ -1,7 +1,8 @@
 """The wire protocol: pydantic v2 models of every request, response, stream chunk and error the server speaks.
 
-OpenAI's field names and types (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), plus the
-glass-box trace ``/v1/decoderlab/trace``. FastAPI validates request bodies through these models and publishes
+OpenAI's field names and types (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) and vLLM's
+(``/tokenize``, ``/detokenize``, ``/tokenizer_info``); decoderlab's own glass-box shapes (``/v1/decoderlab/*``)
+are in :mod:`decoderlab.serve.trace_protocol`. FastAPI validates request bodies through these models and publishes
 them in ``/openapi.json``. Numbers are strict: a string where a number belongs (``"temperature": "hot"``), a
 float where an integer belongs or a bool where a number belongs is refused, as ``decoderlab.generate`` refuses
 them.
@@ -217,26 +218,43 @@ class GenerationFields(SamplingFields):
         return value
 
 
-def _one_prompt(value):
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def one_prompt(value):
     """A prompt as text or token ids: a string, a list of token ids, or a list holding one of these."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if isinstance(value, str) or _is_ids(value):
         return value
     raise refuse("prompt", "prompt must be a string, a list of token ids, or a list holding one of these (one "
                            "prompt per request)")
 
 
+def prompt_list(value):
+    """One prompt (as :func:`one_prompt`), or a batch kept as its list: several strings, or several token-id
+    lists (OpenAI's list of prompts)."""
+    if isinstance(value, list) and len(value) > 1 and not _is_ids(value):
+        if all(isinstance(p, str) for p in value) or all(_is_ids(p) for p in value):
+            return value
+        raise refuse("prompt", "prompt must be a string, a list of token ids, or a batch: a list of strings or a "
+                               "list of token-id lists")
+    return one_prompt(value)
+
+
 Prompt = Annotated[Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]], Field(
     description="text, or token ids; a list of one of these (one prompt per request)")]
+
+Prompts = Annotated[Union[StrictStr, list[StrictInt], list[StrictStr], list[list[StrictInt]]], Field(
+    description="text, or token ids; or a batch: a list of strings or of token-id lists (one choice per prompt "
+                "per n, prompt-major: choice index = prompt index * n + i)")]
 
 
 class CompletionRequest(GenerationFields):
     """``POST /v1/completions``: continue a prompt (any checkpoint)."""
 
-    prompt: Prompt
+    prompt: Prompts
     logprobs: StrictInt | None = Field(None, ge=0, le=5, description="report each token's logprob and this many "
                                                                      "most probable alternatives")
     echo: StrictBool | None = Field(None, description="the reply starts with the prompt; with logprobs, the "
@@ -248,7 +266,12 @@ class CompletionRequest(GenerationFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, value):
-        return _one_prompt(value)
+        return prompt_list(value)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: a list of one for a single prompt."""
+        one = isinstance(self.prompt, str) or all(isinstance(i, int) for i in self.prompt)
+        return [self.prompt] if one else list(self.prompt)
 
 
 class TextPart(BaseModel):
@@ -347,14 +370,6 @@ class ChatCompletionRequest(GenerationFields):
         return value
 
 
-class HeadRef(BaseModel):
-    """One attention head: ``{"layer": L, "head": h}``."""
-
-    model_config = ConfigDict(extra="forbid")
-    layer: StrictInt = Field(ge=0)
-    head: StrictInt = Field(ge=0)
-
-
 class TokenizeRequest(_Request):
     """``POST /tokenize`` (vLLM's shape): the ids of a ``prompt`` -- encoded as ``/v1/completions`` encodes it --
     or of ``messages`` rendered with the chat template (with the assistant opener, as chat completions does)."""
@@ -362,6 +377,9 @@ class TokenizeRequest(_Request):
     model: StrictStr | None = None
     prompt: StrictStr | None = Field(None, min_length=1, description="the text to encode")
     messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation to render")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=64, description="with messages: the functions "
+                                               "offered, rendered as chat completions renders them (so a client "
+                                               "can count the tool block before sending)")
     add_special_tokens: StrictBool | None = Field(None, description="accepted; decoderlab's models add no start "
                                                                     "token")
     add_generation_prompt: StrictBool | None = Field(None, description="messages: open the assistant turn "
@@ -373,6 +391,8 @@ class TokenizeRequest(_Request):
         if (self.prompt is None) == (self.messages is None):
             raise refuse("prompt", "give prompt (a non-empty string) or messages, not both",
                          "missing_required_parameter" if self.prompt is None else "invalid_value")
+        if self.tools and self.messages is None:
+            raise refuse("tools", "tools are rendered with messages (a chat template's tool block); give messages")
         return self
 
 
@@ -405,49 +425,6 @@ class TokenizerInfo(BaseModel):
     bos_token: str | None = None
     pad_token: str | None
     chat_template: str | None = Field(None, description="decoderlab's templates are not Jinja: null")
-
-
-class TraceRequest(SamplingFields):
-    """``POST /v1/decoderlab/trace``: the glass-box numbers of one of ``prompt`` (+ ``continuation``),
-    ``messages`` (+ ``continuation``: the reply so far) or ``token_ids``. The prompt must fit the context, as
-    for /v1/completions."""
-
-    prompt: Prompt | None = None
-    continuation: StrictStr | None = Field(None, description="generated text after the prompt, encoded on its "
-                                                             "own; its window slides past max_len as generation's")
-    messages: list[ChatMessage] | None = Field(None, min_length=1, description="a conversation; a last "
-                                               "assistant message is a reply whose window slides as generation's")
-    token_ids: list[StrictInt] | None = None
-    top: StrictInt = Field(10, ge=1, le=50, description="how many most probable next tokens to list")
-    layers: list[StrictInt] | None = Field(None, description="layer indices to trace (default all)")
-    position: StrictInt | None = Field(None, description="the position the logit lens and the decomposition read "
-                                                         "(negative counts from the end; default the last)")
-    token: StrictInt | None = Field(None, ge=0, description="the token whose logit is decomposed (default: the "
-                                                            "most probable one at position)")
-    scores: Literal["text", "probe"] | None = Field(None, description="head detector scores of every head: on "
-                                                    "the traced tokens, or on the probe (random tokens repeated "
-                                                    "twice, as decoderlab train --watch-heads records); default "
-                                                    "none")
-    ablate: list[HeadRef] | None = Field(None, description="heads to zero-ablate (their blocks.L.attn.hook_z "
-                                                           "slice) in a second pass: the response's ablation")
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _check_prompt(cls, value):
-        return None if value is None else _one_prompt(value)
-
-    @model_validator(mode="after")
-    def _something_to_trace(self):
-        if self.prompt is None and self.messages is None and self.token_ids is None:
-            raise refuse("prompt", "give prompt (text), messages, or token_ids", "missing_required_parameter")
-        if self.continuation is not None and self.token_ids is not None:
-            raise refuse("continuation", "a continuation follows a prompt or messages, not token_ids (append the "
-                                         "ids instead)")
-        if self.continuation is not None and self.messages is not None and self.messages[-1].role == "assistant":
-            raise refuse("continuation", "with messages, a continuation is the reply so far after the generation "
-                                         "prompt: the last message must not be an assistant message (send the "
-                                         "reply as the continuation, or as that message without a continuation)")
-        return self
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -640,101 +617,16 @@ class Health(BaseModel):
     max_rows_seen: int | None = Field(None, description="the largest batch so far")
 
 
-class TokenProb(BaseModel):
-    id: int
-    token: str
-    prob: float
+#: decoderlab's own shapes, which moved to :mod:`decoderlab.serve.trace_protocol`; still importable from here for
+#: one release
+_MOVED = ("HeadRef", "TraceRequest", "TokenProb", "TraceToken", "TraceNext", "TraceLensEntry", "TracePart",
+          "TraceDecomposition", "TraceHeadScores", "TraceChange", "TraceAblation", "TraceLayer", "TraceSampling",
+          "TraceResponse")
 
 
-class TraceToken(BaseModel):
-    id: int
-    token: str
+def __getattr__(name: str):
+    if name in _MOVED:
+        from . import trace_protocol
 
-
-class TraceNext(TraceToken):
-    ends_text: bool = Field(description="the token is one of the tokenizer's end-of-text ids (<EOS>, a chat "
-                                        "template's end of turn): generation stops there, and so does stepping")
-
-
-class TraceLensEntry(BaseModel):
-    label: str = Field(description='"L_pre": the residual stream entering layer L; "final_post": the last '
-                                   "block's output (the model's own next-token distribution)")
-    top: list[TokenProb] = Field(description="the most probable next tokens read from that residual through the "
-                                             "final norm and the output layer")
-
-
-class TracePart(BaseModel):
-    label: str = Field(description='"embed", "pos_embed", "L{L}H{h}" (a head), "L{L} attn bias", "L{L} mlp", '
-                                   '"final norm bias", "unembed bias"')
-    value: float = Field(description="its direct contribution to the logit")
-
-
-class TraceDecomposition(BaseModel):
-    """``decoderlab.glassbox.decompose``: a logit split into what wrote the residual stream, the final norm's
-    scale frozen from this pass (TransformerLens's convention), so the parts add up to the logit."""
-
-    position: int
-    token: TraceToken
-    logit: float = Field(description="the model's logit of token at position")
-    total: float = Field(description="the sum of the parts: the logit, up to float rounding")
-    parts: list[TracePart]
-
-
-class TraceHeadScores(BaseModel):
-    on: Literal["text", "probe"] = Field(description="the traced tokens, or the probe (random tokens repeated "
-                                                     "twice)")
-    scores: dict[str, list[list[float]]] = Field(description="detector -> (n_layer, n_head) scores "
-                                                             "(decoderlab.glassbox.all_head_scores)")
-
-
-class TraceChange(BaseModel):
-    id: int
-    token: str
-    before: float = Field(description="probability in the clean pass")
-    after: float = Field(description="probability with the heads ablated")
-
-
-class TraceAblation(BaseModel):
-    """The last position's next-token distribution (softmax of the logits) with ``heads`` zero-ablated."""
-
-    heads: list[HeadRef]
-    top: list[TokenProb]
-    changes: list[TraceChange] = Field(description="the tokens of both top lists, largest change first")
-    kl: float = Field(description="KL(clean || ablated) of the whole distribution, in nats")
-
-
-class TraceLayer(BaseModel):
-    layer: int
-    heads: list[int]
-    percents: list[list[list[float]]] = Field(description="(heads, T, T) attention percents, queries down, keys "
-                                                          "across; rows sum to 1")
-
-
-class TraceSampling(BaseModel):
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    seed: int | None
-
-
-class TraceResponse(BaseModel):
-    """The glass box of ``decoderlab.trace`` for the traced tokens (T of them)."""
-
-    token_ids: list[int]
-    tokens: list[str]
-    n_layer: int
-    n_head: int
-    mask: list[list[bool]] | None = Field(description="(T, T) True where a key is hidden from a query")
-    layers: list[TraceLayer]
-    top_before: list[TokenProb] = Field(description="the next token's most probable ids (softmax of the logits)")
-    top_after: list[TokenProb] = Field(description="... after the sampling filter (temperature, top-k, top-p)")
-    next: TraceNext = Field(description="the token the filter's distribution gives next")
-    ended: bool = Field(description="the traced tokens end a turn: messages ending with an assistant reply, "
-                                    "rendered with the template's end of turn (nothing follows it)")
-    sampling: TraceSampling
-    position: int = Field(description="the position the lens and the decomposition read (0 .. T - 1)")
-    lens: list[TraceLensEntry] = Field(description="the logit lens at position, one entry per layer and the end")
-    decomposition: TraceDecomposition
-    head_scores: TraceHeadScores | None = Field(None, description="with scores (null for fewer than 2 tokens on "
-                                                                  "the text)")
-    ablation: TraceAblation | None = Field(None, description="with ablate")
+        return getattr(trace_protocol, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,10 +13,11 @@ exception goes to the log). A client that hangs up cancels its rows at the next 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Callable, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -132,21 +133,23 @@ async def collect(request: Request, req, queue: asyncio.Queue, n: int, timing: T
         raise
 
 
-async def events(family: Family, head: dict, settings: Settings, include_usage: bool, req,
-                 queue: asyncio.Queue, echo: Echo | None = None, timing: Timing | None = None) -> AsyncIterator[str]:
-    """The SSE text of a streamed generation (see the module docstring); an ``echo``'s prompt is the first
-    delta of choice 0."""
+async def events(family: Family, head: dict, choices: int, settings: Settings, include_usage: bool, req,
+                 queue: asyncio.Queue, echoes: list[Echo] | None = None,
+                 timing: Timing | None = None) -> AsyncIterator[str]:
+    """The SSE text of a streamed generation of ``choices`` choices (see the module docstring); prompt p's
+    ``echo`` is the first delta of its first choice (index p * n)."""
     dump = {} if include_usage else {"exclude": {"usage"}}
     wants_lp = settings.logprobs is not None
-    offsets = [0] * settings.n
+    offsets = [0] * choices
     timing = timing or Timing(None)
     try:
-        for i in range(settings.n):
+        for i in range(choices):
             yield sse(family.chunk(head, [family.opening(i)], None), **dump)
-        if echo is not None:
-            yield sse(family.chunk(head, [family.delta(0, echo.text, echo.items if wants_lp else None, 0)], None),
+        for p, echo in enumerate(echoes or ()):
+            i = p * settings.n
+            yield sse(family.chunk(head, [family.delta(i, echo.text, echo.items if wants_lp else None, 0)], None),
                       **dump)
-            offsets[0] = len(echo.text)
+            offsets[i] = len(echo.text)
         while True:
             ev = await queue.get()
             if ev[0] == "delta":
@@ -172,42 +175,88 @@ async def events(family: Family, head: dict, settings: Settings, include_usage: 
         req.cancel()
 
 
-def _echo_only(settings: Settings, echo: Echo) -> asyncio.Queue:
-    """The events of an answer that is the echoed prompt alone (max_tokens 0): nothing is generated."""
-    queue: asyncio.Queue = asyncio.Queue()
-    queue.put_nowait(("finish", 0, "length"))
-    queue.put_nowait(("done", {"prompt_tokens": echo.tokens, "completion_tokens": 0}))
-    return queue
+class _Batch:
+    """The requests of a batch of prompts as one: prompt p's choice i is choice ``p * per + i`` of the answer,
+    the usage is the sum, ``("done", usage)`` comes once every prompt's has, ``cancel`` cancels them all."""
 
+    def __init__(self, on_event: Callable[[tuple], None], prompts: int, per: int):
+        self.on_event, self.per, self.left, self.reqs = on_event, per, prompts, []
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.lock = threading.Lock()
 
-class _NoRequest:
+    def feed(self, p: int) -> Callable[[tuple], None]:
+        def on_event(ev: tuple) -> None:
+            if ev[0] in ("delta", "finish"):
+                ev = (ev[0], p * self.per + ev[1], *ev[2:])
+            elif ev[0] == "done":
+                with self.lock:
+                    for k in self.usage:
+                        self.usage[k] += ev[1][k]
+                    self.left -= 1
+                    if self.left:
+                        return
+                    ev = ("done", dict(self.usage))
+            self.on_event(ev)
+        return on_event
+
     def cancel(self) -> None:
-        pass
+        for req in self.reqs:
+            req.cancel()
 
 
-async def respond(request: Request, state: AppState, family: Family, settings: Settings, ids: list[int],
-                  stop_ids: list[int], *, stream: bool, include_usage: bool, echo: Echo | None = None) -> Response:
-    """Generate ``settings.choices`` continuations of ``ids`` and answer as ``family`` (JSON, or SSE when
-    ``stream``): the ``n`` best with ``best_of``, choice 0 after the ``echo``ed prompt (only the prompt when
+def _submit_all(state: AppState, settings: Settings, prompts: list[list[int]], stop_ids: list[int],
+                echoes: list[Echo] | None) -> tuple[_Batch, asyncio.Queue]:
+    """Every prompt's choices on the scheduler, their events in one queue; an echoed prompt with
+    ``max_tokens`` 0 generates nothing (its choice finishes at once, "length")."""
+    queue, on_event = event_queue()
+    batch = _Batch(on_event, len(prompts), settings.choices)
+    try:
+        for p, ids in enumerate(prompts):
+            feed = batch.feed(p)
+            if echoes is not None and settings.max_tokens == 0:
+                feed(("finish", 0, "length"))
+                feed(("done", {"prompt_tokens": echoes[p].tokens, "completion_tokens": 0}))
+            else:
+                batch.reqs.append(submit(state, settings, ids, stop_ids, feed))
+    except BaseException:
+        batch.cancel()
+        raise
+    return batch, queue
+
+
+def _grouped_best_of(got: Collected, prompts: int, settings: Settings) -> Collected:
+    """``best_of`` within each prompt's choices."""
+    per, parts = settings.choices, []
+    for p in range(prompts):
+        sl = slice(p * per, (p + 1) * per)
+        parts.append(best_of(Collected(got.texts[sl], got.finish[sl], got.logprobs[sl], got.usage), settings.n))
+    return Collected([t for c in parts for t in c.texts], [f for c in parts for f in c.finish],
+                     [lp for c in parts for lp in c.logprobs], got.usage)
+
+
+async def respond(request: Request, state: AppState, family: Family, settings: Settings,
+                  prompts: list[list[int]], stop_ids: list[int], *, stream: bool, include_usage: bool,
+                  echoes: list[Echo] | None = None) -> Response:
+    """Generate ``settings.choices`` continuations of each of ``prompts`` (token ids) and answer as ``family``
+    (JSON, or SSE when ``stream``): prompt-major, prompt p's choices at indices p * n .. p * n + n - 1; the ``n``
+    best with ``best_of``; each prompt's first choice after its ``echoes`` entry (only the prompt when
     ``max_tokens`` is 0). A failed generation raises (the route answers a generic 500)."""
     timing = Timing(state.metrics)
-    if echo is not None and settings.max_tokens == 0:
-        req, queue = _NoRequest(), _echo_only(settings, echo)
-    else:
-        queue, on_event = event_queue()
-        req = submit(state, settings, ids, stop_ids, on_event)
+    batch, queue = _submit_all(state, settings, prompts, stop_ids, echoes)
     head = {"id": family.id_prefix + uuid.uuid4().hex[:24], "created": int(time.time()), "model": state.model_id}
     if stream:
-        return StreamingResponse(events(family, head, settings, include_usage, req, queue, echo, timing),
+        return StreamingResponse(events(family, head, len(prompts) * settings.n, settings, include_usage, batch,
+                                        queue, echoes, timing),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    got = await collect(request, req, queue, settings.choices, timing)
+    got = await collect(request, batch, queue, len(prompts) * settings.choices, timing)
     if got is None:
         return JSONResponse({}, status_code=499)
     if settings.best_of is not None:
-        got = best_of(got, settings.n)
-    if echo is not None:
-        got.texts[0] = echo.text + got.texts[0]
-        got.logprobs[0] = echo.items + got.logprobs[0]
+        got = _grouped_best_of(got, len(prompts), settings)
+    for p, echo in enumerate(echoes or ()):
+        i = p * settings.n
+        got.texts[i] = echo.text + got.texts[i]
+        got.logprobs[i] = echo.items + got.logprobs[i]
     lps = got.logprobs if settings.logprobs is not None else None
     return JSONResponse(family.response(head, got.texts, got.finish, lps, got.usage).model_dump(mode="json"))

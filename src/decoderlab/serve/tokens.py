@@ -11,6 +11,7 @@ from .errors import ERROR_RESPONSES, bad
 from .prompts import encode_prompt, need_template, render_messages
 from .protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenizerInfo)
 from .state import AppState, app_state
+from .tools import check_tools
 
 router = APIRouter(route_class=JSONRoute, tags=["tokens"])
 
@@ -28,7 +29,9 @@ async def tokenize(body: TokenizeRequest, state: AppState = Depends(app_state)) 
     state.check_model(body.model)
     if body.messages is not None:
         need_template(state, "tokenize a prompt instead")
-        ids = render_messages(state, body.messages, add_generation_prompt=body.add_generation_prompt is not False)
+        check_tools(state, body.tools)
+        ids = render_messages(state, body.messages, add_generation_prompt=body.add_generation_prompt is not False,
+                              tools=body.tools)
     else:
         ids = encode_prompt(state, body.prompt)
     return TokenizeResponse(count=len(ids), max_model_len=state.max_len, tokens=ids,

@@ -52,6 +52,20 @@ class ToolTurn:
     end_id: int
 
 
+def check_tools(state: AppState, tools: list[dict] | None) -> ToolSet | None:
+    """The ``tools`` of a request, checked (None without them): a 400 naming ``tools`` for a template without
+    tool tokens or a bad definition (:class:`decoderlab.chat.ToolSet`). Chat completions and ``/tokenize``."""
+    if not tools:
+        return None
+    if not getattr(state.template, "has_tools", False):
+        raise bad("tools", f"the model {state.model_id!r} has a chat template without tool-call tokens "
+                           f"({getattr(state.template, 'name', '?')!r}); fine-tune it with the \"tools\" template")
+    try:
+        return ToolSet.of(tools)
+    except ToolError as e:
+        raise bad(e.param, str(e)) from None
+
+
 def tool_turn(state: AppState, body: ChatCompletionRequest, settings: Settings) -> ToolTurn | None:
     """The request's tools (None without ``tools``). Raises a 400 naming the field: a ``tool_choice`` without
     tools or naming a function not offered, a bad definition (:class:`decoderlab.chat.ToolSet`), a template
@@ -61,12 +75,8 @@ def tool_turn(state: AppState, body: ChatCompletionRequest, settings: Settings) 
         if body.tool_choice not in (None, "none"):
             raise bad("tool_choice", "tool_choice needs tools (the functions the model may call)")
         return None
-    has_tools = getattr(state.template, "has_tools", False)
-    if not has_tools:
-        raise bad("tools", f"the model {state.model_id!r} has a chat template without tool-call tokens "
-                           f"({getattr(state.template, 'name', '?')!r}); fine-tune it with the \"tools\" template")
+    tools = check_tools(state, body.tools)
     try:
-        tools = ToolSet.of(body.tools)
         choice = body.tool_choice
         name = None if choice is None or isinstance(choice, str) else choice.function.name
         if name is not None:

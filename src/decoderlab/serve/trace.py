@@ -26,7 +26,7 @@ from .errors import ERROR_RESPONSES, bad
 from .generation import Settings, described, next_token, settings_of
 from .glass import ablation_part, decomposition_part, glass_names, lens_part, scores_part, top_probs
 from .prompts import check_context, encode_prompt, need_template, render_messages
-from .protocol import TraceNext, TraceRequest, TraceResponse
+from .trace_protocol import TraceNext, TraceRequest, TraceResponse
 from .state import AppState, app_state
 
 router = APIRouter(route_class=JSONRoute, tags=["glass box"])

@@ -7,28 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
-
 from ..glassbox.watching import FORMED_AT, WATCH_FILE, formation_steps, read_records
 from .body import JSONRoute
 from .errors import ERROR_RESPONSES
+from .trace_protocol import HeadScoreRecord, HeadScoresResponse
 
 router = APIRouter(route_class=JSONRoute, tags=["glass box"])
-
-
-class HeadScoreRecord(BaseModel):
-    step: int
-    loss: float | None = Field(description="the mean training loss since the previous record, nats per token "
-                                           "(null at step 0)")
-    scores: dict[str, list[list[float]]] = Field(description="detector -> (n_layer, n_head) scores on the probe")
-
-
-class HeadScoresResponse(BaseModel):
-    records: list[HeadScoreRecord] = Field(description="in step order; empty when the served directory has no "
-                                                       f"{WATCH_FILE} (a run trained without --watch-heads)")
-    threshold: float = Field(description="the score at which a head counts as formed")
-    formed: dict[str, dict[str, int | None]] = Field(
-        description='detector -> head ("L1H0") -> the first recorded step its score reached the threshold')
 
 
 def watched_records(run_dir: str | Path | None) -> HeadScoresResponse:

@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
+from ..checkpoint import META_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
 from ..lora import has_lora, merge_lora, save_adapter
 from .strategy import full_model
 from .sums import host_column_sums, sum_over_ranks
@@ -294,8 +294,12 @@ class InterruptNotice(L.Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
-            step = read_meta(self.run_dir).get("step") if (self.run_dir / CONFIG_FILE).is_file() else None
+            from .interrupted import keep_interrupted
+
+            saved = keep_interrupted(trainer, self.run_dir)  # before the first evaluation: a resumable one now
+            step = read_meta(self.run_dir).get("step") if (self.run_dir / META_FILE).is_file() else None
             kept = (f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
+                    else f"a training checkpoint at step {trainer.global_step} was kept ({saved})" if saved is not None
                     else "no checkpoint was written yet")
             end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar's line is not ended on a terminal
             print(f"{end_bar}decoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "

@@ -17,6 +17,7 @@ from ..config.train import TrainConfig
 from .callbacks import LIGHTNING_DIR, FinalValidation, TrainingInterrupted
 from .precision import choose_precision, detect_machine, resolve_precision
 from .progress import PlainProgress, StepProgressBar
+from .random_state import RandomState
 from .strategy import build_strategy, check_strategy
 
 
@@ -81,7 +82,8 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
     ``run_dir/logs`` whose ``step`` is the number of optimizer steps done, and ``ModelCheckpoint`` keeping the
     best (lowest ``val_loss``) and the last Lightning checkpoint in ``run_dir/lightning``
-    (``best-step{N}.ckpt``: N steps done), both written at every validation. ``devices``, ``num_nodes`` and
+    (``best-step{N}.ckpt``: N steps done), both written at every validation, each with the random state of
+    every process (:class:`~decoderlab.training.random_state.RandomState`: a resume with dropout is exact). ``devices``, ``num_nodes`` and
     ``accelerator`` go to Lightning unchanged, ``strategy`` too ("auto", "ddp", ...) except "fsdp":
     decoderlab's FSDP2 (:mod:`decoderlab.training.strategy`). The precision is ``cfg.precision``, "auto"
     chosen for the machine (:func:`decoderlab.training.precision.choose_precision`).
@@ -95,7 +97,7 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     check_run_options(cfg, strategy, accelerator)
     precision = choose_precision(cfg.precision, accelerator, strategy=str(strategy))
     run_dir = Path(run_dir) if run_dir is not None else None
-    cbs = [*callbacks, FinalValidation()]
+    cbs = [*callbacks, FinalValidation(), RandomState()]  # dropout's generators saved and restored: exact resume
     if progress_bar not in (True, False, "plain"):
         raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
     bar = progress_bar is True
