@@ -7,7 +7,7 @@ import pytest
 from tiny_runs import chat_pair, conv, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 from decoderlab.chat import get_template
-from decoderlab.finetuning.supervised import sft_examples
+from decoderlab.finetuning.sft import sft_examples
 
 LONG = [conv("tell me a long story please", "once upon a time " * 6) for _ in range(6)]
 SHORT = [conv("hi", "yo") for _ in range(6)]

@@ -118,7 +118,8 @@ def test_a_trace_is_a_view_over_the_cache():
     view = gb.trace_from_cache(cache, [1])
     for name, t in tr.tensors().items():
         other = view.tensors()[name]
-        assert t.shape == other.shape and (t.float() - other.float()).abs().max() <= 1e-6, name
+        # float32 to a few ulps: the trace's pass and the cache's may take other kernels (AVX-512 vs AVX2)
+        torch.testing.assert_close(t.float(), other.float(), rtol=1e-6, atol=1e-6, msg=name)
     assert view.layer(1).percents is cache["pattern", 1]  # the cache's own tensors, named as the lessons do
     assert torch.equal(view.layer(1).head_out, cache["z", 1].transpose(1, 2)) and view.logits is cache.logits
     assert _no_hooks(m)

@@ -69,3 +69,19 @@ def test_a_checkpoint_of_another_number_of_processes_draws_anew():
     torch.manual_seed(7)
     cb.restore(world_size=1, rank=0)
     assert torch.equal(torch.get_rng_state(), before)  # its own state: the one saved after seed 5
+
+
+def test_the_states_load_with_weights_only(tmp_path):
+    """FSDP's resume reads the checkpoint with torch.load(weights_only=True): the saved states must be plain
+    tensors, lists and numbers (NumPy's own state array was refused there), and still come back exactly."""
+    import random
+
+    import numpy as np
+
+    from decoderlab.training.random_state import collect_states, restore_states
+
+    torch.save({"ranks": [collect_states()]}, tmp_path / "s.pt")
+    want = (torch.rand(3), random.random(), np.random.rand(3))
+    restore_states(torch.load(tmp_path / "s.pt", weights_only=True)["ranks"][0])
+    got = (torch.rand(3), random.random(), np.random.rand(3))
+    assert torch.equal(want[0], got[0]) and want[1] == got[1] and (want[2] == got[2]).all()

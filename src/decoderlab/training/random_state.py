@@ -24,7 +24,11 @@ import torch
 def collect_states() -> dict:
     """This process's generator states: ``torch`` (CPU), ``cuda`` (one per device, when CUDA is initialised),
     ``mps`` (when available), ``python`` and ``numpy``."""
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # plain lists and numbers, so that a checkpoint read with torch.load(weights_only=True) -- as FSDP's resume
+    # reads it -- takes them (a NumPy array is refused there)
+    numpy_state = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     if torch.backends.mps.is_available():
@@ -36,7 +40,8 @@ def restore_states(states: dict) -> None:
     """Put back what :func:`collect_states` returned (a backend absent now is skipped)."""
     torch.set_rng_state(states["torch"])
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
     if "mps" in states and torch.backends.mps.is_available():
