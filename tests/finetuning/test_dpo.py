@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from tiny_runs import one_thread  # noqa: F401  (an autouse fixture: one thread)
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens
 from decoderlab.model import DecoderOnlyTransformer, preset
@@ -13,14 +14,6 @@ from decoderlab.training import TrainConfig, make_trainer
 from decoderlab.finetuning.dpo import (DPODataModule, DPOModule, PreferenceBatches, build_preference_examples,
                                        dpo_loss, load_preferences, render_pair, sequence_logprobs)
 from decoderlab.training.rows import IGNORE_INDEX
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_dpo_loss_equals_a_float64_computation_from_the_four_log_probabilities():
