@@ -36,8 +36,10 @@ def add_export(p) -> None:
 
 def cmd_export(args) -> int:
     from ..export import export
+    from ..output import quiet_imports
 
-    s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name)
+    with quiet_imports():  # transformers (hf) imports torchao, whose CUDA-kernel notices are no error here
+        s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name)
     what = f"{s['format']} {s['dtype']}" if s["format"] == "gguf" else "hf (GPT-2 directory)"
     extra = f", {s['tensors']} tensors" if "tensors" in s else ""
     tok = s["tokenizer"] or "none"
