@@ -82,8 +82,15 @@ def test_other_libraries_import_notices_are_quiet_unless_verbose(tmp_path):
 
 
 def test_verbose_is_taken_anywhere_on_the_line(monkeypatch, capsys):
+    """--verbose before or after the command is no argparse error; it holds for that command only (the
+    variable is put back, so a later main() in the same process is quiet again)."""
     monkeypatch.delenv("DECODERLAB_VERBOSE", raising=False)
-    with pytest.raises(SystemExit):
-        cli.main(["generate", "--verbose", "--help"])
-    assert os.environ.get("DECODERLAB_VERBOSE") == "1"
-    monkeypatch.delenv("DECODERLAB_VERBOSE")
+    for argv in (["generate", "--verbose", "--help"], ["--verbose", "train", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 0 and "usage: decoderlab" in capsys.readouterr().out
+    seen = {}
+    monkeypatch.setattr("decoderlab.cli.errors.run_command",
+                        lambda args: seen.update(env=os.environ.get("DECODERLAB_VERBOSE"), verbose=args.verbose) or 0)
+    assert cli.main(["--verbose", "tasks", "make", "--task", "arithmetic", "--n", "1", "--out", "x.jsonl"]) == 0
+    assert seen == {"env": "1", "verbose": True} and "DECODERLAB_VERBOSE" not in os.environ

@@ -32,13 +32,24 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``decoderlab ARGV`` (default ``sys.argv[1:]``) and return its exit status (``decoderlab`` console
     script, ``python -m decoderlab.cli``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--verbose" in argv:  # anywhere on the line: other libraries' import notices are shown too
+    verbose = "--verbose" in argv
+    if verbose:  # anywhere on the line: other libraries' import notices are shown too
         argv.remove("--verbose")
-        os.environ["DECODERLAB_VERBOSE"] = "1"
     args = build_parser(argv).parse_args(argv)
+    args.verbose = verbose or getattr(args, "verbose", False)  # a command's own --verbose (generate's) as well
     from .errors import run_command
 
-    return run_command(args)
+    if not verbose:
+        return run_command(args)
+    before = os.environ.get("DECODERLAB_VERBOSE")
+    os.environ["DECODERLAB_VERBOSE"] = "1"
+    try:
+        return run_command(args)
+    finally:  # for this command only (main may run again in the same process: tests, notebooks)
+        if before is None:
+            os.environ.pop("DECODERLAB_VERBOSE", None)
+        else:
+            os.environ["DECODERLAB_VERBOSE"] = before
 
 
 def __getattr__(name: str):
