@@ -45,6 +45,7 @@ import time
 import torch
 
 import decoderlab as dl
+from decoderlab.devices import machine_line
 from decoderlab.dtypes import DTYPES
 from decoderlab.generation import generate, generate_batch
 from decoderlab.hf import to_gpt2
@@ -108,15 +109,6 @@ def cpu_flags() -> set[str]:
         pass
     return set()
 
-
-def machine_line(threads: int) -> str:
-    from decoderlab.devices import cpu_summary
-
-    try:
-        load = "load average %.1f %.1f %.1f" % os.getloadavg()
-    except OSError:
-        load = "load unknown"
-    return f"machine: {cpu_summary()}; torch {torch.__version__}, {threads} intra-op thread(s); {load}"
 
 
 def speed_table(args) -> None:

@@ -30,6 +30,7 @@ import time
 import torch
 
 import decoderlab as dl
+from decoderlab.devices import machine_line
 from decoderlab.attention import KVCache
 from decoderlab.export import to_gguf
 from decoderlab.generation import generate
@@ -38,15 +39,6 @@ SHAPES = {"small": dict(n_layer=6, n_head=6, d_model=384, max_len=256),
           "gpt2": dict(n_layer=12, n_head=12, d_model=768, max_len=1024)}
 VOCAB = 50_257
 
-
-def machine_line(threads: int) -> str:
-    from decoderlab.devices import cpu_summary
-
-    try:
-        load = "load average %.1f %.1f %.1f" % os.getloadavg()
-    except OSError:
-        load = "load unknown"
-    return f"machine: {cpu_summary()}; torch {torch.__version__}, {threads} thread(s); {load}"
 
 
 def gpt2_vocab() -> dl.BPETokenizer:

@@ -2,6 +2,7 @@
 lacks -- on this CPU machine, and with torch's CUDA answers replaced to stand for a one-GPU machine."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -65,3 +66,12 @@ def test_cpu_features_are_the_flags_of_proc_cpuinfo_that_decide_the_dtypes():
     assert f"{os.cpu_count()} CPUs: " in summary and " ".join(have) in summary and "torch kernels " in summary
     lacks = [f for f in CPU_FEATURES if f not in flags]
     assert (f"(no {', '.join(lacks)})" in summary) == bool(lacks)
+
+
+def test_machine_line_names_the_cpu_torch_threads_and_load():
+    """The header of every benchmark table: the CPU (cpu_summary), torch's version, the threads and the load."""
+    from decoderlab.devices import cpu_summary, machine_line
+
+    line = machine_line(3)
+    assert line.startswith(f"machine: {cpu_summary()}; torch {torch.__version__}, 3 intra-op thread(s); ")
+    assert re.search(r"load (average \d+\.\d \d+\.\d \d+\.\d|unknown)$", line)

@@ -115,3 +115,13 @@ def cpu_summary() -> str:
     kernels = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")()
     feats = (" ".join(have) + (f" (no {', '.join(lacks)})" if lacks else "")) if flags else "instructions unknown"
     return f"{name}, {os.cpu_count()} CPUs: {feats}; torch kernels {kernels}"
+
+
+def machine_line(threads: int) -> str:
+    """The line a benchmark table is headed with: :func:`cpu_summary`, torch's version, the intra-op threads
+    used and the 1-, 5- and 15-minute load averages (a loaded machine's absolute times are slow: read ratios)."""
+    try:
+        load = "load average %.1f %.1f %.1f" % os.getloadavg()
+    except OSError:
+        load = "load unknown"
+    return f"machine: {cpu_summary()}; torch {torch.__version__}, {threads} intra-op thread(s); {load}"
