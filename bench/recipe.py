@@ -84,7 +84,8 @@ def sft(args, out: Path):
                     out=out / "sft", template="tools",
                     train_config=TrainConfig(max_steps=args.sft_steps, batch_size=args.sft_batch, lr=args.sft_lr,
                                              min_lr=args.sft_lr / 10, warmup=min(50, args.sft_steps // 4),
-                                             eval_every=args.sft_steps, val_batch_size=32, log_every=100),
+                                             eval_every=args.sft_steps, val_batch_size=32, log_every=100,
+                                             group_by_length=True),
                     eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
 
 

@@ -55,7 +55,8 @@ def test_a_closed_output_costs_no_fine_tuning_state(closed_stdout_cli, tmp_path)
     assert (out / "lightning" / "last.ckpt").is_file()
 
 
-def test_cli_finetune_lesson_template_reproduces_awesome(tmp_path, capsys):
+@pytest.mark.parametrize("grouped", [[], ["--group-by-length"]])
+def test_cli_finetune_lesson_template_reproduces_awesome(tmp_path, capsys, grouped):
     data = tmp_path / "lesson.jsonl"
     data.write_text('{"prompt": "what is statquest", "completion": "awesome"}\n'
                     '{"prompt": "statquest is what", "completion": "awesome"}\n')
@@ -63,8 +64,9 @@ def test_cli_finetune_lesson_template_reproduces_awesome(tmp_path, capsys):
     assert cli.main(["finetune", "--preset", "statquest", "--tokenizer", "word", "--template", "lesson", "--data",
                      str(data), "--val-fraction", "0", "--out", str(out), "--max-steps", "60", "--lr", "0.1",
                      "--min-lr", "0.1", "--warmup", "1", "--eval-every", "60", "--grad-clip", "0",
-                     "--no-progress-bar"]) == 0
+                     "--no-progress-bar", *grouped]) == 0
     capsys.readouterr()
+    assert json.loads((out / "run.json").read_text())["train_config"]["group_by_length"] is bool(grouped)
     for prompt in ("what is statquest", "statquest is what"):
         assert cli.main(["generate", "--chat", "--checkpoint", str(out), prompt]) == 0
         assert capsys.readouterr().out == "awesome <EOS>\n"

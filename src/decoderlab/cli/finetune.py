@@ -42,10 +42,18 @@ def add_finetune(p) -> None:
                    help=f"BPE vocabulary size, with --preset --tokenizer bpe (default {DEFAULT_BPE_VOCAB_SIZE})")
     add_train_config_options(g, {**TRAIN_DEFAULTS, **FINETUNE_TRAIN}, skip=_SKIP,
                              helps={"batch_size": "conversations per batch per process", "lr": "peak learning rate"})
+    g.add_argument("--group-by-length", action="store_true", default=None,
+                   help="batch conversations of nearly one length, so little of each step is padding (every "
+                        "conversation still seen once per epoch) (default False)")
     add_options(g, RUN_OPTIONS)
     add_model_shape_options(p)
     add_options(p.add_argument_group("LoRA adapters"), LORA_OPTIONS)
     p.set_defaults(func=cmd_finetune)
+
+
+def _overrides(args) -> dict:
+    out = train_overrides(args, _SKIP)
+    return {**out, "group_by_length": True} if args.group_by_length else out
 
 
 def _add_data_options(p) -> None:
@@ -116,7 +124,7 @@ def _finetune(args) -> int:
         _, _, s = finetune(args.data, out=args.out, checkpoint=args.checkpoint, preset=args.preset,
                            template=args.template, val_data=args.val_data, val_fraction=args.val_fraction,
                            tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                           model_overrides=shape or None, config_overrides=train_overrides(args, _SKIP),
+                           model_overrides=shape or None, config_overrides=_overrides(args),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes, progress_bar=progress_mode(args), method=args.method,
                            beta=args.beta, lora=lora, save_adapter=args.save_adapter or None,

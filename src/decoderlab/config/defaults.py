@@ -18,7 +18,7 @@ TRAIN_DEFAULTS = dict(
     eps=1e-8, grad_clip=1.0, accumulate=1, precision="auto", compile=False, seed=42, eval_every=250,
     val_batches=None, val_batch_size=64, val_fraction=0.1, log_every=50, num_workers=0, fused=None,
     optimizer="adamw", muon_lr=0.05, muon_momentum=0.95, muon_weight_decay=0.0, schedule="cosine",
-    cooldown=0.4, full_val_at_end=False, full_val_below=None,
+    cooldown=0.4, full_val_at_end=False, full_val_below=None, group_by_length=False,
 )
 
 #: the ``TrainConfig`` fields ``decoderlab.finetune`` sets when no ``train_config`` is given (the rest are

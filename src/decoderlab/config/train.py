@@ -59,6 +59,8 @@ class TrainConfig(Settings):
             also evaluate all validation windows once at the end; that is the reported ``val_loss``.
         full_val_below: with ``val_batches`` set, evaluate all windows whenever the subset's loss (nats per
             token) is at or below this value (None: never during training).
+        group_by_length: fine-tuning only: batch rows of nearly one length (Hugging Face's name; see
+            :class:`decoderlab.training.rows.StepBatches`), so little of a step is padding.
     """
 
     max_steps: int = _D["max_steps"]
@@ -89,6 +91,7 @@ class TrainConfig(Settings):
     cooldown: float = _D["cooldown"]
     full_val_at_end: bool = _D["full_val_at_end"]
     full_val_below: float | None = _D["full_val_below"]
+    group_by_length: bool = _D["group_by_length"]
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -180,8 +183,9 @@ def _validate_speedrun_fields(cfg: TrainConfig) -> None:
         raise ValueError(f"muon_momentum must be in [0, 1), got {cfg.muon_momentum!r}")
     if not cfg.cooldown <= 1:
         raise ValueError(f"cooldown must be a fraction of max_steps in [0, 1], got {cfg.cooldown!r}")
-    if not isinstance(cfg.full_val_at_end, bool):
-        raise ValueError(f"full_val_at_end must be True or False, got {cfg.full_val_at_end!r}")
+    for name in ("full_val_at_end", "group_by_length"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.full_val_below is not None and (isinstance(cfg.full_val_below, bool)
                                            or not isinstance(cfg.full_val_below, (int, float))
                                            or not math.isfinite(cfg.full_val_below)):

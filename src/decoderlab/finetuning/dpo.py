@@ -298,6 +298,11 @@ class PreferenceBatches(StepBatches):
     accumulate * world_size`` pairs of seeded permutations) over pairs; ``step_pairs`` (0-d int64) is that
     number, the normaliser."""
 
+    @staticmethod
+    def length(row) -> int:
+        """A pair pads to its longer side."""
+        return max(len(row[0][0]), len(row[1][0]))
+
     def batch(self, mine: list, step: np.ndarray):
         x, y = collate_pairs(mine, self.pad_id)
         return x, y, torch.tensor(len(step), dtype=torch.long)
@@ -532,7 +537,7 @@ def train(job: Job, model) -> tuple:
     examples = preference_examples(job.train_items, job.val_items, job.tokenizer, job.template, job.max_len)
     cfg = job.run.cfg
     dm = DPODataModule(*examples, batch_size=cfg.batch_size, accumulate=cfg.accumulate, seed=cfg.seed,
-                       pad_id=job.pad_id, val_batch_size=cfg.val_batch_size)
+                       pad_id=job.pad_id, val_batch_size=cfg.val_batch_size, group_by_length=cfg.group_by_length)
     return dm, DPOModule(model, cfg, job.reference, job.options["beta"])
 
 

@@ -145,8 +145,8 @@ class SFTBatches(StepBatches):
     communicating."""
 
     def __init__(self, rows, batch_size: int, accumulate: int, seed: int, pad_id: int, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True):
-        super().__init__(rows, batch_size, accumulate, seed, pad_id, rank, world_size, shuffle)
+                 world_size: int = 1, shuffle: bool = True, group_by_length: bool = False):
+        super().__init__(rows, batch_size, accumulate, seed, pad_id, rank, world_size, shuffle, group_by_length)
         self.counts = np.array([supervised_count(y) for _, y in rows], dtype=np.int64)
 
     def batch(self, mine: list, step: np.ndarray):
@@ -398,7 +398,7 @@ def train(job: Job, model) -> tuple:
     examples = sft_examples(job.train_items, job.val_items, job.tokenizer, job.template, job.max_len)
     cfg = job.run.cfg
     dm = SFTDataModule(*examples, batch_size=cfg.batch_size, accumulate=cfg.accumulate, seed=cfg.seed,
-                       pad_id=job.pad_id, val_batch_size=cfg.val_batch_size)
+                       pad_id=job.pad_id, val_batch_size=cfg.val_batch_size, group_by_length=cfg.group_by_length)
     return dm, SFTModule(model, cfg)
 
 
