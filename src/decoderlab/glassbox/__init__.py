@@ -42,8 +42,8 @@ from .examples import EXAMPLES, explain_example
 from .features import (SAEEvaluation, evaluate_sae, feature_ablation, feature_dashboard, feature_steering,
                        hook_activations, splice_sae, token_features)
 from .explain import explain, explain_trace
-from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, resample_ablation,
-                       steering, zero_ablation)
+from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, recovered_fraction,
+                       resample_ablation, steering, zero_ablation)
 from .reference import VerifyReport, VerifyStep, numpy_decompose, numpy_forward, numpy_head_results, verify
 from .sae import SparseAutoencoder, load_sae
 from .trace import LayerTrace, Trace, trace, trace_from_cache
@@ -52,7 +52,7 @@ __all__ = [
     "LayerTrace", "Trace", "trace", "trace_from_cache",
     "ActivationCache", "act_name", "run_with_cache", "run_with_hooks",
     "zero_ablation", "mean_ablation", "resample_ablation", "steering", "activation_patching", "logit_difference",
-    "patching_table",
+    "patching_table", "recovered_fraction",
     "LogitLens", "logit_lens", "lens_names", "Decomposition", "decompose", "decompose_names", "residual_parts",
     "logit_attrs", "frozen_final_norm",
     "KINDS", "detection_pattern", "head_scores", "all_head_scores", "repeated_tokens", "composition_scores",
