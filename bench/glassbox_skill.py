@@ -8,7 +8,8 @@ correct answer teacher-forced after the chat template's assistant opener:
 
 1. the logit lens (``LogitLens.token_probs`` / ``first_on_top``): at the position that predicts each answer
    token, the probability of the correct one read from every layer's residual stream, the share of questions
-   where it is on top, and the first entry that puts it there -- averaged, and for one worked example;
+   where it is on top, the first entry that puts it there and the first from which it stays there --
+   averaged, and for one worked example;
 2. the direct logit attribution of the correct first token (``decompose``): embeddings, every head, every
    MLP, the biases, summing to the model's logit (the largest |sum - logit| over every question and answer
    position is printed);
@@ -94,7 +95,8 @@ def read(model: dl.Model, questions: list[Question]) -> dict:
             labels = d.labels
             parts.append(d.values.double())
         rows.append(dict(probs=lens.token_probs(want)[:, 0].double(), first=lens.first_on_top(want)[0],
-                         ranks=lens.ranks(want)[:, 0], parts=torch.stack(parts, 1)))
+                         stays=lens.first_on_top(want, stay=True)[0], ranks=lens.ranks(want)[:, 0],
+                         parts=torch.stack(parts, 1)))
     return dict(rows=rows, labels=labels, max_error=worst)
 
 
@@ -118,13 +120,13 @@ def lens_markdown(model: dl.Model, questions: list[Question], got: dict) -> str:
             top = sum(int(r["ranks"][e, k] == 0) for r in rs) / len(rs)
             cells.append(f"{p:.3f} / {top:.0%}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    firsts = []
-    for k in range(k_max):
-        fs = sorted(int(r["first"][k]) for r in _digit_rows(got["rows"], k))
-        never = sum(f < 0 for f in fs)
-        med = sorted(f if f >= 0 else n + 1 for f in fs)[len(fs) // 2]
-        firsts.append(f"{labels[med] if med <= n else 'never'} (never: {never}/{len(fs)})")
-    lines.append("| first on top (median) | " + " | ".join(firsts) + " |")
+    for key, title in (("first", "first on top (median)"), ("stays", "on top from here to the output (median)")):
+        cells = []
+        for k in range(k_max):
+            fs = [int(r[key][k]) for r in _digit_rows(got["rows"], k)]
+            med = sorted(f if f >= 0 else n + 1 for f in fs)[len(fs) // 2]
+            cells.append(f"{labels[med] if med <= n else 'never'} (never: {sum(f < 0 for f in fs)}/{len(fs)})")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
     counts = [len(_digit_rows(got["rows"], k)) for k in range(k_max)]
     lines.append("| questions with this token | " + " | ".join(str(c) for c in counts) + " |")
     return "\n".join(lines) + "\n\n" + example_markdown(model, questions[0], got["rows"][0])

@@ -146,18 +146,23 @@ def test_the_lens_reads_a_token_per_cell_its_rank_and_the_first_entry_on_top(var
         probs = torch.softmax(m.fc_layer(m.norm_f(stack)), -1)  # (L + 1, B, P, V)
     got = lens.token_probs(tokens)
     assert got.shape == (m.config.n_layer + 1, 2, 3)
-    ranks, first = lens.ranks(tokens), lens.first_on_top(tokens)
+    ranks = lens.ranks(tokens)
     for e in range(m.config.n_layer + 1):
         for b in range(2):
             for p in range(3):
                 t = int(tokens[b, p])
                 assert abs(float(got[e, b, p]) - float(probs[e, b, p, t])) < 1e-12
                 assert int(ranks[e, b, p]) == int((probs[e, b, p] > probs[e, b, p, t]).sum())
-    for b in range(2):
-        for p in range(3):
-            on_top = [e for e in range(m.config.n_layer + 1) if int(probs[e, b, p].argmax()) == int(tokens[b, p])]
-            assert int(first[b, p]) == (on_top[0] if on_top else -1)
     top_final = cache.logits[:, positions].argmax(-1)  # the model's own choice is on top at the output
+    n = m.config.n_layer
+    for want in (tokens, top_final):
+        first, kept_first = lens.first_on_top(want), lens.first_on_top(want, stay=True)
+        for b in range(2):
+            for p in range(3):
+                on_top = [e for e in range(n + 1) if int(probs[e, b, p].argmax()) == int(want[b, p])]
+                assert int(first[b, p]) == (on_top[0] if on_top else -1)
+                kept = [e for e in on_top if all(f in on_top for f in range(e, n + 1))]
+                assert int(kept_first[b, p]) == (kept[0] if kept else -1)
     assert (lens.ranks(top_final)[-1] == 0).all() and ((lens.first_on_top(top_final) >= 0)).all()
     assert torch.equal(lens.token_probs(3), probs[..., 3])  # one id for every cell
 

@@ -112,11 +112,15 @@ class LogitLens:
         mine = self.logits.gather(-1, index)
         return (self.logits > mine).sum(-1)
 
-    def first_on_top(self, tokens) -> torch.Tensor:
+    def first_on_top(self, tokens, stay: bool = False) -> torch.Tensor:
         """(B, P) int64 the first entry (an index into :attr:`labels`: 0 is the embeddings' reading, n_layer
         the model's output) whose most probable token is ``tokens`` (as :meth:`token_probs`), or -1 where no
-        entry puts it on top. "First" is first: a later entry may lose it again (see :meth:`ranks`)."""
+        entry puts it on top. "First" is first: a later entry may lose it again (see :meth:`ranks`); with
+        ``stay``, the first entry from which every later one keeps it on top, the output included (-1 where
+        the output does not)."""
         top = self.ranks(tokens) == 0  # (L + 1, B, P)
+        if stay:  # on top here and in every later entry
+            top = top.flip(0).to(torch.int64).cumprod(0).flip(0).bool()
         first = top.to(torch.int64).argmax(0)
         return torch.where(top.any(0), first, torch.full_like(first, -1))
 
