@@ -240,8 +240,8 @@ def patch(model: dl.Model, pairs: Pairs) -> dict:
     """The recovered fractions: ``heads`` (n_layer, n_head), ``resid`` (n_layer, T) of each layer's input at each
     position, ``head_pos`` (n_layer, T, n_head) of each head at one position, ``attn`` and ``mlp`` (n_layer,) of
     each layer's whole output; ``clean`` and ``corrupt`` the metric (mean logit difference, correct first
-    token minus the corrupted answer's) of the unpatched runs; ``attention`` (n_layer, n_head, T) each head's
-    mean attention from every position to the changed digit (clean runs)."""
+    token minus the corrupted answer's) of the unpatched runs; ``attention`` (n_layer, n_head, T, T) each
+    head's attention pattern, the mean over the clean runs (the pairs share one layout)."""
     m = model.model
     metric = gb.logit_difference(pairs.clean_first, pairs.corrupt_first, position=-1)
     run = lambda over, by: gb.activation_patching(m, pairs.clean, pairs.corrupt, metric, over=over, by=by,  # noqa
@@ -251,8 +251,7 @@ def patch(model: dl.Model, pairs: Pairs) -> dict:
                attn=run("attn_out", "layer"), mlp=run("mlp_out", "layer") if m.blocks[0].has_mlp else None)
     names = [f"blocks.{i}.attn.hook_pattern" for i in range(m.config.n_layer)]
     logits, cache = gb.run_with_cache(m, pairs.clean, names_filter=names)
-    rows = torch.arange(pairs.clean.size(0))
-    out["attention"] = torch.stack([cache[n][rows, :, :, pairs.changed].mean(0) for n in names]).double()
+    out["attention"] = torch.stack([cache[n].mean(0) for n in names]).double()
     out["clean"] = float(metric(logits))
     out["corrupt"] = float(metric(gb.run_with_hooks(m, pairs.corrupt, [])))
     return out
@@ -274,13 +273,16 @@ def patch_markdown(model: dl.Model, pairs: Pairs, got: dict, threshold: float) -
     pos = [tok.decode([int(t)]) for t in pairs.clean[0]]
     changed = int(pairs.changed[0])
     lines += ["", f"Heads recovering at least {threshold:.0%} (patched at every position), each with the one "
-              "position where patching it alone recovers most, and its attention from there to the changed "
-              "digit (clean runs, mean):", ""]
+              "position where patching it alone recovers most, and its attention from there (clean runs, mean): "
+              "to the changed digit, and where it looks most:", ""]
     for v, i, h in named:
         best = int(got["head_pos"][i, :, h].argmax())
+        row = att[i, h, best]
+        most = int(row.argmax())
         lines.append(f"- L{i}H{h}: {v:.0%}; at {pos[best]!r} (position {best}) "
-                     f"{float(got['head_pos'][i, best, h]):.0%}, attending {float(att[i, h, best]):.2f} to "
-                     f"{pos[changed]!r} (position {changed})")
+                     f"{float(got['head_pos'][i, best, h]):.0%}, attending {float(row[changed]):.2f} to "
+                     f"{pos[changed]!r} (position {changed}), most to {pos[most]!r} (position {most}, "
+                     f"{float(row[most]):.2f})")
     if not named:
         lines.append("- none")
     cols = [f"{p!r}" + ("*" if j == changed else "") for j, p in enumerate(pos)]
