@@ -71,6 +71,11 @@ def held_out(model: dl.Model, n: int, difficulty: int, seed: int) -> list[Questi
     return [prepare(model, item) for item in generate("addition", "held-out", n, seed=seed, difficulty=difficulty)]
 
 
+def cell(token: str) -> str:
+    """A token as a markdown table cell: its repr, with ``|`` (as in ``<|end|>``) escaped."""
+    return repr(token).replace("|", "\\|")
+
+
 def entry_labels(n_layer: int) -> list[str]:
     """The logit lens's entries in words: layer L's input is the residual after layer L - 1."""
     return ["embeddings"] + [f"after L{i}" for i in range(n_layer - 1)] + [f"after L{n_layer - 1} (output)"]
@@ -142,10 +147,10 @@ def example_markdown(model: dl.Model, q: Question, row: dict) -> str:
     answer = [tok.decode([t]) for t in q.answer_ids]
     lines = [f"Worked example: `{q.text}` -> `{q.answer}` (each cell: the entry's top token, its probability; "
              "p(correct))", "",
-             "| residual read | " + " | ".join(f"predicting {a!r}" for a in answer) + " |",
+             "| residual read | " + " | ".join(f"predicting {cell(a)}" for a in answer) + " |",
              "|---|" + "---:|" * len(answer)]
     for e, label in enumerate(entry_labels(m.config.n_layer)):
-        cells = [f"{tok.decode([int(ids[e, k])])!r} {float(vals[e, k]):.3f}; {float(row['probs'][e, k]):.3f}"
+        cells = [f"{cell(tok.decode([int(ids[e, k])]))} {float(vals[e, k]):.3f}; {float(row['probs'][e, k]):.3f}"
                  for k in range(len(answer))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -285,7 +290,7 @@ def patch_markdown(model: dl.Model, pairs: Pairs, got: dict, threshold: float) -
                      f"{float(row[most]):.2f})")
     if not named:
         lines.append("- none")
-    cols = [f"{p!r}" + ("*" if j == changed else "") for j, p in enumerate(pos)]
+    cols = [cell(p) + ("*" if j == changed else "") for j, p in enumerate(pos)]
     lines += ["", "| residual (layer input), by position | " + " | ".join(cols) + " |",
               "|---|" + "---:|" * len(cols)]
     lines += [f"| L{i} | " + " | ".join(f"{float(v):.2f}" for v in resid[i]) + " |" for i in range(n_layer)]

@@ -103,6 +103,11 @@ def test_the_command_prints_and_writes_the_page(checkpoint, tmp_path, capsys):
     err = float(re.search(r"Max \|sum of parts - model's logit\| over 1?\d answer tokens of 6 questions: "
                           r"(\d\.\de[+-]\d+)\.", printed).group(1))
     assert err < 1e-4  # float32, as the checkpoint runs
+    tables = [block for block in printed.split("\n\n") if block.startswith("|")]
+    assert len(tables) == 6 and any("<\\|user\\|>" in t for t in tables)
+    for table in tables:  # every row as many cells as the header: a token's "|" (<|end|>) is escaped
+        widths = {len(re.split(r"(?<!\\)\|", row)) for row in table.splitlines()}
+        assert len(widths) == 1, table
 
 
 def test_a_checkpoint_without_a_chat_template_is_one_error(tmp_path):
