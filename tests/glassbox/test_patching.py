@@ -154,6 +154,7 @@ def test_a_logit_difference_of_one_token_per_row():
     good, bad = [4, 0, 7], torch.tensor([1, 2, 3])
     want = sum(float(logits[b, 5, good[b]] - logits[b, 5, int(bad[b])]) for b in range(3)) / 3
     assert abs(float(gb.logit_difference(good, bad, position=5)(logits)) - want) < 1e-12
+    assert float(gb.logit_difference(torch.tensor(4), position=5)(logits)) == float(logits[:, 5, 4].mean())
     assert abs(float(gb.logit_difference(good, position=5)(logits))
                - sum(float(logits[b, 5, good[b]]) for b in range(3)) / 3) < 1e-12
     with pytest.raises(ValueError, match=r"one token per batch row: got 2 tokens for 3 rows"):

@@ -18,9 +18,11 @@ And what people who study small models do next, on the model's named hook points
 - :func:`run_with_cache` / :func:`run_with_hooks` (``cache``): every activation by name, or changed on the way;
   ``trace`` is a view over such a cache.
 - ``patching``: ablations (zero, mean, resample) of any activation or head, a steering vector, and
-  :func:`activation_patching` over layers, positions and heads.
-- ``attribution``: :func:`logit_lens`, and :func:`decompose` -- a logit split into embeddings, positions,
-  each head, each MLP and the biases, adding up exactly.
+  :func:`activation_patching` over layers, positions and heads (raw, or as the fraction of the clean-corrupt
+  gap recovered).
+- ``attribution``: :func:`logit_lens` (a given token's probability, rank and first layer on top per cell),
+  and :func:`decompose` -- a logit split into embeddings, positions, each head, each MLP and the biases,
+  adding up exactly.
 - ``detectors``: previous-token, duplicate-token and induction scores of every head, composition scores.
 - ``watching``: head scores and loss recorded during training (``decoderlab.headwatch.HeadWatch``), read back.
 - ``sae`` / ``features`` / ``dashboards``: sparse autoencoders on a hook point (TopK, ReLU + L1; SAELens's files),

@@ -124,6 +124,8 @@ def _row_tokens(token, what: str) -> int | torch.Tensor:
     if isinstance(token, numbers.Integral) and not isinstance(token, bool):
         return int(token)
     ids = torch.as_tensor(token, dtype=torch.long)
+    if ids.dim() == 0:  # a 0-d tensor: one id
+        return int(ids)
     if ids.dim() != 1:
         raise ValueError(f"{what} must be one id or one id per batch row (B,), got shape {tuple(ids.shape)}")
     return ids
