@@ -84,8 +84,8 @@ def entry_labels(n_layer: int) -> list[str]:
 @torch.no_grad()
 def read(model: dl.Model, questions: list[Question]) -> dict:
     """Lens and decomposition of every question at every answer position: per question a dict with
-    ``probs`` (n_layer + 1, K), ``first`` (K,), ``ranks`` (n_layer + 1, K) and ``parts`` (n_parts, K) for its K
-    answer tokens; ``labels`` of the parts; ``max_error``: the largest |sum of parts - logit|."""
+    ``probs`` (n_layer + 1, K), ``first`` and ``stays`` (K,), ``ranks`` (n_layer + 1, K), ``parts`` (n_parts,
+    K) for its K answer tokens; ``labels`` of the parts; ``max_error``: the largest |sum of parts - logit|."""
     m = model.model
     names = gb.lens_names(m) + gb.decompose_names(m)
     rows, labels, worst = [], None, 0.0
