@@ -129,3 +129,49 @@ def test_a_model_with_lora_adapters_is_told_to_merge_them():
     merged = merge_lora(m)
     d = gb.decompose(gb.run_with_cache(merged, variant_ids(m))[1], 0, 1)
     assert abs(float(d.total()) - float(d.logit)) < 1e-4
+
+
+@pytest.mark.parametrize("variant", ["learned-layernorm-gelu", "rope-rmsnorm-relu2", "no-positions-no-norm"])
+def test_the_lens_reads_a_token_per_cell_its_rank_and_the_first_entry_on_top(variant):
+    """token_probs, ranks and first_on_top against the lens's logits recomputed here in float64 from the
+    cached residuals, and against a loop over the entries."""
+    m = variant_model(variant)
+    ids = variant_ids(m)
+    cache = gb.run_with_cache(m, ids, names_filter=gb.lens_names(m))[1]
+    positions = [0, 4, 8]
+    lens = gb.logit_lens(cache, positions=positions)
+    tokens = ids[:, [1, 5, 8]]  # (B, P): one id per row and position, as the next tokens of a text
+    with torch.no_grad():
+        stack = torch.stack([cache[n][:, positions] for n in gb.lens_names(m)])
+        probs = torch.softmax(m.fc_layer(m.norm_f(stack)), -1)  # (L + 1, B, P, V)
+    got = lens.token_probs(tokens)
+    assert got.shape == (m.config.n_layer + 1, 2, 3)
+    ranks = lens.ranks(tokens)
+    for e in range(m.config.n_layer + 1):
+        for b in range(2):
+            for p in range(3):
+                t = int(tokens[b, p])
+                assert abs(float(got[e, b, p]) - float(probs[e, b, p, t])) < 1e-12
+                assert int(ranks[e, b, p]) == int((probs[e, b, p] > probs[e, b, p, t]).sum())
+    top_final = cache.logits[:, positions].argmax(-1)  # the model's own choice is on top at the output
+    n = m.config.n_layer
+    for want in (tokens, top_final):
+        first, kept_first = lens.first_on_top(want), lens.first_on_top(want, stay=True)
+        for b in range(2):
+            for p in range(3):
+                on_top = [e for e in range(n + 1) if int(probs[e, b, p].argmax()) == int(want[b, p])]
+                assert int(first[b, p]) == (on_top[0] if on_top else -1)
+                kept = [e for e in on_top if all(f in on_top for f in range(e, n + 1))]
+                assert int(kept_first[b, p]) == (kept[0] if kept else -1)
+    assert (lens.ranks(top_final)[-1] == 0).all() and ((lens.first_on_top(top_final) >= 0)).all()
+    assert torch.equal(lens.token_probs(3), probs[..., 3])  # one id for every cell
+
+
+def test_the_lens_token_readers_refuse_bad_tokens():
+    m = variant_model("learned-layernorm-gelu")
+    cache = gb.run_with_cache(m, variant_ids(m), names_filter=gb.lens_names(m))[1]
+    lens = gb.logit_lens(cache, positions=[0, 1])
+    with pytest.raises(ValueError, match=r"tokens must be one id or \(B, P\) = \(2, 2\) ids .* got shape \(2, 3\)"):
+        lens.token_probs(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must be in 0 \.\. 22 \(num_tokens=23\); got 0 \.\. 23"):
+        lens.first_on_top(torch.tensor([[0, 23], [1, 2]]))

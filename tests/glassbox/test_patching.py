@@ -144,3 +144,42 @@ def test_patching_tables_as_text():
     assert len(gb.patching_table(per_pos, "attn_head", "layer,pos,head").splitlines()) == 2 + 2 * 3
     layer = gb.patching_table(gb.activation_patching(m, ids, ids, metric, by="layer"), "resid_pre", "layer")
     assert layer.splitlines()[1].split()[0] == "L0" and len(layer.splitlines()) == 3
+
+
+def test_a_logit_difference_of_one_token_per_row():
+    m = variant_model("rope-rmsnorm-relu2")
+    ids = variant_ids(m, batch=3)
+    with torch.no_grad():
+        logits = m(ids)
+    good, bad = [4, 0, 7], torch.tensor([1, 2, 3])
+    want = sum(float(logits[b, 5, good[b]] - logits[b, 5, int(bad[b])]) for b in range(3)) / 3
+    assert abs(float(gb.logit_difference(good, bad, position=5)(logits)) - want) < 1e-12
+    assert float(gb.logit_difference(torch.tensor(4), position=5)(logits)) == float(logits[:, 5, 4].mean())
+    assert abs(float(gb.logit_difference(good, position=5)(logits))
+               - sum(float(logits[b, 5, good[b]]) for b in range(3)) / 3) < 1e-12
+    with pytest.raises(ValueError, match=r"one token per batch row: got 2 tokens for 3 rows"):
+        gb.logit_difference([1, 2])(logits)
+    with pytest.raises(ValueError, match=r"token must be one id or one id per batch row \(B,\), got shape \(1, 3\)"):
+        gb.logit_difference([[1, 2, 3]])
+
+
+def test_normalized_patching_is_the_fraction_of_the_gap_recovered():
+    """normalize=True is (patched - corrupt) / (clean - corrupt) of the unnormalised table and the unpatched
+    runs' metrics computed here: layer 0's input at the changed position recovers 1, the positions before it
+    0; the same input twice has nothing to recover and says so."""
+    m = variant_model("learned-layernorm-gelu")
+    clean = variant_ids(m, batch=3)
+    corrupt = clean.clone()
+    corrupt[:, 4] = (corrupt[:, 4] + 3) % m.config.num_tokens
+    metric = gb.logit_difference([1, 2, 3], torch.tensor([5, 6, 7]))
+    with torch.no_grad():
+        c, x = float(metric(m(clean))), float(metric(m(corrupt)))
+    for over, by in (("resid_pre", "layer,pos"), ("attn_head", "layer,head"), ("mlp_out", "layer")):
+        raw = gb.activation_patching(m, clean, corrupt, metric, over=over, by=by)
+        frac = gb.activation_patching(m, clean, corrupt, metric, over=over, by=by, normalize=True)
+        assert frac.shape == raw.shape and (frac - (raw - x) / (c - x)).abs().max() < 1e-12
+    resid = gb.activation_patching(m, clean, corrupt, metric, over="resid_pre", by="layer,pos", normalize=True)
+    assert abs(float(resid[0, 4]) - 1) < 1e-12 and resid[:, :4].abs().max() < 1e-12
+    with pytest.raises(ValueError, match=r"the clean and corrupt runs give the same metric .* no difference"):
+        gb.activation_patching(m, clean, clean, metric, by="layer", normalize=True)
+    assert torch.equal(gb.recovered_fraction(torch.tensor([1.0, 3.0]), 3.0, 1.0), torch.tensor([0.0, 1.0]))

@@ -18,9 +18,11 @@ And what people who study small models do next, on the model's named hook points
 - :func:`run_with_cache` / :func:`run_with_hooks` (``cache``): every activation by name, or changed on the way;
   ``trace`` is a view over such a cache.
 - ``patching``: ablations (zero, mean, resample) of any activation or head, a steering vector, and
-  :func:`activation_patching` over layers, positions and heads.
-- ``attribution``: :func:`logit_lens`, and :func:`decompose` -- a logit split into embeddings, positions,
-  each head, each MLP and the biases, adding up exactly.
+  :func:`activation_patching` over layers, positions and heads (raw, or as the fraction of the clean-corrupt
+  gap recovered).
+- ``attribution``: :func:`logit_lens` (a given token's probability, rank and first layer on top per cell),
+  and :func:`decompose` -- a logit split into embeddings, positions, each head, each MLP and the biases,
+  adding up exactly.
 - ``detectors``: previous-token, duplicate-token and induction scores of every head, composition scores.
 - ``watching``: head scores and loss recorded during training (``decoderlab.headwatch.HeadWatch``), read back.
 - ``sae`` / ``features`` / ``dashboards``: sparse autoencoders on a hook point (TopK, ReLU + L1; SAELens's files),
@@ -42,8 +44,8 @@ from .examples import EXAMPLES, explain_example
 from .features import (SAEEvaluation, evaluate_sae, feature_ablation, feature_dashboard, feature_steering,
                        hook_activations, splice_sae, token_features)
 from .explain import explain, explain_trace
-from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, resample_ablation,
-                       steering, zero_ablation)
+from .patching import (activation_patching, logit_difference, mean_ablation, patching_table, recovered_fraction,
+                       resample_ablation, steering, zero_ablation)
 from .reference import VerifyReport, VerifyStep, numpy_decompose, numpy_forward, numpy_head_results, verify
 from .sae import SparseAutoencoder, load_sae
 from .trace import LayerTrace, Trace, trace, trace_from_cache
@@ -52,7 +54,7 @@ __all__ = [
     "LayerTrace", "Trace", "trace", "trace_from_cache",
     "ActivationCache", "act_name", "run_with_cache", "run_with_hooks",
     "zero_ablation", "mean_ablation", "resample_ablation", "steering", "activation_patching", "logit_difference",
-    "patching_table",
+    "patching_table", "recovered_fraction",
     "LogitLens", "logit_lens", "lens_names", "Decomposition", "decompose", "decompose_names", "residual_parts",
     "logit_attrs", "frozen_final_norm",
     "KINDS", "detection_pattern", "head_scores", "all_head_scores", "repeated_tokens", "composition_scores",

@@ -82,6 +82,48 @@ class LogitLens:
         vals, ids = probs.topk(min(k, probs.size(-1)), dim=-1)
         return [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
 
+    def _token_index(self, tokens) -> torch.Tensor:
+        """``tokens`` as (B, P) ids: one id for every cell, or a tensor/list of (B, P) ids (or (P,) for B=1)."""
+        _, b, p, v = self.logits.shape
+        if isinstance(tokens, numbers.Integral) and not isinstance(tokens, bool):
+            tokens = torch.full((b, p), int(tokens), dtype=torch.long)
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.logits.device)
+        ids = ids.view(1, -1) if ids.dim() == 1 and b == 1 else ids
+        if tuple(ids.shape) != (b, p):
+            raise ValueError(f"tokens must be one id or (B, P) = ({b}, {p}) ids (one per batch row and position "
+                             f"read), got shape {tuple(ids.shape)}")
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < v:
+            raise ValueError(f"token ids must be in 0 .. {v - 1} (num_tokens={v}); got {ids.min()} .. {ids.max()}")
+        return ids.to(self.logits.device)
+
+    def token_probs(self, tokens) -> torch.Tensor:
+        """(n_layer + 1, B, P) each entry's probability of ``tokens`` -- one id, or (B, P) ids, one per batch
+        row and position read (e.g. the correct next token of each). Raises ``ValueError`` for another shape
+        or an id outside the vocabulary."""
+        ids = self._token_index(tokens)
+        index = ids.unsqueeze(0).unsqueeze(-1).expand(self.logits.size(0), -1, -1, 1)
+        return self.probs().gather(-1, index).squeeze(-1)
+
+    def ranks(self, tokens) -> torch.Tensor:
+        """(n_layer + 1, B, P) int64 the rank of ``tokens`` (as :meth:`token_probs`) in each entry: how many
+        tokens have a strictly larger logit (0: on top; a tie for the top counts as on top)."""
+        ids = self._token_index(tokens)
+        index = ids.unsqueeze(0).unsqueeze(-1).expand(self.logits.size(0), -1, -1, 1)
+        mine = self.logits.gather(-1, index)
+        return (self.logits > mine).sum(-1)
+
+    def first_on_top(self, tokens, stay: bool = False) -> torch.Tensor:
+        """(B, P) int64 the first entry (an index into :attr:`labels`: 0 is the embeddings' reading, n_layer
+        the model's output) whose most probable token is ``tokens`` (as :meth:`token_probs`), or -1 where no
+        entry puts it on top. "First" is first: a later entry may lose it again (see :meth:`ranks`); with
+        ``stay``, the first entry from which every later one keeps it on top, the output included (-1 where
+        the output does not)."""
+        top = self.ranks(tokens) == 0  # (L + 1, B, P)
+        if stay:  # on top here and in every later entry
+            top = top.flip(0).to(torch.int64).cumprod(0).flip(0).bool()
+        first = top.to(torch.int64).argmax(0)
+        return torch.where(top.any(0), first, torch.full_like(first, -1))
+
     def table(self, position: int = -1, k: int = 3, batch: int = 0, tokenizer=None) -> str:
         """One line per entry: its label and its top ``k`` tokens with probabilities (the CLI's table)."""
         name = (lambda i: repr(tokenizer.decode([i]))) if tokenizer is not None else str

@@ -120,12 +120,40 @@ def steering(model, layer: int, vector: torch.Tensor, *, scale: float = 1.0, poi
     return name, fn
 
 
-def logit_difference(token: int, other: int | None = None, position: int = -1) -> Callable[[torch.Tensor], torch.Tensor]:
+def _row_tokens(token, what: str) -> int | torch.Tensor:
+    if isinstance(token, numbers.Integral) and not isinstance(token, bool):
+        return int(token)
+    ids = torch.as_tensor(token, dtype=torch.long)
+    if ids.dim() == 0:  # a 0-d tensor: one id
+        return int(ids)
+    if ids.dim() != 1:
+        raise ValueError(f"{what} must be one id or one id per batch row (B,), got shape {tuple(ids.shape)}")
+    return ids
+
+
+def _pick(logits: torch.Tensor, position: int, token) -> torch.Tensor:
+    """(B,) ``logits[b, position, token[b]]`` (or ``token`` for every row)."""
+    at = logits[:, position]
+    if isinstance(token, int):
+        return at[:, token]
+    if token.numel() != at.size(0):
+        raise ValueError(f"one token per batch row: got {token.numel()} tokens for {at.size(0)} rows")
+    return at.gather(-1, token.to(at.device).view(-1, 1)).squeeze(-1)
+
+
+def logit_difference(token, other=None, position: int = -1) -> Callable[[torch.Tensor], torch.Tensor]:
     """A patching metric: the mean over the batch of ``logits[:, position, token]`` (minus the same for
-    ``other``)."""
+    ``other``).
+
+    ``token`` and ``other``: one id for every row, or one per batch row (a (B,) tensor or list) -- e.g. each
+    question's own correct answer against its corrupted one. Raises ``ValueError`` for a 2-d ``token``, and
+    when the metric runs, for a number of tokens that is not the batch size."""
+    token = _row_tokens(token, "token")
+    other = None if other is None else _row_tokens(other, "other")
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        got = logits[:, position, token]
-        return (got if other is None else got - logits[:, position, other]).mean()
+        got = _pick(logits, position, token)
+        return (got if other is None else got - _pick(logits, position, other)).mean()
     return metric
 
 
@@ -163,7 +191,7 @@ def _patch(src: torch.Tensor, pos, head):
 
 
 def activation_patching(model, clean, corrupt, metric, over: str = "resid_pre", by: str = "layer,pos", *,
-                        tokenizer=None) -> torch.Tensor:
+                        tokenizer=None, normalize: bool = False) -> torch.Tensor:
     """Run ``corrupt`` again and again, each time with one activation of the ``clean`` run patched in, and
     return ``metric(patched logits)`` for every patch: TransformerLens's patching tables.
 
@@ -174,6 +202,9 @@ def activation_patching(model, clean, corrupt, metric, over: str = "resid_pre", 
         over: what is patched, in every layer: "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"
             (by "layer" or "layer,pos") or "attn_head" (``hook_z``; by "layer,head" or "layer,pos,head").
         by: the table's axes.
+        normalize: return the fraction of the metric each patch recovers instead, (patched - corrupt) /
+            (clean - corrupt) with ``metric`` of the unpatched clean and corrupt runs: 1 where the patch
+            restores the clean run's metric, 0 where it changes nothing (TransformerLens's normalised patching).
 
     Returns a float64 tensor: (n_layer,), (n_layer, T), (n_layer, n_head) or (n_layer, T, n_head).
     Patching ``clean`` into itself gives ``metric(clean logits)`` in every cell (exactly, in float64).
@@ -181,7 +212,8 @@ def activation_patching(model, clean, corrupt, metric, over: str = "resid_pre", 
     Raises:
         ValueError: clean and corrupt of different shapes; an unknown ``over`` or a ``by`` it does not
             allow (naming the allowed ones); "resid_mid"/"mlp_out" on a model without an MLP; a metric that
-            does not return one number.
+            does not return one number; ``normalize`` where the clean and corrupt metrics are equal (nothing
+            to recover: both values named).
     Source: TransformerLens ``patching.get_act_patch_*`` (denoising: clean into corrupt).
     """
     model = hook_model(model)
@@ -206,7 +238,19 @@ def activation_patching(model, clean, corrupt, metric, over: str = "resid_pre", 
             table[i, j] = _metric_value(metric, logits)
     shape = {"layer": (cfg.n_layer,), "layer,pos": (cfg.n_layer, t), "layer,head": (cfg.n_layer, h),
              "layer,pos,head": (cfg.n_layer, t, h)}[by]
+    if normalize:
+        table = recovered_fraction(table, _metric_value(metric, clean_cache.logits),
+                                   _metric_value(metric, forward_with_hooks(model, corrupt_ids, [])))
     return table.view(shape)
+
+
+def recovered_fraction(table: torch.Tensor, clean: float, corrupt: float) -> torch.Tensor:
+    """``(table - corrupt) / (clean - corrupt)``: patched metrics as the fraction of the clean-corrupt gap they
+    recover (1: the clean run's metric, 0: the corrupt run's). Raises ``ValueError`` when ``clean == corrupt``."""
+    if clean == corrupt:
+        raise ValueError(f"the clean and corrupt runs give the same metric ({clean!r} and {corrupt!r}): there is "
+                         "no difference to recover; corrupt the input so that the metric changes")
+    return (table - corrupt) / (clean - corrupt)
 
 
 def patching_table(table: torch.Tensor, over: str, by: str) -> str:
