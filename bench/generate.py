@@ -12,8 +12,10 @@ All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds o
 the repeats. Prints one table with the ratios, and whether the three produced the same tokens.
 
 Then the compile table (``--compile-table``, or alone with ``--only-compile``): batch-1 greedy decode at the same
-shape, eager (``model.decode``) and compiled (``model.compile_decode()``: Inductor, one graph over the static
-KV cache; its compile time apart), against the floor: the same weight products (every ``nn.Linear`` of the
+shape, eager (``model.decode``), compiled (``model.compile_decode()``: Inductor through its C++ wrapper, one graph
+over the static KV cache; its compile time apart) and ahead of time (``compile_decode(mode="aot")``: torch.export
++ AOTInductor, a .pt2 package written to a temporary folder; its compile time apart, and the seconds a new process
+takes to load it), alternating, against the floor: the same weight products (every ``nn.Linear`` of the
 model, the output layer included, on one token's activations) run alone in the same process, 255 times. The
 ratio decode / floor says how much of a token's time is anything but the weights.
 
@@ -203,42 +205,63 @@ def weight_floor(model, n_tokens: int) -> float:
         return time.perf_counter() - t
 
 
+def aot_load_seconds(path) -> float:
+    """Seconds a new process takes to load an AOTInductor package (``torch._inductor.aoti_load_package``)."""
+    import subprocess
+    import sys
+
+    code = ("import time, torch, torch._inductor\nt = time.perf_counter()\n"
+            f"torch._inductor.aoti_load_package({str(path)!r})\nprint(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
 def compile_table(args) -> None:
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
     eager_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # (warms the eager path up too)
-    t = time.perf_counter()
-    model.compile_decode()
-    compiled_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # the first call compiles
-    compile_s = time.perf_counter() - t
+    steps, tokens, compile_s = {"eager": None}, {}, {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name, options in (("compiled", {}), ("aot", {"mode": "aot", "cache_dir": cache_dir})):
+            t = time.perf_counter()
+            model.compile_decode(**options)
+            tokens[name] = generate(model, [1], NEW_TOKENS, temperature=0)  # the first call compiles
+            compile_s[name] = time.perf_counter() - t
+            steps[name] = model.compiled_decode
+        aot_load = aot_load_seconds(next(iter(steps["aot"].packages.values())))
 
-    def eager():
-        model.compiled_decode, kept = None, model.compiled_decode
-        try:
+        def run(name):
+            model.compiled_decode = steps[name]
             return generate(model, [1], NEW_TOKENS, temperature=0)
-        finally:
-            model.compiled_decode = kept
 
-    def compiled():
-        return generate(model, [1], NEW_TOKENS, temperature=0)
-
-    times = {"eager": [], "compiled": [], "floor": []}
-    for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all three alike
-        times["eager"].append(timed(eager)[0])
-        times["compiled"].append(timed(compiled)[0])
-        times["floor"].append(weight_floor(model, NEW_TOKENS))
+        times = {"eager": [], "compiled": [], "aot": [], "floor": []}
+        for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all four alike
+            for name in ("eager", "compiled", "aot"):
+                times[name].append(timed(lambda: run(name))[0])
+            times["floor"].append(weight_floor(model, NEW_TOKENS))
+        model.compiled_decode = None
     tps = {k: NEW_TOKENS / statistics.median(v) for k, v in times.items()}
-    same = "yes" if eager_tokens == compiled_tokens else "no"
+    same = {k: "yes" if eager_tokens == v else "no" for k, v in tokens.items()}
     print()
     print(f"compiled decode: shakespeare-char shape (random weights), batch 1, {NEW_TOKENS} new tokens from a "
           f"1-token prompt, greedy, float32, median of {args.compile_repeats} alternating runs; floor = the same "
           f"weight products (every nn.Linear, the output layer included) run alone, {NEW_TOKENS} times")
-    print("| decode | tokens/s | vs floor | vs eager | compile s | same tokens as eager |")
-    print("|---|---:|---:|---:|---:|---|")
-    print(f"| eager (model.decode, KV cache) | {tps['eager']:,.0f} | {tps['eager'] / tps['floor']:.2f}x | 1.00x |  |  |")
-    print(f"| compiled (model.compile_decode, Inductor, static KV cache) | {tps['compiled']:,.0f} | "
-          f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | {compile_s:.0f} | {same} |")
-    print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |")
+    print("| decode | tokens/s | vs floor | vs eager | vs Inductor C++ wrapper | compile s | same tokens as eager |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"| eager (model.decode, KV cache) | {tps['eager']:,.0f} | {tps['eager'] / tps['floor']:.2f}x | 1.00x | "
+          f"{tps['eager'] / tps['compiled']:.2f}x |  |  |")
+    print(f"| compiled (model.compile_decode, Inductor, C++ wrapper, static KV cache) | {tps['compiled']:,.0f} | "
+          f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | 1.00x | "
+          f"{compile_s['compiled']:.0f} | {same['compiled']} |")
+    print(f"| ahead of time (compile_decode(mode=\"aot\"), torch.export + AOTInductor .pt2) | {tps['aot']:,.0f} | "
+          f"{tps['aot'] / tps['floor']:.2f}x | {tps['aot'] / tps['eager']:.2f}x | "
+          f"{tps['aot'] / tps['compiled']:.2f}x | {compile_s['aot']:.0f} (a new process loads it in "
+          f"{aot_load:.2f} s) | {same['aot']} |")
+    print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |  |")
+    try:
+        print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------
