@@ -193,6 +193,42 @@ def grammar_cost(model, tok, prompt: str, tokens: int) -> float:
     return timed(grammar=grammar) / timed()
 
 
+def step_split(model, tok, prompts: list[str], rows: int, steps: int = 64) -> tuple[float, float]:
+    """The scheduler alone (no HTTP), ``rows`` rows decoding: (ms per step, the share of it in the model's decode
+    step); the rest is sampling, stops, text and the batch cache's bookkeeping."""
+    import torch
+
+    from decoderlab.generation import SamplingParams
+    from decoderlab.generation.scheduler import GenerationRequest, Scheduler
+
+    inside = [0.0]
+
+    def timed_decode(*a):
+        t0 = time.perf_counter()
+        out = model.decode(*a)
+        inside[0] += time.perf_counter() - t0
+        return out
+
+    sch = Scheduler(model, tok, max_batch=64)
+    sch.close()  # driven here, step by step
+    reqs = [GenerationRequest(tok.encode(prompts[i % len(prompts)]),
+                              SamplingParams(max_new_tokens=steps + 8, temperature=0.8, seed=i)) for i in range(rows)]
+    model.compiled_decode = timed_decode  # (what the scheduler steps with: model.decode, timed)
+    try:
+        with torch.inference_mode():
+            sch._step(reqs)
+            for _ in range(4):
+                sch._step([])
+            inside[0] = 0.0
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                sch._step([])
+            total = time.perf_counter() - t0
+    finally:
+        model.compiled_decode = None
+    return 1000 * total / steps, inside[0] / total
+
+
 def start_server(threads, chunk):
     """A bench server in its own process: (process, url)."""
     import httpx
@@ -259,6 +295,8 @@ def main() -> None:
     ap.add_argument("--prefill-chunk", type=int, nargs="*", default=[],
                     help="serve with each of these prefill chunks too (nothing after the flag: off only)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of the target measurements, alternating")
+    ap.add_argument("--only-split", action="store_true",
+                    help="only the scheduler alone: a step of 1 and of 16 rows, and its share in the model")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
@@ -270,6 +308,12 @@ def main() -> None:
 
     threads = set_threads(args.threads)  # the server chooses the same way, at about the same moment
     print(machine_line(threads))
+    if args.only_split:
+        model, tok = bench_model()
+        for rows in (1, 16):
+            ms, share = step_split(model, tok, [dl.read_corpus()[:16]], rows)
+            print(f"{rows} row(s): {ms:.1f} ms a scheduler step, {share:.0%} in the model's decode step")
+        return
     text = dl.read_corpus()
     lines = [ln for ln in text.splitlines() if len(ln) >= 16]
     prompts = [ln[:16] for ln in lines[:64]]
@@ -298,6 +342,11 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=20)
     report(results, statistics.median(floors), statistics.median(libs), args)
+    one_ms, one_share = step_split(model, tok, prompts, 1)
+    many_ms, many_share = step_split(model, tok, prompts, 16)
+    print(f"\nthe scheduler alone (no HTTP), 64 steps: 1 row {one_ms:.1f} ms a step ({one_share:.0%} in the model's "
+          f"decode step), 16 rows {many_ms:.1f} ms ({many_share:.0%}): 16 rows give {16 * one_ms / many_ms:.2f}x the "
+          f"tokens/s of one")
     print(f"structured output (a regex grammar's token mask every step): "
           f"{grammar_cost(model, tok, prompts[0], args.tokens):.2f}x the unconstrained time per token")
 
