@@ -19,6 +19,9 @@ the kind, torch's version, the CPU's instruction set and the source of the modul
 process with the same model finds it there and loads it without compiling. A cache that is not static (the
 server's batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
 
+A package holds a copy of the weights it was compiled with: after changing the model's weights or dtype in the
+same process, make a new step (``compile_decode(mode="aot")`` again), which hashes the new weights to a new package.
+
 Source: PyTorch's AOTInductor (``torch._inductor.aoti_compile_and_package``, torch >= 2.6).
 """
 

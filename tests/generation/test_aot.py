@@ -86,3 +86,18 @@ def test_a_cache_that_is_not_static_is_decoded_eagerly(tmp_path):
         cache.length = 2  # (decode does not advance the cache: the same step again, eagerly)
         want = model.decode(torch.tensor([[3]]), 2, None, cache)
     assert torch.equal(got, want) and not step.packages and not list(tmp_path.iterdir())
+
+
+def test_the_package_name_follows_the_weights_and_the_kind():
+    """The same model built again hashes to the same package; one changed weight, another dtype or another kind
+    of call to another."""
+    from decoderlab.aot import _fingerprint
+
+    a, b = make_model("gpt2", "sdpa", seed=5), make_model("gpt2", "sdpa", seed=5)
+    key = _fingerprint(a, (1, False))
+    assert _fingerprint(b, (1, False)) == key
+    assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
+    with torch.no_grad():
+        b.blocks[0].mlp.fc.weight[0, 0] += 1e-6
+    assert _fingerprint(b, (1, False)) != key
+    assert _fingerprint(a.float(), (1, False)) != key
