@@ -12,8 +12,11 @@ All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds o
 the repeats. Prints one table with the ratios, and whether the three produced the same tokens.
 
 Then the compile table (``--compile-table``, or alone with ``--only-compile``): batch-1 greedy decode at the same
-shape, eager (``model.decode``) and compiled (``model.compile_decode()``: Inductor, one graph over the static
-KV cache; its compile time apart), against the floor: the same weight products (every ``nn.Linear`` of the
+shape, eager (``model.decode``), compiled (``model.compile_decode()``: Inductor through its C++ wrapper, one graph
+over the static KV cache; its compile time apart) and ahead of time (``compile_decode(mode="aot")``: torch.export
++ AOTInductor, a .pt2 package written to a temporary folder; its compile time apart, and the seconds a new process
+takes to load it), alternating, against the floor (``--compile-batches 1,8``: one table per batch size, B rows of
+one-token prompts decoded together with ``generate_batch``, the floor's products on B rows): the same weight products (every ``nn.Linear`` of the
 model, the output layer included, on one token's activations) run alone in the same process, 255 times. The
 ratio decode / floor says how much of a token's time is anything but the weights.
 
@@ -30,7 +33,8 @@ Then (alone, ``--only-batch-step``) the batch-step table: one eager decode step 
 128 tokens per row, against one row's step (a step reads the weights once whatever B).
 
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
-                             [--only-compile] [--compile-repeats 5] [--only-batch-step] [--step-batches 1,4,16]
+                             [--only-compile] [--compile-repeats 5] [--compile-batches 1,8]
+                             [--only-batch-step] [--step-batches 1,4,16]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
 """
 
@@ -73,6 +77,7 @@ def main() -> None:
                     help="only the batch-step table: one decode step of B rows against one row's")
     ap.add_argument("--step-batches", default="1,2,4,8,16,32", help="batch sizes of the batch-step table")
     ap.add_argument("--compile-repeats", type=int, default=5, help="alternating runs in the compile table")
+    ap.add_argument("--compile-batches", default="1", help="rows of the compile table's decode, one table each")
     ap.add_argument("--checkpoint", default=None,
                     help="dtype table: a shakespeare-char-shaped checkpoint directory; trained there first when it "
                          "does not exist yet (default: train one in a temporary directory)")
@@ -185,14 +190,14 @@ def speed_table(args) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def weight_floor(model, n_tokens: int) -> float:
-    """Seconds for ``n_tokens`` tokens' weight products alone: every ``nn.Linear`` of ``model`` in order (the
-    blocks' projections and MLPs, the output layer) on one token's (1, 1, in_features) activations."""
+def weight_floor(model, n_tokens: int, batch: int = 1) -> float:
+    """Seconds for ``n_tokens`` steps' weight products alone: every ``nn.Linear`` of ``model`` in order (the
+    blocks' projections and MLPs, the output layer) on one token per row, (batch, 1, in_features) activations."""
     import torch.nn as nn
     import torch.nn.functional as F
 
     linears = [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
-    inputs = [torch.randn(1, 1, w.size(1)) for w, _ in linears]
+    inputs = [torch.randn(batch, 1, w.size(1)) for w, _ in linears]
     with torch.inference_mode():
         for (w, b), x in zip(linears, inputs):  # warm up
             F.linear(x, w, b)
@@ -203,42 +208,75 @@ def weight_floor(model, n_tokens: int) -> float:
         return time.perf_counter() - t
 
 
+def aot_load_seconds(path) -> float:
+    """Seconds a new process takes to load an AOTInductor package (``torch._inductor.aoti_load_package``)."""
+    import subprocess
+    import sys
+
+    code = ("import time, torch, torch._inductor\nt = time.perf_counter()\n"
+            f"torch._inductor.aoti_load_package({str(path)!r})\nprint(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
 def compile_table(args) -> None:
+    for b in [int(x) for x in args.compile_batches.split(",")]:
+        compile_table_at(args, b)
+
+
+def compile_table_at(args, b: int) -> None:
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
-    eager_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # (warms the eager path up too)
-    t = time.perf_counter()
-    model.compile_decode()
-    compiled_tokens = generate(model, [1], NEW_TOKENS, temperature=0)  # the first call compiles
-    compile_s = time.perf_counter() - t
+    prompts = [[1 + i] for i in range(b)]  # one token each: rows of equal length, no padding
 
-    def eager():
-        model.compiled_decode, kept = None, model.compiled_decode
-        try:
-            return generate(model, [1], NEW_TOKENS, temperature=0)
-        finally:
-            model.compiled_decode = kept
+    def decode():
+        if b == 1:
+            return generate(model, prompts[0], NEW_TOKENS, temperature=0)
+        return generate_batch(model, prompts, NEW_TOKENS, temperature=0)
 
-    def compiled():
-        return generate(model, [1], NEW_TOKENS, temperature=0)
+    eager_tokens = decode()  # (warms the eager path up too)
+    steps, tokens, compile_s = {"eager": None}, {}, {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name, options in (("compiled", {}), ("aot", {"mode": "aot", "cache_dir": cache_dir})):
+            t = time.perf_counter()
+            model.compile_decode(**options)
+            tokens[name] = decode()  # the first call compiles
+            compile_s[name] = time.perf_counter() - t
+            steps[name] = model.compiled_decode
+        aot_load = aot_load_seconds(next(iter(steps["aot"].packages.values())))
 
-    times = {"eager": [], "compiled": [], "floor": []}
-    for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all three alike
-        times["eager"].append(timed(eager)[0])
-        times["compiled"].append(timed(compiled)[0])
-        times["floor"].append(weight_floor(model, NEW_TOKENS))
-    tps = {k: NEW_TOKENS / statistics.median(v) for k, v in times.items()}
-    same = "yes" if eager_tokens == compiled_tokens else "no"
+        def run(name):
+            model.compiled_decode = steps[name]
+            return decode()
+
+        times = {"eager": [], "compiled": [], "aot": [], "floor": []}
+        for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all four alike
+            for name in ("eager", "compiled", "aot"):
+                times[name].append(timed(lambda: run(name))[0])
+            times["floor"].append(weight_floor(model, NEW_TOKENS, b))
+        model.compiled_decode = None
+    tps = {k: b * NEW_TOKENS / statistics.median(v) for k, v in times.items()}
+    same = {k: "yes" if eager_tokens == v else "no" for k, v in tokens.items()}
     print()
-    print(f"compiled decode: shakespeare-char shape (random weights), batch 1, {NEW_TOKENS} new tokens from a "
-          f"1-token prompt, greedy, float32, median of {args.compile_repeats} alternating runs; floor = the same "
-          f"weight products (every nn.Linear, the output layer included) run alone, {NEW_TOKENS} times")
-    print("| decode | tokens/s | vs floor | vs eager | compile s | same tokens as eager |")
-    print("|---|---:|---:|---:|---:|---|")
-    print(f"| eager (model.decode, KV cache) | {tps['eager']:,.0f} | {tps['eager'] / tps['floor']:.2f}x | 1.00x |  |  |")
-    print(f"| compiled (model.compile_decode, Inductor, static KV cache) | {tps['compiled']:,.0f} | "
-          f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | {compile_s:.0f} | {same} |")
-    print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |")
+    print(f"compiled decode: shakespeare-char shape (random weights), batch {b}, {NEW_TOKENS} new tokens per row "
+          f"from a 1-token prompt, greedy, float32, median of {args.compile_repeats} alternating runs; floor = the "
+          f"same weight products (every nn.Linear, the output layer included) run alone, {NEW_TOKENS} times")
+    print("| decode | tokens/s | vs floor | vs eager | vs Inductor C++ wrapper | compile s | same tokens as eager |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"| eager (model.decode, KV cache) | {tps['eager']:,.0f} | {tps['eager'] / tps['floor']:.2f}x | 1.00x | "
+          f"{tps['eager'] / tps['compiled']:.2f}x |  |  |")
+    print(f"| compiled (model.compile_decode, Inductor, C++ wrapper, static KV cache) | {tps['compiled']:,.0f} | "
+          f"{tps['compiled'] / tps['floor']:.2f}x | {tps['compiled'] / tps['eager']:.2f}x | 1.00x | "
+          f"{compile_s['compiled']:.0f} | {same['compiled']} |")
+    print(f"| ahead of time (compile_decode(mode=\"aot\"), torch.export + AOTInductor .pt2) | {tps['aot']:,.0f} | "
+          f"{tps['aot'] / tps['floor']:.2f}x | {tps['aot'] / tps['eager']:.2f}x | "
+          f"{tps['aot'] / tps['compiled']:.2f}x | {compile_s['aot']:.0f} (a new process loads it in "
+          f"{aot_load:.2f} s) | {same['aot']} |")
+    print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |  |")
+    try:
+        print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -280,6 +280,21 @@ def test_compile_keeps_the_greedy_tokens(gpt2_dir):
     assert m.generate(ids, max_new_tokens=8, temperature=0.0, compile=True) == want
 
 
+def test_compile_aot_switches_the_step_and_a_bad_compile_is_named(gpt2_dir, tmp_path):
+    """compile(mode="aot") puts the ahead-of-time step in place (compiled on its first call, which
+    tests/generation/test_aot.py makes); compile() after it goes back to Inductor's; generate(compile=...) takes
+    False, True or "aot" only."""
+    from decoderlab.aot import AOTDecodeStep
+
+    m = dl.load(gpt2_dir).compile(mode="aot", cache_dir=tmp_path)
+    step = m.model.compiled_decode
+    assert isinstance(step, AOTDecodeStep) and step.cache_dir == tmp_path and not step.packages
+    assert m.compile(mode="aot").model.compiled_decode is step  # (compiled once)
+    assert not isinstance(m.compile().model.compiled_decode, AOTDecodeStep)
+    with pytest.raises(ValueError, match="compile must be False, True or 'aot', got 'fast'"):
+        m.generate("To be", max_new_tokens=2, compile="fast")
+
+
 def test_features_are_the_glass_box_token_features(lesson, tmp_path):
     """Model.features(sae, hook, text) equals glassbox.features.token_features, from a loaded SAE or its
     directory (SAELens's files)."""

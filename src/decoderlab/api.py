@@ -153,7 +153,7 @@ class Model:
     # -- generation -------------------------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, params: SamplingParams | int | None = None, *,
-                 use_cache: bool = True, keep: int | None = None, compile: bool = False,
+                 use_cache: bool = True, keep: int | None = None, compile: bool | str = False,
                  **sampling) -> str | list[int]:
         """Continue ``prompt``: text in, text out (``"".join(stream_text(...))``, whole characters, control
         tokens left out); token ids in, the new ids out (:func:`decoderlab.generation.generate`).
@@ -162,13 +162,18 @@ class Model:
         (temperature, top_k, top_p, min_p, max_new_tokens, seed, stop, stop_at_eos, repetition_penalty, ...;
         an int ``params`` is max_new_tokens). Defaults as ``SamplingParams`` (temperature 1.0: a sample).
         ``compile``: decode through the compiled step (:meth:`DecoderOnlyTransformer.compile_decode`, compiled
-        once on first use and kept; the same greedy tokens as eager).
+        once on first use and kept; the same greedy tokens as eager); ``compile="aot"``: through the
+        ahead-of-time package (:meth:`compile` with ``mode="aot"``).
 
         Raises:
             TypeError: an unknown sampling keyword (naming it and listing the known ones); ValueError: a value
                 out of range (named) -- as :func:`decoderlab.generation.stream`.
         """
-        if compile:
+        if isinstance(compile, str):
+            if compile != "aot":
+                raise ValueError(f"compile must be False, True or 'aot', got {compile!r}")
+            self.compile(mode="aot")
+        elif compile:
             self.compile()
         if isinstance(prompt, str):
             return "".join(self.stream(prompt, params, use_cache=use_cache, keep=keep, **sampling))
@@ -178,8 +183,13 @@ class Model:
     def compile(self, **options) -> "Model":
         """Decode through the compiled step from now on (:meth:`DecoderOnlyTransformer.compile_decode`: Inductor,
         fullgraph, a static KV cache; on a CPU through Inductor's C++ wrapper; ``options`` as ``compile_decode``'s).
-        Compiles once; returns self."""
-        if getattr(self.model, "compiled_decode", None) is None:
+        ``mode="aot"`` (and optionally ``cache_dir``): ahead of time instead, torch.export + AOTInductor, a
+        ``.pt2`` package written once to ``~/.cache/decoderlab/aot`` and loaded by later processes
+        (:class:`decoderlab.aot.AOTDecodeStep`). Compiles once; returns self."""
+        from .aot import AOTDecodeStep
+
+        current = getattr(self.model, "compiled_decode", None)
+        if current is None or (options.get("mode") == "aot") != isinstance(current, AOTDecodeStep):
             self.model.compile_decode(**options)
         return self
 

@@ -421,7 +421,20 @@ class DecoderOnlyTransformer(nn.Module):
         (torch.compile takes ``mode`` or ``options``, not both). The first step compiles: seconds on a GPU, a
         minute or more with a C++ compiler on a loaded CPU; Inductor keeps what it compiled on disk (its FX graph
         cache), so a later process with the same model shape compiles faster. A compiled model does not pickle
-        or deep-copy."""
+        or deep-copy.
+
+        ``mode="aot"``: ahead of time instead (:class:`decoderlab.aot.AOTDecodeStep`: ``torch.export`` +
+        AOTInductor, a ``.pt2`` package per batch size written once to ``cache_dir`` -- default
+        ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with the same weights);
+        ``cache_dir`` is its only option (``TypeError`` naming any other)."""
+        if options.get("mode") == "aot":
+            from .aot import AOTDecodeStep
+
+            other = sorted(set(options) - {"mode", "cache_dir"}) + (["cpp_wrapper"] if cpp_wrapper is not None else [])
+            if other:
+                raise TypeError(f"compile_decode(mode='aot') takes cache_dir only, got {', '.join(other)}")
+            self.compiled_decode = AOTDecodeStep(self, options.get("cache_dir"))
+            return self.compiled_decode
         backend = options.get("backend", "inductor")
         on_cpu = all(p.device.type == "cpu" for p in self.parameters())
         if cpp_wrapper is None:

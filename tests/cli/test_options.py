@@ -98,3 +98,33 @@ def test_generate_on_the_device_given_and_compiled(lm_checkpoint, capsys, monkey
     finally:
         torch._dynamo.reset()
     assert made == {"compiled": True} and capsys.readouterr().out == eager
+
+
+@pytest.mark.slow
+def test_generate_aot_compiles_once_then_loads_the_package(lm_checkpoint, capsys, monkeypatch, tmp_path):
+    """--aot decodes with the ahead-of-time package (the same greedy text as eager): the first run compiles it
+    into $DECODERLAB_CACHE/aot and says so in one line on standard error, the next run loads it (said with
+    --verbose). One tiny graph (1 layer, d_model 16) is compiled: ~20 s on a loaded 2-core machine."""
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
+    argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--temperature", "0",
+            "--max-new-tokens", "30", "to be"]
+    assert cli_main(argv) == 0
+    eager = capsys.readouterr().out
+    assert cli_main(argv + ["--aot"]) == 0
+    out, err = capsys.readouterr()
+    (package,) = (tmp_path / "aot").glob("*.pt2")
+    assert out == eager
+    assert err.startswith("decoderlab: compiled the decode step ahead of time in ") and str(package) in err, err
+    assert err.count("\n") == 1, err
+    assert cli_main(argv + ["--aot", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out == eager
+    assert "decode ahead of time (torch.export + AOTInductor" in err
+    assert f"decoderlab: loaded the decode step compiled ahead of time from {package}" in err
+    assert "compiled the decode step" not in err
+
+
+def test_compile_and_aot_together_is_one_error_line(lm_checkpoint, capsys):
+    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--compile", "--aot", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["decoderlab: error: --compile and --aot are two ways to compile the decode step: give one"]

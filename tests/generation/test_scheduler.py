@@ -328,3 +328,32 @@ def test_chunked_prefill_interleaves_long_prompts_with_decode_steps_and_stays_ex
     assert texts["gone"] == [("done", {"prompt_tokens": 18, "completion_tokens": 0, "total_tokens": 18})]
     with pytest.raises(ValueError, match="prefill_chunk"):
         Scheduler(model, tok, prefill_chunk=0)
+
+
+def test_chunked_prefill_keeps_one_host_sync_per_step(mt):
+    """Reading a long prompt chunk by chunk adds no wait for the device: over the same 24 steps the scheduler
+    syncs as often with chunked prefill as without -- once per step (every running row's sampled ids, the last
+    step's sampled in the next), once per row that joins (its first token) and twice in the padded prefill of
+    the short prompts together (the check of their positions)."""
+    from collections import Counter
+
+    from support.host_syncs import HostSyncCounter
+
+    model, tok = mt
+    counts = {}
+    for chunk in (None, 4):
+        sch = Scheduler(model, tok, max_batch=8, prefill_chunk=chunk)
+        sch.close()  # no thread: _step is driven here
+        reqs = [GenerationRequest(tok.encode("ab"), SamplingParams(max_new_tokens=200, temperature=0)),
+                GenerationRequest(tok.encode("a b."), SamplingParams(max_new_tokens=200, temperature=0.8, seed=1)),
+                GenerationRequest(tok.encode("the long prompt, with words: ok"),  # 31 tokens: 8 chunks of 4
+                                  SamplingParams(max_new_tokens=200, temperature=0.9, seed=2, top_k=5))]
+        with torch.inference_mode(), HostSyncCounter() as counter:
+            sch._step(reqs)
+            for _ in range(23):
+                sch._step([])
+        assert len(sch._rows) == 3 and sch.steps == 24
+        assert sch.prefill_chunks == (0 if chunk is None else 8)
+        counts[chunk] = Counter(e.origin.name for e in counter.events)
+    assert counts[None] == counts[4] == {"decoderlab.generation.scheduler.Scheduler._sample": 23 + 3,
+                                         "decoderlab.positions.check_positions.<locals>.<genexpr>": 2}, counts

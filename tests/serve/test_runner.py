@@ -50,7 +50,10 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [(["--checkpoint", "/no/such/dir"], "/no/such/dir"),
                                          (["--checkpoint", ".", "--port", "70000"], "--port"),
-                                         (["--checkpoint", ".", "--max-tokens", "0"], "--max-tokens")])
+                                         (["--checkpoint", ".", "--max-tokens", "0"], "--max-tokens"),
+                                         (["--checkpoint", ".", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
+                                         (["--checkpoint", ".", "--prefill-chunk", "-3"], "got -3"),
+                                         (["--checkpoint", ".", "--threads", "0"], "threads must be a positive")])
 def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     from decoderlab.cli import main as cli_main
 
@@ -80,3 +83,12 @@ def test_serve_on_a_busy_port_or_a_bogus_host_is_one_error_line(mt, tmp_path, ca
     assert cli_main(["serve", "--checkpoint", str(tmp_path / "ck"), "--host", "bogus.invalid"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("decoderlab: error:") and "--host 'bogus.invalid'" in err[0], err
+
+
+def test_serve_threads_below_one_is_refused_before_the_port_is_bound(mt, tmp_path):
+    from decoderlab.serve import serve
+
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
+        serve(tmp_path / "ck", port=1, threads=0)  # (port 1 would be refused: the threads are checked first)

@@ -7,7 +7,7 @@ import re
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
+from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
                       no_chat_template, sampling_params, set_threads)
 
 DESCRIPTION = (
@@ -34,6 +34,7 @@ def _add_generate_options(p) -> None:
     add_options(p, CHECKPOINT_OPTIONS)
     add_options(p, DEVICE_OPTIONS)
     add_options(p, COMPILE_OPTIONS)
+    add_options(p, AOT_OPTIONS)
     add_options(p, SAMPLING_OPTIONS,
                 temperature_help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     add_options(p, THREADS_OPTIONS)
@@ -134,7 +135,22 @@ def cmd_generate(args) -> int:
     if getattr(args, "verbose", False):
         pieces = timed_pieces(pieces)
     write_pieces(pieces, stream=not args.no_stream)
+    say_packages(model, verbose=getattr(args, "verbose", False))
     return 0
+
+
+def say_packages(model, verbose: bool) -> None:
+    """``--aot``: one line on standard error per package compiled in this run (its compile time and where it is
+    kept, so that later runs load it); with ``verbose``, also per package loaded from disk."""
+    step = model.compiled_decode
+    for kind, path in getattr(step, "packages", {}).items():
+        seconds = step.compile_seconds[kind]
+        if seconds:
+            print(f"decoderlab: compiled the decode step ahead of time in {seconds:.0f} s: {path} (later runs load "
+                  f"it)", file=sys.stderr, flush=True)
+        elif verbose:
+            print(f"decoderlab: loaded the decode step compiled ahead of time from {path}", file=sys.stderr,
+                  flush=True)
 
 
 def say_setup(model, threads: int, args) -> None:
@@ -145,7 +161,9 @@ def say_setup(model, threads: int, args) -> None:
 
     p = next(model.parameters())
     cpu = f"; cpu {cpu_summary()}" if p.device.type == "cpu" else ""
-    step = "compiled (torch.compile, static KV cache)" if model.compiled_decode is not None else "eager"
+    step = model.compiled_decode
+    step = ("eager" if step is None else "ahead of time (torch.export + AOTInductor, static KV cache)"
+            if hasattr(step, "packages") else "compiled (torch.compile, static KV cache)")
     print(f"decoderlab: device {p.device}, weights {dtype_name(getattr(args, 'dtype', None))}, {threads} intra-op thread(s), "
           f"decode {step}{cpu}", file=sys.stderr, flush=True)
 
@@ -226,4 +244,5 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     note = context_full_note(info, model.config.max_len)
     if note:
         print(f"decoderlab: {note.strip('()')}", file=sys.stderr)
+    say_packages(model, verbose=getattr(args, "verbose", False))
     return 0

@@ -10,6 +10,7 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
                                                                      --checkpoint)
     DEVICE_OPTIONS      --device                                     generate, sample, chat, explain, serve
     COMPILE_OPTIONS     --compile (a compiled decode step)           generate, serve
+    AOT_OPTIONS         --aot (the step compiled ahead of time)      generate, sample
     SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
                         --top-p, --seed, --min-p, the penalties,
                         --json-schema
@@ -111,6 +112,15 @@ COMPILE_OPTIONS = (
 )
 
 
+#: generate, sample: the ahead-of-time step (the server's batch cache is not static: no AOT there)
+AOT_OPTIONS = (
+    option("--aot", action="store_true", default=False,
+           help="decode with an ahead-of-time compiled step (torch.export + AOTInductor): a .pt2 package compiled "
+                "once, up to a few minutes on a CPU, into ~/.cache/decoderlab/aot ($DECODERLAB_CACHE/aot) and "
+                "loaded by every later run with the same weights (default: eager)"),
+)
+
+
 def device(args):
     """The ``torch.device`` of ``--device`` (auto where the command has no such flag)."""
     from ..devices import resolve_device
@@ -125,13 +135,18 @@ def load_model(args):
     """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
     (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
     the stored one, None for a base model), its weights in ``--dtype`` where the command has it, on
-    ``--device`` (the CPU for a command without it), decoding compiled with ``--compile``."""
+    ``--device`` (the CPU for a command without it), decoding compiled with ``--compile`` (or ahead of time with
+    ``--aot``)."""
     from ..chat import load_model as load
 
+    if getattr(args, "compile", False) and getattr(args, "aot", False):
+        raise ValueError("--compile and --aot are two ways to compile the decode step: give one")
     where = device(args) if hasattr(args, "device") else "cpu"
     loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
     if getattr(args, "compile", False):
         loaded.model.compile_decode()
+    elif getattr(args, "aot", False):
+        loaded.model.compile_decode(mode="aot")
     return loaded
 
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ..config.defaults import SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_PORT
+from ..config.defaults import (SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_LIMITS, SERVE_PORT,
+                               SERVE_PREFILL_CHUNK_HELP)
 from ..output import KeepWriting
 from .argtypes import number
 from .options import (COMPILE_OPTIONS, DEVICE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, device,
@@ -26,6 +27,8 @@ def add_serve(p) -> None:
     for field, default in SERVE_LIMIT_DEFAULTS.items():
         p.add_argument(flag(field), type=number(int), default=default, metavar="N",
                        help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
+    p.add_argument("--prefill-chunk", type=number(int), default=SERVE_LIMITS["prefill_chunk"], metavar="N",
+                   help=SERVE_PREFILL_CHUNK_HELP)
     p.add_argument("--sae", default=None, metavar="DIR",
                    help="a sparse autoencoder of this model (`decoderlab sae --out DIR`) whose features the page shows "
                         "(default: none)")
@@ -39,6 +42,9 @@ def _check_numbers(args) -> None:
         low = 0 if name == "port" else 1
         if value < low or (name == "port" and value > 65535):
             raise ValueError(f"{flag(name)} must be {'0 .. 65535' if name == 'port' else '>= 1'}, got {value}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be >= 1 (tokens of a prompt read per decode step), got "
+                         f"{args.prefill_chunk}")
 
 
 def cmd_serve(args) -> int:
@@ -46,12 +52,14 @@ def cmd_serve(args) -> int:
     where = device(args)  # a device the machine lacks: one line before the port is bound
     from ..serve import Limits, serve
 
-    set_threads(args)
+    threads = set_threads(args)
     limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMIT_DEFAULTS},
-                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens))
+                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens),
+                    prefill_chunk=args.prefill_chunk)
     # serve() binds --host:--port before loading (a busy port or an unknown host: one error line); a closed
     # output (uvicorn writes its access lines there) must not disturb the server
     with KeepWriting():
         serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
-              limits=limits, model_id=args.model_id, device=where, compile=args.compile, sae=args.sae)
+              limits=limits, model_id=args.model_id, device=where, compile=args.compile, sae=args.sae,
+              threads=threads)
     return 0

@@ -71,7 +71,12 @@ SERVE_PORT = 8000
 
 #: ``ServeLimits``' field defaults (see ``ServeLimits`` for each)
 SERVE_LIMITS = dict(max_body_bytes=1_000_000, max_messages=256, max_tokens=4096, default_max_tokens=256, max_n=8,
-                    max_stop=4, max_batch=32, max_queue=64)
+                    max_stop=4, max_batch=32, max_queue=64, prefill_chunk=None)
+
+#: ``decoderlab serve --prefill-chunk``'s meaning (its default is ``SERVE_LIMITS["prefill_chunk"]``)
+SERVE_PREFILL_CHUNK_HELP = ("read a prompt longer than N tokens N tokens per decode step, between the decode steps "
+                            "of the rows already running (chunked prefill), >= 1 (default: off, every newcomer's "
+                            "prompt read whole in one padded pass: measured faster for bursts, docs/serving.md)")
 
 #: what each limit a command-line flag sets means (``decoderlab serve --max-tokens ...``)
 SERVE_LIMIT_HELP = {

@@ -20,7 +20,9 @@ class ServeLimits:
     one choice may ask for (more than max_len is fine: the context window slides as in ``generate``). max_n:
     most choices per request. max_stop: most stop strings (OpenAI's 4). max_batch: rows (choices) decoded
     together. max_queue: requests waiting to join the batch (then 429). default_max_tokens: used when a request
-    gives neither max_tokens nor max_completion_tokens.
+    gives neither max_tokens nor max_completion_tokens. prefill_chunk: None (whole prompts, every newcomer of a
+    step in one padded pass) or C >= 1 tokens: a longer prompt is read C tokens per decode step (the scheduler's
+    chunked prefill, ``decoderlab.generation.scheduler.Scheduler``'s ``prefill_chunk``).
     """
 
     max_body_bytes: int = _D["max_body_bytes"]
@@ -31,3 +33,4 @@ class ServeLimits:
     max_stop: int = _D["max_stop"]
     max_batch: int = _D["max_batch"]
     max_queue: int = _D["max_queue"]
+    prefill_chunk: int | None = _D["prefill_chunk"]

@@ -88,17 +88,26 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
-          log_level: str = "info", device=None, compile: bool = False, sae=None) -> None:
+          log_level: str = "info", device=None, compile: bool = False, sae=None, threads: int | None = None) -> None:
     """Load a checkpoint directory (or a Hugging Face GPT-2 directory) and serve it with uvicorn until
     interrupted (``decoderlab serve``), on ``device`` (``decoderlab.devices.resolve_device``'s names; None:
     the CPU), decoding with a compiled step if ``compile`` (``model.compile_decode``); ``sae``: an SAE directory
-    whose features the page shows (``/v1/decoderlab/features``).
+    whose features the page shows (``/v1/decoderlab/features``). ``limits.prefill_chunk`` turns on the
+    scheduler's chunked prefill (:class:`decoderlab.config.ServeLimits`).
 
-    Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); what
-    :func:`decoderlab.chat.load_model` raises (FileNotFoundError, ValueError) for a bad checkpoint.
+    ``threads``: PyTorch intra-op threads for the scheduler's forward passes (``torch.set_num_threads``, which
+    the scheduler's thread inherits); None chooses them as every command does
+    (:func:`decoderlab.threads.choose_threads`: the cores the 1-minute load average leaves idle, at most 2).
+
+    Raises: what :func:`listen` raises for a bad ``host`` / ``port`` (checked first); ``ValueError`` for
+    ``threads`` < 1 or a ``limits.prefill_chunk`` < 1; what :func:`decoderlab.chat.load_model` raises
+    (FileNotFoundError, ValueError) for a bad checkpoint.
     """
     import uvicorn
 
+    from ..threads import set_threads
+
+    set_threads(threads)  # (a bad value: one error before the port is bound)
     sock = listen(host, port)
     try:
         # the one loader: a decoderlab or GPT-2 directory

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from ..config.limits import ServeLimits
+from ..generation.checks import check_int
 from ..generation.scheduler import Scheduler
 from ..generation.stops import text_decoder
 from .errors import APIError
@@ -46,11 +47,15 @@ class AppState:
     def build(cls, model, tokenizer, *, meta: dict | None, template: Any, model_id: str | None,
               limits: ServeLimits | None) -> AppState:
         """``template="auto"`` takes the template from ``meta``; ``model_id`` defaults to meta's "name", else
-        "decoderlab"."""
+        "decoderlab". Raises ``ValueError`` / ``TypeError`` for a ``limits.prefill_chunk`` that is not None or an
+        integer >= 1."""
         meta = dict(meta or {})
+        limits = limits or ServeLimits()
+        if limits.prefill_chunk is not None:  # (the scheduler starts with the app: say it now, not at start-up)
+            check_int("prefill_chunk", limits.prefill_chunk, 1)
         if template == "auto":
             template = template_from_meta(meta)
-        return cls(model, tokenizer, template, limits or ServeLimits(),
+        return cls(model, tokenizer, template, limits,
                    model_id or str(meta.get("name") or "decoderlab"), meta)
 
     @property
@@ -61,7 +66,7 @@ class AppState:
         """The scheduler (started on first use: with the app's lifespan)."""
         if self._scheduler is None:
             self._scheduler = Scheduler(self.model, self.tokenizer, max_batch=self.limits.max_batch,
-                                        max_queue=self.limits.max_queue)
+                                        max_queue=self.limits.max_queue, prefill_chunk=self.limits.prefill_chunk)
         return self._scheduler
 
     def text_of(self, ids: list[int]) -> str:

@@ -1,0 +1,140 @@
+"""An ahead-of-time compiled decode step: ``torch.export`` + AOTInductor, packaged once on disk as a ``.pt2``
+and loaded in any later process (``DecoderOnlyTransformer.compile_decode(mode="aot")``, ``generate --aot``).
+
+The step is :meth:`DecoderOnlyTransformer.decode` over a static KV cache (``KVCache(static=True)``, the cache a
+compiled step decodes over): its inputs are tensors of fixed shapes -- the new tokens (B, 1), the positions
+((1,) for rows without padding, (B, 1) with), the column the step writes (1,), every layer's keys and values
+(B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask -- and it writes the new
+keys/values into the cache's buffers in place (the exported program's input mutations, which AOTInductor
+keeps). ``torch.export`` traces it into one graph, ``torch._inductor.aoti_compile_and_package`` compiles that
+graph with the weights into a ``.pt2`` package (generated C++ and its shared library: no Python between the
+kernels, and none of dynamo's guards at each call), and ``torch._inductor.aoti_load_package`` loads it in a
+fraction of a second.
+
+One package per kind of call: the batch size B and whether rows are padded (``generate`` is B = 1 unpadded;
+``generate_batch`` of prompts of different lengths is padded). Each is compiled the first time that kind is
+called and written to ``cache_dir`` (default ``$DECODERLAB_CACHE/aot``, else ``~/.cache/decoderlab/aot``) under
+a name made from everything the compiled code depends on: the weights' bytes, the model's config, the dtype,
+the kind, torch's version, the CPU's instruction set and the source of the modules the step runs. A later
+process with the same model finds it there and loads it without compiling. A cache that is not static (the
+server's batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
+
+A package holds a copy of the weights it was compiled with: after changing the model's weights or dtype in the
+same process, make a new step (``compile_decode(mode="aot")`` again), which hashes the new weights to a new package.
+
+Source: PyTorch's AOTInductor (``torch._inductor.aoti_compile_and_package``, torch >= 2.6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch._inductor  # (aoti_compile_and_package, aoti_load_package)
+from torch import nn
+
+from .attention import KVCache
+
+
+def default_cache_dir() -> Path:
+    """``$DECODERLAB_CACHE/aot``, else ``$XDG_CACHE_HOME/decoderlab/aot`` (``~/.cache/decoderlab/aot``)."""
+    root = os.environ.get("DECODERLAB_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "decoderlab"
+    return Path(root) / "aot"
+
+
+class _StepGraph(nn.Module):
+    """What is exported: ``model.decode`` with the static cache rebuilt from its tensors, so that the graph's
+    inputs are tensors only (the cache's buffers mutated in place)."""
+
+    def __init__(self, model, masked: bool):
+        super().__init__()
+        self.model, self.masked = model, masked
+
+    def forward(self, tokens, positions, column, *tensors):
+        kv, mask = (tensors[:-1], tensors[-1]) if self.masked else (tensors, None)
+        cfg = self.model.config
+        cache = KVCache(cfg.n_layer, cfg.max_len)  # the engine's static cache, over the given buffers
+        cache.static, cache.column = True, column
+        cache._columns = torch.arange(cfg.max_len, device=column.device)
+        for i, layer in enumerate(cache.layers):
+            layer.k, layer.v = kv[2 * i], kv[2 * i + 1]
+        return self.model.decode(tokens, positions, mask, cache)
+
+
+def _fingerprint(model, kind: tuple[int, bool]) -> str:
+    """sha256 of what the compiled package depends on (see the module docstring)."""
+    from . import attention, positions
+
+    h = hashlib.sha256()
+    p = next(model.parameters())
+    h.update(json.dumps({"config": model.config.to_dict(), "dtype": str(p.dtype), "device": str(p.device),
+                         "kind": list(kind), "torch": torch.__version__,
+                         "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
+    for mod in (sys.modules[type(model).__module__], attention, positions):
+        h.update(Path(mod.__file__).read_bytes())
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class AOTDecodeStep:
+    """``model.decode`` as AOTInductor packages, one per kind of call (see the module docstring); called as
+    ``model.decode(tokens, positions, padding_mask, cache)`` is, returning the (B, num_tokens) logits.
+
+    Attributes:
+        cache_dir: where the packages are written and found.
+        packages: kind (B, padded) -> the ``.pt2`` path of each kind loaded so far.
+        compile_seconds: kind -> seconds spent exporting and compiling it in this process (0.0 when the package
+            was on disk already), so that a caller can report the compile cost once.
+    """
+
+    def __init__(self, model, cache_dir: str | os.PathLike | None = None):
+        self.model = model
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.packages: dict[tuple[int, bool], Path] = {}
+        self.compile_seconds: dict[tuple[int, bool], float] = {}
+        self._runners: dict[tuple[int, bool], object] = {}
+
+    def __call__(self, tokens, positions, padding_mask, cache):
+        if not getattr(cache, "static", False) or not isinstance(positions, torch.Tensor):
+            return self.model.decode(tokens, positions, padding_mask, cache)
+        kind = (tokens.size(0), padding_mask is not None)
+        args = (tokens, positions, cache.column, *[t for lay in cache.layers for t in (lay.k, lay.v)],
+                *(() if padding_mask is None else (padding_mask.to(torch.bool),)))
+        runner = self._runners.get(kind)
+        if runner is None:
+            runner = self._runners[kind] = self._package(kind, args)
+        return runner(*args)
+
+    def _package(self, kind: tuple[int, bool], args: tuple):
+        """The loaded package of ``kind``: from ``cache_dir`` when there, else exported, compiled and written."""
+        path = self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
+        self.compile_seconds[kind] = 0.0
+        if not path.exists():
+            start = time.perf_counter()
+            self._compile(kind, args, path)
+            self.compile_seconds[kind] = time.perf_counter() - start
+        self.packages[kind] = path
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's, raised inside torch's loader)
+            return torch._inductor.aoti_load_package(str(path))
+
+    def _compile(self, kind: tuple[int, bool], args: tuple, path: Path) -> None:
+        """Export the step for ``args``' shapes and compile it into ``path`` (written under a temporary name in
+        the same folder, then renamed: a process that stops midway leaves no half package)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # (torch's own deprecation notices, raised inside torch)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            program = torch.export.export(_StepGraph(self.model, kind[1]), args, strict=False)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+        os.replace(tmp, path)
