@@ -39,13 +39,14 @@ SFT_MIX = (("addition", 3, .13), ("subtraction", 3, .13), ("addition", 4, .06), 
 #: the share of ordinary chat (story prompts answered by a corpus passage)
 CHAT_SHARE = 0.05
 #: SFT as phases from the base, each ``(steps, [(skill, difficulty, share)], share of SFT_MIX replayed)``: one
-#: arithmetic operation at a time first, then the whole mix. Measured: the mix alone leaves multi-digit arithmetic
-#: at 0-3% however long it runs (to 7,000 steps of 32), and so do add, subtract and multiply taught together
-#: (5,500 steps); one operation alone clicks within 2,000 steps of 16 (3-digit addition 93%, then subtraction
-#: 100% with addition kept at 100%)
+#: arithmetic operation at a time first, then spelling, then the whole mix. Measured: the mix alone leaves
+#: multi-digit arithmetic at 0-3% however long it runs (to 7,000 steps of 32), and so do add, subtract and multiply
+#: taught together (5,500 steps); one operation alone clicks within 2,000 steps of 16 (3-digit addition 93%, then
+#: subtraction 100% with addition kept at 100%); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
 PHASES = ((2000, (("addition", 3, .9),), .1),
           (2000, (("subtraction", 3, .6), ("addition", 3, .3)), .1),
-          (1500, (("multiplication", 2, .5), ("addition", 3, .15), ("subtraction", 3, .15)), .2),
+          (2000, (("multiplication", 2, .8), ("addition", 3, .05), ("subtraction", 3, .05)), .1),
+          (1500, (("letter_count", 1, .4), ("first_letter", 2, .15), ("last_letter", 2, .15)), .3),
           (4000, (), 1.0))
 #: a seconds-long run of the same shape (tests)
 TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (), 1.0))
