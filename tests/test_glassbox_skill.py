@@ -16,14 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import glassbox_skill as skill  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tiny_runs import one_thread  # noqa: E402,F401  (one_thread: an autouse fixture)
 
 
 @pytest.fixture(scope="module")
