@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config.names import KERNELS
+from .matvec import linear
 
 
 
@@ -238,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         """The shared projections: returns q (B, H, T_q, d_head), k, v (B, H, T_k, d_head)."""
         if kv is None:  # one matmul, then one view: (B, T, 3 d_model) -> 3 x (B, H, T, d_head)
             b, t, _ = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+            q, k, v = linear(self.qkv, x).view(b, t, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
             return q, k, v
         else:
             w, b = self.qkv.weight, self.qkv.bias
@@ -335,7 +336,7 @@ class MultiHeadAttention(nn.Module):
             y = hooks.heads("hook_z", y)
         y = y.transpose(1, 2).reshape(b, t_q, self.d_model).to(x.dtype)  # (a no-op unless upcast above)
         if self.proj is not None:
-            y = self.proj(y)
+            y = linear(self.proj, y)
         if p_drop:
             y = self.resid_dropout(y)
         if return_weights:

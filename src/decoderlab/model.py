@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .attention import MultiHeadAttention
 from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
+from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
 
 # ----------------------------------------------------------------------------------------------------------
@@ -88,14 +89,14 @@ class MLP(nn.Module):
         self.hooks = None  # hook points hook_pre, hook_post (B, T, d_ff) when decoderlab.hooks installs them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
+        h = linear(self.fc, x)
         hooks = self.hooks
         if hooks is not None:
             h = hooks("hook_pre", h)
         a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
         if hooks is not None:
             a = hooks("hook_post", a)
-        y = self.proj(a)
+        y = linear(self.proj, a)
         return self.dropout(y) if self.training and self.dropout.p else y
 
 
@@ -464,7 +465,7 @@ class DecoderOnlyTransformer(nn.Module):
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model): the output layer only where the next token is predicted
         x = self.norm_f(x) if hooks is None else hooked_norm(self.norm_f, x, hooks, "ln_final")
-        return self.fc_layer(x)  # (B, T, num_tokens)
+        return linear(self.fc_layer, x)  # (B, T, num_tokens)
 
     # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----
     def configure_optimizers(self) -> torch.optim.Optimizer:

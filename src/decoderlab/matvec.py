@@ -1,0 +1,58 @@
+"""A linear layer on a few rows -- the decode step's matrix-vector products -- written so that a compiler
+streams the weight once.
+
+At batch 1 a decode step is its weight products: every ``nn.Linear`` multiplies one row by a matrix it must read
+whole from memory, so the step can go no faster than the weights stream. PyTorch's CPU ``F.linear`` on one row
+(MKL's GEMM) streams float32 weights at ~13 GB/s on the AVX-512 VMs of docs/benchmarks.md, where a plain read of
+the same bytes runs at ~35 GB/s, and gains little from bfloat16. Written as a multiply and a sum over each
+weight row, ``(x * W[o]).sum()``, the product is a reduction that Inductor compiles into one vectorised pass over
+the weight at the read's rate, for float32 and half-precision weights alike (accumulating in float32). With the
+output index outermost, ``(x[None] * W[:, None]).sum(-1)``, each weight row is read once for all of a step's rows
+while it sits in L1, so a batched step costs little more than one row's.
+
+Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear` takes this form only while
+``torch.compile`` or ``torch.export`` traces the call (the compiled and ahead-of-time decode steps,
+:meth:`decoderlab.model.DecoderOnlyTransformer.compile_decode`) and only for a fixed number of rows, at most
+:data:`MAX_ROWS`, of a plain ``nn.Linear``; everywhere else it is ``layer(x)``. Measured in ``bench/generate.py --only-linears``.
+
+Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,
+Waterman and Patterson, 2009); Inductor's own ``decompose_mem_bound_mm`` pass rewrites small products the same
+way, with the reduction over a transposed weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+#: the most rows (batch x tokens) taken as a reduction; above it the product is compute-bound and a GEMM's
+#: blocking wins (measured with a layer norm before each product, float32, 24 products of the shakespeare-char
+#: shape: the reduction took 0.52x of ``F.linear``'s time at 2 rows, 0.67x at 4, 0.87x at 8, 1.02x at 16)
+MAX_ROWS = 8
+
+
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)``: (..., d_in) -> (..., d_out); inside a compiled graph, for a plain ``nn.Linear`` on at most
+    :data:`MAX_ROWS` rows, computed as the reduction of the module docstring (the same sums, in another order:
+    float32 results agree with ``F.linear`` to rounding).
+
+    Anything else -- eager calls, PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is
+    ``layer(x)`` unchanged. Raises what ``layer(x)`` raises."""
+    if not torch.compiler.is_compiling() or type(layer) is not nn.Linear:
+        return layer(x)
+    w = layer.weight
+    rows = x.shape[:-1].numel()
+    # a symbolic row count (a graph compiled for dynamic batch sizes, as the server's) keeps the GEMM: Inductor's
+    # reduction over a symbolic dimension measured 2.7x slower than F.linear at 16 rows
+    if type(rows) is not int or rows > MAX_ROWS or is_traceable_wrapper_subclass(w) or not w.dtype.is_floating_point:
+        return layer(x)
+    flat = x.reshape(rows, x.shape[-1])
+    # a view onto itself, for Inductor: as_strided's lowering stores its input, so the op that made x (a layer norm,
+    # say) runs once into a buffer rather than inlined into the reduction and redone for every output row
+    # (measured 1.7x slower at one row, 7x at 8 rows)
+    flat = torch.as_strided(flat, flat.shape, flat.stride())
+    y = (flat.unsqueeze(0) * w.unsqueeze(1)).sum(-1).t()  # (d_out, rows, d_in) -> (d_out, rows) -> (rows, d_out)
+    if layer.bias is not None:
+        y = y + layer.bias
+    return y.reshape(*x.shape[:-1], w.shape[0])
