@@ -7,22 +7,27 @@ compiled step decodes over): its inputs are tensors of fixed shapes -- the new t
 (B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask -- and it writes the new
 keys/values into the cache's buffers in place (the exported program's input mutations, which AOTInductor
 keeps). ``torch.export`` traces it into one graph, ``torch._inductor.aoti_compile_and_package`` compiles that
-graph with the weights into a ``.pt2`` package (generated C++ and its shared library: no Python between the
-kernels, and none of dynamo's guards at each call), and ``torch._inductor.aoti_load_package`` loads it in a
-fraction of a second.
+graph into a ``.pt2`` package (generated C++ and its shared library: no Python between the kernels, and none of
+dynamo's guards at each call), and ``torch._inductor.aoti_load_package`` loads it in a fraction of a second.
+
+The package holds code, not weights: it is compiled with its constants left out
+(``aot_inductor.package_constants_in_so=False``) and, once loaded, reads the model's own parameter tensors
+(``load_constants(..., user_managed=True)``). So a package serves every model of one shape and dtype -- a
+fine-tuned checkpoint reuses its base's --, the process holds one copy of the weights, and a weight changed in
+place (an optimizer step, ``load_state_dict``) is decoded with at once. A parameter *replaced* by another tensor
+(``model.to(dtype)``, ``load_state_dict(assign=True)``) is noticed at the next step, which then finds (or
+compiles) the package for the new tensors.
 
 One package per kind of call: the batch size B and whether rows are padded (``generate`` is B = 1 unpadded;
 ``generate_batch`` of prompts of different lengths is padded). Each is compiled the first time that kind is
 called and written to ``cache_dir`` (default ``$DECODERLAB_CACHE/aot``, else ``~/.cache/decoderlab/aot``) under
-a name made from everything the compiled code depends on: the weights' bytes, the model's config, the dtype,
-the kind, torch's version, the CPU's instruction set and the source of the modules the step runs. A later
-process with the same model finds it there and loads it without compiling. A cache that is not static (the
-server's batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
+a name made from everything the compiled code depends on: the model's config, the dtype and device, the kind,
+torch's version, the CPU's instruction set and the source of the modules the step runs. A later process with a
+model of the same shape finds it there and loads it without compiling. A cache that is not static (the server's
+batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
 
-A package holds a copy of the weights it was compiled with: after changing the model's weights or dtype in the
-same process, make a new step (``compile_decode(mode="aot")`` again), which hashes the new weights to a new package.
-
-Source: PyTorch's AOTInductor (``torch._inductor.aoti_compile_and_package``, torch >= 2.6).
+Source: PyTorch's AOTInductor (``torch._inductor.aoti_compile_and_package``, torch >= 2.6; weights kept out of
+the package and loaded as user-managed constants: tested with torch 2.13).
 """
 
 from __future__ import annotations
@@ -69,20 +74,29 @@ class _StepGraph(nn.Module):
 
 
 def _fingerprint(model, kind: tuple[int, bool]) -> str:
-    """sha256 of what the compiled package depends on (see the module docstring)."""
-    from . import attention, positions
+    """sha256 of what the compiled package depends on (see the module docstring): not the weights' values."""
+    from . import attention, matvec, positions
 
     h = hashlib.sha256()
     p = next(model.parameters())
     h.update(json.dumps({"config": model.config.to_dict(), "dtype": str(p.dtype), "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
-    for mod in (sys.modules[type(model).__module__], attention, positions):
+    for mod in (sys.modules[type(model).__module__], attention, matvec, positions):
         h.update(Path(mod.__file__).read_bytes())
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _tensor_slots(graph: nn.Module) -> dict[str, tuple[dict, str, torch.Tensor]]:
+    """Every parameter and buffer of ``graph`` by its name (tied ones under each of their names): the dict that
+    holds it, its key there and the tensor, so that a replaced tensor can be noticed cheaply."""
+    slots = {}
+    for prefix, mod in graph.named_modules(remove_duplicate=False):
+        for store in (mod._parameters, mod._buffers):
+            for name, t in store.items():
+                if t is not None:
+                    slots[f"{prefix}.{name}" if prefix else name] = (store, name, t)
+    return slots
 
 
 class AOTDecodeStep:
@@ -94,6 +108,10 @@ class AOTDecodeStep:
         packages: kind (B, padded) -> the ``.pt2`` path of each kind loaded so far.
         compile_seconds: kind -> seconds spent exporting and compiling it in this process (0.0 when the package
             was on disk already), so that a caller can report the compile cost once.
+
+    Raises:
+        RuntimeError: a compiled package asks for a constant the model does not hold (a weight computed at compile
+            time, which a package without its weights cannot carry).
     """
 
     def __init__(self, model, cache_dir: str | os.PathLike | None = None):
@@ -102,10 +120,14 @@ class AOTDecodeStep:
         self.packages: dict[tuple[int, bool], Path] = {}
         self.compile_seconds: dict[tuple[int, bool], float] = {}
         self._runners: dict[tuple[int, bool], object] = {}
+        self._slots: dict[str, tuple[dict, str, torch.Tensor]] = {}  # the tensors the loaded runners read
 
     def __call__(self, tokens, positions, padding_mask, cache):
         if not getattr(cache, "static", False) or not isinstance(positions, torch.Tensor):
             return self.model.decode(tokens, positions, padding_mask, cache)
+        if not all(store.get(name) is t for store, name, t in self._slots.values()):
+            # a parameter was replaced: the runners read the old tensors (kept alive till now); load them again
+            self._runners, self._slots = {}, {}
         kind = (tokens.size(0), padding_mask is not None)
         args = (tokens, positions, cache.column, *[t for lay in cache.layers for t in (lay.k, lay.v)],
                 *(() if padding_mask is None else (padding_mask.to(torch.bool),)))
@@ -115,26 +137,38 @@ class AOTDecodeStep:
         return runner(*args)
 
     def _package(self, kind: tuple[int, bool], args: tuple):
-        """The loaded package of ``kind``: from ``cache_dir`` when there, else exported, compiled and written."""
+        """The loaded package of ``kind``, reading the model's tensors: from ``cache_dir`` when there, else
+        exported, compiled and written."""
         path = self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
-        self.compile_seconds[kind] = 0.0
+        self.compile_seconds.setdefault(kind, 0.0)  # (a package loaded again after a replaced weight adds nothing)
         if not path.exists():
             start = time.perf_counter()
             self._compile(kind, args, path)
-            self.compile_seconds[kind] = time.perf_counter() - start
+            self.compile_seconds[kind] += time.perf_counter() - start
         self.packages[kind] = path
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's, raised inside torch's loader)
-            return torch._inductor.aoti_load_package(str(path))
+            runner = torch._inductor.aoti_load_package(str(path))
+        slots = _tensor_slots(_StepGraph(self.model, kind[1]))
+        wanted = runner.get_constant_fqns()
+        missing = [name for name in wanted if name not in slots]
+        if missing:
+            raise RuntimeError(f"the AOT package {path.name} needs constants the model does not hold: "
+                               f"{', '.join(missing[:5])}")
+        # the runner keeps the tensors' addresses, not the tensors: self._slots keeps them alive
+        runner.load_constants({name: slots[name][2] for name in wanted}, check_full_update=True, user_managed=True)
+        self._slots.update({name: slots[name] for name in wanted})
+        return runner
 
     def _compile(self, kind: tuple[int, bool], args: tuple, path: Path) -> None:
-        """Export the step for ``args``' shapes and compile it into ``path`` (written under a temporary name in
-        the same folder, then renamed: a process that stops midway leaves no half package)."""
+        """Export the step for ``args``' shapes and compile it, without its weights, into ``path`` (written under a
+        temporary name in the same folder, then renamed: a process that stops midway leaves no half package)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # (torch's own deprecation notices, raised inside torch)
             warnings.simplefilter("ignore", DeprecationWarning)
             program = torch.export.export(_StepGraph(self.model, kind[1]), args, strict=False)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(tmp), inductor_configs={"aot_inductor.package_constants_in_so": False})
         os.replace(tmp, path)

@@ -33,10 +33,11 @@ sys.path.insert(0, {here!r})
 from tiny_models import make_model
 from test_aot import _decode_all
 torch.set_num_threads(1)
-model = make_model("gpt2", "sdpa", seed=5)
+model = make_model("gpt2", "sdpa", seed={seed})
+eager = _decode_all(model)
 step = model.compile_decode(mode="aot", cache_dir={cache!r})
 out = _decode_all(model)
-print(json.dumps({{"out": out, "compile_seconds": sorted(step.compile_seconds.values()),
+print(json.dumps({{"out": out, "eager": eager, "compile_seconds": sorted(step.compile_seconds.values()),
                    "packages": sorted(p.name for p in step.packages.values())}}))
 """
 
@@ -44,25 +45,45 @@ print(json.dumps({{"out": out, "compile_seconds": sorted(step.compile_seconds.va
 @pytest.mark.slow
 def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_path):
     """Two packages are compiled here (batch 1; the padded batch of 3), each a tiny graph of a 2-layer model
-    (d_model 16): ~20 s each on a loaded 2-core machine; the new process loads both without compiling."""
+    (d_model 16): ~20 s each on a loaded 2-core machine. The packages read the model's own tensors: a weight
+    changed in place is decoded with at once, and a parameter replaced by another tensor at the next step, both
+    without compiling again. A new process loads both packages without compiling, for a model with other
+    weights as well (a package holds code, not weights), and decodes that model's eager tokens."""
     model = make_model("gpt2", "sdpa", seed=5)
     want = _decode_all(model)
     try:
         step = model.compile_decode(mode="aot", cache_dir=tmp_path)
         assert model.compiled_decode is step
         assert _decode_all(model) == want
+        compiled = dict(step.compile_seconds)
+        with torch.no_grad():
+            model.blocks[0].mlp.fc.weight.mul_(-1.0)  # in place: the runners read this very tensor
+        model.compiled_decode = None
+        want_changed = _decode_all(model)
+        model.compiled_decode = step
+        assert want_changed != want and _decode_all(model) == want_changed
+        fc = model.blocks[1].mlp.fc
+        fc.weight = torch.nn.Parameter(fc.weight.detach() * -1.0)  # replaced: noticed at the next step
+        model.compiled_decode = None
+        want_replaced = _decode_all(model)
+        model.compiled_decode = step
+        assert want_replaced != want_changed and _decode_all(model) == want_replaced
+        assert step.compile_seconds == compiled == {k: v for k, v in compiled.items() if v > 0}
     finally:
         model.compiled_decode = None
-    assert sorted(step.packages) == [(1, False), (3, True)] and all(s > 0 for s in step.compile_seconds.values())
+    assert sorted(step.packages) == [(1, False), (3, True)]
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == sorted(p.name for p in step.packages.values())
+    assert all(p.stat().st_size < 2**21 for p in tmp_path.glob("*.pt2")), "a package holds no weights"
     here = str(Path(__file__).resolve().parent)
-    code = CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env(), timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    child = json.loads(r.stdout.strip().splitlines()[-1])
-    assert child["compile_seconds"] == [0.0, 0.0], "the new process compiled instead of loading"
-    assert child["packages"] == sorted(p.name for p in step.packages.values())
-    assert child["out"] == want
+    for seed in (5, 6):
+        code = CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path), seed=seed)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env(), timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        child = json.loads(r.stdout.strip().splitlines()[-1])
+        assert child["compile_seconds"] == [0.0, 0.0], "the new process compiled instead of loading"
+        assert child["packages"] == sorted(p.name for p in step.packages.values())
+        assert child["out"] == child["eager"]
+        assert (child["out"] == want) == (seed == 5)
 
 
 def test_aot_takes_a_cache_dir_only():
@@ -88,16 +109,14 @@ def test_a_cache_that_is_not_static_is_decoded_eagerly(tmp_path):
     assert torch.equal(got, want) and not step.packages and not list(tmp_path.iterdir())
 
 
-def test_the_package_name_follows_the_weights_and_the_kind():
-    """The same model built again hashes to the same package; one changed weight, another dtype or another kind
-    of call to another."""
+def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
+    """The package holds code, not weights: two models of one shape and dtype -- other weights included -- hash to
+    the same package; another dtype, another shape or another kind of call to another."""
     from decoderlab.aot import _fingerprint
 
-    a, b = make_model("gpt2", "sdpa", seed=5), make_model("gpt2", "sdpa", seed=5)
+    a, b = make_model("gpt2", "sdpa", seed=5), make_model("gpt2", "sdpa", seed=6)
     key = _fingerprint(a, (1, False))
     assert _fingerprint(b, (1, False)) == key
     assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
-    with torch.no_grad():
-        b.blocks[0].mlp.fc.weight[0, 0] += 1e-6
-    assert _fingerprint(b, (1, False)) != key
-    assert _fingerprint(a.float(), (1, False)) != key
+    assert _fingerprint(make_model("rope-rmsnorm", "sdpa", seed=5), (1, False)) != key
+    assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
