@@ -2,9 +2,11 @@
 and loaded in any later process (``DecoderOnlyTransformer.compile_decode(mode="aot")``, ``generate --aot``).
 
 The step is :meth:`DecoderOnlyTransformer.decode` over a static KV cache (``KVCache(static=True)``, the cache a
-compiled step decodes over): its inputs are tensors of fixed shapes -- the new tokens (B, 1), the positions
-((1,) for rows without padding, (B, 1) with), the column the step writes (1,), every layer's keys and values
-(B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask -- and it writes the new
+compiled step decodes over): its inputs are tensors -- the new tokens (B, 1), the positions ((1,) for rows
+without padding, (B, 1) with), the column the step writes (1,), a window whose length (the one size that varies,
+symbolic in the compiled code) is the number of columns written so far, this step's included, every layer's
+keys and values (B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask; attention
+reads the window's columns only, not the whole capacity -- and it writes the new
 keys/values into the cache's buffers in place (the exported program's input mutations, which AOTInductor
 keeps). ``torch.export`` traces it into one graph, ``torch._inductor.aoti_compile_and_package`` compiles that
 graph into a ``.pt2`` package (generated C++ and its shared library: no Python between the kernels, and none of
@@ -56,17 +58,18 @@ def default_cache_dir() -> Path:
 
 class _StepGraph(nn.Module):
     """What is exported: ``model.decode`` with the static cache rebuilt from its tensors, so that the graph's
-    inputs are tensors only (the cache's buffers mutated in place)."""
+    inputs are tensors only (the cache's buffers mutated in place). ``window``'s length -- symbolic in the
+    exported graph -- is how many leading cache columns the step reads: the written ones, not the capacity."""
 
     def __init__(self, model, masked: bool):
         super().__init__()
         self.model, self.masked = model, masked
 
-    def forward(self, tokens, positions, column, *tensors):
+    def forward(self, tokens, positions, column, window, *tensors):
         kv, mask = (tensors[:-1], tensors[-1]) if self.masked else (tensors, None)
         cfg = self.model.config
         cache = KVCache(cfg.n_layer, cfg.max_len)  # the engine's static cache, over the given buffers
-        cache.static, cache.column = True, column
+        cache.static, cache.column, cache.window = True, column, window.size(0)
         cache._columns = torch.arange(cfg.max_len, device=column.device)
         for i, layer in enumerate(cache.layers):
             layer.k, layer.v = kv[2 * i], kv[2 * i + 1]
@@ -82,7 +85,7 @@ def _fingerprint(model, kind: tuple[int, bool]) -> str:
     h.update(json.dumps({"config": model.config.to_dict(), "dtype": str(p.dtype), "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
-    for mod in (sys.modules[type(model).__module__], attention, matvec, positions):
+    for mod in (sys.modules[type(model).__module__], sys.modules[__name__], attention, matvec, positions):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 
@@ -121,6 +124,7 @@ class AOTDecodeStep:
         self.compile_seconds: dict[tuple[int, bool], float] = {}
         self._runners: dict[tuple[int, bool], object] = {}
         self._slots: dict[str, tuple[dict, str, torch.Tensor]] = {}  # the tensors the loaded runners read
+        self._window: torch.Tensor | None = None  # a buffer whose leading slices carry the window's length
 
     def __call__(self, tokens, positions, padding_mask, cache):
         if not getattr(cache, "static", False) or not isinstance(positions, torch.Tensor):
@@ -129,7 +133,10 @@ class AOTDecodeStep:
             # a parameter was replaced: the runners read the old tensors (kept alive till now); load them again
             self._runners, self._slots = {}, {}
         kind = (tokens.size(0), padding_mask is not None)
-        args = (tokens, positions, cache.column, *[t for lay in cache.layers for t in (lay.k, lay.v)],
+        if self._window is None or self._window.device != tokens.device:
+            self._window = torch.empty(self.model.config.max_len, dtype=torch.uint8, device=tokens.device)
+        window = self._window[: max(2, cache.length + 1)]  # its length: the columns written, this step's included
+        args = (tokens, positions, cache.column, window, *[t for lay in cache.layers for t in (lay.k, lay.v)],
                 *(() if padding_mask is None else (padding_mask.to(torch.bool),)))
         runner = self._runners.get(kind)
         if runner is None:
@@ -168,7 +175,11 @@ class AOTDecodeStep:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # (torch's own deprecation notices, raised inside torch)
             warnings.simplefilter("ignore", DeprecationWarning)
-            program = torch.export.export(_StepGraph(self.model, kind[1]), args, strict=False)
+            # the window's length is the one symbolic size (at least 2: a step follows a prefill of >= 1 token)
+            window = torch.export.Dim("window", min=2, max=self.model.config.max_len)
+            dynamic = (None, None, None, {0: window}, tuple(None for _ in args[4:]))  # (forward's *tensors: one)
+            program = torch.export.export(_StepGraph(self.model, kind[1]), args, dynamic_shapes=dynamic,
+                                          strict=False)
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(tmp), inductor_configs={"aot_inductor.package_constants_in_so": False})
         os.replace(tmp, path)

@@ -350,7 +350,8 @@ class MultiHeadAttention(nn.Module):
 
 
 class LayerKVCache:
-    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head).
+    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head) (a static cache:
+    capacity + 1, one spare column, see ``_allocate``).
 
     ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
     returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
@@ -359,7 +360,8 @@ class LayerKVCache:
     In a static cache (``KVCache(..., static=True)``) a one-token step writes at the owner's ``column`` (a
     device tensor) and returns the whole buffers, (B, H, capacity, d_head): the same shapes at every token,
     and no Python number that changes, so a compiled decode step runs one graph for the whole context
-    (:meth:`KVCache.step_mask` hides the columns not written yet). Prefills (T_new > 1) write as above.
+    (:meth:`KVCache.step_mask` hides the columns not written yet) -- or, with the owner's ``window`` set (the
+    AOT step's symbolic length), the first ``window`` columns. Prefills (T_new > 1) write as above.
     """
 
     def __init__(self, owner: "KVCache"):
@@ -369,10 +371,14 @@ class LayerKVCache:
 
     def _allocate(self, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
         b, h, _, d = k_new.shape
-        # a static cache's unwritten columns are read (under a mask): zeros, never NaN (0 x NaN would leak)
+        # a static cache's unwritten columns are read (under a mask): zeros, never NaN (0 x NaN would leak). It
+        # keeps one spare column past its capacity, never read, so that a window of any length up to the
+        # capacity is a strict prefix of the buffer: torch.export would otherwise specialise a symbolic window
+        # away from the full length (the prefix's contiguity differs there)
         make = torch.zeros if self.owner.static else torch.empty
-        self.k = make(b, h, self.owner.capacity, d, dtype=k_new.dtype, device=k_new.device)
-        self.v = make(b, h, self.owner.capacity, d, dtype=v_new.dtype, device=v_new.device)
+        cols = self.owner.capacity + (1 if self.owner.static else 0)
+        self.k = make(b, h, cols, d, dtype=k_new.dtype, device=k_new.device)
+        self.v = make(b, h, cols, d, dtype=v_new.dtype, device=v_new.device)
         if self.owner.static:  # fixed addresses, so that CUDA graphs can replay over them
             torch._dynamo.mark_static_address(self.k)
             torch._dynamo.mark_static_address(self.v)
@@ -384,7 +390,9 @@ class LayerKVCache:
         if o.static and k_new.size(2) == 1:  # a static step (the model masks the unwritten columns)
             self.k.index_copy_(2, o.column, k_new)
             self.v.index_copy_(2, o.column, v_new)
-            return self.k, self.v
+            if o.window is None:
+                return self.k[:, :, : o.capacity], self.v[:, :, : o.capacity]
+            return self.k[:, :, : o.window], self.v[:, :, : o.window]
         start = o.length
         end = start + k_new.size(2)
         if end > o.capacity:
@@ -402,7 +410,9 @@ class KVCache:
         capacity: most tokens it holds (the model's max_len).
         static: keep the shapes of a one-token step fixed (see :class:`LayerKVCache`), for a compiled decode
             step (``DecoderOnlyTransformer.compile_decode``); an eager step is faster without (it attends to
-            the columns written so far only).
+            the columns written so far only). ``window``: None, or how many leading columns a static step
+            reads (the rest are not written yet) -- set by a step compiled for a symbolic window (the AOT step,
+            :mod:`decoderlab.aot`), so that attention reads the written columns only.
         device: where a static cache keeps ``column`` (the model's device).
 
     ``length`` is the number of positions already cached; the model's forward pass reads it (new tokens get
@@ -417,6 +427,7 @@ class KVCache:
         self.length = 0
         self.static = static
         self.layers = [LayerKVCache(self) for _ in range(n_layer)]
+        self.window = None
         if static:
             self.column = torch.zeros(1, dtype=torch.long, device=device)
             self._columns = torch.arange(capacity, device=device)
@@ -429,14 +440,19 @@ class KVCache:
                    device=p.device if p is not None else None)
 
     def step_mask(self, padding_mask: torch.Tensor | None, batch: int) -> torch.Tensor:
-        """The (B, capacity) key mask of a static step, True = ignore: the columns after ``column`` (not written
-        yet) and, where ``padding_mask`` (B, T_k <= capacity, True = padded) says so, the padded ones."""
-        hidden = (self._columns > self.column).expand(batch, self.capacity)
+        """The (B, W) key mask of a static step over the W columns it reads (``window``, else the capacity),
+        True = ignore: the columns after ``column`` (not written yet) and, where ``padding_mask`` (B, T_k <=
+        capacity, True = padded) says so, the padded ones."""
+        w = self.capacity if self.window is None else self.window
+        columns = self._columns[:w]
+        hidden = (columns > self.column).expand(batch, w)
         if padding_mask is None:
             return hidden
         pm = padding_mask.to(torch.bool)
-        if pm.size(1) < self.capacity:  # the columns past the mask are hidden already
-            pm = F.pad(pm, (0, self.capacity - pm.size(1)))
+        if self.window is not None:  # (gathered, not sliced: a slice would specialise the symbolic window, as
+            return hidden | pm.index_select(1, columns)  # in LayerKVCache._allocate; the mask spans the capacity)
+        if pm.size(1) < w:  # the columns past the mask are hidden already
+            pm = F.pad(pm, (0, w - pm.size(1)))
         return hidden | pm
 
     def advance(self, t: int) -> None:
