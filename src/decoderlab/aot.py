@@ -113,11 +113,18 @@ class AOTDecodeStep:
             was on disk already), so that a caller can report the compile cost once.
 
     Raises:
+        ValueError: the model's weights are quantized (torchao's int8: tensor subclasses).
         RuntimeError: a compiled package asks for a constant the model does not hold (a weight computed at compile
             time, which a package without its weights cannot carry).
     """
 
     def __init__(self, model, cache_dir: str | os.PathLike | None = None):
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
+            # (torch.export flattens such a weight into parts the package would read by other names)
+            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
+                             "quantized ones (int8): decode int8 eagerly or with --compile")
         self.model = model
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.packages: dict[tuple[int, bool], Path] = {}
@@ -172,7 +179,10 @@ class AOTDecodeStep:
         temporary name in the same folder, then renamed: a process that stops midway leaves no half package)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            # traced on copies, outside inference mode: torch.export (and torchao's quantized weights) cannot
+            # record the in-place cache writes on the engine's inference tensors; only their shapes matter here
+            args = tuple(a.clone() for a in args)
             warnings.simplefilter("ignore", FutureWarning)  # (torch's own deprecation notices, raised inside torch)
             warnings.simplefilter("ignore", DeprecationWarning)
             # the window's length is the one symbolic size (at least 2: a step follows a prefill of >= 1 token)

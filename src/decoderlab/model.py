@@ -426,8 +426,10 @@ class DecoderOnlyTransformer(nn.Module):
 
         ``mode="aot"``: ahead of time instead (:class:`decoderlab.aot.AOTDecodeStep`: ``torch.export`` +
         AOTInductor, a ``.pt2`` package per batch size written once to ``cache_dir`` -- default
-        ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with the same weights);
-        ``cache_dir`` is its only option (``TypeError`` naming any other)."""
+        ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with a model of the same shape
+        and dtype; the package reads the model's own weights);
+        ``cache_dir`` is its only option (``TypeError`` naming any other); quantized (int8) weights raise
+        ``ValueError``."""
         if options.get("mode") == "aot":
             from .aot import AOTDecodeStep
 

@@ -120,3 +120,14 @@ def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
     assert _fingerprint(make_model("rope-rmsnorm", "sdpa", seed=5), (1, False)) != key
     assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
+
+
+def test_quantized_weights_are_refused_before_anything_compiles(tmp_path):
+    """int8 weights (torchao's tensor subclasses) cannot be bound to a package by name: refused at once, in a
+    ValueError naming what the step takes, with nothing compiled or written."""
+    from decoderlab.dtypes import to_inference_dtype
+
+    model = to_inference_dtype(make_model("gpt2", "sdpa", seed=5).float(), "int8")
+    with pytest.raises(ValueError, match=r"plain weights \(float32, bfloat16, float16\), not quantized ones"):
+        model.compile_decode(mode="aot", cache_dir=tmp_path)
+    assert model.compiled_decode is None and not list(tmp_path.iterdir())
