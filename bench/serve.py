@@ -29,8 +29,11 @@ Then the scheduler alone (no HTTP, ``--only-split`` for just this): a step of 1 
 in the model's decode step; and structured output's cost per token (``generate`` with a regex grammar against the
 same call without).
 
+``--compile``: a server with the compiled decode step too (``decoderlab serve --compile``; chunking off), its
+single stream measured against the library's compiled step.
+
 Usage: python bench/serve.py [--clients 1 4 16 32] [--tokens 128] [--threads N] [--prefill-chunk 16 64]
-                             [--repeats 3] [--only-split]
+                             [--repeats 3] [--compile] [--only-split]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def bench_model():
     return model, tok
 
 
-def run_server(port: int, threads: int | None, prefill_chunk: int | None) -> None:
+def run_server(port: int, threads: int | None, prefill_chunk: int | None, compile: bool = False) -> None:
     from decoderlab.serve import Limits, create_app
     from decoderlab.threads import set_threads
 
@@ -77,6 +80,8 @@ def run_server(port: int, threads: int | None, prefill_chunk: int | None) -> Non
 
     set_threads(threads)  # None: as `decoderlab serve` chooses (the idle cores, at most 2)
     model, tok = bench_model()
+    if compile:  # as `decoderlab serve --compile`
+        model.compile_decode()
     app = create_app(model, tok, model_id="shakespeare-char", template=None,
                      limits=Limits(max_batch=64, max_queue=128, prefill_chunk=prefill_chunk))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
@@ -239,7 +244,7 @@ def step_split(model, tok, prompts: list[str], rows: int, steps: int = 64) -> tu
     return 1000 * total / steps, inside[0] / total
 
 
-def start_server(threads, chunk):
+def start_server(threads, chunk, compile: bool = False):
     """A bench server in its own process: (process, url)."""
     import httpx
 
@@ -250,6 +255,8 @@ def start_server(threads, chunk):
     argv = [sys.executable, __file__, "--serve", str(port), "--prefill-chunk", *([] if chunk is None else [str(chunk)])]
     if threads is not None:
         argv += ["--threads", str(threads)]
+    if compile:
+        argv.append("--compile")
     proc = subprocess.Popen(argv)
     deadline = time.time() + 120
     while True:
@@ -307,10 +314,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="rounds of the target measurements, alternating")
     ap.add_argument("--only-split", action="store_true",
                     help="only the scheduler alone: a step of 1 and of 16 rows, and its share in the model")
+    ap.add_argument("--compile", action="store_true",
+                    help="a server with the compiled decode step too (`decoderlab serve --compile`), chunking off, "
+                         "measured against the library's compiled step")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
-        run_server(args.serve, args.threads, args.prefill_chunk[0] if args.prefill_chunk else None)
+        run_server(args.serve, args.threads, args.prefill_chunk[0] if args.prefill_chunk else None, args.compile)
         return
     import decoderlab as dl
     from decoderlab.devices import machine_line
@@ -331,10 +341,14 @@ def main() -> None:
     mixed = [ln[: 8 + (7 * i) % 49] for i, ln in enumerate(long_lines[:16])]  # 8 .. 56 characters
     long_prompt = text[:240]  # a long prompt (240 tokens of the 256-token context) joining 15 running streams
     model, tok = bench_model()
-    chunks = [None, *args.prefill_chunk]
-    servers = [start_server(args.threads, c) for c in chunks]
-    results = {c: [] for c in chunks}
-    floors, libs = [], []
+    configs = [(None, False), *[(c, False) for c in args.prefill_chunk], *([(None, True)] if args.compile else [])]
+    servers = [start_server(args.threads, c, comp) for c, comp in configs]
+    results = {cfg: [] for cfg in configs}
+    floors, libs = [], {False: [], True: []}
+    compiled = None
+    if args.compile:  # the library's own compiled step, for the compiled server's "vs the library"
+        compiled, _ = bench_model()
+        compiled.compile_decode()
     try:
         for _, url in servers:  # warm-up: the batch cache grows (allocates) its slots once, as a running server's
             asyncio.run(measure(url, prompts, 32, 8, True))
@@ -343,15 +357,17 @@ def main() -> None:
             scaling_table(servers[0][1], prompts, args.clients, args.tokens)
         for rnd in range(args.repeats):
             floors.append(burst_floor(model, tok, mixed))
-            libs.append(library_tps(model, tok, prompts[0], args.tokens))
-            for c, (_, url) in zip(chunks, servers):
-                results[c].append(targets_round(url, prompts, mixed, long_prompt, args.tokens))
-                print(f"  round {rnd} chunk {c}: {results[c][-1]}", file=sys.stderr, flush=True)
+            libs[False].append(library_tps(model, tok, prompts[0], args.tokens))
+            if compiled is not None:
+                libs[True].append(library_tps(compiled, tok, prompts[0], args.tokens))
+            for cfg, (_, url) in zip(configs, servers):
+                results[cfg].append(targets_round(url, prompts, mixed, long_prompt, args.tokens))
+                print(f"  round {rnd} {cfg}: {results[cfg][-1]}", file=sys.stderr, flush=True)
     finally:
         for proc, _ in servers:
             proc.terminate()
             proc.wait(timeout=20)
-    report(results, statistics.median(floors), statistics.median(libs), args)
+    report(results, statistics.median(floors), {k: statistics.median(v) for k, v in libs.items() if v}, args)
     one_ms, one_share = step_split(model, tok, prompts, 1)
     many_ms, many_share = step_split(model, tok, prompts, 16)
     print(f"\nthe scheduler alone (no HTTP), 64 steps: 1 row {one_ms:.1f} ms a step ({one_share:.0%} in the model's "
@@ -361,21 +377,25 @@ def main() -> None:
           f"{grammar_cost(model, tok, prompts[0], args.tokens):.2f}x the unconstrained time per token")
 
 
-def report(results: dict, floor: float, lib: float, args) -> None:
-    """The targets' table: the median of each measurement over the rounds, per prefill chunk."""
+def report(results: dict, floor: float, lib: dict, args) -> None:
+    """The targets' table: the median of each measurement over the rounds, per server (decode step, prefill
+    chunk); ``lib``: the library's tokens/s, eager (False) and compiled (True)."""
     import os
 
     med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in results.items()}
+    libs = ", ".join(f"{'compiled' if k else 'eager'} {v:.0f}" for k, v in lib.items())
     print(f"\nmedians of {args.repeats} alternating rounds; {args.tokens} tokens per stream; the burst's compute floor "
           f"(its padded (16, 56) prefill + one 16-row decode step, in this process) {1000 * floor:.0f} ms; "
-          f"library generate {lib:.0f} tokens/s; load average after: %.1f %.1f %.1f\n" % os.getloadavg())
-    print("| prefill chunk | 16 streams vs 1 | burst of 16: TTFT p95 ms | vs its floor | one stream tokens/s "
-          "| vs the library | long prompt joins 15 streams: their longest gap ms | its TTFT ms | failures |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for c, m in med.items():
-        print(f"| {'off' if c is None else c} | {m['x16']:.2f}x | {1000 * m['burst_p95']:.0f} | "
-              f"{m['burst_p95'] / floor:.2f}x | {m['single']:.0f} | {m['single'] / lib:.2f}x | {1000 * m['gap']:.0f} "
-              f"| {1000 * m['long_ttft']:.0f} | {m['failures']:.0f} |")
+          f"library generate tokens/s: {libs}; load average after: %.1f %.1f %.1f\n" % os.getloadavg())
+    print("| decode step | prefill chunk | 16 streams vs 1 | 16 streams tokens/s | burst of 16: TTFT p95 ms | vs its floor "
+          "| one stream tokens/s | vs the library | long prompt joins 15 streams: their longest gap ms | its TTFT ms "
+          "| failures |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (c, comp), m in med.items():
+        print(f"| {'compiled' if comp else 'eager'} | {'off' if c is None else c} | {m['x16']:.2f}x | "
+              f"{m['x16'] * m['single']:.0f} | {1000 * m['burst_p95']:.0f} | {m['burst_p95'] / floor:.2f}x | "
+              f"{m['single']:.0f} | {m['single'] / lib[comp]:.2f}x | {1000 * m['gap']:.0f} | "
+              f"{1000 * m['long_ttft']:.0f} | {m['failures']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,20 @@ def test_a_wrong_width_raises_as_the_module_does():
     layer = _layer(8, 4)
     with pytest.raises(RuntimeError):
         linear(layer, torch.randn(1, 1, 7))
+
+
+def test_a_symbolic_row_count_keeps_the_gemm_and_adds_no_guard():
+    """Compiled for dynamic batch sizes (the server's compiled step), the row count is symbolic: it is not
+    compared with MAX_ROWS (a comparison would guard on it and recompile for every batch size across the line),
+    so batch sizes from 2 to 4 x MAX_ROWS share one graph -- the exact batch of one, specialised by torch, another."""
+    import torch._dynamo
+
+    layer = _layer(8, 4)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    f = torch.compile(lambda t: linear(layer, t), backend="eager", fullgraph=True, dynamic=True)
+    for b in (1, 2, 3, MAX_ROWS, MAX_ROWS + 1, 4 * MAX_ROWS, 5):
+        x = torch.randn(b, 1, 8)
+        assert torch.allclose(f(x), layer(x), atol=1e-6)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    torch._dynamo.reset()
