@@ -32,9 +32,14 @@ taken from the validation text).
 Then (alone, ``--only-batch-step``) the batch-step table: one eager decode step of B = 1 .. 32 rows over a KV cache of
 128 tokens per row, against one row's step (a step reads the weights once whatever B).
 
+Then (alone, ``--only-linears``) the linears table: the shape's 24 weight products, each after a layer norm, on B
+rows in float32 and bfloat16 -- eagerly through ``F.linear``, compiled by Inductor through ``decoderlab.matvec.linear``
+(a reduction up to ``MAX_ROWS`` rows, ``F.linear`` above), and the physical floor, a plain read of the weight bytes
+(``weight.sum()``): why the compiled step decodes faster, and where the reduction stops paying.
+
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
                              [--only-compile] [--compile-repeats 5] [--compile-batches 1,8]
-                             [--only-batch-step] [--step-batches 1,4,16]
+                             [--only-batch-step] [--step-batches 1,4,16] [--only-linears] [--linear-rows 1,8]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
 """
 
@@ -75,6 +80,10 @@ def main() -> None:
     ap.add_argument("--only-compile", action="store_true", help="only the compile table (eager, compiled, floor)")
     ap.add_argument("--only-batch-step", action="store_true",
                     help="only the batch-step table: one decode step of B rows against one row's")
+    ap.add_argument("--only-linears", action="store_true",
+                    help="only the linears table: a decode step's weight products on B rows, F.linear against "
+                         "the compiled reduction (decoderlab.matvec) and a plain read of the weights")
+    ap.add_argument("--linear-rows", default="1,2,4,8,16", help="rows of the linears table")
     ap.add_argument("--step-batches", default="1,2,4,8,16,32", help="batch sizes of the batch-step table")
     ap.add_argument("--compile-repeats", type=int, default=5, help="alternating runs in the compile table")
     ap.add_argument("--compile-batches", default="1", help="rows of the compile table's decode, one table each")
@@ -96,6 +105,9 @@ def main() -> None:
         return
     if args.only_batch_step:
         batch_step_table(args)
+        return
+    if args.only_linears:
+        linears_table(args)
         return
     if not args.skip_speed:
         speed_table(args)
@@ -208,6 +220,20 @@ def weight_floor(model, n_tokens: int, batch: int = 1) -> float:
         return time.perf_counter() - t
 
 
+def read_floor(model, n_tokens: int) -> float:
+    """Seconds to read the weight bytes of every ``nn.Linear`` of ``model`` ``n_tokens`` times (``weight.sum()``):
+    the physical floor of a batch-1 token, the rate at which one core streams the weights from memory."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.inference_mode():
+        for w in weights:
+            w.sum()
+        t = time.perf_counter()
+        for _ in range(n_tokens):
+            for w in weights:
+                w.sum()
+        return time.perf_counter() - t
+
+
 def aot_load_seconds(path) -> float:
     """Seconds a new process takes to load an AOTInductor package (``torch._inductor.aoti_load_package``)."""
     import subprocess
@@ -249,11 +275,12 @@ def compile_table_at(args, b: int) -> None:
             model.compiled_decode = steps[name]
             return decode()
 
-        times = {"eager": [], "compiled": [], "aot": [], "floor": []}
-        for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all four alike
+        times = {"eager": [], "compiled": [], "aot": [], "floor": [], "read": []}
+        for _ in range(args.compile_repeats):  # alternating: load from other jobs hits all five alike
             for name in ("eager", "compiled", "aot"):
                 times[name].append(timed(lambda: run(name))[0])
             times["floor"].append(weight_floor(model, NEW_TOKENS, b))
+            times["read"].append(read_floor(model, NEW_TOKENS) / b)  # (b rows share one read of the weights)
         model.compiled_decode = None
     tps = {k: b * NEW_TOKENS / statistics.median(v) for k, v in times.items()}
     same = {k: "yes" if eager_tokens == v else "no" for k, v in tokens.items()}
@@ -273,10 +300,73 @@ def compile_table_at(args, b: int) -> None:
           f"{tps['aot'] / tps['compiled']:.2f}x | {compile_s['aot']:.0f} (a new process loads it in "
           f"{aot_load:.2f} s) | {same['aot']} |")
     print(f"| floor (the weight products alone) | {tps['floor']:,.0f} | 1.00x |  |  |  |  |")
+    print(f"| physical floor (a plain read of the weight bytes) | {tps['read']:,.0f} | {tps['read'] / tps['floor']:.2f}x "
+          f"|  |  |  |  |")
+    print(f"against the physical floor: eager {tps['eager'] / tps['read']:.2f}x, compiled "
+          f"{tps['compiled'] / tps['read']:.2f}x, ahead of time {tps['aot'] / tps['read']:.2f}x")
     try:
         print("load average after: %.1f %.1f %.1f" % os.getloadavg())
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The linears table: a decode step's weight products, as F.linear and as the compiled reduction
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Products(torch.nn.Module):
+    """The 24 weight products of the shakespeare-char shape (per layer: qkv, attention out, MLP up and down), each
+    after a layer norm as in the model, through ``decoderlab.matvec.linear``: ``F.linear`` eagerly, the reduction
+    when compiled."""
+
+    def __init__(self, d: int = 384, n_layer: int = 6):
+        super().__init__()
+        shapes = [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] * n_layer
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(i, o) for i, o in shapes)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(i) for i, _ in shapes)
+
+    def forward(self, xs: dict) -> list:
+        from decoderlab.matvec import linear
+
+        return [linear(lin, norm(xs[lin.in_features])) for lin, norm in zip(self.linears, self.norms)]
+
+
+def linears_table(args) -> None:
+    """Per row count B and dtype: ``F.linear`` eagerly, the same products compiled (Inductor; ``matvec.linear``
+    takes the reduction up to MAX_ROWS rows) and the physical floor, a plain read of the weight bytes
+    (``weight.sum()``); median of ``--compile-repeats`` alternating rounds of 20 calls."""
+    from decoderlab.matvec import MAX_ROWS
+
+    print(f"\nlinears: the 24 weight products of the shakespeare-char shape (42.5 MB in float32), each after a layer "
+          f"norm; the reduction up to {MAX_ROWS} rows; median of {args.compile_repeats} alternating rounds")
+    print("| dtype | rows B | F.linear ms | compiled ms | compiled vs F.linear | read floor ms | compiled vs floor "
+          "| compiled GB/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        eager = _Products().eval().to(dtype)
+        compiled = torch.compile(eager)
+        weights = [lin.weight for lin in eager.linears]
+        nbytes = sum(w.numel() * w.element_size() for w in weights)
+        for b in [int(x) for x in args.linear_rows.split(",")]:
+            xs = {n: torch.randn(b, 1, n, dtype=dtype) for n in (384, 1536)}
+            calls = {"eager": lambda: eager(xs), "compiled": lambda: compiled(xs),
+                     "floor": lambda: [w.sum() for w in weights]}
+            times = {k: [] for k in calls}
+            with torch.inference_mode():
+                for f in calls.values():
+                    f()
+                for _ in range(args.compile_repeats):
+                    for k, f in calls.items():
+                        t = time.perf_counter()
+                        for _ in range(20):
+                            f()
+                        times[k].append((time.perf_counter() - t) / 20)
+            ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+            print(f"| {str(dtype)[6:]} | {b} | {ms['eager']:.2f} | {ms['compiled']:.2f} | "
+                  f"{ms['eager'] / ms['compiled']:.2f}x | {ms['floor']:.2f} | {ms['floor'] / ms['compiled']:.2f}x | "
+                  f"{nbytes / ms['compiled'] / 1e6:.1f} |")
 
 
 # ---------------------------------------------------------------------------------------------------------

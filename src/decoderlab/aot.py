@@ -118,6 +118,9 @@ class AOTDecodeStep:
             time, which a package without its weights cannot carry).
     """
 
+    #: attention reads the window's columns, all written: the engine's static cache need not start as zeros
+    reads_written_only = True
+
     def __init__(self, model, cache_dir: str | os.PathLike | None = None):
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 

@@ -351,3 +351,33 @@ def test_the_inductor_step_through_its_cpp_wrapper_gives_the_eager_tokens():
     finally:
         model.compiled_decode = None
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_static_cache_not_zeroed_never_reads_its_unwritten_columns(padded):
+    """A static cache the AOT step decodes over starts as garbage (``zero_unwritten=False``: not zeroed at every
+    call). Filled with NaN, then a one-token prefill and eager steps over it (the window unset: the written
+    columns are read), give the logits of a zeroed cache exactly -- a NaN read under a mask would leak (0 x NaN)."""
+    from decoderlab.attention import KVCache
+
+    model = make_model("gpt2", "sdpa", seed=5)
+    rows = 3 if padded else 1
+    pm = torch.zeros(rows, model.config.max_len, dtype=torch.bool)
+    if padded:
+        pm[0, 0] = True  # row 0 is padded at column 0
+    outs = []
+    for zero in (True, False):
+        cache = KVCache.for_model(model, static=True, zero_unwritten=zero)
+        with torch.inference_mode():
+            logits = [model(torch.ones(rows, 1, dtype=torch.long), cache=cache, last_only=True, check_ids=False,
+                            **({"padding_mask": pm[:, :1] & False} if padded else {}))[:, -1]]
+            if not zero:  # (the forward pass advanced the cache past the prefill's column 0)
+                for layer in cache.layers:
+                    layer.k[:, :, 1:].fill_(float("nan"))
+                    layer.v[:, :, 1:].fill_(float("nan"))
+            for t in range(2, 6):
+                positions = cache.column if not padded else (cache.column - pm[:, :1].long()).view(rows, 1)
+                logits.append(model.decode(torch.full((rows, 1), t), positions, pm if padded else None, cache))
+                cache.advance(1)
+        outs.append(torch.stack(logits))
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])

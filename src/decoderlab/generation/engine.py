@@ -121,7 +121,9 @@ class _Windows:
         self.static = self.step is not None
         if self.step is None:
             self.step = model.decode
-        self.cache = KVCache.for_model(model, static=self.static) if use_cache else None
+        # a step that reads the written columns only (the AOT step's window) needs no zeroed cache
+        zero = not getattr(self.step, "reads_written_only", False)
+        self.cache = KVCache.for_model(model, static=self.static, zero_unwritten=zero) if use_cache else None
         self.pad_buf = torch.zeros(self.b, self.max_len, dtype=torch.bool, device=self.device)
         self.pads: torch.Tensor | None = None  # (B, 1) pad counts of the current prefill; None: no row padded
 
