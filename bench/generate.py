@@ -34,7 +34,7 @@ Then (alone, ``--only-batch-step``) the batch-step table: one eager decode step 
 
 Then (alone, ``--only-linears``) the linears table: the shape's 24 weight products, each after a layer norm, on B
 rows in float32 and bfloat16 -- eagerly through ``F.linear``, compiled by Inductor through ``decoderlab.matvec.linear``
-(a reduction up to ``MAX_ROWS`` rows, ``F.linear`` above), and the physical floor, a plain read of the weight bytes
+(a reduction up to ``MAX_ROWS`` rows, ``MAX_ROWS_HALF`` in bfloat16, ``F.linear`` above), and the physical floor, a plain read of the weight bytes
 (``weight.sum()``): why the compiled step decodes faster, and where the reduction stops paying.
 
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
@@ -334,22 +334,24 @@ class _Products(torch.nn.Module):
 
 def linears_table(args) -> None:
     """Per row count B and dtype: ``F.linear`` eagerly, the same products compiled (Inductor; ``matvec.linear``
-    takes the reduction up to MAX_ROWS rows) and the physical floor, a plain read of the weight bytes
+    takes the reduction up to MAX_ROWS / MAX_ROWS_HALF rows) and the physical floor, a plain read of the weight bytes
     (``weight.sum()``); median of ``--compile-repeats`` alternating rounds of 20 calls."""
-    from decoderlab.matvec import MAX_ROWS
+    from decoderlab.matvec import MAX_ROWS, MAX_ROWS_HALF
 
     print(f"\nlinears: the 24 weight products of the shakespeare-char shape (42.5 MB in float32), each after a layer "
-          f"norm; the reduction up to {MAX_ROWS} rows; median of {args.compile_repeats} alternating rounds")
+          f"norm; the reduction up to {MAX_ROWS} rows in float32, {MAX_ROWS_HALF} in bfloat16; median of "
+          f"{args.compile_repeats} alternating rounds")
     print("| dtype | rows B | F.linear ms | compiled ms | compiled vs F.linear | read floor ms | compiled vs floor "
           "| compiled GB/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         eager = _Products().eval().to(dtype)
-        compiled = torch.compile(eager)
         weights = [lin.weight for lin in eager.linears]
         nbytes = sum(w.numel() * w.element_size() for w in weights)
         for b in [int(x) for x in args.linear_rows.split(",")]:
+            torch._dynamo.reset()  # one graph per row count and dtype, as the AOT step's packages
+            compiled = torch.compile(eager, dynamic=False)
             xs = {n: torch.randn(b, 1, n, dtype=dtype) for n in (384, 1536)}
             calls = {"eager": lambda: eager(xs), "compiled": lambda: compiled(xs),
                      "floor": lambda: [w.sum() for w in weights]}

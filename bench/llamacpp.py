@@ -4,10 +4,12 @@ Two shapes with random GPT-2 weights and a 50,257-token vocabulary (a byte-level
 tinyshakespeare, padded with control tokens to GPT-2's size, since the output layer's cost is the vocabulary's):
 ``small`` (6 layers, 6 heads, d_model 384, context 256) and ``gpt2`` (GPT-2 small: 12 layers, 12 heads, 768, 1024).
 
-The floor: the same weight products (every ``nn.Linear``, the output layer included) run alone on one token, in
-float32. Ours: ``decoderlab.generate`` eager float32, compiled (``model.compile_decode()``: Inductor over a static KV
-cache, its compile time apart), bfloat16 and int8 (weight-only, torchao) weights. llama.cpp (llama-cpp-python,
-built from source with its native CPU flags): the same weights written by ``decoderlab.export.to_gguf`` in f32,
+Two floors: the same weight products (every ``nn.Linear``, the output layer included) run alone on one token
+through ``F.linear`` in float32, and the physical one, a plain read of those float32 weight bytes (``weight.sum()``):
+the rate at which one core streams them from memory. Ours: ``decoderlab.generate`` eager float32, bfloat16 and int8
+(weight-only, torchao) weights, and the decode step compiled ahead of time (``compile_decode(mode="aot")``, a
+package per dtype, its compile time apart) in float32, bfloat16 and float16. llama.cpp (llama-cpp-python, built
+from source with its native CPU flags): the same weights written by ``decoderlab.export.to_gguf`` in f32,
 f16 and q8_0. Decode: ``--new-tokens`` greedy tokens after a ``--prompt-tokens`` prompt, tokens/s over the whole
 call; prompt: one prefill of ``--prefill-tokens`` tokens (ours: one forward pass into a KV cache; llama.cpp:
 ``Llama.eval`` of the prompt), tokens/s. Every variant runs once per round, in turn, ``--repeats`` rounds;
@@ -113,6 +115,20 @@ def floor(model, args):
     return decode, lambda: None
 
 
+def read_floor(model, args):
+    """(decode call, None): the physical floor, a plain read of every ``nn.Linear``'s float32 weight bytes
+    (``weight.sum()``), ``--new-tokens`` times: what streaming a token's weights from memory costs on one core."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def decode():
+        with torch.inference_mode():
+            for _ in range(args.new_tokens):
+                for w in weights:
+                    w.sum()
+
+    return decode, lambda: None
+
+
 def variants(shape: str, tok, tmp: str, args) -> tuple[dict, dict, dict]:
     """The calls of every variant at ``shape``: {name: (decode, prefill)}, compile seconds, weight bytes."""
     from decoderlab.dtypes import to_inference_dtype
@@ -121,19 +137,22 @@ def variants(shape: str, tok, tmp: str, args) -> tuple[dict, dict, dict]:
     cfg = dl.preset("gpt2", num_tokens=VOCAB, **SHAPES[shape])
     base = dl.DecoderOnlyTransformer(cfg).eval()
     prompt = tok.encode("ROMEO: O, she doth teach the torches to burn bright!")[: args.prompt_tokens]
-    calls, notes = {}, {"compile s": float("nan")}
+    calls, notes = {}, {}
     calls["floor fp32 (weight products alone)"] = floor(base, args)
     calls["ours eager fp32"] = ours(base, prompt, args)
-    if not args.skip_compiled:
-        compiled = dl.DecoderOnlyTransformer(cfg).eval()
-        compiled.load_state_dict(base.state_dict())
-        compiled.compile_decode()
-        notes["compile s"], _ = timed(lambda: generate(compiled, prompt, 4, temperature=0))
-        calls["ours compiled fp32"] = ours(compiled, prompt, args)
+    calls["floor: a plain read of the fp32 weight bytes"] = read_floor(base, args)
     for d in ("bfloat16", "int8"):
         m = dl.DecoderOnlyTransformer(cfg).eval()
         m.load_state_dict(base.state_dict())
         calls[f"ours eager {d}"] = ours(to_inference_dtype(m, d), prompt, args)
+    if not args.skip_compiled:  # the decode step compiled ahead of time, a package per dtype (compile time apart)
+        for d, name in (("float32", "fp32"), ("bfloat16", "bfloat16"), ("float16", "float16")):
+            m = dl.DecoderOnlyTransformer(cfg).eval()
+            m.load_state_dict(base.state_dict())
+            m = to_inference_dtype(m, d)
+            m.compile_decode(mode="aot", cache_dir=os.path.join(tmp, "aot"))
+            notes[f"compile s {name}"], _ = timed(lambda: generate(m, prompt, 4, temperature=0))
+            calls[f"ours AOT {name}"] = ours(m, prompt, args)
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -163,18 +182,25 @@ def measure(shape: str, tok, tmp: str, args) -> None:
     ref = "llama.cpp f32" if "llama.cpp f32" in calls else "ours eager fp32"
     same = tokens.get("llama.cpp f32") == tokens["ours eager fp32"] if ref != "ours eager fp32" else None
     s = SHAPES[shape]
+    compiles = ", ".join(f"{k[10:]} {v:.0f} s" for k, v in notes.items() if k.startswith("compile s "))
     print(f"\n{shape}: {s['n_layer']} layers, d_model {s['d_model']}, vocabulary {VOCAB:,}, random weights; decode "
           f"{args.new_tokens} greedy tokens after {len(ctx['prompt'])} prompt tokens, prefill {args.prefill_tokens} "
-          f"tokens; median of {args.repeats} alternating rounds; compile {notes['compile s']:.0f} s (apart)")
+          f"tokens; median of {args.repeats} alternating rounds; AOT compile (apart): {compiles or 'skipped'}")
     print(f"| variant | decode tokens/s | vs {ref} | prompt tokens/s | vs {ref} |")
     print("|---|---:|---:|---:|---:|")
     for k in calls:
         pre = "" if k.startswith("floor") else f"{pre_tps[k]:,.0f} | {pre_tps[k] / pre_tps[ref]:.2f}x"
         print(f"| {k} | {dec_tps[k]:,.1f} | {dec_tps[k] / dec_tps[ref]:.2f}x | {pre or ' | '} |")
-    f = dec_tps["floor fp32 (weight products alone)"]
-    print("vs the floor: " + ", ".join(f"{k} {dec_tps[k] / f:.2f}x" for k in calls if "fp32" in k or "f32" in k))
+    for floor_name in ("floor fp32 (weight products alone)", "floor: a plain read of the fp32 weight bytes"):
+        f = dec_tps[floor_name]
+        print(f"vs the {floor_name}: " + ", ".join(f"{k} {dec_tps[k] / f:.2f}x" for k in calls
+                                                  if ("fp32" in k or "f32" in k) and not k.startswith("floor")))
     if same is not None:
         print(f"greedy tokens, llama.cpp f32 vs ours eager fp32: {'identical' if same else 'DIFFER'}")
+    for k in calls:
+        if k.startswith("ours AOT") or k.startswith("ours eager ") and k != "ours eager fp32":
+            agree = sum(a == b for a, b in zip(tokens[k], tokens["ours eager fp32"])) / len(tokens[k])
+            print(f"greedy tokens, {k} vs ours eager fp32: {agree:.0%} identical")
 
 
 def main() -> None:
@@ -185,8 +211,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=14)
     ap.add_argument("--prefill-tokens", type=int, default=128)
-    ap.add_argument("--skip-compiled", action="store_true", help="leave out the compiled step (its compile takes "
-                    "minutes on a loaded 2-core machine)")
+    ap.add_argument("--skip-compiled", action="store_true", help="leave out the AOT steps (each compiles for a "
+                    "minute or more on a loaded 2-core machine)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))

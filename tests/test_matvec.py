@@ -61,6 +61,20 @@ def test_a_module_that_is_not_a_plain_linear_keeps_its_own_call():
     assert torch.allclose(_compiled(lambda t: linear(layer, t))(x), layer(x))
 
 
+def test_half_precision_weights_take_the_reduction_up_to_their_own_row_limit(monkeypatch):
+    """bfloat16 weights: the reduction up to MAX_ROWS_HALF rows, F.linear above (its half-precision GEMM wins
+    sooner than float32's)."""
+    from decoderlab.matvec import MAX_ROWS_HALF
+
+    calls = []
+    orig = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: (calls.append(x.shape[:-1].numel()), orig(self, x))[1])
+    layer = _layer(8, 8, dtype=torch.bfloat16)
+    for rows in (MAX_ROWS_HALF, MAX_ROWS_HALF + 1):
+        _compiled(lambda t: linear(layer, t))(torch.randn(rows, 1, 8, dtype=torch.bfloat16))
+    assert MAX_ROWS_HALF < MAX_ROWS and calls == [MAX_ROWS_HALF + 1]
+
+
 def test_bfloat16_weights_accumulate_to_f_linears_precision():
     """Half-precision weights: the result is bfloat16, within bfloat16 rounding of the float64 product."""
     layer = _layer(64, 32, dtype=torch.bfloat16)

@@ -13,7 +13,8 @@ while it sits in L1, so a batched step costs little more than one row's.
 Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear` takes this form only while
 ``torch.compile`` or ``torch.export`` traces the call (the compiled and ahead-of-time decode steps,
 :meth:`decoderlab.model.DecoderOnlyTransformer.compile_decode`) and only for a fixed number of rows, at most
-:data:`MAX_ROWS`, of a plain ``nn.Linear``; everywhere else it is ``layer(x)``. Measured in ``bench/generate.py --only-linears``.
+:data:`MAX_ROWS` (:data:`MAX_ROWS_HALF` for half-precision weights), of a plain ``nn.Linear``; everywhere else it
+is ``layer(x)``. Measured in ``bench/generate.py --only-linears``.
 
 Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,
 Waterman and Patterson, 2009); Inductor's own ``decompose_mem_bound_mm`` pass rewrites small products the same
@@ -27,16 +28,20 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-#: the most rows (batch x tokens) taken as a reduction; above it the product is compute-bound and a GEMM's
-#: blocking wins (measured with a layer norm before each product, float32, 24 products of the shakespeare-char
-#: shape: the reduction took 0.52x of ``F.linear``'s time at 2 rows, 0.67x at 4, 0.87x at 8, 1.02x at 16)
+#: the most rows (batch x tokens) taken as a reduction with float32 weights; above it the product is
+#: compute-bound and a GEMM's blocking wins (``bench/generate.py --only-linears``: the 24 products of the
+#: shakespeare-char shape, each after a layer norm, took 0.48-0.59x of ``F.linear``'s time at 1-2 rows, 0.70x at
+#: 4, 0.83x at 8, 1.00x at 16)
 MAX_ROWS = 8
+#: the same for bfloat16 / float16 weights, whose GEMM (oneDNN, with the CPU's bfloat16 dot products) catches up
+#: sooner: the reduction took 0.41x of its time at 1 row, 0.66x at 2, 1.20x at 4
+MAX_ROWS_HALF = 2
 
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``: (..., d_in) -> (..., d_out); inside a compiled graph, for a plain ``nn.Linear`` on at most
-    :data:`MAX_ROWS` rows, computed as the reduction of the module docstring (the same sums, in another order:
-    float32 results agree with ``F.linear`` to rounding).
+    :data:`MAX_ROWS` rows (:data:`MAX_ROWS_HALF` in half precision), computed as the reduction of the module
+    docstring (the same sums, in another order: float32 results agree with ``F.linear`` to rounding).
 
     Anything else -- eager calls, PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is
     ``layer(x)`` unchanged. Raises what ``layer(x)`` raises."""
@@ -47,7 +52,7 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # a symbolic row count (a graph compiled for dynamic batch sizes, as the server's) keeps the GEMM, and is
     # not compared with MAX_ROWS: a comparison would guard on it, and every batch size on the other side of it
     # would compile again (the server hit dynamo's recompile limit so)
-    few = statically_known_true(rows <= MAX_ROWS)
+    few = statically_known_true(rows <= (MAX_ROWS if w.element_size() >= 4 else MAX_ROWS_HALF))
     if not few or is_traceable_wrapper_subclass(w) or not w.dtype.is_floating_point:
         return layer(x)
     flat = x.reshape(rows, x.shape[-1])
