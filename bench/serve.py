@@ -343,31 +343,17 @@ def main() -> None:
     model, tok = bench_model()
     configs = [(None, False), *[(c, False) for c in args.prefill_chunk], *([(None, True)] if args.compile else [])]
     servers = [start_server(args.threads, c, comp) for c, comp in configs]
-    results = {cfg: [] for cfg in configs}
-    floors, libs = [], {False: [], True: []}
-    compiled = None
-    if args.compile:  # the library's own compiled step, for the compiled server's "vs the library"
-        compiled, _ = bench_model()
-        compiled.compile_decode()
     try:
         for _, url in servers:  # warm-up: the batch cache grows (allocates) its slots once, as a running server's
             asyncio.run(measure(url, prompts, 32, 8, True))
         if args.clients:
             print(f"\n{args.tokens} tokens per client, prefill chunk off\n")
             scaling_table(servers[0][1], prompts, args.clients, args.tokens)
-        for rnd in range(args.repeats):
-            floors.append(burst_floor(model, tok, mixed))
-            libs[False].append(library_tps(model, tok, prompts[0], args.tokens))
-            if compiled is not None:
-                libs[True].append(library_tps(compiled, tok, prompts[0], args.tokens))
-            for cfg, (_, url) in zip(configs, servers):
-                results[cfg].append(targets_round(url, prompts, mixed, long_prompt, args.tokens))
-                print(f"  round {rnd} {cfg}: {results[cfg][-1]}", file=sys.stderr, flush=True)
+        rounds(args, dict(zip(configs, (url for _, url in servers))), model, tok, prompts, mixed, long_prompt)
     finally:
         for proc, _ in servers:
             proc.terminate()
             proc.wait(timeout=20)
-    report(results, statistics.median(floors), {k: statistics.median(v) for k, v in libs.items() if v}, args)
     one_ms, one_share = step_split(model, tok, prompts, 1)
     many_ms, many_share = step_split(model, tok, prompts, 16)
     print(f"\nthe scheduler alone (no HTTP), 64 steps: 1 row {one_ms:.1f} ms a step ({one_share:.0%} in the model's "
@@ -375,6 +361,27 @@ def main() -> None:
           f"tokens/s of one")
     print(f"structured output (a regex grammar's token mask every step): "
           f"{grammar_cost(model, tok, prompts[0], args.tokens):.2f}x the unconstrained time per token")
+
+
+def rounds(args, urls: dict, model, tok, prompts, mixed, long_prompt) -> None:
+    """``--repeats`` alternating rounds of the targets on every server (``urls``: (prefill chunk, compiled) ->
+    url), with the burst's floor and the library's speed (eager, and compiled for a compiled server) between them;
+    then the report."""
+    results = {cfg: [] for cfg in urls}
+    floors, libs = [], {False: [], True: []}
+    compiled = None
+    if any(comp for _, comp in urls):  # the library's own compiled step, for the compiled server's "vs the library"
+        compiled, _ = bench_model()
+        compiled.compile_decode()
+    for rnd in range(args.repeats):
+        floors.append(burst_floor(model, tok, mixed))
+        libs[False].append(library_tps(model, tok, prompts[0], args.tokens))
+        if compiled is not None:
+            libs[True].append(library_tps(compiled, tok, prompts[0], args.tokens))
+        for cfg, url in urls.items():
+            results[cfg].append(targets_round(url, prompts, mixed, long_prompt, args.tokens))
+            print(f"  round {rnd} {cfg}: {results[cfg][-1]}", file=sys.stderr, flush=True)
+    report(results, statistics.median(floors), {k: statistics.median(v) for k, v in libs.items() if v}, args)
 
 
 def report(results: dict, floor: float, lib: dict, args) -> None:
