@@ -106,3 +106,22 @@ def test_a_symbolic_row_count_keeps_the_gemm_and_adds_no_guard():
         assert torch.allclose(f(x), layer(x), atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
     torch._dynamo.reset()
+
+
+def test_int8_weights_keep_their_own_product_when_compiled():
+    """torchao's int8 weights (a tensor subclass, which dynamo shows as its own type) are never taken apart into
+    the reduction: a compiled step over them decodes eager's tokens (`generate --dtype int8 --compile`)."""
+    from tiny_models import make_model
+
+    from decoderlab.dtypes import to_inference_dtype
+    from decoderlab.generation import generate
+
+    model = to_inference_dtype(make_model("gpt2", "sdpa", seed=5).float(), "int8")
+    want = generate(model, [1], 12, temperature=0)
+    torch._dynamo.reset()
+    try:
+        model.compile_decode(backend="eager")
+        assert generate(model, [1], 12, temperature=0) == want
+    finally:
+        model.compiled_decode = None
+        torch._dynamo.reset()

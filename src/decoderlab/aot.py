@@ -102,6 +102,17 @@ def _tensor_slots(graph: nn.Module) -> dict[str, tuple[dict, str, torch.Tensor]]
     return slots
 
 
+def _load(path: Path):
+    """The package at ``path`` loaded, or None when it cannot be (a damaged file: it is then removed)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's, raised inside torch's loader)
+            return torch._inductor.aoti_load_package(str(path))
+    except RuntimeError:
+        path.unlink(missing_ok=True)
+        return None
+
+
 class AOTDecodeStep:
     """``model.decode`` as AOTInductor packages, one per kind of call (see the module docstring); called as
     ``model.decode(tokens, positions, padding_mask, cache)`` is, returning the (B, num_tokens) logits.
@@ -127,7 +138,7 @@ class AOTDecodeStep:
         if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
             # (torch.export flattens such a weight into parts the package would read by other names)
             raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
-                             "quantized ones (int8): decode int8 eagerly or with --compile")
+                             "quantized ones (int8): decode int8 eagerly or with compile_decode() (--compile)")
         self.model = model
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.packages: dict[tuple[int, bool], Path] = {}
@@ -158,14 +169,15 @@ class AOTDecodeStep:
         exported, compiled and written."""
         path = self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
         self.compile_seconds.setdefault(kind, 0.0)  # (a package loaded again after a replaced weight adds nothing)
-        if not path.exists():
+        runner = _load(path) if path.exists() else None
+        if runner is None:  # not there, or unreadable (a partial copy, a full disk): compiled in its place
             start = time.perf_counter()
             self._compile(kind, args, path)
             self.compile_seconds[kind] += time.perf_counter() - start
+            runner = _load(path)
+            if runner is None:
+                raise RuntimeError(f"the AOT package {path} compiled just now cannot be loaded")
         self.packages[kind] = path
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # (torch.jit's, raised inside torch's loader)
-            runner = torch._inductor.aoti_load_package(str(path))
         slots = _tensor_slots(_StepGraph(self.model, kind[1]))
         wanted = runner.get_constant_fqns()
         missing = [name for name in wanted if name not in slots]

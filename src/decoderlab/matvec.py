@@ -38,6 +38,14 @@ MAX_ROWS = 8
 MAX_ROWS_HALF = 2
 
 
+def _plain(w: torch.Tensor) -> bool:
+    """Whether ``w`` is an ordinary tensor (not a quantized one, e.g. torchao's int8 subclass): seen as its own
+    type by dynamo (a subclass is not a wrapper subclass there), as a fake tensor by torch.export."""
+    if type(w) in (nn.Parameter, torch.Tensor):
+        return True
+    return torch.compiler.is_exporting() and not is_traceable_wrapper_subclass(w)
+
+
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``: (..., d_in) -> (..., d_out); inside a compiled graph, for a plain ``nn.Linear`` on at most
     :data:`MAX_ROWS` rows (:data:`MAX_ROWS_HALF` in half precision), computed as the reduction of the module
@@ -53,7 +61,7 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # not compared with MAX_ROWS: a comparison would guard on it, and every batch size on the other side of it
     # would compile again (the server hit dynamo's recompile limit so)
     few = statically_known_true(rows <= (MAX_ROWS if w.element_size() >= 4 else MAX_ROWS_HALF))
-    if not few or is_traceable_wrapper_subclass(w) or not w.dtype.is_floating_point:
+    if not few or not _plain(w) or not w.dtype.is_floating_point:
         return layer(x)
     flat = x.reshape(rows, x.shape[-1])
     # a view onto itself, for Inductor: as_strided's lowering stores its input, so the op that made x (a layer norm,

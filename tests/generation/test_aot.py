@@ -48,9 +48,14 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
     (d_model 16): ~20 s each on a loaded 2-core machine. The packages read the model's own tensors: a weight
     changed in place is decoded with at once, and a parameter replaced by another tensor at the next step, both
     without compiling again. A new process loads both packages without compiling, for a model with other
-    weights as well (a package holds code, not weights), and decodes that model's eager tokens."""
+    weights as well (a package holds code, not weights), and decodes that model's eager tokens. A damaged file
+    where a package belongs is compiled again in its place."""
+    from decoderlab.aot import _fingerprint
+
     model = make_model("gpt2", "sdpa", seed=5)
     want = _decode_all(model)
+    damaged = tmp_path / f"decode-b1-{_fingerprint(model, (1, False))[:24]}.pt2"
+    damaged.write_bytes(b"not a zip archive")  # a package cut short (a partial copy, a full disk)
     try:
         step = model.compile_decode(mode="aot", cache_dir=tmp_path)
         assert model.compiled_decode is step
@@ -71,7 +76,8 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
         assert step.compile_seconds == compiled == {k: v for k, v in compiled.items() if v > 0}
     finally:
         model.compiled_decode = None
-    assert sorted(step.packages) == [(1, False), (3, True)]
+    assert sorted(step.packages) == [(1, False), (3, True)] and step.packages[(1, False)] == damaged
+    assert step.compile_seconds[(1, False)] > 0  # the damaged file was compiled again in its place
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == sorted(p.name for p in step.packages.values())
     assert all(p.stat().st_size < 2**21 for p in tmp_path.glob("*.pt2")), "a package holds no weights"
     here = str(Path(__file__).resolve().parent)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
@@ -107,17 +108,19 @@ DEVICE_OPTIONS = (
 
 COMPILE_OPTIONS = (
     option("--compile", action="store_true", default=False,
-           help="decode with a compiled step (torch.compile, one graph over a static KV cache; the first token "
-                "waits for the compiler: seconds on a GPU, up to a minute on a CPU; default: eager)"),
+           help="decode with a compiled step (torch.compile: generate makes one graph over a static KV cache, "
+                "serve a few as new kinds of step arrive -- one row, many, padded; each waits for the compiler the "
+                "first time: seconds on a GPU, up to a minute on a CPU; default: eager)"),
 )
 
 
 #: generate, sample: the ahead-of-time step (the server's batch cache is not static: no AOT there)
 AOT_OPTIONS = (
     option("--aot", action="store_true", default=False,
-           help="decode with an ahead-of-time compiled step (torch.export + AOTInductor): a .pt2 package compiled "
-                "once, up to a few minutes on a CPU, into ~/.cache/decoderlab/aot ($DECODERLAB_CACHE/aot) and "
-                "loaded by every later run with the same weights (default: eager)"),
+           help="decode with an ahead-of-time compiled step (torch.export + AOTInductor): a .pt2 package of code "
+                "compiled once (10-30 s for a small model on a CPU) into ~/.cache/decoderlab/aot "
+                "($DECODERLAB_CACHE/aot) and loaded by every later run of a model of the same shape and dtype; "
+                "float weights only, not --dtype int8 (default: eager)"),
 )
 
 
@@ -144,6 +147,8 @@ def load_model(args):
     where = device(args) if hasattr(args, "device") else "cpu"
     loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
     if getattr(args, "compile", False):
+        if not os.environ.get("DECODERLAB_VERBOSE"):  # torch's advice to torchao's authors, at the first int8 step
+            warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching")
         loaded.model.compile_decode()
     elif getattr(args, "aot", False):
         loaded.model.compile_decode(mode="aot")
