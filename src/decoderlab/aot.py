@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 import torch._inductor  # (aoti_compile_and_package, aoti_load_package)
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .attention import KVCache
 
@@ -133,8 +134,6 @@ class AOTDecodeStep:
     reads_written_only = True
 
     def __init__(self, model, cache_dir: str | os.PathLike | None = None):
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
         if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
             # (torch.export flattens such a weight into parts the package would read by other names)
             raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
@@ -195,8 +194,8 @@ class AOTDecodeStep:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.pt2")
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-            # traced on copies, outside inference mode: torch.export (and torchao's quantized weights) cannot
-            # record the in-place cache writes on the engine's inference tensors; only their shapes matter here
+            # traced on copies, outside inference mode: torch.export cannot record the in-place cache writes on
+            # the engine's inference tensors; only their shapes matter here
             args = tuple(a.clone() for a in args)
             warnings.simplefilter("ignore", FutureWarning)  # (torch's own deprecation notices, raised inside torch)
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -79,7 +79,10 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
     assert sorted(step.packages) == [(1, False), (3, True)] and step.packages[(1, False)] == damaged
     assert step.compile_seconds[(1, False)] > 0  # the damaged file was compiled again in its place
     assert sorted(p.name for p in tmp_path.glob("*.pt2")) == sorted(p.name for p in step.packages.values())
-    assert all(p.stat().st_size < 2**21 for p in tmp_path.glob("*.pt2")), "a package holds no weights"
+    # a package holds code, not weights: what the runners read are the model's own tensors (the size of a tiny
+    # model's package says nothing: its 67 kB of weights beside 1.7 MB of compiled code)
+    own = {id(t) for t in model.state_dict(keep_vars=True).values()}
+    assert step._slots and all(id(t) in own for _, _, t in step._slots.values())
     here = str(Path(__file__).resolve().parent)
     for seed in (5, 6):
         code = CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path), seed=seed)
