@@ -3,8 +3,8 @@ base, q/k/v biases and the QK-norm's gains, against ``transformers``' own classe
 here (nothing downloaded) -- logits within 1e-5 in float32, 20 greedy tokens equal, cache == no cache -- and the
 pieces on their own: the KV cache's heads, the two kernels, the two rope layouts, old configs.
 
-The weight mapping below is this test's own, the smallest that shows the forward is the same: the real
-conversions are :mod:`decoderlab`'s Hugging Face loader's."""
+The weight mapping (tests/support/hf_llama.py) is the tests' own, the smallest that shows the forward is the same:
+the real conversions are :mod:`decoderlab`'s Hugging Face loader's."""
 
 import json
 
@@ -18,6 +18,8 @@ from decoderlab.positions import RotaryEmbedding
 
 transformers = pytest.importorskip("transformers")
 
+from support.hf_llama import ARCHITECTURES, VOCAB, hf_model, ours_of  # noqa: E402
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -27,85 +29,8 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-_COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=48, rms_norm_eps=1e-6, pad_token_id=None, bos_token_id=None, eos_token_id=None)
-
-#: each accepted architecture, tiny: (config class, model class, its own fields)
-ARCHITECTURES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM",
-              dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=500.0),
-                   tie_word_embeddings=False)),
-    "llama-mqa-tied": ("LlamaConfig", "LlamaForCausalLM",
-                       dict(num_key_value_heads=1, rope_parameters=dict(rope_type="default", rope_theta=100000.0),
-                            tie_word_embeddings=True)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              dict(num_key_value_heads=2, rope_parameters=dict(rope_type="default", rope_theta=1000.0),
-                   tie_word_embeddings=True)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              dict(num_key_value_heads=2, head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=1e6),
-                   tie_word_embeddings=False)),
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(num_key_value_heads=2, sliding_window=None,
-                     rope_parameters=dict(rope_type="default", rope_theta=10000.0), tie_word_embeddings=False)),
-}
-
-
-def hf_model(name: str, seed: int = 0):
-    """A random ``transformers`` model of ``ARCHITECTURES[name]``, its weights spread wider than the init's (norm
-    gains around 1) so that every one moves the logits, in eval mode, float32."""
-    config_cls, model_cls, own = ARCHITECTURES[name]
-    config = getattr(transformers, config_cls)(**_COMMON, **own)
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if key.endswith("norm.weight") else 0.3 * torch.randn_like(p))
-    return model
-
-
-def our_config(hf_config, attention: str = "sdpa") -> dl.ModelConfig:
-    """The ``ModelConfig`` of a Llama-family ``transformers`` config (this test's mapping)."""
-    c = hf_config
-    kind = type(c).__name__
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return dl.ModelConfig(
-        num_tokens=c.vocab_size, d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=c.num_attention_heads,
-        n_kv_head=c.num_key_value_heads, head_dim=0 if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
-        max_len=c.max_position_embeddings, d_ff=c.intermediate_size, norm="rmsnorm", norm_eps=c.rms_norm_eps,
-        position="rope", rope_layout="rotate_half", rope_theta=float(c.rope_parameters["rope_theta"]), mlp="swiglu",
-        bias=False, qkv_bias=kind == "Qwen2Config", qk_norm=kind == "Qwen3Config", qk_norm_gain=kind == "Qwen3Config",
-        tie_weights=bool(c.tie_word_embeddings), attention=attention, attn_out_proj=True, lm_head_bias=False,
-    )
-
-
-def our_state(hf_state: dict, n_layer: int) -> dict:
-    """Our parameter names (INTERFACE.md's) for a Llama-family state dict: q/k/v concatenated into ``qkv``."""
-    out = {"we.weight": hf_state["model.embed_tokens.weight"], "norm_f.weight": hf_state["model.norm.weight"],
-           "fc_layer.weight": hf_state["lm_head.weight"]}
-    for i in range(n_layer):
-        hf, ours = f"model.layers.{i}.", f"blocks.{i}."
-        attn = hf + "self_attn."
-        for kind in ("weight", "bias"):
-            if attn + f"q_proj.{kind}" in hf_state:
-                out[ours + f"attention.qkv.{kind}"] = torch.cat([hf_state[attn + f"{p}_proj.{kind}"] for p in "qkv"])
-        pairs = {"input_layernorm": "norm_1", "post_attention_layernorm": "norm_2", "self_attn.o_proj": "attention.proj",
-                 "self_attn.q_norm": "attention.q_norm", "self_attn.k_norm": "attention.k_norm",
-                 "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.fc", "mlp.down_proj": "mlp.proj"}
-        for theirs, mine in pairs.items():
-            if hf + theirs + ".weight" in hf_state:
-                out[ours + mine + ".weight"] = hf_state[hf + theirs + ".weight"]
-    return out
-
-
-def ours_of(hf, attention: str = "sdpa") -> dl.DecoderOnlyTransformer:
-    model = dl.DecoderOnlyTransformer(our_config(hf.config, attention))
-    missing, unexpected = model.load_state_dict(our_state(hf.state_dict(), hf.config.num_hidden_layers), strict=True)
-    assert not missing and not unexpected
-    return model.eval()
-
-
 def _ids(n: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, _COMMON["vocab_size"], (n, t), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "explicit"])
@@ -248,7 +173,7 @@ def test_an_old_config_json_without_the_new_fields_loads_as_before():
     (dict(n_head=4, n_kv_head=3), r"n_head \(4\) must be a multiple of n_kv_head \(3\); allowed n_kv_head: 0 \(= n_head\), 1, 2, 4"),
     (dict(n_kv_head=-1), r"n_kv_head must be an integer >= 0 \(0 means n_head\)"),
     (dict(head_dim=-2), r"head_dim must be an integer >= 0"),
-    (dict(d_model=10, n_head=4), r"d_model \(10\) must be divisible by n_head \(4\), or head_dim given"),
+    (dict(d_model=10, n_head=4), r"d_model \(10\) must be divisible by n_head \(4\); allowed n_head for d_model 10: 1, 2, 5, 10"),
     (dict(head_dim=6, attn_out_proj=False), r"heads' width n_head \* head_dim = 24 must be d_model \(16\)"),
     (dict(rope_layout="halves"), r"unknown rope_layout 'halves'; allowed: interleaved, rotate_half"),
     (dict(rope_theta=0), r"rope_theta must be a finite number > 0"),

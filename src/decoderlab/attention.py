@@ -2,7 +2,7 @@
 
 ``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses (the lessons' own ``SelfAttention`` and
 ``Attention`` classes live in :mod:`decoderlab.lesson`): one set of projections, the head split and the
-masking rules are shared code, and only the kernel differs:
+masking rules are shared code (grouped-query attention's key/value heads included), and only the kernel differs:
 
 - ``explicit``: the lessons' math, softmax(Q Kᵀ / sqrt(d_k) + mask) V, written out so that the attention
   percents can be returned;
@@ -389,11 +389,12 @@ class MultiHeadAttention(nn.Module):
 
 
 class LayerKVCache:
-    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head) (a static cache:
-    capacity + 1, one spare column, see ``_allocate``).
+    """Keys and values of one layer, preallocated once: k, v of shape (B, H_kv, capacity, d_head), H_kv the
+    layer's key/value heads (n_kv_head: grouped-query attention caches only those) (a static cache: capacity + 1,
+    one spare column, see ``_allocate``).
 
-    ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
-    returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
+    ``update(k_new, v_new)`` writes the new keys/values (B, H_kv, T_new, d_head) after the ones already held and
+    returns views of all of them, (B, H_kv, length + T_new, d_head). The owning :class:`KVCache` advances the
     shared length once per forward pass.
 
     In a static cache (``KVCache(..., static=True)``) a one-token step writes at the owner's ``column`` (a
