@@ -25,7 +25,7 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
 from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
-from .loading import LoadedModel, load_model
+from .loading import LoadedModel, checkpoint_template, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
 from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
@@ -38,7 +38,8 @@ from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
-    "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
+    "LoadedModel", "load_model", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
+    "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
     "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",

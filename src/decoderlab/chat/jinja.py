@@ -289,9 +289,10 @@ class JinjaChatTemplate:
 
     @property
     def text_characters(self) -> str:
-        """The characters of the text the template writes itself (its literals, less its control tokens): a
-        character vocabulary built for the template holds them."""
-        text = "".join(_literals(s) for s in self.sources.values())
+        """The characters of the text the template writes itself (its literals, less its control tokens) and of
+        the role names it may write from the messages: a character vocabulary built for the template holds
+        them."""
+        text = "".join(_literals(s) for s in self.sources.values()) + "system user assistant tool"
         for token in self.special_tokens:
             text = text.replace(token, "")
         return "".join(sorted(set(text)))
