@@ -151,7 +151,8 @@ def test_the_helpers_are_transformers(tmp_path):
               "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
               "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|{{ dict(x=1)|tojson }}|{{ bos_token }}{{ eos_token }}|"
               "{% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.role }}{% endfor %}\n"
-              "{% for m in messages %}\n    {% if m.role == 'system' %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n"
+              "{% for m in messages %}\n    {% if m.role == 'system' %}\n{{ m.content }}\n    {% endif %}\n"
+              "{% endfor %}\n"
               "{% for d in documents %}{{ d.title }}: {{ d.text }}{% endfor %}|{{ strftime_now('%Y') }}")
     tokens = {"bos_token": "<s>", "eos_token": "</s>"}
     ours, theirs = bpe_pair(["<s>", "</s>"], tokens=tokens, chat_template=source)
