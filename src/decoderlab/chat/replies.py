@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..generation import ChatSession, SamplingParams, TextStreamer, stream
+from ..generation.text import EMPTY_REPLY
 from ..tokenizers import Tokenizer, tokenizer_after_input
 from .messages import check_messages
 from .templates import ChatTemplate, get_template
@@ -161,13 +162,15 @@ class TemplateChatSession(ChatSession):
             yield piece
         head = 1 if messages[0]["role"] == "system" else 0
         kept = messages[:head] + messages[head + info["dropped_messages"]:]
-        self.messages = kept + [{"role": "assistant", "content": "".join(pieces) or " "}]
+        self.messages = kept + [{"role": "assistant", "content": "".join(pieces)}]
         self.notice = self._notes(info, head)
         self.turn += 1
 
     def _notes(self, info: dict, head: int) -> str | None:
         """What the last reply did not say itself, one line each: turns dropped, no end of turn."""
         notes = []
+        if not info["reply_ids"] and info["ended_with_end_of_turn"]:
+            notes.append(EMPTY_REPLY)
         if info["dropped_messages"]:
             notes.append(f"(the conversation was longer than the model's {self.model.config.max_len}-token "
                          f"context: dropped the {info['dropped_messages']} oldest messages"

@@ -115,6 +115,10 @@ def text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = N
     return result
 
 
+#: the note of a reply that is empty because the model ended its turn at once (the reply stays in the conversation)
+EMPTY_REPLY = "(an empty reply: the model ended its turn at once)"
+
+
 class ChatSession:
     """A conversation with a model: each turn continues the token history of the previous ones.
 
@@ -131,8 +135,8 @@ class ChatSession:
 
     ``params`` is the session's settings (replace it to change them: ``session.params =
     session.params.replace(temperature=0.5)``); ``reply(text)`` yields the reply as text pieces while it is
-    generated; ``reset()`` forgets the conversation. (The ``decoderlab chat`` slash commands that change the
-    settings live in the CLI.)
+    generated; ``reset()`` forgets the conversation; ``notice`` is what the last reply did not say itself (None,
+    or :data:`EMPTY_REPLY`). (The ``decoderlab chat`` slash commands that change the settings live in the CLI.)
     """
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, **sampling):
@@ -140,6 +144,7 @@ class ChatSession:
         self.params = SamplingParams.of(params, **sampling)
         self.turn = 0
         self.history: list[int] = []
+        self.notice: str | None = None
 
     def turn_params(self) -> SamplingParams:
         """This turn's settings: the session's, seeded with seed + turn (wrapping within 0 .. 2**63-1)."""
@@ -160,7 +165,9 @@ class ChatSession:
             params = params.replace(stop=(params.stop or ()) + (eos,))
         gen = stream(self.model, history, params, tokenizer=tok)
         produced: list[int] = []
+        self.notice = None
         matched = yield from text_pieces(tok, gen, produced)
+        self.notice = EMPTY_REPLY if not produced and eos is not None and matched == (eos,) else None
         history += produced + (list(matched) if matched else [])
         self.history = history[-self.model.config.max_len :]  # all the model can see
         self.turn += 1
