@@ -177,6 +177,7 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
         ValueError: a shape llama.cpp's gpt2 architecture cannot carry (naming the field and the train option,
             :func:`decoderlab.export.check_shape`); an unknown ``dtype``; a word tokenizer, or a BPE with another
             pre-tokenizer; a tokenizer whose size is not the model's.
+        FileNotFoundError: the directory of ``path`` does not exist (naming it).
         ImportError: the gguf package is not installed.
     """
     from . import check_shape
@@ -187,8 +188,10 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
     if tokenizer.vocab_size != model.config.num_tokens:
         raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
                          f"{model.config.num_tokens}")
-    gguf = require_gguf()
     path = Path(path)
+    if not path.parent.is_dir():  # (else the writer's error names its temporary file)
+        raise FileNotFoundError(f"cannot write the GGUF file {path}: directory {path.parent} does not exist")
+    gguf = require_gguf()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     cfg = model.config
     writer = gguf.GGUFWriter(str(tmp), "gpt2")

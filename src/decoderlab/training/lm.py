@@ -114,7 +114,7 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
     """
     resuming = resume not in (None, False)
     model_preset, recipe = (None, None) if preset is None and resuming else resolve_recipe(preset or DEFAULT_PRESET)
-    run = plan_run(out, resume, train_config, config_overrides, recipe)
+    run = plan_run(out, resume, train_config, config_overrides, recipe, kind="train")
     check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the corpus is read
     preset = run.info.get("preset") if run.resumed and preset is None else (preset or DEFAULT_PRESET)
     corpus = run.info.get("corpus") if corpus is None and text is None else corpus
