@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..tokenizers import tokenizer_after_input
+from ..tokenizers import check_input_first
 from .checks import MAX_SEED
 from .engine import prepare, stream, stream_tokens
 from .params import SamplingParams
@@ -61,8 +61,8 @@ def stream_text(model, prompt: str | Sequence[int], tokenizer, params: SamplingP
     """Stream the continuation of ``prompt`` as text pieces (str), never splitting a UTF-8 character.
 
     ``prompt`` is text (encoded with ``tokenizer``) or token ids (bytes are refused: decode them first);
-    the tokenizer comes after the prompt, as in every public function (the old order ``stream_text(model,
-    tokenizer, prompt)`` still works for one release, with a ``DeprecationWarning``);
+    the tokenizer comes after the prompt, as in every public function (one in the prompt's place is a
+    ``TypeError``);
     ``params`` / ``**sampling`` and the other arguments are those of :func:`stream` (``<PAD>`` is never sampled
     and the end-of-text tokens end the text, by default). Stop strings are matched on the text, and the text
     ends exactly before the first one, also when it begins inside a token. Control tokens are never written as
@@ -76,7 +76,7 @@ def stream_text(model, prompt: str | Sequence[int], tokenizer, params: SamplingP
     Every argument is checked at the call (``ValueError`` / ``TypeError`` as :func:`stream`), not when the
     first piece is asked for.
     """
-    prompt, tokenizer = tokenizer_after_input("stream_text", "prompt", prompt, tokenizer)
+    check_input_first("stream_text", "prompt", prompt)
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError(f"prompt is bytes ({bytes(prompt[:30])!r}); pass text (a str: decode the bytes first) "
                         f"or a list of token ids")

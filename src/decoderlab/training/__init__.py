@@ -19,7 +19,6 @@
 """
 
 from ..config.names import PRECISIONS
-from ..config.recipes import DEFAULT_RECIPE, RECIPES, Recipe  # (config's: re-exported for one release)
 from ..config.train import TrainConfig
 from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,
                         NonFiniteLossGuard, TrainingInterrupted)
@@ -39,7 +38,6 @@ __all__ = [
     "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
     "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
-    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "DEFAULT_RECIPE", "RECIPES",
-    "Recipe", "ValidationClock", "TrainingInterrupted", "fit", "Run", "ShareRunDirectory", "Summary", "fit_run",
-    "mean_of_last", "plan_run",
+    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "ValidationClock",
+    "TrainingInterrupted", "fit", "Run", "ShareRunDirectory", "Summary", "fit_run", "mean_of_last", "plan_run",
 ]
