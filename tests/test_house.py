@@ -42,3 +42,34 @@ def test_no_issue_numbers_in_src_or_tests():
                 if ISSUE_RE.search(line) and "ISSUE_RE" not in line:
                     found.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not found, "issue numbers (name the behaviour instead):\n" + "\n".join(found)
+
+
+#: a name kept for compatibility promises to stay "for one release" or warns that it is deprecated; decoderlab was
+#: never released, so a moved or renamed thing leaves nothing behind
+KEPT_RE = re.compile(r"for one release", re.I)
+DEPRECATIONS = {"DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"}
+
+
+def _deprecation_warnings(path: Path):
+    """Line numbers of ``warnings.warn(..., DeprecationWarning)`` (or its kin) in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "warn":
+            named = {a.id for a in [*node.args, *(k.value for k in node.keywords)] if isinstance(a, ast.Name)}
+            if named & DEPRECATIONS:
+                yield node.lineno
+
+
+def test_no_alias_is_kept_for_compatibility():
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+             for p in sorted(SRC.rglob("*.py")) for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if KEPT_RE.search(line)]
+    found += [f"{p.relative_to(ROOT)}:{n}: warns of a deprecation" for p in sorted(SRC.rglob("*.py"))
+              for n in _deprecation_warnings(p)]
+    assert not found, "aliases or old forms kept for compatibility (remove them, update every use):\n" + \
+        "\n".join(found)
+
+
+def test_the_alias_check_sees_a_deprecation(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import warnings\nwarnings.warn('old', DeprecationWarning)\nwarnings.warn('x', UserWarning)\n")
+    assert list(_deprecation_warnings(f)) == [2]
