@@ -42,6 +42,7 @@ import torch
 
 from ..config.names import GGUF_DTYPES
 from ..tokenizers import byte_level_text
+from .shape import check_shape
 
 _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
 #: GGUF's pre-tokenizer name of GPT-2's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2)
@@ -180,8 +181,6 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
         FileNotFoundError: the directory of ``path`` does not exist (naming it).
         ImportError: the gguf package is not installed.
     """
-    from . import check_shape
-
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(GGUF_DTYPES)}, got {dtype!r}")
     check_shape(model.config, "gguf")

@@ -28,7 +28,8 @@ from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
-from .callbacks import ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossGuard
+from .callbacks import ExportCheckpoint, LMMetrics, LossHistory, NonFiniteLossGuard
+from .interrupted import InterruptNotice
 from .datamodule import TokenDataModule
 from .evaluation import evaluation_sums
 from .module import LitModel
