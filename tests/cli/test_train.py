@@ -141,11 +141,11 @@ def test_cli_train_and_sample(tmp_path, text, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "for 2 steps: train loss" in printed and "val loss" in printed and "tokens per second" in printed
     assert json.loads((out / "run.json").read_text())["train_config"]["max_steps"] == 2
-    assert cli.main(["sample", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "20",
+    assert cli.main(["sample", "--checkpoint", str(out), "ROMEO:", "--max-new-tokens", "20",
                      "--seed", "1"]) == 0
     first = capsys.readouterr().out
     assert first.startswith("ROMEO:") and len(first) == len("ROMEO:") + 20 + 1  # 20 characters and a newline
-    assert cli.main(["sample", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "20",
+    assert cli.main(["sample", "--checkpoint", str(out), "ROMEO:", "--max-new-tokens", "20",
                      "--seed", "1"]) == 0
     assert capsys.readouterr().out == first  # same seed, same sample
 
