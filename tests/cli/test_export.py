@@ -30,7 +30,8 @@ def bpe():
 
 def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
-    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", "--checkpoint", str(run), "--out", str(tmp_path / "m.gguf")]) == 0
+    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", "--checkpoint", str(run),
+                     "--out", str(tmp_path / "m.gguf")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0, {model.num_parameters():,} parameters")
     assert "tokenizer: bpe" in out
@@ -67,7 +68,8 @@ def test_a_rope_run_is_refused_in_one_line_naming_the_option_and_nothing_is_writ
 def test_bad_dtype_for_hf_a_word_vocabulary_and_a_missing_run_are_one_line_each(tmp_path, capsys):
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     run, _ = run_dir(tmp_path, "word-run", word)
-    cases = [(["--format", "hf", "--dtype", "f16", "--checkpoint", str(run)], "--dtype 'f16' is not one --format hf writes; "
+    cases = [(["--format", "hf", "--dtype", "f16", "--checkpoint", str(run)],
+              "--dtype 'f16' is not one --format hf writes; "
               "allowed: f32"),
              (["--checkpoint", str(run)], "a word vocabulary has no form llama.cpp reads"),
              (["--checkpoint", str(tmp_path / "nowhere")], "nowhere")]

@@ -116,5 +116,6 @@ def test_features_out_of_range_is_one_error_line(lm, tmp_path, capsys):
     train_sae(lm, _cfg(tokens=256), out=out, progress_bar=False)
     assert one_error_line(capsys, "features", "--sae", out, "--feature", "64") == (
         "--feature 64 is out of range; valid features are 0 .. 63 (d_sae=64)")
-    assert one_error_line(capsys, "features", "--sae", out, "--feature", "-1").startswith("--feature -1 is out of range")
+    assert one_error_line(capsys, "features", "--sae", out, "--feature", "-1").startswith(
+        "--feature -1 is out of range")
     assert "is not an SAE directory" in one_error_line(capsys, "features", "--sae", tmp_path, "--feature", "0")

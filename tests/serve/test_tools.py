@@ -1,7 +1,8 @@
 """Tool calls on /v1/chat/completions through the official ``openai`` client against a real uvicorn: ``tools``
 + ``tool_choice`` ("required", a named function, "auto", "none"), the call's arguments valid against the
 function's schema (a grammar), ``tool_calls`` + ``finish_reason: "tool_calls"`` as OpenAI returns and streams
-them ("stop" for a function forced by name, as OpenAI's), tool results in the conversation, and each bad tool field a 400 naming it."""
+them ("stop" for a function forced by name, as OpenAI's), tool results in the conversation, and each bad tool
+field a 400 naming it."""
 
 from __future__ import annotations
 

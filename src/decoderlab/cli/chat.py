@@ -149,9 +149,9 @@ def chat_command(session, line: str) -> str | None:
 
 
 def _chat_turn(session, line: str) -> bool:
-    """Stream the reply to ``line``; False after an error line (``decoderlab: error: ...`` on standard error). Ctrl-C at any moment of the turn (the prompt's
-    prefill, a piece being written, the generator's cleanup, the notes after it) stops this reply only: the
-    conversation goes on (Ctrl-C at the prompt leaves)."""
+    """Stream the reply to ``line``; False after an error line (``decoderlab: error: ...`` on standard error).
+    Ctrl-C at any moment of the turn (the prompt's prefill, a piece being written, the generator's cleanup, the
+    notes after it) stops this reply only: the conversation goes on (Ctrl-C at the prompt leaves)."""
     wrote = False
     try:
         pieces = session.reply(line)
