@@ -12,8 +12,8 @@ from tiny_models import one_thread  # noqa: F401 -- autouse
 
 import decoderlab as dl
 from decoderlab.glassbox.sae import (SAE_CFG_FILE, SAE_WEIGHTS_FILE, SparseAutoencoder, check_sae_hook,
-                                     check_sae_size, load_sae, read_log_sparsity, resample_dead, sae_hook_names,
-                                     sae_losses)
+                                     check_sae_size, load_sae, read_log_sparsity, resample_dead, sae_hook,
+                                     sae_hook_names, sae_losses)
 
 
 def _perturbed(sae: SparseAutoencoder, seed: int = 1) -> SparseAutoencoder:
@@ -220,7 +220,7 @@ def test_saelens_files_from_before_6_are_read(tmp_path, k, topk_as):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"hook_name": None}, "names no hook point"), ({"finetuning_scaling_factor": True}, "finetuning_scaling_factor"),
+    ({"finetuning_scaling_factor": True}, "finetuning_scaling_factor"),
     ({"architecture": "jumprelu"}, "architecture 'jumprelu'"), ({"normalize_activations": True}, "normalize")])
 def test_saelens_files_decoderlab_cannot_read_are_refused_naming_the_format(tmp_path, change, message):
     sae = SparseAutoencoder(8, 24, None)
@@ -230,3 +230,17 @@ def test_saelens_files_decoderlab_cannot_read_are_refused_naming_the_format(tmp_
     with pytest.raises(ValueError, match=message) as e:
         load_sae(tmp_path)
     assert "SAELens" in str(e.value) and "cfg.json" in str(e.value)
+
+
+def test_an_sae_whose_files_name_no_hook_loads_and_a_reader_of_its_hook_is_told_so(tmp_path):
+    """A hook given beside the SAE (Model.features) needs none in its files; the readers that take the hook from
+    the files (decoderlab features, serve --sae) are told where SAELens keeps it, before and after 6."""
+    sae = SparseAutoencoder(8, 24, None)
+    sae.save(tmp_path)
+    cfg = {k: v for k, v in _pre_6_cfg(sae, topk_as="").items() if k != "hook_name"}
+    (tmp_path / SAE_CFG_FILE).write_text(json.dumps(cfg))
+    back = load_sae(tmp_path)
+    with pytest.raises(ValueError, match=r"cfg.json names no hook point: SAELens 6 keeps it as metadata.hook_name"):
+        sae_hook(back, tmp_path)
+    with pytest.raises(ValueError, match="the SAE names no hook point"):
+        sae_hook(back)

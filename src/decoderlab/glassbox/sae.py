@@ -232,12 +232,26 @@ def _read_cfg(path: Path) -> dict:
             or cfg.get("rescale_acts_by_decoder_norm", False) or cfg.get("finetuning_scaling_factor", False):
         raise ValueError(f"{where}: normalize_activations other than 'none', apply_b_dec_to_input false, "
                          "rescale_acts_by_decoder_norm or finetuning_scaling_factor are not supported")
-    if not cfg["metadata"].get("hook_name"):
-        raise ValueError(f"{where} names no hook point: SAELens 6 keeps it as metadata.hook_name, earlier versions "
-                         "as hook_name (or hook_point) at the top level")
     if arch == "topk" and not isinstance(cfg.get("k"), int):
         raise ValueError(f"{where}: a topk SAE needs its k (k, or activation_fn_kwargs.k before 6)")
     return cfg
+
+
+def sae_hook(sae: SparseAutoencoder, where=None) -> str:
+    """The hook point ``sae`` was trained on (its ``metadata["hook_name"]``), for a reader that takes the hook from
+    the SAE itself (``where``: its directory, named in the error; None for an SAE in memory).
+
+    Raises:
+        ValueError: the files name no hook (a cfg.json without ``metadata.hook_name``, SAELens 6, or
+            ``hook_name`` / ``hook_point`` at its top level, earlier versions).
+    """
+    hook = sae.metadata.get("hook_name")
+    if not hook and where is None:
+        raise ValueError("the SAE names no hook point: its metadata has no hook_name")
+    if not hook:
+        raise ValueError(f"{Path(where) / SAE_CFG_FILE} names no hook point: SAELens 6 keeps it as metadata.hook_name, "
+                         "earlier versions as hook_name (or hook_point) at the top level")
+    return str(hook)
 
 
 def load_sae(directory: str | os.PathLike) -> SparseAutoencoder:
@@ -247,8 +261,8 @@ def load_sae(directory: str | os.PathLike) -> SparseAutoencoder:
 
     Raises:
         FileNotFoundError: a missing file (naming it).
-        ValueError: bad JSON, another architecture or normalisation, no hook point, weights of the wrong names
-            or shapes (each naming the file and its SAELens format).
+        ValueError: bad JSON, another architecture or normalisation, weights of the wrong names or shapes (each
+            naming the file and its SAELens format).
     """
     from safetensors.torch import load_file
 
