@@ -102,7 +102,8 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
         raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
                          "(train from scratch)")
     name = getattr(template, "name", template) or getattr(base_template(checkpoint), "name", None)
-    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)))
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)),
+                   kind="finetune")
     check_run_options(run.cfg, strategy, accelerator)
     chosen, options = method_of(run, method, options)
     if template is not None:
