@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,7 +52,7 @@ from .model import DecoderOnlyTransformer, ModelConfig, preset
 from .tokenizers import BPETokenizer, Tokenizer
 
 __all__ = ["from_gpt2", "to_gpt2", "gpt2_config_to_model_config", "model_config_to_gpt2_config",
-           "load_gpt2_directory", "checkpoint_reader", "load_any_checkpoint", "is_gpt2_directory", "gpt2_tokenizer"]
+           "load_gpt2_directory", "checkpoint_reader", "is_gpt2_directory", "gpt2_tokenizer"]
 
 _INSTALL_HINT = "pip install 'decoderlab[hf]'"
 _IGNORED_BLOCK_KEYS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of older transformers versions
@@ -581,14 +580,3 @@ def checkpoint_reader(directory: str | os.PathLike):
     (:func:`is_gpt2_directory`), else :func:`decoderlab.checkpoint.load_checkpoint` (which names a missing
     directory or missing files)."""
     return load_gpt2_directory if is_gpt2_directory(directory) else load_checkpoint
-
-
-def load_any_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
-                        device: str | torch.device | None = None):
-    """Deprecated (kept for one release): ``(model, tokenizer)`` of a decoderlab checkpoint or a Hugging Face
-    GPT-2 directory. Use ``decoderlab.load(path)`` (a :class:`decoderlab.Model`) or
-    :func:`decoderlab.chat.load_model` (model, tokenizer, template, meta), the one loader; this warns
-    (``DeprecationWarning``) and reads as they do (:func:`checkpoint_reader`)."""
-    warnings.warn("decoderlab.hf.load_any_checkpoint is deprecated: use decoderlab.load(path) (a Model) or "
-                  "decoderlab.chat.load_model(path), the one loader", DeprecationWarning, stacklevel=2)
-    return checkpoint_reader(directory)(directory, map_location=map_location, dtype=dtype, device=device)

@@ -64,24 +64,19 @@ def _checked(text: str, what: str) -> str:
 
 def is_tokenizer(value) -> bool:
     """True for a tokenizer (a :class:`Tokenizer`, or any object with ``encode`` and ``decode`` that is not
-    text): what tells an old call's argument order from the new one (:func:`tokenizer_after_input`)."""
+    text): what tells a call that put the tokenizer in the input's place (:func:`check_input_first`)."""
     if isinstance(value, Tokenizer):
         return True
     return (not isinstance(value, (str, bytes, bytearray, list, tuple, dict))
             and callable(getattr(value, "encode", None)) and callable(getattr(value, "decode", None)))
 
 
-def tokenizer_after_input(function: str, what: str, given_input, given_tokenizer, *, stacklevel: int = 3):
-    """``(input, tokenizer)`` of a public function whose arguments are ``(model, input, tokenizer, ...)``, the
-    order of every public function that takes a tokenizer. The old order of a few, ``(model, tokenizer,
-    input, ...)``, is still accepted for one release: it is recognised by a tokenizer in the input's place and
-    warns (``DeprecationWarning``) with the call to write instead."""
-    if is_tokenizer(given_input) and not is_tokenizer(given_tokenizer):
-        warnings.warn(f"{function}(model, tokenizer, {what}, ...) is deprecated: the tokenizer comes after the "
-                      f"{what}, as in every public function: {function}(model, {what}, tokenizer, ...)",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return given_tokenizer, given_input
-    return given_input, given_tokenizer
+def check_input_first(function: str, what: str, given_input) -> None:
+    """Every public function that takes a model, an input and a tokenizer takes them in that order: a
+    tokenizer given in the input's place is a ``TypeError`` showing the call to write."""
+    if is_tokenizer(given_input):
+        raise TypeError(f"{function}() got a tokenizer as its {what}: the tokenizer comes after the {what}, as in "
+                        f"every public function: {function}(model, {what}, tokenizer, ...)")
 
 
 class Tokenizer:

@@ -30,7 +30,8 @@ def bpe():
 
 def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
-    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", str(run), str(tmp_path / "m.gguf")]) == 0
+    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", "--checkpoint", str(run),
+                     "--out", str(tmp_path / "m.gguf")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0, {model.num_parameters():,} parameters")
     assert "tokenizer: bpe" in out
@@ -41,7 +42,7 @@ def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe,
 
 def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
-    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "hf")]) == 0
+    assert cli_main(["export", "--format", "hf", "--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert "hf (GPT-2 directory)" in capsys.readouterr().out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["n_ctx"] == config["n_positions"] == 24  # what llama.cpp's converter reads
@@ -56,7 +57,7 @@ def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_p
 def test_a_rope_run_is_refused_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys, fmt):
     run, _ = run_dir(tmp_path, "rope-run", bpe, position="rope")
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
-    assert cli_main(["export", "--format", fmt, str(run), str(tmp_path / "out")]) == 2
+    assert cli_main(["export", "--format", fmt, "--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"decoderlab: error: --format {fmt} carries GPT-2-shaped models")
     assert ("this model has position='rope' (--position rope); train with --preset baby-shakespeare / "
@@ -67,12 +68,13 @@ def test_a_rope_run_is_refused_in_one_line_naming_the_option_and_nothing_is_writ
 def test_bad_dtype_for_hf_a_word_vocabulary_and_a_missing_run_are_one_line_each(tmp_path, capsys):
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     run, _ = run_dir(tmp_path, "word-run", word)
-    cases = [(["--format", "hf", "--dtype", "f16", str(run)], "--dtype 'f16' is not one --format hf writes; "
+    cases = [(["--format", "hf", "--dtype", "f16", "--checkpoint", str(run)],
+              "--dtype 'f16' is not one --format hf writes; "
               "allowed: f32"),
-             ([str(run)], "a word vocabulary has no form llama.cpp reads"),
-             ([str(tmp_path / "nowhere")], "nowhere")]
+             (["--checkpoint", str(run)], "a word vocabulary has no form llama.cpp reads"),
+             (["--checkpoint", str(tmp_path / "nowhere")], "nowhere")]
     for args, message in cases:
-        assert cli_main(["export", *args, str(tmp_path / "out.gguf")]) == 2
+        assert cli_main(["export", *args, "--out", str(tmp_path / "out.gguf")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("decoderlab: error:") and message in err, err
     assert not (tmp_path / "out.gguf").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
+from .options import add_checkpoint_option
 
 SHAPE_TEXT = ", ".join(f"{field}={value!r}" for field, value, _, _ in GPT2_SHAPE)
 DESCRIPTION = f"""\
@@ -24,13 +25,15 @@ recipe's query/key norm) is refused before anything is written, naming the optio
 def add_export(p) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a decoderlab checkpoint (a run directory) or a GPT-2 directory")
-    p.add_argument("out", metavar="OUT", help="where to write: a directory (hf) or a .gguf file (gguf)")
+    add_checkpoint_option(p)
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="where to write: a directory (hf) or a .gguf file (gguf; its directory must exist)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
     p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
                    help="GGUF weight type: f32, f16, or q8_0 (8-bit blocks with a scale per 32 weights); norms, "
                         "biases and positions stay f32 (default %(default)s; hf writes f32)")
-    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: RUN_DIR's name)")
+    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: the checkpoint "
+                                                "directory's name)")
     p.set_defaults(func=cmd_export)
 
 
@@ -39,7 +42,7 @@ def cmd_export(args) -> int:
     from ..output import quiet_imports
 
     with quiet_imports():  # transformers (hf) imports torchao, whose CUDA-kernel notices are no error here
-        s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name)
+        s = export(args.checkpoint, args.out, format=args.format, dtype=args.dtype, name=args.name)
     what = f"{s['format']} {s['dtype']}" if s["format"] == "gguf" else "hf (GPT-2 directory)"
     extra = f", {s['tensors']} tensors" if "tensors" in s else ""
     tok = s["tokenizer"] or "none"

@@ -42,6 +42,7 @@ import torch
 
 from ..config.names import GGUF_DTYPES
 from ..tokenizers import byte_level_text
+from .shape import check_shape
 
 _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
 #: GGUF's pre-tokenizer name of GPT-2's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2)
@@ -177,18 +178,19 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
         ValueError: a shape llama.cpp's gpt2 architecture cannot carry (naming the field and the train option,
             :func:`decoderlab.export.check_shape`); an unknown ``dtype``; a word tokenizer, or a BPE with another
             pre-tokenizer; a tokenizer whose size is not the model's.
+        FileNotFoundError: the directory of ``path`` does not exist (naming it).
         ImportError: the gguf package is not installed.
     """
-    from . import check_shape
-
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(GGUF_DTYPES)}, got {dtype!r}")
     check_shape(model.config, "gguf")
     if tokenizer.vocab_size != model.config.num_tokens:
         raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
                          f"{model.config.num_tokens}")
-    gguf = require_gguf()
     path = Path(path)
+    if not path.parent.is_dir():  # (else the writer's error names its temporary file)
+        raise FileNotFoundError(f"cannot write the GGUF file {path}: directory {path.parent} does not exist")
+    gguf = require_gguf()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     cfg = model.config
     writer = gguf.GGUFWriter(str(tmp), "gpt2")

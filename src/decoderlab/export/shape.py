@@ -1,0 +1,49 @@
+"""What the export formats carry: GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``), checked before a
+file is written (:func:`check_shape`, used by :func:`decoderlab.export.export` and by the GGUF writer)."""
+
+from __future__ import annotations
+
+from ..config.names import EXPORT_FORMATS, GPT2_SHAPE
+
+
+class ExportShapeError(ValueError):
+    """A model whose shape the export format cannot carry; ``field`` names the ModelConfig field."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def gpt2_shaped_presets() -> list[str]:
+    """The model presets whose shape is GPT-2's (``GPT2_SHAPE``), which both formats carry."""
+    from ..config.model import ModelConfig
+    from ..config.presets import PRESETS
+
+    defaults = ModelConfig()
+    return [name for name, shape in PRESETS.items()
+            if all(shape.get(f, getattr(defaults, f)) in (v, None if v is False else v) for f, v, _, _ in GPT2_SHAPE)]
+
+
+def check_shape(config, fmt: str = "gguf") -> None:
+    """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
+    shape of ``config``: one message naming every ModelConfig field that differs from GPT-2's (``GPT2_SHAPE``),
+    its value and the train option that set it, and the presets (and options) that train a shape it carries.
+    ``field`` is the first such field.
+
+    Raises:
+        ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
+    bad = [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
+    if not bad:
+        return
+    what = "llama.cpp's gpt2 architecture" if fmt == "gguf" else "Hugging Face's GPT2LMHeadModel"
+    has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
+                    for f, _, opt, _ in bad)
+    how = f"--preset {' / '.join(gpt2_shaped_presets())}"
+    if all(opt for _, _, opt, _ in bad):
+        how += " (or " + " ".join(f"{opt} {v}" for _, v, opt, _ in bad) + ")"
+    raise ExportShapeError(f"--format {fmt} carries GPT-2-shaped models only ({what}: "
+                           f"{'; '.join(why for *_, why in bad)}); this model has {has}; train with {how} to "
+                           f"export it", bad[0][0])
