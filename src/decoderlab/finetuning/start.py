@@ -1,5 +1,5 @@
 """What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
-decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
+decoderlab checkpoint or a Hugging Face directory, a preset from scratch, a model in memory, or on a
 resume the run's own), the held-out split, the digest of the data and the padding id -- the pieces every
 method shares."""
 
@@ -16,7 +16,7 @@ from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_repre
                     template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..hf import checkpoint_reader, is_gpt2_directory
+from ..hf import checkpoint_reader, is_hf_directory
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
@@ -35,8 +35,8 @@ def path_or_none(data) -> str | None:
 
 def base_template(checkpoint) -> ChatTemplate | None:
     """The chat template stored with a base ``checkpoint`` (None for a base language model, a Hugging Face
-    GPT-2 directory or no checkpoint)."""
-    if checkpoint is None or is_gpt2_directory(checkpoint):
+    directory or no checkpoint)."""
+    if checkpoint is None or is_hf_directory(checkpoint):
         return None
     return template_from_meta(read_meta(checkpoint))
 
@@ -83,7 +83,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
+    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
