@@ -238,7 +238,9 @@ def write_state(state: Mapping[str, torch.Tensor], entries: list[Entry | Fill], 
         t = state[e.ours].detach()
         if not e.parts:
             if torch.count_nonzero(t):
-                raise ValueError(f"{e.ours} is not zero and the class has no such tensor")
+                raise ValueError(f"{e.ours} is not zero, and the Hugging Face class has no such tensor; allowed: a "
+                                 f"zero {e.ours.rsplit('.', 2)[-2]} {e.ours.rsplit('.', 1)[-1]} (or a model without "
+                                 "bias)")
             continue
         at = 0
         for name, n, rope in e.parts:

@@ -75,7 +75,8 @@ def family_of(hf: dict, where: str):
         name = names[0]
     else:
         types = {t: a for f in FAMILIES for t, a in f.MODEL_TYPES.items()}
-        name = types.get(hf.get("model_type"), "GPT2LMHeadModel" if "n_embd" in hf else None)
+        legacy = "GPT2LMHeadModel" if "n_embd" in hf and "model_type" not in hf else None  # an old GPT-2 config
+        name = types.get(hf.get("model_type"), legacy)
         names = hf.get("model_type")
     for family in FAMILIES:
         if name in family.ARCHITECTURES:

@@ -64,14 +64,15 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
 
 def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
     """What Qwen2 / Qwen3 cannot carry: Llama's limits, and an MLP or output projection bias without a QK-norm
-    (Qwen2 biases q, k and v only; Qwen3 q, k, v and o but never the MLP)."""
+    (Qwen2 biases q, k and v only; Qwen3 q, k, v and o but never the MLP: a model of ours with ``bias`` goes
+    to Qwen3 when its MLP biases are zero, else the writer refuses it naming the tensor)."""
     name = architecture(cfg)
     out = rotary_mismatches(cfg, "swiglu", name)
     if not cfg.qk_norm and not cfg.qkv_bias:
         out.append(("qkv_bias", False, True, "Qwen2ForCausalLM has q/k/v biases (a model without them is Llama's)"))
-    if cfg.bias:
-        out.append(("bias", True, False, f"{name} has no MLP biases"))
-    return out
+    if cfg.bias and not cfg.qk_norm:
+        out.append(("bias", True, False, f"{name} has no MLP or output biases"))
+    return out  # (Qwen3 with bias: its MLP biases must be zero, as an import of attention_bias makes them)
 
 
 def architecture(cfg: ModelConfig) -> str:
