@@ -112,6 +112,8 @@ def _from_hf(data: dict, config: dict, path: Path) -> BPETokenizer:
         named.update(add_bos_token=bool(config.get("add_bos_token")), add_eos_token=bool(config.get("add_eos_token")))
     else:
         named.update(_template_specials(data.get("post_processor"), named))
+    if named == special_tokens_of(BPETokenizer(hf)):  # decoderlab's own BPE, as the writer wrote it
+        named = {}
     return BPETokenizer(hf, named)
 
 
