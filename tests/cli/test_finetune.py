@@ -30,7 +30,8 @@ def test_finetune_help_shows_the_fine_tuning_defaults():
             assert a[field].help.endswith(f"(default {shown})"), field
     assert h["--val-fraction"].endswith(f"(default {FINETUNE_VAL_FRACTION:g})")
     assert h["--eval-prompts"].endswith(f"(default {FINETUNE_EVAL_PROMPTS})")
-    assert h["--template"] == f"chat template: {', '.join(TEMPLATES)} (default {DEFAULT_TEMPLATE})"
+    assert h["--template"] == (f"chat template: {', '.join(TEMPLATES)}, or a *.jinja file (a Hugging Face chat "
+                               f"template); a --checkpoint's own is kept (default {DEFAULT_TEMPLATE})")
     assert a["tokenizer"].choices == TOKENIZERS and h["--tokenizer"].endswith(f"(default {DEFAULT_TOKENIZER})")
     assert a["preset"].choices == tuple(PRESETS)
 

@@ -80,18 +80,13 @@ def check_shape(config, fmt: str = "gguf") -> None:
 
 
 def chat_template_text(template, tokenizer) -> str | None:
-    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template`` (None without a template).
-
-    The hook for branch ``jinja``: its ``decoderlab.chat.hf_templates.chat_template_jinja`` writes any template
-    as Jinja (decoderlab's built-in ones included); until it is merged, a template that holds its Jinja text
-    (``source``) gives it and a built-in one gives None (the directory then has no chat template)."""
+    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template``
+    (:func:`decoderlab.chat.chat_template_jinja`: a Hugging Face template's own text, decoderlab's built-in ones
+    written as Jinja that transformers renders to the same ids); None without a template."""
     if template is None:
         return None
-    try:
-        from ..chat.hf_templates import chat_template_jinja
-    except ImportError:  # the jinja branch not merged yet
-        source = getattr(template, "source", None)
-        return source if isinstance(source, str) else None
+    from ..chat import chat_template_jinja
+
     return chat_template_jinja(template, tokenizer)
 
 

@@ -1,6 +1,6 @@
 """The tokenizer of a Hugging Face directory, read and written: ``tokenizer.json`` with ``tokenizer_config.json``
-(its special tokens, ``add_bos_token`` / ``add_eos_token``, the Jinja ``chat_template``), or GPT-2's
-``vocab.json`` + ``merges.txt``.
+(its special tokens, ``add_bos_token`` / ``add_eos_token``), or GPT-2's ``vocab.json`` + ``merges.txt``. The
+Jinja ``chat_template`` is written here and read by :func:`decoderlab.chat.read_chat_template`.
 
 Reading gives a :class:`~decoderlab.tokenizers.BPETokenizer` over the file's own pipeline (Hugging Face
 ``tokenizers`` runs it: byte-level BPE, SentencePiece's BPE with byte fallback, ...), with the names of the
@@ -138,21 +138,6 @@ def _template_specials(post: dict, named: dict) -> dict:
             out["eos_token"] = named.get("eos_token", after[-1])
         return out
     return {"add_bos_token": False, "add_eos_token": False}
-
-
-def chat_template_of(directory: str | os.PathLike) -> str | None:
-    """The Jinja chat template of a Hugging Face directory: ``chat_template.jinja``, else tokenizer_config.json's
-    ``chat_template`` (a string, or the one named "default" of a list); None when it has none."""
-    directory = Path(directory)
-    if (directory / CHAT_TEMPLATE_FILE).is_file():
-        return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-    if not (directory / TOKENIZER_CONFIG).is_file():
-        return None
-    template = _json(directory / TOKENIZER_CONFIG).get("chat_template")
-    if isinstance(template, list):
-        by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = by_name.get("default")
-    return template if isinstance(template, str) else None
 
 
 # ----------------------------------------------------------------------------------------------------------
