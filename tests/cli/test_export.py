@@ -52,6 +52,24 @@ def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_p
     assert tok.encode("ROMEO: hello") == bpe.encode("ROMEO: hello")
 
 
+def test_export_hf_writes_the_default_recipe_s_model_as_apertus_with_its_tokenizer(tmp_path, capsys):
+    tok = dl.CharTokenizer.from_text(open(dl.embedded_corpus_path(), encoding="utf-8").read()[:5_000])
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare-speedrun", n_layer=1, num_tokens=tok.vocab_size))
+    with torch.no_grad():  # its output projections start at zero: give them something to carry
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    run = dl.save_checkpoint(tmp_path / "speedrun", model, tok)
+    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "hf (ApertusForCausalLM)" in out and "tokenizer: char" in out
+    back = dl.load(tmp_path / "hf")
+    ids = torch.tensor([tok.encode("ROMEO: hello")])
+    with torch.no_grad():
+        assert (back.model(ids) - model.eval()(ids)).abs().max().item() < 1e-5
+    assert back.tokenizer.kind == "char" and back.tokenizer.encode("ROMEO: hello") == tok.encode("ROMEO: hello")
+
+
 def test_a_rope_run_is_refused_by_gguf_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys):
     run, _ = run_dir(tmp_path, "rope-run", bpe, position="rope")
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone

@@ -69,19 +69,23 @@ def test_a_special_token_outside_the_vocabulary_is_named(tmp_path):
         read_tokenizer(tmp_path, 10_000)
 
 
+@pytest.mark.parametrize("template", [None, "{{ messages }}"])
 @pytest.mark.parametrize("kind", ["char", "word", "bpe"])
-def test_every_decoderlab_tokenizer_is_written_for_auto_tokenizer_and_read_back(tmp_path, kind):
+def test_every_decoderlab_tokenizer_is_written_for_auto_tokenizer_and_read_back(tmp_path, kind, template):
+    """Without a chat template a special token typed in a text stays text, as decoderlab's ``encode`` keeps it;
+    with one it is parsed (the template's text holds them), as ``encode(text, allow_special=True)`` does."""
     samples = [line for line in CORPUS[:3]] + ["to be <EOS> or not", "the question <|user|> whether"]
     text = "\n".join(CORPUS[:3]) + " <|EOS>"  # the characters of the special tokens' text too
     tok = {"char": lambda: CharTokenizer.from_text(text), "word": lambda: WordTokenizer.from_texts([text], unk=True),
            "bpe": lambda: BPETokenizer.train(CORPUS, 350)}[kind]()
     tok = tok.add_special_tokens(["<|user|>", "<|end|>"])
-    write_tokenizer(tmp_path, tok, 64, chat_template="{{ messages }}")
+    write_tokenizer(tmp_path, tok, 64, chat_template=template)
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert len(auto) == tok.vocab_size and (auto.eos_token_id, auto.pad_token_id) == (tok.eos_id, tok.pad_id)
-    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == "{{ messages }}"
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()).get("chat_template") == template
     for sample in samples:
-        assert auto(sample)["input_ids"] == tok.encode(sample), (kind, sample)
+        parsed = template is not None or kind == "word"  # a word vocabulary's specials are words (the lesson's)
+        assert auto(sample)["input_ids"] == tok.encode(sample, allow_special=parsed), (kind, sample)
         assert auto.decode(tok.encode(sample)) == tok.decode(tok.encode(sample)), (kind, sample)
     back = read_tokenizer(tmp_path, tok.vocab_size)
     assert back.kind == kind and back.to_dict() == tok.to_dict()

@@ -186,8 +186,10 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
 # ----------------------------------------------------------------------------------------------------------
 
 
-def export_family(cfg: ModelConfig):
-    """``(family module, class name)`` of the Hugging Face class whose forward equals the model of ``cfg``.
+def export_family(cfg: ModelConfig, tokenizer=None):
+    """``(family module, class name)`` of the Hugging Face class whose forward equals the model of ``cfg`` (and
+    that gives ``tokenizer`` back through ``AutoTokenizer``, when given: a family may say it cannot,
+    ``carries_tokenizer``, and the next class that computes the model is taken).
 
     Raises:
         ExportError: no class computes it: the message names each field in the way (value, why) and the nearest
@@ -196,7 +198,7 @@ def export_family(cfg: ModelConfig):
     tried = []
     for family in FAMILIES:
         bad = family.mismatches(cfg)
-        if not bad:
+        if not bad and getattr(family, "carries_tokenizer", lambda c, t: True)(cfg, tokenizer):
             return family, family.architecture(cfg)
         tried.append((len(bad), family, bad))
     _, family, bad = min(tried, key=lambda t: t[0])
@@ -221,10 +223,11 @@ def plain_model(model) -> DecoderOnlyTransformer:
     return merge_lora(model) if has_lora(model) else model
 
 
-def hf_state(model: DecoderOnlyTransformer) -> tuple[object, str, ModelConfig, dict[str, torch.Tensor]]:
-    """``(family, class name, the config it is written with, the Hugging Face tensors)`` of ``model`` (a
-    LayerNorm model for an RMSNorm class comes out centred and untied: :func:`.convert.center_writes`)."""
-    family, name = export_family(model.config)
+def hf_state(model: DecoderOnlyTransformer, tokenizer=None) -> tuple[object, str, ModelConfig, dict[str, torch.Tensor]]:
+    """``(family, class name, the config it is written with, the Hugging Face tensors)`` of ``model`` written
+    with ``tokenizer`` (:func:`export_family`; a LayerNorm model for an RMSNorm class comes out centred and
+    untied: :func:`.convert.center_writes`)."""
+    family, name = export_family(model.config, tokenizer)
     cfg, state = family.prepare(model.config, model.state_dict()) if hasattr(family, "prepare") else (
         model.config, model.state_dict())
     own = {k: v for k, v in state.items()}
@@ -252,13 +255,13 @@ def save_hf_directory(model: DecoderOnlyTransformer, tokenizer, directory: str |
             holds other files (nothing is deleted).
     """
     model = plain_model(model)
-    family, name = export_family(model.config)  # refused before anything is read or written
+    family, name = export_family(model.config, tokenizer)  # refused before anything is read or written
     if tokenizer is not None and tokenizer.vocab_size != model.config.num_tokens:
         raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
                          f"{model.config.num_tokens}")
     directory = Path(directory)
     check_output_dir(directory, allowed=HF_FILES, what="a Hugging Face model directory")
-    _, _, cfg, tensors = hf_state(model)
+    _, _, cfg, tensors = hf_state(model, tokenizer)
     dtype = model.we.weight.dtype
     config = hf_config(family, cfg, tokenizer, dtype)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}

@@ -112,7 +112,7 @@ def to_hf(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, 
         TypeError: not a ``DecoderOnlyTransformer``.
     """
     model = plain_model(model)
-    family, name, cfg, tensors = hf_state(model)  # refused (named) before transformers is needed
+    family, name, cfg, tensors = hf_state(model, tokenizer)  # refused (named) before transformers is needed
     transformers = require_transformers()
     dtype = model.we.weight.dtype
     config = {**hf_config(family, cfg, tokenizer, dtype), **config_kwargs}

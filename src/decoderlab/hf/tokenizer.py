@@ -215,16 +215,19 @@ def special_ids_of(tokenizer: Tokenizer | None) -> dict:
 def write_tokenizer(directory: Path, tokenizer: Tokenizer, max_len: int, chat_template: str | None = None) -> None:
     """``tokenizer``'s files in ``directory``: ``tokenizer.json`` (:func:`hf_tokenizer_json`), GPT-2's
     ``vocab.json`` + ``merges.txt`` for a byte-level BPE, and the ``tokenizer_config.json`` and
-    ``special_tokens_map.json`` that tell ``AutoTokenizer`` its special tokens -- decoderlab's own tokenizers
-    keep a special token typed in a text as text (``split_special_tokens``), as their ``encode`` does -- with
-    the Jinja ``chat_template`` when given."""
+    ``special_tokens_map.json`` that tell ``AutoTokenizer`` its special tokens, with the Jinja ``chat_template``
+    when given. A base model's own (char, BPE) tokenizer keeps a special token typed in a text as text
+    (``split_special_tokens``), as its ``encode`` does; with a chat template special tokens are parsed (the
+    template's text holds them: ``apply_chat_template`` must read them), as ``encode(text, allow_special=True)``
+    does."""
     (directory / TOKENIZER_JSON).write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
     if isinstance(tokenizer, BPETokenizer) and tokenizer.byte_level:
         tokenizer.save_gpt2_files(directory)
     named = special_tokens_of(tokenizer)
     own = not getattr(tokenizer, "special_tokens", None)
-    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len,
-                  split_special_tokens=own and tokenizer.kind != "word", clean_up_tokenization_spaces=False, **named)
+    split = own and tokenizer.kind != "word" and chat_template is None
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len, split_special_tokens=split,
+                  clean_up_tokenization_spaces=False, **named)
     if chat_template is not None:
         config["chat_template"] = chat_template
     tokens = {k: v for k, v in named.items() if k in _NAMES}
