@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -115,23 +117,50 @@ def read_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelC
     return hf, family, name, cfg
 
 
+_INIT = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "zeros_", "ones_",
+         "constant_")
+_INIT_LOCK = threading.Lock()
+
+
+@contextmanager
+def without_init():
+    """``torch.nn.init``'s functions as no-ops while a model is built to be loaded (transformers'
+    ``no_init_weights``): every tensor is then allocated but not written -- its pages untouched until the file's
+    values are copied in, so a load holds one copy of the weights -- and no time goes to random numbers that are
+    overwritten. (Not the meta device: an operation on a meta tensor goes through torch's Python references,
+    whose first call imports ``torch._dynamo``, seconds of a load that takes one. A model another thread
+    initialises in that moment would start from empty values; loading is not that moment.)"""
+    with _INIT_LOCK:
+        saved = {name: getattr(torch.nn.init, name) for name in _INIT}
+        for name in _INIT:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.nn.init, name, fn)
+
+
 def build_model(files: WeightFiles, family, hf: dict, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                 device: torch.device | str = "cpu", config_file: str = CONFIG_FILE) -> DecoderOnlyTransformer:
-    """The model of ``cfg`` with the weights of ``files`` (named as ``family`` names them in config ``hf``):
-    built on the meta device, each tensor read once into ``dtype`` on ``device``. In eval mode.
+    """The model of ``cfg`` with the weights of ``files`` (named as ``family`` names them in config ``hf``): built
+    on ``device`` in ``dtype`` without an initialisation (its tensors allocated, not yet written), then each
+    filled once from the files. In eval mode.
 
     Raises:
         ValueError: a missing, mis-shaped or unexpected tensor, named with its file and the shape config.json
             gives; an LM head that differs from the embedding of a tied config.
     """
     device = torch.device(device)
-    with torch.device("meta"):
+    with torch.device(device), without_init():  # not the meta device: see without_init
         model = DecoderOnlyTransformer(cfg)
+    if dtype != torch.float32:  # (the float32 tensors were never written: no pages of theirs were touched)
+        model.to(dtype)
     own = model.state_dict()
-    names = family.names(cfg, hf)
-    entries = list(table(cfg, own, names))
+    entries = list(table(cfg, own, family.names(cfg, hf)))
     lookup, _ = stored_names(files, family.PREFIX, family.IGNORED)
-    state = read_state(files, entries, own, cfg, lookup, dtype=dtype, device=device, config_file=config_file)
+    with torch.no_grad():
+        state = read_state(files, entries, own, cfg, lookup, config_file=config_file)
     used = {name for e in entries if not hasattr(e, "value") for name, _, _ in e.parts}
     head = lookup.get("lm_head.weight")
     if cfg.tie_weights and head is not None:  # stored beside a tied embedding (older GPT-2 files): the same?
@@ -146,10 +175,6 @@ def build_model(files: WeightFiles, family, hf: dict, cfg: ModelConfig, *, dtype
     if unexpected:
         raise ValueError(f"{files.where(unexpected[0])}: unexpected tensor(s) {unexpected[:5]} for the "
                          f"{cfg.n_layer}-layer model {config_file} describes")
-    model.load_state_dict(state, strict=False, assign=True)  # (the post-hook ties fc_layer to we again)
-    for module in model.modules():  # buffers computed, not stored (rope's cos/sin)
-        if hasattr(module, "materialize"):
-            module.materialize(device)
     return model.eval()
 
 
