@@ -8,7 +8,8 @@ and in bfloat16. Each load runs in a fresh process, alternating, and reports the
     (a) decoderlab.hf.load_hf_directory(dir) -> float32 model + tokenizer (what decoderlab.load and --checkpoint do),
     (b) transformers' AutoModelForCausalLM.from_pretrained(dir, dtype=float32) + AutoTokenizer (for reference),
 
-with the wall time of the call and its peak memory: the process's peak resident set (VmHWM, reset just before
+with the wall time of the call, its CPU time (user + system, of every thread: what the call costs whatever else
+runs on the machine) and its peak memory: the process's peak resident set (VmHWM, reset just before
 the call through /proc/self/clear_refs) less its resident set before the call, as a multiple of the float32
 weights' bytes (targets: <= 2 s, <= 1.2x). The file's pages count while mapped: a loader that keeps the whole
 mapping resident while it copies holds the weights twice.
@@ -46,15 +47,15 @@ def rss(field):
             return int(line.split()[1]) * 1024
 open("/proc/self/clear_refs", "w").write("5")  # the peak resident set starts again from here
 before = rss("VmRSS:")
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 if which == "decoderlab":
     model, tok = load_hf_directory(path)
 else:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(path)
-seconds = time.perf_counter() - t
+seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
 weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-print(json.dumps(dict(seconds=seconds, peak=rss("VmHWM:") - before, weights=weights,
+print(json.dumps(dict(seconds=seconds, cpu=cpu, peak=rss("VmHWM:") - before, weights=weights,
                       dtype=str(next(model.parameters()).dtype))))
 """
 
@@ -126,13 +127,14 @@ def main() -> None:
                 for which in ("decoderlab", "transformers"):
                     results.setdefault((name, which), []).append(run(which, path, args.threads))
     bar = "|" if args.markdown else " "
-    print(f"{bar} file {bar} loader {bar} load s (median) {bar} peak / float32 weights {bar} weights MB {bar}")
+    print(f"{bar} file {bar} loader {bar} load s (median) {bar} CPU s {bar} peak / float32 weights {bar} weights MB {bar}")
     if args.markdown:
-        print("|---|---|---:|---:|---:|")
+        print("|---|---|---:|---:|---:|---:|")
     for (name, which), rows in results.items():
-        seconds = statistics.median(r["seconds"] for r in rows)
+        seconds, cpu = (statistics.median(r[k] for r in rows) for k in ("seconds", "cpu"))
         ratio = statistics.median(r["peak"] / r["weights"] for r in rows)
-        print(f"{bar} {name} {bar} {which} {bar} {seconds:.2f} {bar} {ratio:.2f}x {bar} {rows[0]['weights'] / 1e6:.0f} {bar}")
+        print(f"{bar} {name} {bar} {which} {bar} {seconds:.2f} {bar} {cpu:.2f} {bar} {ratio:.2f}x {bar} "
+              f"{rows[0]['weights'] / 1e6:.0f} {bar}")
 
 
 if __name__ == "__main__":
