@@ -253,11 +253,9 @@ def hf_state(model: DecoderOnlyTransformer, tokenizer=None) -> tuple[object, str
     with ``tokenizer`` (:func:`export_family`; a LayerNorm model for an RMSNorm class comes out centred and
     untied: :func:`.convert.center_writes`)."""
     family, name = export_family(model.config, tokenizer)
-    cfg, state = family.prepare(model.config, model.state_dict()) if hasattr(family, "prepare") else (
-        model.config, model.state_dict())
-    own = {k: v for k, v in state.items()}
-    hf_names = family.names(cfg, family.to_theirs(cfg))
-    return family, name, cfg, write_state(state, list(table(cfg, own, hf_names)), cfg)
+    cfg, state = family.prepare(model.config, model.state_dict())
+    names = family.names(cfg, family.to_theirs(cfg))
+    return family, name, cfg, write_state(state, list(table(cfg, state, names)), cfg)
 
 
 def hf_config(family, cfg: ModelConfig, tokenizer, dtype: torch.dtype) -> dict:
