@@ -193,3 +193,15 @@ def test_a_damaged_weight_file_and_a_weight_of_another_dtype(tmp_path, capsys):
     hf.to(torch.float64).save_pretrained(tmp_path)
     err = one_error_line(tmp_path, capsys)
     assert "model.safetensors: tensor 'lm_head.weight' has dtype F64; allowed: F32, BF16, F16" in err
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "apertus"])
+def test_commands_take_the_directory_as_their_checkpoint(tmp_path, capsys, name):
+    """generate, verify (the float64 reference of the whole pass) and explain read it as any checkpoint."""
+    hf_directory(tmp_path, name)
+    capsys.readouterr()
+    assert cli_main(["generate", "--checkpoint", str(tmp_path), "--max-new-tokens", "5", "--seed", "0", "To be"]) == 0
+    assert cli_main(["verify", "--checkpoint", str(tmp_path), "To be, or not"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("all ok")
+    assert cli_main(["explain", "--checkpoint", str(tmp_path), "To be, or not"]) == 0
+    assert "=> the top next token after" in capsys.readouterr().out
