@@ -1,5 +1,5 @@
 """Hugging Face chat templates: real templates (SmolLM2's and Qwen2.5's ChatML, Qwen3's tools and <think>
-blocks, Llama 3.2's headers and dates, one with {% generation %} blocks) rendered to the text and ids
+blocks, Llama 3's and Llama 3.2's headers and dates, one with {% generation %} blocks) rendered to the text and ids
 transformers' apply_chat_template makes, the loss mask on the assistant's text, the sandbox and its globals,
 errors named, and the stored and read-back template."""
 
@@ -96,6 +96,7 @@ def runs(ids, mask, tokenizer):
     ("smollm2", "<|im_end|>", ["  Paris.  <|im_end|>", "4 — naïve café 日本語<|im_end|>"]),
     ("qwen2.5", "<|im_end|>", ["  Paris.  <|im_end|>", "4 — naïve café 日本語<|im_end|>"]),
     ("qwen3", "<|im_end|>", ["  Paris.  <|im_end|>", "<think>\n\n</think>\n\n4 — naïve café 日本語<|im_end|>"]),
+    ("llama3", "<|eot_id|>", ["Paris.<|eot_id|>", "4 — naïve café 日本語<|eot_id|>"]),
     ("llama3.2", "<|eot_id|>", ["Paris.<|eot_id|>", "4 — naïve café 日本語<|eot_id|>"]),
 ])
 def test_the_mask_is_each_assistant_turn_and_its_end_of_turn(model, eot, expected):
