@@ -123,19 +123,16 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     from pathlib import Path
 
     from ..chat import load_model
-    from ..hf import is_hf_directory, read_config
+    from ..checkpoint import read_config
+    from ..hf import is_hf_directory, read_hf_config
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    if is_hf_directory(run_dir):
-        check_shape(read_config(run_dir)[3], format)  # before the weights are read
-    else:
-        from ..checkpoint import read_config as read_our_config
-
-        check_shape(read_our_config(run_dir), format)
+    config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
+    check_shape(config, format)  # before the weights are read
     model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),

@@ -88,7 +88,7 @@ def family_of(hf: dict, where: str):
                       f"{', '.join(ARCHITECTURES)}", field)
 
 
-def read_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelConfig]:
+def read_hf_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelConfig]:
     """``(config.json's dict, family, class name, our ModelConfig)`` of a Hugging Face directory.
 
     Raises:
@@ -197,7 +197,7 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
     """
     name = dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
-    hf, family, _, cfg = read_config(directory)
+    hf, family, _, cfg = read_hf_config(directory)
     tokenizer = read_tokenizer(directory, cfg.num_tokens)  # before the weights: a missing tokenizer is found at once
     files = WeightFiles(directory)
     load_dtype = getattr(torch, name) if name in ("bfloat16", "float16") else torch.float32

@@ -17,7 +17,8 @@ from ..checkpoint import CONFIG_FILE
 from ..model import DecoderOnlyTransformer
 from . import gpt2
 from .convert import stored_names
-from .directory import build_model, family_of, hf_config, hf_state, plain_model, read_config, save_hf_directory
+from .directory import (build_model, family_of, hf_config, hf_state, plain_model, read_hf_config,
+                        save_hf_directory)
 from .weights import WeightFiles
 
 _INSTALL_HINT = "pip install 'decoderlab[hf]'"
@@ -55,7 +56,7 @@ def from_hf(source: Any, config: Any = None, attention: str = "sdpa", *,
         TypeError: a source of another kind; a state dict value that is not a tensor.
     """
     if isinstance(source, (str, os.PathLike)):
-        hf, family, _, cfg = read_config(source)
+        hf, family, _, cfg = read_hf_config(source)
         files, where = WeightFiles(source), str(Path(source) / CONFIG_FILE)
     else:
         state, hf, where = _state_and_config(source, config, n_head)
