@@ -21,7 +21,7 @@ def test_finetune_help_shows_the_fine_tuning_defaults():
     assert h["--max-steps"] == "optimizer steps (default 500)"
     assert h["--lr"] == "peak learning rate (default 0.0003)"
     assert h["--n-layer"] == ("decoder blocks (default: baby-shakespeare 4, baby-shakespeare-speedrun 4, "
-                              "shakespeare-char 6, gpt2 12)")
+                              "shakespeare-char 6, gpt2 12, smollm2-135m 30)")
     assert "--val-batches" not in h
     a = actions("finetune")
     for field, value in {**TRAIN_DEFAULTS, **FINETUNE_TRAIN}.items():
