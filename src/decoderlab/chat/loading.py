@@ -1,6 +1,6 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
 ``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
-of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's);
+of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_hf_directory`` for Hugging Face's);
 beside it, :func:`checkpoint_template`, the chat template of either."""
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
                dtype=None, device: str | torch.device | None = None) -> LoadedModel:
     """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`) or a
-    Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_gpt2_directory`), for inference (weights in
+    Hugging Face directory (:func:`decoderlab.hf.load_hf_directory`: GPT-2, Llama, Mistral, Qwen2, Qwen3, ...),
+    for inference (weights in
     ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
     :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`checkpoint_template`: a
     checkpoint of the lesson's pair training written by an earlier version reads as the ``lesson`` template; a
@@ -63,7 +64,7 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
     """
-    read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
+    read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
-    meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
+    meta = read_meta(directory)  # ({} for a Hugging Face directory: it has no meta.json)
     return LoadedModel(model, tokenizer, checkpoint_template(directory, meta), meta)

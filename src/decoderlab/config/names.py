@@ -75,13 +75,13 @@ DEFAULT_REWARD = "contains_words"
 LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.gate", "mlp.proj")}
 DEFAULT_LORA_TARGETS = ("attn", "mlp")
 
-#: export formats (``decoderlab export --format``): a Hugging Face GPT-2 directory, or one GGUF file for
+#: export formats (``decoderlab export --format``): a Hugging Face directory, or one GGUF file for
 #: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
 EXPORT_FORMATS = ("hf", "gguf")
 #: GGUF weight types: float32, float16, and llama.cpp's 8-bit blocks (32 weights + one float16 scale)
 GGUF_DTYPES = ("f32", "f16", "q8_0")
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
-#: that sets it or None, why). ``decoderlab.hf.to_gpt2`` and ``decoderlab.export.to_gguf`` refuse any other.
+#: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (
     ("position", "learned", "--position", "GPT-2 has learned absolute positions (wpe)"),
     ("norm", "layernorm", "--norm", "GPT-2 uses pre-LayerNorm"),

@@ -99,7 +99,7 @@ def run_corpus(checkpoint, data=None) -> tuple[str, float, str | None]:
     folder), else the checkpoint's training corpus from its ``run.json`` (None there: the embedded
     tinyshakespeare, checked against the recorded sha256).
 
-    Raises ``ValueError`` for a checkpoint that records no corpus (the lesson's pairs, a GPT-2 directory, a run
+    Raises ``ValueError`` for a checkpoint that records no corpus (the lesson's pairs, a Hugging Face directory, a run
     trained on text passed directly) and no ``data``; ``FileNotFoundError`` for a missing corpus path."""
     from ..data import read_corpus
 

@@ -1,5 +1,6 @@
-"""What the export formats carry: GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``), checked before a
-file is written (:func:`check_shape`, used by :func:`decoderlab.export.export` and by the GGUF writer)."""
+"""What the export formats carry, checked before a file is written (:func:`check_shape`, used by
+:func:`decoderlab.export.export` and by the writers): ``hf`` every model a Hugging Face class computes
+(:func:`decoderlab.hf.export_family`), ``gguf`` GPT-2's shape (``decoderlab.config.names.GPT2_SHAPE``)."""
 
 from __future__ import annotations
 
@@ -26,19 +27,28 @@ def gpt2_shaped_presets() -> list[str]:
 
 def check_shape(config, fmt: str = "gguf") -> None:
     """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
-    shape of ``config``: one message naming every ModelConfig field that differs from GPT-2's (``GPT2_SHAPE``),
-    its value and the train option that set it, and the presets (and options) that train a shape it carries.
-    ``field`` is the first such field.
+    shape of ``config``. ``hf``: no Hugging Face class computes the model (:func:`decoderlab.hf.export_family`:
+    the fields in the way and the nearest class). ``gguf``: one message naming every ModelConfig field that
+    differs from GPT-2's (``GPT2_SHAPE``), its value and the train option that set it, and the presets (and
+    options) that train a shape it carries. ``field`` is the first such field.
 
     Raises:
         ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
+    if fmt == "hf":
+        from ..hf import ExportError, export_family
+
+        try:
+            export_family(config)
+        except ExportError as e:
+            raise ExportShapeError(f"--format hf: {e}", e.field) from None
+        return
     bad = [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
     if not bad:
         return
-    what = "llama.cpp's gpt2 architecture" if fmt == "gguf" else "Hugging Face's GPT2LMHeadModel"
+    what = "llama.cpp's gpt2 architecture"
     has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
                     for f, _, opt, _ in bad)
     how = f"--preset {' / '.join(gpt2_shaped_presets())}"
