@@ -552,36 +552,6 @@ def dtype_table(args) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def to_llama(model):
-    """A ``transformers.LlamaForCausalLM`` holding ``model``'s weights (a Llama-family ``DecoderOnlyTransformer``
-    with rotate-half rope): q/k/v are the rows of the fused ``qkv``. This bench's own few lines; the project's
-    Hugging Face conversion lives in its loader and exporter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.num_tokens, hidden_size=c.d_model, intermediate_size=c.ff_size, num_hidden_layers=c.n_layer,
-        num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, head_dim=c.d_head,
-        max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_weights,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None))
-    ours = model.state_dict()
-    state = {"model.embed_tokens.weight": ours["we.weight"], "model.norm.weight": ours["norm_f.weight"],
-             "lm_head.weight": ours["fc_layer.weight"]}
-    sizes = (c.n_head * c.d_head, c.kv_heads * c.d_head, c.kv_heads * c.d_head)
-    for i in range(c.n_layer):
-        hf_i, ours_i = f"model.layers.{i}.", f"blocks.{i}."
-        q, k, v = ours[ours_i + "attention.qkv.weight"].split(sizes)
-        state.update({hf_i + "self_attn.q_proj.weight": q, hf_i + "self_attn.k_proj.weight": k,
-                      hf_i + "self_attn.v_proj.weight": v})
-        for theirs, mine in (("input_layernorm", "norm_1"), ("post_attention_layernorm", "norm_2"),
-                             ("self_attn.o_proj", "attention.proj"), ("mlp.gate_proj", "mlp.gate"),
-                             ("mlp.up_proj", "mlp.fc"), ("mlp.down_proj", "mlp.proj")):
-            state[hf_i + theirs + ".weight"] = ours[ours_i + mine + ".weight"]
-    hf.load_state_dict(state, strict=True)
-    return hf.eval()
-
-
 def smollm2_verify_seconds(model, t: int = 16) -> list[str]:
     """``verify`` of the whole pass on ``t`` tokens: the float32 model against the float64 NumPy recomputation
     (tolerance 1e-5), then a float64 copy of it (1e-12); their seconds and worst step."""
@@ -602,7 +572,8 @@ def smollm2_table(args) -> None:
     ahead of time against ``transformers``' ``LlamaForCausalLM.generate`` on the same weights, alternating."""
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("smollm2-135m").eval()
-    hf = to_llama(model)
+    hf = to_hf(model)  # transformers' LlamaForCausalLM with the same weights (decoderlab's own exporter)
+    assert type(hf).__name__ == "LlamaForCausalLM", type(hf).__name__
     prompt = torch.randint(0, model.config.num_tokens, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         diff = float((model(prompt) - hf(prompt).logits).abs().max())

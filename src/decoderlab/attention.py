@@ -258,12 +258,12 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
         """The shared projections: returns q (B, H, T_q, d_head), k, v (B, n_kv_head, T_k, d_head)."""
-        w, bias = self.qkv.weight, self.qkv.bias
         if kv is None:  # one matmul, then views: (B, T, (H + 2 H_kv) d_head) -> q, k, v
             b, t, _ = x.shape
             q, k, v = linear(self.qkv, x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         else:
             b, t = x.size(0), kv.size(1)
+            w, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[: self.q_size], None if bias is None else bias[: self.q_size])
             k, v = F.linear(kv, w[self.q_size :], None if bias is None else bias[self.q_size :]).split(
                 self.kv_size, dim=-1
