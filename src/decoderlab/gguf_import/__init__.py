@@ -1,0 +1,161 @@
+"""GGUF files in: the file llama.cpp and ollama run, opened as decoderlab's model, tokenizer and chat template.
+
+    contents = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # fields, state dict, tokenizer, template, report
+    model, tokenizer, info = load_gguf(path, dtype="bfloat16")
+
+What is read, each step checked before the next (every error one line naming the file and what is wrong):
+
+1. the header (:mod:`.reader`): a GGUF v2/v3 file, not truncated, every tensor's data inside it;
+2. the architecture and shape (:mod:`.config`): ``llama``, ``qwen2``, ``qwen3`` or ``gpt2``, with no feature
+   the model class lacks; the tensors exactly those the metadata implies (names, count and shapes);
+3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer;
+4. the weights (:mod:`.weights`): every GGML type one the ``gguf`` package dequantizes, dequantized to float32
+   (then ``dtype``), llama's query/key rows put back in rotate-half order.
+
+The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built on the meta device and the weights put in
+place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
+(``tokenizer.chat_template``), the control ids (bos, eos, end of turn), the context length and the report of what
+was dequantized and what it cost.
+
+Source: ggml's GGUF format; llama.cpp's converter and vocabulary code for what each key and tensor holds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import ARCHITECTURES, check_architecture, check_tensors, model_fields
+from .reader import GGUFFile
+from .tokenizer import PRE_TOKENIZERS, check_tokenizer, hf_tokenizer, special_ids
+from .weights import DequantReport, check_types, dequantizable, state_dict
+
+__all__ = ["ARCHITECTURES", "PRE_TOKENIZERS", "GGUFContents", "GGUFFile", "GGUFInfo", "DequantReport",
+           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf"]
+
+#: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
+SUFFIX = ".gguf"
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` names a GGUF file (a ``.gguf`` name that is not a directory); the file need not
+    exist yet -- reading it names what is missing."""
+    p = Path(path)
+    return p.suffix.lower() == SUFFIX and not p.is_dir()
+
+
+@dataclass
+class GGUFInfo:
+    """What a GGUF file says besides its weights.
+
+    Attributes:
+        path: the file.  architecture: llama.cpp's name (``llama``, ``qwen2``, ``qwen3``, ``gpt2``).
+        name: ``general.name`` ("" when absent).
+        chat_template: ``tokenizer.chat_template`` (a Jinja template, Hugging Face's), or None.
+        special_ids: control ids by role: ``bos``, ``eos``, ``eot`` (end of turn), ``eom``, ``pad``, ``unk``
+            (those the file states).
+        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``).
+        context_length: ``<arch>.context_length`` (tokens).
+        report: what was dequantized and the bytes it cost (:class:`~.weights.DequantReport`).
+    """
+
+    path: Path
+    architecture: str
+    name: str = ""
+    chat_template: str | None = None
+    special_ids: dict[str, int] = field(default_factory=dict)
+    add_bos: bool = False
+    context_length: int = 0
+    report: DequantReport = field(default_factory=DequantReport)
+
+    def to_meta(self) -> dict:
+        """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
+        return dict(path=str(self.path), architecture=self.architecture, name=self.name,
+                    special_ids=dict(self.special_ids), add_bos=self.add_bos, context_length=self.context_length,
+                    dequantized=self.report.to_dict())
+
+
+@dataclass
+class GGUFContents:
+    """A GGUF file read into decoderlab's terms (:func:`read_gguf`): ``fields`` (ModelConfig fields, a dict),
+    ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``) and
+    ``info`` (:class:`GGUFInfo`)."""
+
+    fields: dict
+    state: dict[str, torch.Tensor]
+    tokenizer: object
+    info: GGUFInfo
+
+
+def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
+    """The opened file, its architecture and its ModelConfig fields, after every check that reads no weight:
+    header, architecture, shape metadata, tokenizer, tensor names and shapes, GGML types.
+
+    Raises:
+        FileNotFoundError: no file.  ValueError: any check failing (one line naming the file and the fault).
+    """
+    gf = GGUFFile(path)
+    arch = check_architecture(gf.metadata, gf.path)
+    check_tokenizer(gf.metadata, gf.path)
+    num_tokens = len(gf.metadata["tokenizer.ggml.tokens"])
+    fields = model_fields(gf.metadata, gf.tensors, num_tokens, gf.path)
+    check_tensors(gf.path, arch, fields, {n: t.shape for n, t in gf.tensors.items()})
+    check_types(gf)
+    return gf, arch, fields
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFContents:
+    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a GGUF file, truncated or corrupt; an architecture not carried (named, with those
+            allowed) or a feature the model lacks; tensors disagreeing with the metadata (count, names, shapes);
+            a GGML type ``gguf`` cannot dequantize; a tokenizer not rebuilt (SentencePiece, an unknown
+            pre-tokenizer) -- each one line naming the file.
+    """
+    gf, arch, fields = open_checked(path)
+    tokenizer = hf_tokenizer(gf.metadata, gf.path)
+    state, report = state_dict(gf, arch, fields)
+    meta = gf.metadata
+    info = GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
+                    chat_template=meta.get("tokenizer.chat_template"), special_ids=special_ids(meta),
+                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                    context_length=fields["max_len"], report=report)
+    return GGUFContents(fields, state, tokenizer, info)
+
+
+def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+              device: str | torch.device | None = None):
+    """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
+    weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
+    ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
+    :class:`GGUFInfo`.
+
+    Raises:
+        as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
+        read.
+    """
+    from ..checkpoint import load_weights
+    from ..devices import resolve_device
+    from ..dtypes import dtype_name, to_inference_dtype
+    from ..model import DecoderOnlyTransformer, ModelConfig
+    from ..tokenizers import BPETokenizer
+
+    dtype_name(dtype)
+    target = torch.device(map_location) if device is None else resolve_device(device)
+    contents = read_gguf(path)
+    config = ModelConfig.from_dict(contents.fields)
+    with torch.device("meta"):
+        model = DecoderOnlyTransformer(config)
+    state = {k: v.to(target) for k, v in contents.state.items()}
+    load_weights(model, state, source=str(contents.info.path), assign=True)
+    for module in model.modules():  # buffers computed, not stored (rope's cos/sin), made on the target device
+        if hasattr(module, "materialize"):
+            module.materialize(target)
+    model.eval()
+    to_inference_dtype(model, dtype)
+    return model, BPETokenizer(contents.tokenizer), contents.info

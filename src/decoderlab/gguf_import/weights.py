@@ -1,0 +1,144 @@
+"""A GGUF file's tensors -> decoderlab's state dict: each dequantized by the ``gguf`` package
+(``gguf.quants.dequantize``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants, ...) to float32, llama's
+query and key rows put back in Hugging Face's rotate-half order, and renamed.
+
+Tensor mapping (llama.cpp -> ours; shapes (rows, cols) as PyTorch's ``nn.Linear``)::
+
+    token_embd.weight        (num_tokens, d_model)     -> we.weight
+    position_embd.weight     (max_len, d_model)        -> pe.weight                        (gpt2)
+    blk.{i}.attn_norm.*      (d_model,)                -> blocks.{i}.norm_1.*
+    blk.{i}.attn_q/k/v.*     (heads * d_head, d_model) -> blocks.{i}.attention.qkv.*       (concatenated q | k | v)
+    blk.{i}.attn_qkv.*       (3 d_model, d_model)      -> blocks.{i}.attention.qkv.*       (gpt2)
+    blk.{i}.attn_output.*    (d_model, n_head d_head)  -> blocks.{i}.attention.proj.*
+    blk.{i}.attn_q_norm/attn_k_norm.weight (d_head,)   -> blocks.{i}.attention.q_norm/k_norm.weight   (qwen3)
+    blk.{i}.ffn_norm.*                                 -> blocks.{i}.norm_2.*
+    blk.{i}.ffn_gate.weight  (d_ff, d_model)           -> blocks.{i}.mlp.gate.weight
+    blk.{i}.ffn_up.*         (d_ff, d_model)           -> blocks.{i}.mlp.fc.*
+    blk.{i}.ffn_down.*       (d_model, d_ff)           -> blocks.{i}.mlp.proj.*
+    output_norm.*                                      -> norm_f.*
+    output.weight            (num_tokens, d_model)     -> fc_layer.weight  (absent: tied to we.weight)
+
+The permutation: llama.cpp's converter (``LlamaModel.permute``) reorders each query / key head's rows from
+Hugging Face's rotate-half pairing (x[i], x[i + d_head/2]) to ggml's interleaved one (x[2i], x[2i+1]); its
+inverse is applied here to the rows (so it works on quantized rows too), and the model uses rotate-half rope.
+qwen2 / qwen3 files are written in rotate-half order (llama.cpp's NEOX rope) and are not permuted.
+
+Source: llama.cpp's ``convert_hf_to_gguf.py``; the ``gguf`` package's ``quants`` module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+_BLOCK = {"attn_norm": "norm_1", "attn_output": "attention.proj", "attn_q_norm": "attention.q_norm",
+          "attn_k_norm": "attention.k_norm", "ffn_norm": "norm_2", "ffn_gate": "mlp.gate", "ffn_up": "mlp.fc",
+          "ffn_down": "mlp.proj", "attn_qkv": "attention.qkv"}
+_TOP = {"token_embd": "we", "position_embd": "pe", "output_norm": "norm_f", "output": "fc_layer"}
+
+
+@lru_cache(maxsize=1)
+def dequantizable() -> tuple[str, ...]:
+    """The GGML types the installed ``gguf`` package dequantizes (each tried on one zero block)."""
+    import gguf
+
+    ok = []
+    for qtype, (_, size) in gguf.GGML_QUANT_SIZES.items():
+        try:
+            gguf.quants.dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
+        except (NotImplementedError, ValueError, TypeError):
+            continue
+        ok.append(qtype.name)
+    return tuple(ok)
+
+
+def check_types(gf) -> None:
+    """Raise ``ValueError`` naming the first tensor of ``gf`` (a :class:`~.reader.GGUFFile`) whose GGML type the
+    ``gguf`` package cannot dequantize, with the types it can -- before any tensor is read."""
+    ok = dequantizable()
+    for t in gf.tensors.values():
+        if t.type.name not in ok:
+            raise ValueError(f"{gf.path}: tensor {t.name} is {t.type.name}, a GGML type the gguf package cannot "
+                             f"dequantize; allowed: {', '.join(ok)}")
+
+
+def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's converter's query/key permutation: ``rows`` (n_head * d_head, ...) in ggml's
+    interleaved rotary order -> Hugging Face's rotate-half order. Works on float rows and on rows of
+    quantized blocks alike (rows move whole)."""
+    d_head = rows.shape[0] // n_head
+    return rows.reshape(n_head, d_head // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+@dataclass
+class DequantReport:
+    """What a load dequantized: tensors by GGML type, the bytes they held in the file and as float32, the
+    seconds it took. ``str()`` is the line the command line shows."""
+
+    types: dict[str, int] = field(default_factory=dict)
+    file_bytes: int = 0
+    float_bytes: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        quantized = {k: n for k, n in self.types.items() if k != "F32"}
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(quantized.items(), key=lambda kv: -kv[1]))
+        plain = f"; {self.types['F32']} F32 tensors as they are" if "F32" in self.types else ""
+        done = (f"dequantized {sum(quantized.values())} tensors ({parts})" if quantized else "no tensor to dequantize")
+        return (f"{done}: {self.file_bytes / 1e6:.1f} MB in the file -> {self.float_bytes / 1e6:.1f} MB of float32 "
+                f"in {self.seconds:.1f} s{plain}")
+
+    def to_dict(self) -> dict:
+        return dict(types=dict(self.types), file_bytes=self.file_bytes, float_bytes=self.float_bytes,
+                    seconds=round(self.seconds, 3))
+
+
+def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray:
+    """Tensor ``name`` of ``gf`` as a writable float32 array of its logical shape."""
+    import gguf
+
+    t = gf.tensors[name]
+    raw = gf.data(name)
+    if t.type == gguf.GGMLQuantizationType.F32:
+        out = np.array(raw.view(np.float32), copy=True)  # off the read-only map
+    else:
+        out = gguf.quants.dequantize(raw, t.type)
+    if report is not None:
+        report.types[t.type.name] = report.types.get(t.type.name, 0) + 1
+        report.file_bytes += t.nbytes
+        report.float_bytes += out.size * 4
+    return out.reshape(t.shape)
+
+
+def state_dict(gf, arch: str, fields: dict) -> tuple[dict[str, torch.Tensor], DequantReport]:
+    """Our state dict (float32) of a checked file (:func:`~.config.check_tensors`) and what it cost."""
+    report, start = DequantReport(), time.perf_counter()
+    state = {}
+    for name in gf.tensors:
+        if name.startswith("blk.") and name.split(".")[2] in ("attn_q", "attn_k", "attn_v"):
+            continue  # fused below, per block
+        prefix, param = name.rsplit(".", 1)
+        if prefix.startswith("blk."):
+            _, i, kind = prefix.split(".")
+            ours = f"blocks.{i}.{_BLOCK[kind]}.{param}"
+        else:
+            ours = f"{_TOP[prefix]}.{param}"
+        state[ours] = torch.from_numpy(dequantize(gf, name, report))
+    if arch != "gpt2":
+        for i in range(fields["n_layer"]):
+            for param in ("weight", "bias") if fields["qkv_bias"] else ("weight",):
+                parts = [_head_rows(gf, arch, fields, f"blk.{i}.attn_{x}.{param}", x, report) for x in "qkv"]
+                state[f"blocks.{i}.attention.qkv.{param}"] = torch.from_numpy(np.concatenate(parts))
+    report.seconds = time.perf_counter() - start
+    return state, report
+
+
+def _head_rows(gf, arch: str, fields: dict, name: str, which: str, report) -> np.ndarray:
+    rows = dequantize(gf, name, report)
+    if arch == "llama" and which in "qk":
+        rows = unpermute(rows, fields["n_head"] if which == "q" else fields["n_kv_head"])
+    return rows
