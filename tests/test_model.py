@@ -46,7 +46,7 @@ def test_config_round_trips_through_json():
     (dict(d_ff=-1), "d_ff"),
     (dict(norm="batchnorm"), "allowed: none, layernorm, rmsnorm"),
     (dict(position="alibi"), "allowed: sinusoidal, learned, rope, none"),
-    (dict(mlp="swiglu"), "allowed: none, gelu"),
+    (dict(mlp="geglu"), "allowed: none, gelu, relu2, swiglu"),
     (dict(attention="flash"), "allowed: sdpa, explicit"),
     (dict(dropout=1.5), "dropout"),
 ])

@@ -77,23 +77,34 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """The fully connected sublayer: Linear(d_model, d_ff) -> GELU (tanh approximation), or relu(x)^2 for
-    mlp="relu2" -> Linear -> dropout. Shapes: (..., d_model) -> (..., d_model)."""
+    """The fully connected sublayer, (..., d_model) -> (..., d_model): ``proj(act(fc(x)))`` with GELU (tanh
+    approximation) or relu(x)^2 (mlp="relu2"); for mlp="swiglu" the gated ``proj(silu(gate(x)) * fc(x))``
+    (Llama's down(silu(gate(x)) * up(x)): ``fc`` is the up projection); then dropout.
+
+    Hook points (TransformerLens's, (B, T, d_ff)): ``hook_pre`` the activation's input (the gate's output for
+    SwiGLU), ``hook_pre_linear`` the up projection (SwiGLU only), ``hook_post`` what ``proj`` reads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.proj = nn.Linear(cfg.ff_size, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.mlp == "relu2"
-        self.hooks = None  # hook points hook_pre, hook_post (B, T, d_ff) when decoderlab.hooks installs them
+        self.hooks = None  # hook points (B, T, d_ff) when decoderlab.hooks installs them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = linear(self.fc, x)
         hooks = self.hooks
-        if hooks is not None:
-            h = hooks("hook_pre", h)
-        a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        if self.gate is not None:
+            g = linear(self.gate, x)
+            if hooks is not None:
+                g, h = hooks("hook_pre", g), hooks("hook_pre_linear", h)
+            a = F.silu(g) * h
+        else:
+            if hooks is not None:
+                h = hooks("hook_pre", h)
+            a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
         if hooks is not None:
             a = hooks("hook_post", a)
         y = linear(self.proj, a)
@@ -114,8 +125,9 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.norm_1 = make_norm(cfg)
         self.attention = MultiHeadAttention(
-            cfg.d_model, cfg.n_head, bias=cfg.bias, dropout=cfg.dropout, kernel=cfg.attention,
-            out_proj=cfg.attn_out_proj, rope=rope, qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps,
+            cfg.d_model, cfg.n_head, n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim, bias=cfg.bias,
+            qkv_bias=cfg.qkv_bias, dropout=cfg.dropout, kernel=cfg.attention, out_proj=cfg.attn_out_proj, rope=rope,
+            qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps, qk_norm_gain=cfg.qk_norm_gain,
         )
         self.has_mlp = cfg.mlp != "none"
         if self.has_mlp:
@@ -208,7 +220,7 @@ class DecoderOnlyTransformer(nn.Module):
         else:
             self.pe = None
             if cfg.position == "rope":
-                rope = RotaryEmbedding(cfg.d_head, cfg.max_len)
+                rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_layout)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([DecoderBlock(cfg, rope) for _ in range(cfg.n_layer)])
         self.norm_f = make_norm(cfg)

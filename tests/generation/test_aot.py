@@ -95,6 +95,21 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
         assert (child["out"] == want) == (seed == 5)
 
 
+@pytest.mark.slow
+def test_a_llama_shaped_package_decodes_eagers_tokens(tmp_path):
+    """The Llama family's shape (grouped-query attention over a static cache of n_kv_head heads, SwiGLU,
+    rotate-half rope, q/k/v biases, QK-norm with a gain, heads narrower than d_model / n_head): both packages
+    (batch 1; the padded batch of 3) decode eager's tokens. Two tiny graphs compiled: ~20 s each."""
+    model = make_model("llama-gqa", "sdpa", seed=5)
+    want = _decode_all(model)
+    try:
+        step = model.compile_decode(mode="aot", cache_dir=tmp_path)
+        assert _decode_all(model) == want
+    finally:
+        model.compiled_decode = None
+    assert sorted(step.packages) == [(1, False), (3, True)]
+
+
 def test_aot_takes_a_cache_dir_only():
     model = make_model("gpt2", "sdpa", seed=5)
     with pytest.raises(TypeError, match="takes cache_dir only, got backend"):

@@ -8,8 +8,12 @@ POSITIONS = ("sinusoidal", "learned", "rope", "none")
 #: norms (``ModelConfig.norm``): the lesson has none; GPT-2 LayerNorm (Ba et al. 2016); RMSNorm (Zhang &
 #: Sennrich 2019)
 NORMS = ("none", "layernorm", "rmsnorm")
-#: MLP sublayers (``ModelConfig.mlp``): none (the lesson), GELU (GPT-2), ReLU² (So et al. 2021, "Primer")
-MLPS = ("none", "gelu", "relu2")
+#: MLP sublayers (``ModelConfig.mlp``): none (the lesson), GELU (GPT-2), ReLU² (So et al. 2021, "Primer"), SwiGLU
+#: (the gated MLP of Llama, Shazeer 2020)
+MLPS = ("none", "gelu", "relu2", "swiglu")
+#: rotary layouts (``ModelConfig.rope_layout``): RoFormer's interleaved pairs (x[2i], x[2i+1]), or Hugging Face's
+#: Llama family's halves (x[i], x[i + d_head/2])
+ROPE_LAYOUTS = ("interleaved", "rotate_half")
 #: weight initialisations (``ModelConfig.init``)
 INITS = ("default", "gpt2")
 #: attention kernels (``ModelConfig.attention``): PyTorch's scaled_dot_product_attention, or every number
@@ -68,7 +72,7 @@ REWARDS = ("contains_words", "exact", "regex", "number")
 DEFAULT_REWARD = "contains_words"
 
 #: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
-LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
+LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.gate", "mlp.proj")}
 DEFAULT_LORA_TARGETS = ("attn", "mlp")
 
 #: export formats (``decoderlab export --format``): a Hugging Face GPT-2 directory, or one GGUF file for
@@ -85,4 +89,7 @@ GPT2_SHAPE = (
     ("attn_out_proj", True, None, "GPT-2 attention has an output projection (c_proj)"),
     ("lm_head_bias", False, None, "GPT-2's lm_head has no bias"),
     ("qk_norm", False, None, "GPT-2 has no query/key norm"),
+    ("n_kv_head", 0, None, "GPT-2 has a key/value head per query head (n_kv_head 0 = n_head)"),
+    ("head_dim", 0, None, "GPT-2's heads split d_model (head_dim 0 = d_model // n_head)"),
+    ("qkv_bias", False, None, "GPT-2's biases are all or none (bias)"),
 )
