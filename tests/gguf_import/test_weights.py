@@ -132,3 +132,22 @@ def test_type_gguf_cannot_dequantize_is_refused(tiny_gguf, tmp_path, bpe):
         read_gguf(path)
     msg = str(e.value)
     assert "blk.1.ffn_gate.weight is Q8_K" in msg and "cannot dequantize" in msg and "Q4_1" in msg and "\n" not in msg
+
+
+def test_dequantize_rows_equals_gguf_dequantize(tiny_gguf):
+    from decoderlab.gguf_import.weights import dequantize_rows
+
+    rng = np.random.default_rng(0)
+    for qtype in WRITABLE + ["F32"]:
+        q = gguf.GGMLQuantizationType[qtype]
+        block, _ = gguf.GGML_QUANT_SIZES[q]
+        values = rng.normal(size=(7, 4 * max(block, 32))).astype(np.float32)
+        raw = gguf.quants.quantize(values, q)
+        raw = raw.view(np.uint8).reshape(7, -1)
+        assert np.array_equal(dequantize_rows(raw, q), gguf.quants.dequantize(raw, q).reshape(7, -1)), qtype
+    for qtype in K_QUANTS:
+        from support.gguf_files import k_quant
+
+        q = gguf.GGMLQuantizationType[qtype]
+        raw = k_quant(gguf, 5, 512, q)
+        assert np.array_equal(dequantize_rows(raw, q), gguf.quants.dequantize(raw, q)), qtype

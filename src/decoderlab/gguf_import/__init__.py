@@ -22,6 +22,7 @@ Source: ggml's GGUF format; llama.cpp's converter and vocabulary code for what e
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,24 @@ def read_gguf(path: str | os.PathLike) -> GGUFContents:
     return GGUFContents(fields, state, tokenizer, info)
 
 
+@contextlib.contextmanager
+def _initialisers_skipped():
+    """``torch.nn.init``'s initialisers as no-ops while a model whose every weight is then replaced is built on
+    the CPU (as transformers' ``no_init_weights``): its parameters are allocated, never filled. Not the meta
+    device: the first op there imports torch._dynamo (4-6 s on a loaded 2-core machine), which nothing else
+    of loading or generating needs."""
+    import torch.nn.init as init
+
+    saved = {name: getattr(init, name) for name in dir(init) if name.endswith("_") and not name.startswith("_")}
+    try:
+        for name in saved:
+            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(init, name, function)
+
+
 def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
               device: str | torch.device | None = None):
     """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
@@ -149,13 +168,10 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     target = torch.device(map_location) if device is None else resolve_device(device)
     contents = read_gguf(path)
     config = ModelConfig.from_dict(contents.fields)
-    with torch.device("meta"):
+    with _initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
     state = {k: v.to(target) for k, v in contents.state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
-    for module in model.modules():  # buffers computed, not stored (rope's cos/sin), made on the target device
-        if hasattr(module, "materialize"):
-            module.materialize(target)
-    model.eval()
+    model.to(target).eval()
     to_inference_dtype(model, dtype)
     return model, BPETokenizer(contents.tokenizer), contents.info

@@ -97,6 +97,33 @@ class DequantReport:
                     seconds=round(self.seconds, 3))
 
 
+#: values dequantized per call of a type's block dequantizer (16 MB of float32)
+_CHUNK_VALUES = 1 << 22
+
+
+def dequantize_rows(raw: np.ndarray, qtype) -> np.ndarray:
+    """Rows of GGML blocks (uint8, (rows, bytes per row)) -> float32 (rows, values per row), by the ``gguf``
+    package's dequantizer of ``qtype``. Its block function is called on chunks of ~4M values rather than through
+    ``gguf.quants.dequantize``, which splits a tensor into groups of 16 rows and copies them together again: the
+    same numbers (a test holds them equal), in half the time (2.3 s against 4.6 s for SmolLM2's Q4_1 file on a
+    loaded 2-core machine)."""
+    import gguf
+
+    q = getattr(gguf.quants, qtype.name, None)
+    if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) or \
+            getattr(q, "qtype", None) != qtype:
+        return gguf.quants.dequantize(raw, qtype)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    q.init_grid()  # the lattice tables of the IQ types, made once
+    rows, cols = raw.shape[0], raw.shape[1] // size * block
+    out = np.empty((rows, cols), dtype=np.float32)
+    step = max(1, _CHUNK_VALUES // max(cols, 1))
+    for start in range(0, rows, step):
+        part = np.ascontiguousarray(raw[start:start + step]).reshape(-1, size)
+        out[start:start + step] = q.dequantize_blocks(part).reshape(-1, cols)
+    return out
+
+
 def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray:
     """Tensor ``name`` of ``gf`` as a writable float32 array of its logical shape."""
     import gguf
@@ -106,7 +133,7 @@ def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray
     if t.type == gguf.GGMLQuantizationType.F32:
         out = np.array(raw.view(np.float32), copy=True)  # off the read-only map
     else:
-        out = gguf.quants.dequantize(raw, t.type)
+        out = dequantize_rows(raw, t.type)
     if report is not None:
         report.types[t.type.name] = report.types.get(t.type.name, 0) + 1
         report.file_bytes += t.nbytes
