@@ -30,7 +30,7 @@ _EXPORTS = {
     "corpus_tokens": "data", "embedded_corpus_path": "data", "read_corpus": "data", "split_tokens": "data",
     "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
     "train_pairs": "training",
-    "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
+    "TEMPLATES": "chat", "ChatTemplate": "chat", "JinjaChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
     "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning", "rl": "reinforcement",
 }

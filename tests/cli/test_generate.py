@@ -312,3 +312,25 @@ def test_verbose_names_the_device_dtype_threads_and_the_cpus_instructions(lm_che
     assert quiet == 0 and out.err.count("decoderlab:") == 2  # the run without --verbose says nothing
     half = out.out.split("\n")
     assert half[0] == half[1] and half[2:] == [""]  # the same text with and without --verbose
+
+
+def test_generate_chat_and_chat_take_a_jinja_template_and_say_its_error(tmp_path, capsys, monkeypatch):
+    """A checkpoint storing a Jinja chat template (here decoderlab's own, as an exported model's
+    tokenizer_config.json carries it) replies as with the built-in one; a template that raises is one line
+    naming it and its message."""
+    from decoderlab.chat import TEMPLATES, JinjaChatTemplate, chat_template_jinja
+
+    tok, model, _ = end_of_turn_model()
+    jinja = JinjaChatTemplate(chat_template_jinja(TEMPLATES["decoderlab"]), name="exported")
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "chat", "chat_template": jinja.to_dict()})
+    common = ["--checkpoint", str(tmp_path / "c"), "--temperature", "0"]
+    assert cli_main(["generate", *common, "--chat", "b"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    type_lines(monkeypatch, ["b"])
+    assert cli_main(["chat", *common]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    raising = JinjaChatTemplate("{{ raise_exception('System role not supported') }}", name="strict")
+    save_checkpoint(tmp_path / "r", model, tok, meta={"task": "chat", "chat_template": raising.to_dict()})
+    assert cli_main(["generate", "--checkpoint", str(tmp_path / "r"), "--chat", "b"]) == 2
+    assert capsys.readouterr().err == ("decoderlab: error: the 'strict' chat template raised: System role not "
+                                       "supported\n")

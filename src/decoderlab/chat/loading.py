@@ -1,6 +1,7 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
 ``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
-of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's)."""
+of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's);
+beside it, :func:`checkpoint_template`, the chat template of either."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from ..checkpoint import read_meta
 from ..hf import checkpoint_reader
+from .hf_templates import read_chat_template
+from .jinja import JinjaChatTemplate
 from .templates import ChatTemplate, template_from_meta
 
 
@@ -20,15 +23,30 @@ class LoadedModel(NamedTuple):
     Attributes:
         model: the ``DecoderOnlyTransformer``, in eval mode.
         tokenizer: its tokenizer (with the template's special tokens, for a chat checkpoint).
-        template: the stored chat template (a fine-tuned chat checkpoint's, or ``lesson`` for the lesson's
-            pair model); None for a base language model and for a Hugging Face GPT-2 directory.
+        template: the chat template (:func:`checkpoint_template`: a fine-tuned chat checkpoint's, ``lesson`` for
+            the lesson's pair model, a Hugging Face directory's own Jinja template); None for a base language
+            model.
         meta: the checkpoint's ``meta.json`` ({} when there is none).
     """
 
     model: torch.nn.Module
     tokenizer: object
-    template: ChatTemplate | None
+    template: ChatTemplate | JinjaChatTemplate | None
     meta: dict
+
+
+def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
+                        ) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template of a checkpoint directory: the one its ``meta.json`` stores
+    (:func:`~decoderlab.chat.template_from_meta`), else a Hugging Face directory's own
+    (:func:`~decoderlab.chat.read_chat_template`: ``chat_template.jinja`` or ``tokenizer_config.json``); None
+    for a base language model. ``meta``: the directory's ``meta.json`` when already read.
+
+    Raises:
+        ValueError: a malformed stored template; a Hugging Face template that is not valid Jinja (named).
+    """
+    meta = read_meta(directory) if meta is None else meta
+    return template_from_meta(meta) or read_chat_template(directory)
 
 
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
@@ -36,8 +54,9 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`) or a
     Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_gpt2_directory`), for inference (weights in
     ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
-    :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`~decoderlab.chat.template_from_meta`: a checkpoint of the lesson's pair
-    training written by an earlier version reads as the ``lesson`` template) and its ``meta.json``.
+    :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`checkpoint_template`: a
+    checkpoint of the lesson's pair training written by an earlier version reads as the ``lesson`` template; a
+    Hugging Face directory's own Jinja template) and its ``meta.json``.
 
     Raises:
         FileNotFoundError: the directory or a required file is missing (named).
@@ -47,4 +66,4 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
-    return LoadedModel(model, tokenizer, template_from_meta(meta), meta)
+    return LoadedModel(model, tokenizer, checkpoint_template(directory, meta), meta)

@@ -74,7 +74,8 @@ def _add_data_options(p) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run/checkpoint directory to write (default: none; give it, or --resume RUN_DIR)")
     p.add_argument("--template", default=None, metavar="NAME",
-                   help=f"chat template: {', '.join(TEMPLATES)} (default {DEFAULT_TEMPLATE})")
+                   help=f"chat template: {', '.join(TEMPLATES)}, or a Jinja file (*.jinja, a Hugging Face chat "
+                        f"template) (default: the --checkpoint's own, else {DEFAULT_TEMPLATE})")
     p.add_argument("--seed", type=seed(32), default=None, metavar="N",
                    help=f"random seed of the split, the batches and new weights (default {TRAIN_DEFAULTS['seed']})")
     p.add_argument("--eval-prompts", type=number(int, 0), default=None, metavar="N",

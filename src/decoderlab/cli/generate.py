@@ -130,7 +130,7 @@ def cmd_generate(args) -> int:
     # <EOS>, the lesson's, it separates prompt and answer: the text goes on); with --echo the prompt and its
     # continuation are decoded together, so word tokens keep their separators
     params = sampling_params(args, stop=stops(args.stop, tok),
-                             stop_at_eos=template is None or template.assistant != EOS)
+                             stop_at_eos=getattr(template, "assistant", None) != EOS)
     pieces = stream_text(model, tok.encode(prompt), tok, params, echo=args.echo)
     if getattr(args, "verbose", False):
         pieces = timed_pieces(pieces)

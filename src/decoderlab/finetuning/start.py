@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_representable, get_template, message_text,
-                    template_from_meta)
+from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_conversations, check_representable,
+                    checkpoint_template, get_template, message_text, template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..hf import checkpoint_reader, is_gpt2_directory
+from ..hf import checkpoint_reader
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
@@ -33,12 +33,10 @@ def path_or_none(data) -> str | None:
     return str(Path(data).resolve()) if isinstance(data, (str, os.PathLike)) else None
 
 
-def base_template(checkpoint) -> ChatTemplate | None:
-    """The chat template stored with a base ``checkpoint`` (None for a base language model, a Hugging Face
-    GPT-2 directory or no checkpoint)."""
-    if checkpoint is None or is_gpt2_directory(checkpoint):
-        return None
-    return template_from_meta(read_meta(checkpoint))
+def base_template(checkpoint) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template of a base ``checkpoint`` (:func:`decoderlab.chat.checkpoint_template`: the one
+    decoderlab stored, or a Hugging Face directory's own); None for a base language model or no checkpoint."""
+    return None if checkpoint is None else checkpoint_template(checkpoint)
 
 
 def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
@@ -47,7 +45,8 @@ def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
     given = None if template is None else get_template(template)  # an unknown name lists the known ones
     if not run.resumed:
         return given or base_template(checkpoint) or get_template(DEFAULT_TEMPLATE)
-    stored = template_from_meta(read_meta(run.run_dir)) or get_template(run.info.get("template"))
+    stored = (template_from_meta(read_meta(run.run_dir)) or template_from_meta(run.info)
+              or get_template(run.info.get("template")))
     run.keep("template", None if given is None else given.name, why="the model learned its tokens and layout")
     if given is not None and given != stored:
         raise ValueError(f"cannot resume {run.run_dir} with another {given.name!r} template than the one it was "
