@@ -128,3 +128,49 @@ def test_compile_and_aot_together_is_one_error_line(lm_checkpoint, capsys):
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--compile", "--aot", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["decoderlab: error: --compile and --aot are two ways to compile the decode step: give one"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --checkpoint FILE.gguf: llama.cpp's file read as any checkpoint; a file it cannot read is one line
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bpe = byte_level_bpe(300)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return write_gguf(path, "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q4_1")
+
+
+def test_generate_verify_and_chat_read_a_gguf_file(gguf_file, capsys):
+    assert cli_main(["generate", "--checkpoint", str(gguf_file), "The quick", "--max-new-tokens", "4",
+                     "--temperature", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and f"decoderlab: read {gguf_file} (llama): dequantized" in err
+    assert "Q4_1" in err and "MB of float32" in err
+    assert cli_main(["verify", "--checkpoint", str(gguf_file), "The quick brown fox"]) == 0
+    assert "all ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage, line", [
+    ("truncate", "is truncated or corrupt"),
+    ("arch", "GGUF architecture 'phi3' is not one decoderlab's model carries; allowed: llama, qwen2, qwen3, gpt2"),
+    ("missing", "no GGUF file at"),
+])
+def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, damage, line):
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bad = tmp_path / "bad.gguf"
+    if damage == "truncate":
+        bad.write_bytes(gguf_file.read_bytes()[:-100])
+    elif damage == "arch":
+        bpe = byte_level_bpe(300)
+        write_gguf(bad, "phi3", hf_model("llama", bpe.get_vocab_size()), bpe)
+    code = cli_main(["generate", "--checkpoint", str(bad), "x"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("decoderlab: error: ")
+    assert line in err

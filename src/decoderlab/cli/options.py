@@ -79,9 +79,10 @@ def flag(field: str) -> str:
 # a checkpoint to load, in a dtype
 # ---------------------------------------------------------------------------------------------------------
 
-CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, or a Hugging Face GPT-2 directory "
+CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face GPT-2 directory "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
-                   "merges.txt)")
+                   "merges.txt), or a GGUF file of llama.cpp / ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; "
+                   "its weights dequantized, its tokenizer and chat template used)")
 
 CHECKPOINT_OPTIONS = (
     option("--checkpoint", required=True, metavar="DIR", help=CHECKPOINT_HELP),
@@ -146,6 +147,7 @@ def load_model(args):
         raise ValueError("--compile and --aot are two ways to compile the decode step: give one")
     where = device(args) if hasattr(args, "device") else "cpu"
     loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
+    say_gguf(loaded.meta)
     if getattr(args, "compile", False):
         if not os.environ.get("DECODERLAB_VERBOSE"):  # torch's advice to torchao's authors, at the first int8 step
             warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching")
@@ -153,6 +155,18 @@ def load_model(args):
     elif getattr(args, "aot", False):
         loaded.model.compile_decode(mode="aot")
     return loaded
+
+
+def say_gguf(meta: dict) -> None:
+    """A GGUF file loaded: one line on standard error saying what it is and what was dequantized, at what cost
+    (``meta["gguf"]``, :class:`decoderlab.gguf_import.GGUFInfo`)."""
+    from ..gguf_import import DequantReport
+
+    info = meta.get("gguf")
+    if info:
+        name = f", {info['name']}" if info["name"] else ""
+        print(f"decoderlab: read {info['path']} ({info['architecture']}{name}): {DequantReport(**info['dequantized'])}",
+              file=sys.stderr, flush=True)
 
 
 def no_chat_template(directory) -> ValueError:
