@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ..checkpoint import read_meta
-from ..gguf_import import is_gguf_file, load_gguf
+from ..gguf_import import is_gguf_file, load_gguf, read_info
 from ..hf import checkpoint_reader
 from .hf_templates import builtin_jinja, read_chat_template
 from .jinja import JinjaChatTemplate
@@ -44,17 +44,20 @@ def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
                         ) -> ChatTemplate | JinjaChatTemplate | None:
     """The chat template of a checkpoint directory: the one its ``meta.json`` stores
     (:func:`~decoderlab.chat.template_from_meta`), else a Hugging Face directory's own
-    (:func:`~decoderlab.chat.read_chat_template`: ``chat_template.jinja`` or ``tokenizer_config.json``); None
-    for a base language model. ``meta``: the directory's ``meta.json`` when already read.
+    (:func:`~decoderlab.chat.read_chat_template`: ``chat_template.jinja`` or ``tokenizer_config.json``); a GGUF
+    file's (:func:`gguf_template`, read from its header); None for a base language model. ``meta``: the
+    directory's ``meta.json`` when already read.
 
     Raises:
         ValueError: a malformed stored template; a Hugging Face template that is not valid Jinja (named).
     """
+    if is_gguf_file(directory):
+        return gguf_template(read_info(directory))
     meta = read_meta(directory) if meta is None else meta
     return template_from_meta(meta) or read_chat_template(directory)
 
 
-def gguf_template(info, tokenizer) -> ChatTemplate | JinjaChatTemplate | None:
+def gguf_template(info) -> ChatTemplate | JinjaChatTemplate | None:
     """The chat template of a GGUF file (``info``: its :class:`~decoderlab.gguf_import.GGUFInfo`): its
     ``tokenizer.chat_template`` as a :class:`JinjaChatTemplate` named ``gguf:<file name>`` with the file's bos /
     eos / unk / pad tokens -- or, when the text is one decoderlab wrote for a built-in template, that built-in
@@ -69,8 +72,7 @@ def gguf_template(info, tokenizer) -> ChatTemplate | JinjaChatTemplate | None:
     for builtin in TEMPLATES.values():
         if source in (builtin_jinja(builtin), builtin_jinja(builtin, " ")):
             return builtin
-    tokens = {_GGUF_TOKEN_NAMES[k]: tokenizer.id_to_token[i] for k, i in info.special_ids.items()
-              if k in _GGUF_TOKEN_NAMES}
+    tokens = {_GGUF_TOKEN_NAMES[k]: t for k, t in info.special_tokens.items() if k in _GGUF_TOKEN_NAMES}
     try:
         return JinjaChatTemplate(source, name=f"gguf:{info.path.stem}", tokens=tokens)
     except ValueError as e:
@@ -95,7 +97,7 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     """
     if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
         model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
-        return LoadedModel(model, tokenizer, gguf_template(info, tokenizer), {"gguf": info.to_meta()})
+        return LoadedModel(model, tokenizer, gguf_template(info), {"gguf": info.to_meta()})
     read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)

@@ -35,7 +35,7 @@ from .tokenizer import PRE_TOKENIZERS, check_tokenizer, hf_tokenizer, special_id
 from .weights import DequantReport, check_types, dequantizable, state_dict
 
 __all__ = ["ARCHITECTURES", "PRE_TOKENIZERS", "GGUFContents", "GGUFFile", "GGUFInfo", "DequantReport",
-           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf"]
+           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf", "read_info"]
 
 #: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
 SUFFIX = ".gguf"
@@ -58,6 +58,7 @@ class GGUFInfo:
         chat_template: ``tokenizer.chat_template`` (a Jinja template, Hugging Face's), or None.
         special_ids: control ids by role: ``bos``, ``eos``, ``eot`` (end of turn), ``eom``, ``pad``, ``unk``
             (those the file states).
+        special_tokens: the same roles -> the tokens' text (``{"eos": "<|im_end|>", ...}``).
         add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``).
         context_length: ``<arch>.context_length`` (tokens).
         report: what was dequantized and the bytes it cost (:class:`~.weights.DequantReport`).
@@ -68,6 +69,7 @@ class GGUFInfo:
     name: str = ""
     chat_template: str | None = None
     special_ids: dict[str, int] = field(default_factory=dict)
+    special_tokens: dict[str, str] = field(default_factory=dict)
     add_bos: bool = False
     context_length: int = 0
     report: DequantReport = field(default_factory=DequantReport)
@@ -75,7 +77,7 @@ class GGUFInfo:
     def to_meta(self) -> dict:
         """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
         return dict(path=str(self.path), architecture=self.architecture, name=self.name,
-                    special_ids=dict(self.special_ids), add_bos=self.add_bos, context_length=self.context_length,
+                    special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos, context_length=self.context_length,
                     dequantized=self.report.to_dict())
 
 
@@ -120,13 +122,33 @@ def read_gguf(path: str | os.PathLike) -> GGUFContents:
     """
     gf, arch, fields = open_checked(path)
     tokenizer = hf_tokenizer(gf.metadata, gf.path)
-    state, report = state_dict(gf, arch, fields)
-    meta = gf.metadata
-    info = GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
-                    chat_template=meta.get("tokenizer.chat_template"), special_ids=special_ids(meta),
-                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                    context_length=fields["max_len"], report=report)
+    info = _info(gf, arch)
+    state, info.report = state_dict(gf, arch, fields)
     return GGUFContents(fields, state, tokenizer, info)
+
+
+def _info(gf: GGUFFile, arch: str) -> GGUFInfo:
+    meta = gf.metadata
+    ids = special_ids(meta)
+    template = meta.get("tokenizer.chat_template")
+    return GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
+                    chat_template=template if isinstance(template, str) else None, special_ids=ids,
+                    special_tokens={k: meta["tokenizer.ggml.tokens"][i] for k, i in ids.items()},
+                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                    context_length=int(meta.get(f"{arch}.context_length", 0) or 0))
+
+
+def read_info(path: str | os.PathLike) -> GGUFInfo:
+    """What a GGUF file says besides its weights (:class:`GGUFInfo`, no report), from its header alone: for a
+    chat template or the control tokens without loading the model.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_gguf` for the header, the architecture and the tokenizer.
+    """
+    gf = GGUFFile(path)
+    arch = check_architecture(gf.metadata, gf.path)
+    check_tokenizer(gf.metadata, gf.path)
+    return _info(gf, arch)
 
 
 @contextlib.contextmanager
