@@ -26,7 +26,7 @@ import torch
 
 from ._version import __version__
 from .devices import resolve_device
-from .dtypes import dtype_name, to_inference_dtype
+from .dtypes import check_dtype, to_inference_dtype
 from .files import atomic_write_bytes, atomic_write_text, replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig
 from .tokenizers import Tokenizer
@@ -250,8 +250,8 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     """
     from safetensors.torch import load_file
 
-    dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
+    check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
     directory = check_checkpoint_dir(directory)
     config = read_config(directory)
     read_meta(directory)  # a corrupt meta.json is named here rather than misread later

@@ -47,7 +47,7 @@ import torch
 from .checkpoint import CONFIG_FILE, check_output_dir, load_checkpoint, unwrap_model
 from .config.names import GPT2_SHAPE
 from .devices import resolve_device
-from .dtypes import dtype_name, to_inference_dtype
+from .dtypes import check_dtype, to_inference_dtype
 from .files import replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig, preset
 from .tokenizers import BPETokenizer, Tokenizer
@@ -566,8 +566,8 @@ def load_gpt2_directory(directory: str | os.PathLike, map_location: str | torch.
         ValueError: a file that cannot be read; a tokenizer whose vocabulary size is not the model's; an unknown
             dtype or a device this machine lacks (before any file is read).
     """
-    dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
+    check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
     tokenizer = gpt2_tokenizer(directory)  # before the weights: a missing tokenizer is found at once
     model = from_gpt2(directory).to(target)
     if tokenizer.vocab_size != model.config.num_tokens:

@@ -24,6 +24,7 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
+from .quant import is_block_layer, tie_block_weights
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -254,8 +255,13 @@ class DecoderOnlyTransformer(nn.Module):
         """With ``config.tie_weights``, make ``fc_layer.weight`` the word embedding parameter ``we.weight`` (one
         tensor, counted and updated once). Called at construction and again after every way of loading or
         moving the model that can put separate tensors in place: ``load_state_dict(..., assign=True)`` (the
-        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``)."""
-        if self.config.tie_weights and self.fc_layer.weight is not self.we.weight:
+        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``). Block-quantized layers
+        (:mod:`decoderlab.quant`) share their planes instead."""
+        if not self.config.tie_weights:
+            return
+        if is_block_layer(self.fc_layer) or is_block_layer(self.we):
+            tie_block_weights(self)
+        elif self.fc_layer.weight is not self.we.weight:
             self.fc_layer.weight = self.we.weight
 
     def _apply(self, fn, recurse=True):

@@ -8,7 +8,7 @@ from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
 from ..config.names import EXAMPLES, HEAD_DETECTORS
 from .argtypes import number
 from .errors import FAILED
-from .options import DEVICE_OPTIONS, add_checkpoint_option, add_options, load_model, no_chat_template
+from .options import DEVICE_OPTIONS, DTYPE_OPTIONS, add_checkpoint_option, add_options, load_model, no_chat_template
 
 
 def add_verify(p) -> None:
@@ -16,6 +16,7 @@ def add_verify(p) -> None:
                      "the CPU by design (no --device): the float64 reference is the point, and Apple MPS has no "
                      "float64.")
     add_checkpoint_option(p)
+    add_options(p, DTYPE_OPTIONS)
     p.add_argument("text", help="the input text")
     p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
                    help="tolerance per step, times max(1, max |value|) (default %(default)g)")
