@@ -77,3 +77,29 @@ def test_real_file_logits_equal_transformers(smollm_path, shared_dir):
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(smollm_path.parent),
                                                                gguf_file=smollm_path.name).eval()
     torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch,qtype,asked", [("llama", "Q4_1", "q4_1"), ("qwen2", "Q8_0", "q4_0"),
+                                              ("gpt2", "Q4_0", "q8_0")])
+def test_block_dtype_keeps_the_file_s_blocks(tiny_gguf, arch, qtype, asked):
+    """--dtype q8_0 / q4_0 / q4_1: the file's Q8_0 / Q4_0 / Q4_1 matrices kept as they are (whichever was asked),
+    no float copy; the same logits as the dequantized float model."""
+    from decoderlab.quant import BlockEmbedding, BlockLinear
+
+    path, _ = tiny_gguf(arch, qtype)
+    floats, tok, _ = load_gguf(path)
+    blocks, _, info = load_gguf(path, dtype=asked)
+    assert isinstance(blocks.blocks[0].attention.qkv, BlockLinear) and isinstance(blocks.we, BlockEmbedding)
+    assert {m.kind for m in blocks.modules() if isinstance(m, BlockLinear)} == {qtype.lower()}
+    n_layer = blocks.config.n_layer
+    assert info.report.kept[qtype] == 1 + n_layer * (4 if arch == "gpt2" else 7)  # token_embd + the matrices
+    ids = torch.randint(0, tok.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logits(blocks, ids), logits(floats, ids), rtol=0, atol=1e-5)
+
+
+def test_block_dtype_quantizes_float_matrices_to_the_kind_asked(tiny_gguf):
+    from decoderlab.quant import BlockLinear
+
+    path, _ = tiny_gguf("llama", "F16")
+    model, _, info = load_gguf(path, dtype="q8_0")
+    assert not info.report.kept and {m.kind for m in model.modules() if isinstance(m, BlockLinear)} == {"q8_0"}

@@ -84,13 +84,15 @@ class GGUFInfo:
 @dataclass
 class GGUFContents:
     """A GGUF file read into decoderlab's terms (:func:`read_gguf`): ``fields`` (ModelConfig fields, a dict),
-    ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``) and
-    ``info`` (:class:`GGUFInfo`)."""
+    ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``),
+    ``info`` (:class:`GGUFInfo`) and ``blocks`` (layer name -> ``decoderlab.quant.BlockWeight``: the matrices
+    kept in their Q8_0 / Q4_0 / Q4_1 blocks when asked; those layers' weights are not in ``state``)."""
 
     fields: dict
     state: dict[str, torch.Tensor]
     tokenizer: object
     info: GGUFInfo
+    blocks: dict = field(default_factory=dict)
 
 
 def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
@@ -110,8 +112,9 @@ def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
     return gf, arch, fields
 
 
-def read_gguf(path: str | os.PathLike) -> GGUFContents:
-    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32.
+def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFContents:
+    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- or, with
+    ``keep_blocks``, the linear layers' Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (``blocks``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -123,8 +126,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFContents:
     gf, arch, fields = open_checked(path)
     tokenizer = hf_tokenizer(gf.metadata, gf.path)
     info = _info(gf, arch)
-    state, info.report = state_dict(gf, arch, fields)
-    return GGUFContents(fields, state, tokenizer, info)
+    state, blocks, info.report = state_dict(gf, arch, fields, keep_blocks)
+    return GGUFContents(fields, state, tokenizer, info, blocks)
 
 
 def _info(gf: GGUFFile, arch: str) -> GGUFInfo:
@@ -174,7 +177,9 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
     weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
     ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
-    :class:`GGUFInfo`.
+    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) keeps the file's Q8_0 / Q4_0 / Q4_1
+    matrices in their blocks as they are, whichever of the three was asked (requantizing could only lose), with
+    no float copy; the other linear layers are quantized to ``dtype`` (:func:`decoderlab.quant.quantize_model`).
 
     Raises:
         as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
@@ -186,13 +191,20 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     from ..model import DecoderOnlyTransformer, ModelConfig
     from ..tokenizers import BPETokenizer
 
-    dtype_name(dtype)
+    from ..config.names import BLOCK_DTYPES
+    from ..quant import use_block_weights
+
+    name = dtype_name(dtype)
     target = torch.device(map_location) if device is None else resolve_device(device)
-    contents = read_gguf(path)
+    contents = read_gguf(path, keep_blocks=name in BLOCK_DTYPES)
     config = ModelConfig.from_dict(contents.fields)
     with _initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
-    state = {k: v.to(target) for k, v in contents.state.items()}
+    state = dict(contents.state)
+    if contents.blocks:  # their planes are the layers' own buffers: put in place, then loaded as they are
+        use_block_weights(model, contents.blocks)
+        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in ("qs", "d", "m")})
+    state = {k: v.to(target) for k, v in state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
     to_inference_dtype(model, dtype)

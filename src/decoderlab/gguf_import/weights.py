@@ -76,25 +76,37 @@ def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 @dataclass
 class DequantReport:
-    """What a load dequantized: tensors by GGML type, the bytes they held in the file and as float32, the
-    seconds it took. ``str()`` is the line the command line shows."""
+    """What a load dequantized: tensors by GGML type (F32 ones read as they are), the bytes the dequantized ones
+    held in the file and as float32; the tensors kept in their blocks (``kept``, ``kept_bytes``: a block dtype asked); the seconds it took. ``str()``
+    is the line the command line shows."""
 
     types: dict[str, int] = field(default_factory=dict)
     file_bytes: int = 0
     float_bytes: int = 0
     seconds: float = 0.0
+    kept: dict[str, int] = field(default_factory=dict)
+    kept_bytes: int = 0
 
     def __str__(self) -> str:
+        def counts(types: dict) -> str:
+            return ", ".join(f"{n} {k}" for k, n in sorted(types.items(), key=lambda kv: -kv[1]))
+
         quantized = {k: n for k, n in self.types.items() if k != "F32"}
-        parts = ", ".join(f"{n} {k}" for k, n in sorted(quantized.items(), key=lambda kv: -kv[1]))
-        plain = f"; {self.types['F32']} F32 tensors as they are" if "F32" in self.types else ""
-        done = (f"dequantized {sum(quantized.values())} tensors ({parts})" if quantized else "no tensor to dequantize")
-        return (f"{done}: {self.file_bytes / 1e6:.1f} MB in the file -> {self.float_bytes / 1e6:.1f} MB of float32 "
-                f"in {self.seconds:.1f} s{plain}")
+        parts = []
+        if self.kept:
+            parts.append(f"kept {sum(self.kept.values())} tensors in their blocks ({counts(self.kept)}, "
+                         f"{self.kept_bytes / 1e6:.1f} MB)")
+        if quantized:
+            parts.append(f"dequantized {sum(quantized.values())} tensors ({counts(quantized)}): "
+                         f"{self.file_bytes / 1e6:.1f} MB in the file -> "
+                         f"{self.float_bytes / 1e6:.1f} MB of float32")
+        if "F32" in self.types:
+            parts.append(f"{self.types['F32']} F32 tensors as they are")
+        return "; ".join(parts or ["no tensors"]) + f" ({self.seconds:.1f} s)"
 
     def to_dict(self) -> dict:
         return dict(types=dict(self.types), file_bytes=self.file_bytes, float_bytes=self.float_bytes,
-                    seconds=round(self.seconds, 3))
+                    seconds=round(self.seconds, 3), kept=dict(self.kept), kept_bytes=self.kept_bytes)
 
 
 #: values dequantized per call of a type's block dequantizer (16 MB of float32)
@@ -136,32 +148,88 @@ def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray
         out = dequantize_rows(raw, t.type)
     if report is not None:
         report.types[t.type.name] = report.types.get(t.type.name, 0) + 1
-        report.file_bytes += t.nbytes
-        report.float_bytes += out.size * 4
+        if t.type != gguf.GGMLQuantizationType.F32:  # the bytes of what was dequantized
+            report.file_bytes += t.nbytes
+            report.float_bytes += out.size * 4
     return out.reshape(t.shape)
 
 
-def state_dict(gf, arch: str, fields: dict) -> tuple[dict[str, torch.Tensor], DequantReport]:
-    """Our state dict (float32) of a checked file (:func:`~.config.check_tensors`) and what it cost."""
+#: GGML types the model keeps as they are when a block dtype is asked (decoderlab.quant's kinds)
+BLOCK_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+#: our layers that can hold block weights (a linear layer; the word embedding when tied to the output layer)
+_BLOCK_LAYERS = ("attention.qkv", "attention.proj", "mlp.gate", "mlp.fc", "mlp.proj", "fc_layer")
+
+
+def _ours(name: str) -> str:
+    prefix, param = name.rsplit(".", 1)
+    if prefix.startswith("blk."):
+        _, i, kind = prefix.split(".")
+        return f"blocks.{i}.{_BLOCK[kind]}.{param}"
+    return f"{_TOP[prefix]}.{param}"
+
+
+def state_dict(gf, arch: str, fields: dict, keep_blocks: bool = False):
+    """``(state, blocks, report)`` of a checked file (:func:`~.config.check_tensors`): our state dict (float32
+    tensors by our names), the layers kept as block weights (layer name -> ``decoderlab.quant.BlockWeight``;
+    empty unless ``keep_blocks``) and what it cost.
+
+    ``keep_blocks``: a matrix of a linear layer (and the word embedding when tied) stored as Q8_0, Q4_0 or Q4_1
+    is kept in its blocks, no float copy made (q | k | v fused when the three share a type; llama's rows
+    unpermuted as rows of blocks); every other tensor is dequantized."""
     report, start = DequantReport(), time.perf_counter()
-    state = {}
+    state, blocks = {}, {}
+    block_ok = keep_blocks and fields["tie_weights"]
     for name in gf.tensors:
         if name.startswith("blk.") and name.split(".")[2] in ("attn_q", "attn_k", "attn_v"):
             continue  # fused below, per block
-        prefix, param = name.rsplit(".", 1)
-        if prefix.startswith("blk."):
-            _, i, kind = prefix.split(".")
-            ours = f"blocks.{i}.{_BLOCK[kind]}.{param}"
-        else:
-            ours = f"{_TOP[prefix]}.{param}"
+        ours = _ours(name)
+        layer = ours.rsplit(".", 1)[0]
+        if keep_blocks and ours.endswith(".weight") and (layer.endswith(_BLOCK_LAYERS) or (layer == "we" and block_ok)):
+            kept = _blocks(gf, [name], report)
+            if kept is not None:
+                blocks[layer] = kept
+                continue
         state[ours] = torch.from_numpy(dequantize(gf, name, report))
     if arch != "gpt2":
         for i in range(fields["n_layer"]):
+            names = [f"blk.{i}.attn_{x}.weight" for x in "qkv"]
+            kept = _blocks(gf, names, report, _head_orders(arch, fields)) if keep_blocks else None
+            if kept is not None:
+                blocks[f"blocks.{i}.attention.qkv"] = kept
             for param in ("weight", "bias") if fields["qkv_bias"] else ("weight",):
+                if param == "weight" and kept is not None:
+                    continue
                 parts = [_head_rows(gf, arch, fields, f"blk.{i}.attn_{x}.{param}", x, report) for x in "qkv"]
                 state[f"blocks.{i}.attention.qkv.{param}"] = torch.from_numpy(np.concatenate(parts))
     report.seconds = time.perf_counter() - start
-    return state, report
+    return state, blocks, report
+
+
+def _head_orders(arch: str, fields: dict) -> list:
+    """The row order of q, k and v in the model (llama: rotate-half, the converter's permutation undone)."""
+    if arch != "llama":
+        return [None] * 3
+    dh = fields["head_dim"] or fields["d_model"] // fields["n_head"]
+    return [torch.from_numpy(unpermute(np.arange(n * dh), n)) for n in (fields["n_head"], fields["n_kv_head"])] + [None]
+
+
+def _blocks(gf, names: list[str], report: DequantReport, orders=None):
+    """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight``, None when they
+    are not all of one block type."""
+    from ..quant import BlockWeight
+
+    kinds = {gf.tensors[n].type.name for n in names}
+    if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_TYPES:
+        return None
+    kind = BLOCK_TYPES[kinds.pop()]
+    parts = []
+    for n, order in zip(names, orders or [None] * len(names)):
+        t = gf.tensors[n]
+        w = BlockWeight.from_gguf(gf.data(n), kind, t.shape)
+        parts.append(w if order is None else w.rows(order))
+        report.kept[t.type.name] = report.kept.get(t.type.name, 0) + 1
+        report.kept_bytes += t.nbytes
+    return parts[0] if len(parts) == 1 else BlockWeight.cat(parts)
 
 
 def _head_rows(gf, arch: str, fields: dict, name: str, which: str, report) -> np.ndarray:
