@@ -5,7 +5,7 @@ weights, 255 new tokens from a 1-token prompt (filling the context exactly), gre
 
     (a) ``decoderlab.generate`` / ``generate_batch`` with the KV cache,
     (b) the same with ``use_cache=False`` (the lesson's loop: the whole sequence through the model per token),
-    (c) ``transformers.GPT2LMHeadModel.generate`` with the same weights (converted with ``decoderlab.hf.to_gpt2``),
+    (c) ``transformers.GPT2LMHeadModel.generate`` with the same weights (converted with ``decoderlab.hf.to_hf``),
         with its own KV cache.
 
 All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds of the whole call, median of
@@ -57,7 +57,7 @@ import decoderlab as dl
 from decoderlab.devices import machine_line
 from decoderlab.dtypes import DTYPES
 from decoderlab.generation import generate, generate_batch
-from decoderlab.hf import to_gpt2
+from decoderlab.hf import to_hf
 
 NEW_TOKENS = 255
 
@@ -131,7 +131,7 @@ def cpu_flags() -> set[str]:
 def speed_table(args) -> None:
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
-    hf = to_gpt2(model).eval()
+    hf = to_hf(model).eval()
     cfg = model.config
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
@@ -167,7 +167,7 @@ def speed_table(args) -> None:
     # the weights are tiny and compute no longer hides it
     torch.manual_seed(0)
     small = dl.DecoderOnlyTransformer("shakespeare-char", d_model=48).eval()
-    small_hf = to_gpt2(small).eval()
+    small_hf = to_hf(small).eval()
     one = torch.tensor([[1]])
 
     def small_ours():
@@ -471,7 +471,7 @@ def dtype_table(args) -> None:
         models = {d: models[d] for d in DTYPES}
         tok = dl.load_checkpoint(ckpt)[1]
     fp32 = models["float32"]
-    hf = to_gpt2(fp32).eval()
+    hf = to_hf(fp32).eval()
     val = split_tokens(corpus_tokens(read_corpus(None), tok), 0.1)[1]
     n_new = NEW_TOKENS
     one = torch.tensor([[int(val[0])]])

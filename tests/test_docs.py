@@ -21,7 +21,7 @@ README_LIMIT = 12_288
 FENCE_RE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NO_RUN = "<!-- no-run"
 # calls that take seconds to tens of seconds on a shared CPU: training, a server, transformers' import
-SLOW_CALLS = ("train_pairs(", "train_lm(", "finetune(", "ServerThread(", "to_gpt2(")
+SLOW_CALLS = ("train_pairs(", "train_lm(", "finetune(", "ServerThread(", "to_hf(")
 
 
 def python_blocks(page: Path, root: Path = ROOT):
@@ -149,7 +149,8 @@ def pyproject_layers() -> list[str]:
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"]
+                 if c["type"] == "layers" and c.get("containers") == ["decoderlab"]]
     return layers
 
 

@@ -31,12 +31,10 @@ from .checkpoint import save_checkpoint, unwrap_model
 from .config import PRESETS
 from .generation import SamplingParams, generate, stream, stream_text
 from .glassbox import explain, run_with_cache, trace, verify
-from .export import to_gguf
+from .export import to_gguf, to_hf
 from .glassbox.features import token_features
 from .glassbox.sae import load_sae
-from .hf import to_gpt2
 from .model import DecoderOnlyTransformer
-from .tokenizers import BPETokenizer
 
 __all__ = ["Model", "load"]
 
@@ -46,7 +44,8 @@ _DESIGN = ("norm", "position", "mlp", "bias", "tie_weights", "attn_out_proj", "l
 
 def load(path: str | os.PathLike, *, device: str | torch.device | None = None, dtype=None) -> "Model":
     """Load a checkpoint directory as a :class:`Model`: a decoderlab checkpoint (``model.safetensors``,
-    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face GPT-2 directory.
+    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2,
+    Qwen3, ...: :func:`decoderlab.hf.load_hf_directory`).
 
     Args:
         path: the directory.
@@ -307,11 +306,11 @@ class Model:
         ids = self.tokenize(text) if isinstance(text, str) else text
         return token_features(self.model, sae, hook, ids, top=top, tokenizer=self.tokenizer)
 
-    def to_hf(self, directory: str | os.PathLike):
-        """Write a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`; with the tokenizer's files for
-        a byte-level BPE) and return the ``GPT2LMHeadModel``.
+    def to_hf(self, directory: str | os.PathLike) -> dict:
+        """Write a Hugging Face directory (:func:`decoderlab.export.to_hf`: the transformers class whose forward
+        equals the model's, the tokenizer's files, the chat template as Jinja, LoRA merged first); returns its
+        summary (architecture, bytes, tensors, chat_template).
 
-        Raises: ``ValueError`` for a design GPT-2 cannot express (named: the lesson's model has sinusoidal
-        positions); ``ImportError`` without transformers (``pip install 'decoderlab[hf]'``)."""
-        byte_bpe = isinstance(self.tokenizer, BPETokenizer) and self.tokenizer.byte_level
-        return to_gpt2(self.model, directory, tokenizer=self.tokenizer if byte_bpe else None)
+        Raises: ``ValueError`` for a model no Hugging Face class computes (named: the lesson's model has
+        sinusoidal positions), before anything is written."""
+        return to_hf(self.model, self.tokenizer, directory, self.template)

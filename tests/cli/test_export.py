@@ -1,6 +1,6 @@
-"""``decoderlab export``: a run directory as one GGUF file or a Hugging Face GPT-2 directory; a shape the format
-cannot carry is one error line naming the option, before anything is read or written; --help says what each
-format carries."""
+"""``decoderlab export``: a run directory as one GGUF file or a Hugging Face directory; a shape the format cannot
+carry is one error line naming the option, before anything is read or written; --help says what each format
+carries."""
 
 from __future__ import annotations
 
@@ -42,25 +42,35 @@ def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe,
 def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
     assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "hf")]) == 0
-    assert "hf (GPT-2 directory)" in capsys.readouterr().out
+    assert "hf (GPT2LMHeadModel)" in capsys.readouterr().out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["n_ctx"] == config["n_positions"] == 24  # what llama.cpp's converter reads
-    back, tok = dl.hf.load_gpt2_directory(tmp_path / "hf")
+    back, tok = dl.hf.load_hf_directory(tmp_path / "hf")
     ids = torch.tensor([bpe.encode("ROMEO: hello")])
     with torch.no_grad():
         assert torch.allclose(back(ids), model.eval()(ids), atol=1e-5)
     assert tok.encode("ROMEO: hello") == bpe.encode("ROMEO: hello")
 
 
-@pytest.mark.parametrize("fmt", ["gguf", "hf"])
-def test_a_rope_run_is_refused_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys, fmt):
+def test_a_rope_run_is_refused_by_gguf_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys):
     run, _ = run_dir(tmp_path, "rope-run", bpe, position="rope")
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
-    assert cli_main(["export", "--format", fmt, str(run), str(tmp_path / "out")]) == 2
+    assert cli_main(["export", "--format", "gguf", str(run), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"decoderlab: error: --format {fmt} carries GPT-2-shaped models")
+    assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format gguf carries GPT-2-shaped models")
     assert ("this model has position='rope' (--position rope); train with --preset baby-shakespeare / "
             "shakespeare-char / gpt2 (or --position learned) to export it") in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_no_class_computes_is_refused_by_hf_in_one_line_and_nothing_is_written(bpe, tmp_path, capsys):
+    run, _ = run_dir(tmp_path, "sinusoidal-run", bpe, position="sinusoidal")
+    (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
+    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format hf: no Hugging Face class computes "
+                                                    "this model: position='sinusoidal'")
+    assert "the nearest is GPT2LMHeadModel, which needs position='learned'" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -82,7 +92,8 @@ def test_help_says_what_each_format_carries(decoderlab_cli):
     r = decoderlab_cli("export", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    for words in ("hf a Hugging Face GPT-2 directory", "gguf one GGUF file for llama.cpp and ollama",
+    for words in ("hf a Hugging Face directory of the transformers class whose forward equals the model's",
+                  "Apertus (rope, QK-norm, ReLU²: the default recipe's)", "gguf one GGUF file for llama.cpp and ollama",
                   "position='learned', norm='layernorm', mlp='gelu'", "--position rope, --norm rmsnorm, --mlp relu2",
                   "a word vocabulary is refused", "f32, f16 or q8_0"):
         assert words in text, words

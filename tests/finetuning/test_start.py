@@ -18,14 +18,14 @@ pytest.importorskip("transformers")
 
 
 def test_a_hugging_face_gpt2_directory_is_a_base(tmp_path):
-    from decoderlab.hf import to_gpt2
+    from decoderlab.hf import to_hf
 
     text = " ".join(m["content"] for c in CONVS for m in c)
     tok = BPETokenizer.train([text * 3], 300)
     torch.manual_seed(0)
     base = DecoderOnlyTransformer(preset("gpt2", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2,
                                          max_len=64, d_ff=32))
-    to_gpt2(base, tmp_path / "gpt2", tokenizer=tok)
+    to_hf(base, tmp_path / "gpt2", tokenizer=tok)
     _, _, s = finetune(CONVS, out=tmp_path / "run", checkpoint=tmp_path / "gpt2", train_config=tiny_cfg(max_steps=2),
                        val_fraction=0, eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
                        accelerator="cpu")

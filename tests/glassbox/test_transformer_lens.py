@@ -1,9 +1,9 @@
 """The glass box checked against the field's tool: TransformerLens 4 (``TransformerBridge``) on the same GPT-2
 weights, nothing downloaded.
 
-A random ``GPT2LMHeadModel`` (biases and norms made non-trivial) is exported by ``decoderlab.hf.to_gpt2`` with a
+A random ``GPT2LMHeadModel`` (biases and norms made non-trivial) is exported by ``decoderlab.hf.to_hf`` with a
 BPE tokenizer into a temporary directory and booted offline by ``TransformerBridge.boot_transformers``;
-``decoderlab.hf.from_gpt2`` loads the same weights. Every cached activation, the logit lens, the logit
+``decoderlab.hf.from_hf`` loads the same weights. Every cached activation, the logit lens, the logit
 attributions, the head detectors, the composition scores and two patching tables agree within 1e-5.
 """
 
@@ -20,7 +20,7 @@ pytest.importorskip("transformer_lens")
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from decoderlab import glassbox as gb  # noqa: E402
-from decoderlab.hf import from_gpt2, to_gpt2  # noqa: E402
+from decoderlab.hf import from_hf, to_hf  # noqa: E402
 from decoderlab.hooks import hook_names  # noqa: E402
 from decoderlab.tokenizers import BPETokenizer  # noqa: E402
 
@@ -47,9 +47,9 @@ def pair(tmp_path_factory):
             for name, p in hf.named_parameters():
                 if name.endswith("bias") or ".ln_" in name:
                     p.add_(0.1 * torch.randn_like(p))
-        ours = from_gpt2(hf)
+        ours = from_hf(hf)
         directory = tmp_path_factory.mktemp("tl") / "gpt2"
-        to_gpt2(ours, directory, tokenizer=bpe)
+        to_hf(ours, directory, tokenizer=bpe)
         tok = AutoTokenizer.from_pretrained(directory)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

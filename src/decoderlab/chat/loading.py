@@ -1,6 +1,6 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
 ``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
-of the formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's,
+of the formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_hf_directory`` for Hugging Face's,
 ``gguf_import.load_gguf`` for a GGUF file of llama.cpp and ollama); beside it, :func:`checkpoint_template`, the
 chat template of a directory, and :func:`gguf_template`, a GGUF file's."""
 
@@ -82,7 +82,8 @@ def gguf_template(info) -> ChatTemplate | JinjaChatTemplate | None:
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
                dtype=None, device: str | torch.device | None = None) -> LoadedModel:
     """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`), a
-    Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_gpt2_directory`) or a GGUF file
+    Hugging Face directory (:func:`decoderlab.hf.load_hf_directory`: GPT-2, Llama, Mistral, Qwen2,
+    Qwen3, ...) or a GGUF file
     (:func:`decoderlab.gguf_import.load_gguf`: its template :func:`gguf_template`, its summary and what was
     dequantized under ``meta["gguf"]``), for inference (weights in
     ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
@@ -98,7 +99,7 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
         model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
         return LoadedModel(model, tokenizer, gguf_template(info), {"gguf": info.to_meta()})
-    read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
+    read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
-    meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
+    meta = read_meta(directory)  # ({} for a Hugging Face directory: it has no meta.json)
     return LoadedModel(model, tokenizer, checkpoint_template(directory, meta), meta)

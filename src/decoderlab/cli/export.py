@@ -1,5 +1,5 @@
-"""``decoderlab export``: a checkpoint as a Hugging Face GPT-2 directory or one GGUF file for llama.cpp and
-ollama (``decoderlab.export``)."""
+"""``decoderlab export``: a checkpoint as a Hugging Face directory or one GGUF file for llama.cpp and ollama
+(``decoderlab.export``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ SHAPE_TEXT = ", ".join(f"{field}={value!r}" for field, value, _, _ in GPT2_SHAPE
 DESCRIPTION = f"""\
 Write a checkpoint in another program's format. What each format carries:
 
-  hf    a Hugging Face GPT-2 directory (config.json, model.safetensors; GPT-2's tokenizer files with a
-        byte-level BPE, the weights alone with a char or word vocabulary); needs transformers
+  hf    a Hugging Face directory of the transformers class whose forward equals the model's -- GPT-2 (learned
+        positions, LayerNorm, GELU), Llama (rope, RMSNorm, SwiGLU, grouped-query attention), Qwen2 (q/k/v
+        biases), Qwen3 (QK-norm), Apertus (rope, QK-norm, ReLU²: the default recipe's) or Arcee (rope, ReLU²)
+        -- with config.json, model.safetensors, the tokenizer (any kind) and the chat template; transformers,
+        vLLM and llama.cpp's converter read it
   gguf  one GGUF file for llama.cpp and ollama (llama.cpp's gpt2 architecture), the tokenizer inside it
         (a BPE or a char vocabulary; a word vocabulary is refused); --dtype f32, f16 or q8_0; needs gguf
 
-Both carry GPT-2's shape only: {SHAPE_TEXT}
+hf refuses a model no class computes (the lesson's sinusoidal positions, no norm, no MLP), naming the fields
+and the nearest class. gguf carries GPT-2's shape only: {SHAPE_TEXT}
 (learned positions, LayerNorm, a GELU MLP). Another shape (--position rope, --norm rmsnorm, --mlp relu2, a
 recipe's query/key norm) is refused before anything is written, naming the option."""
 
@@ -24,7 +28,7 @@ recipe's query/key norm) is refused before anything is written, naming the optio
 def add_export(p) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a decoderlab checkpoint (a run directory) or a GPT-2 directory")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a decoderlab checkpoint (a run directory) or a Hugging Face directory")
     p.add_argument("out", metavar="OUT", help="where to write: a directory (hf) or a .gguf file (gguf)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
     p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
@@ -40,11 +44,11 @@ def cmd_export(args) -> int:
 
     with quiet_imports():  # transformers (hf) imports torchao, whose CUDA-kernel notices are no error here
         s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name)
-    what = f"{s['format']} {s['dtype']}" if s["format"] == "gguf" else "hf (GPT-2 directory)"
+    what = f"{s['format']} {s['dtype']}" if s["format"] == "gguf" else f"hf ({s['architecture']})"
     extra = f", {s['tensors']} tensors" if "tensors" in s else ""
     tok = s["tokenizer"] or "none"
-    if s["format"] == "hf" and not s["tokenizer_written"]:
-        tok += " (not written: GPT-2's tokenizer files hold a byte-level BPE)"
+    if s["format"] == "hf":
+        tok += ", chat template" if s["chat_template"] else ""
     print(f"wrote {s['out']}: {what}, {s['parameters']:,} parameters, {s['bytes'] / 1e6:.1f} MB{extra}; "
           f"tokenizer: {tok}")
     return 0

@@ -85,7 +85,7 @@ EXPORT_FORMATS = ("hf", "gguf")
 #: GGUF weight types: float32, float16, and llama.cpp's 8-bit blocks (32 weights + one float16 scale)
 GGUF_DTYPES = ("f32", "f16", "q8_0")
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
-#: that sets it or None, why). ``decoderlab.hf.to_gpt2`` and ``decoderlab.export.to_gguf`` refuse any other.
+#: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (
     ("position", "learned", "--position", "GPT-2 has learned absolute positions (wpe)"),
     ("norm", "layernorm", "--norm", "GPT-2 uses pre-LayerNorm"),

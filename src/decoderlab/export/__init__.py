@@ -1,16 +1,19 @@
-"""A trained model out of decoderlab: a Hugging Face GPT-2 directory, or one GGUF file for llama.cpp and ollama.
+"""A trained model out of decoderlab: a Hugging Face directory, or one GGUF file for llama.cpp and ollama.
 
-Both formats carry GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``: learned positions, LayerNorm, a
-GELU MLP, an attention output projection, no query/key norm, no bias in the output layer); any other model is
-refused before a file is written, naming the field, its value and the train option that sets it
-(:func:`check_shape`). ``bias=False`` models are written with zero biases, as both formats always have them.
+``--format hf`` writes the Hugging Face class whose forward equals the model's (:mod:`decoderlab.hf`: GPT-2,
+Llama, Qwen2 / Qwen3, Apertus / Arcee for the recipes' rope + ReLU² models), with the tokenizer and its chat
+template always; a model no class computes is refused before a file is written, naming the fields and the
+nearest class. ``--format gguf`` carries GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``: learned
+positions, LayerNorm, a GELU MLP, an attention output projection, no query/key norm, no bias in the output
+layer); any other model is refused naming the field, its value and the train option that sets it
+(:func:`check_shape`). ``bias=False`` models are written with zero biases where the format always has them.
 
     export(run_dir, out, format="gguf", dtype="q8_0")   # what ``decoderlab export`` calls
     to_gguf(model, tokenizer, "model.gguf", dtype="f16")
-    to_hf(model, tokenizer, "gpt2-dir")                 # decoderlab.hf.to_gpt2, with the shape checked first
+    to_hf(model, tokenizer, "hf-dir", template)         # decoderlab.hf.save_hf_directory, LoRA merged first
 
 Source: the GGUF format of ggml / llama.cpp, written with its ``gguf`` Python package; GPT-2 (Radford et al.
-2019) for the shape.
+2019) for its shape; transformers 5's classes for Hugging Face's.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import os
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
 from .gguf import to_gguf
 
-__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "check_shape", "export", "gpt2_shaped_presets",
-           "to_gguf", "to_hf"]
+__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_shape", "export",
+           "gpt2_shaped_presets", "to_gguf", "to_hf"]
 
 
 class ExportShapeError(ValueError):
@@ -44,19 +47,28 @@ def gpt2_shaped_presets() -> list[str]:
 
 def check_shape(config, fmt: str = "gguf") -> None:
     """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
-    shape of ``config``: one message naming every ModelConfig field that differs from GPT-2's (``GPT2_SHAPE``),
-    its value and the train option that set it, and the presets (and options) that train a shape it carries.
-    ``field`` is the first such field.
+    shape of ``config``. ``hf``: no Hugging Face class computes the model (:func:`decoderlab.hf.export_family`:
+    the fields in the way and the nearest class). ``gguf``: one message naming every ModelConfig field that
+    differs from GPT-2's (``GPT2_SHAPE``), its value and the train option that set it, and the presets (and
+    options) that train a shape it carries. ``field`` is the first such field.
 
     Raises:
         ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
     """
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
+    if fmt == "hf":
+        from ..hf import ExportError, export_family
+
+        try:
+            export_family(config)
+        except ExportError as e:
+            raise ExportShapeError(f"--format hf: {e}", e.field) from None
+        return
     bad = [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
     if not bad:
         return
-    what = "llama.cpp's gpt2 architecture" if fmt == "gguf" else "Hugging Face's GPT2LMHeadModel"
+    what = "llama.cpp's gpt2 architecture"
     has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
                     for f, _, opt, _ in bad)
     how = f"--preset {' / '.join(gpt2_shaped_presets())}"
@@ -67,27 +79,45 @@ def check_shape(config, fmt: str = "gguf") -> None:
                            f"export it", bad[0][0])
 
 
-def to_hf(model, tokenizer, path: str | os.PathLike) -> None:
-    """Write ``model`` as a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`), with GPT-2's tokenizer
-    files when ``tokenizer`` is a byte-level BPE (a character or word vocabulary has no GPT-2 form: the
-    directory then holds the weights alone). The shape is checked first (:func:`check_shape`).
+def chat_template_text(template, tokenizer) -> str | None:
+    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template`` (None without a template).
+
+    The hook for branch ``jinja``: its ``decoderlab.chat.hf_templates.chat_template_jinja`` writes any template
+    as Jinja (decoderlab's built-in ones included); until it is merged, a template that holds its Jinja text
+    (``source``) gives it and a built-in one gives None (the directory then has no chat template)."""
+    if template is None:
+        return None
+    try:
+        from ..chat.hf_templates import chat_template_jinja
+    except ImportError:  # the jinja branch not merged yet
+        source = getattr(template, "source", None)
+        return source if isinstance(source, str) else None
+    return chat_template_jinja(template, tokenizer)
+
+
+def to_hf(model, tokenizer, path: str | os.PathLike, template=None) -> dict:
+    """Write ``model`` as a Hugging Face directory (:func:`decoderlab.hf.save_hf_directory`): the class whose
+    forward equals the model's, the tokenizer always (a character or word vocabulary too), the chat
+    ``template`` as Jinja (:func:`chat_template_text`), LoRA adapters merged first. Returns its summary
+    (architecture, bytes, tensors).
 
     Raises:
-        ValueError: a shape GPT-2 cannot carry; a tokenizer whose size is not the model's.
-        ImportError: transformers is not installed.
+        ValueError: a model no Hugging Face class computes (naming the fields and the nearest class), before
+            anything is written; a tokenizer whose size is not the model's.
     """
-    from ..hf import to_gpt2
+    from ..hf import plain_model, save_hf_directory
 
+    model = plain_model(model)
     check_shape(model.config, "hf")
-    bpe = getattr(tokenizer, "byte_level", False)
-    to_gpt2(model, path, tokenizer=tokenizer if bpe else None)
+    return save_hf_directory(model, tokenizer, path, chat_template=chat_template_text(template, tokenizer))
 
 
 def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "f32",
            name: str | None = None) -> dict:
-    """Export the checkpoint ``run_dir`` (a decoderlab run directory or a Hugging Face GPT-2 directory) to
-    ``out`` in ``format`` ("gguf": one file, weights in ``dtype`` -- f32, f16 or q8_0; "hf": a directory).
-    Returns a summary: format, dtype, out, parameters, bytes written, tensors and the tokenizer kind.
+    """Export the checkpoint ``run_dir`` (a decoderlab run directory or a Hugging Face directory) to ``out`` in
+    ``format`` ("gguf": one file, weights in ``dtype`` -- f32, f16 or q8_0; "hf": a directory, its class,
+    tokenizer and chat template). Returns a summary: format, dtype, out, parameters, bytes written, tensors,
+    the tokenizer kind (and for hf the class).
 
     Raises:
         ValueError: an unknown format or dtype (``dtype`` other than f32 with ``format="hf"`` too); a shape
@@ -97,24 +127,26 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     """
     from pathlib import Path
 
-    from ..checkpoint import read_config
-    from ..hf import checkpoint_reader, is_gpt2_directory
+    from ..chat import load_model
+    from ..hf import is_hf_directory, read_config
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    if not is_gpt2_directory(run_dir):
-        check_shape(read_config(run_dir), format)  # before the weights are read
-    model, tokenizer = checkpoint_reader(run_dir)(run_dir)
+    if is_hf_directory(run_dir):
+        check_shape(read_config(run_dir)[3], format)  # before the weights are read
+    else:
+        from ..checkpoint import read_config as read_our_config
+
+        check_shape(read_our_config(run_dir), format)
+    model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),
                    tokenizer=getattr(tokenizer, "kind", None))
     if format == "gguf":
         summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name))
     else:
-        to_hf(model, tokenizer, out)
-        summary["bytes"] = sum(f.stat().st_size for f in Path(out).iterdir())
-        summary["tokenizer_written"] = bool(getattr(tokenizer, "byte_level", False))
+        summary.update(to_hf(model, tokenizer, out, template))
     return summary

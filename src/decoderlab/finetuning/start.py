@@ -1,5 +1,5 @@
 """What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
-decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
+decoderlab checkpoint or a Hugging Face directory, a preset from scratch, a model in memory, or on a
 resume the run's own), the held-out split, the digest of the data and the padding id -- the pieces every
 method shares."""
 
@@ -83,7 +83,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
+    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
     (:func:`decoderlab.gguf_import.load_gguf`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
