@@ -31,6 +31,7 @@ def test_logits_equal_the_written_model_and_transformers_gguf_model(tiny_gguf, a
     torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), rtol=0, atol=1e-5)
     assert info.architecture == arch and ours.config.rope_layout == "rotate_half" or arch == "gpt2"
     assert not ours.training and tok.vocab_size == ours.config.num_tokens
+    assert (tok.eos_id, tok.bos_id, tok.add_bos_token) == (2, 1, False)  # the file's ids, not a guess
 
 
 def test_permutation_undone_is_what_makes_llama_right(tiny_gguf, monkeypatch):

@@ -208,4 +208,11 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
     to_inference_dtype(model, dtype)
-    return model, BPETokenizer(contents.tokenizer), contents.info
+    return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
+
+
+def _named_tokens(info: GGUFInfo) -> dict:
+    """The file's control tokens under the names a ``BPETokenizer`` keeps (Hugging Face's): its end of text is
+    ``tokenizer.ggml.eos_token_id`` (SmolLM2's ``<|im_end|>``), not a guess from the vocabulary."""
+    named = {f"{role}_token": text for role, text in info.special_tokens.items() if role in ("bos", "eos", "pad", "unk")}
+    return {**named, "add_bos_token": info.add_bos, "add_eos_token": False}
