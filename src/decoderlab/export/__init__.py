@@ -23,8 +23,8 @@ import os
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
 from .gguf import to_gguf
 
-__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_shape", "export",
-           "gpt2_shaped_presets", "to_gguf", "to_hf"]
+__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_gpt2_shape",
+           "check_shape", "export", "gpt2_shaped_presets", "to_gguf", "to_hf"]
 
 
 class ExportShapeError(ValueError):
@@ -48,9 +48,9 @@ def gpt2_shaped_presets() -> list[str]:
 def check_shape(config, fmt: str = "gguf") -> None:
     """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
     shape of ``config``. ``hf``: no Hugging Face class computes the model (:func:`decoderlab.hf.export_family`:
-    the fields in the way and the nearest class). ``gguf``: one message naming every ModelConfig field that
-    differs from GPT-2's (``GPT2_SHAPE``), its value and the train option that set it, and the presets (and
-    options) that train a shape it carries. ``field`` is the first such field.
+    the fields in the way and the nearest class). ``gguf``: no llama.cpp architecture computes it exactly
+    (:func:`decoderlab.export.gguf.gguf_architecture`: gpt2, llama, qwen2, qwen3; one message naming every field
+    in the way of the nearest, its value and the train option that set it). ``field`` is the first such field.
 
     Raises:
         ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
@@ -65,18 +65,22 @@ def check_shape(config, fmt: str = "gguf") -> None:
         except ExportError as e:
             raise ExportShapeError(f"--format hf: {e}", e.field) from None
         return
-    bad = [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
-    if not bad:
-        return
-    what = "llama.cpp's gpt2 architecture"
-    has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
-                    for f, _, opt, _ in bad)
+    from .gguf import gguf_architecture
+
+    gguf_architecture(config)
+
+
+def check_gpt2_shape(config) -> list[tuple]:
+    """The rows of ``GPT2_SHAPE`` (field, value, train option, why) where ``config`` differs from GPT-2's shape."""
+    return [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
+
+
+def gpt2_how(bad) -> str:
+    """How to train a shape llama.cpp's gpt2 carries instead: the presets (and the options)."""
     how = f"--preset {' / '.join(gpt2_shaped_presets())}"
     if all(opt for _, _, opt, _ in bad):
         how += " (or " + " ".join(f"{opt} {v}" for _, v, opt, _ in bad) + ")"
-    raise ExportShapeError(f"--format {fmt} carries GPT-2-shaped models only ({what}: "
-                           f"{'; '.join(why for *_, why in bad)}); this model has {has}; train with {how} to "
-                           f"export it", bad[0][0])
+    return how
 
 
 def chat_template_text(template, tokenizer) -> str | None:
@@ -113,11 +117,13 @@ def to_hf(model, tokenizer, path: str | os.PathLike, template=None) -> dict:
 
 
 def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "f32",
-           name: str | None = None) -> dict:
-    """Export the checkpoint ``run_dir`` (a decoderlab run directory or a Hugging Face directory) to ``out`` in
-    ``format`` ("gguf": one file, weights in ``dtype`` -- f32, f16 or q8_0; "hf": a directory, its class,
-    tokenizer and chat template). Returns a summary: format, dtype, out, parameters, bytes written, tensors,
-    the tokenizer kind (and for hf the class).
+           name: str | None = None, force: bool = False) -> dict:
+    """Export the checkpoint ``run_dir`` (a decoderlab run directory, a Hugging Face directory or a GGUF file) to
+    ``out`` in ``format`` ("gguf": one file in llama.cpp's architecture for the model, weights in ``dtype`` --
+    f32, f16 or q8_0 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
+    file replaced only with ``force``; "hf": a directory, its class, tokenizer and chat template). Returns a
+    summary: format, dtype, out, parameters, bytes written, tensors, the tokenizer kind, the architecture or
+    class (and for gguf the Modelfile).
 
     Raises:
         ValueError: an unknown format or dtype (``dtype`` other than f32 with ``format="hf"`` too); a shape
@@ -128,14 +134,18 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     from pathlib import Path
 
     from ..chat import load_model
+    from ..gguf_import import is_gguf_file, open_checked
     from ..hf import is_hf_directory, read_config
+    from ..model import ModelConfig
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    if is_hf_directory(run_dir):
+    if is_gguf_file(run_dir):
+        check_shape(ModelConfig.from_dict(open_checked(run_dir)[2]), format)  # from its header
+    elif is_hf_directory(run_dir):
         check_shape(read_config(run_dir)[3], format)  # before the weights are read
     else:
         from ..checkpoint import read_config as read_our_config
@@ -146,7 +156,8 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),
                    tokenizer=getattr(tokenizer, "kind", None))
     if format == "gguf":
-        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name))
+        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name,
+                               template=template, force=force))
     else:
         summary.update(to_hf(model, tokenizer, out, template))
     return summary
