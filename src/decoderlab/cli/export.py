@@ -14,7 +14,8 @@ Write a checkpoint in another program's format. What each format carries:
   hf    a Hugging Face GPT-2 directory (config.json, model.safetensors; GPT-2's tokenizer files with a
         byte-level BPE, the weights alone with a char or word vocabulary); needs transformers
   gguf  one GGUF file for llama.cpp and ollama (llama.cpp's gpt2 architecture), the tokenizer inside it
-        (a BPE or a char vocabulary; a word vocabulary is refused); --dtype f32, f16 or q8_0; needs gguf
+        (a BPE or a char vocabulary; a word vocabulary is refused); --dtype f32, f16, q8_0, q4_0 or q4_1;
+        needs gguf
 
 Both carry GPT-2's shape only: {SHAPE_TEXT}
 (learned positions, LayerNorm, a GELU MLP). Another shape (--position rope, --norm rmsnorm, --mlp relu2, a
@@ -28,8 +29,9 @@ def add_export(p) -> None:
     p.add_argument("out", metavar="OUT", help="where to write: a directory (hf) or a .gguf file (gguf)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
     p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
-                   help="GGUF weight type: f32, f16, or q8_0 (8-bit blocks with a scale per 32 weights); norms, "
-                        "biases and positions stay f32 (default %(default)s; hf writes f32)")
+                   help="GGUF weight type: f32, f16, or llama.cpp's blocks of 32 weights with a float16 scale -- "
+                        "q8_0 (8-bit), q4_0 (4-bit), q4_1 (4-bit and a minimum); norms, biases and positions stay f32 "
+                        "(default %(default)s; hf writes f32)")
     p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: RUN_DIR's name)")
     p.set_defaults(func=cmd_export)
 

@@ -1,5 +1,5 @@
 """One GGUF file for llama.cpp and ollama: a GPT-2-shaped model in llama.cpp's ``gpt2`` architecture, with its
-tokenizer, in f32, f16 or q8_0, written with the ``gguf`` package (``pip install 'decoderlab[gguf]'``).
+tokenizer, in f32, f16, q8_0, q4_0 or q4_1, written with the ``gguf`` package (``pip install 'decoderlab[gguf]'``).
 
 Tensor mapping (ours -> GGUF; the ``gguf`` writer stores a (rows, cols) array as ggml's (cols, rows), and our
 ``nn.Linear`` weights are already (out, in), the layout llama.cpp multiplies with)::
@@ -16,8 +16,10 @@ Tensor mapping (ours -> GGUF; the ``gguf`` writer stores a (rows, cols) array as
     fc_layer.weight (untied only)   (num_tokens, d_model)  -> output.weight (tied: llama.cpp reuses token_embd)
 
 Norms, biases and the position table stay float32 as llama.cpp's own converter keeps them; the other matrices
-take ``dtype`` (q8_0: blocks of 32 weights with one float16 scale; a matrix whose rows are not a multiple of 32
-is written as f16, as the converter does). Missing biases (``bias=False``) are written as zeros.
+take ``dtype`` (q8_0, q4_0, q4_1: blocks of 32 weights with a float16 scale, :mod:`decoderlab.quant`, the bytes
+llama.cpp's reference quantizers write; a matrix whose rows are not a multiple of 32 is written as f16, as the
+converter does). A model already holding blocks of ``dtype`` (``--dtype q4_1``) writes them as they are, not
+quantized again. Missing biases (``bias=False``) are written as zeros.
 
 The tokenizer (``tokenizer.ggml.*``) is written in llama.cpp's byte-level BPE form (``model = "gpt2"``) with the
 pre-tokenizer named (``pre = "gpt-2"``: GPT-2's split, which decoderlab's BPE uses), so llama.cpp reads it as it
@@ -40,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config.names import GGUF_DTYPES
+from ..config.names import BLOCK_DTYPES, GGUF_DTYPES
+from ..quant import GGML_TYPES, BlockWeight, is_block_layer
 from ..tokenizers import byte_level_text
 
 _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
@@ -61,22 +64,25 @@ def require_gguf():
 
 def gguf_tensors(model) -> list[tuple[str, np.ndarray, bool]]:
     """``(GGUF name, float32 array, takes the weight dtype)`` for every tensor of a GPT-2-shaped ``model``, in
-    llama.cpp's order (module docstring). Arrays are (rows, cols) as ours; missing biases are zeros."""
-    def arr(t: torch.Tensor | None, like: int) -> np.ndarray:
+    llama.cpp's order (module docstring). Arrays are (rows, cols) as ours; missing biases are zeros; a block layer's
+    weight is its :class:`decoderlab.quant.BlockWeight`."""
+    def arr(t, like: int):
         if t is None:
             return np.zeros(like, dtype=np.float32)
+        if is_block_layer(t):  # a block layer's weight: its blocks, written as they are where dtype is theirs
+            return t.blocks
         t = t.detach()
         if hasattr(t, "dequantize"):  # torchao's int8 weights
             t = t.dequantize()
         return t.to(device="cpu", dtype=torch.float32).numpy().copy()
 
     def pair(module, gguf_name: str, matrix: bool) -> list[tuple[str, np.ndarray, bool]]:
-        w = module.weight
-        rows = w.shape[0]
+        w = module if is_block_layer(module) else module.weight
+        rows = module.out_features if is_block_layer(module) else w.shape[0]
         return [(f"{gguf_name}.weight", arr(w, rows), matrix),
                 (f"{gguf_name}.bias", arr(getattr(module, "bias", None), rows), False)]
 
-    out = [("token_embd.weight", arr(model.we.weight, 0), True),
+    out = [("token_embd.weight", arr(model.we if is_block_layer(model.we) else model.we.weight, 0), True),
            ("position_embd.weight", arr(model.pe.weight, 0), False)]
     for i, block in enumerate(model.blocks):
         for ours, theirs in _BLOCK_MAP:
@@ -84,7 +90,8 @@ def gguf_tensors(model) -> list[tuple[str, np.ndarray, bool]]:
             out += pair(module, f"blk.{i}.{theirs}", not theirs.endswith("norm"))
     out += pair(model.norm_f, "output_norm", False)
     if not model.config.tie_weights:
-        out.append(("output.weight", arr(model.fc_layer.weight, 0), True))
+        out.append(("output.weight", arr(model.fc_layer if is_block_layer(model.fc_layer) else model.fc_layer.weight, 0),
+                    True))
     return out
 
 
@@ -157,19 +164,25 @@ def _write_tokenizer(writer, tokenizer) -> None:
     writer.add_add_eos_token(False)
 
 
-def _weight(gguf, data: np.ndarray, dtype: str, matrix: bool):
-    """(array to write, its GGML type): ``dtype`` for a matrix, f32 otherwise; q8_0 where the rows allow."""
+def _weight(gguf, data, dtype: str, matrix: bool):
+    """(array to write, its GGML type): ``dtype`` for a matrix, f32 otherwise; a block type where the rows allow
+    (f16 else); ``data`` a float32 array or a :class:`BlockWeight` (written as it is when of type ``dtype``)."""
     q = gguf.GGMLQuantizationType
+    if isinstance(data, BlockWeight):
+        if data.kind == dtype:
+            return data.to_gguf(), q(GGML_TYPES[dtype])
+        data = data.dequantize().numpy()
     if not matrix or dtype == "f32":
         return data, q.F32
-    if dtype == "q8_0" and data.shape[-1] % 32 == 0:
-        return gguf.quants.quantize(data, q.Q8_0), q.Q8_0
+    if dtype in BLOCK_DTYPES and data.shape[-1] % 32 == 0:
+        return BlockWeight.quantize(torch.from_numpy(data), dtype).to_gguf(), q(GGML_TYPES[dtype])
     return data.astype(np.float16), q.F16
 
 
 def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", name: str | None = None) -> dict:
     """Write a GPT-2-shaped ``model`` and its ``tokenizer`` as one GGUF file at ``path`` (module docstring: the
-    tensors, which of them take ``dtype``, the tokenizer's form). ``dtype``: "f32", "f16" or "q8_0". The file
+    tensors, which of them take ``dtype``, the tokenizer's form). ``dtype``: "f32", "f16", "q8_0", "q4_0" or
+    "q4_1". The file
     is written next to ``path`` and renamed into place. Returns ``{"bytes", "tensors", "types"}`` (the GGML
     type of each tensor by name).
 
@@ -214,10 +227,11 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
 
 def _write_header(writer, gguf, cfg, dtype: str, name: str) -> None:
     file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                  "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
     writer.add_name(name)
     writer.add_file_type(int(file_types[dtype]))
-    if dtype == "q8_0":
+    if dtype in BLOCK_DTYPES:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_context_length(cfg.max_len)
     writer.add_embedding_length(cfg.d_model)
