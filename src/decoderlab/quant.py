@@ -230,15 +230,20 @@ def dequantize_rows(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     lead = d.shape[:-1]
     scale = d.float().unsqueeze(-1)  # (..., blocks, 1)
     if kind == "q8_0":
-        w = qs.reshape(*lead, -1, BLOCK).float() * scale
-    else:
-        q = qs.reshape(*lead, -1, 1, BLOCK // 2)
-        q = torch.cat([q & 15, q >> 4], dim=-2).reshape(*lead, -1, BLOCK)  # low nibbles: 0..15, high: 16..31
+        return (qs.reshape(*lead, -1, BLOCK).float() * scale).reshape(*lead, -1)
+    q = qs.reshape(*lead, -1, BLOCK // 2)
+    out = torch.empty(*q.shape[:-1], 2, BLOCK // 2, device=qs.device)
+    low = None if m is None else m.float().unsqueeze(-1)
+    # low nibbles are weights 0..15 of a block, high ones 16..31, each written into its half (a cat or a broadcast
+    # shift of the two measured 2-15x slower than the rest of the dequantization)
+    for half, nibbles in enumerate((q & 15, q >> 4)):
+        w = out[..., half, :]
         if kind == "q4_0":
-            w = (q.to(torch.int8) - 8).float() * scale
+            torch.mul(nibbles.float() - 8, scale, out=w)
         else:
-            w = q.float() * scale + m.float().unsqueeze(-1)
-    return w.reshape(*lead, -1)
+            torch.mul(nibbles.float(), scale, out=w)
+            w.add_(low)
+    return out.reshape(*lead, -1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -248,35 +253,36 @@ def dequantize_rows(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tenso
 
 def block_matvec(x: torch.Tensor, layer: "BlockLinear") -> torch.Tensor:
     """``x @ W.T (+ bias)`` for a block weight as a reduction over its blocks, for a compiled or exported graph:
-    (..., in) -> (..., out), float32 accumulation, the result in ``x``'s dtype.
+    (..., in) -> (..., out), accumulated in float32 (float64 for float64 ``x``), the result in ``x``'s dtype.
 
     Written as multiplies and one sum over every (block, weight-in-block) pair of a row, with the output index
     outermost, so that Inductor compiles it into a loop that reads each row's integers and scales once for all of
     ``x``'s rows and converts them to float in registers (:mod:`decoderlab.matvec`). Eagerly this would build a
     (out, rows, in) tensor: call it only where ``torch.compile`` or ``torch.export`` traces."""
     rows = x.shape[:-1].numel()
-    flat = x.reshape(rows, x.shape[-1]).float()
+    acc = torch.promote_types(x.dtype, torch.float32)
+    flat = x.reshape(rows, x.shape[-1]).to(acc)
     # a view onto itself: the op that made x runs once into a buffer instead of being inlined into the reduction
     # and redone for every output row (matvec.linear says why)
     flat = torch.as_strided(flat, flat.shape, flat.stride())
-    scale = layer.d.float()[:, None, :, None]  # (out, 1, blocks, 1)
+    scale = layer.d.to(acc)[:, None, :, None]  # (out, 1, blocks, 1)
     if layer.kind == "q8_0":
         xb = flat.reshape(1, rows, -1, BLOCK)  # (1, rows, blocks, 32)
-        w = layer.qs.reshape(layer.out_features, 1, -1, BLOCK).float() * scale
+        w = layer.qs.reshape(layer.out_features, 1, -1, BLOCK).to(acc) * scale
         y = (xb * w).sum((-1, -2))
     else:
         xb = flat.reshape(1, rows, -1, 2, BLOCK // 2)  # weights 0..15 and 16..31 of each block apart
         q = layer.qs.reshape(layer.out_features, 1, -1, BLOCK // 2)
-        lo, hi = (q & 15).float(), (q >> 4).float()
+        lo, hi = (q & 15).to(acc), (q >> 4).to(acc)
         if layer.kind == "q4_0":
             lo, hi = (lo - 8) * scale, (hi - 8) * scale
         else:
-            low = layer.m.float()[:, None, :, None]
+            low = layer.m.to(acc)[:, None, :, None]
             lo, hi = lo * scale + low, hi * scale + low
         y = (xb[..., 0, :] * lo + xb[..., 1, :] * hi).sum((-1, -2))  # (out, rows)
     y = y.t()
     if layer.bias is not None:
-        y = y + layer.bias
+        y = y + layer.bias.to(acc)
     return y.reshape(*x.shape[:-1], layer.out_features).to(x.dtype)
 
 
@@ -292,6 +298,7 @@ class _Blocks(nn.Module):
 
     def _set_blocks(self, weight: BlockWeight) -> None:
         self.kind = weight.kind
+        self.out_dtype = torch.float32  # what the float parts of the model are (follows .to(dtype), .double() ...)
         self.register_buffer("qs", weight.qs)
         self.register_buffer("d", weight.d)
         self.register_buffer("m", weight.m)
@@ -317,6 +324,9 @@ class _Blocks(nn.Module):
         planes = [k for k in ("d", "m") if self._buffers.get(k) is not None]
         for k in planes:
             self._buffers[k] = self._buffers[k].view(torch.int16)
+        probe = fn(torch.empty(0, dtype=self.out_dtype))
+        if probe.dtype.is_floating_point:
+            self.out_dtype = probe.dtype
         try:
             return super()._apply(fn, recurse)
         finally:
@@ -331,8 +341,8 @@ class _Blocks(nn.Module):
 class BlockLinear(_Blocks):
     """``nn.Linear`` over a :class:`BlockWeight`: (..., in_features) -> (..., out_features), ``x W^T + b``.
 
-    Eagerly the weight is dequantized (float32, then ``x``'s dtype) and ``F.linear`` runs; inside a compiled
-    decode step :func:`decoderlab.matvec.linear` takes :func:`block_matvec` instead. ``bias`` is an ordinary
+    Eagerly the weight is dequantized (float32, then ``x``'s dtype) a slice of rows at a time and ``F.linear``
+    runs on each slice; inside a compiled decode step :func:`decoderlab.matvec.linear` takes :func:`block_matvec` instead. ``bias`` is an ordinary
     float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
 
     def __init__(self, weight: BlockWeight, bias: torch.Tensor | None = None):
@@ -342,12 +352,22 @@ class BlockLinear(_Blocks):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        # dequantized a slice of rows at a time, each slice small enough to stay in cache while F.linear reads it:
+        # the whole float weight at once measured 7x slower than float32's F.linear at one row (written to memory
+        # and read back), slices of ~128k weights 1.5x (bench/llamacpp.py: eager block dtypes)
+        rows = max(16, (1 << 17) // self.in_features)
+        out = x.new_empty(*x.shape[:-1], self.out_features)
+        for s in range(0, self.out_features, rows):
+            e = min(s + rows, self.out_features)
+            w = dequantize_rows(self.kind, self.qs[s:e], self.d[s:e], None if self.m is None else self.m[s:e])
+            out[..., s:e] = F.linear(x, w.to(x.dtype), None if self.bias is None else self.bias[s:e].to(x.dtype))
+        return out
 
 
 class BlockEmbedding(_Blocks):
-    """``nn.Embedding`` over a :class:`BlockWeight` (num_embeddings, embedding_dim): ids (...) -> float32 rows
-    (..., embedding_dim), each row dequantized from its blocks (a tied output layer's weight, read both ways)."""
+    """``nn.Embedding`` over a :class:`BlockWeight` (num_embeddings, embedding_dim): ids (...) -> rows
+    (..., embedding_dim), each row dequantized from its blocks (a tied output layer's weight, read both ways), in
+    float32 -- or the dtype the model was cast to (``model.double()``), as an ``nn.Embedding``'s rows follow it."""
 
     def __init__(self, weight: BlockWeight):
         super().__init__()
@@ -355,7 +375,8 @@ class BlockEmbedding(_Blocks):
         self.num_embeddings, self.embedding_dim = weight.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.kind, self.qs[ids], self.d[ids], None if self.m is None else self.m[ids])
+        rows = dequantize_rows(self.kind, self.qs[ids], self.d[ids], None if self.m is None else self.m[ids])
+        return rows.to(self.out_dtype)
 
 
 def is_block_layer(module) -> bool:

@@ -97,7 +97,7 @@ def test_help_says_what_each_format_carries(decoderlab_cli):
                   "Apertus (rope, QK-norm, ReLU²: the default recipe's)", "gguf one GGUF file for llama.cpp and ollama",
                   "gpt2 (learned positions, LayerNorm, GELU), llama (rope, RMSNorm, SwiGLU, grouped-query attention)",
                   "an ollama Modelfile beside it", "kept unless --force", "LoRA adapters merged first",
-                  "a word vocabulary is refused", "f32, f16 or q8_0"):
+                  "a word vocabulary is refused", "f32, f16, q8_0, q4_0 or q4_1"):
         assert words in text, words
 
 

@@ -115,6 +115,26 @@ def test_f16_and_q8_0_matrices_with_f32_norms_biases_and_positions(bpe, tmp_path
     assert field(fields, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_1"])
+def test_block_matrices_are_llama_cpps_bytes_and_a_quantized_model_writes_its_own(dtype, bpe, tmp_path):
+    """Each block type's matrices are the bytes llama.cpp's reference quantizers write (gguf.quants.quantize);
+    a model loaded with --dtype of that type writes its blocks as they are, not quantized again."""
+    from decoderlab.dtypes import to_inference_dtype
+
+    model = gpt2_model(bpe.vocab_size, seed=2)
+    want = ours(model)
+    to_gguf(model, bpe, tmp_path / "a.gguf", dtype=dtype)
+    reader = gguf.GGUFReader(str(tmp_path / "a.gguf"))
+    qtype = getattr(gguf.GGMLQuantizationType, dtype.upper())
+    for t in reader.tensors:
+        if t.name.endswith(".weight") and want[t.name].ndim == 2 and t.name != "position_embd.weight":
+            assert t.tensor_type == qtype
+            assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(want[t.name], qtype)), t.name
+    quantized = to_inference_dtype(gpt2_model(bpe.vocab_size, seed=2), dtype)
+    to_gguf(quantized, bpe, tmp_path / "b.gguf", dtype=dtype)
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
 def test_the_bpe_tokenizer_is_in_the_file_with_its_merges_and_pre_tokenizer(bpe, tmp_path):
     to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf")
     _, fields = read(tmp_path / "m.gguf")
@@ -178,8 +198,8 @@ def test_a_word_vocabulary_an_unknown_dtype_and_a_size_mismatch_are_refused(bpe,
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     with pytest.raises(ValueError, match="a word vocabulary has no form llama.cpp reads"):
         to_gguf(gpt2_model(word.vocab_size), word, tmp_path / "w.gguf")
-    with pytest.raises(ValueError, match="dtype must be one of f32, f16, q8_0, got 'q4_0'"):
-        to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q4_0")
+    with pytest.raises(ValueError, match="dtype must be one of f32, f16, q8_0, q4_0, q4_1, got 'q5_0'"):
+        to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q5_0")
     with pytest.raises(ValueError, match="tokenizer vocabulary size 400 does not match the model's num_tokens 401"):
         to_gguf(gpt2_model(401), bpe, tmp_path / "m.gguf")
     assert not list(tmp_path.iterdir())
@@ -368,3 +388,23 @@ def test_export_of_a_gguf_file_keeps_its_jinja_template_and_pre_tokenizer(tmp_pa
         assert np.array_equal(a[name][1], b[name][1]), name
     modelfile = (tmp_path / "out.Modelfile").read_text()
     assert "FROM ./out.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+def test_a_gguf_model_kept_in_its_blocks_writes_the_same_blocks_back(tmp_path):
+    """llama.cpp's Q4_1 file loaded with --dtype q4_1 (blocks kept, llama's rows unpermuted as rows of blocks) and
+    written as q4_1: every tensor's bytes are the file's own -- the permutation went there and back exactly."""
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.chat import load_model
+
+    tok = byte_level_bpe(300)
+    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", tok.get_vocab_size()), tok, qtype="Q4_1")
+    model, mtok, template, _ = load_model(src, dtype="q4_1")
+    to_gguf(model, mtok, tmp_path / "out.gguf", dtype="q4_1", template=template)
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(tmp_path / "out.gguf"))
+    theirs = {t.name: t for t in b.tensors}
+    assert sorted(theirs) == sorted(t.name for t in a.tensors)
+    for t in a.tensors:
+        assert theirs[t.name].tensor_type == t.tensor_type, t.name
+        assert np.array_equal(np.asarray(theirs[t.name].data), np.asarray(t.data)), t.name

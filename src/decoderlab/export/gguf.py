@@ -1,7 +1,7 @@
 """One GGUF file for llama.cpp and ollama, written with the ``gguf`` package (``pip install 'decoderlab[gguf]'``):
 the model in the llama.cpp architecture that computes exactly what it computes, its tokenizer
-(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in f32, f16 or q8_0; an ollama
-``Modelfile`` beside it (:mod:`.modelfile`).
+(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in f32, f16, q8_0, q4_0 or q4_1; an
+ollama ``Modelfile`` beside it (:mod:`.modelfile`).
 
 Architectures (:func:`gguf_architecture`; anything else is refused naming the field, before a file is written):
 
@@ -31,10 +31,12 @@ Tensor mapping (ours -> GGUF; the ``gguf`` writer stores a (rows, cols) array as
 Query and key rows follow the architecture's rotary layout: llama's is ggml's interleaved pairs (x[2i], x[2i+1])
 -- a rotate-half model's rows are permuted as llama.cpp's converter permutes Hugging Face's --, qwen2's and
 qwen3's is rotate-half (NEOX) -- an interleaved model's rows are permuted the other way. Norms, biases and the
-position table stay float32 as llama.cpp's converter keeps them; the other matrices take ``dtype`` (q8_0:
-blocks of 32 weights with one float16 scale; a matrix whose rows are not a multiple of 32 is written as f16,
-as the converter does). GPT-2's missing biases (``bias=False``) are written as zeros. LoRA adapters are merged
-first; a weight outside float16's range is refused for f16 and q8_0, naming the tensor.
+position table stay float32 as llama.cpp's converter keeps them; the other matrices take ``dtype`` (q8_0, q4_0,
+q4_1: blocks of 32 weights with a float16 scale, :mod:`decoderlab.quant`, the bytes llama.cpp's reference
+quantizers write; a matrix whose rows are not a multiple of 32 is written as f16, as the converter does). A
+model already holding blocks of ``dtype`` (loaded with ``--dtype q4_1``) writes them as they are, rows moved
+whole, not quantized again. GPT-2's missing biases (``bias=False``) are written as zeros. LoRA adapters are
+merged first; a weight outside what ``dtype``'s float16 numbers hold is refused, naming the tensor.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config.names import GGUF_DTYPES
+from ..config.names import BLOCK_DTYPES, GGUF_DTYPES
+from ..quant import GGML_TYPES, BlockWeight, is_block_layer
 
 _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
 #: llama.cpp's architectures the export writes
@@ -62,6 +65,9 @@ LLAMA_SHAPE = (
 _GPT2_BLOCK = (("norm_1", "attn_norm"), ("attention.qkv", "attn_qkv"), ("attention.proj", "attn_output"),
                ("norm_2", "ffn_norm"), ("mlp.fc", "ffn_up"), ("mlp.proj", "ffn_down"))
 _FLOAT16_MAX = 65504.0
+#: the largest |weight| each type holds, in float16's largest numbers: f16 itself; q8_0's scale is max / 127,
+#: q4_0's max / 8; q4_1 keeps each block's minimum as a float16
+_HEADROOM = {"f16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
 
 
 def require_gguf():
@@ -104,6 +110,8 @@ def gguf_architecture(config) -> str:
 def _array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
     if t is None:
         return np.zeros(like, dtype=np.float32)
+    if is_block_layer(t):  # a block layer: its blocks, written as they are where dtype is theirs
+        return t.blocks
     t = t.detach()
     if hasattr(t, "dequantize"):  # torchao's int8 weights
         t = t.dequantize()
@@ -113,28 +121,42 @@ def _array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
 def _pair(module, name: str, ours: str, matrix: bool, zero_bias: bool) -> list[tuple[str, np.ndarray, bool, str]]:
     """A layer's weight (a block-quantized layer's dequantized: decoderlab.quant) and bias (zeros where the
     architecture has one and the model none) as ``name.weight`` / ``name.bias``."""
-    w = module.weight
+    w = module if is_block_layer(module) else module.weight
     out = [(f"{name}.weight", _array(w), matrix, f"{ours}.weight")]
     bias = getattr(module, "bias", None)
     if bias is not None or zero_bias:
-        out.append((f"{name}.bias", _array(bias, w.shape[0]), False, f"{ours}.bias"))
+        rows = module.blocks.shape[0] if is_block_layer(module) else w.shape[0]
+        out.append((f"{name}.bias", _array(bias, rows), False, f"{ours}.bias"))
     return out
 
 
-def _rows(rows: np.ndarray, n_head: int, to_interleaved: bool) -> np.ndarray:
-    """A query/key projection's rows (or bias) between rotate-half and interleaved head layouts."""
+def _rows(rows, n_head: int, to_interleaved: bool):
+    """A query/key projection's rows (float rows, a bias, or a BlockWeight's rows of blocks) between
+    rotate-half and interleaved head layouts."""
     from ..gguf_import.weights import unpermute
 
+    index = np.arange(rows.shape[0])
     if not to_interleaved:
-        return unpermute(rows, n_head)  # interleaved -> rotate-half
-    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+        index = unpermute(index, n_head)  # interleaved -> rotate-half
+    else:
+        index = index.reshape(n_head, 2, -1).swapaxes(1, 2).reshape(-1)
+    return rows.rows(torch.from_numpy(index)) if isinstance(rows, BlockWeight) else rows[index]
+
+
+def _split(rows, cuts: list[int]) -> list:
+    """Rows [0, a), [a, b), [b, end) of a float array or a BlockWeight."""
+    if isinstance(rows, BlockWeight):
+        edges = [0, *cuts, rows.shape[0]]
+        return [rows.rows(slice(a, b)) for a, b in zip(edges, edges[1:])]
+    return np.split(rows, cuts)
 
 
 def gguf_tensors(model, arch: str) -> list[tuple[str, np.ndarray, bool, str]]:
     """``(GGUF name, float32 array, takes the weight dtype, our name)`` for every tensor of ``model`` written as
     ``arch``, in llama.cpp's order (module docstring). Arrays are (rows, cols) as ours."""
     cfg = model.config
-    out = [("token_embd.weight", _array(model.we.weight), True, "we.weight")]
+    out = [("token_embd.weight", _array(model.we if is_block_layer(model.we) else model.we.weight), True,
+            "we.weight")]
     if arch == "gpt2":
         out.append(("position_embd.weight", _array(model.pe.weight), False, "pe.weight"))
     for i, block in enumerate(model.blocks):
@@ -146,20 +168,21 @@ def gguf_tensors(model, arch: str) -> list[tuple[str, np.ndarray, bool, str]]:
             out += _llama_block(block, i, cfg, arch)
     out += _pair(model.norm_f, "output_norm", "norm_f", False, arch == "gpt2")
     if not cfg.tie_weights:
-        out.append(("output.weight", _array(model.fc_layer.weight), True, "fc_layer.weight"))
+        head = model.fc_layer
+        out.append(("output.weight", _array(head if is_block_layer(head) else head.weight), True, "fc_layer.weight"))
     return out
 
 
 def _llama_block(block, i: int, cfg, arch: str) -> list[tuple[str, np.ndarray, bool, str]]:
     h, kv, dh = cfg.n_head, cfg.kv_heads, cfg.d_head
     att, b, ours = block.attention, f"blk.{i}", f"blocks.{i}"
-    qkv = {"weight": _array(att.qkv.weight)}
+    qkv = {"weight": _array(att.qkv if is_block_layer(att.qkv) else att.qkv.weight)}
     if cfg.qkv_bias:
         qkv["bias"] = _array(att.qkv.bias)
     out = _pair(block.norm_1, f"{b}.attn_norm", f"{ours}.norm_1", False, False)
     interleaved = cfg.rope_layout == "interleaved"
     for param, rows in qkv.items():
-        q, k, v = np.split(rows, [h * dh, (h + kv) * dh])
+        q, k, v = _split(rows, [h * dh, (h + kv) * dh])
         if interleaved != (arch == "llama"):  # the file's layout is not the model's
             q, k = _rows(q, h, arch == "llama"), _rows(k, kv, arch == "llama")
         for part, which in ((q, "q"), (k, "k"), (v, "v")):
@@ -177,24 +200,30 @@ def _llama_block(block, i: int, cfg, arch: str) -> list[tuple[str, np.ndarray, b
     return out
 
 
-def _encode(gguf, data: np.ndarray, dtype: str, matrix: bool, name: str):
-    """(array to write, its GGML type): ``dtype`` for a matrix, f32 otherwise; q8_0 where the rows allow.
+def _encode(gguf, data, dtype: str, matrix: bool, name: str):
+    """(array to write, its GGML type): ``dtype`` for a matrix, f32 otherwise; a block type where the rows allow
+    (f16 else); ``data`` a float32 array or a :class:`~decoderlab.quant.BlockWeight` (written as it is when of
+    type ``dtype``).
 
     Raises:
-        ValueError: a value outside float16's range for f16 (or a q8_0 block whose float16 scale would overflow),
-            naming the tensor.
+        ValueError: a value outside what ``dtype``'s float16 numbers hold (:data:`_HEADROOM`), naming the tensor.
     """
     q = gguf.GGMLQuantizationType
+    if isinstance(data, BlockWeight):
+        if data.kind == dtype:
+            return data.to_gguf(), q(GGML_TYPES[dtype])
+        data = data.dequantize().numpy()
     if not matrix or dtype == "f32":
         return data, q.F32
-    limit = _FLOAT16_MAX * (127 if dtype == "q8_0" and data.shape[-1] % 32 == 0 else 1)
+    blocks = dtype in BLOCK_DTYPES and data.shape[-1] % 32 == 0
+    limit = _FLOAT16_MAX * (_HEADROOM[dtype] if blocks else 1)
     peak = float(np.abs(data).max()) if data.size else 0.0
     if not peak <= limit:
-        raise ValueError(f"tensor {name} holds {peak:g}, outside float16's range (+-{_FLOAT16_MAX:g}"
-                         f"{' x 127 for a q8_0 scale' if limit > _FLOAT16_MAX else ''}): --dtype {dtype} cannot hold "
-                         f"it; write it with --dtype f32")
-    if dtype == "q8_0" and data.shape[-1] % 32 == 0:
-        return gguf.quants.quantize(data, q.Q8_0), q.Q8_0
+        room = f" x {_HEADROOM[dtype]} for a {dtype} scale" if limit > _FLOAT16_MAX else ""
+        raise ValueError(f"tensor {name} holds {peak:g}, outside float16's range (+-{_FLOAT16_MAX:g}{room}): --dtype "
+                         f"{dtype} cannot hold it; write it with --dtype f32")
+    if blocks:
+        return BlockWeight.quantize(torch.from_numpy(data), dtype).to_gguf(), q(GGML_TYPES[dtype])
     return data.astype(np.float16), q.F16
 
 
@@ -202,7 +231,7 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
             template=None, force: bool = False, modelfile: bool = True) -> dict:
     """Write ``model`` (LoRA adapters merged first), its ``tokenizer`` and chat ``template`` as one GGUF file at
     ``path`` (module docstring), and an ollama Modelfile beside it (``<path without .gguf>.Modelfile``, unless
-    ``modelfile=False``). ``dtype``: "f32", "f16" or "q8_0". Both are written next to their place and renamed
+    ``modelfile=False``). ``dtype``: "f32", "f16", "q8_0", "q4_0" or "q4_1". Both are written next to their place and renamed
     into it: a failure leaves nothing. Returns ``{"architecture", "bytes", "tensors", "types", "modelfile"}``.
 
     Raises:
@@ -272,10 +301,11 @@ def _write(gguf, model, tokenizer, path: Path, arch: str, dtype: str, name, temp
 
 def _write_header(writer, gguf, cfg, arch: str, dtype: str, name: str) -> None:
     file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                  "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
     writer.add_name(name)
     writer.add_file_type(int(file_types[dtype]))
-    if dtype == "q8_0":
+    if dtype in BLOCK_DTYPES:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_context_length(cfg.max_len)
     writer.add_embedding_length(cfg.d_model)
