@@ -6,7 +6,8 @@ model that chats in its own format.
 content and the end token, then the assistant's opener -- since ollama knows nothing of them; a Jinja template
 (a Hugging Face or GGUF model's own) is left to ollama, which reads ``tokenizer.chat_template`` from the file
 and recognises the common ones (ChatML, Llama 3, ...). ``PARAMETER stop`` lists the end-of-turn token and the
-turn openers, where generation must stop. A model without a template gets ``FROM`` alone (a completion model).
+turn openers, where generation must stop. A model without a template (a completion model) gets the prompt as it
+is (``TEMPLATE "{{ .Prompt }}"``) and its end of text as the stop.
 
 Source: ollama's Modelfile reference (docs/modelfile.md: FROM, TEMPLATE with ``.Messages`` / ``.Role`` /
 ``.Content``, PARAMETER stop).
@@ -51,7 +52,11 @@ def modelfile_text(gguf_path: Path, template, tokenizer, chat_template: str | No
     from ..chat import ChatTemplate
 
     lines = ["# ollama create NAME -f " + modelfile_path(gguf_path).name, f"FROM ./{gguf_path.name}"]
-    if template is None:
+    if template is None:  # a completion model: the prompt as it is, up to its end of text
+        eos = getattr(tokenizer, "eos_id", None)
+        lines.append('TEMPLATE "{{ .Prompt }}"')
+        if eos is not None:
+            lines.append(f"PARAMETER stop {_quoted(tokenizer.id_to_token[eos])}")
         return "\n".join(lines) + "\n"
     if isinstance(template, ChatTemplate):
         lines.append(f'TEMPLATE """{go_template(template)}"""')
