@@ -1,7 +1,8 @@
 """The tokenizer rebuilt from a GGUF file's tokenizer.ggml.* equals the tokenizers file it came from, for each
 pre-tokenizer llama.cpp names (gpt-2, smollm, llama-bpe, qwen2) on 200 strings, and equals transformers' own
-GGUF tokenizer where transformers splits as llama.cpp does; the chat template is the file's; SmolLM2's real file
-gives transformers' ids on 200 strings; vocabularies it does not rebuild are refused in one line."""
+GGUF tokenizer where transformers splits as llama.cpp does, and llama.cpp's own (where llama-cpp-python is
+installed); a SentencePiece vocabulary likewise; the chat template is the file's; SmolLM2's real file gives
+transformers' ids on 200 strings; vocabularies it does not rebuild are refused in one line."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_control_tokens_special_ids_and_template(tmp_path, trained):
 
 
 @pytest.mark.parametrize("change,what", [
-    ({"tokenizer.ggml.model": "llama"}, "SentencePiece"),
+    ({"tokenizer.ggml.model": "llama"}, "the SentencePiece vocabulary has no scores"),
+    ({"tokenizer.ggml.model": "t5"}, "a Unigram vocabulary"),
     ({"tokenizer.ggml.model": "bert"}, "WordPiece"),
     ({"tokenizer.ggml.pre": "chameleon"}, "'chameleon' is not a pre-tokenizer decoderlab rebuilds; allowed:"),
     ({"tokenizer.ggml.merges": []}, "no merges"),
@@ -103,3 +105,50 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
     assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
     assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
+
+
+@pytest.fixture(scope="module")
+def spm_file(tmp_path_factory, shared_dir):
+    from support.gguf_files import hf_model, sentencepiece_vocab, write_gguf
+
+    data = shared_dir / "data"
+    texts = [(data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000],
+             (data / "gsm8k_train.jsonl").read_text(encoding="utf-8")[:100_000]]
+    vocab = sentencepiece_vocab(texts)
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    return write_gguf(path, "llama", hf_model("llama", len(vocab["tokens"])), vocab, chat_template=None)
+
+
+def test_a_sentencepiece_vocabulary_equals_transformers_gguf_tokenizer(spm_file, strings):
+    """Llama 2's kind of vocabulary (tokenizer.ggml.model 'llama': scores, byte tokens, no merges): ids equal
+    transformers' own GGUF tokenizer on the strings that do not start with a space (byte fallback for what the
+    pieces lack), and decode back. (A text starting with a space gets the prefix space from us and llama.cpp,
+    "▁▁", and none from transformers' GGUF loader -- below, llama.cpp is the judge.)"""
+    ours = hf_tokenizer(GGUFFile(spm_file).metadata)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(spm_file.parent), gguf_file=spm_file.name)
+    plain = [t for t in strings if "<s>" not in t and "</s>" not in t and not t[:1].isspace()]
+    assert len(plain) > 150
+    assert ids(ours, plain) == [theirs(t, add_special_tokens=False)["input_ids"] for t in plain]
+    assert any(3 <= i < 259 for row in ids(ours, plain) for i in row)  # bytes fell back
+    assert [ours.decode(i) for i in ids(ours, plain)] == [theirs.decode(i) for i in ids(ours, plain)]
+
+
+@pytest.mark.parametrize("pre", PRES + ["sentencepiece"])
+def test_llama_cpp_tokenizes_as_the_rebuilt_tokenizer(tmp_path, trained, spm_file, strings, pre):
+    """Where llama-cpp-python is installed: llama.cpp's own tokenizer (the vocabulary alone loaded) gives the
+    rebuilt tokenizer's ids on 200 strings, for each pre-tokenizer and for a SentencePiece vocabulary."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = spm_file if pre == "sentencepiece" else written(tmp_path, trained[pre], pre)
+    ours = hf_tokenizer(GGUFFile(path).metadata)
+    ours.encode_special_tokens = True  # a control token typed in text is text, as llama.cpp's special=False
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    assert ids(ours, strings) == [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in strings]
+
+
+def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
+    from decoderlab.gguf_import import load_gguf
+
+    _, tok, info = load_gguf(spm_file)
+    text = "Hello there, café 東京! 12 + 7"
+    assert tok.decode(tok.encode(text)) == text and tok.bos_id == 1 and tok.eos_id == 2 and tok.add_bos_token
+    assert b"".join(tok.token_bytes(i) for i in tok.encode(text)).decode("utf-8").strip() == text

@@ -48,6 +48,27 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
             assert r.choices[0].text == ref_text((model, tok), tok.encode("To be"), 6, temperature, seed)
 
 
+def test_cli_serve_runs_a_gguf_file_with_its_chat_template(tmp_path):
+    """A GGUF file (llama.cpp's) is a checkpoint for serve too: its name is the model id, /v1/chat/completions
+    renders its tokenizer.chat_template, and the reply equals the library's chat_reply on the same file."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.chat import chat_reply, load_model
+
+    bpe = byte_level_bpe(300)
+    path = write_gguf(tmp_path / "tiny.gguf", "qwen2", hf_model("qwen2", bpe.get_vocab_size()), bpe)
+    model, tok, template, _ = load_model(path)
+    messages = [{"role": "user", "content": "Hi there"}]
+    want = chat_reply(model, messages, tok, template, temperature=0, max_new_tokens=5)
+    with cli_server(path, "--eager") as url:
+        c = client(url)
+        assert c.models.list().data[0].id == "tiny.gguf"
+        r = c.chat.completions.create(model="tiny.gguf", messages=messages, max_tokens=5, temperature=0)
+        assert r.choices[0].message.content == want
+
+
 @pytest.mark.parametrize("args,needle", [(["--checkpoint", "/no/such/dir"], "/no/such/dir"),
                                          (["--checkpoint", ".", "--port", "70000"], "--port"),
                                          (["--checkpoint", ".", "--max-tokens", "0"], "--max-tokens"),

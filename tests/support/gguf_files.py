@@ -240,8 +240,38 @@ def _add(w, gguf, key: str, value) -> None:
         w.add_array(key, list(value))
 
 
+def sentencepiece_vocab(texts, vocab_size: int = 800) -> dict:
+    """A SentencePiece-style BPE vocabulary as a GGUF file of Llama 2's holds it: ``<unk>``, ``<s>``, ``</s>``, the
+    256 byte tokens ``<0x00>`` .. ``<0xFF>``, then pieces (spaces as ``▁``) scored by their merge order (the first
+    learned scores highest). Returns ``{"tokens", "scores", "types"}``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    pieces = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    return {"tokens": tokens, "scores": scores, "types": types}
+
+
 def _add_tokenizer(w, gguf, tokenizer, pre: str, chat_template, eos, bos) -> None:
     import json
+
+    if isinstance(tokenizer, dict):  # a SentencePiece vocabulary (sentencepiece_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokenizer["tokens"])
+        w.add_token_scores(tokenizer["scores"])
+        w.add_token_types(tokenizer["types"])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(True)
+        if chat_template is not None:
+            w.add_chat_template(chat_template)
+        return
 
     spec = json.loads(tokenizer.to_str())
     vocab = tokenizer.get_vocab(with_added_tokens=True)
