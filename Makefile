@@ -39,7 +39,7 @@ demo: $(STAMP)
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"
 	rm -rf runs/demo
 	$(VENV)/bin/decoderlab train --out runs/demo
-	$(VENV)/bin/decoderlab sample --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 --seed 1
+	$(VENV)/bin/decoderlab sample --checkpoint runs/demo "ROMEO:" --max-new-tokens 300 --seed 1
 
 # the report card from nothing: pretrain a BPE chat base, SFT on the tasks, RL, score every stage (runs/recipe)
 recipe: $(STAMP)

@@ -37,15 +37,22 @@ rows in float32 and bfloat16 -- eagerly through ``F.linear``, compiled by Induct
 (a reduction up to ``MAX_ROWS`` rows, ``MAX_ROWS_HALF`` in bfloat16, ``F.linear`` above), and the physical floor, a plain read of the weight bytes
 (``weight.sum()``): why the compiled step decodes faster, and where the reduction stops paying.
 
+With ``--shape smollm2-135m``, instead: a Llama-family model of SmolLM2-135M's shape (``preset("smollm2-135m")``,
+random weights) decoding batch 1 greedy -- eager, compiled (``--compiled 2``) and ahead of time -- against
+``transformers``' ``LlamaForCausalLM.generate`` on the same weights, alternating, each variant's tokens checked
+against eager's; then the seconds of ``verify`` (the float64 recomputation of the whole pass) on that model.
+
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
                              [--only-compile] [--compile-repeats 5] [--compile-batches 1,8]
                              [--only-batch-step] [--step-batches 1,4,16] [--only-linears] [--linear-rows 1,8]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
+    python bench/generate.py --shape smollm2-135m [--new-tokens 255] [--repeats 3] [--compiled 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import tempfile
@@ -97,9 +104,18 @@ def main() -> None:
     ap.add_argument("--dtype-repeats", type=int, default=5, help="decode timings per dtype in the dtype table")
     ap.add_argument("--val-windows", type=int, default=None,
                     help="cap on validation windows (default: all, the full validation loss)")
+    ap.add_argument("--shape", default="shakespeare-char", choices=("shakespeare-char", "smollm2-135m"),
+                    help="shakespeare-char: the tables above; smollm2-135m: its own table, a Llama-family model "
+                         "against transformers' LlamaForCausalLM (default %(default)s)")
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="smollm2-135m: new tokens per decode")
+    ap.add_argument("--compiled", type=int, default=2, choices=(0, 1, 2),
+                    help="smollm2-135m: 2 = compiled and ahead of time beside eager, 1 = ahead of time only, 0 = none")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
+    if args.shape == "smollm2-135m":
+        smollm2_table(args)
+        return
     if args.only_compile:
         compile_table(args)
         return
@@ -528,6 +544,81 @@ def dtype_table(args) -> None:
         print("load average after: %.1f %.1f %.1f" % os.getloadavg())
     except OSError:
         pass
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --shape smollm2-135m: a Llama-family model (SmolLM2-135M's shape) against transformers' LlamaForCausalLM
+# ---------------------------------------------------------------------------------------------------------
+
+
+def smollm2_verify_seconds(model, t: int = 16) -> list[str]:
+    """``verify`` of the whole pass on ``t`` tokens: the float32 model against the float64 NumPy recomputation
+    (tolerance 1e-5), then a float64 copy of it (1e-12); their seconds and worst step."""
+    lines = []
+    ids = torch.randint(0, model.config.num_tokens, (1, t), generator=torch.Generator().manual_seed(1))
+    for name, m, tol in (("float32", model, 1e-5), ("float64", None, 1e-12)):
+        m = m if m is not None else copy.deepcopy(model).double()
+        seconds, rep = timed(lambda: dl.verify(m, ids, tol=tol))
+        worst = max(rep.steps, key=lambda s: s.max_abs_diff / max(1.0, s.max_abs_ref))
+        lines.append(f"verify, {name} model vs float64 NumPy, {t} tokens, tolerance {tol:g}: "
+                     f"{'all ok' if rep.ok else 'FAILED'} ({len(rep.steps)} steps) in {seconds:.1f} s; worst step "
+                     f"{worst.name!r}: max |diff| {worst.max_abs_diff:.2e} at max |ref| {worst.max_abs_ref:.3g}")
+    return lines
+
+
+def smollm2_table(args) -> None:
+    """Batch-1 greedy decode of a SmolLM2-135M-shaped model (random weights, float32): ours eager, compiled and
+    ahead of time against ``transformers``' ``LlamaForCausalLM.generate`` on the same weights, alternating."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer("smollm2-135m").eval()
+    hf = to_hf(model)  # transformers' LlamaForCausalLM with the same weights (decoderlab's own exporter)
+    assert type(hf).__name__ == "LlamaForCausalLM", type(hf).__name__
+    prompt = torch.randint(0, model.config.num_tokens, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        diff = float((model(prompt) - hf(prompt).logits).abs().max())
+    n = args.new_tokens
+
+    def ours():
+        return generate(model, prompt[0].tolist(), n, temperature=0)
+
+    def theirs():
+        with torch.inference_mode():
+            return hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, 8:].tolist()
+
+    runs = {"eager": ours, "transformers": theirs}
+    want, steps, compile_s = ours(), {"eager": None}, {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        variants = {"compiled": {}, "aot": {"mode": "aot", "cache_dir": cache_dir}}
+        for name in ("compiled", "aot")[2 - args.compiled:]:  # (--compiled 1: the AOT step alone)
+            options = variants[name]
+            compile_s[name], tokens = timed(lambda: (model.compile_decode(**options), ours())[1])  # compiles
+            steps[name] = model.compiled_decode
+            assert tokens == want, f"{name} decode gave other tokens than eager's"
+            runs[name] = ours
+        same = theirs() == want
+        times = {name: [] for name in runs}
+        for _ in range(args.repeats):  # alternating: load from other jobs hits every variant alike
+            for name, fn in runs.items():
+                model.compiled_decode = steps.get(name)
+                times[name].append(timed(fn)[0])
+        model.compiled_decode = None
+    tps = {k: n / statistics.median(v) for k, v in times.items()}
+    print(f"\ndecode, smollm2-135m shape ({model.num_parameters():,} parameters, random weights), batch 1, {n} new "
+          f"tokens from an 8-token prompt, greedy, float32, median of {args.repeats} alternating runs; logits of the "
+          f"prompt: max |ours - transformers| {diff:.1e}; transformers' tokens equal ours: {'yes' if same else 'no'}")
+    print("| decode | tokens/s | vs transformers | compile s |")
+    print("|---|---:|---:|---:|")
+    labels = {"eager": "decoderlab eager (model.decode, KV cache of 3 heads)",
+              "compiled": "decoderlab compiled (compile_decode(), Inductor C++ wrapper)",
+              "aot": "decoderlab ahead of time (compile_decode(mode=\"aot\"))",
+              "transformers": "transformers LlamaForCausalLM.generate (sdpa, its cache)"}
+    for name in runs:
+        print(f"| {labels[name]} | {tps[name]:,.1f} | {tps[name] / tps['transformers']:.2f}x | "
+              f"{compile_s.get(name, 0):.0f} |")
+    for line in smollm2_verify_seconds(model):
+        print(line)
+    print("load average after: %.1f %.1f %.1f" % os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -161,6 +161,13 @@ QWEN3 = r"""{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
+#: meta-llama/Meta-Llama-3-8B-Instruct: header tokens, the content trimmed, the start-of-text token first
+LLAMA3 = (r"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+          r"'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+          r"'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+          r"{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+          r"{% endif %}")
+
 #: meta-llama/Llama-3.2-1B-Instruct: header tokens, the date from strftime_now, tools in the first user message
 LLAMA32 = r"""{{- bos_token }}
 {%- if custom_tools is defined %}
@@ -273,6 +280,7 @@ MODELS = {
     "smollm2": (SMOLLM2, CHATML_TOKENS, [], {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}),
     "qwen2.5": (QWEN25, CHATML_TOKENS, QWEN_PLAIN, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
     "qwen3": (QWEN3, CHATML_TOKENS, QWEN_PLAIN, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+    "llama3": (LLAMA3, LLAMA_TOKENS, [], {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
     "llama3.2": (LLAMA32, LLAMA_TOKENS, [], {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
     "generation": (CHATML_GENERATION, CHATML_TOKENS, [], {"eos_token": "<|im_end|>"}),
 }

@@ -137,12 +137,15 @@ def end_of_turn_model():
 CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
 
 
-def tiny_model():
+def tiny_model(family: str = "baby-shakespeare"):
     """The server tests' model: a random float32 character model, sharpened a little, <EOS> rare (long
-    replies)."""
+    replies); ``family="llama-gqa"`` the Llama family's shape (grouped-query attention, SwiGLU, rotate-half rope,
+    q/k/v biases, QK-norm gains)."""
     torch.manual_seed(0)
     tok = dl.CharTokenizer.from_text(CHARS)
-    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
+    shape = {} if family == "baby-shakespeare" else {**FAMILIES[family], "d_model": 32, "max_len": 32}
+    cfg = dl.preset("baby-shakespeare", **{**shape, "n_layer": 2, "n_head": shape.get("n_head", 2), "d_model": 32,
+                                           "max_len": 32, "num_tokens": tok.vocab_size})
     cfg.lm_head_bias = True
     model = dl.DecoderOnlyTransformer(cfg)
     with torch.no_grad():  # sharpen the random model a little, and make <EOS> rare (long replies)

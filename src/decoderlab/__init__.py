@@ -36,8 +36,7 @@ _EXPORTS = {
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
                "positions", "threads", "tokenizers", "training", "chat", "finetuning", "tinystories", "headwatch",
-               "cli", "reinforcement", "lora", "jsonl", "api", "export",
-               "feedback", "storyset", "watch")  # (the last three: aliases for one release of moved modules)
+               "cli", "reinforcement", "lora", "jsonl", "api", "export")
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -5,7 +5,7 @@ The step is :meth:`DecoderOnlyTransformer.decode` over a static KV cache (``KVCa
 compiled step decodes over): its inputs are tensors -- the new tokens (B, 1), the positions ((1,) for rows
 without padding, (B, 1) with), the column the step writes (1,), a window whose length (the one size that varies,
 symbolic in the compiled code) is the number of columns written so far, this step's included, every layer's
-keys and values (B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask; attention
+keys and values (B, n_kv_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask; attention
 reads the window's columns only, not the whole capacity -- and it writes the new
 keys/values into the cache's buffers in place (the exported program's input mutations, which AOTInductor
 keeps). ``torch.export`` traces it into one graph, ``torch._inductor.aoti_compile_and_package`` compiles that

@@ -2,7 +2,7 @@
 
 ``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses (the lessons' own ``SelfAttention`` and
 ``Attention`` classes live in :mod:`decoderlab.lesson`): one set of projections, the head split and the
-masking rules are shared code, and only the kernel differs:
+masking rules are shared code (grouped-query attention's key/value heads included), and only the kernel differs:
 
 - ``explicit``: the lessons' math, softmax(Q Kᵀ / sqrt(d_k) + mask) V, written out so that the attention
   percents can be returned;
@@ -148,18 +148,22 @@ def sdpa_attention(
     *,
     is_causal: bool = False,
     dropout_p: float = 0.0,
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with decoderlab's mask convention (True = ignore).
 
-    Shapes as :func:`explicit_attention`. ``is_causal`` may be set only when ``mask`` is None and T_q == T_k
-    (the fused causal path). A query whose keys are all masked returns zeros (not NaN).
+    Shapes as :func:`explicit_attention`; with ``enable_gqa`` k and v may have fewer heads (a divisor of q's:
+    grouped-query attention, query head j reading key/value head j // group). ``is_causal`` may be set only when
+    ``mask`` is None and T_q == T_k (the fused causal path). A query whose keys are all masked returns zeros (not
+    NaN).
     """
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
     # a row with no visible key lets the kernel see every key, and its output is zeroed: done for every row
     # rather than after asking whether any is empty (asking would wait for the device)
     all_masked = mask.all(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p,
+                                         enable_gqa=enable_gqa)
     return out.masked_fill(all_masked, 0.0)
 
 
@@ -254,12 +258,12 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
         """The shared projections: returns q (B, H, T_q, d_head), k, v (B, n_kv_head, T_k, d_head)."""
-        w, bias = self.qkv.weight, self.qkv.bias
         if kv is None:  # one matmul, then views: (B, T, (H + 2 H_kv) d_head) -> q, k, v
             b, t, _ = x.shape
             q, k, v = linear(self.qkv, x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         else:
             b, t = x.size(0), kv.size(1)
+            w, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[: self.q_size], None if bias is None else bias[: self.q_size])
             k, v = F.linear(kv, w[self.q_size :], None if bias is None else bias[self.q_size :]).split(
                 self.kv_size, dim=-1
@@ -325,18 +329,20 @@ class MultiHeadAttention(nn.Module):
                 t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
             )
             return explicit_attention(q, self.expand_kv(k), self.expand_kv(v), mask, p_drop, hooks=hooks)
-        k, v = self.expand_kv(k), self.expand_kv(v)
+        # sdpa reads grouped keys and values as they are (enable_gqa): a decode step over a cache of 128-2048 keys
+        # took 0.1-0.5x the time of repeating them per query head first (bench/attention.py --gqa-decode)
+        gqa = self.group > 1
         if causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1):  # fused causal
-            return sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop), None
+            return sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop, enable_gqa=gqa), None
         if cached and causal and t_q == 1 and attn_mask is None and padding_mask is not None:
             # a decode step's one query sees every cached key but the padded ones; the new token is never
             # padded, so no row is empty: the kernel alone, (B, 1, 1, T_k) True = attend
             mask = ~padding_mask[:, None, None, :]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop), None
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, enable_gqa=gqa), None
         mask = build_ignore_mask(
             t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
         )
-        return sdpa_attention(q, k, v, mask, dropout_p=p_drop), None
+        return sdpa_attention(q, k, v, mask, dropout_p=p_drop, enable_gqa=gqa), None
 
     def forward(
         self,
@@ -383,11 +389,12 @@ class MultiHeadAttention(nn.Module):
 
 
 class LayerKVCache:
-    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head) (a static cache:
-    capacity + 1, one spare column, see ``_allocate``).
+    """Keys and values of one layer, preallocated once: k, v of shape (B, H_kv, capacity, d_head), H_kv the
+    layer's key/value heads (n_kv_head: grouped-query attention caches only those) (a static cache: capacity + 1,
+    one spare column, see ``_allocate``).
 
-    ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
-    returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
+    ``update(k_new, v_new)`` writes the new keys/values (B, H_kv, T_new, d_head) after the ones already held and
+    returns views of all of them, (B, H_kv, length + T_new, d_head). The owning :class:`KVCache` advances the
     shared length once per forward pass.
 
     In a static cache (``KVCache(..., static=True)``) a one-token step writes at the owner's ``column`` (a

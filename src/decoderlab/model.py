@@ -1,14 +1,16 @@
 """The decoder-only transformer: ``ModelConfig``, named presets, ``DecoderBlock`` and ``DecoderOnlyTransformer``.
 
-One class spans the StatQuest lesson's 37-parameter model (d_model 2, one head, no norm, no MLP) and GPT-2
-small (124,439,808 parameters). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
+One class spans the StatQuest lesson's 37-parameter model (d_model 2, one head, no norm, no MLP), GPT-2
+small (124,439,808 parameters) and the Llama family (grouped-query attention, SwiGLU, rotate-half rope: SmolLM2,
+Llama, Qwen2/Qwen3, Mistral; the ``smollm2-135m`` preset is SmolLM2-135M's shape). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
 
     token ids (B, T) -> word embedding ``we`` (B, T, d_model) -> + positions ``pe``
     -> n_layer x DecoderBlock:  x = x + attention(norm_1(x));  x = x + mlp(norm_2(x))
     -> final norm ``norm_f`` -> fully connected layer ``fc_layer`` -> logits (B, T, num_tokens)
 
 Sources: the StatQuest lesson (decoder-only transformer in PyTorch + Lightning); Radford et al. 2019 (GPT-2,
-pre-LayerNorm blocks, initialisation scaled by 1/sqrt(2 n_layer)).
+pre-LayerNorm blocks, initialisation scaled by 1/sqrt(2 n_layer)); Touvron et al. 2023 (Llama: RMSNorm, SwiGLU,
+rotary positions) and Ainslie et al. 2023 (grouped-query attention), as Hugging Face's ``LlamaForCausalLM``.
 """
 
 from __future__ import annotations

@@ -131,9 +131,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.int64).float() / self.d_head))
-        angles = torch.arange(self.max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
+    def _table(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position's angles, (max_len, d_head/2): in float32 as Hugging Face makes them,
+        or in float64 for a float64 model (whose numbers the float64 reference of ``verify`` then matches)."""
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.int64).to(dtype) / self.d_head))
+        angles = torch.arange(self.max_len).to(dtype)[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
         return angles.cos(), angles.sin()
 
     def materialize(self, device) -> None:
@@ -148,7 +151,7 @@ class RotaryEmbedding(nn.Module):
         # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
         super()._apply(fn, recurse)
         if self.cos.device.type != "meta":
-            cos, sin = self._table()
+            cos, sin = self._table(self.cos.dtype)
             self.cos = cos.to(self.cos.device, self.cos.dtype)
             self.sin = sin.to(self.sin.device, self.sin.dtype)
         return self

@@ -64,24 +64,19 @@ def _checked(text: str, what: str) -> str:
 
 def is_tokenizer(value) -> bool:
     """True for a tokenizer (a :class:`Tokenizer`, or any object with ``encode`` and ``decode`` that is not
-    text): what tells an old call's argument order from the new one (:func:`tokenizer_after_input`)."""
+    text): what tells a call that put the tokenizer in the input's place (:func:`check_input_first`)."""
     if isinstance(value, Tokenizer):
         return True
     return (not isinstance(value, (str, bytes, bytearray, list, tuple, dict))
             and callable(getattr(value, "encode", None)) and callable(getattr(value, "decode", None)))
 
 
-def tokenizer_after_input(function: str, what: str, given_input, given_tokenizer, *, stacklevel: int = 3):
-    """``(input, tokenizer)`` of a public function whose arguments are ``(model, input, tokenizer, ...)``, the
-    order of every public function that takes a tokenizer. The old order of a few, ``(model, tokenizer,
-    input, ...)``, is still accepted for one release: it is recognised by a tokenizer in the input's place and
-    warns (``DeprecationWarning``) with the call to write instead."""
-    if is_tokenizer(given_input) and not is_tokenizer(given_tokenizer):
-        warnings.warn(f"{function}(model, tokenizer, {what}, ...) is deprecated: the tokenizer comes after the "
-                      f"{what}, as in every public function: {function}(model, {what}, tokenizer, ...)",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return given_tokenizer, given_input
-    return given_input, given_tokenizer
+def check_input_first(function: str, what: str, given_input) -> None:
+    """Every public function that takes a model, an input and a tokenizer takes them in that order: a
+    tokenizer given in the input's place is a ``TypeError`` showing the call to write."""
+    if is_tokenizer(given_input):
+        raise TypeError(f"{function}() got a tokenizer as its {what}: the tokenizer comes after the {what}, as in "
+                        f"every public function: {function}(model, {what}, tokenizer, ...)")
 
 
 class Tokenizer:
@@ -539,6 +534,11 @@ def byte_level_text(data: bytes) -> str:
 #: or number run ends there: no pattern continues a letter with a non-letter or a number with a non-number),
 #: and after a single line-break or tab character between two non-space characters (the whitespace run is
 #: that one character, alone or at the end of a piece). :func:`_is_safe_cut` confirms a candidate.
+def _part(component) -> dict:
+    """A ``tokenizers`` pipeline part (pre-tokenizer, decoder) as the JSON of tokenizer.json ({} for none)."""
+    return {} if component is None else json.loads(component.__getstate__())
+
+
 #: SentencePiece's byte-fallback tokens, <0x00> .. <0xFF>
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 #: the key of a saved BPETokenizer's Hugging Face names (``BPETokenizer.special_tokens``)
@@ -589,29 +589,27 @@ class BPETokenizer(Tokenizer):
     NAMED = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token")
 
     def __init__(self, hf_tokenizer, special_tokens: dict | None = None):
-        from tokenizers import Tokenizer as HFTokenizer
-
         self._hf = hf_tokenizer
         # literal "<EOS>" in a text is text: only allow_special=True makes special ids (see encode), through a
-        # second copy that splits them off as Hugging Face does (a flag of the shared object would race)
+        # second copy, made when first needed, that splits them off as Hugging Face does (a flag of the shared
+        # object would race)
         self._hf.encode_special_tokens = True
-        self._hf_special = HFTokenizer.from_str(self._hf.to_str())
-        self._hf_special.encode_special_tokens = False
+        self._hf_special = None
         self.token_to_id = dict(self._hf.get_vocab(with_added_tokens=True))
         self.id_to_token = {i: t for t, i in self.token_to_id.items()}
         self._named = {k: v for k, v in (special_tokens or {}).items() if k in self.NAMED and v is not None}
-        spec = json.loads(self._hf.to_str())
-        added = {a["content"]: a["id"] for a in spec.get("added_tokens") or [] if a.get("special")}
+        # the pipeline's parts read one by one: the whole tokenizer.json of a large vocabulary takes a second
+        added = {t.content: i for i, t in self._hf.get_added_tokens_decoder().items() if t.special}
         self._added = [t for t in sorted(added, key=added.get) if t not in self.specials]
         self._special_ids = set(added.values())
-        pre, dec = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
+        pre, dec = _part(self._hf.pre_tokenizer), _part(self._hf.decoder)
         self._byte_level = dec.get("type") == "ByteLevel"
-        model = spec.get("model") or {}
-        self._byte_fallback = bool(model.get("byte_fallback"))
+        self._bpe = type(self._hf.model).__name__ == "BPE"
+        self._byte_fallback = bool(getattr(self._hf.model, "byte_fallback", False))
         # SentencePiece's word start "\u2581" stands for a space (Metaspace, or a decoder replacing it)
         self._metaspace = "\u2581" in json.dumps(dec, ensure_ascii=False) or dec.get("type") == "Metaspace"
         # the safe-cut chunking in encode_array holds for exactly this pipeline
-        self._chunkable = (self._byte_level and spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
+        self._chunkable = (self._byte_level and self._hf.normalizer is None and pre.get("type") == "ByteLevel"
                            and pre.get("use_regex", True))
 
     @classmethod
@@ -684,7 +682,7 @@ class BPETokenizer(Tokenizer):
     @property
     def byte_level(self) -> bool:
         """True when this is a byte-level BPE (GPT-2's scheme), which :meth:`save_gpt2_files` can write."""
-        return self._byte_level and json.loads(self._hf.to_str()).get("model", {}).get("type") == "BPE"
+        return self._byte_level and self._bpe
 
     def save_gpt2_files(self, directory: str | os.PathLike) -> list[Path]:
         """Write GPT-2's tokenizer files ``vocab.json`` and ``merges.txt`` into ``directory`` (which must
@@ -756,6 +754,12 @@ class BPETokenizer(Tokenizer):
             raise TypeError(f"BPETokenizer.encode needs a str, got {type(text).__name__}")
         if not allow_special or not self._special_ids:
             return self._encode_plain(text) if len(text) <= _CHUNK_CHARS else self.encode_array(text).tolist()
+        if self._hf_special is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            special = HFTokenizer.from_str(self._hf.to_str())
+            special.encode_special_tokens = False
+            self._hf_special = special
         try:  # special tokens split off as Hugging Face does (their lstrip/rstrip/normalized flags included)
             return self._hf_special.encode(text, add_special_tokens=False).ids
         except TypeError:  # what the tokenizers library raises for a lone surrogate

@@ -1,5 +1,5 @@
 """Hugging Face chat templates: real templates (SmolLM2's and Qwen2.5's ChatML, Qwen3's tools and <think>
-blocks, Llama 3.2's headers and dates, one with {% generation %} blocks) rendered to the text and ids
+blocks, Llama 3's and Llama 3.2's headers and dates, one with {% generation %} blocks) rendered to the text and ids
 transformers' apply_chat_template makes, the loss mask on the assistant's text, the sandbox and its globals,
 errors named, and the stored and read-back template."""
 
@@ -96,6 +96,7 @@ def runs(ids, mask, tokenizer):
     ("smollm2", "<|im_end|>", ["  Paris.  <|im_end|>", "4 — naïve café 日本語<|im_end|>"]),
     ("qwen2.5", "<|im_end|>", ["  Paris.  <|im_end|>", "4 — naïve café 日本語<|im_end|>"]),
     ("qwen3", "<|im_end|>", ["  Paris.  <|im_end|>", "<think>\n\n</think>\n\n4 — naïve café 日本語<|im_end|>"]),
+    ("llama3", "<|eot_id|>", ["Paris.<|eot_id|>", "4 — naïve café 日本語<|eot_id|>"]),
     ("llama3.2", "<|eot_id|>", ["Paris.<|eot_id|>", "4 — naïve café 日本語<|eot_id|>"]),
 ])
 def test_the_mask_is_each_assistant_turn_and_its_end_of_turn(model, eot, expected):
@@ -151,11 +152,13 @@ def test_the_helpers_are_transformers(tmp_path):
               "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
               "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|{{ dict(x=1)|tojson }}|{{ bos_token }}{{ eos_token }}|"
               "{% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.role }}{% endfor %}\n"
-              "{% for m in messages %}\n    {% if m.role == 'system' %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n")
+              "{% for m in messages %}\n    {% if m.role == 'system' %}\n{{ m.content }}\n    {% endif %}\n"
+              "{% endfor %}\n"
+              "{% for d in documents %}{{ d.title }}: {{ d.text }}{% endfor %}|{{ strftime_now('%Y') }}")
     tokens = {"bos_token": "<s>", "eos_token": "</s>"}
     ours, theirs = bpe_pair(["<s>", "</s>"], tokens=tokens, chat_template=source)
     template = JinjaChatTemplate(source, tokens=tokens)
-    args = dict(tools=TOOLS, add_generation_prompt=False)
+    args = dict(tools=TOOLS, documents=[{"title": "Paris", "text": "the capital"}], add_generation_prompt=False)
     assert template.render_text(CHAT, **args) == theirs.apply_chat_template(CHAT, tokenize=False, **args)
 
 

@@ -57,3 +57,20 @@ def test_a_gguf_file_loads_with_its_own_chat_template(tmp_path):
     reply = chat_reply(model, messages, tok, template, temperature=0, max_new_tokens=5)
     assert isinstance(reply, str)
     assert meta["gguf"]["architecture"] == "qwen2" and meta["gguf"]["dequantized"]["types"]["Q8_0"] > 0
+
+
+def test_a_directory_s_own_jinja_template_is_its_template(statquest_checkpoint, tmp_path):
+    """Without a template in meta.json, a directory's Hugging Face chat template (chat_template.jinja, or
+    tokenizer_config.json's chat_template) is the one the loader and a fine-tune from it use; meta.json's wins."""
+    from decoderlab.chat import JinjaChatTemplate, checkpoint_template
+    from decoderlab.finetuning.start import base_template
+
+    model, tok = load_checkpoint(statquest_checkpoint)
+    lm = save_checkpoint(tmp_path / "lm", model, tok, meta={"task": "lm"})
+    assert checkpoint_template(lm) is None
+    (lm / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }} <EOS> {% endfor %}",
+                                            encoding="utf-8")
+    loaded = load_model(lm)
+    assert loaded.template == JinjaChatTemplate((lm / "chat_template.jinja").read_text(), name="jinja:lm")
+    assert base_template(lm) == loaded.template
+    assert checkpoint_template(statquest_checkpoint) == TEMPLATES["lesson"]

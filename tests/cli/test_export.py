@@ -30,7 +30,8 @@ def bpe():
 
 def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
-    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", str(run), str(tmp_path / "m.gguf")]) == 0
+    assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", "--checkpoint", str(run),
+                     "--out", str(tmp_path / "m.gguf")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0 (gpt2), {model.num_parameters():,} parameters")
     assert "tokenizer: bpe" in out and f"ollama: {tmp_path / 'm.Modelfile'}" in out
@@ -41,7 +42,7 @@ def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe,
 
 def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_path, capsys):
     run, model = run_dir(tmp_path, "run", bpe)
-    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "hf")]) == 0
+    assert cli_main(["export", "--format", "hf", "--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert "hf (GPT2LMHeadModel)" in capsys.readouterr().out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["n_ctx"] == config["n_positions"] == 24  # what llama.cpp's converter reads
@@ -52,10 +53,28 @@ def test_export_hf_writes_a_gpt2_directory_with_n_ctx_that_loads_back(bpe, tmp_p
     assert tok.encode("ROMEO: hello") == bpe.encode("ROMEO: hello")
 
 
+def test_export_hf_writes_the_default_recipe_s_model_as_apertus_with_its_tokenizer(tmp_path, capsys):
+    tok = dl.CharTokenizer.from_text(open(dl.embedded_corpus_path(), encoding="utf-8").read()[:5_000])
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare-speedrun", n_layer=1, num_tokens=tok.vocab_size))
+    with torch.no_grad():  # its output projections start at zero: give them something to carry
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    run = dl.save_checkpoint(tmp_path / "speedrun", model, tok)
+    assert cli_main(["export", "--format", "hf", "--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "hf (ApertusForCausalLM)" in out and "tokenizer: char" in out
+    back = dl.load(tmp_path / "hf")
+    ids = torch.tensor([tok.encode("ROMEO: hello")])
+    with torch.no_grad():
+        assert (back.model(ids) - model.eval()(ids)).abs().max().item() < 1e-5
+    assert back.tokenizer.kind == "char" and back.tokenizer.encode("ROMEO: hello") == tok.encode("ROMEO: hello")
+
+
 def test_a_rope_run_is_refused_by_gguf_in_one_line_naming_the_option_and_nothing_is_written(bpe, tmp_path, capsys):
     run, _ = run_dir(tmp_path, "rope-run", bpe, position="rope")
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
-    assert cli_main(["export", "--format", "gguf", str(run), str(tmp_path / "out")]) == 2
+    assert cli_main(["export", "--format", "gguf", "--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format gguf writes the models a llama.cpp "
                                                     "architecture computes exactly")
@@ -67,7 +86,7 @@ def test_a_rope_run_is_refused_by_gguf_in_one_line_naming_the_option_and_nothing
 def test_a_model_no_class_computes_is_refused_by_hf_in_one_line_and_nothing_is_written(bpe, tmp_path, capsys):
     run, _ = run_dir(tmp_path, "sinusoidal-run", bpe, position="sinusoidal")
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
-    assert cli_main(["export", "--format", "hf", str(run), str(tmp_path / "out")]) == 2
+    assert cli_main(["export", "--format", "hf", "--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format hf: no Hugging Face class computes "
                                                     "this model: position='sinusoidal'")
@@ -78,12 +97,13 @@ def test_a_model_no_class_computes_is_refused_by_hf_in_one_line_and_nothing_is_w
 def test_bad_dtype_for_hf_a_word_vocabulary_and_a_missing_run_are_one_line_each(tmp_path, capsys):
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     run, _ = run_dir(tmp_path, "word-run", word)
-    cases = [(["--format", "hf", "--dtype", "f16", str(run)], "--dtype 'f16' is not one --format hf writes; "
+    cases = [(["--format", "hf", "--dtype", "f16", "--checkpoint", str(run)],
+              "--dtype 'f16' is not one --format hf writes; "
               "allowed: f32"),
-             ([str(run)], "a word vocabulary has no form llama.cpp reads"),
-             ([str(tmp_path / "nowhere")], "nowhere")]
+             (["--checkpoint", str(run)], "a word vocabulary has no form llama.cpp reads"),
+             (["--checkpoint", str(tmp_path / "nowhere")], "nowhere")]
     for args, message in cases:
-        assert cli_main(["export", *args, str(tmp_path / "out.gguf")]) == 2
+        assert cli_main(["export", *args, "--out", str(tmp_path / "out.gguf")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("decoderlab: error:") and message in err, err
     assert not (tmp_path / "out.gguf").exists()
@@ -104,13 +124,13 @@ def test_help_says_what_each_format_carries(decoderlab_cli):
 def test_export_keeps_an_existing_file_without_force(bpe, tmp_path, capsys):
     run, _ = run_dir(tmp_path, "run", bpe)
     out = tmp_path / "m.gguf"
-    assert cli_main(["export", str(run), str(out)]) == 0
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
     capsys.readouterr()
-    assert cli_main(["export", str(run), str(out), "--dtype", "f16"]) == 2
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16"]) == 2
     err = capsys.readouterr().err
     assert err == f"decoderlab: error: refusing to replace {out}: it exists (--force, or force=True, replaces it)\n"
     assert gguf.GGUFReader(str(out)).tensors[0].tensor_type.name == "F32"
-    assert cli_main(["export", str(run), str(out), "--dtype", "f16", "--force"]) == 0
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16", "--force"]) == 0
     assert "gguf f16 (gpt2)" in capsys.readouterr().out
 
 
@@ -121,7 +141,7 @@ def test_export_reads_a_gguf_file_and_writes_it_again(tmp_path, capsys):
 
     tok = byte_level_bpe(300)
     src = write_gguf(tmp_path / "src.gguf", "qwen2", hf_model("qwen2", tok.get_vocab_size()), tok, qtype="Q8_0")
-    assert cli_main(["export", str(src), str(tmp_path / "out.gguf"), "--dtype", "f16"]) == 0
+    assert cli_main(["export", "--checkpoint", str(src), "--out", str(tmp_path / "out.gguf"), "--dtype", "f16"]) == 0
     out = capsys.readouterr().out
     assert "gguf f16 (qwen2)" in out and "tokenizer: bpe" in out
     r = gguf.GGUFReader(str(tmp_path / "out.gguf"))

@@ -152,3 +152,16 @@ def test_verify_fails_on_a_model_with_another_rope_or_grouping(monkeypatch, chan
     rep = dl.verify(m, variant_ids(m))
     bad = [s.name for s in rep.steps if not s.ok]
     assert bad and bad[0] == first, rep.table()
+
+
+@pytest.mark.slow
+def test_verify_passes_on_a_smollm2_135m_shaped_model():
+    """SmolLM2-135M's shape (30 layers, d_model 576, 9 query and 3 key/value heads, SwiGLU 1536, vocabulary
+    49,152, rope base 100000 rotate-half, tied; random weights): the whole pass recomputed in float64 agrees to 1e-5
+    (about 5-10 s on one thread, bench/generate.py --shape smollm2-135m)."""
+    torch.manual_seed(0)
+    m = dl.DecoderOnlyTransformer("smollm2-135m").eval()
+    ids = torch.randint(0, m.config.num_tokens, (1, 8), generator=torch.Generator().manual_seed(1))
+    rep = dl.verify(m, ids)
+    assert rep.ok, rep.table()
+    assert len(rep.steps) == 2 + 30 * 14 + 2 and rep.step("logits").shape == (1, 8, 49152)

@@ -326,6 +326,22 @@ def test_the_one_loader_reads_a_gpt2_directory(gpt2_dirs, bpe):
         p.name: 0o666 & ~umask for p in (root / "exported").iterdir()}  # model.safetensors too, not 0600
 
 
+def test_checkpoint_reader_reads_both_formats_as_the_one_loader(gpt2_dirs, statquest_checkpoint):
+    """hf.checkpoint_reader picks the format's reader; what it reads is what the one loader (chat.load_model)
+    gives, for a GPT-2 directory and a decoderlab checkpoint."""
+    from decoderlab.chat import load_model
+    from decoderlab.hf import checkpoint_reader
+
+    _, root = gpt2_dirs
+    for where in (root / "files", statquest_checkpoint):
+        model, tok = checkpoint_reader(where)(where)
+        loaded = load_model(where)
+        ids = torch.tensor([[1, 2, 3]])
+        assert tok.to_dict() == loaded.tokenizer.to_dict()
+        assert torch.equal(logits(model, ids), logits(loaded.model, ids))
+
+
+
 def test_cli_commands_take_a_gpt2_directory(gpt2_dirs, bpe, decoderlab_cli):
     hf, root = gpt2_dirs
     model = from_hf(root / "files")
@@ -338,7 +354,8 @@ def test_cli_commands_take_a_gpt2_directory(gpt2_dirs, bpe, decoderlab_cli):
     r = decoderlab_cli("explain", "--checkpoint", root / "files", "To be, or not")
     assert r.returncode == 0 and "=> the top next token after" in r.stdout
     r = decoderlab_cli("chat", "--checkpoint", root / "files", "--seed", "1", "--max-new-tokens", "3", stdin="To be\n")
-    assert (r.returncode, r.stderr) == (0, "") and len(r.stdout.splitlines()) == 1
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
+    assert r.stderr.startswith(f"({root / 'files'} has no chat template: each line continues the text so far")
 
 
 def test_gpt2_directory_without_tokenizer_says_what_is_missing(gpt2_dirs, decoderlab_cli):

@@ -24,32 +24,43 @@ def _lit(text: str) -> str:
     return json.dumps(text)
 
 
-def _tools_block(t: ChatTemplate, sep: str) -> str:
+def _tag(statement: str, depth: int = 0) -> str:
+    """One line of a template: a statement, trimming the whitespace on both sides (so the layout writes
+    nothing)."""
+    return "    " * depth + f"{{%- {statement} -%}}"
+
+
+def _out(expression: str, depth: int = 0) -> str:
+    """One line of a template: an expression's value, trimming the whitespace on both sides."""
+    return "    " * depth + f"{{{{- {expression} -}}}}"
+
+
+def _plus(text: str) -> str:
+    return f" + {_lit(text)}" if text else ""
+
+
+def _tools_lines(t: ChatTemplate, sep: str) -> list[str]:
     """The tools offered, as ``tools_text`` writes them: a JSON list of each function's name, description and
     parameters (those given), after ``<|tool|>`` and before ``<|end|>``."""
-    fields = "".join(
-        f"{{%- if {_lit(k)} in f -%}}{{{{- '' if ns.first else ', ' -}}}}{{{{- {_lit(json.dumps(k) + ': ')} "
-        f"+ f[{_lit(k)}]|tojson -}}}}{{%- set ns.first = false -%}}{{%- endif -%}}"
-        for k in ("name", "description", "parameters"))
-    return (f"{{{{- {_lit(t.tool + sep)} + '[' -}}}}"
-            "{%- for tool in tools -%}"
-            "{%- set f = tool['function'] if tool['function'] is mapping else tool -%}"
-            "{%- set ns = namespace(first=true) -%}"
-            "{{- '' if loop.first else ', ' -}}{{- '{' -}}" + fields + "{{- '}' -}}"
-            "{%- endfor -%}"
-            f"{{{{- ']' + {_lit(sep + t.end + sep)} -}}}}")
+    lines = [_out(f"{_lit(t.tool + sep)} + '['", 2), _tag("for tool in tools", 2),
+             _tag("set f = tool['function'] if tool['function'] is mapping else tool", 3),
+             _tag("set ns = namespace(first=true)", 3), _out("('' if loop.first else ', ') + '{'", 3)]
+    for key in ("name", "description", "parameters"):
+        lines += [_tag(f"if {_lit(key)} in f", 3),
+                  _out(f"('' if ns.first else ', ') + {_lit(json.dumps(key) + ': ')} + f[{_lit(key)}]|tojson", 4),
+                  _tag("set ns.first = false", 4), _tag("endif", 3)]
+    return lines + [_out("'}'", 3), _tag("endfor", 2), _out(f"']' + {_lit(sep + t.end + sep)}", 2)]
 
 
-def _calls_block(t: ChatTemplate, sep: str) -> str:
+def _calls_lines(t: ChatTemplate, sep: str) -> list[str]:
     """An assistant message's tool calls, as ``tool_call_text`` writes them: ``<|tool_call|> NAME {ARGUMENTS}``
     (arguments given as an object written as JSON; as text, kept -- empty text is ``{}``)."""
-    return ("{%- for call in message['tool_calls'] or [] -%}"
-            "{%- set fn = call['function'] if call['function'] is mapping else call -%}"
-            f"{{{{- {_lit(t.tool_call + sep)} + fn['name'] + ' ' -}}}}"
-            "{%- if fn['arguments'] is string -%}{{- fn['arguments'] if fn['arguments']|trim else '{}' -}}"
-            "{%- else -%}{{- fn['arguments']|tojson -}}{%- endif -%}"
-            f"{{{{- {_lit(sep)} -}}}}"
-            "{%- endfor -%}")
+    return [_tag("for call in message['tool_calls'] or []", 1),
+            _tag("set fn = call['function'] if call['function'] is mapping else call", 2),
+            _out(f"{_lit(t.tool_call + sep)} + fn['name'] + ' '", 2),
+            _tag("if fn['arguments'] is string", 2), _out("fn['arguments'] if fn['arguments']|trim else '{}'", 3),
+            _tag("else", 2), _out("fn['arguments']|tojson", 3), _tag("endif", 2),
+            *([_out(_lit(sep), 2)] if sep else []), _tag("endfor", 1)]
 
 
 def builtin_jinja(template: ChatTemplate, separator: str = "") -> str:
@@ -59,28 +70,25 @@ def builtin_jinja(template: ChatTemplate, separator: str = "") -> str:
     template cannot write raise, naming them, as ``render`` refuses them."""
     t, sep = template, separator
     roles = {"system": t.system, "user": t.user, "assistant": t.assistant, **({"tool": t.tool} if t.has_tools else {})}
-    ended = [r for r in roles if r != "user" or t.end_after_user]
-    openers = ""
-    for k, (role, token) in enumerate(roles.items()):
-        openers += f"{{%- {'if' if k == 0 else 'elif'} message['role'] == {_lit(role)} -%}}"
-        openers += f"{{{{- {_lit(token + sep)} -}}}}" if token else ""
     name = _lit(f"the {t.name!r} chat template")
-    refuse_role = (f"{{%- else -%}}{{{{- raise_exception({name} + ' has no role ' + message['role'] + ' (it has "
-                   f"{', '.join(roles)})') -}}}}{{%- endif -%}}")
+    lines = [f"{{#- decoderlab's {t.name!r} chat template -#}}", _tag("for message in messages")]
     if t.has_tools:
-        tools, calls, guard = _tools_block(t, sep), _calls_block(t, sep), ""
+        lines += [_tag("if tools and loop.index0 == (1 if messages[0]['role'] == 'system' else 0)", 1),
+                  *_tools_lines(t, sep), _tag("endif", 1)]
     else:
-        tools = calls = ""
-        guard = (f"{{%- if tools or message['tool_calls'] -%}}{{{{- raise_exception({name} + ' cannot render tools or "
-                 f"tool calls (the \"tools\" template can)') -}}}}{{%- endif -%}}")
-    return ("{%- for message in messages -%}" + guard
-            + (f"{{%- if tools and loop.index0 == (1 if messages[0]['role'] == 'system' else 0) -%}}{tools}"
-               "{%- endif -%}" if tools else "")
-            + openers + refuse_role
-            + f"{{{{- (message['content'] or '') + {_lit(sep)} -}}}}" + calls
-            + f"{{%- if message['role'] in {json.dumps(ended)} -%}}{{{{- {_lit(t.end + sep)} -}}}}{{%- endif -%}}"
-            "{%- endfor -%}"
-            f"{{%- if add_generation_prompt -%}}{{{{- {_lit(t.assistant + sep)} -}}}}{{%- endif -%}}")
+        lines += [_tag("if tools or message['tool_calls']", 1),
+                  _out(f"raise_exception({name} + ' cannot render tools or tool calls (the \"tools\" template can)')",
+                       2), _tag("endif", 1)]
+    for k, (role, token) in enumerate(roles.items()):
+        lines += [_tag(f"{'if' if k == 0 else 'elif'} message['role'] == {_lit(role)}", 1)]
+        lines += [_out(_lit(token + sep), 2)] if token else []
+    lines += [_tag("else", 1), _out(f"raise_exception({name} + ' has no role ' + message['role'] + ' (it has "
+                                    f"{', '.join(roles)})')", 2), _tag("endif", 1),
+              _out(f"(message['content'] or ''){_plus(sep)}", 1), *(_calls_lines(t, sep) if t.has_tools else []),
+              _tag(f"if message['role'] in {json.dumps([r for r in roles if r != 'user' or t.end_after_user])}", 1),
+              _out(_lit(t.end + sep), 2), _tag("endif", 1), _tag("endfor"),
+              _tag("if add_generation_prompt"), _out(_lit(t.assistant + sep), 1), _tag("endif")]
+    return "\n".join(lines)
 
 
 def chat_template_jinja(template: ChatTemplate | JinjaChatTemplate, tokenizer=None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
+from .options import add_checkpoint_option
 
 DESCRIPTION = f"""\
 Write a checkpoint in another program's format. What each format carries:
@@ -30,17 +31,18 @@ query/key norm, --norm layernorm with rope, ...), naming the fields. Nothing is 
 def add_export(p) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("run_dir", metavar="RUN_DIR",
-                   help="a decoderlab checkpoint (a run directory), a Hugging Face directory or a GGUF file")
-    p.add_argument("out", metavar="OUT", help="where to write: a directory (hf) or a .gguf file (gguf)")
+    add_checkpoint_option(p)
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="where to write: a directory (hf) or a .gguf file (gguf; its directory must exist)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
     p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
                    help="GGUF weight type: f32, f16, or llama.cpp's blocks of 32 weights with a float16 scale -- "
                         "q8_0 (8-bit), q4_0 (4-bit), q4_1 (4-bit and a minimum); norms, biases and positions stay f32 "
                         "(default %(default)s; hf writes f32)")
-    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: RUN_DIR's name)")
+    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: the checkpoint "
+                                                "directory's name)")
     p.add_argument("--force", action="store_true", default=False,
-                   help="replace an existing OUT .gguf file and its Modelfile (default: refuse)")
+                   help="replace an existing --out .gguf file and its Modelfile (default: refuse)")
     p.set_defaults(func=cmd_export)
 
 
@@ -49,7 +51,7 @@ def cmd_export(args) -> int:
     from ..output import quiet_imports
 
     with quiet_imports():  # transformers (hf) imports torchao, whose CUDA-kernel notices are no error here
-        s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name, force=args.force)
+        s = export(args.checkpoint, args.out, format=args.format, dtype=args.dtype, name=args.name, force=args.force)
     what = f"{s['format']} {s['dtype']} ({s['architecture']})" if s["format"] == "gguf" else f"hf ({s['architecture']})"
     extra = f", {s['tensors']} tensors" if "tensors" in s else ""
     tok = s["tokenizer"] or "none"

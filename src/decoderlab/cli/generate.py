@@ -53,8 +53,6 @@ def _add_generate_options(p) -> None:
                         "(default: continue the text)")
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message before the prompt, with --chat (default: none)")
-    p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
-                   help="the prompt text (or give it as the positional argument; default: a newline)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
     p.add_argument("--verbose", action="store_true",
                    help="say on standard error where and how it decodes (device, weight dtype, threads, the CPU's "
@@ -111,9 +109,7 @@ def stops(typed: list[str] | None, tok) -> list[str] | None:
 
 
 def cmd_generate(args) -> int:
-    if args.prompt is not None and args.prompt_option is not None:
-        raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
-    prompt = args.prompt if args.prompt is not None else args.prompt_option
+    prompt = args.prompt
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
     threads = set_threads(args)

@@ -4,10 +4,12 @@ Each group is a table: add a flag to a command family by adding a row (an :func:
 ``TRAIN_OPTIONS`` / ``SHAPE_OPTIONS``); its reader (:func:`given`, :func:`train_overrides`,
 :func:`model_overrides`) then returns it with the others. The defaults shown in the help come from
 ``decoderlab.config`` (plain data, no torch); the library checks the values and its messages are put in the
-flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
+flags' words (:func:`decoderlab.cli.errors.in_flag_words`). One thing has one spelling in every command:
+``tests/cli/test_vocabulary.py`` walks every parser against its table of canonical spellings, so look there (and
+at how other commands spell an option) before adding one.
 
-    CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (verify, explain, serve:
-                                                                     --checkpoint)
+    CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (the others:
+                                                                     --checkpoint alone)
     DTYPE_OPTIONS       --dtype                                      serve, verify
     DEVICE_OPTIONS      --device                                     generate, sample, chat, explain, serve
     COMPILE_OPTIONS     --compile (a compiled decode step)           generate, sample
@@ -16,11 +18,12 @@ flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
     SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
                         --top-p, --seed, --min-p, the penalties,
                         --json-schema
-    THREADS_OPTIONS     --threads                                    train, generate, sample, chat, serve
+    THREADS_OPTIONS     --threads                                    every command that computes (all but tasks,
+                                                                     export: tests/cli/test_vocabulary.py)
     TRAIN_OPTIONS       TrainConfig's flags (+ --optimizer,          train, finetune
                         --schedule, --precision)
     SHAPE_OPTIONS       ModelConfig's shape flags                    train, finetune
-    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl: --resume,
+    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl, sae: --resume,
                         --num-nodes, --no-progress-bar               --no-progress-bar)
     LORA_OPTIONS        --lora-rank, --lora-alpha, --lora-dropout,   finetune, rl
                         --lora-targets, --save-adapter

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .argtypes import number
+from .options import THREADS_OPTIONS, add_options, set_threads
 
 DESCRIPTION = ("Score every stage of a recipe run (base/, sft/, control/, rl/: those present) greedily on the same "
                "held-out questions per task, with the calculator off and on, and write report.md, report.png and "
@@ -14,7 +15,7 @@ def add_report(p) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (bench/recipe.py --out)")
     p.add_argument("--questions", type=number(int, 1), default=50,
                    help="held-out questions per task row (default 50)")
-    p.add_argument("--threads", type=number(int, 1), default=None, help="intra-op threads (default: torch's)")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_report)
 
 
@@ -22,10 +23,7 @@ def cmd_report(args) -> int:
     from ..reportcard import report, run_stages
 
     run_stages(args.run_dir)  # not a run: one line before torch loads anything heavy
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     card = report(args.run_dir, questions=args.questions)
     print(card["markdown"])
     print(f"wrote {card['path']}, report.png and card.json")

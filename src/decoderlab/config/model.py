@@ -132,7 +132,7 @@ class ModelConfig(Settings):
         the query heads, and rope has an even head size."""
         if not self.head_dim and self.d_model % self.n_head != 0:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}), or head_dim given; "
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}); "
                 f"allowed n_head for d_model {self.d_model}: "
                 f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)}"
             )

@@ -79,7 +79,7 @@ DEFAULT_REWARD = "contains_words"
 LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.gate", "mlp.proj")}
 DEFAULT_LORA_TARGETS = ("attn", "mlp")
 
-#: export formats (``decoderlab export --format``): a Hugging Face GPT-2 directory, or one GGUF file for
+#: export formats (``decoderlab export --format``): a Hugging Face directory, or one GGUF file for
 #: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
 EXPORT_FORMATS = ("hf", "gguf")
 #: GGUF weight types: float32, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:

@@ -3,13 +3,13 @@
 ``--format hf`` writes the Hugging Face class whose forward equals the model's (:mod:`decoderlab.hf`: GPT-2,
 Llama, Qwen2 / Qwen3, Apertus / Arcee for the recipes' rope + ReLU² models), with the tokenizer and its chat
 template always; a model no class computes is refused before a file is written, naming the fields and the
-nearest class. ``--format gguf`` carries GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``: learned
-positions, LayerNorm, a GELU MLP, an attention output projection, no query/key norm, no bias in the output
-layer); any other model is refused naming the field, its value and the train option that sets it
-(:func:`check_shape`). ``bias=False`` models are written with zero biases where the format always has them.
+nearest class. ``--format gguf`` writes the llama.cpp architecture that computes the model exactly (gpt2, llama,
+qwen2, qwen3: :mod:`.gguf`), the tokenizer and chat template inside, an ollama Modelfile beside it; any other
+model is refused naming the fields, their values and the train options that set them (:func:`check_shape`).
+``bias=False`` models are written with zero biases where the format always has them.
 
     export(run_dir, out, format="gguf", dtype="q8_0")   # what ``decoderlab export`` calls
-    to_gguf(model, tokenizer, "model.gguf", dtype="f16")
+    to_gguf(model, tokenizer, "model.gguf", dtype="f16", template=template)
     to_hf(model, tokenizer, "hf-dir", template)         # decoderlab.hf.save_hf_directory, LoRA merged first
 
 Source: the GGUF format of ggml / llama.cpp, written with its ``gguf`` Python package; GPT-2 (Radford et al.
@@ -20,82 +20,22 @@ from __future__ import annotations
 
 import os
 
-from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
+from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
 from .gguf import to_gguf
+from .shape import ExportShapeError, check_gpt2_shape, check_shape, gpt2_shaped_presets
 
 __all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_gpt2_shape",
            "check_shape", "export", "gpt2_shaped_presets", "to_gguf", "to_hf"]
 
 
-class ExportShapeError(ValueError):
-    """A model whose shape the export format cannot carry; ``field`` names the ModelConfig field."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
-
-
-def gpt2_shaped_presets() -> list[str]:
-    """The model presets whose shape is GPT-2's (``GPT2_SHAPE``), which both formats carry."""
-    from ..config.model import ModelConfig
-    from ..config.presets import PRESETS
-
-    defaults = ModelConfig()
-    return [name for name, shape in PRESETS.items()
-            if all(shape.get(f, getattr(defaults, f)) in (v, None if v is False else v) for f, v, _, _ in GPT2_SHAPE)]
-
-
-def check_shape(config, fmt: str = "gguf") -> None:
-    """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
-    shape of ``config``. ``hf``: no Hugging Face class computes the model (:func:`decoderlab.hf.export_family`:
-    the fields in the way and the nearest class). ``gguf``: no llama.cpp architecture computes it exactly
-    (:func:`decoderlab.export.gguf.gguf_architecture`: gpt2, llama, qwen2, qwen3; one message naming every field
-    in the way of the nearest, its value and the train option that set it). ``field`` is the first such field.
-
-    Raises:
-        ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
-    """
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
-    if fmt == "hf":
-        from ..hf import ExportError, export_family
-
-        try:
-            export_family(config)
-        except ExportError as e:
-            raise ExportShapeError(f"--format hf: {e}", e.field) from None
-        return
-    from .gguf import gguf_architecture
-
-    gguf_architecture(config)
-
-
-def check_gpt2_shape(config) -> list[tuple]:
-    """The rows of ``GPT2_SHAPE`` (field, value, train option, why) where ``config`` differs from GPT-2's shape."""
-    return [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
-
-
-def gpt2_how(bad) -> str:
-    """How to train a shape llama.cpp's gpt2 carries instead: the presets (and the options)."""
-    how = f"--preset {' / '.join(gpt2_shaped_presets())}"
-    if all(opt for _, _, opt, _ in bad):
-        how += " (or " + " ".join(f"{opt} {v}" for _, v, opt, _ in bad) + ")"
-    return how
-
-
 def chat_template_text(template, tokenizer) -> str | None:
-    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template`` (None without a template).
-
-    The hook for branch ``jinja``: its ``decoderlab.chat.hf_templates.chat_template_jinja`` writes any template
-    as Jinja (decoderlab's built-in ones included); until it is merged, a template that holds its Jinja text
-    (``source``) gives it and a built-in one gives None (the directory then has no chat template)."""
+    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template``
+    (:func:`decoderlab.chat.chat_template_jinja`: a Hugging Face template's own text, decoderlab's built-in ones
+    written as Jinja that transformers renders to the same ids); None without a template."""
     if template is None:
         return None
-    try:
-        from ..chat.hf_templates import chat_template_jinja
-    except ImportError:  # the jinja branch not merged yet
-        source = getattr(template, "source", None)
-        return source if isinstance(source, str) else None
+    from ..chat import chat_template_jinja
+
     return chat_template_jinja(template, tokenizer)
 
 
@@ -134,8 +74,9 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     from pathlib import Path
 
     from ..chat import load_model
+    from ..checkpoint import read_config
     from ..gguf_import import is_gguf_file, open_checked
-    from ..hf import is_hf_directory, read_config
+    from ..hf import is_hf_directory, read_hf_config
     from ..model import ModelConfig
 
     if format not in EXPORT_FORMATS:
@@ -144,13 +85,10 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
     if is_gguf_file(run_dir):
-        check_shape(ModelConfig.from_dict(open_checked(run_dir)[2]), format)  # from its header
-    elif is_hf_directory(run_dir):
-        check_shape(read_config(run_dir)[3], format)  # before the weights are read
+        config = ModelConfig.from_dict(open_checked(run_dir)[2])  # from its header
     else:
-        from ..checkpoint import read_config as read_our_config
-
-        check_shape(read_our_config(run_dir), format)
+        config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
+    check_shape(config, format)  # before the weights are read
     model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),

@@ -86,7 +86,7 @@ def gguf_architecture(config) -> str:
         ExportShapeError (a ValueError): none does -- one line naming each field in the way against the
             nearest architecture (value, the option that sets it, why); ``field`` is the first.
     """
-    from . import ExportShapeError, check_gpt2_shape, gpt2_how
+    from .shape import ExportShapeError, check_gpt2_shape, gpt2_how
 
     gpt2_bad = check_gpt2_shape(config)
     if not gpt2_bad:
@@ -239,6 +239,7 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
         ValueError: a shape no llama.cpp architecture computes exactly (naming the field,
             :func:`gguf_architecture`); an unknown ``dtype``; a weight outside float16's range for f16 / q8_0
             (naming the tensor); a tokenizer the format cannot carry, or whose size is not the model's.
+        FileNotFoundError: the directory of ``path`` does not exist (naming it).
         ImportError: the gguf package is not installed.
     """
     from ..hf import plain_model
@@ -252,6 +253,8 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
         raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
                          f"{model.config.num_tokens}")
     path = Path(path)
+    if not path.parent.is_dir():  # (else the writer's error names its temporary file)
+        raise FileNotFoundError(f"cannot write the GGUF file {path}: directory {path.parent} does not exist")
     side = modelfile_path(path) if modelfile else None
     for p in (path, side):
         if p is not None and p.exists() and not force:

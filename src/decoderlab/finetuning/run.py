@@ -42,7 +42,7 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     """Fine-tune a model on conversations (``method="sft"``, the default) or on preference pairs (``"dpo"``);
     return ``(model, tokenizer, summary)`` (:class:`FinetuneSummary` / :class:`PreferenceSummary`).
 
-    Start from a base ``checkpoint`` (a decoderlab checkpoint or a Hugging Face GPT-2 directory), an in-memory
+    Start from a base ``checkpoint`` (a decoderlab checkpoint or a Hugging Face directory), an in-memory
     ``base_model=(model, tokenizer)``, or a ``preset`` from scratch (a ``tokenizer`` kind, default "char", built
     from the data's text); the ``template`` (a name, a ``*.jinja`` file or a template object) has its special
     tokens added (:func:`decoderlab.chat.add_chat_tokens`; default: the base checkpoint's own template -- a
@@ -102,7 +102,8 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
         raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
                          "(train from scratch)")
     name = getattr(template, "name", template) or getattr(base_template(checkpoint), "name", None)
-    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)))
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)),
+                   kind="finetune")
     check_run_options(run.cfg, strategy, accelerator)
     chosen, options = method_of(run, method, options)
     if template is not None:

@@ -149,6 +149,8 @@ def as_ids(model: DecoderOnlyTransformer, token_ids_or_text, tokenizer=None) -> 
         if tokenizer is None:
             raise ValueError("a text input needs a tokenizer (pass tokenizer=...), or pass token ids instead")
         ids = torch.tensor(tokenizer.encode(token_ids_or_text), dtype=torch.long)  # KeyError naming a word
+        if ids.numel() == 0:
+            raise ValueError(f"the text {token_ids_or_text!r} is empty: give at least one token of text")
     elif isinstance(token_ids_or_text, torch.Tensor):
         ids = token_ids_or_text
     elif isinstance(token_ids_or_text, (list, tuple)):

@@ -29,14 +29,13 @@ import os
 
 from .convert import ConfigError
 from .directory import (ARCHITECTURES, FAMILIES, ExportError, export_family, is_hf_directory, load_hf_directory,
-                        plain_model, read_config, save_hf_directory)
+                        plain_model, read_hf_config, save_hf_directory)
 from .memory import from_hf, to_hf
-from .tokenizer import chat_template_of, read_tokenizer
+from .tokenizer import read_tokenizer
 from .weights import WeightFiles
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "ConfigError", "ExportError", "WeightFiles", "chat_template_of",
-           "checkpoint_reader", "export_family", "from_hf", "is_hf_directory", "load_hf_directory", "plain_model",
-           "read_config", "read_tokenizer", "save_hf_directory", "to_hf"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "ConfigError", "ExportError", "WeightFiles", "checkpoint_reader", "export_family", "from_hf", "is_hf_directory", "load_hf_directory", "plain_model",
+           "read_hf_config", "read_tokenizer", "save_hf_directory", "to_hf"]
 
 
 def checkpoint_reader(directory: str | os.PathLike):

@@ -151,22 +151,26 @@ def _parts(theirs: tuple[str, ...], rows: dict, cfg: ModelConfig, own, ours: str
 
 
 def read_state(files: WeightFiles, entries: list[Entry | Fill], own: Mapping[str, torch.Tensor], cfg: ModelConfig,
-               lookup: Mapping[str, str], *, dtype: torch.dtype, device: torch.device,
-               config_file: str) -> dict[str, torch.Tensor]:
-    """Our state dict from ``files``: each entry's parts checked against the shape ``cfg`` gives them, copied
-    into one new tensor of ``dtype`` on ``device`` (the file's pages then let go). ``lookup``: each name of the
-    family's table -> the name as stored. Raises ``ValueError`` naming the file, the tensor and the shape
-    ``config_file`` gives it, for a missing or mis-shaped tensor."""
+               lookup: Mapping[str, str], *, config_file: str) -> dict[str, torch.Tensor]:
+    """Fill our tensors ``own`` (a model's state dict, allocated in its dtype and device) from ``files``: each
+    entry's parts checked against the shape ``cfg`` gives them and copied into its place once (the file's pages
+    then let go). ``lookup``: each name of the family's table -> the name as stored. Returns ``own``'s filled
+    tensors by name.
+
+    Raises:
+        ValueError: a missing or mis-shaped tensor, naming the file, the tensor and the shape ``config_file``
+            gives it.
+    """
     order = head_order(cfg)
     state = {}
     for e in entries:
         if isinstance(e, Fill):
             continue
-        shape = tuple(own[e.ours].shape)
+        out = own[e.ours]
+        shape = tuple(out.shape)
         if not e.parts:
-            state[e.ours] = torch.zeros(shape, dtype=dtype, device=device)
+            state[e.ours] = out.zero_()
             continue
-        out = torch.empty(shape, dtype=dtype, device=device)
         at = 0
         for name, n, rope in e.parts:
             want = (n, *shape[1:])

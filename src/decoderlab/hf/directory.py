@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -86,7 +88,7 @@ def family_of(hf: dict, where: str):
                       f"{', '.join(ARCHITECTURES)}", field)
 
 
-def read_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelConfig]:
+def read_hf_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelConfig]:
     """``(config.json's dict, family, class name, our ModelConfig)`` of a Hugging Face directory.
 
     Raises:
@@ -115,23 +117,50 @@ def read_config(directory: str | os.PathLike) -> tuple[dict, object, str, ModelC
     return hf, family, name, cfg
 
 
+_INIT = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "zeros_", "ones_",
+         "constant_")
+_INIT_LOCK = threading.Lock()
+
+
+@contextmanager
+def without_init():
+    """``torch.nn.init``'s functions as no-ops while a model is built to be loaded (transformers'
+    ``no_init_weights``): every tensor is then allocated but not written -- its pages untouched until the file's
+    values are copied in, so a load holds one copy of the weights -- and no time goes to random numbers that are
+    overwritten. (Not the meta device: an operation on a meta tensor goes through torch's Python references,
+    whose first call imports ``torch._dynamo``, seconds of a load that takes one. A model another thread
+    initialises in that moment would start from empty values; loading is not that moment.)"""
+    with _INIT_LOCK:
+        saved = {name: getattr(torch.nn.init, name) for name in _INIT}
+        for name in _INIT:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.nn.init, name, fn)
+
+
 def build_model(files: WeightFiles, family, hf: dict, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                 device: torch.device | str = "cpu", config_file: str = CONFIG_FILE) -> DecoderOnlyTransformer:
-    """The model of ``cfg`` with the weights of ``files`` (named as ``family`` names them in config ``hf``):
-    built on the meta device, each tensor read once into ``dtype`` on ``device``. In eval mode.
+    """The model of ``cfg`` with the weights of ``files`` (named as ``family`` names them in config ``hf``): built
+    on ``device`` in ``dtype`` without an initialisation (its tensors allocated, not yet written), then each
+    filled once from the files. In eval mode.
 
     Raises:
         ValueError: a missing, mis-shaped or unexpected tensor, named with its file and the shape config.json
             gives; an LM head that differs from the embedding of a tied config.
     """
     device = torch.device(device)
-    with torch.device("meta"):
+    with torch.device(device), without_init():  # not the meta device: see without_init
         model = DecoderOnlyTransformer(cfg)
+    if dtype != torch.float32:  # (the float32 tensors were never written: no pages of theirs were touched)
+        model.to(dtype)
     own = model.state_dict()
-    names = family.names(cfg, hf)
-    entries = list(table(cfg, own, names))
+    entries = list(table(cfg, own, family.names(cfg, hf)))
     lookup, _ = stored_names(files, family.PREFIX, family.IGNORED)
-    state = read_state(files, entries, own, cfg, lookup, dtype=dtype, device=device, config_file=config_file)
+    with torch.no_grad():
+        state = read_state(files, entries, own, cfg, lookup, config_file=config_file)
     used = {name for e in entries if not hasattr(e, "value") for name, _, _ in e.parts}
     head = lookup.get("lm_head.weight")
     if cfg.tie_weights and head is not None:  # stored beside a tied embedding (older GPT-2 files): the same?
@@ -146,10 +175,6 @@ def build_model(files: WeightFiles, family, hf: dict, cfg: ModelConfig, *, dtype
     if unexpected:
         raise ValueError(f"{files.where(unexpected[0])}: unexpected tensor(s) {unexpected[:5]} for the "
                          f"{cfg.n_layer}-layer model {config_file} describes")
-    model.load_state_dict(state, strict=False, assign=True)  # (the post-hook ties fc_layer to we again)
-    for module in model.modules():  # buffers computed, not stored (rope's cos/sin)
-        if hasattr(module, "materialize"):
-            module.materialize(device)
     return model.eval()
 
 
@@ -172,7 +197,7 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
     """
     target = torch.device(map_location) if device is None else resolve_device(device)
     name = check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
-    hf, family, _, cfg = read_config(directory)
+    hf, family, _, cfg = read_hf_config(directory)
     tokenizer = read_tokenizer(directory, cfg.num_tokens)  # before the weights: a missing tokenizer is found at once
     files = WeightFiles(directory)
     load_dtype = getattr(torch, name) if name in ("bfloat16", "float16") else torch.float32
@@ -186,8 +211,10 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
 # ----------------------------------------------------------------------------------------------------------
 
 
-def export_family(cfg: ModelConfig):
-    """``(family module, class name)`` of the Hugging Face class whose forward equals the model of ``cfg``.
+def export_family(cfg: ModelConfig, tokenizer=None):
+    """``(family module, class name)`` of the Hugging Face class whose forward equals the model of ``cfg`` (and
+    that gives ``tokenizer`` back through ``AutoTokenizer``, when given: a family may say it cannot,
+    ``carries_tokenizer``, and the next class that computes the model is taken).
 
     Raises:
         ExportError: no class computes it: the message names each field in the way (value, why) and the nearest
@@ -196,7 +223,7 @@ def export_family(cfg: ModelConfig):
     tried = []
     for family in FAMILIES:
         bad = family.mismatches(cfg)
-        if not bad:
+        if not bad and getattr(family, "carries_tokenizer", lambda c, t: True)(cfg, tokenizer):
             return family, family.architecture(cfg)
         tried.append((len(bad), family, bad))
     _, family, bad = min(tried, key=lambda t: t[0])
@@ -221,15 +248,14 @@ def plain_model(model) -> DecoderOnlyTransformer:
     return merge_lora(model) if has_lora(model) else model
 
 
-def hf_state(model: DecoderOnlyTransformer) -> tuple[object, str, ModelConfig, dict[str, torch.Tensor]]:
-    """``(family, class name, the config it is written with, the Hugging Face tensors)`` of ``model`` (a
-    LayerNorm model for an RMSNorm class comes out centred and untied: :func:`.convert.center_writes`)."""
-    family, name = export_family(model.config)
-    cfg, state = family.prepare(model.config, model.state_dict()) if hasattr(family, "prepare") else (
-        model.config, model.state_dict())
-    own = {k: v for k, v in state.items()}
-    hf_names = family.names(cfg, family.to_theirs(cfg))
-    return family, name, cfg, write_state(state, list(table(cfg, own, hf_names)), cfg)
+def hf_state(model: DecoderOnlyTransformer, tokenizer=None) -> tuple[object, str, ModelConfig, dict[str, torch.Tensor]]:
+    """``(family, class name, the config it is written with, the Hugging Face tensors)`` of ``model`` written
+    with ``tokenizer`` (:func:`export_family`; a LayerNorm model for an RMSNorm class comes out centred and
+    untied: :func:`.convert.center_writes`)."""
+    family, name = export_family(model.config, tokenizer)
+    cfg, state = family.prepare(model.config, model.state_dict())
+    names = family.names(cfg, family.to_theirs(cfg))
+    return family, name, cfg, write_state(state, list(table(cfg, state, names)), cfg)
 
 
 def hf_config(family, cfg: ModelConfig, tokenizer, dtype: torch.dtype) -> dict:
@@ -252,13 +278,13 @@ def save_hf_directory(model: DecoderOnlyTransformer, tokenizer, directory: str |
             holds other files (nothing is deleted).
     """
     model = plain_model(model)
-    family, name = export_family(model.config)  # refused before anything is read or written
+    family, name = export_family(model.config, tokenizer)  # refused before anything is read or written
     if tokenizer is not None and tokenizer.vocab_size != model.config.num_tokens:
         raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
                          f"{model.config.num_tokens}")
     directory = Path(directory)
     check_output_dir(directory, allowed=HF_FILES, what="a Hugging Face model directory")
-    _, _, cfg, tensors = hf_state(model)
+    _, _, cfg, tensors = hf_state(model, tokenizer)
     dtype = model.we.weight.dtype
     config = hf_config(family, cfg, tokenizer, dtype)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}

@@ -99,6 +99,11 @@ def to_theirs(cfg: ModelConfig) -> dict:
                 scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)
 
 
+def prepare(cfg: ModelConfig, state: dict) -> tuple[ModelConfig, dict]:
+    """Nothing to rewrite: GPT-2's LayerNorm, positions and MLP are ours."""
+    return cfg, state
+
+
 def infer(shapes: dict[str, tuple[int, ...]], n_head: int | None, where: str) -> dict:
     """A GPT-2 config.json's sizes read from a state dict's tensor shapes (canonical names -> shapes); the
     number of heads cannot be, so ``n_head`` must be given.

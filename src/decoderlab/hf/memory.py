@@ -17,7 +17,8 @@ from ..checkpoint import CONFIG_FILE
 from ..model import DecoderOnlyTransformer
 from . import gpt2
 from .convert import stored_names
-from .directory import build_model, family_of, hf_config, hf_state, plain_model, read_config, save_hf_directory
+from .directory import (build_model, family_of, hf_config, hf_state, plain_model, read_hf_config,
+                        save_hf_directory)
 from .weights import WeightFiles
 
 _INSTALL_HINT = "pip install 'decoderlab[hf]'"
@@ -55,7 +56,7 @@ def from_hf(source: Any, config: Any = None, attention: str = "sdpa", *,
         TypeError: a source of another kind; a state dict value that is not a tensor.
     """
     if isinstance(source, (str, os.PathLike)):
-        hf, family, _, cfg = read_config(source)
+        hf, family, _, cfg = read_hf_config(source)
         files, where = WeightFiles(source), str(Path(source) / CONFIG_FILE)
     else:
         state, hf, where = _state_and_config(source, config, n_head)
@@ -112,7 +113,7 @@ def to_hf(model: DecoderOnlyTransformer, path: str | os.PathLike | None = None, 
         TypeError: not a ``DecoderOnlyTransformer``.
     """
     model = plain_model(model)
-    family, name, cfg, tensors = hf_state(model)  # refused (named) before transformers is needed
+    family, name, cfg, tensors = hf_state(model, tokenizer)  # refused (named) before transformers is needed
     transformers = require_transformers()
     dtype = model.we.weight.dtype
     config = {**hf_config(family, cfg, tokenizer, dtype), **config_kwargs}

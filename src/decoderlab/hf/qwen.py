@@ -7,7 +7,10 @@ Names: Llama's (:mod:`.llama`), and for Qwen3::
     model.layers.{i}.self_attn.q_norm / k_norm    -> blocks.{i}.attention.q_norm / k_norm
 
 A model of ours with ``qkv_bias`` exports to Qwen2; with ``qk_norm`` to Qwen3 (a QK-norm without a gain is
-written with unit gains). Sliding-window attention (``use_sliding_window``) is refused. Source: Qwen2 /
+written with unit gains). Sliding-window attention (``use_sliding_window``) is refused. transformers 5 rebuilds
+the tokenizer of every ``qwen2`` directory as Qwen's own (``Qwen2Tokenizer``: NFC, Qwen's split, single digits),
+whatever its tokenizer.json says, so a model whose tokenizer is not Qwen's goes to Llama's class instead (the same
+forward: q/k/v biases and a zero o_proj bias), where ``AutoTokenizer`` reads the tokenizer.json written. Source: Qwen2 /
 Qwen3 technical reports; transformers' ``modeling_qwen2.py`` / ``modeling_qwen3.py``.
 """
 
@@ -19,6 +22,9 @@ from ..config.model import ModelConfig
 from .convert import ConfigError, Names, no_sliding_window, prepare_norm, rotary_config, rotary_mismatches, rotary_theirs
 
 ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+#: the split of transformers' ``Qwen2Tokenizer`` (``PRETOKENIZE_REGEX``), which AutoTokenizer imposes on qwen2
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+               r"""|\s+(?!\S)|\s+""")
 MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 PREFIX = "model."
 IGNORED = re.compile(r"\.rotary_emb\.inv_freq$")
@@ -77,6 +83,19 @@ def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
 
 def architecture(cfg: ModelConfig) -> str:
     return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM"
+
+
+def carries_tokenizer(cfg: ModelConfig, tokenizer) -> bool:
+    """Whether ``AutoTokenizer`` reads ``tokenizer`` back with its ids from the class of ``cfg``: always for
+    Qwen3; for Qwen2 only a tokenizer of Qwen's own pipeline (NFC, :data:`QWEN2_SPLIT`, ``<|endoftext|>``), the one
+    transformers rebuilds there."""
+    if cfg.qk_norm or tokenizer is None:
+        return True
+    spec = tokenizer.to_dict() if getattr(tokenizer, "kind", None) == "bpe" else {}
+    steps = (spec.get("pre_tokenizer") or {}).get("pretokenizers") or []
+    split = steps[0].get("pattern", {}).get("Regex") if steps and steps[0].get("type") == "Split" else None
+    return ((spec.get("normalizer") or {}).get("type") == "NFC" and split == QWEN2_SPLIT
+            and "<|endoftext|>" in tokenizer.token_to_id)
 
 
 def to_theirs(cfg: ModelConfig) -> dict:

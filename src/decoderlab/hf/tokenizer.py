@@ -1,6 +1,6 @@
 """The tokenizer of a Hugging Face directory, read and written: ``tokenizer.json`` with ``tokenizer_config.json``
-(its special tokens, ``add_bos_token`` / ``add_eos_token``, the Jinja ``chat_template``), or GPT-2's
-``vocab.json`` + ``merges.txt``.
+(its special tokens, ``add_bos_token`` / ``add_eos_token``), or GPT-2's ``vocab.json`` + ``merges.txt``. The
+Jinja ``chat_template`` is written here and read by :func:`decoderlab.chat.read_chat_template`.
 
 Reading gives a :class:`~decoderlab.tokenizers.BPETokenizer` over the file's own pipeline (Hugging Face
 ``tokenizers`` runs it: byte-level BPE, SentencePiece's BPE with byte fallback, ...), with the names of the
@@ -37,9 +37,9 @@ TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TE
 _NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def _json(path: Path) -> dict:
+def _json(path: Path, text: str | None = None) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8") if text is None else text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a JSON file ({e})") from None
     if not isinstance(data, dict):
@@ -64,9 +64,10 @@ def read_tokenizer(directory: str | os.PathLike, num_tokens: int) -> Tokenizer:
     path = directory / TOKENIZER_JSON
     config = _json(directory / TOKENIZER_CONFIG) if (directory / TOKENIZER_CONFIG).is_file() else {}
     if path.is_file():
-        data = _json(path)
+        text = path.read_text(encoding="utf-8")
+        data = _json(path, text)
         own = _own_kind(data)
-        tok = own if own is not None else _from_hf(data, config, path)
+        tok = own if own is not None else _from_hf(text, data, config, path)
     elif all((directory / f).is_file() for f in GPT2_FILES):
         path = directory / GPT2_FILES[0]
         tok = BPETokenizer.from_gpt2_files(*(directory / f for f in GPT2_FILES))
@@ -84,24 +85,24 @@ def read_tokenizer(directory: str | os.PathLike, num_tokens: int) -> Tokenizer:
     return tok
 
 
-def _from_hf(data: dict, config: dict, path: Path) -> BPETokenizer:
-    """A ``BPETokenizer`` of a Hugging Face tokenizer.json and its tokenizer_config.json's names."""
+def _from_hf(text: str, data: dict, config: dict, path: Path) -> BPETokenizer:
+    """A ``BPETokenizer`` of a Hugging Face tokenizer.json (its ``text``, and ``data`` parsed) and its
+    tokenizer_config.json's names."""
     from tokenizers import AddedToken
     from tokenizers import Tokenizer as HFTokenizer
 
     try:
-        hf = HFTokenizer.from_str(json.dumps(data))
+        hf = HFTokenizer.from_str(text)
     except Exception as e:  # tokenizers raises its own Exception type for malformed files
         raise ValueError(f"{path}: not a valid Hugging Face tokenizer.json ({e})") from None
-    vocab = hf.get_vocab(with_added_tokens=True)
     extra = config.get("added_tokens_decoder") or {}
     new = [AddedToken(t["content"], special=bool(t.get("special", True)), normalized=bool(t.get("normalized", False)),
                       lstrip=bool(t.get("lstrip", False)), rstrip=bool(t.get("rstrip", False)))
            for _, t in sorted(extra.items(), key=lambda kv: int(kv[0])) if isinstance(t, dict)
-           and t.get("content") not in vocab]
+           and hf.token_to_id(t.get("content")) is None]
     if new:  # listed in tokenizer_config.json only: transformers adds them too
         hf.add_tokens(new)
-        vocab = hf.get_vocab(with_added_tokens=True)
+    vocab = _Vocabulary(hf)
     named = {k: _content(config.get(k)) for k in _NAMES if _content(config.get(k)) is not None}
     for key, token in named.items():
         if token not in vocab:
@@ -112,7 +113,19 @@ def _from_hf(data: dict, config: dict, path: Path) -> BPETokenizer:
         named.update(add_bos_token=bool(config.get("add_bos_token")), add_eos_token=bool(config.get("add_eos_token")))
     else:
         named.update(_template_specials(data.get("post_processor"), named))
+    if named == _own_names(vocab):  # decoderlab's own BPE, as the writer wrote it
+        named = {}
     return BPETokenizer(hf, named)
+
+
+class _Vocabulary:
+    """``token in vocab`` of a ``tokenizers.Tokenizer`` without building its whole vocabulary dict."""
+
+    def __init__(self, hf):
+        self.hf = hf
+
+    def __contains__(self, token) -> bool:
+        return isinstance(token, str) and self.hf.token_to_id(token) is not None
 
 
 def _template_specials(post: dict, named: dict) -> dict:
@@ -136,21 +149,6 @@ def _template_specials(post: dict, named: dict) -> dict:
             out["eos_token"] = named.get("eos_token", after[-1])
         return out
     return {"add_bos_token": False, "add_eos_token": False}
-
-
-def chat_template_of(directory: str | os.PathLike) -> str | None:
-    """The Jinja chat template of a Hugging Face directory: ``chat_template.jinja``, else tokenizer_config.json's
-    ``chat_template`` (a string, or the one named "default" of a list); None when it has none."""
-    directory = Path(directory)
-    if (directory / CHAT_TEMPLATE_FILE).is_file():
-        return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-    if not (directory / TOKENIZER_CONFIG).is_file():
-        return None
-    template = _json(directory / TOKENIZER_CONFIG).get("chat_template")
-    if isinstance(template, list):
-        by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = by_name.get("default")
-    return template if isinstance(template, str) else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -202,15 +200,19 @@ def special_tokens_of(tokenizer: Tokenizer) -> dict:
     """tokenizer_config.json's names for ``tokenizer``: a Hugging Face tokenizer's own; for decoderlab's, its
     ``<EOS>`` as the end (and start) of text and ``<PAD>`` as padding, nothing added around a text."""
     named = dict(getattr(tokenizer, "special_tokens", {}) or {})
-    if named:
-        return named
+    return named or _own_names(tokenizer.token_to_id)
+
+
+def _own_names(vocab) -> dict:
+    """The names decoderlab's own tokenizers go by in tokenizer_config.json, for a vocabulary (token -> id): the
+    end of text (``<EOS>``, or GPT-2's ``<|endoftext|>``) also as the start, ``<PAD>``, ``<unk>``."""
     out: dict = {"add_bos_token": False, "add_eos_token": False}
-    if tokenizer.eos_id is not None:
-        eos = tokenizer.id_to_token[tokenizer.eos_id]
+    eos = EOS if EOS in vocab else "<|endoftext|>" if "<|endoftext|>" in vocab else None
+    if eos is not None:
         out.update(bos_token=eos, eos_token=eos)
-    if tokenizer.pad_id is not None:
-        out["pad_token"] = tokenizer.id_to_token[tokenizer.pad_id]
-    if UNK in tokenizer.token_to_id:
+    if PAD in vocab:
+        out["pad_token"] = PAD
+    if UNK in vocab:
         out["unk_token"] = UNK
     return out
 
@@ -228,16 +230,19 @@ def special_ids_of(tokenizer: Tokenizer | None) -> dict:
 def write_tokenizer(directory: Path, tokenizer: Tokenizer, max_len: int, chat_template: str | None = None) -> None:
     """``tokenizer``'s files in ``directory``: ``tokenizer.json`` (:func:`hf_tokenizer_json`), GPT-2's
     ``vocab.json`` + ``merges.txt`` for a byte-level BPE, and the ``tokenizer_config.json`` and
-    ``special_tokens_map.json`` that tell ``AutoTokenizer`` its special tokens -- decoderlab's own tokenizers
-    keep a special token typed in a text as text (``split_special_tokens``), as their ``encode`` does -- with
-    the Jinja ``chat_template`` when given."""
+    ``special_tokens_map.json`` that tell ``AutoTokenizer`` its special tokens, with the Jinja ``chat_template``
+    when given. A base model's own (char, BPE) tokenizer keeps a special token typed in a text as text
+    (``split_special_tokens``), as its ``encode`` does; with a chat template special tokens are parsed (the
+    template's text holds them: ``apply_chat_template`` must read them), as ``encode(text, allow_special=True)``
+    does."""
     (directory / TOKENIZER_JSON).write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
     if isinstance(tokenizer, BPETokenizer) and tokenizer.byte_level:
         tokenizer.save_gpt2_files(directory)
     named = special_tokens_of(tokenizer)
     own = not getattr(tokenizer, "special_tokens", None)
-    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len,
-                  split_special_tokens=own and tokenizer.kind != "word", clean_up_tokenization_spaces=False, **named)
+    split = own and tokenizer.kind != "word" and chat_template is None
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len, split_special_tokens=split,
+                  clean_up_tokenization_spaces=False, **named)
     if chat_template is not None:
         config["chat_template"] = chat_template
     tokens = {k: v for k, v in named.items() if k in _NAMES}

@@ -23,7 +23,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -32,7 +32,6 @@ INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 #: the dtypes a weight file may hold (safetensors' names); every other is refused, naming the tensor
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-_NAMES = {v: k for k, v in DTYPES.items()}
 _PAGE = mmap.PAGESIZE
 
 
@@ -203,11 +202,3 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tenso
 
     out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(out, str(path), metadata={"format": "pt", **(metadata or {})})
-
-
-def dtype_of(names: Iterable[str], files: WeightFiles) -> str:
-    """The safetensors name of the dtype most of ``names`` are stored in (F32 for none)."""
-    counts: dict[torch.dtype, int] = {}
-    for n in names:
-        counts[files.dtype(n)] = counts.get(files.dtype(n), 0) + 1
-    return _NAMES.get(max(counts, key=counts.get), "F32") if counts else "F32"
