@@ -22,8 +22,8 @@ ratio decode / floor says how much of a token's time is anything but the weights
 
 Then the inference-dtype table (``load_checkpoint(..., dtype=...)``, ``--dtype``): a shakespeare-char-shaped
 model is trained here (``train_lm`` on the embedded tinyshakespeare, ``--train-steps`` steps of batch
-``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and int8 (weight-only,
-torchao) it gets: batch-1 decode tokens/s (255 new tokens, greedy, the variants and Hugging Face ``generate`` in
+``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and GGUF's blocks q8_0,
+q4_0, q4_1 (``decoderlab.quant``; decoded eagerly here, see bench/llamacpp.py for their compiled step) it gets: batch-1 decode tokens/s (255 new tokens, greedy, the variants and Hugging Face ``generate`` in
 float32 with the same weights alternating within each repeat; median), the full validation loss
 (``evaluate_lm`` over all non-overlapping windows of the last 10%) and its cost against float32 in nats, and
 greedy agreement with float32 (share of identical tokens over 255 new tokens from each of 4 one-token prompts
@@ -445,15 +445,12 @@ def train_checkpoint(args, out: str) -> str:
 
 
 def weight_megabytes(model) -> float:
-    """Bytes of the model's parameters (shared ones once; an int8 tensor's data plus its scales), in MB."""
+    """Bytes of the model's parameters and buffers (shared ones once; a block layer's integers, scales and
+    minimums), in MB."""
     seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if hasattr(p, "qdata"):  # torchao's Int8Tensor: int8 data + one float scale per row
-            total += p.qdata.numel() * p.qdata.element_size() + p.scale.numel() * p.scale.element_size()
-        else:
+    for p in [*model.parameters(), *model.buffers()]:
+        if id(p) not in seen and (p.is_floating_point() or p.dtype in (torch.int8, torch.uint8)):
+            seen.add(id(p))
             total += p.numel() * p.element_size()
     return total / 1e6
 
@@ -466,9 +463,7 @@ def dtype_table(args) -> None:
         ckpt = args.checkpoint or os.path.join(tmp, "run")
         if not os.path.isdir(ckpt):
             train_checkpoint(args, ckpt)
-        # int8 first: it imports torchao quietly, before transformers (which imports it too) can
-        models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in reversed(DTYPES)}
-        models = {d: models[d] for d in DTYPES}
+        models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in DTYPES}
         tok = dl.load_checkpoint(ckpt)[1]
     fp32 = models["float32"]
     hf = to_gpt2(fp32).eval()

@@ -10,7 +10,7 @@ llama.cpp reads as it is and decoderlab through its GGUF loader (``decoderlab.gg
 Ours (``--ours``, ``MODE:DTYPE`` items): ``decoderlab.generate`` with the decode step eager (``eager:``), compiled
 ahead of time (``aot:``, ``compile_decode(mode="aot")``: a package per dtype, its compile time apart) or by
 ``torch.compile`` (``compile:``, ``compile_decode()``; its compile time apart too), in float32,
-bfloat16, GGUF's blocks q8_0 / q4_0 / q4_1 (``decoderlab.quant``) or torchao's int8. Two floors: the weight
+bfloat16 or GGUF's blocks q8_0 / q4_0 / q4_1 (``decoderlab.quant``). Two floors: the weight
 products (every ``nn.Linear``, the output layer included) alone on one token through ``F.linear`` in float32, and a
 plain read of those float32 weight bytes (``weight.sum()``), the rate one core streams them from memory.
 
@@ -62,11 +62,11 @@ from decoderlab.generation import generate
 SHAPES = {"small": dict(n_layer=6, n_head=6, d_model=384, max_len=256),
           "gpt2": dict(n_layer=12, n_head=12, d_model=768, max_len=1024)}
 VOCAB = 50_257
-OURS = "eager:float32,aot:float32,aot:bfloat16,aot:q8_0,aot:q4_0,aot:q4_1,eager:q8_0,eager:int8"
+OURS = "eager:float32,aot:float32,aot:bfloat16,aot:q8_0,aot:q4_0,aot:q4_1"
 THEIRS = "f32,f16,q8_0,q4_0,q4_1"
 #: llama.cpp's type of the same weights as each of our dtypes (the ratio column)
 SAME_WEIGHTS = {"float32": "f32", "bfloat16": "f16", "float16": "f16", "q8_0": "q8_0", "q4_0": "q4_0",
-                "q4_1": "q4_1", "int8": "q8_0"}
+                "q4_1": "q4_1"}
 
 
 def timed(fn) -> tuple[float, object]:
@@ -90,10 +90,20 @@ def worker() -> None:
 
     faulthandler.enable()
     cfg = json.loads(sys.stdin.readline())
-    extra = {} if cfg["extra_bufts"] else {"use_extra_bufts": False}
+    if not cfg["extra_bufts"]:  # llama_model_params.use_extra_bufts, which Llama() does not take: set on its defaults
+        import llama_cpp.llama_cpp as low
+
+        defaults = low.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        low.llama_model_default_params = without_extra_bufts
     t = time.perf_counter()
     llm = Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=cfg["n_batch"], n_threads=cfg["threads"],
-                n_threads_batch=cfg["threads"], logits_all=cfg["logits_all"], verbose=False, **extra)
+                n_threads_batch=cfg["threads"], logits_all=cfg["logits_all"], verbose=False)
     print(json.dumps({"load_s": time.perf_counter() - t}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -153,7 +163,7 @@ class Peer:
         tail = [s for s in self.log.read().strip().splitlines() if s.strip()][-1:] or [""]
         if code < 0:
             what = f"{signal.Signals(-code).name} while {self.phase}"
-            if -code == signal.SIGSEGV and {"amx_int8", "amx_tile"} & set(cpu_features()) and "no extra" not in self.name:
+            if -code == signal.SIGSEGV and {"amx_int8", "amx_tile"} & set(cpu_features()) and "extra" not in self.name:
                 what += " (llama.cpp's AMX int8 kernel, ggml-org/llama.cpp#20824)"
         else:
             what = f"exit status {code} while {self.phase}: {tail[0][:120]}"

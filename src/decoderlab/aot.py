@@ -131,7 +131,7 @@ class AOTDecodeStep:
             was on disk already), so that a caller can report the compile cost once.
 
     Raises:
-        ValueError: the model's weights are quantized (torchao's int8: tensor subclasses).
+        ValueError: the model's weights are tensor subclasses (torchao's quantized tensors, say).
         RuntimeError: a compiled package asks for a constant the model does not hold (a weight computed at compile
             time, which a package without its weights cannot carry).
     """
@@ -143,8 +143,9 @@ class AOTDecodeStep:
                  notify=None):
         if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
             # (torch.export flattens such a weight into parts the package would read by other names)
-            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
-                             "quantized ones (int8): decode int8 eagerly or with compile_decode() (--compile)")
+            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16, or "
+                             "q8_0 / q4_0 / q4_1 blocks), not tensor subclasses: decode those eagerly or with "
+                             "compile_decode() (--compile)")
         self.model = model
         self.compile_missing, self.notify = compile_missing, notify
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

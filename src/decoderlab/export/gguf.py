@@ -72,8 +72,6 @@ def gguf_tensors(model) -> list[tuple[str, np.ndarray, bool]]:
         if is_block_layer(t):  # a block layer's weight: its blocks, written as they are where dtype is theirs
             return t.blocks
         t = t.detach()
-        if hasattr(t, "dequantize"):  # torchao's int8 weights
-            t = t.dequantize()
         return t.to(device="cpu", dtype=torch.float32).numpy().copy()
 
     def pair(module, gguf_name: str, matrix: bool) -> list[tuple[str, np.ndarray, bool]]:
