@@ -83,7 +83,8 @@ def _fingerprint(model, kind: tuple[int, bool]) -> str:
 
     h = hashlib.sha256()
     p = next(model.parameters())
-    dtype = quant.block_dtype(model) or str(p.dtype)  # block-quantized layers: their type (float32 elsewhere)
+    blocks = quant.block_dtype(model)  # block-quantized layers: their type beside the float parameters' dtype
+    dtype = str(p.dtype) if blocks is None else f"{blocks} {p.dtype}"
     h.update(json.dumps({"config": model.config.to_dict(), "dtype": dtype, "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())

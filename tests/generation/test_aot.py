@@ -129,6 +129,8 @@ def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
     assert _fingerprint(make_model("rope-rmsnorm", "sdpa", seed=5), (1, False)) != key
     assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
+    keys = {_fingerprint(_block_model(kind), (1, False)) for kind in ("float32", "q8_0", "q4_0", "q4_1")}
+    assert len(keys) == 4 and _fingerprint(_block_model("q8_0").double(), (1, False)) not in keys
 
 
 def test_tensor_subclass_weights_are_refused_before_anything_compiles(tmp_path):
