@@ -10,7 +10,7 @@ llama.cpp reads as it is and decoderlab through its GGUF loader (``decoderlab.gg
 Ours (``--ours``, ``MODE:DTYPE`` items): ``decoderlab.generate`` with the decode step eager (``eager:``), compiled
 ahead of time (``aot:``, ``compile_decode(mode="aot")``: a package per dtype, its compile time apart) or by
 ``torch.compile`` (``compile:``, ``compile_decode()``; its compile time apart too), in float32,
-bfloat16, GGUF's blocks q8_0 / q4_0 / q4_1 (``decoderlab.quant``) or torchao's int8. Two floors: the weight
+bfloat16 or GGUF's blocks q8_0 / q4_0 / q4_1 (``decoderlab.quant``). Two floors: the weight
 products (every ``nn.Linear``, the output layer included) alone on one token through ``F.linear`` in float32, and a
 plain read of those float32 weight bytes (``weight.sum()``), the rate one core streams them from memory.
 
@@ -62,11 +62,11 @@ from decoderlab.generation import generate
 SHAPES = {"small": dict(n_layer=6, n_head=6, d_model=384, max_len=256),
           "gpt2": dict(n_layer=12, n_head=12, d_model=768, max_len=1024)}
 VOCAB = 50_257
-OURS = "eager:float32,aot:float32,aot:bfloat16,aot:q8_0,aot:q4_0,aot:q4_1,eager:q8_0,eager:int8"
+OURS = "eager:float32,aot:float32,aot:bfloat16,aot:q8_0,aot:q4_0,aot:q4_1"
 THEIRS = "f32,f16,q8_0,q4_0,q4_1"
 #: llama.cpp's type of the same weights as each of our dtypes (the ratio column)
 SAME_WEIGHTS = {"float32": "f32", "bfloat16": "f16", "float16": "f16", "q8_0": "q8_0", "q4_0": "q4_0",
-                "q4_1": "q4_1", "int8": "q8_0"}
+                "q4_1": "q4_1"}
 
 
 def timed(fn) -> tuple[float, object]:
@@ -90,10 +90,20 @@ def worker() -> None:
 
     faulthandler.enable()
     cfg = json.loads(sys.stdin.readline())
-    extra = {} if cfg["extra_bufts"] else {"use_extra_bufts": False}
+    if not cfg["extra_bufts"]:  # llama_model_params.use_extra_bufts, which Llama() does not take: set on its defaults
+        import llama_cpp.llama_cpp as low
+
+        defaults = low.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        low.llama_model_default_params = without_extra_bufts
     t = time.perf_counter()
     llm = Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=cfg["n_batch"], n_threads=cfg["threads"],
-                n_threads_batch=cfg["threads"], logits_all=cfg["logits_all"], verbose=False, **extra)
+                n_threads_batch=cfg["threads"], logits_all=cfg["logits_all"], verbose=False)
     print(json.dumps({"load_s": time.perf_counter() - t}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -153,7 +163,7 @@ class Peer:
         tail = [s for s in self.log.read().strip().splitlines() if s.strip()][-1:] or [""]
         if code < 0:
             what = f"{signal.Signals(-code).name} while {self.phase}"
-            if -code == signal.SIGSEGV and {"amx_int8", "amx_tile"} & set(cpu_features()) and "no extra" not in self.name:
+            if -code == signal.SIGSEGV and {"amx_int8", "amx_tile"} & set(cpu_features()) and "extra" not in self.name:
                 what += " (llama.cpp's AMX int8 kernel, ggml-org/llama.cpp#20824)"
         else:
             what = f"exit status {code} while {self.phase}: {tail[0][:120]}"
@@ -305,25 +315,57 @@ def synthetic(shape: str, tok, tmp: str, args):
     return calls, prompt, running
 
 
-def gguf_file(path: str, tmp: str, args):
-    """(calls, prompt, peers) for a GGUF file: llama.cpp reads it as it is; ours loads it through
-    ``decoderlab.gguf_import`` at each dtype of ``--ours`` (float32: dequantized; a block type: the file's blocks
-    kept where they are of one of ours)."""
-    prompt = list(range(1000, 1000 + args.prompt_tokens))
-    calls = {}
+def gguf_loader(path: str):
+    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; the file's own block type:
+    its blocks as they are; another block type: quantized from float32), or None without decoderlab's GGUF loader
+    (``decoderlab.gguf_import``) in this tree."""
     try:
         from decoderlab.gguf_import import load_gguf
     except ImportError:
-        load_gguf = None
         print("decoderlab's GGUF loader (decoderlab.gguf_import) is not in this tree: llama.cpp measured alone")
-    if load_gguf is not None:
+        return None
+    own = file_type(path)
+
+    def make(dtype):
+        if dtype in ("float32", own):
+            return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
+        return to_inference_dtype(load_gguf(path)[0], dtype)  # (the loader keeps the file's blocks for any block type)
+
+    return make
+
+
+def gguf_files(path: str, make, tok, tmp: str, kinds) -> dict[str, str]:
+    """{type: GGUF path}: the file itself for its own type, and ours float32 written at each other type of
+    ``kinds`` (``decoderlab.export.to_gguf``, where it writes this architecture; skipped, said, where not)."""
+    own, files = file_type(path), {}
+    files[own] = path
+    for kind in [k for k in kinds if k != own]:
+        try:
+            files[kind] = os.path.join(tmp, f"{os.path.basename(path)}-{kind}.gguf")
+            to_gguf(make("float32"), tok, files[kind], dtype=kind)
+        except (ValueError, NotImplementedError) as e:
+            files.pop(kind)
+            print(f"llama.cpp {kind} of {os.path.basename(path)} skipped: decoderlab cannot write it here ({e})")
+    return files
+
+
+def gguf_file(path: str, tmp: str, args):
+    """(calls, prompt, peers) for a GGUF file: ours loads it at each dtype of ``--ours`` (:func:`gguf_loader`);
+    llama.cpp reads the file as it is and ours written at the other types of ``--theirs``."""
+    prompt = list(range(1000, 1000 + args.prompt_tokens))
+    calls, make = {}, gguf_loader(path)
+    if make is not None:
         for spec in args.ours.split(","):
-            make = lambda dtype: load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]  # noqa: E731
             calls[f"ours {spec.replace(':', ' ')}"] = ours(our_model(make, spec, os.path.join(tmp, "aot")), prompt, args)
     running = {}
     if llama_cpp_available():
-        kind = file_type(path)
-        running = peers({kind: path}, args, max(len(prompt) + args.new_tokens, args.prefill_tokens) + 8)
+        if make is None:
+            files = {file_type(path): path}
+        else:
+            from decoderlab.gguf_import import load_gguf
+
+            files = gguf_files(path, make, load_gguf(path)[1], tmp, args.theirs.split(","))
+        running = peers(files, args, max(len(prompt) + args.new_tokens, args.prefill_tokens) + 8)
         calls.update({name: theirs(p, prompt, args) for name, p in running.items()})
     return calls, prompt, running
 
@@ -442,8 +484,7 @@ def accuracy(source: str, args, tmp: str) -> None:
     if is_gguf:
         from decoderlab.gguf_import import load_gguf
 
-        tok = load_gguf(source)[1]
-        make = lambda d: load_gguf(source, dtype=None if d == "float32" else d)[0]  # noqa: E731
+        tok, make = load_gguf(source)[1], gguf_loader(source)
     else:
         base, tok = dl.load_checkpoint(source)
         make = lambda d: to_inference_dtype(dl.load_checkpoint(source)[0], d)  # noqa: E731
@@ -456,10 +497,13 @@ def accuracy(source: str, args, tmp: str) -> None:
     greedy = {d: [generate(m, p, args.new_tokens, temperature=0, stop_at_eos=False) for p in prompts]
               for d, m in models.items()}
     if llama_cpp_available():
-        files = {file_type(source): source} if is_gguf else {}
-        for kind in ([] if is_gguf else args.theirs.split(",")):
-            files[kind] = os.path.join(tmp, f"acc-{kind}.gguf")
-            to_gguf(base, tok, files[kind], dtype=kind)
+        if is_gguf:
+            files = gguf_files(source, make, tok, tmp, args.theirs.split(","))
+        else:
+            files = {}
+            for kind in args.theirs.split(","):
+                files[kind] = os.path.join(tmp, f"acc-{kind}.gguf")
+                to_gguf(base, tok, files[kind], dtype=kind)
         for name, peer in peers(files, args, max_len + 8, logits_all=True).items():
             a = peer("nll", windows=windows)
             ppl[name] = peer.crash if a is None else float(torch.tensor(a["nll"]).exp())

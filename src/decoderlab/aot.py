@@ -83,7 +83,8 @@ def _fingerprint(model, kind: tuple[int, bool]) -> str:
 
     h = hashlib.sha256()
     p = next(model.parameters())
-    dtype = quant.block_dtype(model) or str(p.dtype)  # block-quantized layers: their type (float32 elsewhere)
+    blocks = quant.block_dtype(model)  # block-quantized layers: their type beside the float parameters' dtype
+    dtype = str(p.dtype) if blocks is None else f"{blocks} {p.dtype}"
     h.update(json.dumps({"config": model.config.to_dict(), "dtype": dtype, "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
@@ -131,7 +132,7 @@ class AOTDecodeStep:
             was on disk already), so that a caller can report the compile cost once.
 
     Raises:
-        ValueError: the model's weights are quantized (torchao's int8: tensor subclasses).
+        ValueError: the model's weights are tensor subclasses (torchao's quantized tensors, say).
         RuntimeError: a compiled package asks for a constant the model does not hold (a weight computed at compile
             time, which a package without its weights cannot carry).
     """
@@ -143,8 +144,9 @@ class AOTDecodeStep:
                  notify=None):
         if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
             # (torch.export flattens such a weight into parts the package would read by other names)
-            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
-                             "quantized ones (int8): decode int8 eagerly or with compile_decode() (--compile)")
+            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16, or "
+                             "q8_0 / q4_0 / q4_1 blocks), not tensor subclasses: decode those eagerly or with "
+                             "compile_decode() (--compile)")
         self.model = model
         self.compile_missing, self.notify = compile_missing, notify
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

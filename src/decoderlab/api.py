@@ -52,7 +52,8 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None, d
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
             see :func:`decoderlab.devices.resolve_device`.
         dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
-            ``torch.float16``, or ``"int8"`` (torchao); see :mod:`decoderlab.dtypes`.
+            ``torch.float16``, or GGUF's blocks ``"q8_0"`` / ``"q4_0"`` / ``"q4_1"``; see
+            :mod:`decoderlab.dtypes`.
 
     This is :func:`decoderlab.chat.load_model` (the one loader of the command line, chat and the server)
     wrapped in a :class:`Model`.

@@ -42,7 +42,7 @@ MAX_ROWS_HALF = 2
 
 
 def _plain(w: torch.Tensor) -> bool:
-    """Whether ``w`` is an ordinary tensor (not a quantized one, e.g. torchao's int8 subclass): seen as its own
+    """Whether ``w`` is an ordinary tensor (not a tensor subclass, e.g. torchao's quantized ones): seen as its own
     type by dynamo (a subclass is not a wrapper subclass there), as a fake tensor by torch.export."""
     if type(w) in (nn.Parameter, torch.Tensor):
         return True

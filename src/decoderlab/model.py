@@ -448,7 +448,7 @@ class DecoderOnlyTransformer(nn.Module):
         AOTInductor, a ``.pt2`` package per batch size written once to ``cache_dir`` -- default
         ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with a model of the same shape
         and dtype; the package reads the model's own weights);
-        ``cache_dir`` is its only option (``TypeError`` naming any other); quantized (int8) weights raise
+        ``cache_dir`` is its only option (``TypeError`` naming any other); tensor-subclass weights raise
         ``ValueError``."""
         if options.get("mode") == "aot":
             from .aot import AOTDecodeStep

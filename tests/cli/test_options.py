@@ -162,6 +162,30 @@ def test_without_a_cached_package_a_terminal_is_told_once_how_to_decode_faster(l
     assert not list(tmp_path.glob("**/*.pt2"))  # nothing was compiled
 
 
+def test_a_compile_is_said_when_it_starts_and_ends_and_only_while_a_command_runs(capsys):
+    """announce_compiles: dynamo's compile callbacks say on standard error when a compile starts and how long it
+    took (a first token that waits for the compiler is never silent); stop_announcing, which main calls as a
+    command ends, removes them."""
+    import torch
+
+    from decoderlab.cli.options import announce_compiles, stop_announcing
+
+    torch._dynamo.reset()
+    announce_compiles()
+    announce_compiles()  # (once per command: no second pair of lines)
+    try:
+        torch.compile(lambda t: t * 2, backend="eager")(torch.ones(3))
+    finally:
+        stop_announcing()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("decoderlab: compiling the decode step (torch.compile")
+    assert lines[1].startswith("decoderlab: compiled the decode step in ") and lines[1].endswith(" s")
+    torch._dynamo.reset()
+    torch.compile(lambda t: t * 3, backend="eager")(torch.ones(3))
+    assert capsys.readouterr().err == ""
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # --checkpoint FILE.gguf: llama.cpp's file read as any checkpoint; a file it cannot read is one line
 # ---------------------------------------------------------------------------------------------------------

@@ -144,15 +144,21 @@ def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
     assert _fingerprint(make_model("rope-rmsnorm", "sdpa", seed=5), (1, False)) != key
     assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
+    keys = {_fingerprint(_block_model(kind), (1, False)) for kind in ("float32", "q8_0", "q4_0", "q4_1")}
+    assert len(keys) == 4 and _fingerprint(_block_model("q8_0").double(), (1, False)) not in keys
 
 
-def test_quantized_weights_are_refused_before_anything_compiles(tmp_path):
-    """int8 weights (torchao's tensor subclasses) cannot be bound to a package by name: refused at once, in a
-    ValueError naming what the step takes, with nothing compiled or written."""
-    from decoderlab.dtypes import to_inference_dtype
+def test_tensor_subclass_weights_are_refused_before_anything_compiles(tmp_path):
+    """Weights that are tensor subclasses (torchao's quantized tensors are; here torch's TwoTensor) cannot be bound
+    to a package by name: refused at once, in a ValueError naming what the step takes, with nothing compiled or
+    written."""
+    from torch.testing._internal.two_tensor import TwoTensor
 
-    model = to_inference_dtype(make_model("gpt2", "sdpa", seed=5).float(), "int8")
-    with pytest.raises(ValueError, match=r"plain weights \(float32, bfloat16, float16\), not quantized ones"):
+    model = make_model("gpt2", "sdpa", seed=5).float()
+    w = model.blocks[0].mlp.fc.weight.detach()
+    model.blocks[0].mlp.fc.weight = torch.nn.Parameter(TwoTensor(w, w.clone()), requires_grad=False)
+    with pytest.raises(ValueError, match=r"plain weights \(float32, bfloat16, float16, or q8_0 / q4_0 / q4_1 "
+                                         r"blocks\), not tensor subclasses"):
         model.compile_decode(mode="aot", cache_dir=tmp_path)
     assert model.compiled_decode is None and not list(tmp_path.iterdir())
 

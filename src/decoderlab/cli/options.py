@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import warnings
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
@@ -94,8 +93,8 @@ DTYPE_OPTIONS = (
     option("--dtype", metavar="DTYPE",
            help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
                 "halve the bytes read per token; q8_0, q4_0 and q4_1 are GGUF's blocks of 32 weights with a float16 "
-                "scale -- 8.5, 4.5 and 5 bits a weight -- for every linear layer and the output layer; int8 is "
-                "torchao's weight-only quantization and needs torchao: pip install \"decoderlab[quant]\")"),
+                "scale -- 8.5, 4.5 and 5 bits a weight -- for every linear layer and the output layer, fast with a "
+                "compiled step)"),
 )
 
 CHECKPOINT_OPTIONS = (
@@ -132,7 +131,7 @@ AOT_OPTIONS = (
            help="decode with an ahead-of-time compiled step (torch.export + AOTInductor), compiling it first if "
                 "none is cached: a .pt2 package of code compiled once (10-60 s on a CPU) into "
                 "~/.cache/decoderlab/aot ($DECODERLAB_CACHE/aot) and loaded by every later run of a model of the same "
-                "shape and dtype, with or without --aot; not --dtype int8 (default: such a package when one is "
+                "shape and dtype, with or without --aot (default: such a package when one is "
                 "cached, else eager)"),
 )
 
@@ -191,21 +190,22 @@ def load_model(args):
 def use_decode_step(model, mode: str) -> None:
     """Give ``model`` the decode step ``mode`` names (:func:`decode_mode`), saying on standard error what the user
     waits for: a compile is announced when it starts (:func:`announce_compiles`); in the ``"cached"`` mode a model
-    with no package cached decodes eagerly, and a terminal is told once how to get the fast step."""
+    with no package cached decodes eagerly, and a terminal -- or anyone, for block-quantized weights, which decode
+    eagerly several times slower than float32 -- is told once how to get the fast step."""
     if mode == "eager":
         return
     announce_compiles()
     if mode == "compile":
-        if not os.environ.get("DECODERLAB_VERBOSE"):  # torch's advice to torchao's authors, at the first int8 step
-            warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching")
         model.compile_decode()
         return
     from ..aot import AOTDecodeStep
 
+    from ..quant import block_dtype
+
     step = AOTDecodeStep(model, compile_missing=mode == "aot", notify=say)
     if mode == "aot" or step.has_package((1, False)):
         model.compiled_decode = step
-    elif sys.stderr.isatty():
+    elif sys.stderr.isatty() or block_dtype(model):  # (eager block weights are slow: said wherever stderr goes)
         say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
             "--aot to compile one (a minute or so on a CPU) that every later run loads (--eager: no compiled step "
             "and no note)")

@@ -34,7 +34,7 @@ DEFAULT_TEMPLATE = "decoderlab"
 #: minimum (q4_1)
 BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1")
 #: inference dtypes (``decoderlab.dtypes``): float weights, or GGUF's blocks
-DTYPES = ("float32", "bfloat16", "float16", "int8", *BLOCK_DTYPES)
+DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
 
 #: training precisions (``TrainConfig.precision``): "auto" picks one for the machine (bf16-mixed on a CUDA GPU
 #: with bfloat16, 16-mixed with a gradient scaler on older GPUs, 32 on the CPU and Apple MPS; see

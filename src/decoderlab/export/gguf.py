@@ -112,10 +112,7 @@ def _array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
         return np.zeros(like, dtype=np.float32)
     if is_block_layer(t):  # a block layer: its blocks, written as they are where dtype is theirs
         return t.blocks
-    t = t.detach()
-    if hasattr(t, "dequantize"):  # torchao's int8 weights
-        t = t.dequantize()
-    return t.to(device="cpu", dtype=torch.float32).numpy().copy()
+    return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 
 def _pair(module, name: str, ours: str, matrix: bool, zero_bias: bool) -> list[tuple[str, np.ndarray, bool, str]]:
