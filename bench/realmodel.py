@@ -149,13 +149,15 @@ def strings(n: int = 200, seed: int = 0) -> list[str]:
     """:data:`EDGE` then seeded slices of Shakespeare, GSM8K questions and Self-Instruct instructions."""
     rng = random.Random(seed)
     shakespeare = (DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    gsm = [json.loads(s)["question"] for s in (DATA / "gsm8k_train.jsonl").read_text(encoding="utf-8").splitlines()[:300]]
+    gsm = [json.loads(s)["question"]
+           for s in (DATA / "gsm8k_train.jsonl").read_text(encoding="utf-8").splitlines()[:300]]
     seeds = [json.loads(s)["instruction"] for s in
              (DATA / "self_instruct_seed_tasks.jsonl").read_text(encoding="utf-8").splitlines()]
     out = list(EDGE)
     while len(out) < n:
         start = rng.randrange(len(shakespeare) - 400)
-        out.append([shakespeare[start:start + rng.randrange(20, 400)], rng.choice(gsm), rng.choice(seeds)][len(out) % 3])
+        pick = [shakespeare[start:start + rng.randrange(20, 400)], rng.choice(gsm), rng.choice(seeds)]
+        out.append(pick[len(out) % 3])
     return out[:n]
 
 
@@ -166,7 +168,8 @@ def conversations() -> list[list[dict]]:
         [sys_msg, {"role": "user", "content": PROMPTS[3]}],
         [sys_msg, {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
          {"role": "user", "content": "Translate 'café' into German."}],
-        [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "x3?"}]]
+        [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+         {"role": "user", "content": "x3?"}]]
 
 
 def tokenizer_rows(tok, cpp, hf_tok, texts) -> list[str]:
@@ -177,7 +180,8 @@ def tokenizer_rows(tok, cpp, hf_tok, texts) -> list[str]:
                                            for t in texts]
                           if hf_tok is not None else None)):
         if theirs is None:
-            rows.append(f"| tokenizer ids, {len(texts)} strings | {name} | {getattr(cpp, 'crash', None) or 'not run'} |")
+            why = getattr(cpp, "crash", None) or "not run"
+            rows.append(f"| tokenizer ids, {len(texts)} strings | {name} | {why} |")
             continue
         same = sum(a == b for a, b in zip(ours, theirs))
         diff = [t for t, a, b in zip(texts, ours, theirs) if a != b][:3]
@@ -191,8 +195,8 @@ def template_rows(template, tok, info, cpp, hf_tok) -> list[str]:
     ours = [template.render_text(c, add_generation_prompt=True) for c in convs]
     theirs = {}
     if hf_tok is not None:
-        theirs["transformers apply_chat_template"] = [hf_tok.apply_chat_template(c, tokenize=False,
-                                                                                 add_generation_prompt=True) for c in convs]
+        theirs["transformers apply_chat_template"] = [
+            hf_tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
     if cpp is not None:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -306,7 +310,8 @@ def speed(path: Path, tmp: str, args) -> None:
     calls = {}
     for spec in args.ours.split(","):
         make = lambda d: load_gguf(path, dtype=None if d == "float32" else d)[0]  # noqa: E731
-        calls[f"ours {spec.replace(':', ' ')}"] = lc.ours(lc.our_model(make, spec, os.path.join(tmp, "aot")), prompt, ns)
+        model = lc.our_model(make, spec, os.path.join(tmp, "aot"))
+        calls[f"ours {spec.replace(':', ' ')}"] = lc.ours(model, prompt, ns)
     running = {}
     if llama_cpp_available():
         running = lc.peers(files, ns, 256)
@@ -318,6 +323,29 @@ def speed(path: Path, tmp: str, args) -> None:
             p.close()
 
 
+def loads(path: Path, args) -> tuple:
+    """``(model, tokenizer, info, transformers' model, its tokenizer, rows)``: the file loaded by ours (float32, then
+    with its blocks kept, timed) and by transformers (unless ``--no-transformers``)."""
+    from decoderlab.gguf_import import load_gguf
+
+    t = time.perf_counter()
+    model, tok, info = load_gguf(path)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    load_gguf(path, dtype="q4_1")
+    rows = [f"| load | ours, dequantized to float32 | {load_s:.1f} s ({info.report}) |",
+            f"| load | ours, blocks kept (--dtype q4_1) | {time.perf_counter() - t:.1f} s |"]
+    hf = hf_tok = None
+    if not args.no_transformers:
+        import transformers
+
+        t = time.perf_counter()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+        rows.append(f"| load | transformers' GGUF loader (float32) | {time.perf_counter() - t:.1f} s |")
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tok, info, hf, hf_tok, rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(MODEL))
@@ -326,7 +354,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ours", default="eager:float32,eager:bfloat16,aot:float32,aot:bfloat16")
-    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' GGUF loader (60-120 s)")
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' GGUF loader (40-120 s)")
     ap.add_argument("--skip-speed", action="store_true", help="only the comparisons 1-5")
     ap.add_argument("--skip-accuracy", action="store_true", help="only the speed table (6)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -340,29 +368,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from decoderlab.chat.loading import gguf_template
     from decoderlab.devices import machine_line
-    from decoderlab.gguf_import import load_gguf
 
     print(machine_line(args.threads))
-    t = time.perf_counter()
-    model, tok, info = load_gguf(path)
-    load_s = time.perf_counter() - t
-    t = time.perf_counter()
-    load_gguf(path, dtype="q4_1")
-    block_s = time.perf_counter() - t
-    template = gguf_template(info)
-    rows = [f"| load | ours, dequantized to float32 | {load_s:.1f} s ({info.report}) |",
-            f"| load | ours, blocks kept (--dtype q4_1) | {block_s:.1f} s |"]
-    hf = hf_tok = None
-    if not args.no_transformers:
-        import transformers
-
-        t = time.perf_counter()
-        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-        rows.append(f"| load | transformers' GGUF loader (float32) | {time.perf_counter() - t:.1f} s |")
-        hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     with tempfile.TemporaryDirectory(prefix="bench-realmodel-") as tmp:
         if args.skip_accuracy:
             return speed(path, tmp, args)
+        model, tok, info, hf, hf_tok, rows = loads(path, args)
+        template = gguf_template(info)
         cpps = references(path, tmp, args) if llama_cpp_available() else []
         cpp = cpps[0] if cpps else None
         try:
@@ -377,7 +389,7 @@ def main() -> None:
         print("| what | against | result |\n|---|---|---|")
         print("\n".join(rows))
         if not args.skip_speed:
-            del hf
+            del hf, model
             speed(path, tmp, args)
     print("load average after: %.1f %.1f %.1f" % os.getloadavg())
 

@@ -187,7 +187,8 @@ def test_the_default_recipe_is_refused_naming_every_field_at_once():
     the nearest, the llama family, naming both fields."""
     with pytest.raises(ExportShapeError) as e:
         check_shape(dl.preset("baby-shakespeare-speedrun"), "gguf")
-    assert "the nearest is llama / qwen2 / qwen3, where they use RMSNorm; their blocks have a SwiGLU MLP" in str(e.value)
+    assert ("the nearest is llama / qwen2 / qwen3, where they use RMSNorm; their blocks have a SwiGLU MLP"
+            in str(e.value))
     assert str(e.value).endswith("this model has norm='layernorm' (--norm layernorm), mlp='relu2' (--mlp relu2)")
     assert e.value.field == "norm" and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown export format 'onnx'; allowed: hf, gguf"):

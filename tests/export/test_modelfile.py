@@ -40,4 +40,5 @@ def test_a_jinja_template_is_left_to_ollama_with_its_end_of_turn_as_stop():
     assert "TEMPLATE" not in text and 'PARAMETER stop "<|im_end|>"' in text and "tokenizer.chat_template" in text
     assert modelfile_text(Path("m.gguf"), None, tok, None) == ('# ollama create NAME -f m.Modelfile\nFROM ./m.gguf\n'
                                                                'TEMPLATE "{{ .Prompt }}"\n')
-    assert modelfile_path(Path("a/b.gguf")) == Path("a/b.Modelfile") and modelfile_path(Path("c")) == Path("c.Modelfile")
+    assert modelfile_path(Path("a/b.gguf")) == Path("a/b.Modelfile")
+    assert modelfile_path(Path("c")) == Path("c.Modelfile")

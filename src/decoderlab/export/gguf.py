@@ -3,7 +3,8 @@ the model in the llama.cpp architecture that computes exactly what it computes, 
 (:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in f32, f16, q8_0, q4_0 or q4_1; an
 ollama ``Modelfile`` beside it (:mod:`.modelfile`).
 
-Architectures (:func:`gguf_architecture`; anything else is refused naming the field, before a file is written):
+Architectures (:func:`decoderlab.export.shape.gguf_architecture`; anything else is refused naming the field, before
+a file is written):
 
 * ``gpt2``: GPT-2's shape (``decoderlab.config.names.GPT2_SHAPE``: learned positions, LayerNorm, GELU);
 * ``llama``: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases;
@@ -49,19 +50,9 @@ import torch
 
 from ..config.names import BLOCK_DTYPES, GGUF_DTYPES
 from ..quant import GGML_TYPES, BlockWeight, is_block_layer
+from .shape import gguf_architecture
 
 _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
-#: llama.cpp's architectures the export writes
-GGUF_ARCHITECTURES = ("gpt2", "llama", "qwen2", "qwen3")
-#: the fields every llama-family architecture needs: (field, value, train option, why)
-LLAMA_SHAPE = (
-    ("position", "rope", "--position", "llama.cpp's llama, qwen2 and qwen3 have rotary positions"),
-    ("norm", "rmsnorm", "--norm", "they use RMSNorm"),
-    ("mlp", "swiglu", "--mlp", "their blocks have a SwiGLU MLP"),
-    ("bias", False, "--bias", "they have no biases but qwen2's on q/k/v"),
-    ("attn_out_proj", True, None, "they have an attention output projection"),
-    ("lm_head_bias", False, None, "their output layer has no bias"),
-)
 _GPT2_BLOCK = (("norm_1", "attn_norm"), ("attention.qkv", "attn_qkv"), ("attention.proj", "attn_output"),
                ("norm_2", "ffn_norm"), ("mlp.fc", "ffn_up"), ("mlp.proj", "ffn_down"))
 _FLOAT16_MAX = 65504.0
@@ -77,34 +68,6 @@ def require_gguf():
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(f"GGUF export needs the gguf package; install it with: {_INSTALL_HINT}") from e
     return gguf
-
-
-def gguf_architecture(config) -> str:
-    """llama.cpp's architecture that computes exactly the model of ``config`` (module docstring).
-
-    Raises:
-        ExportShapeError (a ValueError): none does -- one line naming each field in the way against the
-            nearest architecture (value, the option that sets it, why); ``field`` is the first.
-    """
-    from .shape import ExportShapeError, check_gpt2_shape, gpt2_how
-
-    gpt2_bad = check_gpt2_shape(config)
-    if not gpt2_bad:
-        return "gpt2"
-    llama_bad = [(f, v, opt, why) for f, v, opt, why in LLAMA_SHAPE if getattr(config, f) != v]
-    if config.qkv_bias and config.qk_norm:
-        llama_bad.append(("qk_norm", False, None, "no llama.cpp architecture has both q/k/v biases (qwen2) and "
-                                                  "a query/key norm (qwen3)"))
-    if not llama_bad:
-        return "qwen3" if config.qk_norm else "qwen2" if config.qkv_bias else "llama"
-    gpt2_nearest = len(gpt2_bad) < len(llama_bad)
-    bad, nearest = (gpt2_bad, "gpt2") if gpt2_nearest else (llama_bad, "llama / qwen2 / qwen3")
-    has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
-                    for f, _, opt, _ in bad)
-    how = f"; train with {gpt2_how(bad)} to export it" if gpt2_nearest else ""
-    raise ExportShapeError(f"--format gguf writes the models a llama.cpp architecture computes exactly "
-                           f"({', '.join(GGUF_ARCHITECTURES)}); the nearest is {nearest}, where "
-                           f"{'; '.join(w for *_, w in bad)}; this model has {has}{how}", bad[0][0])
 
 
 def _array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
@@ -228,8 +191,8 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", na
             template=None, force: bool = False, modelfile: bool = True) -> dict:
     """Write ``model`` (LoRA adapters merged first), its ``tokenizer`` and chat ``template`` as one GGUF file at
     ``path`` (module docstring), and an ollama Modelfile beside it (``<path without .gguf>.Modelfile``, unless
-    ``modelfile=False``). ``dtype``: "f32", "f16", "q8_0", "q4_0" or "q4_1". Both are written next to their place and renamed
-    into it: a failure leaves nothing. Returns ``{"architecture", "bytes", "tensors", "types", "modelfile"}``.
+    ``modelfile=False``). ``dtype``: "f32", "f16", "q8_0", "q4_0" or "q4_1". Both are written next to their place
+    and renamed into it: a failure leaves nothing. Returns ``{"architecture", "bytes", "tensors", "types", "modelfile"}``.
 
     Raises:
         FileExistsError: ``path`` (or the Modelfile) exists and ``force`` is False.

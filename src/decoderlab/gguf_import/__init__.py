@@ -77,7 +77,8 @@ class GGUFInfo:
     def to_meta(self) -> dict:
         """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
         return dict(path=str(self.path), architecture=self.architecture, name=self.name,
-                    special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos, context_length=self.context_length,
+                    special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos,
+                    context_length=self.context_length,
                     dequantized=self.report.to_dict())
 
 
@@ -214,5 +215,6 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
 def _named_tokens(info: GGUFInfo) -> dict:
     """The file's control tokens under the names a ``BPETokenizer`` keeps (Hugging Face's): its end of text is
     ``tokenizer.ggml.eos_token_id`` (SmolLM2's ``<|im_end|>``), not a guess from the vocabulary."""
-    named = {f"{role}_token": text for role, text in info.special_tokens.items() if role in ("bos", "eos", "pad", "unk")}
+    named = {f"{role}_token": text for role, text in info.special_tokens.items()
+             if role in ("bos", "eos", "pad", "unk")}
     return {**named, "add_bos_token": info.add_bos, "add_eos_token": False}

@@ -126,7 +126,8 @@ def score_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[
     of their parts' ids) -- the order SentencePiece's BPE merges in, and transformers' ``generate_merges``."""
     found = []
     for piece, score in scores.items():
-        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
+                 if piece[:i] in vocab and piece[i:] in vocab]
         found += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
     found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
     return [(a, b) for a, b, _ in found]

@@ -77,7 +77,8 @@ def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
 @dataclass
 class DequantReport:
     """What a load dequantized: tensors by GGML type (F32 ones read as they are), the bytes the dequantized ones
-    held in the file and as float32; the tensors kept in their blocks (``kept``, ``kept_bytes``: a block dtype asked); the seconds it took. ``str()``
+    held in the file and as float32; the tensors kept in their blocks (``kept``, ``kept_bytes``: a block dtype
+    asked); the seconds it took. ``str()``
     is the line the command line shows."""
 
     types: dict[str, int] = field(default_factory=dict)
