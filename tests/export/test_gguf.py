@@ -409,3 +409,18 @@ def test_a_gguf_model_kept_in_its_blocks_writes_the_same_blocks_back(tmp_path):
     for t in a.tensors:
         assert theirs[t.name].tensor_type == t.tensor_type, t.name
         assert np.array_equal(np.asarray(theirs[t.name].data), np.asarray(t.data)), t.name
+
+
+@pytest.mark.parametrize("shape", ["llama", "qwen2", "qwen3-no-gain"])
+def test_llama_cpp_computes_our_logits_from_our_llama_family_file(bpe, tmp_path, shape):
+    """Where llama-cpp-python is installed: llama.cpp's own forward pass over our F32 file (a float32 KV cache)
+    gives our logits at every position -- the architecture, the rotary layout and the tensors are what it reads."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_family(bpe.vocab_size, **SHAPES[shape])
+    to_gguf(model, bpe, tmp_path / "m.gguf")
+    ids = bpe.encode("ROMEO: O, she doth teach the torches to burn bright!")
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=48, n_threads=1, logits_all=True, type_k=0,
+                          type_v=0, verbose=False)
+    llm.eval(ids)
+    theirs = torch.tensor(np.asarray(llm.scores[: len(ids)]))
+    torch.testing.assert_close(theirs, logits_of(model, torch.tensor([ids]))[0], rtol=0, atol=1e-3)
