@@ -429,24 +429,27 @@ def report(title: str, calls: dict, peers_: dict, args, prompt) -> None:
           f"{args.prefill_tokens} tokens; median of {args.repeats} alternating rounds; AOT compile + first call "
           f"(apart): {compiles or 'none'}")
     print("| variant | decode tokens/s | vs llama.cpp, same weights | prompt tokens/s | vs llama.cpp, same weights | "
-          "greedy tokens = ours eager fp32 |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "greedy tokens = ours eager fp32 | = llama.cpp, same weights |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     base_tokens = tokens.get("ours eager float32")
     for k in calls:
         peer = peers_.get(k)
         if peer is not None and peer.crash is not None:
-            print(f"| {k} | {peer.crash} | | | | |")
+            print(f"| {k} | {peer.crash} | | | | | |")
             continue
         if k not in rate:
-            print(f"| {k} | (no result) | | | | |")
+            print(f"| {k} | (no result) | | | | | |")
             continue
         ref = reference(k, rate)
         vs = f"{rate[k] / rate[ref]:.2f}x ({ref[10:]})" if ref and not k.startswith("llama") else ""
         pvs = f"{prate[k] / prate[ref]:.2f}x" if ref and k in prate and ref in prate and not k.startswith("llama") else ""
-        same = ""
+        same = theirs_same = ""
         if base_tokens and tokens.get(k) is not None and not k.startswith("floor"):
             same = f"{sum(a == b for a, b in zip(tokens[k], base_tokens)) / len(base_tokens):.0%}"
-        print(f"| {k} | {rate[k]:,.1f} | {vs} | {f'{prate[k]:,.0f}' if k in prate else ''} | {pvs} | {same} |")
+        if ref and not k.startswith(("llama", "floor")) and tokens.get(ref) and tokens.get(k):
+            theirs_same = f"{sum(a == b for a, b in zip(tokens[k], tokens[ref])) / len(tokens[ref]):.0%}"
+        print(f"| {k} | {rate[k]:,.1f} | {vs} | {f'{prate[k]:,.0f}' if k in prate else ''} | {pvs} | {same} | "
+              f"{theirs_same} |")
     for f in [k for k in rate if k.startswith("floor")]:
         print(f"vs the {f}: " + ", ".join(f"{k} {rate[k] / rate[f]:.2f}x" for k in rate if not k.startswith("floor")))
 

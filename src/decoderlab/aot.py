@@ -47,6 +47,7 @@ import torch._inductor  # (aoti_compile_and_package, aoti_load_package)
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from . import quant
 from .attention import KVCache
 
 
@@ -227,6 +228,8 @@ class AOTDecodeStep:
             dynamic = (None, None, None, {0: window}, tuple(None for _ in args[4:]))  # (forward's *tensors: one)
             program = torch.export.export(_StepGraph(self.model, kind[1]), args, dynamic_shapes=dynamic,
                                           strict=False)
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(tmp), inductor_configs={"aot_inductor.package_constants_in_so": False})
+            configs = {"aot_inductor.package_constants_in_so": False}
+            if quant.block_dtype(self.model) and args[0].device.type == "cpu":
+                configs.update(quant.FAST_CONTRACT)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)

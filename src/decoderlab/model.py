@@ -26,7 +26,7 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
-from .quant import is_block_layer, tie_block_weights
+from .quant import FAST_CONTRACT, block_dtype, is_block_layer, tie_block_weights
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -441,7 +441,8 @@ class DecoderOnlyTransformer(nn.Module):
         for Inductor on a CPU (measured faster there, ``bench/generate.py``), off elsewhere and with a ``mode``
         (torch.compile takes ``mode`` or ``options``, not both). The first step compiles: seconds on a GPU, a
         minute or more with a C++ compiler on a loaded CPU; Inductor keeps what it compiled on disk (its FX graph
-        cache), so a later process with the same model shape compiles faster. A compiled model does not pickle
+        cache), so a later process with the same model shape compiles faster. With block-quantized weights the C++
+        compiler may fuse a multiply and an add into one instruction (``decoderlab.quant.FAST_CONTRACT``). A compiled model does not pickle
         or deep-copy.
 
         ``mode="aot"``: ahead of time instead (:class:`decoderlab.aot.AOTDecodeStep`: ``torch.export`` +
@@ -464,6 +465,8 @@ class DecoderOnlyTransformer(nn.Module):
             cpp_wrapper = backend == "inductor" and on_cpu and "mode" not in options
         if cpp_wrapper:
             options["options"] = {"cpp_wrapper": True, **(options.get("options") or {})}
+        if backend == "inductor" and on_cpu and "mode" not in options and block_dtype(self):
+            options["options"] = {**FAST_CONTRACT, **(options.get("options") or {})}
         self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
         return self.compiled_decode
 

@@ -51,6 +51,11 @@ BLOCK = 32
 GGML_TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}
 #: bytes of one block in a GGUF file: float16 scale (+ float16 minimum) + the integers
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+#: Inductor's C++ options for a step over block weights: the compiler may fuse the multiply by a scale and the add
+#: into one FMA instruction (``-ffp-contract=fast``; Inductor's default keeps them apart). The block products are
+#: bound by their arithmetic on the CPUs measured, not their bytes: 1.16-1.17x faster products at GPT-2's
+#: vocabulary x 384 (q8_0 5.84 -> 4.98 ms, q4_1 8.64 -> 7.44 ms; bfloat16's unchanged), one thread, same run
+FAST_CONTRACT = {"cpp.enable_floating_point_contract_flag": "fast"}
 
 
 def block_kind(kind) -> str:
