@@ -262,6 +262,7 @@ def test_to_gguf_writes_the_export_functions_file(gpt2_dir, tmp_path):
     m = dl.load(gpt2_dir)
     ours = m.to_gguf(tmp_path / "m.gguf", dtype="f16")
     free = to_gguf(m.model, m.tokenizer, tmp_path / "f.gguf", dtype="f16", name=gpt2_dir.name)
+    assert ours.pop("modelfile").endswith("m.Modelfile") and free.pop("modelfile").endswith("f.Modelfile")
     assert ours == free and ours["bytes"] > 0
     a, b = gguf.GGUFReader(str(tmp_path / "m.gguf")), gguf.GGUFReader(str(tmp_path / "f.gguf"))
     assert [t.name for t in a.tensors] == [t.name for t in b.tensors]

@@ -52,7 +52,8 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None, d
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
             see :func:`decoderlab.devices.resolve_device`.
         dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
-            ``torch.float16``, or ``"int8"`` (torchao); see :mod:`decoderlab.dtypes`.
+            ``torch.float16``, or GGUF's blocks ``"q8_0"`` / ``"q4_0"`` / ``"q4_1"``; see
+            :mod:`decoderlab.dtypes`.
 
     This is :func:`decoderlab.chat.load_model` (the one loader of the command line, chat and the server)
     wrapped in a :class:`Model`.
@@ -283,13 +284,17 @@ class Model:
             meta.update(task="chat", **{CHAT_TEMPLATE_KEY: self.template.to_dict()})
         return save_checkpoint(directory, self.model, self.tokenizer, meta=meta)
 
-    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32") -> dict:
-        """Write one GGUF file for llama.cpp and ollama (:func:`decoderlab.export.to_gguf`: GPT-2-shaped models,
-        the tokenizer inside; ``dtype`` "f32", "f16" or "q8_0"); returns its summary (bytes, tensors, types).
+    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32", force: bool = False) -> dict:
+        """Write one GGUF file for llama.cpp and ollama and a Modelfile beside it (:func:`decoderlab.export.to_gguf`:
+        the llama.cpp architecture that computes the model -- gpt2, llama, qwen2, qwen3 --, the tokenizer and
+        this model's chat template inside; ``dtype`` "f32", "f16" or "q8_0"; LoRA adapters merged); returns its
+        summary (architecture, bytes, tensors, types, Modelfile).
 
-        Raises: ``ValueError`` for a shape or tokenizer the format cannot carry (named), or an unknown dtype."""
-        name = Path(self.path).resolve().name if self.path is not None else None
-        return to_gguf(self.model, self.tokenizer, path, dtype=dtype, name=name)
+        Raises: ``ValueError`` for a shape or tokenizer the format cannot carry or a weight float16 cannot hold
+        (named), or an unknown dtype; ``FileExistsError`` for an existing file without ``force``."""
+        name = Path(self.path).resolve().stem if self.path is not None else None
+        return to_gguf(self.model, self.tokenizer, path, dtype=dtype, name=name, template=self.template,
+                       force=force)
 
     # -- sparse autoencoders ----------------------------------------------------------------------------------
 

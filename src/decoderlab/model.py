@@ -26,6 +26,7 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
+from .quant import FAST_CONTRACT, block_dtype, is_block_layer, tie_block_weights
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -256,8 +257,13 @@ class DecoderOnlyTransformer(nn.Module):
         """With ``config.tie_weights``, make ``fc_layer.weight`` the word embedding parameter ``we.weight`` (one
         tensor, counted and updated once). Called at construction and again after every way of loading or
         moving the model that can put separate tensors in place: ``load_state_dict(..., assign=True)`` (the
-        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``)."""
-        if self.config.tie_weights and self.fc_layer.weight is not self.we.weight:
+        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``). Block-quantized layers
+        (:mod:`decoderlab.quant`) share their planes instead."""
+        if not self.config.tie_weights:
+            return
+        if is_block_layer(self.fc_layer) or is_block_layer(self.we):
+            tie_block_weights(self)
+        elif self.fc_layer.weight is not self.we.weight:
             self.fc_layer.weight = self.we.weight
 
     def _apply(self, fn, recurse=True):
@@ -435,14 +441,15 @@ class DecoderOnlyTransformer(nn.Module):
         for Inductor on a CPU (measured faster there, ``bench/generate.py``), off elsewhere and with a ``mode``
         (torch.compile takes ``mode`` or ``options``, not both). The first step compiles: seconds on a GPU, a
         minute or more with a C++ compiler on a loaded CPU; Inductor keeps what it compiled on disk (its FX graph
-        cache), so a later process with the same model shape compiles faster. A compiled model does not pickle
+        cache), so a later process with the same model shape compiles faster. With block-quantized weights the C++
+        compiler may fuse a multiply and an add into one instruction (``decoderlab.quant.FAST_CONTRACT``). A compiled model does not pickle
         or deep-copy.
 
         ``mode="aot"``: ahead of time instead (:class:`decoderlab.aot.AOTDecodeStep`: ``torch.export`` +
         AOTInductor, a ``.pt2`` package per batch size written once to ``cache_dir`` -- default
         ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with a model of the same shape
         and dtype; the package reads the model's own weights);
-        ``cache_dir`` is its only option (``TypeError`` naming any other); quantized (int8) weights raise
+        ``cache_dir`` is its only option (``TypeError`` naming any other); tensor-subclass weights raise
         ``ValueError``."""
         if options.get("mode") == "aot":
             from .aot import AOTDecodeStep
@@ -458,6 +465,8 @@ class DecoderOnlyTransformer(nn.Module):
             cpp_wrapper = backend == "inductor" and on_cpu and "mode" not in options
         if cpp_wrapper:
             options["options"] = {"cpp_wrapper": True, **(options.get("options") or {})}
+        if backend == "inductor" and on_cpu and "mode" not in options and block_dtype(self):
+            options["options"] = {**FAST_CONTRACT, **(options.get("options") or {})}
         self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
         return self.compiled_decode
 

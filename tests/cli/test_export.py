@@ -33,8 +33,8 @@ def test_export_gguf_writes_one_file_llama_cpp_reads_and_says_what_it_wrote(bpe,
     assert cli_main(["export", "--format", "gguf", "--dtype", "q8_0", "--checkpoint", str(run),
                      "--out", str(tmp_path / "m.gguf")]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0, {model.num_parameters():,} parameters")
-    assert "tokenizer: bpe" in out
+    assert out.startswith(f"wrote {tmp_path / 'm.gguf'}: gguf q8_0 (gpt2), {model.num_parameters():,} parameters")
+    assert "tokenizer: bpe" in out and f"ollama: {tmp_path / 'm.Modelfile'}" in out
     r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
     assert r.fields["general.name"].contents() == "run"
     assert {t.name: t.tensor_type.name for t in r.tensors}["blk.0.attn_qkv.weight"] == "Q8_0"
@@ -76,7 +76,8 @@ def test_a_rope_run_is_refused_by_gguf_in_one_line_naming_the_option_and_nothing
     (run / "model.safetensors").write_bytes(b"not read")  # the shape is refused from config.json alone
     assert cli_main(["export", "--format", "gguf", "--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format gguf carries GPT-2-shaped models")
+    assert err.count("\n") == 1 and err.startswith("decoderlab: error: --format gguf writes the models a llama.cpp "
+                                                    "architecture computes exactly")
     assert ("this model has position='rope' (--position rope); train with --preset baby-shakespeare / "
             "shakespeare-char / gpt2 (or --position learned) to export it") in err
     assert not (tmp_path / "out").exists()
@@ -114,6 +115,35 @@ def test_help_says_what_each_format_carries(decoderlab_cli):
     text = " ".join(r.stdout.split())
     for words in ("hf a Hugging Face directory of the transformers class whose forward equals the model's",
                   "Apertus (rope, QK-norm, ReLU²: the default recipe's)", "gguf one GGUF file for llama.cpp and ollama",
-                  "position='learned', norm='layernorm', mlp='gelu'", "--position rope, --norm rmsnorm, --mlp relu2",
-                  "a word vocabulary is refused", "f32, f16 or q8_0"):
+                  "gpt2 (learned positions, LayerNorm, GELU), llama (rope, RMSNorm, SwiGLU, grouped-query attention)",
+                  "an ollama Modelfile beside it", "kept unless --force", "LoRA adapters merged first",
+                  "a word vocabulary is refused", "f32, f16, q8_0, q4_0 or q4_1"):
         assert words in text, words
+
+
+def test_export_keeps_an_existing_file_without_force(bpe, tmp_path, capsys):
+    run, _ = run_dir(tmp_path, "run", bpe)
+    out = tmp_path / "m.gguf"
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"decoderlab: error: refusing to replace {out}: it exists (--force, or force=True, replaces it)\n"
+    assert gguf.GGUFReader(str(out)).tensors[0].tensor_type.name == "F32"
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16", "--force"]) == 0
+    assert "gguf f16 (gpt2)" in capsys.readouterr().out
+
+
+def test_export_reads_a_gguf_file_and_writes_it_again(tmp_path, capsys):
+    """llama.cpp's file in, another type out (here f16 from Q8_0): the architecture, tokenizer and template kept."""
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    tok = byte_level_bpe(300)
+    src = write_gguf(tmp_path / "src.gguf", "qwen2", hf_model("qwen2", tok.get_vocab_size()), tok, qtype="Q8_0")
+    assert cli_main(["export", "--checkpoint", str(src), "--out", str(tmp_path / "out.gguf"), "--dtype", "f16"]) == 0
+    out = capsys.readouterr().out
+    assert "gguf f16 (qwen2)" in out and "tokenizer: bpe" in out
+    r = gguf.GGUFReader(str(tmp_path / "out.gguf"))
+    assert r.fields["tokenizer.chat_template"].contents() == gguf.GGUFReader(str(src)).fields[
+        "tokenizer.chat_template"].contents()

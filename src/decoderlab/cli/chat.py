@@ -8,8 +8,8 @@ import sys
 from ..config.defaults import DEFAULT_TEMPERATURE
 from .argtypes import number
 from .errors import USAGE, error_message, print_error
-from .options import (CHECKPOINT_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, given, load_model,
-                      set_threads)
+from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, DEVICE_OPTIONS, EAGER_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS,
+                      add_options, given, load_model, set_threads)
 
 #: the slash commands of ``decoderlab chat``: (name, argument, help); the settings are named as their flags
 CHAT_COMMANDS = (
@@ -37,6 +37,8 @@ def add_chat(p) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_options(p, CHECKPOINT_OPTIONS)
     add_options(p, DEVICE_OPTIONS)
+    add_options(p, AOT_OPTIONS)
+    add_options(p, EAGER_OPTIONS)
     add_options(p, SAMPLING_OPTIONS, temperature_help="sampling temperature (default: 0 = greedy for pair-trained "
                                                       f"models, else {DEFAULT_TEMPERATURE:g})")
     p.add_argument("--system", default=None, metavar="TEXT",

@@ -7,8 +7,9 @@ import re
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
-                      no_chat_template, sampling_params, set_threads)
+from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, EAGER_OPTIONS, SAMPLING_OPTIONS,
+                      THREADS_OPTIONS, add_options, flag, given, load_model, no_chat_template, sampling_params,
+                      set_threads)
 
 DESCRIPTION = (
     "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
@@ -35,6 +36,7 @@ def _add_generate_options(p) -> None:
     add_options(p, DEVICE_OPTIONS)
     add_options(p, COMPILE_OPTIONS)
     add_options(p, AOT_OPTIONS)
+    add_options(p, EAGER_OPTIONS)
     add_options(p, SAMPLING_OPTIONS,
                 temperature_help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     add_options(p, THREADS_OPTIONS)
@@ -153,14 +155,14 @@ def say_setup(model, threads: int, args) -> None:
     """``--verbose``: one line on standard error naming the device, the weights' dtype, the threads, the CPU's
     instructions (the ones that decide which dtype decodes fast) and the decode step."""
     from ..devices import cpu_summary
-    from ..dtypes import dtype_name
+    from ..dtypes import model_dtype
 
     p = next(model.parameters())
     cpu = f"; cpu {cpu_summary()}" if p.device.type == "cpu" else ""
     step = model.compiled_decode
     step = ("eager" if step is None else "ahead of time (torch.export + AOTInductor, static KV cache)"
             if hasattr(step, "packages") else "compiled (torch.compile, static KV cache)")
-    print(f"decoderlab: device {p.device}, weights {dtype_name(getattr(args, 'dtype', None))}, {threads} intra-op thread(s), "
+    print(f"decoderlab: device {p.device}, weights {model_dtype(model)}, {threads} intra-op thread(s), "
           f"decode {step}{cpu}", file=sys.stderr, flush=True)
 
 

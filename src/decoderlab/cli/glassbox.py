@@ -8,8 +8,8 @@ from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
 from ..config.names import EXAMPLES, HEAD_DETECTORS
 from .argtypes import number
 from .errors import FAILED
-from .options import (DEVICE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, load_model, no_chat_template,
-                      set_threads)
+from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, load_model,
+                      no_chat_template, set_threads)
 
 
 def add_verify(p) -> None:
@@ -17,6 +17,7 @@ def add_verify(p) -> None:
                      "the CPU by design (no --device): the float64 reference is the point, and Apple MPS has no "
                      "float64.")
     add_checkpoint_option(p)
+    add_options(p, DTYPE_OPTIONS)
     p.add_argument("text", help="the input text")
     p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
                    help="tolerance per step, times max(1, max |value|) (default %(default)g)")

@@ -29,8 +29,12 @@ DEFAULT_BPE_VOCAB_SIZE = 1024
 TEMPLATES = ("decoderlab", "lesson", "tools")
 DEFAULT_TEMPLATE = "decoderlab"
 
-#: inference dtypes (``decoderlab.dtypes``; int8 is weight-only quantization through torchao)
-DTYPES = ("float32", "bfloat16", "float16", "int8")
+#: GGUF's block-quantized weight types that decoderlab keeps and multiplies as they are (``decoderlab.quant``):
+#: 32 weights per block with a float16 scale -- int8 (q8_0), or 4-bit with an offset of 8 (q4_0) or a float16
+#: minimum (q4_1)
+BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1")
+#: inference dtypes (``decoderlab.dtypes``): float weights, or GGUF's blocks
+DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
 
 #: training precisions (``TrainConfig.precision``): "auto" picks one for the machine (bf16-mixed on a CUDA GPU
 #: with bfloat16, 16-mixed with a gradient scaler on older GPUs, 32 on the CPU and Apple MPS; see
@@ -78,8 +82,9 @@ DEFAULT_LORA_TARGETS = ("attn", "mlp")
 #: export formats (``decoderlab export --format``): a Hugging Face directory, or one GGUF file for
 #: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
 EXPORT_FORMATS = ("hf", "gguf")
-#: GGUF weight types: float32, float16, and llama.cpp's 8-bit blocks (32 weights + one float16 scale)
-GGUF_DTYPES = ("f32", "f16", "q8_0")
+#: GGUF weight types: float32, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:
+#: 8-bit q8_0, 4-bit q4_0, 4-bit with a float16 minimum q4_1)
+GGUF_DTYPES = ("f32", "f16", *BLOCK_DTYPES)
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
 #: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (

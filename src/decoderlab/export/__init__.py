@@ -3,13 +3,13 @@
 ``--format hf`` writes the Hugging Face class whose forward equals the model's (:mod:`decoderlab.hf`: GPT-2,
 Llama, Qwen2 / Qwen3, Apertus / Arcee for the recipes' rope + ReLU² models), with the tokenizer and its chat
 template always; a model no class computes is refused before a file is written, naming the fields and the
-nearest class. ``--format gguf`` carries GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``: learned
-positions, LayerNorm, a GELU MLP, an attention output projection, no query/key norm, no bias in the output
-layer); any other model is refused naming the field, its value and the train option that sets it
-(:func:`check_shape`). ``bias=False`` models are written with zero biases where the format always has them.
+nearest class. ``--format gguf`` writes the llama.cpp architecture that computes the model exactly (gpt2, llama,
+qwen2, qwen3: :mod:`.gguf`), the tokenizer and chat template inside, an ollama Modelfile beside it; any other
+model is refused naming the fields, their values and the train options that set them (:func:`check_shape`).
+``bias=False`` models are written with zero biases where the format always has them.
 
     export(run_dir, out, format="gguf", dtype="q8_0")   # what ``decoderlab export`` calls
-    to_gguf(model, tokenizer, "model.gguf", dtype="f16")
+    to_gguf(model, tokenizer, "model.gguf", dtype="f16", template=template)
     to_hf(model, tokenizer, "hf-dir", template)         # decoderlab.hf.save_hf_directory, LoRA merged first
 
 Source: the GGUF format of ggml / llama.cpp, written with its ``gguf`` Python package; GPT-2 (Radford et al.
@@ -22,10 +22,10 @@ import os
 
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
 from .gguf import to_gguf
-from .shape import ExportShapeError, check_shape, gpt2_shaped_presets
+from .shape import ExportShapeError, check_gpt2_shape, check_shape, gpt2_shaped_presets
 
-__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_shape", "export",
-           "gpt2_shaped_presets", "to_gguf", "to_hf"]
+__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_gpt2_shape",
+           "check_shape", "export", "gpt2_shaped_presets", "to_gguf", "to_hf"]
 
 
 def chat_template_text(template, tokenizer) -> str | None:
@@ -57,11 +57,13 @@ def to_hf(model, tokenizer, path: str | os.PathLike, template=None) -> dict:
 
 
 def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "f32",
-           name: str | None = None) -> dict:
-    """Export the checkpoint ``run_dir`` (a decoderlab run directory or a Hugging Face directory) to ``out`` in
-    ``format`` ("gguf": one file, weights in ``dtype`` -- f32, f16 or q8_0; "hf": a directory, its class,
-    tokenizer and chat template). Returns a summary: format, dtype, out, parameters, bytes written, tensors,
-    the tokenizer kind (and for hf the class).
+           name: str | None = None, force: bool = False) -> dict:
+    """Export the checkpoint ``run_dir`` (a decoderlab run directory, a Hugging Face directory or a GGUF file) to
+    ``out`` in ``format`` ("gguf": one file in llama.cpp's architecture for the model, weights in ``dtype`` --
+    f32, f16 or q8_0 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
+    file replaced only with ``force``; "hf": a directory, its class, tokenizer and chat template). Returns a
+    summary: format, dtype, out, parameters, bytes written, tensors, the tokenizer kind, the architecture or
+    class (and for gguf the Modelfile).
 
     Raises:
         ValueError: an unknown format or dtype (``dtype`` other than f32 with ``format="hf"`` too); a shape
@@ -73,21 +75,27 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
 
     from ..chat import load_model
     from ..checkpoint import read_config
+    from ..gguf_import import is_gguf_file, open_checked
     from ..hf import is_hf_directory, read_hf_config
+    from ..model import ModelConfig
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
+    if is_gguf_file(run_dir):
+        config = ModelConfig.from_dict(open_checked(run_dir)[2])  # from its header
+    else:
+        config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
     check_shape(config, format)  # before the weights are read
     model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),
                    tokenizer=getattr(tokenizer, "kind", None))
     if format == "gguf":
-        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name))
+        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name,
+                               template=template, force=force))
     else:
         summary.update(to_hf(model, tokenizer, out, template))
     return summary

@@ -16,6 +16,7 @@ from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_convers
                     checkpoint_template, get_template, message_text, template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
+from ..gguf_import import is_gguf_file, load_gguf
 from ..hf import checkpoint_reader
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
@@ -82,7 +83,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
+    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
+    (:func:`decoderlab.gguf_import.load_gguf`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
@@ -101,6 +103,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         return DecoderOnlyTransformer(config), Tokenizer.load(run.run_dir / TOKENIZER_FILE), template, start
     if base_model is not None:
         model, tok = base_model
+    elif checkpoint is not None and is_gguf_file(checkpoint):  # llama.cpp's file, dequantized to float32
+        model, tok, _ = load_gguf(checkpoint)
     elif checkpoint is not None:
         model, tok = checkpoint_reader(checkpoint)(checkpoint)
     else:

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..dtypes import model_dtype
+from ..quant import dequantized_state_dict
 from .trace import Trace, trace, unwrap
 
 
 
 def _np_weights(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
+    """Every weight in float64 by its state-dict key; a block-quantized layer's (``--dtype q8_0`` ...) dequantized
+    into ``.weight``: the quantization is a change of the weights, which the reference computes with exactly."""
+    return {k: v.detach().to("cpu", torch.float64).numpy() for k, v in dequantized_state_dict(model).items()}
 
 
 def np_sinusoidal(t: int, d_model: int) -> np.ndarray:
@@ -333,7 +337,9 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     """Recompute the whole forward pass in float64 NumPy from the extracted weights and compare every step.
 
     Args:
-        model: a ``DecoderOnlyTransformer``.
+        model: a ``DecoderOnlyTransformer``; with block-quantized weights (``q8_0``, ``q4_0``, ``q4_1``) the
+            reference takes their dequantized values (the quantization changed the weights; what is checked is
+            the arithmetic done with them).
         token_ids: ids (T,) or (B, T) (tensor or list), or a text when ``tokenizer`` is given.
         tol: tolerance; a step passes when max |diff| <= tol * max(1, max |NumPy value|).
 
@@ -358,6 +364,6 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
         diff = float(np.abs(o64 - r).max()) if r.size else 0.0
         scale = float(np.abs(r).max()) if r.size else 0.0
         steps.append(VerifyStep(name, tuple(r.shape), diff, scale, diff <= tol * max(1.0, scale)))
-    return VerifyReport(steps=steps, tol=float(tol), dtype=str(model.we.weight.dtype).replace("torch.", ""))
+    return VerifyReport(steps=steps, tol=float(tol), dtype=model_dtype(model))
 
 

@@ -26,7 +26,7 @@ import torch
 from ..checkpoint import CONFIG_FILE, check_output_dir, unwrap_model
 from ..config.model import ModelConfig
 from ..devices import resolve_device
-from ..dtypes import dtype_name, to_inference_dtype
+from ..dtypes import check_dtype, to_inference_dtype
 from ..files import replace_directory, temporary_directory, usual_mode
 from ..model import DecoderOnlyTransformer
 from . import gpt2, llama, qwen, recipe
@@ -195,8 +195,8 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
             field and what is allowed); an unknown dtype or a device this machine lacks (before any file is
             read).
     """
-    name = dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
+    name = check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
     hf, family, _, cfg = read_hf_config(directory)
     tokenizer = read_tokenizer(directory, cfg.num_tokens)  # before the weights: a missing tokenizer is found at once
     files = WeightFiles(directory)
