@@ -181,7 +181,8 @@ class AOTDecodeStep:
 
     def package_path(self, kind: tuple[int, bool]) -> Path:
         """Where the package of ``kind`` (batch size, padded) for this model is kept."""
-        return self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
+        padded = "-padded" if kind[1] else ""
+        return self.cache_dir / f"decode-b{kind[0]}{padded}-{_fingerprint(self.model, kind)[:24]}.pt2"
 
     def has_package(self, kind: tuple[int, bool]) -> bool:
         """Whether the package of ``kind`` is loaded or on disk (loading it then compiles nothing)."""
@@ -195,8 +196,9 @@ class AOTDecodeStep:
         runner = _load(path) if path.exists() else None
         if runner is None:  # not there, or unreadable (a partial copy, a full disk): compiled in its place
             if self.notify is not None:
-                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){', padded' if kind[1] else ''}"
-                            f" (once for this model's shape and dtype: 10-60 s on a CPU) ...")
+                padded = ", padded" if kind[1] else ""
+                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){padded} (once for this "
+                            f"model's shape and dtype: 10-60 s on a CPU) ...")
             start = time.perf_counter()
             self._compile(kind, args, path)
             self.compile_seconds[kind] += time.perf_counter() - start
