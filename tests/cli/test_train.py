@@ -203,8 +203,8 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
                        "--vocab-size", "20000",
                        "--max-steps", "4", "--eval-every", "2", "--log-every", "3", "--warmup", "4",
                        "--batch-size", "2", "--val-batches", "2", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
-                       "--max-len", "16", "--position", "rope", "--norm", "rmsnorm", "--no-progress-bar",
-                       env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+                       "--max-len", "16", "--position", "rope", "--norm", "rmsnorm", "--n-kv-head", "1",
+                       "--rope-theta", "50000", "--no-progress-bar", env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stdout + r.stderr
     vocab = json.loads((out / "config.json").read_text())["num_tokens"]
@@ -225,8 +225,9 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
     assert lines[5].startswith(f"final evaluation at step 4 on cpu: val loss {summary['val_loss']:.4f} nats/token (perplexity ")
     assert lines[5].endswith(f"; checkpoint written to {out}") and len(lines) == 6
     config = json.loads((out / "config.json").read_text())
-    assert {k: config[k] for k in ("n_layer", "n_head", "d_model", "max_len", "position", "norm")} == dict(
-        n_layer=1, n_head=2, d_model=16, max_len=16, position="rope", norm="rmsnorm")
+    shape = ("n_layer", "n_head", "n_kv_head", "d_model", "max_len", "position", "rope_theta", "norm")
+    assert {k: config[k] for k in shape} == dict(n_layer=1, n_head=2, n_kv_head=1, d_model=16, max_len=16,
+                                                 position="rope", rope_theta=50000.0, norm="rmsnorm")
     rows = (out / "logs" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     assert any(row.split(",")[header.index("train_loss")] for row in rows[1:])  # the train loss is in the CSV
@@ -250,6 +251,8 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
                             "such as fsdp_cpu_offload, deepspeed_stage_2)"),
     (["--n-head", "3", "--d-model", "16"], "--d-model (16) must be divisible by --n-head (3); allowed --n-head for "
                                            "--d-model 16: 1, 2, 4, 8, 16"),
+    (["--n-head", "4", "--n-kv-head", "3", "--d-model", "16"],
+     "--n-head (4) must be a multiple of --n-kv-head (3); allowed --n-kv-head: 0 (= --n-head), 1, 2, 4"),
     (["--out", "notes.txt"], "--out notes.txt is a file, not a directory"),
     (["--out", "notes.txt/run"], "--out notes.txt/run: notes.txt is a file, not a directory"),
     (["--data", "weights.bin"], "weights.bin is a binary file, not text: it holds a NUL byte at byte offset 3; give a "

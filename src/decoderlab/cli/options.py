@@ -39,6 +39,7 @@ from collections import namedtuple
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
 from ..config.names import (DEFAULT_LORA_TARGETS, DEVICES, DTYPES, LORA_TARGETS, MLPS, NORMS, OPTIMIZERS,
                             POSITIONS, PRECISIONS, SCHEDULES)
+from ..config.model import ModelConfig
 from ..config.presets import PRESETS
 from .argtypes import DEVICES_HELP, devices, json_file, number, seed
 
@@ -424,11 +425,14 @@ def train_overrides(args, skip: tuple = ()) -> dict:
 SHAPE_OPTIONS = (
     ("n_layer", dict(type=number(int), metavar="N"), "decoder blocks"),
     ("n_head", dict(type=number(int), metavar="N"), "attention heads; must divide --d-model"),
+    ("n_kv_head", dict(type=number(int, 0), metavar="N"),
+     "key/value heads, grouped-query attention (1: multi-query; 0: --n-head's); must divide --n-head"),
     ("d_model", dict(type=number(int), metavar="N"), "values per token, the embedding size"),
     ("max_len", dict(type=number(int), metavar="N"),
      "context length in tokens; each data split needs more tokens than this"),
     ("dropout", dict(type=number(float), metavar="P"), "dropout probability in [0, 1)"),
     ("position", dict(choices=POSITIONS), "position encoding"),
+    ("rope_theta", dict(type=number(float), metavar="BASE"), "the rotary base of --position rope"),
     ("norm", dict(choices=NORMS), "normalisation (pre-norm)"),
     ("mlp", dict(choices=MLPS), "MLP after attention"),
 )
@@ -441,7 +445,8 @@ def add_model_shape_options(parser) -> None:
     g = parser.add_argument_group("model shape (ModelConfig fields on top of --preset; default: the preset's)")
     for field, kwargs, text in SHAPE_OPTIONS:
         # statquest trains the lesson's fixed model
-        values = ", ".join(f"{name} {shape[field]}" for name, shape in PRESETS.items() if name != "statquest")
+        values = ", ".join(f"{name} {shape.get(field, getattr(ModelConfig, field))}"
+                           for name, shape in PRESETS.items() if name != "statquest")
         g.add_argument(flag(field), default=None, help=f"{text} (default: {values})", **kwargs)
 
 
