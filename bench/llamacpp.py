@@ -340,8 +340,10 @@ def gguf_files(path: str, make, tok, tmp: str, kinds) -> dict[str, str]:
     own, files = file_type(path), {}
     files[own] = path
     for kind in [k for k in kinds if k != own]:
+        files[kind] = os.path.join(tmp, f"{os.path.basename(path)}-{kind}.gguf")
+        if os.path.exists(files[kind]):  # (written for the speed table already)
+            continue
         try:
-            files[kind] = os.path.join(tmp, f"{os.path.basename(path)}-{kind}.gguf")
             to_gguf(make("float32"), tok, files[kind], dtype=kind)
         except (ValueError, NotImplementedError) as e:
             files.pop(kind)

@@ -159,7 +159,7 @@ def test_a_width_that_is_not_whole_blocks_is_refused_naming_the_layer():
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_q4_1_gguf_model_loaded_at_its_type_holds_at_most_1_3x_the_files_bytes(kind, tmp_path):
     """A model whose linear layers and (tied) embedding come from a GGUF file's blocks (use_block_weights, the GGUF
-    loader's path): its tensors hold at most 1.3x the bytes of the file (the target of issue 38: no float copy),
+    loader's path): its tensors hold at most 1.3x the bytes of the file (no float copy is made on the way),
     and its logits are the float model's with the dequantized weights."""
     model = _model()
     path = tmp_path / "m.gguf"

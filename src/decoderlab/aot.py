@@ -23,8 +23,9 @@ compiles) the package for the new tensors.
 One package per kind of call: the batch size B and whether rows are padded (``generate`` is B = 1 unpadded;
 ``generate_batch`` of prompts of different lengths is padded). Each is compiled the first time that kind is
 called and written to ``cache_dir`` (default ``$DECODERLAB_CACHE/aot``, else ``~/.cache/decoderlab/aot``) under
-a name made from everything the compiled code depends on: the model's config, the dtype and device, the kind,
-torch's version, the CPU's instruction set and the source of the modules the step runs. A later process with a
+a name made from everything the compiled code depends on: the model's config, every tensor's name, dtype and
+shape, the device, the kind, torch's version, the CPU's instruction set and the source of the modules the step
+runs. A later process with a
 model of the same shape finds it there and loads it without compiling. A cache that is not static (the server's
 batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
 
@@ -79,14 +80,16 @@ class _StepGraph(nn.Module):
 
 
 def _fingerprint(model, kind: tuple[int, bool]) -> str:
-    """sha256 of what the compiled package depends on (see the module docstring): not the weights' values."""
+    """sha256 of what the compiled package depends on (see the module docstring): not the weights' values, but
+    every tensor's name, dtype and shape."""
     from . import attention, matvec, positions, quant
 
     h = hashlib.sha256()
     p = next(model.parameters())
-    blocks = quant.block_dtype(model)  # block-quantized layers: their type beside the float parameters' dtype
-    dtype = str(p.dtype) if blocks is None else f"{blocks} {p.dtype}"
-    h.update(json.dumps({"config": model.config.to_dict(), "dtype": dtype, "device": str(p.device),
+    # every tensor's name, dtype and shape: a model whose layers hold different block types (a GGUF file's Q4_1
+    # matrices beside a Q8_0 one) must not load the package of another mix
+    tensors = [(name, str(t.dtype), list(t.shape)) for name, t in model.state_dict().items()]
+    h.update(json.dumps({"config": model.config.to_dict(), "tensors": tensors, "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
     for mod in (sys.modules[type(model).__module__], sys.modules[__name__], attention, matvec, positions, quant):
@@ -178,7 +181,8 @@ class AOTDecodeStep:
 
     def package_path(self, kind: tuple[int, bool]) -> Path:
         """Where the package of ``kind`` (batch size, padded) for this model is kept."""
-        return self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
+        padded = "-padded" if kind[1] else ""
+        return self.cache_dir / f"decode-b{kind[0]}{padded}-{_fingerprint(self.model, kind)[:24]}.pt2"
 
     def has_package(self, kind: tuple[int, bool]) -> bool:
         """Whether the package of ``kind`` is loaded or on disk (loading it then compiles nothing)."""
@@ -192,8 +196,9 @@ class AOTDecodeStep:
         runner = _load(path) if path.exists() else None
         if runner is None:  # not there, or unreadable (a partial copy, a full disk): compiled in its place
             if self.notify is not None:
-                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){', padded' if kind[1] else ''}"
-                            f" (once for this model's shape and dtype: 10-60 s on a CPU) ...")
+                padded = ", padded" if kind[1] else ""
+                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){padded} (once for this "
+                            f"model's shape and dtype: 10-60 s on a CPU) ...")
             start = time.perf_counter()
             self._compile(kind, args, path)
             self.compile_seconds[kind] += time.perf_counter() - start

@@ -81,5 +81,7 @@ def to_inference_dtype(model: nn.Module, dtype) -> nn.Module:
 
 def model_dtype(model: nn.Module) -> str:
     """The name in ``DTYPES`` of the weights ``model`` holds: its block type when it has block-quantized layers,
-    else its first parameter's dtype."""
-    return block_dtype(model) or dtype_name(next(model.parameters()).dtype)
+    else its first parameter's dtype (float64 too: a model cast for the float64 reference is not an inference
+    dtype, but it has a name)."""
+    dtype = next(model.parameters()).dtype
+    return block_dtype(model) or _TORCH.get(dtype) or str(dtype).removeprefix("torch.")

@@ -351,8 +351,8 @@ class BlockLinear(_Blocks):
     """``nn.Linear`` over a :class:`BlockWeight`: (..., in_features) -> (..., out_features), ``x W^T + b``.
 
     Eagerly the weight is dequantized (float32, then ``x``'s dtype) a slice of rows at a time and ``F.linear``
-    runs on each slice; inside a compiled decode step :func:`decoderlab.matvec.linear` takes :func:`block_matvec` instead. ``bias`` is an ordinary
-    float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
+    runs on each slice; inside a compiled decode step :func:`decoderlab.matvec.linear` takes :func:`block_matvec`
+    instead. ``bias`` is an ordinary float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
 
     def __init__(self, weight: BlockWeight, bias: torch.Tensor | None = None):
         super().__init__()

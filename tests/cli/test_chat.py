@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import type_lines
+from support.interaction import type_lines
 from tiny_models import one_thread  # noqa: F401 -- one_thread: autouse
 from tiny_runs import GOOD, write
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import type_lines
+from support.interaction import type_lines
 from tiny_models import biased_char_model, end_of_turn_model, one_thread, run_env  # noqa: F401 -- one_thread: autouse
 
 import decoderlab as dl

@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from tiny_runs import (ALPHABET, CONVS, DL, TINY_CHAT, chat_pair, conv, one_thread, run_ft,  # noqa: F401
                        tiny_cfg)
 

@@ -146,6 +146,12 @@ def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
     keys = {_fingerprint(_block_model(kind), (1, False)) for kind in ("float32", "q8_0", "q4_0", "q4_1")}
     assert len(keys) == 4 and _fingerprint(_block_model("q8_0").double(), (1, False)) not in keys
+    # layers of different block types (a GGUF file's Q4_1 matrices beside a Q8_0 one): another package again
+    from decoderlab.quant import BlockWeight, use_block_weights
+
+    mixed = _block_model("q4_1")
+    use_block_weights(mixed, {"blocks.0.mlp.fc": BlockWeight.quantize(mixed.blocks[0].mlp.fc.weight, "q8_0")})
+    assert _fingerprint(mixed, (1, False)) not in keys
 
 
 def test_tensor_subclass_weights_are_refused_before_anything_compiles(tmp_path):

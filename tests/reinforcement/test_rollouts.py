@@ -4,7 +4,7 @@ uninterrupted run, and a reward that fails mid-run (named, the last checkpoint k
 import lightning as L
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_reply
