@@ -105,6 +105,12 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
     assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
     assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
+    from decoderlab.gguf_import import _named_tokens, read_info
+    from decoderlab.tokenizers import BPETokenizer, encode_with_special_tokens
+
+    tok = BPETokenizer(ours, special_tokens=_named_tokens(read_info(smollm_path)))
+    assert not tok.add_bos_token  # the file says false: a SmolLM2 prompt is its text's ids alone, as llama.cpp
+    assert [encode_with_special_tokens(tok, t) for t in strings] == [tok.encode(t) for t in strings]
 
 
 @pytest.fixture(scope="module")
