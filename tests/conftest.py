@@ -32,6 +32,19 @@ def statquest_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llama_directory(tmp_path_factory):
+    """A tiny random Hugging Face directory of a Llama 2 / TinyLlama-style model: SentencePiece BPE whose
+    ``add_bos_token`` puts ``<s>`` before a text, and Llama 2 chat's template, which writes ``<s>`` itself
+    (``tests/hf/families.py``): ``(its path, the transformers model, the AutoTokenizer)``."""
+    pytest.importorskip("transformers")
+    from hf.families import LLAMA2_CHAT, chat_directory
+
+    path = tmp_path_factory.mktemp("llama") / "hf"
+    model, auto = chat_directory(path, "llama", LLAMA2_CHAT)
+    return path, model, auto
+
+
+@pytest.fixture(scope="session")
 def decoderlab_cli():
     """Run the real command line in a subprocess (``python -m decoderlab.cli ARGS``, as the console script
     does): returns the CompletedProcess (returncode, stdout, stderr as text; stdout is not a terminal)."""

@@ -181,6 +181,32 @@ def test_load_in_bfloat16(gpt2_dir):
         stream_text(m.model, "To be", m.tokenizer, max_new_tokens=3, seed=0))
 
 
+def test_a_llama_directory_reads_a_text_with_its_start_token_and_its_chat_with_one(llama_directory):
+    """Text in reads transformers' ``tokenizer(text)`` ids (<s> first, add_bos_token): tokenize, generate,
+    trace; text out never shows <s>; the chat template writes its own <s> and nothing adds a second."""
+    from hf.families import greedy_tokens
+
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    text = "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    assert m.tokenize(text) == ids and m.tokenize(text, add_special_tokens=False) == ids[1:] == m.tokenizer.encode(
+        text)
+    with pytest.raises(TypeError, match="add_special_tokens must be True or False, got 'no'"):
+        m.tokenize(text, add_special_tokens="no")
+    want = greedy_tokens(hf, ids, 8)
+    assert m.generate(ids, 8, temperature=0, stop_at_eos=False) == want
+    assert m.generate(text, 8, temperature=0, stop_at_eos=False) == auto.decode(want, skip_special_tokens=True)
+    assert m.trace(text).token_ids[0].tolist() == ids and m.detokenize(ids, skip_special=True) == text
+    messages = [{"role": "user", "content": text}]
+    rendered, _ = m.template.render(messages, m.tokenizer, add_generation_prompt=True)
+    assert rendered == auto.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert rendered.count(m.tokenizer.bos_id) == 1 and rendered[0] == m.tokenizer.bos_id
+    reply = chat_reply(m.model, messages, m.tokenizer, m.template, max_new_tokens=8, temperature=0,
+                       stop_at_eos=False)
+    assert reply == auto.decode(greedy_tokens(hf, rendered, 8), skip_special_tokens=True)
+
+
 # -------------------------------------------------------------------------------------------------------------
 # bad inputs
 # -------------------------------------------------------------------------------------------------------------

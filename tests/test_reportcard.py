@@ -103,3 +103,21 @@ def test_a_checkpoint_with_a_jinja_template_scores_as_with_the_built_in_one(tmp_
         save_checkpoint(tmp_path / name, model, tok, meta={"task": "chat", "chat_template": template.to_dict()})
     scores = [score_stage(tmp_path / name, questions_per_row=1, rows=ROWS[:2]) for name in ("b", "j")]
     assert scores[0] == scores[1] and scores[0]["story"]["reply"]
+
+
+def test_a_base_model_s_question_starts_with_the_start_token_its_tokenizer_puts_first(llama_directory):
+    """A Llama 2 / TinyLlama-style base model (add_bos_token) reads a report-card question as transformers'
+    ``tokenizer(question + "\\n")``, <s> first: its greedy reply is the transformers model's after those ids."""
+    from hf.families import greedy_tokens
+
+    from decoderlab import reportcard
+
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    question = "What is 12 + 7?"
+    ids = auto(question + "\n")["input_ids"]
+    assert ids[0] == auto.bos_token_id
+    new = greedy_tokens(hf, ids, reportcard.MAX_NEW_TOKENS)
+    ended = next((i for i, t in enumerate(new) if t == auto.eos_token_id), len(new))  # generate stops at </s>
+    want = auto.decode(new[:ended], skip_special_tokens=True).strip().split("\n")[0]
+    assert want and reportcard._base_reply(m.model, m.tokenizer, question) == want

@@ -379,3 +379,38 @@ def test_added_special_tokens_are_control_tokens_and_unicode_is_still_checked(ki
     assert user not in typed and end not in typed  # the text "<|user|>" is not the token
     with pytest.raises(ValueError, match=r"U\+DCFF at position 2 is a lone surrogate"):
         tok.encode("ab\udcffcd")
+
+
+def test_encode_with_special_tokens_adds_nothing_for_decoderlab_s_own_tokenizers():
+    from decoderlab.tokenizers import encode_with_special_tokens
+
+    text = "to be or not to be"
+    for tok in (CharTokenizer.from_text(text), WordTokenizer.from_texts([text]), BPETokenizer.train([text] * 5, 262)):
+        assert (tok.bos_id, tok.add_bos_token, tok.add_eos_token) == (None, False, False)
+        assert encode_with_special_tokens(tok, text) == tok.encode(text) and tok.encode(text)
+
+    class Bytes:  # a duck-typed tokenizer (encode and decode only): its ids as they are
+        def encode(self, text):
+            return list(text.encode("utf-8"))
+
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8")
+
+    assert encode_with_special_tokens(Bytes(), "é!") == [0xC3, 0xA9, 0x21]
+
+
+def test_encode_with_special_tokens_puts_the_start_token_first_with_add_bos_token():
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from decoderlab.tokenizers import encode_with_special_tokens
+
+    hf = HFTokenizer.from_str(BPETokenizer.train(["to be or not to be"] * 5, 262).hf_tokenizer.to_str())
+    hf.add_special_tokens([AddedToken("<s>", special=True, normalized=False)])
+    bos = hf.token_to_id("<s>")
+    for add_bos, want in ((True, [bos]), (False, [])):
+        tok = BPETokenizer(HFTokenizer.from_str(hf.to_str()), {"bos_token": "<s>", "add_bos_token": add_bos})
+        assert encode_with_special_tokens(tok, "to be") == want + tok.encode("to be")
+        assert encode_with_special_tokens(tok, "") == want
+        assert encode_with_special_tokens(tok, "<s>") == want + tok.encode("<s>")  # typed: text, not the token
+        assert bos not in tok.encode("<s>")

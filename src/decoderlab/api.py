@@ -35,6 +35,7 @@ from .export import to_gguf, to_hf
 from .glassbox.features import token_features
 from .glassbox.sae import load_sae
 from .model import DecoderOnlyTransformer
+from .tokenizers import encode_with_special_tokens
 
 __all__ = ["Model", "load"]
 
@@ -140,9 +141,15 @@ class Model:
 
     # -- text <-> ids -----------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
-        """``tokenizer.encode(text)``: the token ids (T,) of a text."""
-        return list(self.tokenizer.encode(text))
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids (T,) of a text as :meth:`generate` and :meth:`trace` read it: with the start token the
+        tokenizer puts first (Llama's ``<s>``; :func:`~decoderlab.tokenizers.encode_with_special_tokens`), as
+        ``transformers``' ``tokenizer.encode(text)``; ``add_special_tokens=False``: ``tokenizer.encode(text)``
+        alone. The same for decoderlab's own tokenizers, which add nothing."""
+        if not isinstance(add_special_tokens, bool):
+            raise TypeError(f"add_special_tokens must be True or False, got {add_special_tokens!r}")
+        return encode_with_special_tokens(self.tokenizer, text) if add_special_tokens else list(
+            self.tokenizer.encode(text))
 
     def detokenize(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = False) -> str:
         """``tokenizer.decode(ids)``: the text of token ids (``skip_special`` leaves out ``<EOS>``, ``<PAD>``)."""

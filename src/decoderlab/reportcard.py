@@ -74,7 +74,7 @@ def _score(item, reply: str, ended: bool) -> float:
 
 
 def _base_reply(model, tok, question: str) -> str:
-    out = generate(model, tok.encode(question + "\n"), MAX_NEW_TOKENS, temperature=0, tokenizer=tok)
+    out = generate(model, question + "\n", MAX_NEW_TOKENS, temperature=0, tokenizer=tok)
     return tok.decode(out).strip().split("\n")[0]
 
 

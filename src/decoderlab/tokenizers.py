@@ -5,7 +5,8 @@ Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, 
 UTF-8 bytes one token stands for) and special-token ids ``eos_id`` / ``pad_id`` (None when the vocabulary has
 no such token); ``special_ids`` is the set of control-token ids (``<PAD>``, ``<EOS>``, ``<unk>``, and special
 tokens added with ``add_special_tokens``, e.g. a chat template's), which ``decode(ids, skip_special=True)``
-leaves out.
+leaves out. A text a model reads whole (a prompt) is :func:`encode_with_special_tokens`: ``encode`` with the
+start token a Hugging Face tokenizer puts first (``bos_id`` where ``add_bos_token``).
 
 Invalid Unicode: every ``encode`` refuses text holding a lone surrogate (U+D800..U+DFFF, which is not a
 character; Python makes them from undecodable bytes, e.g. in command-line arguments that are not UTF-8) with
@@ -77,6 +78,23 @@ def check_input_first(function: str, what: str, given_input) -> None:
     if is_tokenizer(given_input):
         raise TypeError(f"{function}() got a tokenizer as its {what}: the tokenizer comes after the {what}, as in "
                         f"every public function: {function}(model, {what}, tokenizer, ...)")
+
+
+def encode_with_special_tokens(tokenizer, text: str) -> list[int]:
+    """The ids (T,) of a plain text given to a model whole -- a prompt to continue, a text to trace or score:
+    ``tokenizer.encode(text)`` with the tokens the tokenizer puts around a whole text
+    (:meth:`Tokenizer.with_special_tokens`: the start token ``<s>`` / ``<|begin_of_text|>`` first where
+    ``add_bos_token``, as a Llama 2 / TinyLlama / Llama 3 base model was trained to read), as transformers'
+    ``tokenizer(text)``, vLLM's completions (``add_special_tokens=True``), llama.cpp and TransformerLens
+    (``prepend_bos``) encode a prompt. decoderlab's own tokenizers, SmolLM2's and Qwen's add nothing, nor does
+    a tokenizer without ``with_special_tokens``. Not for a chat template's text (it writes its own start token)
+    nor for a piece of a text (a message's content, a stop string, a continuation).
+
+    Raises: what ``tokenizer.encode`` raises (``KeyError`` for an unknown word, ``ValueError`` for a lone
+    surrogate)."""
+    ids = list(tokenizer.encode(text))
+    add = getattr(tokenizer, "with_special_tokens", None)
+    return ids if add is None else add(ids)
 
 
 class Tokenizer:

@@ -335,3 +335,27 @@ def test_generate_chat_and_chat_take_a_jinja_template_and_say_its_error(tmp_path
     assert cli_main(["generate", "--checkpoint", str(tmp_path / "r"), "--chat", "b"]) == 2
     assert capsys.readouterr().err == ("decoderlab: error: the 'strict' chat template raised: System role not "
                                        "supported\n")
+
+
+def test_generate_and_sample_read_a_llama_prompt_with_its_start_token_and_never_print_it(llama_directory, capsys):
+    """A Llama 2 / TinyLlama-style directory (add_bos_token): the prompt is transformers' ``tokenizer(text)``,
+    <s> first, so the continuation is transformers' greedy one; ``sample`` (--echo) prints the prompt without
+    <s>; ``--chat`` reads the chat template's own <s> only."""
+    from hf.families import greedy_tokens
+
+    path, hf, auto = llama_directory
+    text = "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    new = greedy_tokens(hf, ids, 8)
+    assert not set(new) & set(auto.all_special_ids)  # the CLI stops at a special token
+    want = auto.decode(new, skip_special_tokens=True)
+    greedy = ["--checkpoint", str(path), "--temperature", "0", "--max-new-tokens", "8"]
+    assert cli_main(["generate", *greedy, text]) == 0
+    assert capsys.readouterr().out == want + "\n"
+    assert cli_main(["sample", *greedy, text]) == 0
+    assert capsys.readouterr().out == text + want + "\n"
+    chat = auto.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)["input_ids"]
+    reply = greedy_tokens(hf, chat, 8)
+    reply = reply[:next((i for i, t in enumerate(reply) if t in auto.all_special_ids), len(reply))]
+    assert cli_main(["generate", *greedy, "--chat", "--no-stream", text]) == 0
+    assert capsys.readouterr().out.strip() == auto.decode(reply, skip_special_tokens=True).strip()

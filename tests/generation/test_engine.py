@@ -383,3 +383,25 @@ def test_a_static_cache_not_zeroed_never_reads_its_unwritten_columns(padded):
                 cache.advance(1)
         outs.append(torch.stack(logits))
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
+def test_a_text_prompt_starts_with_the_start_token_its_tokenizer_puts_first(llama_directory):
+    """A Llama 2 / TinyLlama-style tokenizer (add_bos_token) reads a text prompt as transformers'
+    ``tokenizer(text)`` does, <s> first, and the greedy tokens are transformers' after those ids; ids are
+    taken as given."""
+    from hf.families import greedy_tokens
+
+    from decoderlab.generation.engine import check_prompt
+
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    tok, text = m.tokenizer, "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    assert ids[0] == auto.bos_token_id == tok.bos_id and ids[1:] == tok.encode(text)
+    want = greedy_tokens(hf, ids, 12)
+    assert want != greedy_tokens(hf, ids[1:], 12)  # the start token changes what this model writes
+    assert check_prompt(m.model, text, tok) == ids and check_prompt(m.model, ids[1:], tok) == ids[1:]
+    greedy = dict(temperature=0, stop_at_eos=False, tokenizer=tok)
+    assert generate(m.model, text, 12, **greedy) == generate(m.model, ids, 12, **greedy) == want
+    assert list(stream(m.model, text, 12, **greedy)) == want
+    assert generate_batch(m.model, [text, ids[1:]], 12, **greedy) == [want, greedy_tokens(hf, ids[1:], 12)]

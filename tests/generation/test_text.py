@@ -123,3 +123,26 @@ def test_chat_session_settings_are_one_sampling_params(statquest_checkpoint):
     assert lm.turn_params().seed == 7
     with pytest.raises(ValueError, match="top_p must be in"):
         ChatSession(model, tok, top_p=0)
+
+
+def test_a_llama_text_starts_with_its_start_token_which_the_text_out_never_shows(llama_directory):
+    """stream_text of a text reads <s> first (transformers' ``tokenizer(text)``) and its echo does not write
+    it; a conversation's first turn starts with it, later turns do not repeat it."""
+    from hf.families import greedy_tokens
+
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    tok, text = m.tokenizer, "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    assert ids[0] == tok.bos_id
+    want = greedy_tokens(hf, ids, 12)
+    greedy = dict(temperature=0, stop_at_eos=False)
+    assert "".join(stream_text(m.model, text, tok, 12, **greedy)) == auto.decode(want, skip_special_tokens=True)
+    echo = "".join(stream_text(m.model, text, tok, 12, echo=True, **greedy))
+    assert echo == auto.decode(ids + want, skip_special_tokens=True) and echo.startswith(text) and "<s>" not in echo
+    chat = ChatSession(m.model, tok, temperature=0, max_new_tokens=3)
+    "".join(chat.reply(text))
+    assert chat.history[:len(ids)] == ids
+    before, more = len(chat.history), tok.encode(" again")
+    "".join(chat.reply(" again"))
+    assert chat.history[before:before + len(more)] == more  # the conversation goes on: no second <s>

@@ -105,6 +105,12 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
     assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
     assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
+    from decoderlab.gguf_import import _named_tokens, read_info
+    from decoderlab.tokenizers import BPETokenizer, encode_with_special_tokens
+
+    tok = BPETokenizer(ours, special_tokens=_named_tokens(read_info(smollm_path)))
+    assert not tok.add_bos_token  # the file says false: a SmolLM2 prompt is its text's ids alone, as llama.cpp
+    assert [encode_with_special_tokens(tok, t) for t in strings] == [tok.encode(t) for t in strings]
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +158,25 @@ def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
     text = "Hello there, café 東京! 12 + 7"
     assert tok.decode(tok.encode(text)) == text and tok.bos_id == 1 and tok.eos_id == 2 and tok.add_bos_token
     assert b"".join(tok.token_bytes(i) for i in tok.encode(text)).decode("utf-8").strip() == text
+
+
+def test_a_sentencepiece_file_reads_a_text_prompt_with_the_start_token_as_llama_cpp(spm_file):
+    """tokenizer.ggml.add_bos_token: a text prompt starts with <s>, the ids of llama.cpp's ``tokenize(text,
+    add_bos=True)`` (which reads the same flag) and of transformers' GGUF tokenizer ``tokenizer(text)``; the
+    greedy continuation of the text is the transformers model's after those ids."""
+    from hf.families import greedy_tokens
+    from support.gguf_files import hf_model
+
+    import decoderlab as dl
+    from decoderlab.tokenizers import encode_with_special_tokens
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = dl.load(spm_file)
+    llm = llama_cpp.Llama(model_path=str(spm_file), vocab_only=True, verbose=False)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(spm_file.parent), gguf_file=spm_file.name)
+    for text in ("To be, or not to be", "Natalia sold clips to 48 of her friends", "café 東京"):
+        want = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        assert want[0] == m.tokenizer.bos_id == 1 and want[1:] == m.tokenizer.encode(text), text
+        assert encode_with_special_tokens(m.tokenizer, text) == m.tokenize(text) == want == theirs(text)["input_ids"]
+    hf = hf_model("llama", len(m.tokenizer.id_to_token))  # the weights spm_file holds (seed 0)
+    assert m.generate(text, 6, temperature=0, stop_at_eos=False) == m.detokenize(greedy_tokens(hf, want, 6))

@@ -97,3 +97,24 @@ def test_run_with_hooks_changes_the_pass_and_nothing_after_it():
     assert (zeroed - plain).abs().max() > 1e-3
     assert torch.equal(gb.run_with_hooks(m, ids, []), plain)
     assert dl.run_with_hooks is gb.run_with_hooks and dl.run_with_cache is gb.run_with_cache
+
+
+def test_a_text_reads_the_start_token_first_as_transformer_lens_prepends_it(llama_directory):
+    """TransformerLens's ``prepend_bos``: the text of a model whose tokenizer puts <s> first (Llama 2,
+    TinyLlama) starts with it in every glass-box function -- the ids transformers' ``tokenizer(text)`` gives, so
+    the logits are transformers' --; ids are taken as given."""
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    tok, text = m.tokenizer, "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    assert ids[0] == tok.bos_id and gb.cache.as_ids(m.model, text, tok)[0].tolist() == ids
+    logits, cache = gb.run_with_cache(m.model, text, tokenizer=tok)
+    with torch.no_grad():
+        assert cache.token_ids[0].tolist() == ids and (logits - hf(torch.tensor([ids])).logits).abs().max() < 1e-4
+    tr = gb.trace(m.model, text, tok)
+    assert tr.token_ids[0].tolist() == ids and tr.tokens[0][0] == "<s>"
+    report = gb.verify(m.model, text, tokenizer=tok)
+    assert report.ok and gb.trace(m.model, ids[1:], tok).token_ids[0].tolist() == ids[1:]
+    metric = lambda out: out[0, -1, ids[-1]]  # noqa: E731
+    table = gb.activation_patching(m.model, text, "To be, and not to be", metric, tokenizer=tok)
+    assert table.shape == (m.model.config.n_layer, len(ids))  # both texts with their <s>

@@ -125,3 +125,37 @@ def hf_directory(path, name: str, spare_rows: int = 5, seed: int = 0, **override
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return model, transformers.AutoTokenizer.from_pretrained(path)
+
+
+#: Llama 2 chat's template (meta-llama/Llama-2-7b-chat-hf): the template writes the start token itself, before
+#: each user turn
+LLAMA2_CHAT = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+
+
+def chat_directory(path, name: str, template: str, specials=(), seed: int = 0):
+    """``hf_directory`` of ``name`` with the Jinja chat ``template`` in its tokenizer files, and ``specials``
+    added to the tokenizer as special tokens (in the embedding's spare rows): ``(the transformers model, the
+    AutoTokenizer)``."""
+    model, auto = hf_directory(path, name, seed=seed)
+    if specials:
+        auto.add_special_tokens({"additional_special_tokens": list(specials)})
+    auto.chat_template = template
+    auto.save_pretrained(path)
+    return model, transformers.AutoTokenizer.from_pretrained(path)
+
+
+def greedy_tokens(model, ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of a ``transformers`` model after ``ids`` (no cache, no stop: the reference)."""
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids):]

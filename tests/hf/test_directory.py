@@ -49,7 +49,31 @@ def test_every_class_loads_with_the_logits_greedy_tokens_and_ids_of_transformers
     want = hf.generate(x, max_new_tokens=20, do_sample=False, min_new_tokens=20)[0, len(ids):].tolist()
     got = dl.generate(m.model, ids, 20, temperature=0)
     assert got == want == greedy_no_cache(m.model, ids, 20), name  # with the KV cache and without
+    # the text itself reads as transformers' tokenizer(text): Llama's start token first, nothing for Qwen, GPT-2
+    assert dl.generate(m.model, TEXT, 20, temperature=0, tokenizer=m.tokenizer, stop_at_eos=False) == want, name
     assert m.model.config.num_tokens == len(auto) + 5 == m.tokenizer.vocab_size  # the spare rows padded
+
+
+def test_a_llama_3_chat_template_writes_the_one_start_token(tmp_path):
+    """Llama 3's template writes <|begin_of_text|> itself ({{ bos_token }}): the rendered chat holds exactly one,
+    the ids of transformers' apply_chat_template, while a plain text gets it from the tokenizer (its
+    post-processor), as transformers' tokenizer(text)."""
+    from hf_chat_templates import LLAMA3
+
+    from decoderlab.generation.engine import check_prompt
+
+    from .families import chat_directory
+
+    _, auto = chat_directory(tmp_path, "arcee", LLAMA3, ["<|start_header_id|>", "<|end_header_id|>"])
+    m = dl.load(tmp_path)
+    bos = m.tokenizer.bos_id
+    assert bos == auto.bos_token_id == auto.convert_tokens_to_ids("<|begin_of_text|>") and m.tokenizer.add_bos_token
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXT}]
+    for more in (True, False):
+        ids, _ = m.template.render(messages, m.tokenizer, add_generation_prompt=more)
+        assert ids == auto.apply_chat_template(messages, add_generation_prompt=more)["input_ids"]
+        assert ids.count(bos) == 1 and ids[0] == bos
+    assert check_prompt(m.model, TEXT, m.tokenizer) == prompt_ids(auto) and prompt_ids(auto).count(bos) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

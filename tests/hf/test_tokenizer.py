@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 import decoderlab as dl  # noqa: E402
 from decoderlab.hf import read_tokenizer  # noqa: E402
 from decoderlab.hf.tokenizer import write_tokenizer  # noqa: E402
-from decoderlab.tokenizers import BPETokenizer, CharTokenizer, WordTokenizer  # noqa: E402
+from decoderlab.tokenizers import (BPETokenizer, CharTokenizer, WordTokenizer,  # noqa: E402
+                                   encode_with_special_tokens)
 
 from .families import CORPUS, gpt2_tokenizer, llama3_tokenizer, llama_tokenizer, qwen2_tokenizer, strings  # noqa: E402
 
@@ -36,6 +37,8 @@ def test_ids_equal_auto_tokenizer_on_200_strings(tmp_path, family):
         assert ours.with_special_tokens(ours.encode(text, allow_special=True)) == want, (family, text)
         plain = auto(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert ours.encode(text) == plain, (family, text)  # a special token typed as text stays text
+        prompt = auto(text, split_special_tokens=True)["input_ids"]  # a prompt: its start token, typed ones text
+        assert encode_with_special_tokens(ours, text) == prompt, (family, text)
         assert ours.decode(ours.encode(text)) == auto.decode(plain), (family, text)
     assert (ours.bos_id, ours.eos_id, ours.add_bos_token) == (
         auto.bos_token_id, auto.eos_token_id, family in ("llama", "llama3"))

@@ -59,3 +59,15 @@ def tools_server(tools_model):
     app = create_app(model, tok, model_id=MODEL_ID, template=get_template("tools"), limits=Limits(max_tokens=200))
     with ServerThread(app) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def llama_server(llama_directory):
+    """A tiny Llama 2 / TinyLlama-style Hugging Face directory (``<s>`` before a text, a chat template that
+    writes its own) served as ``decoderlab serve`` serves it: ``(url, the decoderlab Model, the transformers
+    model, the AutoTokenizer)``."""
+    path, hf, auto = llama_directory
+    m = dl.load(path)
+    app = create_app(m.model, m.tokenizer, model_id=MODEL_ID, template=m.template, limits=Limits(max_tokens=100))
+    with ServerThread(app) as url:
+        yield url, m, hf, auto

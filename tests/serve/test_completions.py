@@ -268,3 +268,29 @@ def test_a_batch_with_one_prompt_too_long_is_refused_naming_it(server):
     r = httpx.post(url + "/v1/completions", json={"model": MODEL_ID, "prompt": ["a", "b" * 200], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt[1]"
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_text_prompt_gets_its_start_token_as_vllm_adds_it_and_ids_are_taken_as_given(llama_server):
+    """vLLM's completions: a string prompt is encoded with ``add_special_tokens`` (default true: Llama's <s>
+    first, transformers' ``tokenizer(text)``), token ids are the model's input as they are; echo shows no <s>."""
+    from hf.families import greedy_tokens
+
+    url, m, hf, auto = llama_server
+    text = "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    want = auto.decode(greedy_tokens(hf, ids, 8), skip_special_tokens=True)
+    c = client(url)
+    settings = dict(model=MODEL_ID, max_tokens=8, temperature=0)
+    as_text = c.completions.create(prompt=text, **settings)
+    as_ids = c.completions.create(prompt=ids, **settings)
+    assert as_text.choices[0].text == as_ids.choices[0].text == want
+    assert as_text.usage.prompt_tokens == as_ids.usage.prompt_tokens == len(ids)
+    bare = c.completions.create(prompt=text, extra_body={"add_special_tokens": False}, **settings)
+    same = c.completions.create(prompt=ids[1:], **settings)
+    assert bare.choices[0].text == same.choices[0].text == auto.decode(greedy_tokens(hf, ids[1:], 8),
+                                                                        skip_special_tokens=True) != want
+    assert bare.usage.prompt_tokens == len(ids) - 1
+    echo = c.completions.create(prompt=text, echo=True, **settings)
+    assert echo.choices[0].text == text + want
+    r = httpx.post(url + "/v1/completions", json={"prompt": text, "add_special_tokens": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_special_tokens"

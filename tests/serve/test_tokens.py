@@ -92,3 +92,26 @@ def test_tokenize_with_tools_on_a_template_without_tool_tokens_says_so(chat_serv
     r = httpx.post(url + "/tokenize", headers={"Authorization": "Bearer sekret"},
                    json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "tool-call tokens" in r.text
+
+
+def test_tokenize_puts_the_start_token_first_as_vllm_does_and_messages_get_only_the_template_s(llama_server):
+    """vLLM's /tokenize: a prompt with ``add_special_tokens`` (default true: Llama's <s>, transformers'
+    ``tokenizer(text)``); messages rendered by the chat template, which writes <s> itself: exactly one, as
+    transformers' ``apply_chat_template``."""
+    url, m, hf, auto = llama_server
+    text = "To be, or not to be"
+    ids = auto(text)["input_ids"]
+    body = httpx.post(url + "/tokenize", json={"prompt": text}).json()
+    assert body["tokens"] == ids and body["token_strs"][0] == "<s>" and body["count"] == len(ids)
+    bare = httpx.post(url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert bare["tokens"] == ids[1:] == auto(text, add_special_tokens=False)["input_ids"]
+    assert httpx.post(url + "/detokenize", json={"tokens": ids}).json() == {"prompt": text}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    want = auto.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    for flag in ({}, {"add_special_tokens": True}, {"add_special_tokens": False}):
+        got = httpx.post(url + "/tokenize", json={"messages": messages, **flag}).json()["tokens"]
+        assert got == want and got.count(auto.bos_token_id) == 1, flag
+    chat = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(want)
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert (info["bos_token"], info["eos_token"]) == ("<s>", "</s>")

@@ -129,7 +129,7 @@ def cmd_generate(args) -> int:
     # continuation are decoded together, so word tokens keep their separators
     params = sampling_params(args, stop=stops(args.stop, tok),
                              stop_at_eos=getattr(template, "assistant", None) != EOS)
-    pieces = stream_text(model, tok.encode(prompt), tok, params, echo=args.echo)
+    pieces = stream_text(model, prompt, tok, params, echo=args.echo)  # the text with its start token, if any
     if getattr(args, "verbose", False):
         pieces = timed_pieces(pieces)
     write_pieces(pieces, stream=not args.no_stream)

@@ -24,6 +24,7 @@ import torch
 
 from ..attention import KVCache
 from ..hooks import use_hooks
+from ..tokenizers import encode_with_special_tokens
 from .checks import as_scalar, check_int, is_integer
 from .params import BoundParams, SamplingParams
 from .processors import TokenCounts
@@ -52,8 +53,10 @@ def model_device(model) -> torch.device:
 
 
 def check_prompt(model, prompt_ids, tokenizer=None, name: str = "prompt_ids") -> list[int]:
-    """A prompt as a list of token ids, checked against the model's vocabulary: ids as a list/tuple/1-D tensor
-    (or text when a tokenizer is given). An empty prompt starts from the tokenizer's ``<EOS>``.
+    """A prompt as a list of token ids, checked against the model's vocabulary: ids as a list/tuple/1-D tensor,
+    taken as given, or text when a tokenizer is given, encoded with the start token its tokenizer puts first
+    (:func:`~decoderlab.tokenizers.encode_with_special_tokens`: Llama's ``<s>``, as transformers and vLLM
+    encode a prompt). An empty prompt starts from the tokenizer's ``<EOS>``.
 
     Raises:
         TypeError: bytes (say text or ids); text without a tokenizer; not a sequence of integer ids.
@@ -65,7 +68,7 @@ def check_prompt(model, prompt_ids, tokenizer=None, name: str = "prompt_ids") ->
     if isinstance(prompt_ids, str):
         if tokenizer is None:
             raise TypeError(f"{name} is text ({prompt_ids[:30]!r}); pass token ids, or the tokenizer to encode it")
-        prompt_ids = tokenizer.encode(prompt_ids)
+        prompt_ids = encode_with_special_tokens(tokenizer, prompt_ids)
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool or prompt_ids.dim() > 1:
             raise ValueError(f"{name} must be a 1-D tensor of integer ids, got dtype {prompt_ids.dtype} "
@@ -285,9 +288,10 @@ def stream(model, prompt_ids, params: SamplingParams | int | None = None, *, tok
         model: a ``DecoderOnlyTransformer`` (any dtype/device; it is put in eval mode for the call and its
             training flag restored afterwards).
         prompt_ids: the prompt, (T,) token ids (list, tuple or 1-D tensor), or text when ``tokenizer`` is
-            given (bytes are refused). An empty prompt starts from the tokenizer's ``<EOS>`` (the start token
-            of decoderlab's models, which put ``<EOS>`` between texts); without a tokenizer that has one it is
-            an error.
+            given (bytes are refused; the text gets the start token the tokenizer puts first, as
+            ``transformers``' ``tokenizer(text)``: :func:`check_prompt`). An empty prompt starts from the
+            tokenizer's ``<EOS>`` (the start token of decoderlab's models, which put ``<EOS>`` between texts);
+            without a tokenizer that has one it is an error.
         params: a :class:`SamplingParams` (every setting: max_new_tokens, temperature, top_k, top_p, min_p,
             penalties, logit_bias, suppress_tokens, stop, stop_at_eos, seed), or an int, short for
             ``max_new_tokens``; None: the defaults.

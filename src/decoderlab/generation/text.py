@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..tokenizers import check_input_first
+from ..tokenizers import check_input_first, encode_with_special_tokens
 from .checks import MAX_SEED
 from .engine import prepare, stream, stream_tokens
 from .params import SamplingParams
@@ -122,7 +122,9 @@ EMPTY_REPLY = "(an empty reply: the model ended its turn at once)"
 class ChatSession:
     """A conversation with a model: each turn continues the token history of the previous ones.
 
-    The user's text is encoded as it is (a word tokenizer's typed ``<EOS>`` is the ``<EOS>`` token); every
+    The user's text is encoded as it is (a word tokenizer's typed ``<EOS>`` is the ``<EOS>`` token), the first
+    turn's with the start token its tokenizer puts before a text (``encode_with_special_tokens``: Llama's
+    ``<s>``; nothing for decoderlab's own tokenizers); every
     reply stops at ``<EOS>`` (when the tokenizer has one), which stays in the history as the separator between
     turns. The model sees the last max_len tokens of the history (the window rule of :func:`stream`). A chat
     checkpoint's conversation, rendered with its template, is ``decoderlab.chat.TemplateChatSession``.
@@ -158,7 +160,7 @@ class ChatSession:
     def reply(self, text: str) -> Iterator[str]:
         tok = self.tokenizer
         eos = tok.eos_id
-        ids = tok.encode(text)
+        ids = tok.encode(text) if self.history else encode_with_special_tokens(tok, text)  # the text's start
         history = self.history + ids
         params = self.turn_params()
         if eos is not None:  # the reply ends at <EOS> also when the settings let end-of-text tokens through

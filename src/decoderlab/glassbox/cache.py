@@ -18,6 +18,7 @@ import torch
 
 from ..hooks import HEAD_AXIS, KV_POINTS, hook_model, hook_names, resolve_names, split_name, unknown_name, use_hooks
 from ..model import DecoderOnlyTransformer
+from ..tokenizers import encode_with_special_tokens
 
 #: TransformerLens's short names (``cache["pattern", 0]``): short -> the point inside ``blocks.L.``
 _SHORT = {
@@ -139,7 +140,10 @@ def head_results(model: DecoderOnlyTransformer, layer: int, z: torch.Tensor) -> 
 
 
 def as_ids(model: DecoderOnlyTransformer, token_ids_or_text, tokenizer=None) -> torch.Tensor:
-    """(B, T) int64 ids on the model's device, from text (needs a tokenizer), a list or a tensor.
+    """(B, T) int64 ids on the model's device, from text (needs a tokenizer), a list or a tensor. A text gets
+    the start token its tokenizer puts first (:func:`~decoderlab.tokenizers.encode_with_special_tokens`: Llama's
+    ``<s>``, as TransformerLens's ``prepend_bos`` does for a model that uses one; nothing for decoderlab's own
+    tokenizers); ids are taken as given.
 
     Raises:
         ValueError: no tokens, ids out of range, T > max_len, text without a tokenizer.
@@ -148,7 +152,8 @@ def as_ids(model: DecoderOnlyTransformer, token_ids_or_text, tokenizer=None) -> 
     if isinstance(token_ids_or_text, str):
         if tokenizer is None:
             raise ValueError("a text input needs a tokenizer (pass tokenizer=...), or pass token ids instead")
-        ids = torch.tensor(tokenizer.encode(token_ids_or_text), dtype=torch.long)  # KeyError naming a word
+        ids = encode_with_special_tokens(tokenizer, token_ids_or_text)  # KeyError naming a word
+        ids = torch.tensor(ids, dtype=torch.long)
         if ids.numel() == 0:
             raise ValueError(f"the text {token_ids_or_text!r} is empty: give at least one token of text")
     elif isinstance(token_ids_or_text, torch.Tensor):

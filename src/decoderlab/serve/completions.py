@@ -64,7 +64,8 @@ async def create_completion(body: CompletionRequest, request: Request, state: Ap
         raise bad("prompt", f"the batch has {len(prompts)} prompts; this server takes at most "
                             f"{state.limits.max_queue} (its queue)")
     param = "prompt" if len(prompts) == 1 else "prompt[{}]"
-    ids = [check_context(state, encode_prompt(state, p, param.format(k)), param.format(k))
+    add = body.add_special_tokens is not False  # vLLM's default: a text prompt gets its start token
+    ids = [check_context(state, encode_prompt(state, p, param.format(k), add_special_tokens=add), param.format(k))
            for k, p in enumerate(prompts)]
     echoes = [await echo_of(state, settings, x) for x in ids] if settings.echo else None
     return await respond(request, state, Completions(), settings, ids, [], stream=bool(body.stream),

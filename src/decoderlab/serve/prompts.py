@@ -3,6 +3,7 @@ against the model's context length, its vocabulary and the server's limits."""
 
 from __future__ import annotations
 
+from ..tokenizers import encode_with_special_tokens
 from .errors import APIError, bad
 from .protocol import ChatMessage
 from .state import AppState
@@ -16,13 +17,16 @@ def check_context(state: AppState, ids: list[int], param: str) -> list[int]:
     return ids
 
 
-def encode_prompt(state: AppState, prompt: str | list[int], param: str = "prompt") -> list[int]:
-    """Text (the tokenizer's ids) or token ids (each in range); an empty prompt is ``<EOS>``, the start token.
-    Not checked against the context length (see :func:`check_context`)."""
+def encode_prompt(state: AppState, prompt: str | list[int], param: str = "prompt", *,
+                  add_special_tokens: bool = True) -> list[int]:
+    """Text (the tokenizer's ids, with the start token it puts first when ``add_special_tokens``, vLLM's field
+    and default: :func:`~decoderlab.tokenizers.encode_with_special_tokens`) or token ids (each in range, taken
+    as given, as vLLM takes them); an empty prompt is ``<EOS>``, the start token. Not checked against the context
+    length (see :func:`check_context`)."""
     tok, vocab = state.tokenizer, state.model.config.num_tokens
     if isinstance(prompt, str):
         try:
-            ids = list(tok.encode(prompt))
+            ids = encode_with_special_tokens(tok, prompt) if add_special_tokens else list(tok.encode(prompt))
         except (KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise bad(param, f"the {param} cannot be encoded by this model's tokenizer: {msg}",

@@ -262,6 +262,9 @@ class CompletionRequest(GenerationFields):
                                                       "max_tokens 0, only those (scoring, as evaluation harnesses do)")
     best_of: StrictInt | None = Field(None, ge=1, description="sample this many choices and return the n with the "
                                                               "highest logprob per token (>= n; not with stream)")
+    add_special_tokens: StrictBool | None = Field(None, description="vLLM's: a text prompt gets the tokens the "
+                                                  "tokenizer puts around a text (Llama's start token <s>; default "
+                                                  "true); token-id prompts are taken as given")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -380,8 +383,10 @@ class TokenizeRequest(_Request):
     tools: list[dict[str, Any]] | None = Field(None, max_length=64, description="with messages: the functions "
                                                "offered, rendered as chat completions renders them (so a client "
                                                "can count the tool block before sending)")
-    add_special_tokens: StrictBool | None = Field(None, description="accepted; decoderlab's models add no start "
-                                                                    "token")
+    add_special_tokens: StrictBool | None = Field(None, description="prompt: put the tokens the tokenizer puts "
+                                                  "around a text (Llama's start token <s>) around it, as "
+                                                  "/v1/completions does (default true); messages: the chat "
+                                                  "template writes its own (ignored)")
     add_generation_prompt: StrictBool | None = Field(None, description="messages: open the assistant turn "
                                                                        "(default true)")
     return_token_strs: StrictBool | None = Field(None, description="accepted: the pieces are always returned")

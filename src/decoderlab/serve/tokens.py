@@ -25,7 +25,8 @@ def pieces(tok, ids: list[int]) -> list[str]:
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
 async def tokenize(body: TokenizeRequest, state: AppState = Depends(app_state)) -> TokenizeResponse:
-    """The ids (and pieces) of a prompt, as ``/v1/completions`` encodes it, or of messages, as chat renders them."""
+    """The ids (and pieces) of a prompt, as ``/v1/completions`` encodes it (with the start token unless
+    ``add_special_tokens`` is false), or of messages, as chat renders them (the template writes its own)."""
     state.check_model(body.model)
     if body.messages is not None:
         need_template(state, "tokenize a prompt instead")
@@ -33,7 +34,7 @@ async def tokenize(body: TokenizeRequest, state: AppState = Depends(app_state)) 
         ids = render_messages(state, body.messages, add_generation_prompt=body.add_generation_prompt is not False,
                               tools=body.tools)
     else:
-        ids = encode_prompt(state, body.prompt)
+        ids = encode_prompt(state, body.prompt, add_special_tokens=body.add_special_tokens is not False)
     return TokenizeResponse(count=len(ids), max_model_len=state.max_len, tokens=ids,
                             token_strs=pieces(state.tokenizer, ids))
 
@@ -53,7 +54,8 @@ async def detokenize(body: DetokenizeRequest, state: AppState = Depends(app_stat
 async def tokenizer_info(state: AppState = Depends(app_state)) -> TokenizerInfo:
     tok = state.tokenizer
     names = getattr(tok, "id_to_token", {})
-    eos, pad = getattr(tok, "eos_id", None), getattr(tok, "pad_id", None)
+    eos, pad, bos = (getattr(tok, f"{k}_id", None) for k in ("eos", "pad", "bos"))
     return TokenizerInfo(tokenizer_class=type(tok).__name__, vocab_size=state.model.config.num_tokens,
                          model_max_length=state.max_len, eos_token=names.get(eos) if eos is not None else None,
+                         bos_token=names.get(bos) if bos is not None else None,
                          pad_token=names.get(pad) if pad is not None else None)
