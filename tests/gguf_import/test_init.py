@@ -61,6 +61,21 @@ def test_dtype_and_report(tiny_gguf):
     assert "dequantized" in str(r) and "Q8_0" in str(r) and "MB of float32" in str(r)
     with pytest.raises(ValueError, match="unknown dtype"):
         load_gguf(path, dtype="float8")
+    assert "quantized to" not in str(r)
+
+
+def test_a_type_not_kept_as_blocks_is_said_once_on_the_read_line(tiny_gguf):
+    """A block dtype asked of a file whose matrices are another type (here Q8_0 at q4_1, and F16 at q8_0): the
+    matrices are dequantized and then quantized to the asked type, and the one read line says both."""
+    from decoderlab.quant import block_dtype
+
+    path, _ = tiny_gguf("llama", "F16")
+    model, _, info = load_gguf(path, dtype="q8_0")
+    assert block_dtype(model) == "q8_0" and info.report.requantized == "q8_0"
+    assert str(info.report).count("then quantized to q8_0") == 1 and "(" in str(info.report) and "F16" in str(info.report)
+    path, _ = tiny_gguf("llama", "Q4_1")
+    model, _, info = load_gguf(path, dtype="q4_1")  # the file's own blocks: nothing requantized
+    assert info.report.requantized is None and "kept" in str(info.report)
 
 
 def test_is_gguf_file(tmp_path):

@@ -209,6 +209,8 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
     to_inference_dtype(model, dtype)
+    if name in BLOCK_DTYPES and any(t != "F32" for t in contents.info.report.types):
+        contents.info.report.requantized = name  # said on the read line: these are not the file's blocks
     return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
 
 

@@ -87,6 +87,9 @@ class DequantReport:
     seconds: float = 0.0
     kept: dict[str, int] = field(default_factory=dict)
     kept_bytes: int = 0
+    #: the block type the dequantized matrices were quantized to afterwards (``load_gguf(dtype="q4_1")`` of a
+    #: file whose matrices are another type), or None
+    requantized: str | None = None
 
     def __str__(self) -> str:
         def counts(types: dict) -> str:
@@ -100,14 +103,16 @@ class DequantReport:
         if quantized:
             parts.append(f"dequantized {sum(quantized.values())} tensors ({counts(quantized)}): "
                          f"{self.file_bytes / 1e6:.1f} MB in the file -> "
-                         f"{self.float_bytes / 1e6:.1f} MB of float32")
+                         f"{self.float_bytes / 1e6:.1f} MB of float32"
+                         + (f", its matrices then quantized to {self.requantized}" if self.requantized else ""))
         if "F32" in self.types:
             parts.append(f"{self.types['F32']} F32 tensors as they are")
         return "; ".join(parts or ["no tensors"]) + f" ({self.seconds:.1f} s)"
 
     def to_dict(self) -> dict:
         return dict(types=dict(self.types), file_bytes=self.file_bytes, float_bytes=self.float_bytes,
-                    seconds=round(self.seconds, 3), kept=dict(self.kept), kept_bytes=self.kept_bytes)
+                    seconds=round(self.seconds, 3), kept=dict(self.kept), kept_bytes=self.kept_bytes,
+                    requantized=self.requantized)
 
 
 #: values dequantized per call of a type's block dequantizer (16 MB of float32)
