@@ -165,3 +165,18 @@ def test_verify_passes_on_a_smollm2_135m_shaped_model():
     rep = dl.verify(m, ids)
     assert rep.ok, rep.table()
     assert len(rep.steps) == 2 + 30 * 14 + 2 and rep.step("logits").shape == (1, 8, 49152)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_verify_recomputes_a_block_quantized_model_from_its_dequantized_weights(kind):
+    """GGUF's block types change the weights, not the arithmetic: the float64 reference takes the dequantized
+    values and every step agrees at float32's tolerance; the report names the block type."""
+    from decoderlab.quant import quantize_model
+
+    from .models import _BASE
+
+    torch.manual_seed(0)
+    spec = {**_BASE, **VARIANT_CONFIGS["llama-gqa-swiglu"], "d_model": 32, "d_ff": 64}
+    m = quantize_model(dl.DecoderOnlyTransformer(dl.ModelConfig(**spec)).eval(), kind)
+    rep = dl.verify(m, variant_ids(m), tol=1e-5)
+    assert rep.ok and rep.dtype == kind, rep
