@@ -230,3 +230,32 @@ def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, dam
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("decoderlab: error: ")
     assert line in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["generate", "--max-new-tokens", "-3", "hi"], "--max-new-tokens must be >= 0, got -3"),
+    (["sample", "--temperature", "-1", "hi"], "--temperature must be >= 0, got -1"),
+    (["generate", "--temperature", "nan", "hi"], "--temperature must be >= 0, got nan"),
+    (["chat", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["generate", "--top-p", "0", "hi"], "--top-p must be in (0, 1], got 0"),
+    (["generate", "--top-k", "-1", "hi"], "--top-k must be >= 0, got -1"),
+    (["chat", "--min-p", "2"], "--min-p must be in [0, 1], got 2"),
+    (["generate", "--repetition-penalty", "0", "hi"], "--repetition-penalty must be > 0, got 0"),
+    (["generate", "--presence-penalty", "3", "hi"], "--presence-penalty must be in [-2, 2], got 3"),
+    (["verify", "--tol", "-1", "hi"], "--tol must be > 0, got -1"),
+    (["explain", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["serve", "--port", "70000"], "--port must be in [0, 65535], got 70000"),
+    (["serve", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["rl", "--temperature", "0"], "--temperature must be > 0, got 0"),
+    (["rl", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["generate", "--threads", "0", "hi"], "--threads must be >= 1, got 0"),
+])
+def test_a_bad_sampling_value_is_named_as_its_flag_before_anything_loads(argv, line, capsys, tmp_path):
+    """`generate --max-new-tokens -3` said "max_new_tokens must be an integer >= 0, got -3" (the Python name) after
+    the model had loaded; now the parser refuses it: the checkpoint here does not exist and is never read."""
+    command, *rest = argv
+    with pytest.raises(SystemExit) as e:
+        cli_main([command, "--checkpoint", str(tmp_path / "none"), *rest])
+    out, err = capsys.readouterr()
+    assert (e.value.code, out) == (2, "")
+    assert err == f"decoderlab: error: {line} (see decoderlab {command} --help)\n"

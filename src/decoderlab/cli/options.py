@@ -279,23 +279,25 @@ def no_chat_template(directory) -> ValueError:
 # sampling
 # ---------------------------------------------------------------------------------------------------------
 
+#: the bounds of each type are SamplingParams' (decoderlab.generation.params), checked again there; here they are
+#: checked as the line is parsed, so that a bad value is named as its flag before a model loads
 SAMPLING_OPTIONS = (
-    option("--max-new-tokens", type=number(int), metavar="N",
+    option("--max-new-tokens", type=number(int, 0), metavar="N",
            help=f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS}; the lesson's model answers "
                 "until <EOS>)"),
-    option("--temperature", type=number(float), metavar="T", help=lambda wording: wording["temperature_help"]),
-    option("--top-k", type=number(int), metavar="K",
+    option("--temperature", type=number(float, 0), metavar="T", help=lambda wording: wording["temperature_help"]),
+    option("--top-k", type=number(int, 0), metavar="K",
            help="sample among the K most probable tokens; 0 = no top-k filter (default: no filter)"),
-    option("--top-p", type=number(float), metavar="P",
+    option("--top-p", type=number(float, 0, maximum=1, above=True), metavar="P",
            help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no filter)"),
     option("--seed", type=seed(63), metavar="N", help="seed for reproducible sampling (default: fresh entropy)"),
-    option("--min-p", type=number(float), metavar="P",
+    option("--min-p", type=number(float, 0, maximum=1), metavar="P",
            help="keep tokens at least P times as probable as the most probable, P in [0, 1] (default 0: off)"),
-    option("--repetition-penalty", type=number(float), metavar="R",
+    option("--repetition-penalty", type=number(float, 0, above=True), metavar="R",
            help="CTRL's penalty on every token of the prompt and the reply so far, > 0 (default 1: off)"),
-    option("--frequency-penalty", type=number(float), metavar="F",
+    option("--frequency-penalty", type=number(float, -2, maximum=2), metavar="F",
            help="OpenAI's: lower a token's logit by F per time it was generated, -2 .. 2 (default 0: off)"),
-    option("--presence-penalty", type=number(float), metavar="F",
+    option("--presence-penalty", type=number(float, -2, maximum=2), metavar="F",
            help="OpenAI's: lower the logit of every token generated so far by F, -2 .. 2 (default 0: off)"),
     option("--json-schema", type=json_file, metavar="FILE",
            help="structured output: the reply is JSON valid against the JSON schema in FILE (a token mask; the "
@@ -317,7 +319,7 @@ def sampling_params(args, **more):
 # ---------------------------------------------------------------------------------------------------------
 
 THREADS_OPTIONS = (
-    option("--threads", type=number(int), metavar="N",
+    option("--threads", type=number(int, 1), metavar="N",
            help="PyTorch intra-op threads (default: the cores the 1-minute load average leaves idle, at most 2; "
                 "see decoderlab.threads)"),
 )

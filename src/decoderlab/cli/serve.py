@@ -17,7 +17,7 @@ def add_serve(p) -> None:
     add_options(p, DEVICE_OPTIONS)
     add_options(p, EAGER_OPTIONS)
     p.add_argument("--host", default=SERVE_HOST, help=f"address to bind (default {SERVE_HOST}: this machine only)")
-    p.add_argument("--port", type=number(int), default=SERVE_PORT, metavar="N",
+    p.add_argument("--port", type=number(int, 0, maximum=65535), default=SERVE_PORT, metavar="N",
                    help=f"port, 0 .. 65535 (default {SERVE_PORT})")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: none, open)")
@@ -26,7 +26,7 @@ def add_serve(p) -> None:
     p.add_argument("--model-id", default=None, metavar="NAME",
                    help="the model id clients name (default: the checkpoint's name, else the directory's name)")
     for field, default in SERVE_LIMIT_DEFAULTS.items():
-        p.add_argument(flag(field), type=number(int), default=default, metavar="N",
+        p.add_argument(flag(field), type=number(int, 1), default=default, metavar="N",
                        help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
     p.add_argument("--prefill-chunk", type=number(int), default=SERVE_LIMITS["prefill_chunk"], metavar="N",
                    help=SERVE_PREFILL_CHUNK_HELP)
