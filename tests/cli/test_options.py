@@ -259,3 +259,25 @@ def test_a_bad_sampling_value_is_named_as_its_flag_before_anything_loads(argv, l
     out, err = capsys.readouterr()
     assert (e.value.code, out) == (2, "")
     assert err == f"decoderlab: error: {line} (see decoderlab {command} --help)\n"
+
+
+def test_checkpoint_help_names_every_family_and_a_file_that_is_no_checkpoint_says_what_one_is(capsys, tmp_path):
+    """The help said "a Hugging Face GPT-2 directory" of a loader that reads every family of decoderlab.hf, and
+    `--checkpoint README.md` said "a checkpoint is a directory", forgetting GGUF files."""
+    import re
+
+    from decoderlab.cli.options import CHECKPOINT_HELP
+    from decoderlab.hf import ARCHITECTURES
+
+    families = {re.sub(r"(LMHead|ForCausalLM).*", "", a).replace("GPT2", "GPT-2") for a in ARCHITECTURES}
+    assert families == {"GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Apertus", "Arcee"}
+    assert all(f in CHECKPOINT_HELP for f in families), CHECKPOINT_HELP
+    assert "GGUF file" in CHECKPOINT_HELP
+    for command in ("generate", "verify", "serve"):
+        action = next(a for a in command_parser(command)._actions if "--checkpoint" in a.option_strings)
+        assert action.metavar == "PATH", command
+    (tmp_path / "README.md").write_text("# not a model\n")
+    assert cli_main(["generate", "--checkpoint", str(tmp_path / "README.md"), "hi"]) == 2
+    assert capsys.readouterr().err == (
+        f"decoderlab: error: checkpoint {tmp_path / 'README.md'} is a file but not a GGUF file (.gguf); a checkpoint is a decoderlab "
+        "run or checkpoint directory, a Hugging Face directory or a .gguf file\n")

@@ -84,10 +84,12 @@ def flag(field: str) -> str:
 # a checkpoint to load, in a dtype
 # ---------------------------------------------------------------------------------------------------------
 
-CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face GPT-2 directory "
-                   "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
-                   "merges.txt), or a GGUF file of llama.cpp / ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; "
-                   "its weights dequantized, its tokenizer and chat template used)")
+#: the Hugging Face families are decoderlab.hf.ARCHITECTURES' (tests/cli/test_options.py checks each is named)
+CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face directory of a GPT-2, Llama, "
+                   "Mistral, Qwen2, Qwen3, Apertus or Arcee model (config.json, model.safetensors or "
+                   "pytorch_model.bin, tokenizer.json or vocab.json + merges.txt), or a GGUF file of llama.cpp / "
+                   "ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; its weights dequantized, its tokenizer and chat "
+                   "template used)")
 
 #: checked by load_checkpoint (one error line listing the choices), not by argparse's choices
 DTYPE_OPTIONS = (
@@ -99,14 +101,14 @@ DTYPE_OPTIONS = (
 )
 
 CHECKPOINT_OPTIONS = (
-    option("--checkpoint", required=True, metavar="DIR", help=CHECKPOINT_HELP),
+    option("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP),
     *DTYPE_OPTIONS,
 )
 
 
 def add_checkpoint_option(parser, required: bool = True) -> None:
     """``--checkpoint`` alone (verify, explain, serve)."""
-    parser.add_argument("--checkpoint", required=required, default=None, metavar="DIR",
+    parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH",
                         help=CHECKPOINT_HELP + ("" if required else " (default: none)"))
 
 
