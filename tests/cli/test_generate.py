@@ -19,7 +19,7 @@ from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DTYPE
 from decoderlab.generation import Sampler, SamplingParams, generate, stream_text
 from decoderlab.tokenizers import CharTokenizer
 
-from .helps import helps
+from .helps import actions, helps
 from .test_parser import _loaded
 
 
@@ -359,3 +359,16 @@ def test_generate_and_sample_read_a_llama_prompt_with_its_start_token_and_never_
     reply = reply[:next((i for i, t in enumerate(reply) if t in auto.all_special_ids), len(reply))]
     assert cli_main(["generate", *greedy, "--chat", "--no-stream", text]) == 0
     assert capsys.readouterr().out.strip() == auto.decode(reply, skip_special_tokens=True).strip()
+
+
+def test_without_a_prompt_the_lesson_model_asks_for_words_it_knows(statquest_checkpoint, capsys):
+    """`generate --checkpoint runs/statquest` said `e.g. "hello"` of a model whose vocabulary is what, is, statquest,
+    awesome, <EOS>; and the help said the prompt defaults to a newline, which the lesson's model cannot answer."""
+    from decoderlab.cli.generate import example_message
+
+    assert cli_main(["generate", "--checkpoint", str(statquest_checkpoint)]) == 2
+    assert capsys.readouterr().err == ('decoderlab: error: give the user message to answer, e.g. "what is statquest"'
+                                       "\n")
+    assert example_message(CharTokenizer.from_text("hello world")) == "hello"
+    text = actions("generate")["prompt"].help
+    assert "default: a newline" in text and "required with --chat and for the lesson's model" in text
