@@ -145,11 +145,19 @@ def test_without_a_cached_package_a_terminal_is_told_once_how_to_decode_faster(l
                                                                               tmp_path):
     """The default of generate: a package compiled ahead of time when one is cached, else eager -- and then a
     terminal gets one line saying how to get the fast step (a pipe or a file gets none: scripts stay quiet);
-    --eager never says it."""
+    --eager never says it, nor is it said of a model too small for a compile to pay (the lesson's 37 parameters:
+    COMPILE_PAYS_FROM)."""
     import sys
+
+    from decoderlab.config import defaults
 
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
     argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--max-new-tokens", "3", "to be"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli_main(argv) == 0  # a tiny model: the step takes microseconds, compiling would not pay
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(defaults, "COMPILE_PAYS_FROM", 100)  # as if this model were big enough
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert cli_main(argv) == 0
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

@@ -208,10 +208,18 @@ def use_decode_step(model, mode: str) -> None:
     step = AOTDecodeStep(model, compile_missing=mode == "aot", notify=say)
     if mode == "aot" or step.has_package((1, False)):
         model.compiled_decode = step
-    elif sys.stderr.isatty() or block_dtype(model):  # (eager block weights are slow: said wherever stderr goes)
+    elif compile_pays(model) and (sys.stderr.isatty() or block_dtype(model)):  # (eager block weights are slow:
+        # said wherever stderr goes; a model too small for a compile to pay -- the lesson's 37 parameters -- never)
         say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
             "--aot to compile one (a minute or so on a CPU) that every later run loads (--eager: no compiled step "
             "and no note)")
+
+
+def compile_pays(model) -> bool:
+    """A model of at least ``decoderlab.config.COMPILE_PAYS_FROM`` parameters (why that many: its comment)."""
+    from ..config.defaults import COMPILE_PAYS_FROM
+
+    return model.num_parameters() >= COMPILE_PAYS_FROM
 
 
 def say(line: str) -> None:
