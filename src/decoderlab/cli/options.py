@@ -142,7 +142,7 @@ AOT_OPTIONS = (
 EAGER_OPTIONS = (
     option("--eager", action="store_true", default=False,
            help="decode eagerly, op by op: no compiled step and no cached package (default: serve compiles its "
-                "decode step; generate, sample and chat use a package compiled ahead of time for this model's shape "
+                "decode step for a model of a million parameters or more; generate, sample and chat use a package compiled ahead of time for this model's shape "
                 "and dtype when one is cached)"),
 )
 
