@@ -155,7 +155,7 @@ def test_an_unknown_option_is_named_before_a_missing_one(capsys):
     assert _error(capsys, "verify", "--chekpoint=x", "--tol", "1") .startswith(
         "decoderlab: error: unrecognized option: --chekpoint; did you mean --checkpoint?")
     # nothing unknown: the missing option is still what is said; a negative number is no option
-    assert "required: --checkpoint" in _error(capsys, "generate", "--temperature", "-1", "what")
+    assert "required: --checkpoint" in _error(capsys, "generate", "--top-k", "-0", "what")
     assert _error(capsys, "export", "--nothing-near").startswith("decoderlab: error: unrecognized option: "
                                                                  "--nothing-near (see")
 

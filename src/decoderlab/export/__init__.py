@@ -60,7 +60,7 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
            name: str | None = None, force: bool = False) -> dict:
     """Export the checkpoint ``run_dir`` (a decoderlab run directory, a Hugging Face directory or a GGUF file) to
     ``out`` in ``format`` ("gguf": one file in llama.cpp's architecture for the model, weights in ``dtype`` --
-    float32, float16, q8_0, q4_0 or q4_1 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
+    float32, bfloat16, float16, q8_0, q4_0 or q4_1 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
     file replaced only with ``force``; "hf": a directory, its class, tokenizer and chat template). Returns a
     summary: format, dtype, out, parameters, bytes written, tensors, the tokenizer kind, the architecture or
     class (and for gguf the Modelfile).

@@ -1,6 +1,6 @@
 """One GGUF file for llama.cpp and ollama, written with the ``gguf`` package (``pip install 'decoderlab[gguf]'``):
 the model in the llama.cpp architecture that computes exactly what it computes, its tokenizer
-(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in float32, float16, q8_0, q4_0 or q4_1; an
+(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in float32, bfloat16, float16, q8_0, q4_0 or q4_1; an
 ollama ``Modelfile`` beside it (:mod:`.modelfile`).
 
 Architectures (:func:`decoderlab.export.shape.gguf_architecture`; anything else is refused naming the field, before
@@ -175,6 +175,8 @@ def _encode(gguf, data, dtype: str, matrix: bool, name: str):
         data = data.dequantize().numpy()
     if not matrix or dtype == "float32":
         return data, q.F32
+    if dtype == "bfloat16":  # float32's range: nothing to refuse; rounded to nearest even, as torch rounds
+        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), q.BF16), q.BF16
     blocks = dtype in BLOCK_DTYPES and data.shape[-1] % 32 == 0
     limit = _FLOAT16_MAX * (_HEADROOM[dtype] if blocks else 1)
     peak = float(np.abs(data).max()) if data.size else 0.0
@@ -191,7 +193,7 @@ def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "float32"
             template=None, force: bool = False, modelfile: bool = True) -> dict:
     """Write ``model`` (LoRA adapters merged first), its ``tokenizer`` and chat ``template`` as one GGUF file at
     ``path`` (module docstring), and an ollama Modelfile beside it (``<path without .gguf>.Modelfile``, unless
-    ``modelfile=False``). ``dtype``: "float32", "float16", "q8_0", "q4_0" or "q4_1". Both are written next to their place
+    ``modelfile=False``). ``dtype``: "float32", "bfloat16", "float16", "q8_0", "q4_0" or "q4_1". Both are written next to their place
     and renamed into it: a failure leaves nothing. Returns ``{"architecture", "bytes", "tensors", "types", "modelfile"}``.
 
     Raises:
@@ -263,7 +265,8 @@ def _write(gguf, model, tokenizer, path: Path, arch: str, dtype: str, name, temp
 
 
 def _write_header(writer, gguf, cfg, arch: str, dtype: str, name: str) -> None:
-    file_types = {"float32": gguf.LlamaFileType.ALL_F32, "float16": gguf.LlamaFileType.MOSTLY_F16,
+    file_types = {"float32": gguf.LlamaFileType.ALL_F32, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16,
+                  "float16": gguf.LlamaFileType.MOSTLY_F16,
                   "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                   "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
     writer.add_name(name)
