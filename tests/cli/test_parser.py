@@ -156,6 +156,7 @@ def test_an_unknown_option_is_named_before_a_missing_one(capsys):
         "decoderlab: error: unrecognized option: --chekpoint; did you mean --checkpoint?")
     # nothing unknown: the missing option is still what is said; a negative number is no option
     assert "required: --checkpoint" in _error(capsys, "generate", "--top-k", "-0", "what")
+    assert "required: --checkpoint" in _error(capsys, "generate", "--chat", "--system", "-be brief", "what")
     assert _error(capsys, "export", "--nothing-near").startswith("decoderlab: error: unrecognized option: "
                                                                  "--nothing-near (see")
 

@@ -97,10 +97,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def unknown_options(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
     """The words that look like options (``--x``, ``--x=1``, ``-x``; not ``-``, ``-3`` or ``-0.5``, nor a word
-    after ``--``) and that ``parser`` does not know, as typed (without ``=value``)."""
+    with a space -- a value such as ``--system "-be brief"`` -- nor one after ``--``) and that ``parser`` does
+    not know, as typed (without ``=value``)."""
     words = words[:words.index("--")] if "--" in words else words
     flags = [w.split("=", 1)[0] for w in words
-             if w.startswith("-") and w != "-" and not re.fullmatch(r"-\d+(\.\d*)?|-\.\d+", w)]
+             if w.startswith("-") and w != "-" and not re.fullmatch(r"-\d+(\.\d*)?|-\.\d+", w)
+             and not re.search(r"\s", w.split("=", 1)[0])]
     return [f for f in flags if f not in parser._option_string_actions]
 
 
