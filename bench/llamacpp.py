@@ -67,6 +67,8 @@ THEIRS = "f32,f16,q8_0,q4_0,q4_1"
 #: llama.cpp's type of the same weights as each of our dtypes (the ratio column)
 SAME_WEIGHTS = {"float32": "f32", "bfloat16": "f16", "float16": "f16", "q8_0": "q8_0", "q4_0": "q4_0",
                 "q4_1": "q4_1"}
+#: llama.cpp's type name (--theirs) -> the --dtype that writes it (to_gguf speaks our names)
+WRITTEN_AS = {"f32": "float32", "f16": "float16"}
 
 
 def timed(fn) -> tuple[float, object]:
@@ -309,7 +311,7 @@ def synthetic(shape: str, tok, tmp: str, args):
         files = {}
         for kind in args.theirs.split(","):
             files[kind] = os.path.join(tmp, f"{shape}-{kind}.gguf")
-            to_gguf(base, tok, files[kind], dtype=kind)
+            to_gguf(base, tok, files[kind], dtype=WRITTEN_AS.get(kind, kind))
         running = peers(files, args, max(len(prompt) + args.new_tokens, args.prefill_tokens) + 8)
         calls.update({name: theirs(p, prompt, args) for name, p in running.items()})
     return calls, prompt, running
@@ -344,7 +346,7 @@ def gguf_files(path: str, make, tok, tmp: str, kinds) -> dict[str, str]:
         if os.path.exists(files[kind]):  # (written for the speed table already)
             continue
         try:
-            to_gguf(make("float32"), tok, files[kind], dtype=kind)
+            to_gguf(make("float32"), tok, files[kind], dtype=WRITTEN_AS.get(kind, kind))
         except (ValueError, NotImplementedError) as e:
             files.pop(kind)
             print(f"llama.cpp {kind} of {os.path.basename(path)} skipped: decoderlab cannot write it here ({e})")
@@ -508,7 +510,7 @@ def accuracy(source: str, args, tmp: str) -> None:
             files = {}
             for kind in args.theirs.split(","):
                 files[kind] = os.path.join(tmp, f"acc-{kind}.gguf")
-                to_gguf(base, tok, files[kind], dtype=kind)
+                to_gguf(base, tok, files[kind], dtype=WRITTEN_AS.get(kind, kind))
         for name, peer in peers(files, args, max_len + 8, logits_all=True).items():
             a = peer("nll", windows=windows)
             ppl[name] = peer.crash if a is None else float(torch.tensor(a["nll"]).exp())

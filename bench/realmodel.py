@@ -283,7 +283,7 @@ def references(path: Path, tmp: str, args) -> list[LlamaCpp]:
     from decoderlab.export import export
 
     f32 = os.path.join(tmp, "smollm2-f32.gguf")
-    export(path, f32, dtype="f32")
+    export(path, f32, dtype="float32")
     n_ctx = max(args.tokens + 8, 512)
     return [LlamaCpp("llama.cpp Q4_1 (defaults: f16 KV cache)", path, args.threads, n_ctx),
             LlamaCpp("llama.cpp Q4_1, f32 KV cache", path, args.threads, n_ctx, kv_f32=True),
@@ -301,9 +301,9 @@ def speed(path: Path, tmp: str, args) -> None:
     from decoderlab.gguf_import import load_gguf
 
     files = {"q4_1": str(path)}
-    for kind in ("f16", "q8_0"):
+    for kind, dtype in (("f16", "float16"), ("q8_0", "q8_0")):  # llama.cpp's names of the types -> --dtype's
         files[kind] = os.path.join(tmp, f"smollm2-{kind}.gguf")
-        export(path, files[kind], dtype=kind)
+        export(path, files[kind], dtype=dtype)
     ns = argparse.Namespace(threads=args.threads, repeats=args.repeats, new_tokens=64, prompt_tokens=14,
                             prefill_tokens=128, ours=args.ours, theirs="")
     prompt = list(range(1000, 1014))

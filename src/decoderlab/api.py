@@ -291,10 +291,10 @@ class Model:
             meta.update(task="chat", **{CHAT_TEMPLATE_KEY: self.template.to_dict()})
         return save_checkpoint(directory, self.model, self.tokenizer, meta=meta)
 
-    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32", force: bool = False) -> dict:
+    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "float32", force: bool = False) -> dict:
         """Write one GGUF file for llama.cpp and ollama and a Modelfile beside it (:func:`decoderlab.export.to_gguf`:
         the llama.cpp architecture that computes the model -- gpt2, llama, qwen2, qwen3 --, the tokenizer and
-        this model's chat template inside; ``dtype`` "f32", "f16" or "q8_0"; LoRA adapters merged); returns its
+        this model's chat template inside; ``dtype`` "float32", "bfloat16", "float16", "q8_0", "q4_0" or "q4_1"; LoRA adapters merged); returns its
         summary (architecture, bytes, tensors, types, Modelfile).
 
         Raises: ``ValueError`` for a shape or tokenizer the format cannot carry or a weight float16 cannot hold

@@ -97,15 +97,21 @@ def test_a_model_no_class_computes_is_refused_by_hf_in_one_line_and_nothing_is_w
 def test_bad_dtype_for_hf_a_word_vocabulary_and_a_missing_run_are_one_line_each(tmp_path, capsys):
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     run, _ = run_dir(tmp_path, "word-run", word)
-    cases = [(["--format", "hf", "--dtype", "f16", "--checkpoint", str(run)],
-              "--dtype 'f16' is not one --format hf writes; "
-              "allowed: f32"),
+    cases = [(["--format", "hf", "--dtype", "float16", "--checkpoint", str(run)],
+              "--dtype 'float16' is not one --format hf writes; "
+              "allowed: float32"),
              (["--checkpoint", str(run)], "a word vocabulary has no form llama.cpp reads"),
              (["--checkpoint", str(tmp_path / "nowhere")], "nowhere")]
     for args, message in cases:
         assert cli_main(["export", *args, "--out", str(tmp_path / "out.gguf")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("decoderlab: error:") and message in err, err
+    # f16: llama.cpp's name, not ours (one vocabulary with generate's --dtype)
+    with pytest.raises(SystemExit):
+        cli_main(["export", "--dtype", "f16", "--checkpoint", str(run), "--out", str(tmp_path / "out.gguf")])
+    assert capsys.readouterr().err == (
+        "decoderlab: error: --dtype: invalid choice: 'f16' (choose from 'float32', 'bfloat16', 'float16', 'q8_0', "
+        "'q4_0', 'q4_1') (see decoderlab export --help)\n")
     assert not (tmp_path / "out.gguf").exists()
 
 
@@ -117,7 +123,7 @@ def test_help_says_what_each_format_carries(decoderlab_cli):
                   "Apertus (rope, QK-norm, ReLU²: the default recipe's)", "gguf one GGUF file for llama.cpp and ollama",
                   "gpt2 (learned positions, LayerNorm, GELU), llama (rope, RMSNorm, SwiGLU, grouped-query attention)",
                   "an ollama Modelfile beside it", "kept unless --force", "LoRA adapters merged first",
-                  "a word vocabulary is refused", "f32, f16, q8_0, q4_0 or q4_1"):
+                  "a word vocabulary is refused", "float32, bfloat16, float16, q8_0, q4_0 or q4_1"):
         assert words in text, words
 
 
@@ -126,24 +132,24 @@ def test_export_keeps_an_existing_file_without_force(bpe, tmp_path, capsys):
     out = tmp_path / "m.gguf"
     assert cli_main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
     capsys.readouterr()
-    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16"]) == 2
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "float16"]) == 2
     err = capsys.readouterr().err
     assert err == f"decoderlab: error: refusing to replace {out}: it exists (--force, or force=True, replaces it)\n"
     assert gguf.GGUFReader(str(out)).tensors[0].tensor_type.name == "F32"
-    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "f16", "--force"]) == 0
-    assert "gguf f16 (gpt2)" in capsys.readouterr().out
+    assert cli_main(["export", "--checkpoint", str(run), "--out", str(out), "--dtype", "float16", "--force"]) == 0
+    assert "gguf float16 (gpt2)" in capsys.readouterr().out
 
 
 def test_export_reads_a_gguf_file_and_writes_it_again(tmp_path, capsys):
-    """llama.cpp's file in, another type out (here f16 from Q8_0): the architecture, tokenizer and template kept."""
+    """llama.cpp's file in, another type out (here float16 from Q8_0): the architecture, tokenizer and template kept."""
     pytest.importorskip("transformers")
     from support.gguf_files import byte_level_bpe, hf_model, write_gguf
 
     tok = byte_level_bpe(300)
     src = write_gguf(tmp_path / "src.gguf", "qwen2", hf_model("qwen2", tok.get_vocab_size()), tok, qtype="Q8_0")
-    assert cli_main(["export", "--checkpoint", str(src), "--out", str(tmp_path / "out.gguf"), "--dtype", "f16"]) == 0
+    assert cli_main(["export", "--checkpoint", str(src), "--out", str(tmp_path / "out.gguf"), "--dtype", "float16"]) == 0
     out = capsys.readouterr().out
-    assert "gguf f16 (qwen2)" in out and "tokenizer: bpe" in out
+    assert "gguf float16 (qwen2)" in out and "tokenizer: bpe" in out
     r = gguf.GGUFReader(str(tmp_path / "out.gguf"))
     assert r.fields["tokenizer.chat_template"].contents() == gguf.GGUFReader(str(src)).fields[
         "tokenizer.chat_template"].contents()

@@ -19,7 +19,7 @@ from decoderlab.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DTYPE
 from decoderlab.generation import Sampler, SamplingParams, generate, stream_text
 from decoderlab.tokenizers import CharTokenizer
 
-from .helps import helps
+from .helps import actions, helps
 from .test_parser import _loaded
 
 
@@ -70,8 +70,9 @@ def test_cli_generate_streams_an_lm_checkpoint(lm_checkpoint, capsys, monkeypatc
     stop = tok.decode(ids[j:j + 2])
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), *args, "--stop", stop, "to be"]) == 0
     assert capsys.readouterr().out == tok.decode(ids[:first]) + "\n"
-    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--top-p", "2", "to be"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused by the parser, in the flag's name, before the model loads
+        cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--top-p", "2", "to be"])
+    assert "--top-p must be in (0, 1], got 2" in capsys.readouterr().err
 
 
 def test_cli_penalties_min_p_and_json_schema_are_the_librarys(lm_checkpoint, capsys, tmp_path):
@@ -95,11 +96,13 @@ def test_cli_penalties_min_p_and_json_schema_are_the_librarys(lm_checkpoint, cap
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--json-schema", str(schema), "--seed", "1",
                      "to be"]) == 0
     assert capsys.readouterr().out == "true\n"
-    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--presence-penalty", "3", "to be"]) == 2
+    with pytest.raises(SystemExit):  # (as --top-p's)
+        cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--presence-penalty", "3", "to be"])
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "presence_penalty must be" in err and "-2 to 2" in err  # (as top_p's)
-    assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--min-p", "1.5", "to be"]) == 2
-    assert "min_p must be" in capsys.readouterr().err
+    assert err.count("\n") == 1 and "--presence-penalty must be in [-2, 2], got 3" in err
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--min-p", "1.5", "to be"])
+    assert "--min-p must be in [0, 1], got 1.5" in capsys.readouterr().err
     schema.write_text('{"type": "nonsense"}')
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--json-schema", str(schema), "to be"]) == 2
     err = capsys.readouterr().err
@@ -359,3 +362,16 @@ def test_generate_and_sample_read_a_llama_prompt_with_its_start_token_and_never_
     reply = reply[:next((i for i, t in enumerate(reply) if t in auto.all_special_ids), len(reply))]
     assert cli_main(["generate", *greedy, "--chat", "--no-stream", text]) == 0
     assert capsys.readouterr().out.strip() == auto.decode(reply, skip_special_tokens=True).strip()
+
+
+def test_without_a_prompt_the_lesson_model_asks_for_words_it_knows(statquest_checkpoint, capsys):
+    """`generate --checkpoint runs/statquest` said `e.g. "hello"` of a model whose vocabulary is what, is, statquest,
+    awesome, <EOS>; and the help said the prompt defaults to a newline, which the lesson's model cannot answer."""
+    from decoderlab.cli.generate import example_message
+
+    assert cli_main(["generate", "--checkpoint", str(statquest_checkpoint)]) == 2
+    assert capsys.readouterr().err == ('decoderlab: error: give the user message to answer, e.g. "what is statquest"'
+                                       "\n")
+    assert example_message(CharTokenizer.from_text("hello world")) == "hello"
+    text = actions("generate")["prompt"].help
+    assert "default: a newline" in text and "required with --chat and for the lesson's model" in text

@@ -145,11 +145,19 @@ def test_without_a_cached_package_a_terminal_is_told_once_how_to_decode_faster(l
                                                                               tmp_path):
     """The default of generate: a package compiled ahead of time when one is cached, else eager -- and then a
     terminal gets one line saying how to get the fast step (a pipe or a file gets none: scripts stay quiet);
-    --eager never says it."""
+    --eager never says it, nor is it said of a model too small for a compile to pay (the lesson's 37 parameters:
+    COMPILE_PAYS_FROM)."""
     import sys
+
+    from decoderlab.config import defaults
 
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
     argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--max-new-tokens", "3", "to be"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli_main(argv) == 0  # a tiny model: the step takes microseconds, compiling would not pay
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(defaults, "COMPILE_PAYS_FROM", 100)  # as if this model were big enough
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert cli_main(argv) == 0
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
@@ -230,3 +238,54 @@ def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, dam
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("decoderlab: error: ")
     assert line in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["generate", "--max-new-tokens", "-3", "hi"], "--max-new-tokens must be >= 0, got -3"),
+    (["sample", "--temperature", "-1", "hi"], "--temperature must be >= 0, got -1"),
+    (["generate", "--temperature", "nan", "hi"], "--temperature must be >= 0, got nan"),
+    (["chat", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["generate", "--top-p", "0", "hi"], "--top-p must be in (0, 1], got 0"),
+    (["generate", "--top-k", "-1", "hi"], "--top-k must be >= 0, got -1"),
+    (["chat", "--min-p", "2"], "--min-p must be in [0, 1], got 2"),
+    (["generate", "--repetition-penalty", "0", "hi"], "--repetition-penalty must be > 0, got 0"),
+    (["generate", "--presence-penalty", "3", "hi"], "--presence-penalty must be in [-2, 2], got 3"),
+    (["verify", "--tol", "-1", "hi"], "--tol must be > 0, got -1"),
+    (["explain", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["serve", "--port", "70000"], "--port must be in [0, 65535], got 70000"),
+    (["serve", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["rl", "--temperature", "0"], "--temperature must be > 0, got 0"),
+    (["rl", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["generate", "--threads", "0", "hi"], "--threads must be >= 1, got 0"),
+])
+def test_a_bad_sampling_value_is_named_as_its_flag_before_anything_loads(argv, line, capsys, tmp_path):
+    """`generate --max-new-tokens -3` said "max_new_tokens must be an integer >= 0, got -3" (the Python name) after
+    the model had loaded; now the parser refuses it: the checkpoint here does not exist and is never read."""
+    command, *rest = argv
+    with pytest.raises(SystemExit) as e:
+        cli_main([command, "--checkpoint", str(tmp_path / "none"), *rest])
+    out, err = capsys.readouterr()
+    assert (e.value.code, out) == (2, "")
+    assert err == f"decoderlab: error: {line} (see decoderlab {command} --help)\n"
+
+
+def test_checkpoint_help_names_every_family_and_a_file_that_is_no_checkpoint_says_what_one_is(capsys, tmp_path):
+    """The help said "a Hugging Face GPT-2 directory" of a loader that reads every family of decoderlab.hf, and
+    `--checkpoint README.md` said "a checkpoint is a directory", forgetting GGUF files."""
+    import re
+
+    from decoderlab.cli.options import CHECKPOINT_HELP
+    from decoderlab.hf import ARCHITECTURES
+
+    families = {re.sub(r"(LMHead|ForCausalLM).*", "", a).replace("GPT2", "GPT-2") for a in ARCHITECTURES}
+    assert families == {"GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Apertus", "Arcee"}
+    assert all(f in CHECKPOINT_HELP for f in families), CHECKPOINT_HELP
+    assert "GGUF file" in CHECKPOINT_HELP
+    for command in ("generate", "verify", "serve"):
+        action = next(a for a in command_parser(command)._actions if "--checkpoint" in a.option_strings)
+        assert action.metavar == "PATH", command
+    (tmp_path / "README.md").write_text("# not a model\n")
+    assert cli_main(["generate", "--checkpoint", str(tmp_path / "README.md"), "hi"]) == 2
+    assert capsys.readouterr().err == (
+        f"decoderlab: error: checkpoint {tmp_path / 'README.md'} is a file but not a GGUF file (.gguf); a checkpoint is a decoderlab "
+        "run or checkpoint directory, a Hugging Face directory or a .gguf file\n")

@@ -128,13 +128,54 @@ def test_version_and_one_line_argument_errors(decoderlab_cli):
 
 def test_unknown_flags_are_named_alone(decoderlab_cli, tmp_path):
     """`generate --checkpoint X --devices 2 The` said "unrecognized arguments: --devices The"."""
-    for argv, line in ((("--devices", "2", "The"), "unrecognized option: --devices"),
+    for argv, line in ((("--devices", "2", "The"), "unrecognized option: --devices; did you mean --device?"),
                        (("--bogus=3", "-x", "what", "is"), "unrecognized options: --bogus, -x")):
         r = decoderlab_cli("generate", "--checkpoint", tmp_path, *argv)
         assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line} (see decoderlab generate "
                                                             f"--help)\n")
     r = decoderlab_cli("verify", "--checkpoint", tmp_path, "a", "--nope")
     assert r.stderr == "decoderlab: error: unrecognized option: --nope (see decoderlab verify --help)\n"
+
+
+def _error(capsys, *argv) -> str:
+    """The error line of ``decoderlab ARGV``'s parser (in this process: no command runs)."""
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser(list(argv)).parse_args(list(argv))
+    out, err = capsys.readouterr()
+    assert (e.value.code, out, err.count("\n")) == (2, "", 1), err
+    return err
+
+
+def test_an_unknown_option_is_named_before_a_missing_one(capsys):
+    """`generate --chekpoint runs/statquest "what is statquest"` said "the following arguments are required:
+    --checkpoint": the misspelling is the mistake, and its near spelling is suggested."""
+    assert _error(capsys, "generate", "--chekpoint", "runs/statquest", "what is statquest") == (
+        "decoderlab: error: unrecognized option: --chekpoint; did you mean --checkpoint? (see decoderlab generate "
+        "--help)\n")
+    assert _error(capsys, "verify", "--chekpoint=x", "--tol", "1") .startswith(
+        "decoderlab: error: unrecognized option: --chekpoint; did you mean --checkpoint?")
+    # nothing unknown: the missing option is still what is said; a negative number is no option
+    assert "required: --checkpoint" in _error(capsys, "generate", "--top-k", "-0", "what")
+    assert "required: --checkpoint" in _error(capsys, "generate", "--chat", "--system", "-be brief", "what")
+    assert _error(capsys, "export", "--nothing-near").startswith("decoderlab: error: unrecognized option: "
+                                                                 "--nothing-near (see")
+
+
+def _parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_no_option_is_abbreviated(capsys):
+    """`--max-new-token 5` was taken as --max-new-tokens (argparse's abbreviations): one spelling per option."""
+    parsers = list(_parsers(cli.build_parser()))
+    assert len(parsers) > len(COMMANDS) and not any(p.allow_abbrev for p in parsers)
+    assert _error(capsys, "generate", "--checkpoint", "x", "--max-new-token", "5", "hi").startswith(
+        "decoderlab: error: unrecognized option: --max-new-token; did you mean --max-new-tokens?")
+    assert "unrecognized option: --max-step;" in _error(capsys, "train", "--max-step", "3")
 
 
 @pytest.mark.parametrize("argv", [["bogus"], ["--help"], []])

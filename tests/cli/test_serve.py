@@ -4,6 +4,7 @@ the server."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -79,3 +80,54 @@ def test_a_closed_output_does_not_disturb_the_server(statquest_checkpoint):
     assert "Traceback" not in err and "Logging error" not in err and "Broken pipe" not in err, err
     # the address is said once, before uvicorn's lines (uvicorn names none when it is handed a socket)
     assert err.count(f"on http://127.0.0.1:{port} (the page at http://127.0.0.1:{port}/, the API at ") == 1, err
+    # the lesson's 37 parameters decode eagerly by default: its first request waited ~50 s for the compiler
+    eager = err.index("decoderlab: decoding eagerly: 37 parameters decode a token in about a millisecond, too few "
+                      "for a compiled step to pay for its compile")
+    assert eager < err.index("decoderlab: serving") and "compiling" not in err, err
+
+
+def _serve(*argv):
+    """``decoderlab serve ARGV`` on a free port, its standard error a pipe: ``(process, port)`` once /health
+    answers."""
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--port", str(port), *map(str, argv)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env())
+    deadline = time.time() + 600  # (a compile on a loaded 2-core machine)
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+            return p, port
+        except OSError:
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                raise AssertionError(f"the server did not start: {p.communicate()[1].decode()}") from None
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_is_warmed_up_before_the_address_is_said(statquest_checkpoint):
+    """`serve --compile`: the decode step compiles before `serving ... on http://...` (said, with its time), and a
+    first request of one prompt then compiles nothing (it waited ~50 s for the compiler)."""
+    import json
+
+    p, port = _serve("--checkpoint", statquest_checkpoint, "--compile")
+    try:
+        body = json.dumps({"prompt": "what is statquest", "max_tokens": 3}).encode()
+        ask = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        assert urllib.request.urlopen(ask, timeout=600).status == 200
+    finally:
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=60)[1].decode()
+    before, after = err.split("decoderlab: serving", 1)
+    assert "decoderlab: compiling the decode step before serving" in before, err
+    assert re.search(r"decoderlab: warmed up in \d+ s", before) and "compiled the decode step in" in before, err
+    assert "compiling" not in after, err
+
+
+def test_eager_and_compile_together_is_one_line(statquest_checkpoint, capsys):
+    from decoderlab.cli import main as cli_main
+
+    assert cli_main(["serve", "--checkpoint", str(statquest_checkpoint), "--eager", "--compile"]) == 2
+    assert capsys.readouterr().err == ("decoderlab: error: --eager decodes without a compiled step: give it without "
+                                       "--compile\n")

@@ -13,6 +13,10 @@ with a message saying what to rename, and a new exception is one row with its re
    (``generate PROMPT`` beside ``--prompt``).
 5. ``--threads``: every command that computes takes it, from the shared group (``cli/options.py``'s
    ``THREADS_OPTIONS``); ``NO_COMPUTE`` lists the commands that do not, with why.
+6. One spelling, one vocabulary of values: the names an option takes in one command are names it takes in every
+   other (``export --dtype f16`` beside ``generate --dtype float16``). Each command's choices must lie within
+   the largest command's, or within ``VALUES`` (the names of an option checked outside argparse, such as
+   ``--dtype`` by the loader); ``VALUES_MAY_DIFFER`` lists one spelling that means two things, with why.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import pytest
 
 from decoderlab.cli.options import THREADS_OPTIONS
+from decoderlab.config.names import DTYPES
 from decoderlab.cli.parser import build_parser
 
 #: the one spelling of an option -> the spellings of the same thing that must not appear beside it
@@ -63,6 +68,12 @@ DISTINCT = {
 
 #: spellings whose kind (flag, value, optional value, list) may differ between commands (why, each)
 KINDS_MAY_DIFFER: dict[str, str] = {}
+
+#: the names an option takes where some command checks them outside argparse (no ``choices`` to compare)
+VALUES = {"--dtype": DTYPES}
+
+#: spellings whose values are different things in different commands (why, each)
+VALUES_MAY_DIFFER = {"--format": "export: a file format (hf, gguf), vs tasks make: a question's layout (chat, ...)"}
 
 #: commands that compute nothing with torch, so take no --threads (why, each)
 NO_COMPUTE = {
@@ -143,6 +154,27 @@ def problems(vocab: dict[str, list[argparse.Action]]) -> list[str]:
                 found.append(f"{command}: the positional {a.metavar or a.dest.upper()} is {spelling} in {others}: "
                              f"one thing spelled two ways; keep one")
     found += _threads_problems(vocab)
+    found += _values_problems(vocab)
+    return found
+
+
+def _values_problems(vocab: dict[str, list[argparse.Action]]) -> list[str]:
+    choices: dict[str, dict[str, tuple]] = {}  # spelling -> command -> its choices
+    for command, actions in vocab.items():
+        for a in actions:
+            for spelling in a.option_strings:
+                if a.choices:
+                    choices.setdefault(spelling, {})[command] = tuple(map(str, a.choices))
+    found = []
+    for spelling, by_command in sorted(choices.items()):
+        if spelling in VALUES_MAY_DIFFER:
+            continue
+        names = set(VALUES[spelling]) if spelling in VALUES else set(max(by_command.values(), key=len))
+        for command, values in sorted(by_command.items()):
+            other = sorted(set(values) - names)
+            if other:
+                found.append(f"{command}: {spelling} takes {', '.join(other)}, which other commands' {spelling} does "
+                             f"not name ({', '.join(sorted(names))}): one name per value")
     return found
 
 
@@ -172,7 +204,7 @@ def test_the_tables_name_only_what_exists():
     vocab = vocabulary(build_parser())
     spellings = {s for actions in vocab.values() for a in actions for s in a.option_strings}
     assert set(NO_COMPUTE) <= set(vocab), set(NO_COMPUTE) - set(vocab)
-    for pair in [*DISTINCT, *map(lambda s: {s}, KINDS_MAY_DIFFER)]:
+    for pair in [*DISTINCT, *map(lambda s: {s}, [*KINDS_MAY_DIFFER, *VALUES, *VALUES_MAY_DIFFER])]:
         assert set(pair) <= spellings, set(pair) - spellings
     assert set(SPELLINGS) <= spellings, set(SPELLINGS) - spellings
 
@@ -203,6 +235,11 @@ THREADS = (("--threads",), dict(help=THREADS_OPTIONS[0].kwargs["help"]))
     (dict(a=[(("out",), {}), THREADS], b=[(("--out",), {}), THREADS]),
      r"a: the positional OUT is --out in b: one thing"),
     (dict(a=[]), r"a computes but takes no --threads"),
+    (dict(a=[(("--dtype",), dict(choices=["f32", "q8_0"])), THREADS]),
+     r"a: --dtype takes f32, which other commands' --dtype does not name"),
+    (dict(a=[(("--norm",), dict(choices=["rms", "layer"])), THREADS],
+          b=[(("--norm",), dict(choices=["rmsnorm", "layernorm", "none"])), THREADS]),
+     r"a: --norm takes layer, rms, which other commands' --norm does not name"),
     (dict(a=[(("--threads",), dict(help="mine"))]), r"a: --threads is not the shared one"),
 ])
 def test_each_rule_fails_naming_what_to_rename(fake, says):

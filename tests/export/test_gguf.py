@@ -74,7 +74,7 @@ def ours(model) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("overrides", [dict(), dict(bias=False, tie_weights=False)], ids=["tied", "untied-no-bias"])
 def test_f32_tensors_read_back_equal_ours_exactly(bpe, tmp_path, overrides):
     model = gpt2_model(bpe.vocab_size, **overrides)
-    summary = to_gguf(model, bpe, tmp_path / "m.gguf", dtype="f32")
+    summary = to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")
     tensors, fields = read(tmp_path / "m.gguf")
     want = ours(model)
     assert set(tensors) == set(want) and summary["tensors"] == len(want)
@@ -90,10 +90,34 @@ def test_f32_tensors_read_back_equal_ours_exactly(bpe, tmp_path, overrides):
     assert field(fields, "gpt2.attention.layer_norm_epsilon") == pytest.approx(cfg.norm_eps)
 
 
+def test_bfloat16_matrices_are_torchs_rounding_and_read_back_by_the_loader(bpe, tmp_path):
+    """--dtype bfloat16, inference's name, is written too (GGUF's BF16): each matrix as torch rounds it, the rest
+    float32, and the file loads to the same logits as the model cast to bfloat16 matrices."""
+    from decoderlab.gguf_import import load_gguf
+
+    model = gpt2_model(bpe.vocab_size, seed=1)
+    want = ours(model)
+    to_gguf(model, bpe, tmp_path / "b.gguf", dtype="bfloat16")
+    got, fields = read(tmp_path / "b.gguf")
+    assert field(fields, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_BF16)
+    for name, w in want.items():
+        kind, data = got[name]
+        matrix = w.ndim == 2 and name != "position_embd.weight"
+        rounded = torch.from_numpy(w.astype(np.float32)).to(torch.bfloat16).float().numpy() if matrix else w
+        assert kind == ("BF16" if matrix else "F32") and np.array_equal(data, rounded), name
+    back, _, _ = load_gguf(tmp_path / "b.gguf")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        for p_name, p in model.named_parameters():
+            if p.ndim == 2 and "pe." not in p_name:
+                p.copy_(p.to(torch.bfloat16).float())
+        assert torch.equal(back(ids), model(ids))
+
+
 def test_f16_and_q8_0_matrices_with_f32_norms_biases_and_positions(bpe, tmp_path):
     model = gpt2_model(bpe.vocab_size, seed=1)
     want = ours(model)
-    to_gguf(model, bpe, tmp_path / "h.gguf", dtype="f16")
+    to_gguf(model, bpe, tmp_path / "h.gguf", dtype="float16")
     to_gguf(model, bpe, tmp_path / "q.gguf", dtype="q8_0")
     half, _ = read(tmp_path / "h.gguf")
     q8, fields = read(tmp_path / "q.gguf")
@@ -199,7 +223,7 @@ def test_a_word_vocabulary_an_unknown_dtype_and_a_size_mismatch_are_refused(bpe,
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     with pytest.raises(ValueError, match="a word vocabulary has no form llama.cpp reads"):
         to_gguf(gpt2_model(word.vocab_size), word, tmp_path / "w.gguf")
-    with pytest.raises(ValueError, match="dtype must be one of f32, f16, q8_0, q4_0, q4_1, got 'q5_0'"):
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, q8_0, q4_0, q4_1, got 'q5_0'"):
         to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q5_0")
     with pytest.raises(ValueError, match="tokenizer vocabulary size 400 does not match the model's num_tokens 401"):
         to_gguf(gpt2_model(401), bpe, tmp_path / "m.gguf")
@@ -325,15 +349,15 @@ def test_a_weight_outside_float16_is_refused_naming_the_tensor_and_nothing_is_wr
     with torch.no_grad():
         model.blocks[1].mlp.gate.weight[3, 5] = 1e5
     with pytest.raises(ValueError) as e:
-        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="f16")
+        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float16")
     assert str(e.value) == ("tensor blocks.1.mlp.gate.weight holds 100000, outside float16's range (+-65504): --dtype "
-                            "f16 cannot hold it; write it with --dtype f32")
+                            "float16 cannot hold it; write it with --dtype float32")
     with torch.no_grad():
         model.blocks[1].mlp.gate.weight[3, 5] = 1e7  # a q8_0 scale of 1e7 / 127 overflows float16 too
     with pytest.raises(ValueError, match="blocks.1.mlp.gate.weight holds 1e\\+07"):
         to_gguf(model, bpe, tmp_path / "m.gguf", dtype="q8_0")
     assert not list(tmp_path.iterdir())
-    to_gguf(model, bpe, tmp_path / "m.gguf", dtype="f32")  # float32 holds it
+    to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")  # float32 holds it
 
 
 def test_an_existing_file_is_kept_without_force(bpe, tmp_path):

@@ -92,13 +92,16 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     Hugging Face directory's own Jinja template) and its ``meta.json``.
 
     Raises:
-        FileNotFoundError: the directory or a required file is missing (named).
+        FileNotFoundError: the directory or a required file is missing (named); a file that is not a GGUF file.
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
     """
     if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
         model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
         return LoadedModel(model, tokenizer, gguf_template(info), {"gguf": info.to_meta()})
+    if os.path.isfile(directory):  # README.md: not "a checkpoint is a directory", which forgets GGUF files
+        raise FileNotFoundError(f"checkpoint {directory} is a file but not a GGUF file (.gguf); a checkpoint is a "
+                                f"decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file")
     read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a Hugging Face directory: it has no meta.json)

@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 
-def number(kind, minimum=None, what: str = ""):
-    """An argparse type: an int or float (>= ``minimum`` if given), with an error in our words."""
+def number(kind, minimum=None, what: str = "", *, maximum=None, above: bool = False):
+    """An argparse type: an int or float, >= ``minimum`` (> with ``above``) and <= ``maximum`` where given, with
+    an error in our words naming the flag, checked as the line is parsed (before any model loads):
+    ``--top-p must be in (0, 1], got 1.5``. A bounded float must be finite (``nan`` passes no comparison)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}{what}, "
                                              f"got {text!r}") from None
-        if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}{what}, got {text}")
+        low_ok = minimum is None or (value > minimum if above else value >= minimum)
+        if not (low_ok and (maximum is None or value <= maximum)) or (
+                kind is float and (minimum is not None or maximum is not None) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be {bounds(kind, minimum, maximum, above)}{what}, got {text}")
         return value
     parse.integer = kind is int
     return parse
+
+
+def bounds(kind, minimum, maximum, above: bool) -> str:
+    """">= 0", "> 0", "in (0, 1]", "in [-2, 2]" (the words of :func:`number`'s errors; ``kind`` is said by the
+    error of a word that is no number)."""
+    if maximum is None:
+        return f"{'>' if above else '>='} {minimum:g}"
+    if minimum is None:
+        return f"<= {maximum:g}"
+    return f"in {'(' if above else '['}{minimum:g}, {maximum:g}]"
 
 
 def seed(exponent: int):

@@ -20,7 +20,7 @@ Write a checkpoint in another program's format. What each format carries:
         gpt2 (learned positions, LayerNorm, GELU), llama (rope, RMSNorm, SwiGLU, grouped-query attention),
         qwen2 (q/k/v biases), qwen3 (QK-norm) --, the tokenizer (a BPE or a char vocabulary; a word vocabulary
         is refused) and the chat template inside it, and an ollama Modelfile beside it (OUT without .gguf +
-        .Modelfile); --dtype f32, f16, q8_0, q4_0 or q4_1; LoRA adapters merged first; an existing file
+        .Modelfile); --dtype float32, bfloat16, float16, q8_0, q4_0 or q4_1; LoRA adapters merged first; an existing file
         kept unless --force; needs gguf
 
 hf refuses a model no class computes (the lesson's sinusoidal positions, no norm, no MLP), naming the fields
@@ -35,10 +35,10 @@ def add_export(p) -> None:
     p.add_argument("--out", required=True, metavar="PATH",
                    help="where to write: a directory (hf) or a .gguf file (gguf; its directory must exist)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
-    p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
-                   help="GGUF weight type: f32, f16, or llama.cpp's blocks of 32 weights with a float16 scale -- "
-                        "q8_0 (8-bit), q4_0 (4-bit), q4_1 (4-bit and a minimum); norms, biases and positions stay f32 "
-                        "(default %(default)s; hf writes f32)")
+    p.add_argument("--dtype", choices=GGUF_DTYPES, default="float32",
+                   help="GGUF weight type, named as generate's --dtype: float32, bfloat16, float16, or llama.cpp's "
+                        "blocks of 32 weights with a float16 scale -- q8_0 (8-bit), q4_0 (4-bit), q4_1 (4-bit and a "
+                        "minimum); norms, biases and positions stay float32 (default %(default)s; hf writes float32)")
     p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: the checkpoint "
                                                 "directory's name)")
     p.add_argument("--force", action="store_true", default=False,

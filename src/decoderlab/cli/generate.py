@@ -53,7 +53,9 @@ def _add_generate_options(p) -> None:
                         "(default: continue the text)")
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message before the prompt, with --chat (default: none)")
-    p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt text (default: a newline, which a language model continues; required with --chat "
+                        "and for the lesson's model, which answers a prompt in its vocabulary: what is statquest)")
     p.add_argument("--verbose", action="store_true",
                    help="say on standard error where and how it decodes (device, weight dtype, threads, the CPU's "
                         "instructions, eager or compiled) and, at the end, the time to the first text and in all "
@@ -212,6 +214,17 @@ def write_pieces(pieces, *, stream: bool, tail=lambda: "") -> None:
     sys.stdout.write("".join(written) + tail() + "\n")
 
 
+def example_message(tok) -> str:
+    """A user message ``tok`` can read, for an error's example: "hello", or where a word vocabulary lacks it (the
+    lesson's: what, is, statquest, awesome, <EOS>) its first three words ("what is statquest")."""
+    try:
+        tok.encode("hello")
+        return "hello"
+    except (KeyError, ValueError):
+        words = [w for w in getattr(tok, "token_to_id", {}) if not re.fullmatch(r"<[^<>]+>", w)]
+        return " ".join(words[:3]) or "hello"
+
+
 def _generate_chat(args, model, tok, template, prompt) -> int:
     """``generate --chat``: one reply to ``prompt`` as a user message (after ``--system``), rendered with the
     checkpoint's template (the renderer fine-tuning used), ending at the end of turn. The lesson's model answers
@@ -229,7 +242,7 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     if template is None:
         raise no_chat_template(args.checkpoint)
     if prompt is None:
-        raise ValueError("give the user message to answer, e.g. \"hello\"")
+        raise ValueError(f"give the user message to answer, e.g. \"{example_message(tok)}\"")
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
         {"role": "user", "content": prompt}]
     # the template's temperature when none is given: the lesson answers greedily (and prints its <EOS>)

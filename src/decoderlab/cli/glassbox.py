@@ -19,8 +19,8 @@ def add_verify(p) -> None:
     add_checkpoint_option(p)
     add_options(p, DTYPE_OPTIONS)
     p.add_argument("text", help="the input text")
-    p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
-                   help="tolerance per step, times max(1, max |value|) (default %(default)g)")
+    p.add_argument("--tol", type=number(float, 0, above=True), default=VERIFY_TOL, metavar="TOL",
+                   help="tolerance per step, times max(1, max |value|), > 0 (default %(default)g)")
     add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_verify)
 
@@ -51,7 +51,7 @@ def add_explain(p) -> None:
                    help="a system message before TEXT, with --chat (default: none)")
     p.add_argument("--layer", type=number(int), default=None, metavar="N", help="only this layer (default: all)")
     p.add_argument("--head", type=number(int), default=None, metavar="N", help="only this head (default: all)")
-    p.add_argument("--top-k", type=number(int), default=EXPLAIN_TOP_K, metavar="K",
+    p.add_argument("--top-k", type=number(int, 1), default=EXPLAIN_TOP_K, metavar="K",
                    help="next-token probabilities to show per position (default %(default)s)")
     p.add_argument("--run", default=None, metavar="DIR",
                    help="a run trained with --watch-heads: each head's scores over the steps, beside the loss "

@@ -84,10 +84,12 @@ def flag(field: str) -> str:
 # a checkpoint to load, in a dtype
 # ---------------------------------------------------------------------------------------------------------
 
-CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face GPT-2 directory "
-                   "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
-                   "merges.txt), or a GGUF file of llama.cpp / ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; "
-                   "its weights dequantized, its tokenizer and chat template used)")
+#: the Hugging Face families are decoderlab.hf.ARCHITECTURES' (tests/cli/test_options.py checks each is named)
+CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face directory of a GPT-2, Llama, "
+                   "Mistral, Qwen2, Qwen3, Apertus or Arcee model (config.json, model.safetensors or "
+                   "pytorch_model.bin, tokenizer.json or vocab.json + merges.txt), or a GGUF file of llama.cpp / "
+                   "ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; its weights dequantized, its tokenizer and chat "
+                   "template used)")
 
 #: checked by load_checkpoint (one error line listing the choices), not by argparse's choices
 DTYPE_OPTIONS = (
@@ -99,14 +101,14 @@ DTYPE_OPTIONS = (
 )
 
 CHECKPOINT_OPTIONS = (
-    option("--checkpoint", required=True, metavar="DIR", help=CHECKPOINT_HELP),
+    option("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP),
     *DTYPE_OPTIONS,
 )
 
 
 def add_checkpoint_option(parser, required: bool = True) -> None:
     """``--checkpoint`` alone (verify, explain, serve)."""
-    parser.add_argument("--checkpoint", required=required, default=None, metavar="DIR",
+    parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH",
                         help=CHECKPOINT_HELP + ("" if required else " (default: none)"))
 
 
@@ -140,7 +142,7 @@ AOT_OPTIONS = (
 EAGER_OPTIONS = (
     option("--eager", action="store_true", default=False,
            help="decode eagerly, op by op: no compiled step and no cached package (default: serve compiles its "
-                "decode step; generate, sample and chat use a package compiled ahead of time for this model's shape "
+                "decode step for a model of a million parameters or more; generate, sample and chat use a package compiled ahead of time for this model's shape "
                 "and dtype when one is cached)"),
 )
 
@@ -206,10 +208,18 @@ def use_decode_step(model, mode: str) -> None:
     step = AOTDecodeStep(model, compile_missing=mode == "aot", notify=say)
     if mode == "aot" or step.has_package((1, False)):
         model.compiled_decode = step
-    elif sys.stderr.isatty() or block_dtype(model):  # (eager block weights are slow: said wherever stderr goes)
+    elif compile_pays(model) and (sys.stderr.isatty() or block_dtype(model)):  # (eager block weights are slow:
+        # said wherever stderr goes; a model too small for a compile to pay -- the lesson's 37 parameters -- never)
         say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
             "--aot to compile one (a minute or so on a CPU) that every later run loads (--eager: no compiled step "
             "and no note)")
+
+
+def compile_pays(model) -> bool:
+    """A model of at least ``decoderlab.config.COMPILE_PAYS_FROM`` parameters (why that many: its comment)."""
+    from ..config.defaults import COMPILE_PAYS_FROM
+
+    return model.num_parameters() >= COMPILE_PAYS_FROM
 
 
 def say(line: str) -> None:
@@ -279,23 +289,25 @@ def no_chat_template(directory) -> ValueError:
 # sampling
 # ---------------------------------------------------------------------------------------------------------
 
+#: the bounds of each type are SamplingParams' (decoderlab.generation.params), checked again there; here they are
+#: checked as the line is parsed, so that a bad value is named as its flag before a model loads
 SAMPLING_OPTIONS = (
-    option("--max-new-tokens", type=number(int), metavar="N",
+    option("--max-new-tokens", type=number(int, 0), metavar="N",
            help=f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS}; the lesson's model answers "
                 "until <EOS>)"),
-    option("--temperature", type=number(float), metavar="T", help=lambda wording: wording["temperature_help"]),
-    option("--top-k", type=number(int), metavar="K",
+    option("--temperature", type=number(float, 0), metavar="T", help=lambda wording: wording["temperature_help"]),
+    option("--top-k", type=number(int, 0), metavar="K",
            help="sample among the K most probable tokens; 0 = no top-k filter (default: no filter)"),
-    option("--top-p", type=number(float), metavar="P",
+    option("--top-p", type=number(float, 0, maximum=1, above=True), metavar="P",
            help="nucleus sampling: the most probable tokens up to probability P in (0, 1] (default: no filter)"),
     option("--seed", type=seed(63), metavar="N", help="seed for reproducible sampling (default: fresh entropy)"),
-    option("--min-p", type=number(float), metavar="P",
+    option("--min-p", type=number(float, 0, maximum=1), metavar="P",
            help="keep tokens at least P times as probable as the most probable, P in [0, 1] (default 0: off)"),
-    option("--repetition-penalty", type=number(float), metavar="R",
+    option("--repetition-penalty", type=number(float, 0, above=True), metavar="R",
            help="CTRL's penalty on every token of the prompt and the reply so far, > 0 (default 1: off)"),
-    option("--frequency-penalty", type=number(float), metavar="F",
+    option("--frequency-penalty", type=number(float, -2, maximum=2), metavar="F",
            help="OpenAI's: lower a token's logit by F per time it was generated, -2 .. 2 (default 0: off)"),
-    option("--presence-penalty", type=number(float), metavar="F",
+    option("--presence-penalty", type=number(float, -2, maximum=2), metavar="F",
            help="OpenAI's: lower the logit of every token generated so far by F, -2 .. 2 (default 0: off)"),
     option("--json-schema", type=json_file, metavar="FILE",
            help="structured output: the reply is JSON valid against the JSON schema in FILE (a token mask; the "
@@ -317,7 +329,7 @@ def sampling_params(args, **more):
 # ---------------------------------------------------------------------------------------------------------
 
 THREADS_OPTIONS = (
-    option("--threads", type=number(int), metavar="N",
+    option("--threads", type=number(int, 1), metavar="N",
            help="PyTorch intra-op threads (default: the cores the 1-minute load average leaves idle, at most 2; "
                 "see decoderlab.threads)"),
 )

@@ -52,9 +52,26 @@ COMMANDS = {
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with decoderlab's one-line errors: ``decoderlab: error: --max-steps must be an integer, got
-    'x' (see decoderlab train --help)`` and exit status 2."""
+    'x' (see decoderlab train --help)`` and exit status 2. Options are never abbreviated (``allow_abbrev``
+    off, for every command's parser: subparsers are made of this class): one spelling per option, so
+    ``--max-new-token 5`` is an unknown option rather than ``--max-new-tokens``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._words: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        self._words = list(sys.argv[1:] if args is None else args)  # for error(): the words this parser read
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        if message.startswith("the following arguments are required"):
+            unknown = unknown_options(self, self._words)  # `--chekpoint X` is the mistake, not a missing --checkpoint
+            if unknown:
+                message = unrecognized(self, unknown)
         m = re.match(r"argument ([^:]+): (.*)", message, re.S)
         if m:
             flag = m.group(1).split("/")[-1]
@@ -67,16 +84,36 @@ class ArgumentParser(argparse.ArgumentParser):
         option: --devices (see decoderlab generate --help)". Left-over words without a flag are listed."""
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
-            flags = [a.split("=", 1)[0] for a in extras
-                     if a.startswith("-") and a != "-" and not re.fullmatch(r"-\d+(\.\d*)?", a)]
             parser = self
             for action in self._actions:  # the subcommand's parser names its own --help
                 if isinstance(action, argparse._SubParsersAction):
                     parser = action.choices.get(getattr(ns, action.dest, None), self)
+            flags = unknown_options(parser, extras)
             if flags:
-                parser.error(f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}")
+                parser.error(unrecognized(parser, flags))
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return ns
+
+
+def unknown_options(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """The words that look like options (``--x``, ``--x=1``, ``-x``; not ``-``, ``-3`` or ``-0.5``, nor a word
+    with a space -- a value such as ``--system "-be brief"`` -- nor one after ``--``) and that ``parser`` does
+    not know, as typed (without ``=value``)."""
+    words = words[:words.index("--")] if "--" in words else words
+    flags = [w.split("=", 1)[0] for w in words
+             if w.startswith("-") and w != "-" and not re.fullmatch(r"-\d+(\.\d*)?|-\.\d+", w)
+             and not re.search(r"\s", w.split("=", 1)[0])]
+    return [f for f in flags if f not in parser._option_string_actions]
+
+
+def unrecognized(parser: argparse.ArgumentParser, flags: list[str]) -> str:
+    """"unrecognized option: --chekpoint; did you mean --checkpoint?" (the near spelling of the first, if any)."""
+    import difflib
+
+    known = [s for s in parser._option_string_actions if s.startswith("--")]
+    near = difflib.get_close_matches(flags[0], known, n=1, cutoff=0.75)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}{hint}"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

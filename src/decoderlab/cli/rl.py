@@ -22,10 +22,10 @@ _RL = RL_DEFAULTS
 #: (flag, RLConfig field, argparse keywords, help)
 _RL_OPTIONS = (
     ("--group-size", "group_size", dict(type=number(int), metavar="G"), "replies sampled per prompt (>= 2)"),
-    ("--max-new-tokens", "max_new_tokens", dict(type=number(int), metavar="N"), "the longest reply, in tokens"),
-    ("--temperature", "temperature", dict(type=number(float), metavar="T"), "sampling temperature (> 0)"),
-    ("--top-k", "top_k", dict(type=number(int), metavar="K"), "sample among the K likeliest tokens"),
-    ("--top-p", "top_p", dict(type=number(float), metavar="P"), "nucleus sampling"),
+    ("--max-new-tokens", "max_new_tokens", dict(type=number(int, 1), metavar="N"), "the longest reply, in tokens"),
+    ("--temperature", "temperature", dict(type=number(float, 0, above=True), metavar="T"), "sampling temperature (> 0)"),
+    ("--top-k", "top_k", dict(type=number(int, 0), metavar="K"), "sample among the K likeliest tokens"),
+    ("--top-p", "top_p", dict(type=number(float, 0, maximum=1, above=True), metavar="P"), "nucleus sampling"),
     ("--kl-coef", "kl_coef", dict(type=number(float), metavar="X"),
      "weight of the KL penalty to the starting model (the KL is recorded either way)"),
 )

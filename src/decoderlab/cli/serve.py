@@ -8,7 +8,7 @@ from ..config.defaults import (SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HEL
 from ..output import KeepWriting
 from .argtypes import number
 from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, EAGER_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options,
-                      announce_compiles, device, flag, set_threads)
+                      announce_compiles, decode_mode, device, flag, set_threads)
 
 
 def add_serve(p) -> None:
@@ -16,8 +16,12 @@ def add_serve(p) -> None:
     add_options(p, DTYPE_OPTIONS)
     add_options(p, DEVICE_OPTIONS)
     add_options(p, EAGER_OPTIONS)
+    p.add_argument("--compile", action="store_true", default=False,
+                   help="compile the decode step whatever the model's size (default: compiled, and warmed up before "
+                        "serving, for a model of at least a million parameters -- smaller ones decode a token in about "
+                        "a millisecond eagerly -- on a CPU or a CUDA GPU)")
     p.add_argument("--host", default=SERVE_HOST, help=f"address to bind (default {SERVE_HOST}: this machine only)")
-    p.add_argument("--port", type=number(int), default=SERVE_PORT, metavar="N",
+    p.add_argument("--port", type=number(int, 0, maximum=65535), default=SERVE_PORT, metavar="N",
                    help=f"port, 0 .. 65535 (default {SERVE_PORT})")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: none, open)")
@@ -26,7 +30,7 @@ def add_serve(p) -> None:
     p.add_argument("--model-id", default=None, metavar="NAME",
                    help="the model id clients name (default: the checkpoint's name, else the directory's name)")
     for field, default in SERVE_LIMIT_DEFAULTS.items():
-        p.add_argument(flag(field), type=number(int), default=default, metavar="N",
+        p.add_argument(flag(field), type=number(int, 1), default=default, metavar="N",
                        help=f"{SERVE_LIMIT_HELP[field]}, >= 1 (default {default})")
     p.add_argument("--prefill-chunk", type=number(int), default=SERVE_LIMITS["prefill_chunk"], metavar="N",
                    help=SERVE_PREFILL_CHUNK_HELP)
@@ -57,8 +61,10 @@ def cmd_serve(args) -> int:
     from ..serve import Limits, serve
 
     threads = set_threads(args)
-    # compiled by default where Inductor serves (a CPU, a CUDA GPU); its compiles are said on standard error
-    compile_ = not args.eager and where.type in ("cpu", "cuda")
+    # compiled by default where Inductor serves (a CPU, a CUDA GPU) and it pays (a model of a million parameters
+    # and more); its compiles are said on standard error
+    mode = decode_mode(args)
+    compile_ = {"compile": True, "eager": False}.get(mode, "auto" if where.type in ("cpu", "cuda") else False)
     if compile_:
         announce_compiles()
     limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMIT_DEFAULTS},

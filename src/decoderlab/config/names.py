@@ -82,9 +82,9 @@ DEFAULT_LORA_TARGETS = ("attn", "mlp")
 #: export formats (``decoderlab export --format``): a Hugging Face directory, or one GGUF file for
 #: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
 EXPORT_FORMATS = ("hf", "gguf")
-#: GGUF weight types: float32, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:
+#: GGUF weight types, spelled as ``DTYPES`` (one vocabulary for every --dtype): float32, bfloat16, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:
 #: 8-bit q8_0, 4-bit q4_0, 4-bit with a float16 minimum q4_1)
-GGUF_DTYPES = ("f32", "f16", *BLOCK_DTYPES)
+GGUF_DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
 #: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (

@@ -9,7 +9,7 @@ model is refused naming the fields, their values and the train options that set 
 ``bias=False`` models are written with zero biases where the format always has them.
 
     export(run_dir, out, format="gguf", dtype="q8_0")   # what ``decoderlab export`` calls
-    to_gguf(model, tokenizer, "model.gguf", dtype="f16", template=template)
+    to_gguf(model, tokenizer, "model.gguf", dtype="float16", template=template)
     to_hf(model, tokenizer, "hf-dir", template)         # decoderlab.hf.save_hf_directory, LoRA merged first
 
 Source: the GGUF format of ggml / llama.cpp, written with its ``gguf`` Python package; GPT-2 (Radford et al.
@@ -56,17 +56,17 @@ def to_hf(model, tokenizer, path: str | os.PathLike, template=None) -> dict:
     return save_hf_directory(model, tokenizer, path, chat_template=chat_template_text(template, tokenizer))
 
 
-def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "f32",
+def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "float32",
            name: str | None = None, force: bool = False) -> dict:
     """Export the checkpoint ``run_dir`` (a decoderlab run directory, a Hugging Face directory or a GGUF file) to
     ``out`` in ``format`` ("gguf": one file in llama.cpp's architecture for the model, weights in ``dtype`` --
-    f32, f16 or q8_0 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
+    float32, bfloat16, float16, q8_0, q4_0 or q4_1 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
     file replaced only with ``force``; "hf": a directory, its class, tokenizer and chat template). Returns a
     summary: format, dtype, out, parameters, bytes written, tensors, the tokenizer kind, the architecture or
     class (and for gguf the Modelfile).
 
     Raises:
-        ValueError: an unknown format or dtype (``dtype`` other than f32 with ``format="hf"`` too); a shape
+        ValueError: an unknown format or dtype (``dtype`` other than float32 with ``format="hf"`` too); a shape
             the format cannot carry (:func:`check_shape`, checked before the weights are read); a tokenizer
             the format cannot carry.
         FileNotFoundError: ``run_dir`` is not a checkpoint.
@@ -81,8 +81,8 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
-    if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
-        allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
+    if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "float32"):
+        allowed = GGUF_DTYPES if format == "gguf" else ("float32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
     if is_gguf_file(run_dir):
         config = ModelConfig.from_dict(open_checked(run_dir)[2])  # from its header

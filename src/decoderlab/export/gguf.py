@@ -1,6 +1,6 @@
 """One GGUF file for llama.cpp and ollama, written with the ``gguf`` package (``pip install 'decoderlab[gguf]'``):
 the model in the llama.cpp architecture that computes exactly what it computes, its tokenizer
-(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in f32, f16, q8_0, q4_0 or q4_1; an
+(:mod:`.gguf_tokenizer`), its chat template (``tokenizer.chat_template``), in float32, bfloat16, float16, q8_0, q4_0 or q4_1; an
 ollama ``Modelfile`` beside it (:mod:`.modelfile`).
 
 Architectures (:func:`decoderlab.export.shape.gguf_architecture`; anything else is refused naming the field, before
@@ -56,9 +56,9 @@ _INSTALL_HINT = "pip install 'decoderlab[gguf]'"
 _GPT2_BLOCK = (("norm_1", "attn_norm"), ("attention.qkv", "attn_qkv"), ("attention.proj", "attn_output"),
                ("norm_2", "ffn_norm"), ("mlp.fc", "ffn_up"), ("mlp.proj", "ffn_down"))
 _FLOAT16_MAX = 65504.0
-#: the largest |weight| each type holds, in float16's largest numbers: f16 itself; q8_0's scale is max / 127,
+#: the largest |weight| each type holds, in float16's largest numbers: float16 itself; q8_0's scale is max / 127,
 #: q4_0's max / 8; q4_1 keeps each block's minimum as a float16
-_HEADROOM = {"f16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
+_HEADROOM = {"float16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
 
 
 def require_gguf():
@@ -173,31 +173,33 @@ def _encode(gguf, data, dtype: str, matrix: bool, name: str):
         if data.kind == dtype:
             return data.to_gguf(), q(GGML_TYPES[dtype])
         data = data.dequantize().numpy()
-    if not matrix or dtype == "f32":
+    if not matrix or dtype == "float32":
         return data, q.F32
+    if dtype == "bfloat16":  # float32's range: nothing to refuse; rounded to nearest even, as torch rounds
+        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), q.BF16), q.BF16
     blocks = dtype in BLOCK_DTYPES and data.shape[-1] % 32 == 0
     limit = _FLOAT16_MAX * (_HEADROOM[dtype] if blocks else 1)
     peak = float(np.abs(data).max()) if data.size else 0.0
     if not peak <= limit:
         room = f" x {_HEADROOM[dtype]} for a {dtype} scale" if limit > _FLOAT16_MAX else ""
         raise ValueError(f"tensor {name} holds {peak:g}, outside float16's range (+-{_FLOAT16_MAX:g}{room}): --dtype "
-                         f"{dtype} cannot hold it; write it with --dtype f32")
+                         f"{dtype} cannot hold it; write it with --dtype float32")
     if blocks:
         return BlockWeight.quantize(torch.from_numpy(data), dtype).to_gguf(), q(GGML_TYPES[dtype])
     return data.astype(np.float16), q.F16
 
 
-def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f32", name: str | None = None,
+def to_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "float32", name: str | None = None,
             template=None, force: bool = False, modelfile: bool = True) -> dict:
     """Write ``model`` (LoRA adapters merged first), its ``tokenizer`` and chat ``template`` as one GGUF file at
     ``path`` (module docstring), and an ollama Modelfile beside it (``<path without .gguf>.Modelfile``, unless
-    ``modelfile=False``). ``dtype``: "f32", "f16", "q8_0", "q4_0" or "q4_1". Both are written next to their place
+    ``modelfile=False``). ``dtype``: "float32", "bfloat16", "float16", "q8_0", "q4_0" or "q4_1". Both are written next to their place
     and renamed into it: a failure leaves nothing. Returns ``{"architecture", "bytes", "tensors", "types", "modelfile"}``.
 
     Raises:
         FileExistsError: ``path`` (or the Modelfile) exists and ``force`` is False.
         ValueError: a shape no llama.cpp architecture computes exactly (naming the field,
-            :func:`gguf_architecture`); an unknown ``dtype``; a weight outside float16's range for f16 / q8_0
+            :func:`gguf_architecture`); an unknown ``dtype``; a weight outside float16's range for float16 / q8_0
             (naming the tensor); a tokenizer the format cannot carry, or whose size is not the model's.
         FileNotFoundError: the directory of ``path`` does not exist (naming it).
         ImportError: the gguf package is not installed.
@@ -263,7 +265,8 @@ def _write(gguf, model, tokenizer, path: Path, arch: str, dtype: str, name, temp
 
 
 def _write_header(writer, gguf, cfg, arch: str, dtype: str, name: str) -> None:
-    file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+    file_types = {"float32": gguf.LlamaFileType.ALL_F32, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16,
+                  "float16": gguf.LlamaFileType.MOSTLY_F16,
                   "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                   "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
     writer.add_name(name)

@@ -86,15 +86,64 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def say(line: str) -> None:
+    """One ``decoderlab:`` line on standard error (beside uvicorn's lines; standard output may be a closed pipe)."""
+    print(f"decoderlab: {line}", file=sys.stderr, flush=True)
+
+
+def compile_pays(model) -> bool:
+    """``compile="auto"``: whether ``model`` has the parameters for a compiled step to pay for its compile
+    (``decoderlab.config.COMPILE_PAYS_FROM``, why that many in its comment); a smaller one is said to decode
+    eagerly (the lesson's 37-parameter model made its first client wait ~50 s for the compiler)."""
+    from ..config.defaults import COMPILE_PAYS_FROM
+
+    n = model.num_parameters()
+    if n >= COMPILE_PAYS_FROM:
+        return True
+    say(f"decoding eagerly: {n:,} parameters decode a token in about a millisecond, too few for a compiled step to "
+        f"pay for its compile (it pays from {COMPILE_PAYS_FROM:,}; --compile compiles anyway)")
+    return False
+
+
+def warm_up(scheduler, timeout: float = 3600) -> float:
+    """Run one short greedy request (a prompt of one token, four new tokens) through ``scheduler``, whose model
+    decodes with a compiled step, so that the step's graphs for one prompt -- its prefill and its decode, the
+    common first request -- are compiled before a client waits for them. Returns the seconds it took.
+
+    Raises: what the request raised (the scheduler's ``("error", e)`` event); ``TimeoutError`` after ``timeout``.
+    """
+    from ..generation import SamplingParams
+    from ..generation.scheduler import GenerationRequest
+
+    done, failed = threading.Event(), []
+
+    def on_event(event: tuple) -> None:
+        if event[0] == "error":
+            failed.append(event[1])
+        if event[0] in ("done", "error"):
+            done.set()
+
+    start = time.perf_counter()
+    scheduler.submit(GenerationRequest([0], SamplingParams(max_new_tokens=4, temperature=0, stop_at_eos=False),
+                                       on_event=on_event))
+    if not done.wait(timeout):
+        raise TimeoutError(f"the warm-up request took over {timeout:g} s")
+    if failed:
+        raise failed[0]
+    return time.perf_counter() - start
+
+
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
-          log_level: str = "info", device=None, dtype=None, compile: bool = False, sae=None,
+          log_level: str = "info", device=None, dtype=None, compile: bool | str = False, sae=None,
           threads: int | None = None) -> None:
     """Load a checkpoint directory (or a Hugging Face directory, or a GGUF file) and serve it with uvicorn until
     interrupted (``decoderlab serve``), on ``device`` (``decoderlab.devices.resolve_device``'s names; None:
     the CPU), its weights in ``dtype`` (:mod:`decoderlab.dtypes`: None = as stored; ``"q8_0"`` ... GGUF's blocks),
-    decoding with a compiled step if ``compile`` (``model.compile_decode``: ``decoderlab serve`` compiles unless
-    ``--eager``); ``sae``: an SAE directory
+    decoding with a compiled step if ``compile`` (``model.compile_decode``), or with ``compile="auto"`` (what
+    ``decoderlab serve`` asks unless ``--eager``) where it pays (:func:`compile_pays`); a compiled step is warmed
+    up before the address is announced (:func:`warm_up`), so that a first client does not wait for the compiler;
+    ``sae``: an SAE directory
     whose features the page shows (``/v1/decoderlab/features``). ``limits.prefill_chunk`` turns on the
     scheduler's chunked prefill (:class:`decoderlab.config.ServeLimits`).
 
@@ -116,18 +165,23 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         # the one loader: a decoderlab or Hugging Face directory, a GGUF file
         model, tokenizer, template, meta = load_model(checkpoint, device="cpu" if device is None else device,
                                                       dtype=dtype)
+        compile = compile_pays(model) if compile == "auto" else compile
         if compile:
             model.compile_decode()
         if model_id is None and not meta.get("name"):
             model_id = Path(checkpoint).resolve().name
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
                          cors_origins=cors_origins, limits=limits, run_dir=checkpoint, sae=sae)
+        if compile:
+            say("compiling the decode step before serving: a request of one prompt, so that a first client does "
+                "not wait for it (up to a minute on a CPU; --eager serves at once, uncompiled) ...")
+            seconds = warm_up(app.state.decoderlab.scheduler())
+            say(f"warmed up in {seconds:.0f} s (a batch of a size not seen yet compiles at its first request)")
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
         # uvicorn names no address when it is handed a socket: say where the page and the API are (stderr,
         # beside uvicorn's own lines; stdout may be a closed pipe)
         url = f"http://{host}:{sock.getsockname()[1]}"
-        print(f"decoderlab: serving {app.state.decoderlab.model_id} on {url} (the page at {url}/, the API at {url}/v1)",
-              file=sys.stderr, flush=True)
+        say(f"serving {app.state.decoderlab.model_id} on {url} (the page at {url}/, the API at {url}/v1)")
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
