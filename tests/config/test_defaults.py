@@ -29,3 +29,12 @@ def test_the_dataclasses_take_their_defaults_from_the_plain_data():
     assert {f.name: f.default for f in dataclasses.fields(config.ServeLimits)} == config.SERVE_LIMITS
     assert config.SERVE_LIMIT_DEFAULTS == {k: config.SERVE_LIMITS[k] for k in config.SERVE_LIMIT_HELP}
     assert config.TrainConfig(**config.FINETUNE_TRAIN).max_steps == config.FINETUNE_TRAIN["max_steps"]
+
+
+def test_the_presets_field_defaults_are_model_configs():
+    """--help lists a preset's value of each shape flag without building a class: a field a preset leaves out
+    shows FIELD_DEFAULTS' value, which must be ModelConfig's own."""
+    from decoderlab.config.model import ModelConfig
+    from decoderlab.config.presets import FIELD_DEFAULTS
+
+    assert FIELD_DEFAULTS == {k: getattr(ModelConfig(), k) for k in FIELD_DEFAULTS}

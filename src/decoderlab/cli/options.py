@@ -39,8 +39,7 @@ from collections import namedtuple
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
 from ..config.names import (DEFAULT_LORA_TARGETS, DEVICES, DTYPES, LORA_TARGETS, MLPS, NORMS, OPTIMIZERS,
                             POSITIONS, PRECISIONS, SCHEDULES)
-from ..config.model import ModelConfig
-from ..config.presets import PRESETS
+from ..config.presets import FIELD_DEFAULTS, PRESETS
 from .argtypes import DEVICES_HELP, devices, json_file, number, seed
 
 #: one flag of a group: its option strings and ``add_argument``'s keywords; a callable ``help`` is called with
@@ -457,7 +456,7 @@ def add_model_shape_options(parser) -> None:
     g = parser.add_argument_group("model shape (ModelConfig fields on top of --preset; default: the preset's)")
     for field, kwargs, text in SHAPE_OPTIONS:
         # statquest trains the lesson's fixed model
-        values = ", ".join(f"{name} {shape.get(field, getattr(ModelConfig, field))}"
+        values = ", ".join(f"{name} {shape.get(field, FIELD_DEFAULTS.get(field))}"
                            for name, shape in PRESETS.items() if name != "statquest")
         g.add_argument(flag(field), default=None, help=f"{text} (default: {values})", **kwargs)
 

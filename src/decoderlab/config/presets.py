@@ -10,6 +10,10 @@ config.json).
 
 from __future__ import annotations
 
+#: ``ModelConfig``'s defaults of the fields a preset may leave out, for the help text (tests/config checks them
+#: against the class)
+FIELD_DEFAULTS = dict(n_kv_head=0, rope_theta=10000.0)
+
 #: the GPT-2 block design shared by every preset but the lesson's
 _GPT = dict(norm="layernorm", position="learned", mlp="gelu", tie_weights=True, attention="sdpa",
             attn_out_proj=True, lm_head_bias=False, init="gpt2")
