@@ -1,13 +1,17 @@
-"""The report card of a recipe run: every stage's checkpoint scored greedily on the same held-out questions per
-task, with the calculator off and on, written as ``report.md``, ``report.png`` and ``card.json`` in the run
-directory (``decoderlab report RUN_DIR``; nanochat's ``report.md`` is the model: a column per stage, a row per
-task).
+"""The report card of a recipe run: every stage's checkpoint scored on the same held-out questions per task --
+greedy with the calculator off and on, and k sampled replies per question for the chat stages -- written as
+``report.md``, ``report.png`` and ``card.json`` in the run directory (``decoderlab report RUN_DIR``; nanochat's
+``report.md`` is the model: a column per stage, a row per task). Every number carries its 95% interval and every
+stage-to-stage difference its paired interval, so a gain can be told from noise; ``card.json`` keeps each
+question's outcome, so any comparison can be recomputed.
 
 A run directory holds the stages as checkpoints in sub-directories named ``STAGES`` (``base``, ``sft``,
 ``control``, ``rl``: those present are scored, in that order). The base model (no chat template) is asked the
-question as text and its first line scored; a chat stage answers in its template, greedily, the calculator's
-call token banned (tools off) or the calls run (tools on: :func:`decoderlab.chat.run_tool_turn`). Each reply is
-scored by the task's reward (``number``: the last number; ``exact``: the reply itself).
+question as text and its first line scored; a chat stage answers in its template.
+
+    scoring.py  one checkpoint on one row's questions, batched: greedy (calculator off and on) and sampled
+    card.py     the numbers and tables from card.json's per-question outcomes
+    stats.py    Wilson and paired intervals, McNemar, the paired bootstrap, pass@k (pure Python)
 """
 
 from __future__ import annotations
@@ -16,25 +20,30 @@ import json
 import os
 from pathlib import Path
 
-from .chat import TOOLS, chat_reply, load_model, run_tool_turn
-from .reinforcement.rewards import load_reward
-from .generation import generate
-from .tasks import SKILLS, generate as questions
+from ..config.defaults import REPORT_QUESTIONS, REPORT_SAMPLES
+from ..files import atomic_write_text
+from ..reinforcement.rewards import load_reward
+from ..tasks import SKILLS, generate as questions
+from . import card as cards
+from .scoring import STORY, Checkpoint, score_row, story
+
+__all__ = ["QUESTIONS", "ROWS", "SAMPLES", "STAGES", "STORY", "TaskReward", "choose_rl_rows", "held_out",
+           "parse_rows", "parse_stages", "report", "row_label", "run_stages", "score_stage"]
 
 #: the stages a run may hold, in the card's order
 STAGES = ("base", "sft", "control", "rl")
 #: the card's rows: (skill, difficulty)
 ROWS = (("addition", 3), ("subtraction", 3), ("addition", 4), ("subtraction", 4), ("multiplication", 2),
-        ("multiplication", 3), ("first_letter", 2), ("last_letter", 2), ("letter_count", 1), ("letter_count", 3),
-        ("backwards", 1), ("larger", 3), ("smallest", 2), ("big_multiplication", 4))
-#: the prompt of the plain chat turn the card checks (text, not a tool call or a number)
-STORY = "Tell me a story about the king."
-#: the longest reply of each step, in tokens: a call to the calculator on two 4-digit numbers is about 30 BPE tokens
-MAX_NEW_TOKENS = 48
+        ("multiplication_work", 2), ("multiplication_work", 3), ("first_letter", 2), ("last_letter", 2),
+        ("letter_count", 1), ("letter_count", 3), ("letter_count_work", 3), ("backwards", 1), ("larger", 3),
+        ("smallest", 2), ("countdown", 1), ("countdown", 2), ("big_multiplication", 4))
+#: held-out questions per row and sampled replies per question (``decoderlab.config.defaults``)
+QUESTIONS, SAMPLES = REPORT_QUESTIONS, REPORT_SAMPLES
 
 
 class TaskReward:
-    """The reward a task row names (``row["reward"]``: ``number`` or ``exact``), for RL on a mix of tasks."""
+    """The reward a task row names (``row["reward"]``: ``number``, ``exact`` or ``countdown``), for RL on a mix
+    of tasks."""
 
     name = "task"
     fields = ("reference", "reward")
@@ -54,80 +63,33 @@ def row_label(skill: str, difficulty: int) -> str:
 
 
 def parse_rows(text: str) -> list[tuple[str, int]]:
-    """``"addition:4,multiplication:3"`` -> ``[("addition", 4), ("multiplication", 3)]``. Raises ValueError."""
+    """``"addition:4,countdown:1"`` -> ``[("addition", 4), ("countdown", 1)]``. Raises ValueError naming the
+    part and the skills and difficulties allowed."""
     out = []
     for part in text.split(","):
         skill, _, d = part.strip().partition(":")
         if skill not in SKILLS or not d.isdigit() or int(d) not in SKILLS[skill].difficulties:
-            raise ValueError(f"a row is skill:difficulty (such as addition:4), got {part!r}")
+            known = ", ".join(f"{s} ({'/'.join(map(str, v.difficulties))})" for s, v in SKILLS.items())
+            raise ValueError(f"a row is skill:difficulty (such as addition:4), got {part.strip()!r}; skills "
+                             f"(difficulties): {known}")
         out.append((skill, int(d)))
     return out
 
 
 def held_out(questions_per_row: int, rows=ROWS) -> dict[tuple[str, int], list]:
-    """The held-out questions of every row (seed 0: the same for every stage and every run)."""
+    """The held-out questions of every row (seed 0: the same for every stage and every run; a row whose split
+    holds fewer gives all it has)."""
     return {(s, d): questions(s, "held-out", questions_per_row, seed=0, difficulty=d) for s, d in rows}
 
 
-def _score(item, reply: str, ended: bool) -> float:
-    return load_reward(item.reward)(reply, {"reference": item.answer}, ended)
-
-
-def _base_reply(model, tok, question: str) -> str:
-    out = generate(model, tok.encode(question + "\n"), MAX_NEW_TOKENS, temperature=0, tokenizer=tok)
-    return tok.decode(out).strip().split("\n")[0]
-
-
-def _chat_answer(model, tok, template, question: str, tools: bool) -> tuple[str, bool, list]:
-    """(reply, ended with an end of turn, the calls made) of a chat model, greedy."""
-    messages = [{"role": "user", "content": question}]
-    if tools:
-        turn = run_tool_turn(model, tok, messages, template, TOOLS, temperature=0, max_new_tokens=MAX_NEW_TOKENS)
-        return turn.content, turn.finish_reason == "stop", turn.calls
-    ban = {template.tool_call_id(tok): -100.0} if template.has_tools else None
-    info: dict = {}
-    reply = chat_reply(model, messages, tok, template, temperature=0, max_new_tokens=MAX_NEW_TOKENS,
-                       logit_bias=ban, info=info)
-    return reply, info["ended_with_end_of_turn"], []
-
-
-def score_stage(directory, questions_per_row: int = 50, rows=ROWS, tools: bool = False) -> dict:
-    """One checkpoint on the held-out questions: ``{row label: {"accuracy", "ended", "called", "n"}}`` plus
-    ``"story"`` (the reply to ``STORY`` and whether it is text: no call, not a number alone)."""
-    model, tok, template, _ = load_model(directory)
-    out = {}
-    for (skill, d), items in held_out(questions_per_row, rows).items():
-        right = ended = called = expression = 0
-        replies = []
-        for item in items:
-            if template is None:
-                reply, end, calls = _base_reply(model, tok, item.question), True, []
-            else:
-                reply, end, calls = _chat_answer(model, tok, template, item.question, tools and template.has_tools)
-            right += _score(item, reply, end)
-            replies.append(reply)
-            ended += end
-            called += bool(calls)
-            # the first call computed the question's answer (the calculator's result is the reference)
-            expression += bool(calls) and calls[0].result == item.answer
-        out[row_label(skill, d)] = {"accuracy": right / len(items), "ended": ended / len(items),
-                                    "called": called / len(items), "expression_right": expression / len(items), "n": len(items), "needs_tool": item.tool,
-                                    "replies": replies}
-    if template is not None:
-        reply, _, calls = _chat_answer(model, tok, template, STORY, tools and template.has_tools)
-        words = [w for w in reply.split() if any(c.isalpha() for c in w)]
-        out["story"] = {"reply": reply, "text": not calls and len(words) >= 3}
-    return out
-
-
-def choose_weak(scores: dict, k: int = 2, low: float = 0.2, high: float = 0.8) -> list[tuple[str, int]]:
-    """The ``k`` rows (not tool rows) whose accuracy is nearest 50% within [low, high] (else nearest 50% of
-    all): where RL has the most to gain and enough right answers in a group to learn from."""
-    rows = [(label, s["accuracy"]) for label, s in scores.items() if label != "story" and not s["needs_tool"]]
-    inside = [r for r in rows if low <= r[1] <= high] or rows
-    picked = sorted(inside, key=lambda r: abs(r[1] - 0.5))[:k]
-    by_label = {row_label(s, d): (s, d) for s, d in ROWS}
-    return [by_label[label] for label, _ in picked]
+def score_stage(directory, questions_per_row: int = QUESTIONS, rows=ROWS, samples: int = SAMPLES, *,
+                items: dict | None = None) -> dict:
+    """One checkpoint on the rows' questions (``items``: ``{(skill, difficulty): [Item]}``, default the held-out
+    ones): ``{"rows": {label: score_row's dict}, "story": ...}``."""
+    ck = Checkpoint.load(directory)
+    items = items if items is not None else held_out(questions_per_row, rows)
+    return {"rows": {row_label(s, d): score_row(ck, s, its, samples) for (s, d), its in items.items()},
+            "story": story(ck)}
 
 
 def run_stages(run_dir) -> list[str]:
@@ -143,97 +105,73 @@ def run_stages(run_dir) -> list[str]:
     return found
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+def parse_stages(text: str, run_dir) -> list[str]:
+    """``"sft,rl"`` -> the stages to score, in the card's order. Raises ValueError for a name that is not a
+    stage, or a stage the run does not hold (naming those it holds)."""
+    held = run_stages(run_dir)
+    asked = [s.strip() for s in text.split(",")]
+    for s in asked:
+        if s not in STAGES:
+            raise ValueError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+        if s not in held:
+            raise ValueError(f"{run_dir} holds no {s} stage ({s}/config.json); it holds: {', '.join(held)}")
+    return [s for s in STAGES if s in asked]
 
 
-def _table(title: str, columns: list[str], scores: dict, key: str = "accuracy") -> list[str]:
-    labels = [row_label(s, d) for s, d in ROWS if row_label(s, d) in scores[columns[0]]]
-    lines = [f"### {title}", "", "| task | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for label in labels:
-        lines.append(f"| {label} | " + " | ".join(_pct(scores[c][label][key]) for c in columns) + " |")
-    return lines + [""]
+def choose_rl_rows(scores: dict, items: dict, k: int = 2, samples: int = SAMPLES, tokenizer=None) -> list[tuple]:
+    """The ``k`` rows with the most room for RL in one stage's ``score_stage`` (with samples): pass@samples
+    above both its pass@1 and a uniform guess's pass@samples (:func:`card.row_numbers`), among rows that are
+    not tool rows and whose reference answers take more than one token on average (``tokenizer``; characters
+    without one) -- where sampling finds right answers greedy decoding does not give, and a guess would not."""
+    card = card_of({"sft": scores}, items, ["sft"], samples)
+    nums = cards.numbers(card)
+    ranked = []
+    for (skill, d), its in items.items():
+        label = row_label(skill, d)
+        size = [len(tokenizer.encode(i.answer)) if tokenizer else len(i.answer) for i in its]
+        if SKILLS[skill].needs_tool or sum(size) / len(size) <= 1:
+            continue
+        ranked.append((nums[label]["stages"]["sft"]["room"], (skill, d)))
+    return [row for _, row in sorted(ranked, key=lambda r: -r[0])[:k]]
 
 
-def _summary_rows(columns: list[str], scores: dict) -> list[str]:
-    """The turn-ended rate (tools off), the calls on questions the model answers itself (tools on), and the
-    plain chat turn."""
-    lines = ["### Behaviour", "", "| | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-
-    def mean(c, rows_of, key):
-        vals = [v[key] for k, v in scores[c].items() if k != "story" and rows_of(v)]
-        return sum(vals) / len(vals) if vals else float("nan")
-
-    lines.append("| turn ended (tools off, all rows) | " + " | ".join(
-        _pct(mean(c, lambda v: True, "ended")) for c in columns) + " |")
-    lines.append("| no tool call on self-answerable rows (tools on) | " + " | ".join(
-        _pct(1 - mean(c + " +calc", lambda v: not v["needs_tool"], "called")) if c + " +calc" in scores else "-"
-        for c in columns) + " |")
-    lines.append("| the call's expression right on tool rows (tools on) | " + " | ".join(
-        _pct(mean(c + " +calc", lambda v: v["needs_tool"], "expression_right")) if c + " +calc" in scores else "-"
-        for c in columns) + " |")
-    lines.append("| story prompt answered with text | " + " | ".join(
-        ("yes" if scores[c]["story"]["text"] else "no") if "story" in scores[c] else "-" for c in columns) + " |")
-    return lines + [""]
+def card_of(scores: dict, items: dict, stages: list[str], samples: int, questions_per_row: int | None = None) -> dict:
+    """card.json's content: the rows (their questions, answers and a guess's chance per question) and every
+    stage's per-question outcomes."""
+    rows = [{"label": row_label(s, d), "skill": s, "difficulty": d, "n": len(its), "needs_tool": SKILLS[s].needs_tool,
+             "work": SKILLS[s].work, "questions": [i.question for i in its], "answers": [i.answer for i in its],
+             "chance": [SKILLS[s].chance(i.question) for i in its]} for (s, d), its in items.items()]
+    return {"stages": stages, "questions": questions_per_row, "samples": samples, "rows": rows,
+            "scores": {st: scores[st]["rows"] for st in stages},
+            "story": {st: scores[st].get("story") for st in stages}}
 
 
-def card_markdown(run_dir, scores: dict, stages: list[str], questions_per_row: int) -> str:
-    chat = [s for s in stages if s != "base"]
-    lines = [f"# Report card: {Path(run_dir).name}", "",
-             f"Held-out questions ({questions_per_row} per row, the same for every stage), greedy; accuracy by the "
-             f"task's reward (`number`: the reply's last number; `exact`: the reply).", ""]
-    lines += _table("Tools off (the tool-call token banned)", stages, scores)
-    if chat:
-        lines += _table("Calculator on (the calls run, their results fed back)", [s + " +calc" for s in chat], scores)
-    lines += _summary_rows(chat, scores) if chat else []
-    for s in chat:
-        lines.append(f"- story prompt, {s}: {scores[s]['story']['reply']!r:.200}")
-    return "\n".join(lines) + "\n"
-
-
-def card_figure(path, scores: dict, stages: list[str]) -> None:
-    """report.png: held-out accuracy per task (rows) across the stages (bars), the calculator's on the right."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [row_label(s, d) for s, d in ROWS if row_label(s, d) in scores[stages[0]]]
-    columns = stages + [s + " +calc" for s in stages if s + " +calc" in scores]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    width = 0.8 / len(columns)
-    for j, c in enumerate(columns):
-        ax.bar([i + j * width for i in range(len(labels))], [100 * scores[c][lb]["accuracy"] for lb in labels],
-               width, label=c)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("held-out accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=8, ncol=4)
-    ax.set_title("Report card: held-out accuracy per task, by stage")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def report(run_dir, *, questions: int = 50) -> dict:
-    """Score every stage of ``run_dir`` (:func:`score_stage`, tools off, and on for the chat stages) and write
-    ``report.md``, ``report.png`` and ``card.json`` there. Returns ``{"scores", "stages", "markdown"}``.
+def report(run_dir, *, questions: int = QUESTIONS, samples: int = SAMPLES, rows=ROWS, stages=None,
+           scored: dict | None = None) -> dict:
+    """Score every stage of ``run_dir`` (or ``stages``) on ``questions`` held-out questions per row, greedy and
+    (chat stages) ``samples`` sampled replies per question, and write ``report.md``, ``report.png`` and
+    ``card.json`` there. ``scored``: stages already scored the same way (:func:`score_stage`), not scored again.
+    Returns ``{"card", "numbers", "markdown", "path"}``.
 
     Raises:
-        FileNotFoundError: no such directory.  ValueError: not a recipe run (:func:`run_stages`).
+        FileNotFoundError: no such directory.  ValueError: not a recipe run (:func:`run_stages`); questions or
+        samples not an integer >= 1 (samples may be 0: no sampling); a stage the run does not hold.
     """
-    if isinstance(questions, bool) or not isinstance(questions, int) or questions < 1:
-        raise ValueError(f"questions must be an integer >= 1 (held-out questions per row), got {questions!r}")
-    stages = run_stages(run_dir)
-    run_dir = Path(run_dir)
-    scores = {}
+    for name, value, low in (("questions", questions, 1), ("samples", samples, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low} ({'held-out questions per row' if low else 'sampled replies per question'}), got {value!r}")
+    held = run_stages(run_dir)
+    stages = [s for s in STAGES if s in (stages or held)]
+    if missing := [s for s in stages if s not in held]:
+        raise ValueError(f"{run_dir} holds no {', '.join(missing)} stage; it holds: {', '.join(held)}")
+    run_dir, items = Path(run_dir), held_out(questions, rows)
+    scores = dict(scored or {})
     for s in stages:
-        scores[s] = score_stage(run_dir / s, questions)
-        if s != "base":
-            scores[s + " +calc"] = score_stage(run_dir / s, questions, tools=True)
-    markdown = card_markdown(run_dir, scores, stages, questions)
-    (run_dir / "report.md").write_text(markdown, encoding="utf-8")
-    (run_dir / "card.json").write_text(json.dumps({"stages": stages, "questions": questions, "scores": scores},
-                                                  indent=2), encoding="utf-8")
-    card_figure(run_dir / "report.png", scores, stages)
-    return {"scores": scores, "stages": stages, "markdown": markdown, "path": os.fspath(run_dir / "report.md")}
+        if s not in scores:
+            scores[s] = score_stage(run_dir / s, questions, rows, samples, items=items)
+    card = card_of(scores, items, stages, samples, questions)
+    markdown = cards.markdown(card, run_dir.name)
+    atomic_write_text(run_dir / "report.md", markdown)
+    atomic_write_text(run_dir / "card.json", json.dumps(card))
+    cards.figure(run_dir / "report.png", card)
+    return {"card": card, "numbers": cards.numbers(card), "markdown": markdown, "path": os.fspath(run_dir / "report.md")}
