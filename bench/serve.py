@@ -29,7 +29,7 @@ Then the scheduler alone (no HTTP, ``--only-split`` for just this): a step of 1 
 in the model's decode step; and structured output's cost per token (``generate`` with a regex grammar against the
 same call without).
 
-``--compile``: a server with the compiled decode step too (``decoderlab serve --compile``; chunking off), its
+``--compile``: a server with the compiled decode step too (``decoderlab serve``'s default; chunking off), its
 single stream measured against the library's compiled step.
 
 Usage: python bench/serve.py [--clients 1 4 16 32] [--tokens 128] [--threads N] [--prefill-chunk 16 64]
@@ -80,7 +80,7 @@ def run_server(port: int, threads: int | None, prefill_chunk: int | None, compil
 
     set_threads(threads)  # None: as `decoderlab serve` chooses (the idle cores, at most 2)
     model, tok = bench_model()
-    if compile:  # as `decoderlab serve --compile`
+    if compile:  # as `decoderlab serve` (its default; --eager: not)
         model.compile_decode()
     app = create_app(model, tok, model_id="shakespeare-char", template=None,
                      limits=Limits(max_batch=64, max_queue=128, prefill_chunk=prefill_chunk))
@@ -315,7 +315,7 @@ def main() -> None:
     ap.add_argument("--only-split", action="store_true",
                     help="only the scheduler alone: a step of 1 and of 16 rows, and its share in the model")
     ap.add_argument("--compile", action="store_true",
-                    help="a server with the compiled decode step too (`decoderlab serve --compile`), chunking off, "
+                    help="a server with the compiled decode step too (`decoderlab serve`'s default), chunking off, "
                          "measured against the library's compiled step")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

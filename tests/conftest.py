@@ -2,7 +2,6 @@ import os
 import warnings
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
@@ -49,35 +48,6 @@ def decoderlab_cli():
                               capture_output=True, text=True, cwd=cwd, env=environ, timeout=timeout)
 
     return run
-
-
-class InterruptAt(L.Callback):
-    """A Lightning callback that raises KeyboardInterrupt (Ctrl-C) at the start of step ``step``."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == self.step:
-            raise KeyboardInterrupt
-
-
-def type_lines(monkeypatch, lines):
-    """Make ``input()`` return ``lines`` one by one (an exception class in the list is raised instead), then
-    raise EOFError (Ctrl-D), as a user typing them at ``decoderlab chat`` would."""
-    it = iter(lines)
-
-    def fake_input(prompt=""):
-        try:
-            line = next(it)
-        except StopIteration:
-            raise EOFError from None
-        if isinstance(line, type) and issubclass(line, BaseException):
-            raise line
-        return line
-
-    monkeypatch.setattr("builtins.input", fake_input)
-
 
 
 @pytest.fixture(scope="module")

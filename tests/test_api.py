@@ -127,7 +127,7 @@ CORPUS = "To be, or not to be, that is the question: whether 'tis nobler in the 
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
     pytest.importorskip("transformers")
-    from decoderlab.hf import to_gpt2
+    from decoderlab.hf import to_hf
     from decoderlab.tokenizers import BPETokenizer
 
     tok = BPETokenizer.train(CORPUS, 300)
@@ -135,7 +135,7 @@ def gpt2_dir(tmp_path_factory):
     model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=tok.vocab_size, d_model=32, n_layer=2, n_head=2,
                                                 max_len=32)).eval()
     path = tmp_path_factory.mktemp("gpt2") / "tiny"
-    to_gpt2(model, path, tokenizer=tok)
+    to_hf(model, path, tokenizer=tok)
     return path
 
 
@@ -262,6 +262,7 @@ def test_to_gguf_writes_the_export_functions_file(gpt2_dir, tmp_path):
     m = dl.load(gpt2_dir)
     ours = m.to_gguf(tmp_path / "m.gguf", dtype="f16")
     free = to_gguf(m.model, m.tokenizer, tmp_path / "f.gguf", dtype="f16", name=gpt2_dir.name)
+    assert ours.pop("modelfile").endswith("m.Modelfile") and free.pop("modelfile").endswith("f.Modelfile")
     assert ours == free and ours["bytes"] > 0
     a, b = gguf.GGUFReader(str(tmp_path / "m.gguf")), gguf.GGUFReader(str(tmp_path / "f.gguf"))
     assert [t.name for t in a.tensors] == [t.name for t in b.tensors]

@@ -103,7 +103,7 @@ def test_a_hand_edited_config_is_refused_naming_the_field_and_the_file(full_run,
     assert str(e.value) == want
 
 
-@pytest.mark.parametrize("family", ["baby-shakespeare", "gpt2", "rope-rmsnorm"])
+@pytest.mark.parametrize("family", ["baby-shakespeare", "gpt2", "rope-rmsnorm", "llama-gqa"])
 def test_loading_onto_a_device_builds_on_meta_and_gives_the_same_model(tmp_path, family):
     """``load_checkpoint(device=...)`` builds on the meta device and puts the file's tensors in place: the same
     weights and logits as the saved model, tied weights one tensor again, nothing left on meta as soon as it is
@@ -128,6 +128,25 @@ def test_loading_onto_a_device_builds_on_meta_and_gives_the_same_model(tmp_path,
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
     assert not [n for n, t in [*loaded.named_parameters(), *loaded.named_buffers()] if t.is_meta]
+
+
+def test_a_checkpoint_from_before_the_llama_fields_loads_unchanged(tmp_path):
+    """A checkpoint whose config.json predates n_kv_head, head_dim, rope_theta, rope_layout, qkv_bias and
+    qk_norm_gain loads as the model it was: the same tensors and logits (the defaults are the old model)."""
+    from tiny_models import make_model
+
+    model = make_model("rope-rmsnorm", "sdpa", seed=4).float().eval()
+    tok = CharTokenizer.from_text("".join(chr(0x100 + i) for i in range(model.config.num_tokens - 2)))
+    save_checkpoint(tmp_path / "ck", model, tok)
+    path = tmp_path / "ck" / "config.json"
+    new = ("n_kv_head", "head_dim", "rope_theta", "rope_layout", "qkv_bias", "qk_norm_gain")
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k not in new}
+    path.write_text(json.dumps(old, indent=2, sort_keys=True))
+    loaded, _ = load_checkpoint(tmp_path / "ck")
+    assert loaded.config == model.config
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
 
 
 def test_a_device_this_machine_lacks_is_refused_before_any_file_is_read(tmp_path):

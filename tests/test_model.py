@@ -46,7 +46,7 @@ def test_config_round_trips_through_json():
     (dict(d_ff=-1), "d_ff"),
     (dict(norm="batchnorm"), "allowed: none, layernorm, rmsnorm"),
     (dict(position="alibi"), "allowed: sinusoidal, learned, rope, none"),
-    (dict(mlp="swiglu"), "allowed: none, gelu"),
+    (dict(mlp="geglu"), "allowed: none, gelu, relu2, swiglu"),
     (dict(attention="flash"), "allowed: sdpa, explicit"),
     (dict(dropout=1.5), "dropout"),
 ])
@@ -217,7 +217,8 @@ def _tied(m) -> bool:
 def test_weight_tying_survives_every_way_of_loading(tmp_path):
     """baby-shakespeare: 804,096 parameters with the head tied to the embedding (812,416 when untied)."""
     from decoderlab.checkpoint import load_checkpoint, save_checkpoint
-    from decoderlab.hf import from_gpt2, ours_to_gpt2_state
+    from decoderlab.hf import from_hf
+    from decoderlab.hf.directory import hf_state
     from decoderlab.tokenizers import CharTokenizer
 
     torch.manual_seed(0)
@@ -238,12 +239,12 @@ def test_weight_tying_survives_every_way_of_loading(tmp_path):
     tok = CharTokenizer([chr(ord("a") + i) for i in range(63)])
     save_checkpoint(tmp_path / "ckpt", src, tok)
     d, _ = load_checkpoint(tmp_path / "ckpt")
-    e = from_gpt2(ours_to_gpt2_state(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True))), n_head=4)
+    e = from_hf(hf_state(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True)))[3], n_head=4)
     f = dl.DecoderOnlyTransformer("baby-shakespeare").half().float()
-    for name, m in dict(assign=a, meta_assign=b, meta_to_empty=c, load_checkpoint=d, from_gpt2=e, half=f).items():
+    for name, m in dict(assign=a, meta_assign=b, meta_to_empty=c, load_checkpoint=d, from_hf=e, half=f).items():
         assert _tied(m), name
-        assert m.num_parameters() == (804_096 if name != "from_gpt2" else e.num_parameters()), name
-        if name != "from_gpt2" and name != "half":
+        assert m.num_parameters() == (804_096 if name != "from_hf" else e.num_parameters()), name
+        if name != "from_hf" and name != "half":
             assert torch.equal(m(ids), want), name
     assert e.num_parameters() == dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", bias=True)).num_parameters()
     # one optimizer step later the head is still the embedding

@@ -81,12 +81,13 @@ def test_config_json_round_trip_keeps_the_new_fields():
     assert ModelConfig.from_json(cfg.to_json()) == cfg
 
 
-def test_gpt2_export_refuses_options_it_cannot_express():
-    from decoderlab.hf import model_config_to_gpt2_config
+def test_hf_export_takes_the_speedrun_options_where_a_class_computes_them():
+    from decoderlab.hf import export_family
 
-    for opts, field in ((dict(qk_norm=True), "qk_norm"), (dict(mlp="relu2"), "mlp")):
-        with pytest.raises(ValueError, match=field):
-            model_config_to_gpt2_config(dl.preset("baby-shakespeare", **opts))
+    assert export_family(dl.preset("baby-shakespeare", mlp="relu2"))[1] == "GPT2LMHeadModel"  # relu2 activation
+    assert export_family(dl.preset("baby-shakespeare-speedrun"))[1] == "ApertusForCausalLM"
+    with pytest.raises(ValueError, match="qk_norm=True"):  # learned positions with a QK-norm: no class has both
+        export_family(dl.preset("baby-shakespeare", qk_norm=True))
 
 
 # ---------------------------------------------------------------------------------------------------------

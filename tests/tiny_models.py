@@ -23,7 +23,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-# Every preset family, shrunk (same norm/position/mlp/bias/tying choices), plus rope/rmsnorm and no positions.
+# Every preset family, shrunk (same norm/position/mlp/bias/tying choices), plus rope/rmsnorm, no positions and the
+# Llama family's shape (grouped-query attention, SwiGLU, Hugging Face's rotate-half rope with its own base, Qwen2's
+# q/k/v biases, Qwen3's QK-norm with a gain, heads narrower than d_model / n_head).
 FAMILIES = {
     "statquest": dict(),
     "baby-shakespeare": dict(d_model=16, n_layer=2, n_head=4, max_len=12),
@@ -31,12 +33,15 @@ FAMILIES = {
     "gpt2": dict(num_tokens=97, d_model=16, n_layer=2, n_head=2, max_len=12),
     "rope-rmsnorm": dict(d_model=16, n_layer=2, n_head=2, max_len=9, position="rope", norm="rmsnorm"),
     "no-positions": dict(d_model=16, n_layer=1, n_head=2, max_len=8, position="none"),
+    "llama-gqa": dict(d_model=16, n_layer=2, n_head=4, n_kv_head=2, head_dim=6, max_len=12, position="rope",
+                      rope_layout="rotate_half", rope_theta=500.0, norm="rmsnorm", mlp="swiglu", d_ff=24,
+                      tie_weights=False, qkv_bias=True, qk_norm=True, qk_norm_gain=True),
 }
 
 
 def make_model(family: str, kernel: str, seed: int = 0) -> dl.DecoderOnlyTransformer:
     torch.manual_seed(seed)
-    base = "baby-shakespeare" if family in ("rope-rmsnorm", "no-positions") else family
+    base = "baby-shakespeare" if family in ("rope-rmsnorm", "no-positions", "llama-gqa") else family
     m = dl.DecoderOnlyTransformer(dl.preset(base, **FAMILIES[family], attention=kernel)).double()
     if m.config.init == "gpt2":  # random weights far from uniform logits, so greedy paths vary
         with torch.no_grad():
@@ -132,12 +137,15 @@ def end_of_turn_model():
 CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
 
 
-def tiny_model():
+def tiny_model(family: str = "baby-shakespeare"):
     """The server tests' model: a random float32 character model, sharpened a little, <EOS> rare (long
-    replies)."""
+    replies); ``family="llama-gqa"`` the Llama family's shape (grouped-query attention, SwiGLU, rotate-half rope,
+    q/k/v biases, QK-norm gains)."""
     torch.manual_seed(0)
     tok = dl.CharTokenizer.from_text(CHARS)
-    cfg = dl.preset("baby-shakespeare", n_layer=2, n_head=2, d_model=32, max_len=32, num_tokens=tok.vocab_size)
+    shape = {} if family == "baby-shakespeare" else {**FAMILIES[family], "d_model": 32, "max_len": 32}
+    cfg = dl.preset("baby-shakespeare", **{**shape, "n_layer": 2, "n_head": shape.get("n_head", 2), "d_model": 32,
+                                           "max_len": 32, "num_tokens": tok.vocab_size})
     cfg.lm_head_bias = True
     model = dl.DecoderOnlyTransformer(cfg)
     with torch.no_grad():  # sharpen the random model a little, and make <EOS> rare (long replies)

@@ -30,14 +30,13 @@ _EXPORTS = {
     "corpus_tokens": "data", "embedded_corpus_path": "data", "read_corpus": "data", "split_tokens": "data",
     "TokenDataModule": "training", "TrainConfig": "training", "TrainSummary": "training", "train_lm": "training",
     "train_pairs": "training",
-    "TEMPLATES": "chat", "ChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
+    "TEMPLATES": "chat", "ChatTemplate": "chat", "JinjaChatTemplate": "chat", "chat_reply": "chat", "render_chat": "chat",
     "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning", "rl": "reinforcement",
 }
 _SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
                "positions", "threads", "tokenizers", "training", "chat", "finetuning", "tinystories", "headwatch",
-               "cli", "reinforcement", "lora", "jsonl", "api", "export",
-               "feedback", "storyset", "watch")  # (the last three: aliases for one release of moved modules)
+               "cli", "reinforcement", "lora", "jsonl", "api", "export")
 
 __all__ = ["__version__", *_EXPORTS]
 

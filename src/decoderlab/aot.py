@@ -5,7 +5,7 @@ The step is :meth:`DecoderOnlyTransformer.decode` over a static KV cache (``KVCa
 compiled step decodes over): its inputs are tensors -- the new tokens (B, 1), the positions ((1,) for rows
 without padding, (B, 1) with), the column the step writes (1,), a window whose length (the one size that varies,
 symbolic in the compiled code) is the number of columns written so far, this step's included, every layer's
-keys and values (B, n_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask; attention
+keys and values (B, n_kv_head, max_len, d_head), and for a padded batch the (B, max_len) padding mask; attention
 reads the window's columns only, not the whole capacity -- and it writes the new
 keys/values into the cache's buffers in place (the exported program's input mutations, which AOTInductor
 keeps). ``torch.export`` traces it into one graph, ``torch._inductor.aoti_compile_and_package`` compiles that
@@ -23,8 +23,9 @@ compiles) the package for the new tensors.
 One package per kind of call: the batch size B and whether rows are padded (``generate`` is B = 1 unpadded;
 ``generate_batch`` of prompts of different lengths is padded). Each is compiled the first time that kind is
 called and written to ``cache_dir`` (default ``$DECODERLAB_CACHE/aot``, else ``~/.cache/decoderlab/aot``) under
-a name made from everything the compiled code depends on: the model's config, the dtype and device, the kind,
-torch's version, the CPU's instruction set and the source of the modules the step runs. A later process with a
+a name made from everything the compiled code depends on: the model's config, every tensor's name, dtype and
+shape, the device, the kind, torch's version, the CPU's instruction set and the source of the modules the step
+runs. A later process with a
 model of the same shape finds it there and loads it without compiling. A cache that is not static (the server's
 batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
 
@@ -47,6 +48,7 @@ import torch._inductor  # (aoti_compile_and_package, aoti_load_package)
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from . import quant
 from .attention import KVCache
 
 
@@ -78,15 +80,19 @@ class _StepGraph(nn.Module):
 
 
 def _fingerprint(model, kind: tuple[int, bool]) -> str:
-    """sha256 of what the compiled package depends on (see the module docstring): not the weights' values."""
-    from . import attention, matvec, positions
+    """sha256 of what the compiled package depends on (see the module docstring): not the weights' values, but
+    every tensor's name, dtype and shape."""
+    from . import attention, matvec, positions, quant
 
     h = hashlib.sha256()
     p = next(model.parameters())
-    h.update(json.dumps({"config": model.config.to_dict(), "dtype": str(p.dtype), "device": str(p.device),
+    # every tensor's name, dtype and shape: a model whose layers hold different block types (a GGUF file's Q4_1
+    # matrices beside a Q8_0 one) must not load the package of another mix
+    tensors = [(name, str(t.dtype), list(t.shape)) for name, t in model.state_dict().items()]
+    h.update(json.dumps({"config": model.config.to_dict(), "tensors": tensors, "device": str(p.device),
                          "kind": list(kind), "torch": torch.__version__,
                          "isa": torch.backends.cpu.get_cpu_capability()}, sort_keys=True, default=str).encode())
-    for mod in (sys.modules[type(model).__module__], sys.modules[__name__], attention, matvec, positions):
+    for mod in (sys.modules[type(model).__module__], sys.modules[__name__], attention, matvec, positions, quant):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 
@@ -118,6 +124,11 @@ class AOTDecodeStep:
     """``model.decode`` as AOTInductor packages, one per kind of call (see the module docstring); called as
     ``model.decode(tokens, positions, padding_mask, cache)`` is, returning the (B, num_tokens) logits.
 
+    ``compile_missing=False``: a kind whose package is not on disk is decoded eagerly (``model.decode``) instead
+    of compiled -- what ``generate`` does by default, fast when a package is cached and never waiting for a
+    compiler otherwise. ``notify``: called with one line (``"compiling the decode step ahead of time ..."``) when a
+    compile starts, so that a caller can say why the first token waits.
+
     Attributes:
         cache_dir: where the packages are written and found.
         packages: kind (B, padded) -> the ``.pt2`` path of each kind loaded so far.
@@ -125,7 +136,7 @@ class AOTDecodeStep:
             was on disk already), so that a caller can report the compile cost once.
 
     Raises:
-        ValueError: the model's weights are quantized (torchao's int8: tensor subclasses).
+        ValueError: the model's weights are tensor subclasses (torchao's quantized tensors, say).
         RuntimeError: a compiled package asks for a constant the model does not hold (a weight computed at compile
             time, which a package without its weights cannot carry).
     """
@@ -133,12 +144,15 @@ class AOTDecodeStep:
     #: attention reads the window's columns, all written: the engine's static cache need not start as zeros
     reads_written_only = True
 
-    def __init__(self, model, cache_dir: str | os.PathLike | None = None):
+    def __init__(self, model, cache_dir: str | os.PathLike | None = None, *, compile_missing: bool = True,
+                 notify=None):
         if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
             # (torch.export flattens such a weight into parts the package would read by other names)
-            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16), not "
-                             "quantized ones (int8): decode int8 eagerly or with compile_decode() (--compile)")
+            raise ValueError("the ahead-of-time decode step takes plain weights (float32, bfloat16, float16, or "
+                             "q8_0 / q4_0 / q4_1 blocks), not tensor subclasses: decode those eagerly or with "
+                             "compile_decode() (--compile)")
         self.model = model
+        self.compile_missing, self.notify = compile_missing, notify
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.packages: dict[tuple[int, bool], Path] = {}
         self.compile_seconds: dict[tuple[int, bool], float] = {}
@@ -160,16 +174,31 @@ class AOTDecodeStep:
                 *(() if padding_mask is None else (padding_mask.to(torch.bool),)))
         runner = self._runners.get(kind)
         if runner is None:
+            if not self.compile_missing and not self.has_package(kind):
+                return self.model.decode(tokens, positions, padding_mask, cache)
             runner = self._runners[kind] = self._package(kind, args)
         return runner(*args)
+
+    def package_path(self, kind: tuple[int, bool]) -> Path:
+        """Where the package of ``kind`` (batch size, padded) for this model is kept."""
+        padded = "-padded" if kind[1] else ""
+        return self.cache_dir / f"decode-b{kind[0]}{padded}-{_fingerprint(self.model, kind)[:24]}.pt2"
+
+    def has_package(self, kind: tuple[int, bool]) -> bool:
+        """Whether the package of ``kind`` is loaded or on disk (loading it then compiles nothing)."""
+        return kind in self._runners or self.package_path(kind).exists()
 
     def _package(self, kind: tuple[int, bool], args: tuple):
         """The loaded package of ``kind``, reading the model's tensors: from ``cache_dir`` when there, else
         exported, compiled and written."""
-        path = self.cache_dir / f"decode-b{kind[0]}{'-padded' if kind[1] else ''}-{_fingerprint(self.model, kind)[:24]}.pt2"
+        path = self.package_path(kind)
         self.compile_seconds.setdefault(kind, 0.0)  # (a package loaded again after a replaced weight adds nothing)
         runner = _load(path) if path.exists() else None
         if runner is None:  # not there, or unreadable (a partial copy, a full disk): compiled in its place
+            if self.notify is not None:
+                padded = ", padded" if kind[1] else ""
+                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){padded} (once for this "
+                            f"model's shape and dtype: 10-60 s on a CPU) ...")
             start = time.perf_counter()
             self._compile(kind, args, path)
             self.compile_seconds[kind] += time.perf_counter() - start
@@ -204,6 +233,8 @@ class AOTDecodeStep:
             dynamic = (None, None, None, {0: window}, tuple(None for _ in args[4:]))  # (forward's *tensors: one)
             program = torch.export.export(_StepGraph(self.model, kind[1]), args, dynamic_shapes=dynamic,
                                           strict=False)
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(tmp), inductor_configs={"aot_inductor.package_constants_in_so": False})
+            configs = {"aot_inductor.package_constants_in_so": False}
+            if quant.block_dtype(self.model) and args[0].device.type == "cpu":
+                configs.update(quant.FAST_CONTRACT)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=configs)
         os.replace(tmp, path)

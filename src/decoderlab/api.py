@@ -31,12 +31,10 @@ from .checkpoint import save_checkpoint, unwrap_model
 from .config import PRESETS
 from .generation import SamplingParams, generate, stream, stream_text
 from .glassbox import explain, run_with_cache, trace, verify
-from .export import to_gguf
+from .export import to_gguf, to_hf
 from .glassbox.features import token_features
 from .glassbox.sae import load_sae
-from .hf import to_gpt2
 from .model import DecoderOnlyTransformer
-from .tokenizers import BPETokenizer
 
 __all__ = ["Model", "load"]
 
@@ -46,14 +44,16 @@ _DESIGN = ("norm", "position", "mlp", "bias", "tie_weights", "attn_out_proj", "l
 
 def load(path: str | os.PathLike, *, device: str | torch.device | None = None, dtype=None) -> "Model":
     """Load a checkpoint directory as a :class:`Model`: a decoderlab checkpoint (``model.safetensors``,
-    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face GPT-2 directory.
+    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2,
+    Qwen3, ...: :func:`decoderlab.hf.load_hf_directory`).
 
     Args:
         path: the directory.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
             see :func:`decoderlab.devices.resolve_device`.
         dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
-            ``torch.float16``, or ``"int8"`` (torchao); see :mod:`decoderlab.dtypes`.
+            ``torch.float16``, or GGUF's blocks ``"q8_0"`` / ``"q4_0"`` / ``"q4_1"``; see
+            :mod:`decoderlab.dtypes`.
 
     This is :func:`decoderlab.chat.load_model` (the one loader of the command line, chat and the server)
     wrapped in a :class:`Model`.
@@ -284,13 +284,17 @@ class Model:
             meta.update(task="chat", **{CHAT_TEMPLATE_KEY: self.template.to_dict()})
         return save_checkpoint(directory, self.model, self.tokenizer, meta=meta)
 
-    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32") -> dict:
-        """Write one GGUF file for llama.cpp and ollama (:func:`decoderlab.export.to_gguf`: GPT-2-shaped models,
-        the tokenizer inside; ``dtype`` "f32", "f16" or "q8_0"); returns its summary (bytes, tensors, types).
+    def to_gguf(self, path: str | os.PathLike, *, dtype: str = "f32", force: bool = False) -> dict:
+        """Write one GGUF file for llama.cpp and ollama and a Modelfile beside it (:func:`decoderlab.export.to_gguf`:
+        the llama.cpp architecture that computes the model -- gpt2, llama, qwen2, qwen3 --, the tokenizer and
+        this model's chat template inside; ``dtype`` "f32", "f16" or "q8_0"; LoRA adapters merged); returns its
+        summary (architecture, bytes, tensors, types, Modelfile).
 
-        Raises: ``ValueError`` for a shape or tokenizer the format cannot carry (named), or an unknown dtype."""
-        name = Path(self.path).resolve().name if self.path is not None else None
-        return to_gguf(self.model, self.tokenizer, path, dtype=dtype, name=name)
+        Raises: ``ValueError`` for a shape or tokenizer the format cannot carry or a weight float16 cannot hold
+        (named), or an unknown dtype; ``FileExistsError`` for an existing file without ``force``."""
+        name = Path(self.path).resolve().stem if self.path is not None else None
+        return to_gguf(self.model, self.tokenizer, path, dtype=dtype, name=name, template=self.template,
+                       force=force)
 
     # -- sparse autoencoders ----------------------------------------------------------------------------------
 
@@ -307,11 +311,11 @@ class Model:
         ids = self.tokenize(text) if isinstance(text, str) else text
         return token_features(self.model, sae, hook, ids, top=top, tokenizer=self.tokenizer)
 
-    def to_hf(self, directory: str | os.PathLike):
-        """Write a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`; with the tokenizer's files for
-        a byte-level BPE) and return the ``GPT2LMHeadModel``.
+    def to_hf(self, directory: str | os.PathLike) -> dict:
+        """Write a Hugging Face directory (:func:`decoderlab.export.to_hf`: the transformers class whose forward
+        equals the model's, the tokenizer's files, the chat template as Jinja, LoRA merged first); returns its
+        summary (architecture, bytes, tensors, chat_template).
 
-        Raises: ``ValueError`` for a design GPT-2 cannot express (named: the lesson's model has sinusoidal
-        positions); ``ImportError`` without transformers (``pip install 'decoderlab[hf]'``)."""
-        byte_bpe = isinstance(self.tokenizer, BPETokenizer) and self.tokenizer.byte_level
-        return to_gpt2(self.model, directory, tokenizer=self.tokenizer if byte_bpe else None)
+        Raises: ``ValueError`` for a model no Hugging Face class computes (named: the lesson's model has
+        sinusoidal positions), before anything is written."""
+        return to_hf(self.model, self.tokenizer, directory, self.template)

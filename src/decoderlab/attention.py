@@ -2,7 +2,7 @@
 
 ``MultiHeadAttention`` is what ``DecoderOnlyTransformer`` uses (the lessons' own ``SelfAttention`` and
 ``Attention`` classes live in :mod:`decoderlab.lesson`): one set of projections, the head split and the
-masking rules are shared code, and only the kernel differs:
+masking rules are shared code (grouped-query attention's key/value heads included), and only the kernel differs:
 
 - ``explicit``: the lessons' math, softmax(Q Kᵀ / sqrt(d_k) + mask) V, written out so that the attention
   percents can be returned;
@@ -148,38 +148,47 @@ def sdpa_attention(
     *,
     is_causal: bool = False,
     dropout_p: float = 0.0,
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with decoderlab's mask convention (True = ignore).
 
-    Shapes as :func:`explicit_attention`. ``is_causal`` may be set only when ``mask`` is None and T_q == T_k
-    (the fused causal path). A query whose keys are all masked returns zeros (not NaN).
+    Shapes as :func:`explicit_attention`; with ``enable_gqa`` k and v may have fewer heads (a divisor of q's:
+    grouped-query attention, query head j reading key/value head j // group). ``is_causal`` may be set only when
+    ``mask`` is None and T_q == T_k (the fused causal path). A query whose keys are all masked returns zeros (not
+    NaN).
     """
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
     # a row with no visible key lets the kernel see every key, and its output is zeroed: done for every row
     # rather than after asking whether any is empty (asking would wait for the device)
     all_masked = mask.all(dim=-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p,
+                                         enable_gqa=enable_gqa)
     return out.masked_fill(all_masked, 0.0)
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head (causal) attention with one set of projections and two kernels (``sdpa`` | ``explicit``).
 
-    The queries, keys and values come from one fused projection ``qkv`` (d_model -> 3 d_model), split into
-    ``n_head`` heads of size d_head = d_model / n_head; the heads' outputs are concatenated and, if
-    ``out_proj``, projected by ``proj`` (d_model -> d_model). With n_head=1 and no output projection this is
+    The queries, keys and values come from one fused projection ``qkv`` (d_model -> (n_head + 2 n_kv_head)
+    d_head; rows [query heads | key heads | value heads], each head d_head consecutive rows); the heads' outputs
+    are concatenated and, if ``out_proj``, projected by ``proj`` (n_head d_head -> d_model). With n_kv_head <
+    n_head (grouped-query attention, Ainslie et al. 2023) query head j reads key/value head j // (n_head /
+    n_kv_head), and the KV cache holds the n_kv_head heads only. With n_head=1 and no output projection this is
     exactly the lesson's ``Attention`` (the 37-parameter StatQuest model).
 
     Args:
-        d_model, n_head: sizes; d_model must be divisible by n_head.
-        bias: biases in the projections.
+        d_model, n_head: sizes; d_model must be divisible by n_head unless ``head_dim`` is given.
+        n_kv_head: key/value heads (0 = n_head; n_head must be a multiple of it).
+        head_dim: values per head (0 = d_model // n_head).
+        bias: biases in the projections. qkv_bias: biases in ``qkv`` only (Qwen2).
         dropout: dropout on the attention percents and on the output.
         kernel: ``"sdpa"`` or ``"explicit"``; both compute the same function (tested to 1e-5).
         out_proj: whether to apply the output projection.
         rope: an optional rotary embedding (``positions.RotaryEmbedding``) applied to queries and keys.
-        qk_norm: RMS-normalise each head's queries and keys (over d_head, no gain, eps ``qk_norm_eps``)
-            before rope (Henry et al. 2020).
+        qk_norm: RMS-normalise each head's queries and keys (over d_head, eps ``qk_norm_eps``) before rope
+            (Henry et al. 2020); with ``qk_norm_gain`` times a learned gain (d_head,) shared by the heads,
+            ``q_norm.weight`` and ``k_norm.weight`` (Qwen3), else no gain.
 
     ``forward(x, kv=None, *, causal=True, padding_mask=None, attn_mask=None, positions=None, cache=None,
     return_weights=False)``:
@@ -194,10 +203,11 @@ class MultiHeadAttention(nn.Module):
     explicit kernel whatever the configured one).
 
     Hook points (:mod:`decoderlab.hooks`; ``self.hooks`` is None unless the glass box installed some, and then
-    costs one test per point): ``hook_q``, ``hook_k``, ``hook_v`` as projected, ``hook_q_normed`` /
-    ``hook_k_normed`` after QK-norm, ``hook_rot_q`` / ``hook_rot_k`` after rope, all (B, T, H, d_head);
-    ``hook_attn_scores`` and ``hook_pattern`` (B, H, T_q, T_k) inside the explicit kernel (which the layer
-    then uses); ``hook_z`` (B, T, H, d_head), the heads' outputs before the output projection.
+    costs one test per point): ``hook_q`` (B, T, H, d_head), ``hook_k``, ``hook_v`` (B, T, n_kv_head, d_head)
+    as projected, ``hook_q_normed`` / ``hook_k_normed`` after QK-norm (and its gain), ``hook_rot_q`` /
+    ``hook_rot_k`` after rope (in the model's rope layout); ``hook_attn_scores`` and ``hook_pattern``
+    (B, H, T_q, T_k) inside the explicit kernel (which the layer then uses); ``hook_z`` (B, T, H, d_head), the
+    heads' outputs before the output projection. (TransformerLens's shapes for grouped-query attention.)
     """
 
     def __init__(
@@ -205,56 +215,69 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_head: int = 1,
         *,
+        n_kv_head: int = 0,
+        head_dim: int = 0,
         bias: bool = False,
+        qkv_bias: bool = False,
         dropout: float = 0.0,
         kernel: str = "sdpa",
         out_proj: bool = True,
         rope: nn.Module | None = None,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-5,
+        qk_norm_gain: bool = False,
     ):
         super().__init__()
-        if n_head < 1 or d_model % n_head != 0:
+        n_kv = n_kv_head or n_head
+        if n_head < 1 or (not head_dim and d_model % n_head != 0):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head}), with n_head >= 1")
+        if n_kv < 1 or n_head % n_kv != 0:
+            raise ValueError(f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head})")
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
         self.d_model = d_model
         self.n_head = n_head
-        self.d_head = d_model // n_head
+        self.n_kv_head = n_kv
+        self.group = n_head // n_kv  # query heads per key/value head
+        self.d_head = head_dim or d_model // n_head
+        self.q_size, self.kv_size = n_head * self.d_head, n_kv * self.d_head  # the widths of q and of k (of v)
+        if not out_proj and self.q_size != d_model:
+            raise ValueError(f"without an output projection the heads' width {self.q_size} must be d_model ({d_model})")
         self.kernel = kernel
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias) if out_proj else None
+        self.qkv = nn.Linear(d_model, self.q_size + 2 * self.kv_size, bias=bias or qkv_bias)
+        self.proj = nn.Linear(self.q_size, d_model, bias=bias) if out_proj else None
         self.resid_dropout = nn.Dropout(dropout)
         self.rope = rope
         self.qk_norm = qk_norm
         self.qk_norm_eps = qk_norm_eps
+        gains = qk_norm and qk_norm_gain
+        self.q_norm = nn.RMSNorm(self.d_head, eps=qk_norm_eps) if gains else None
+        self.k_norm = nn.RMSNorm(self.d_head, eps=qk_norm_eps) if gains else None
         self.hooks = None  # decoderlab.hooks installs a dispatcher here; None = no hook points, the hot path
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, self.n_head, self.d_head).transpose(1, 2)
-
     def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
-        """The shared projections: returns q (B, H, T_q, d_head), k, v (B, H, T_k, d_head)."""
-        if kv is None:  # one matmul, then one view: (B, T, 3 d_model) -> 3 x (B, H, T, d_head)
+        """The shared projections: returns q (B, H, T_q, d_head), k, v (B, n_kv_head, T_k, d_head)."""
+        if kv is None:  # one matmul, then views: (B, T, (H + 2 H_kv) d_head) -> q, k, v
             b, t, _ = x.shape
-            q, k, v = linear(self.qkv, x).view(b, t, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-            return q, k, v
+            q, k, v = linear(self.qkv, x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         else:
-            w, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(x, w[: self.d_model], None if b is None else b[: self.d_model])
-            k, v = F.linear(kv, w[self.d_model :], None if b is None else b[self.d_model :]).split(
-                self.d_model, dim=-1
+            b, t = x.size(0), kv.size(1)
+            w, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, w[: self.q_size], None if bias is None else bias[: self.q_size])
+            k, v = F.linear(kv, w[self.q_size :], None if bias is None else bias[self.q_size :]).split(
+                self.kv_size, dim=-1
             )
-        return self._heads(q), self._heads(k), self._heads(v)
+        return (q.view(b, -1, self.n_head, self.d_head).transpose(1, 2),
+                k.view(b, t, self.n_kv_head, self.d_head).transpose(1, 2),
+                v.view(b, t, self.n_kv_head, self.d_head).transpose(1, 2))
 
     def _norm_and_rotate(self, q, k, positions, cross: bool, hooks):
         """QK-norm, then rotary positions (queries at ``positions``; self-attention keys too), on (B, H, T,
-        d_head) queries and keys, with their hook points."""
+        d_head) queries and (B, H_kv, T, d_head) keys, with their hook points."""
         if self.qk_norm:
-            q = F.rms_norm(q, (self.d_head,), eps=self.qk_norm_eps)
-            k = F.rms_norm(k, (self.d_head,), eps=self.qk_norm_eps)
+            q = F.rms_norm(q, (self.d_head,), None if self.q_norm is None else self.q_norm.weight, self.qk_norm_eps)
+            k = F.rms_norm(k, (self.d_head,), None if self.k_norm is None else self.k_norm.weight, self.qk_norm_eps)
             if hooks is not None:
                 q, k = hooks.heads("hook_q_normed", q), hooks.heads("hook_k_normed", k)
         if self.rope is not None:
@@ -265,6 +288,61 @@ class MultiHeadAttention(nn.Module):
             if hooks is not None:
                 q, k = hooks.heads("hook_rot_q", q), hooks.heads("hook_rot_k", k)
         return q, k
+
+    def _queries_keys_values(self, x, kv, positions, cache):
+        """q (B, H, T_q, d_head) and the keys and values attention reads, (B, H_kv, T_k, d_head) -- the cache's
+        when there is one, after this call's are written into it -- with their hook points."""
+        q, k, v = self.project(x, kv)
+        hooks = self.hooks
+        if hooks is not None:
+            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
+        if self.qk_norm or self.rope is not None:
+            q, k = self._norm_and_rotate(q, k, positions, kv is not None, hooks)
+        if cache is not None and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
+            # PyTorch's CPU attention kernels in float16/bfloat16 are many times slower than in float32 for one
+            # query over a cache (measured 704/362 us vs 42 us per call at d_head 64, 200 keys): a half-precision
+            # model decodes with float32 attention and a float32 KV cache; its weights stay half
+            q, k, v = q.float(), k.float(), v.float()
+        if cache is not None:
+            k, v = cache.update(k, v)
+        return q, k, v
+
+    def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, H_kv, T, d) keys or values -> (B, H, T, d), each repeated for the query heads of its group
+        (Hugging Face's ``repeat_kv``); the tensor itself without groups."""
+        return t if self.group == 1 else t.repeat_interleave(self.group, dim=1)
+
+    def _attend(self, q, k, v, *, causal, padding_mask, attn_mask, p_drop, return_weights, cached):
+        """The kernel: (B, H, T_q, d_head) head outputs and the percents (B, H, T_q, T_k) or None. ``cached``:
+        k and v are a KV cache's (a one-query step then sees every key but the padded ones)."""
+        hooks = self.hooks
+        t_q, t_k = q.size(2), k.size(2)
+        if attn_mask is not None:
+            attn_mask = check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
+        if padding_mask is not None and tuple(padding_mask.shape) != (q.size(0), t_k):
+            raise ValueError(
+                f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
+            )
+        if (self.kernel == "explicit" or return_weights
+                or (hooks is not None and hooks.needs_pattern)):  # the pattern exists only there
+            mask = build_ignore_mask(
+                t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
+            )
+            return explicit_attention(q, self.expand_kv(k), self.expand_kv(v), mask, p_drop, hooks=hooks)
+        # sdpa reads grouped keys and values as they are (enable_gqa): a decode step over a cache of 128-2048 keys
+        # took 0.1-0.5x the time of repeating them per query head first (bench/attention.py --gqa-decode)
+        gqa = self.group > 1
+        if causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1):  # fused causal
+            return sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop, enable_gqa=gqa), None
+        if cached and causal and t_q == 1 and attn_mask is None and padding_mask is not None:
+            # a decode step's one query sees every cached key but the padded ones; the new token is never
+            # padded, so no row is empty: the kernel alone, (B, 1, 1, T_k) True = attend
+            mask = ~padding_mask[:, None, None, :]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, enable_gqa=gqa), None
+        mask = build_ignore_mask(
+            t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
+        )
+        return sdpa_attention(q, k, v, mask, dropout_p=p_drop, enable_gqa=gqa), None
 
     def forward(
         self,
@@ -289,52 +367,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must have shape (B, T, {self.d_model}) or (T, {self.d_model}); got {tuple(x.shape)}")
         if kv is not None and (kv.dim() != 3 or kv.shape[-1] != self.d_model):
             raise ValueError(f"kv must have shape (B, T_k, {self.d_model}); got {tuple(kv.shape)}")
-        q, k, v = self.project(x, kv)
-        hooks = self.hooks
-        if hooks is not None:
-            q, k, v = hooks.heads("hook_q", q), hooks.heads("hook_k", k), hooks.heads("hook_v", v)
-        if self.qk_norm or self.rope is not None:
-            q, k = self._norm_and_rotate(q, k, positions, kv is not None, hooks)
-        if cache is not None and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
-            # PyTorch's CPU attention kernels in float16/bfloat16 are many times slower than in float32 for one
-            # query over a cache (measured 704/362 us vs 42 us per call at d_head 64, 200 keys): a half-precision
-            # model decodes with float32 attention and a float32 KV cache; its weights stay half
-            q, k, v = q.float(), k.float(), v.float()
-        if cache is not None:
-            k, v = cache.update(k, v)
-        t_q, t_k = q.size(2), k.size(2)
-        if attn_mask is not None:
-            attn_mask = check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
-        if padding_mask is not None and tuple(padding_mask.shape) != (q.size(0), t_k):
-            raise ValueError(
-                f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
-            )
-        # one query of a KV-cache decode step sees every cached key: at most the padding mask applies
-        decode_step = causal and t_q == 1 and attn_mask is None and cache is not None
-        fused_causal = causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1)
+        q, k, v = self._queries_keys_values(x, kv, positions, cache)
         p_drop = self.dropout if self.training else 0.0
-        use_explicit = (self.kernel == "explicit" or return_weights
-                        or (hooks is not None and hooks.needs_pattern))  # the pattern exists only there
-        weights = None
-        if use_explicit:
-            mask = build_ignore_mask(
-                t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
-            )
-            y, weights = explicit_attention(q, k, v, mask, p_drop, hooks=hooks)
-        elif fused_causal:
-            y = sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop)
-        elif decode_step:
-            # the new token is never padded, so no row is empty: the kernel alone, (B, 1, 1, T_k) True = attend
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~padding_mask[:, None, None, :], dropout_p=p_drop)
-        else:
-            mask = build_ignore_mask(
-                t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
-            )
-            y = sdpa_attention(q, k, v, mask, dropout_p=p_drop)
-        b = y.size(0)
-        if hooks is not None:
-            y = hooks.heads("hook_z", y)
-        y = y.transpose(1, 2).reshape(b, t_q, self.d_model).to(x.dtype)  # (a no-op unless upcast above)
+        y, weights = self._attend(q, k, v, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask,
+                                  p_drop=p_drop, return_weights=return_weights, cached=cache is not None)
+        if self.hooks is not None:
+            y = self.hooks.heads("hook_z", y)
+        y = y.transpose(1, 2).reshape(y.size(0), q.size(2), self.q_size).to(x.dtype)  # (a no-op unless upcast)
         if self.proj is not None:
             y = linear(self.proj, y)
         if p_drop:
@@ -350,11 +389,12 @@ class MultiHeadAttention(nn.Module):
 
 
 class LayerKVCache:
-    """Keys and values of one layer, preallocated once: k, v of shape (B, H, capacity, d_head) (a static cache:
-    capacity + 1, one spare column, see ``_allocate``).
+    """Keys and values of one layer, preallocated once: k, v of shape (B, H_kv, capacity, d_head), H_kv the
+    layer's key/value heads (n_kv_head: grouped-query attention caches only those) (a static cache: capacity + 1,
+    one spare column, see ``_allocate``).
 
-    ``update(k_new, v_new)`` writes the new keys/values (B, H, T_new, d_head) after the ones already held and
-    returns views of all of them, (B, H, length + T_new, d_head). The owning :class:`KVCache` advances the
+    ``update(k_new, v_new)`` writes the new keys/values (B, H_kv, T_new, d_head) after the ones already held and
+    returns views of all of them, (B, H_kv, length + T_new, d_head). The owning :class:`KVCache` advances the
     shared length once per forward pass.
 
     In a static cache (``KVCache(..., static=True)``) a one-token step writes at the owner's ``column`` (a

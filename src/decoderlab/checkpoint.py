@@ -26,7 +26,7 @@ import torch
 
 from ._version import __version__
 from .devices import resolve_device
-from .dtypes import dtype_name, to_inference_dtype
+from .dtypes import check_dtype, to_inference_dtype
 from .files import atomic_write_bytes, atomic_write_text, replace_directory, temporary_directory, usual_mode
 from .model import DecoderOnlyTransformer, ModelConfig
 from .tokenizers import Tokenizer
@@ -236,8 +236,8 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     The model is returned in eval mode.
 
     ``dtype``: the weights for inference (see :mod:`decoderlab.dtypes`): None or ``torch.float32`` (default,
-    as trained), ``torch.bfloat16`` / ``torch.float16`` (every parameter cast), or ``torch.int8`` / ``"int8"``
-    (int8 weight-only quantization of the decoder blocks' linear layers, needs torchao); the names in
+    as trained), ``torch.bfloat16`` / ``torch.float16`` (every parameter cast), or GGUF's blocks ``"q8_0"`` /
+    ``"q4_0"`` / ``"q4_1"`` (every linear layer and the output layer, :mod:`decoderlab.quant`); the names in
     ``decoderlab.dtypes.DTYPES`` are accepted too. A model in another dtype is for inference (generation,
     evaluation); train and save the float32 one.
 
@@ -245,13 +245,12 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
         FileNotFoundError: the directory or one of its required files is missing (named).
         ValueError: the tokenizer's vocabulary size does not match the config's num_tokens; a weight is
             missing or mis-shaped (named); an unknown dtype (the allowed ones listed).
-        ImportError: dtype int8 without torchao.
         ValueError: a device this machine does not have (naming the ones it has), before any file is read.
     """
     from safetensors.torch import load_file
 
-    dtype_name(dtype)  # an unknown dtype fails before any file is read
     target = torch.device(map_location) if device is None else resolve_device(device)
+    check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
     directory = check_checkpoint_dir(directory)
     config = read_config(directory)
     read_meta(directory)  # a corrupt meta.json is named here rather than misread later

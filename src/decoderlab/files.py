@@ -1,6 +1,6 @@
 """Files written so that an interrupted write loses nothing: write to a temporary place, then replace.
 
-The one mechanism used by checkpoints, tokenizers, the token cache, reports and ``hf.to_gpt2``: a file is
+The one mechanism used by checkpoints, tokenizers, the token cache, reports and ``hf.save_hf_directory``: a file is
 written under a temporary name in its destination directory and renamed into place (``os.replace`` is atomic
 on POSIX); a directory is assembled beside its destination (:func:`temporary_directory`) and swapped in. An
 operating-system error names the path the caller gave, never the temporary one (``/proc/.x.png.zc_2ge_d.tmp``

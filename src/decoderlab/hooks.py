@@ -17,23 +17,28 @@ The names, in forward order (B batch, T tokens, H heads; L a layer index)::
     blocks.L.hook_resid_pre               (B, T, d_model)    the block's input
     blocks.L.ln1.hook_scale               (B, T, 1)          sqrt(mean((x - mean x)^2) + eps); RMSNorm: no centring
     blocks.L.ln1.hook_normalized          (B, T, d_model)    (x - mean x) / scale, before the gain and bias
-    blocks.L.attn.hook_q / hook_k / hook_v    (B, T, H, d_head)  as projected
-    blocks.L.attn.hook_q_normed / hook_k_normed  (B, T, H, d_head)  after QK-norm
-    blocks.L.attn.hook_rot_q / hook_rot_k     (B, T, H, d_head)  after rotary positions
+    blocks.L.attn.hook_q                  (B, T, H, d_head)  as projected
+    blocks.L.attn.hook_k / hook_v         (B, T, H_kv, d_head)  as projected (H_kv = n_kv_head key/value heads)
+    blocks.L.attn.hook_q_normed / hook_k_normed  (B, T, H / H_kv, d_head)  after QK-norm (and its gain)
+    blocks.L.attn.hook_rot_q / hook_rot_k     (B, T, H / H_kv, d_head)  after rotary positions (the model's layout)
     blocks.L.attn.hook_attn_scores        (B, H, T, T)       Q Kᵀ / sqrt(d_head), masked with -inf
     blocks.L.attn.hook_pattern            (B, H, T, T)       attention percents (rows sum to 1)
     blocks.L.attn.hook_z                  (B, T, H, d_head)  each head's output, pattern @ V
     blocks.L.hook_attn_out                (B, T, d_model)    after the output projection
     blocks.L.hook_resid_mid               (B, T, d_model)    resid_pre + attn_out (only with an MLP)
     blocks.L.ln2.hook_scale / ln2.hook_normalized
-    blocks.L.mlp.hook_pre / mlp.hook_post (B, T, d_ff)       before / after the activation
+    blocks.L.mlp.hook_pre / mlp.hook_post (B, T, d_ff)       before / after the activation (SwiGLU: the gate's
+                                                             output / silu(gate) * up)
+    blocks.L.mlp.hook_pre_linear          (B, T, d_ff)       SwiGLU's up projection
     blocks.L.hook_mlp_out                 (B, T, d_model)
     blocks.L.hook_resid_post              (B, T, d_model)    the block's output
     ln_final.hook_scale / ln_final.hook_normalized
 
 Norm points exist only with a norm, ``hook_pos_embed`` only with learned or sinusoidal positions (rope acts
 inside attention), ``hook_rot_*`` only with rope, ``hook_*_normed`` only with QK-norm, the MLP's points and
-``hook_resid_mid`` only with an MLP. :func:`hook_names` lists a model's own.
+``hook_resid_mid`` only with an MLP, ``mlp.hook_pre_linear`` only with SwiGLU. With grouped-query attention (n_kv_head
+< n_head) the key and value points have the n_kv_head heads the model computes and caches, as TransformerLens's;
+query head j reads key/value head j // (n_head / n_kv_head). :func:`hook_names` lists a model's own.
 
 Source: TransformerLens's hook names and shapes (``HookedTransformer``, and ``TransformerBridge`` in 4.x).
 """
@@ -58,9 +63,12 @@ SHAPES = {
     "hook_attn_out": "(B, T, d_model)", "hook_resid_mid": "(B, T, d_model)", "hook_mlp_out": "(B, T, d_model)",
     "hook_resid_post": "(B, T, d_model)", "hook_scale": "(B, T, 1)", "hook_normalized": "(B, T, d_model)",
     "attn.hook_attn_scores": "(B, H, T_q, T_k)", "attn.hook_pattern": "(B, H, T_q, T_k)",
-    "mlp.hook_pre": "(B, T, d_ff)", "mlp.hook_post": "(B, T, d_ff)",
-    **{f"attn.hook_{p}": "(B, T, H, d_head)" for p in ("q", "k", "v", "q_normed", "k_normed", "rot_q", "rot_k", "z")},
+    "mlp.hook_pre": "(B, T, d_ff)", "mlp.hook_pre_linear": "(B, T, d_ff)", "mlp.hook_post": "(B, T, d_ff)",
+    **{f"attn.hook_{p}": "(B, T, H, d_head)" for p in ("q", "q_normed", "rot_q", "z")},
+    **{f"attn.hook_{p}": "(B, T, H_kv, d_head)" for p in ("k", "v", "k_normed", "rot_k")},
 }
+#: the per-head points of the key/value heads (n_kv_head of them; the others have n_head)
+KV_POINTS = frozenset(("hook_k", "hook_v", "hook_k_normed", "hook_rot_k"))
 #: the axis of the head index in each per-head point (ablating or patching one head)
 HEAD_AXIS = {**{f"hook_{p}": 2 for p in ("q", "k", "v", "q_normed", "k_normed", "rot_q", "rot_k", "z")},
              "hook_attn_scores": 1, "hook_pattern": 1}
@@ -75,6 +83,7 @@ _NEEDS = {
     "qk_norm": (lambda m, b: b.attention.qk_norm, "qk_norm=True"),
     "rope": (lambda m, b: b.attention.rope is not None, "rope positions"),
     "mlp": (lambda m, b: b.has_mlp, "an MLP"),
+    "swiglu": (lambda m, b: b.has_mlp and b.mlp.gate is not None, "mlp='swiglu'"),
 }
 _TOP_POINTS = (("hook_embed", None), ("hook_pos_embed", "positions"))
 _FINAL_POINTS = (("ln_final.hook_scale", "norm_f"), ("ln_final.hook_normalized", "norm_f"))
@@ -85,7 +94,7 @@ _BLOCK_POINTS = (
     ("attn.hook_rot_q", "rope"), ("attn.hook_rot_k", "rope"),
     ("attn.hook_attn_scores", None), ("attn.hook_pattern", None), ("attn.hook_z", None), ("hook_attn_out", None),
     ("hook_resid_mid", "mlp"), ("ln2.hook_scale", "norm_2"), ("ln2.hook_normalized", "norm_2"),
-    ("mlp.hook_pre", "mlp"), ("mlp.hook_post", "mlp"), ("hook_mlp_out", "mlp"), ("hook_resid_post", None),
+    ("mlp.hook_pre", "mlp"), ("mlp.hook_pre_linear", "swiglu"), ("mlp.hook_post", "mlp"), ("hook_mlp_out", "mlp"), ("hook_resid_post", None),
 )
 _NEED_OF = dict(_TOP_POINTS + _FINAL_POINTS + _BLOCK_POINTS)
 

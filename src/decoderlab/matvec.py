@@ -14,7 +14,8 @@ Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear`
 ``torch.compile`` or ``torch.export`` traces the call (the compiled and ahead-of-time decode steps,
 :meth:`decoderlab.model.DecoderOnlyTransformer.compile_decode`) and only for a fixed number of rows, at most
 :data:`MAX_ROWS` (:data:`MAX_ROWS_HALF` for half-precision weights), of a plain ``nn.Linear``; everywhere else it
-is ``layer(x)``. Measured in ``bench/generate.py --only-linears``.
+is ``layer(x)``. Block-quantized layers (:mod:`decoderlab.quant`) take the same form over their blocks. Measured in
+``bench/generate.py --only-linears``.
 
 Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,
 Waterman and Patterson, 2009); Inductor's own ``decompose_mem_bound_mm`` pass rewrites small products the same
@@ -28,6 +29,8 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .quant import BlockLinear, block_matvec
+
 #: the most rows (batch x tokens) taken as a reduction with float32 weights; above it the product is
 #: compute-bound and a GEMM's blocking wins (``bench/generate.py --only-linears``: the 24 products of the
 #: shakespeare-char shape, each after a layer norm, took 0.48-0.59x of ``F.linear``'s time at 1-2 rows, 0.70x at
@@ -39,7 +42,7 @@ MAX_ROWS_HALF = 2
 
 
 def _plain(w: torch.Tensor) -> bool:
-    """Whether ``w`` is an ordinary tensor (not a quantized one, e.g. torchao's int8 subclass): seen as its own
+    """Whether ``w`` is an ordinary tensor (not a tensor subclass, e.g. torchao's quantized ones): seen as its own
     type by dynamo (a subclass is not a wrapper subclass there), as a fake tensor by torch.export."""
     if type(w) in (nn.Parameter, torch.Tensor):
         return True
@@ -51,9 +54,17 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     :data:`MAX_ROWS` rows (:data:`MAX_ROWS_HALF` in half precision), computed as the reduction of the module
     docstring (the same sums, in another order: float32 results agree with ``F.linear`` to rounding).
 
+    A :class:`decoderlab.quant.BlockLinear` (GGUF's blocks) takes :func:`decoderlab.quant.block_matvec`, the same
+    reduction over its integers and scales, at any number of rows (symbolic ones too: each block is read once for
+    all rows, and dequantizing into a float weight at every step would cost more than the rows).
+
     Anything else -- eager calls, PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is
     ``layer(x)`` unchanged. Raises what ``layer(x)`` raises."""
-    if not torch.compiler.is_compiling() or type(layer) is not nn.Linear:
+    if not torch.compiler.is_compiling():
+        return layer(x)
+    if type(layer) is BlockLinear:
+        return block_matvec(x, layer)
+    if type(layer) is not nn.Linear:
         return layer(x)
     w = layer.weight
     rows = x.shape[:-1].numel()

@@ -1,14 +1,16 @@
 """The decoder-only transformer: ``ModelConfig``, named presets, ``DecoderBlock`` and ``DecoderOnlyTransformer``.
 
-One class spans the StatQuest lesson's 37-parameter model (d_model 2, one head, no norm, no MLP) and GPT-2
-small (124,439,808 parameters). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
+One class spans the StatQuest lesson's 37-parameter model (d_model 2, one head, no norm, no MLP), GPT-2
+small (124,439,808 parameters) and the Llama family (grouped-query attention, SwiGLU, rotate-half rope: SmolLM2,
+Llama, Qwen2/Qwen3, Mistral; the ``smollm2-135m`` preset is SmolLM2-135M's shape). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
 
     token ids (B, T) -> word embedding ``we`` (B, T, d_model) -> + positions ``pe``
     -> n_layer x DecoderBlock:  x = x + attention(norm_1(x));  x = x + mlp(norm_2(x))
     -> final norm ``norm_f`` -> fully connected layer ``fc_layer`` -> logits (B, T, num_tokens)
 
 Sources: the StatQuest lesson (decoder-only transformer in PyTorch + Lightning); Radford et al. 2019 (GPT-2,
-pre-LayerNorm blocks, initialisation scaled by 1/sqrt(2 n_layer)).
+pre-LayerNorm blocks, initialisation scaled by 1/sqrt(2 n_layer)); Touvron et al. 2023 (Llama: RMSNorm, SwiGLU,
+rotary positions) and Ainslie et al. 2023 (grouped-query attention), as Hugging Face's ``LlamaForCausalLM``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
+from .quant import FAST_CONTRACT, block_dtype, is_block_layer, tie_block_weights
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -77,23 +80,34 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """The fully connected sublayer: Linear(d_model, d_ff) -> GELU (tanh approximation), or relu(x)^2 for
-    mlp="relu2" -> Linear -> dropout. Shapes: (..., d_model) -> (..., d_model)."""
+    """The fully connected sublayer, (..., d_model) -> (..., d_model): ``proj(act(fc(x)))`` with GELU (tanh
+    approximation) or relu(x)^2 (mlp="relu2"); for mlp="swiglu" the gated ``proj(silu(gate(x)) * fc(x))``
+    (Llama's down(silu(gate(x)) * up(x)): ``fc`` is the up projection); then dropout.
+
+    Hook points (TransformerLens's, (B, T, d_ff)): ``hook_pre`` the activation's input (the gate's output for
+    SwiGLU), ``hook_pre_linear`` the up projection (SwiGLU only), ``hook_post`` what ``proj`` reads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.proj = nn.Linear(cfg.ff_size, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.mlp == "relu2"
-        self.hooks = None  # hook points hook_pre, hook_post (B, T, d_ff) when decoderlab.hooks installs them
+        self.hooks = None  # hook points (B, T, d_ff) when decoderlab.hooks installs them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = linear(self.fc, x)
         hooks = self.hooks
-        if hooks is not None:
-            h = hooks("hook_pre", h)
-        a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        if self.gate is not None:
+            g = linear(self.gate, x)
+            if hooks is not None:
+                g, h = hooks("hook_pre", g), hooks("hook_pre_linear", h)
+            a = F.silu(g) * h
+        else:
+            if hooks is not None:
+                h = hooks("hook_pre", h)
+            a = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
         if hooks is not None:
             a = hooks("hook_post", a)
         y = linear(self.proj, a)
@@ -114,8 +128,9 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.norm_1 = make_norm(cfg)
         self.attention = MultiHeadAttention(
-            cfg.d_model, cfg.n_head, bias=cfg.bias, dropout=cfg.dropout, kernel=cfg.attention,
-            out_proj=cfg.attn_out_proj, rope=rope, qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps,
+            cfg.d_model, cfg.n_head, n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim, bias=cfg.bias,
+            qkv_bias=cfg.qkv_bias, dropout=cfg.dropout, kernel=cfg.attention, out_proj=cfg.attn_out_proj, rope=rope,
+            qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps, qk_norm_gain=cfg.qk_norm_gain,
         )
         self.has_mlp = cfg.mlp != "none"
         if self.has_mlp:
@@ -208,7 +223,7 @@ class DecoderOnlyTransformer(nn.Module):
         else:
             self.pe = None
             if cfg.position == "rope":
-                rope = RotaryEmbedding(cfg.d_head, cfg.max_len)
+                rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_layout)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([DecoderBlock(cfg, rope) for _ in range(cfg.n_layer)])
         self.norm_f = make_norm(cfg)
@@ -242,8 +257,13 @@ class DecoderOnlyTransformer(nn.Module):
         """With ``config.tie_weights``, make ``fc_layer.weight`` the word embedding parameter ``we.weight`` (one
         tensor, counted and updated once). Called at construction and again after every way of loading or
         moving the model that can put separate tensors in place: ``load_state_dict(..., assign=True)`` (the
-        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``)."""
-        if self.config.tie_weights and self.fc_layer.weight is not self.we.weight:
+        meta-device pattern), ``to_empty``, ``to``/``half``/... (see ``_apply``). Block-quantized layers
+        (:mod:`decoderlab.quant`) share their planes instead."""
+        if not self.config.tie_weights:
+            return
+        if is_block_layer(self.fc_layer) or is_block_layer(self.we):
+            tie_block_weights(self)
+        elif self.fc_layer.weight is not self.we.weight:
             self.fc_layer.weight = self.we.weight
 
     def _apply(self, fn, recurse=True):
@@ -421,14 +441,15 @@ class DecoderOnlyTransformer(nn.Module):
         for Inductor on a CPU (measured faster there, ``bench/generate.py``), off elsewhere and with a ``mode``
         (torch.compile takes ``mode`` or ``options``, not both). The first step compiles: seconds on a GPU, a
         minute or more with a C++ compiler on a loaded CPU; Inductor keeps what it compiled on disk (its FX graph
-        cache), so a later process with the same model shape compiles faster. A compiled model does not pickle
+        cache), so a later process with the same model shape compiles faster. With block-quantized weights the C++
+        compiler may fuse a multiply and an add into one instruction (``decoderlab.quant.FAST_CONTRACT``). A compiled model does not pickle
         or deep-copy.
 
         ``mode="aot"``: ahead of time instead (:class:`decoderlab.aot.AOTDecodeStep`: ``torch.export`` +
         AOTInductor, a ``.pt2`` package per batch size written once to ``cache_dir`` -- default
         ``~/.cache/decoderlab/aot`` -- and loaded, not compiled, by any later process with a model of the same shape
         and dtype; the package reads the model's own weights);
-        ``cache_dir`` is its only option (``TypeError`` naming any other); quantized (int8) weights raise
+        ``cache_dir`` is its only option (``TypeError`` naming any other); tensor-subclass weights raise
         ``ValueError``."""
         if options.get("mode") == "aot":
             from .aot import AOTDecodeStep
@@ -444,6 +465,8 @@ class DecoderOnlyTransformer(nn.Module):
             cpp_wrapper = backend == "inductor" and on_cpu and "mode" not in options
         if cpp_wrapper:
             options["options"] = {"cpp_wrapper": True, **(options.get("options") or {})}
+        if backend == "inductor" and on_cpu and "mode" not in options and block_dtype(self):
+            options["options"] = {**FAST_CONTRACT, **(options.get("options") or {})}
         self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
         return self.compiled_decode
 

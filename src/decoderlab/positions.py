@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .config.names import POSITIONS
+from .config.names import POSITIONS, ROPE_LAYOUTS
 
 
 def _check_length(t: int, max_len: int) -> None:
@@ -107,26 +107,36 @@ class LearnedPositionEncoding(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding applied to queries and keys of shape (B, H, T, d_head), d_head even.
 
-    Pairs (x[2i], x[2i+1]) are rotated by the angle pos * base^(-2i/d_head) (RoFormer eq. 34, interleaved
-    pairs). ``forward(x, positions=None, *, check=True)``: positions (T,) or (B, T); default 0..T-1;
+    Pair i of a head is turned by the angle pos * base^(-2i/d_head) (RoFormer eq. 34). ``layout`` says which
+    two values make pair i: "interleaved" (x[2i], x[2i+1]), RoFormer's; "rotate_half" (x[i], x[i + d_head/2]),
+    the halves of Hugging Face's Llama family (``rotate_half``). The angles are computed as Hugging Face computes
+    them (``1 / base^(2i/d_head)``, float32), so that the same weights give the same numbers.
+    ``forward(x, positions=None, *, check=True)``: positions (T,) or (B, T); default 0..T-1;
     ``check=False`` skips their range check (the model checks them once per call, not per layer: see
-    :class:`PositionEncoding`). Raises ``ValueError`` for T > max_len or a position outside 0 .. max_len - 1.
+    :class:`PositionEncoding`). Raises ``ValueError`` for T > max_len, a position outside 0 .. max_len - 1, an
+    odd d_head or an unknown layout.
     """
 
-    def __init__(self, d_head: int, max_len: int, base: float = 10000.0):
+    def __init__(self, d_head: int, max_len: int, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
         if d_head % 2 != 0:
             raise ValueError(f"rope needs an even head size, got d_head={d_head}")
+        if layout not in ROPE_LAYOUTS:
+            raise ValueError(f"unknown rope layout {layout!r}; allowed: {', '.join(ROPE_LAYOUTS)}")
         self.d_head = d_head
         self.max_len = max_len
-        self.base = base
+        self.base = float(base)
+        self.layout = layout
         cos, sin = self._table()
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.base ** (-torch.arange(0, self.d_head, 2).float() / self.d_head)
-        angles = torch.arange(self.max_len).float()[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
+    def _table(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position's angles, (max_len, d_head/2): in float32 as Hugging Face makes them,
+        or in float64 for a float64 model (whose numbers the float64 reference of ``verify`` then matches)."""
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.d_head, 2, dtype=torch.int64).to(dtype) / self.d_head))
+        angles = torch.arange(self.max_len).to(dtype)[:, None] * inv_freq[None, :]  # (max_len, d_head/2)
         return angles.cos(), angles.sin()
 
     def materialize(self, device) -> None:
@@ -141,7 +151,7 @@ class RotaryEmbedding(nn.Module):
         # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
         super()._apply(fn, recurse)
         if self.cos.device.type != "meta":
-            cos, sin = self._table()
+            cos, sin = self._table(self.cos.dtype)
             self.cos = cos.to(self.cos.device, self.cos.dtype)
             self.sin = sin.to(self.sin.device, self.sin.dtype)
         return self
@@ -161,6 +171,9 @@ class RotaryEmbedding(nn.Module):
             if cos.dim() == 3:
                 cos, sin = cos[:, None], sin[:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if self.layout == "rotate_half":  # (written as Hugging Face's x cos + rotate_half(x) sin: the same sums)
+            x1, x2 = x[..., : self.d_head // 2], x[..., self.d_head // 2 :]
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         r1 = x1 * cos - x2 * sin
         r2 = x1 * sin + x2 * cos

@@ -64,24 +64,19 @@ def _checked(text: str, what: str) -> str:
 
 def is_tokenizer(value) -> bool:
     """True for a tokenizer (a :class:`Tokenizer`, or any object with ``encode`` and ``decode`` that is not
-    text): what tells an old call's argument order from the new one (:func:`tokenizer_after_input`)."""
+    text): what tells a call that put the tokenizer in the input's place (:func:`check_input_first`)."""
     if isinstance(value, Tokenizer):
         return True
     return (not isinstance(value, (str, bytes, bytearray, list, tuple, dict))
             and callable(getattr(value, "encode", None)) and callable(getattr(value, "decode", None)))
 
 
-def tokenizer_after_input(function: str, what: str, given_input, given_tokenizer, *, stacklevel: int = 3):
-    """``(input, tokenizer)`` of a public function whose arguments are ``(model, input, tokenizer, ...)``, the
-    order of every public function that takes a tokenizer. The old order of a few, ``(model, tokenizer,
-    input, ...)``, is still accepted for one release: it is recognised by a tokenizer in the input's place and
-    warns (``DeprecationWarning``) with the call to write instead."""
-    if is_tokenizer(given_input) and not is_tokenizer(given_tokenizer):
-        warnings.warn(f"{function}(model, tokenizer, {what}, ...) is deprecated: the tokenizer comes after the "
-                      f"{what}, as in every public function: {function}(model, {what}, tokenizer, ...)",
-                      DeprecationWarning, stacklevel=stacklevel)
-        return given_tokenizer, given_input
-    return given_input, given_tokenizer
+def check_input_first(function: str, what: str, given_input) -> None:
+    """Every public function that takes a model, an input and a tokenizer takes them in that order: a
+    tokenizer given in the input's place is a ``TypeError`` showing the call to write."""
+    if is_tokenizer(given_input):
+        raise TypeError(f"{function}() got a tokenizer as its {what}: the tokenizer comes after the {what}, as in "
+                        f"every public function: {function}(model, {what}, tokenizer, ...)")
 
 
 class Tokenizer:
@@ -108,6 +103,29 @@ class Tokenizer:
     @property
     def pad_id(self) -> int | None:
         return self.token_to_id.get(PAD)
+
+    @property
+    def bos_id(self) -> int | None:
+        """The start-of-text token's id (Hugging Face's ``bos_token``: ``<s>``, ``<|begin_of_text|>``); None for
+        decoderlab's own tokenizers, whose texts start without one."""
+        return None
+
+    #: whether a text starts with ``bos_id`` (Hugging Face's ``add_bos_token``; :meth:`with_special_tokens`)
+    add_bos_token = False
+    #: whether a text ends with ``eos_id`` (Hugging Face's ``add_eos_token``)
+    add_eos_token = False
+
+    def with_special_tokens(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` of a text with the tokens the tokenizer puts around a whole text: ``bos_id`` first with
+        ``add_bos_token``, ``eos_id`` last with ``add_eos_token`` (Hugging Face's ``add_special_tokens=True``, so
+        ``tokenizer.with_special_tokens(tokenizer.encode(text, allow_special=True))`` are ``AutoTokenizer``'s ids
+        of ``text``). Unchanged for decoderlab's own tokenizers."""
+        ids = list(ids)
+        if self.add_bos_token and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        if self.add_eos_token and self.eos_id is not None:
+            ids = ids + [self.eos_id]
+        return ids
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -516,6 +534,16 @@ def byte_level_text(data: bytes) -> str:
 #: or number run ends there: no pattern continues a letter with a non-letter or a number with a non-number),
 #: and after a single line-break or tab character between two non-space characters (the whitespace run is
 #: that one character, alone or at the end of a piece). :func:`_is_safe_cut` confirms a candidate.
+def _part(component) -> dict:
+    """A ``tokenizers`` pipeline part (pre-tokenizer, decoder) as the JSON of tokenizer.json ({} for none)."""
+    return {} if component is None else json.loads(component.__getstate__())
+
+
+#: SentencePiece's byte-fallback tokens, <0x00> .. <0xFF>
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+#: the key of a saved BPETokenizer's Hugging Face names (``BPETokenizer.special_tokens``)
+NAMED_KEY = "decoderlab_special_tokens"
+
 _CUT_CANDIDATE = re.compile(r"(?<=\w)(?=\W)|(?<=\S[\t\n\x0b\x0c\r])(?=\S)")
 _CHUNK_CHARS = 1 << 18
 
@@ -546,7 +574,10 @@ class BPETokenizer(Tokenizer):
     them). A token may hold part of a character's UTF-8 bytes; ``token_bytes(id)`` gives its raw bytes for
     streaming decoders, and ``decode`` of an incomplete sequence shows U+FFFD for the partial character.
 
-    Make one with :meth:`train`, or wrap a ``tokenizers.Tokenizer``.
+    Make one with :meth:`train`, or wrap a ``tokenizers.Tokenizer``. A tokenizer of a Hugging Face model
+    (:func:`decoderlab.hf.read_tokenizer`: any ``tokenizer.json`` -- byte-level BPE, SentencePiece's BPE with
+    byte fallback, ...) also carries the names of ``tokenizer_config.json`` (``special_tokens``: ``bos_token``,
+    ``eos_token``, ``pad_token``, ``unk_token``, ``add_bos_token``, ``add_eos_token``), saved with it.
     """
 
     kind = "bpe"
@@ -554,22 +585,31 @@ class BPETokenizer(Tokenizer):
     specials = (PAD, EOS)
     #: 256 byte tokens + the 2 special tokens + at least one merge
     min_vocab_size = 256 + 2 + 1
+    #: the names of Hugging Face's tokenizer_config.json a BPETokenizer keeps (``special_tokens``)
+    NAMED = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token")
 
-    def __init__(self, hf_tokenizer):
+    def __init__(self, hf_tokenizer, special_tokens: dict | None = None):
         self._hf = hf_tokenizer
-        # literal "<EOS>" in a text is text: only allow_special=True makes special ids (see encode)
+        # literal "<EOS>" in a text is text: only allow_special=True makes special ids (see encode), through a
+        # second copy, made when first needed, that splits them off as Hugging Face does (a flag of the shared
+        # object would race)
         self._hf.encode_special_tokens = True
+        self._hf_special = None
         self.token_to_id = dict(self._hf.get_vocab(with_added_tokens=True))
         self.id_to_token = {i: t for t, i in self.token_to_id.items()}
-        spec = json.loads(self._hf.to_str())
-        added = {a["content"]: a["id"] for a in spec.get("added_tokens") or [] if a.get("special")}
+        self._named = {k: v for k, v in (special_tokens or {}).items() if k in self.NAMED and v is not None}
+        # the pipeline's parts read one by one: the whole tokenizer.json of a large vocabulary takes a second
+        added = {t.content: i for i, t in self._hf.get_added_tokens_decoder().items() if t.special}
         self._added = [t for t in sorted(added, key=added.get) if t not in self.specials]
         self._special_ids = set(added.values())
-        self._special_re = _special_pattern(added) if added else None
-        pre, dec = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
+        pre, dec = _part(self._hf.pre_tokenizer), _part(self._hf.decoder)
         self._byte_level = dec.get("type") == "ByteLevel"
+        self._bpe = type(self._hf.model).__name__ == "BPE"
+        self._byte_fallback = bool(getattr(self._hf.model, "byte_fallback", False))
+        # SentencePiece's word start "\u2581" stands for a space (Metaspace, or a decoder replacing it)
+        self._metaspace = "\u2581" in json.dumps(dec, ensure_ascii=False) or dec.get("type") == "Metaspace"
         # the safe-cut chunking in encode_array holds for exactly this pipeline
-        self._chunkable = (self._byte_level and spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
+        self._chunkable = (self._byte_level and self._hf.normalizer is None and pre.get("type") == "ByteLevel"
                            and pre.get("use_regex", True))
 
     @classmethod
@@ -642,7 +682,7 @@ class BPETokenizer(Tokenizer):
     @property
     def byte_level(self) -> bool:
         """True when this is a byte-level BPE (GPT-2's scheme), which :meth:`save_gpt2_files` can write."""
-        return self._byte_level and json.loads(self._hf.to_str()).get("model", {}).get("type") == "BPE"
+        return self._byte_level and self._bpe
 
     def save_gpt2_files(self, directory: str | os.PathLike) -> list[Path]:
         """Write GPT-2's tokenizer files ``vocab.json`` and ``merges.txt`` into ``directory`` (which must
@@ -661,8 +701,35 @@ class BPETokenizer(Tokenizer):
 
     @property
     def eos_id(self) -> int | None:
+        named = self._named.get("eos_token")
+        if named is not None:
+            return self.token_to_id.get(named)
         eos = self.token_to_id.get(EOS)
         return eos if eos is not None else self.token_to_id.get("<|endoftext|>")
+
+    @property
+    def pad_id(self) -> int | None:
+        named = self._named.get("pad_token")
+        return self.token_to_id.get(named if named is not None else PAD)
+
+    @property
+    def bos_id(self) -> int | None:
+        named = self._named.get("bos_token")
+        return None if named is None else self.token_to_id.get(named)
+
+    @property
+    def add_bos_token(self) -> bool:
+        return bool(self._named.get("add_bos_token")) and self.bos_id is not None
+
+    @property
+    def add_eos_token(self) -> bool:
+        return bool(self._named.get("add_eos_token")) and self.eos_id is not None
+
+    @property
+    def special_tokens(self) -> dict:
+        """The names of Hugging Face's tokenizer_config.json this tokenizer keeps (``NAMED``; {} for
+        decoderlab's own)."""
+        return dict(self._named)
 
     @property
     def hf_tokenizer(self):
@@ -685,15 +752,19 @@ class BPETokenizer(Tokenizer):
         become their special ids."""
         if not isinstance(text, str):
             raise TypeError(f"BPETokenizer.encode needs a str, got {type(text).__name__}")
-        if not allow_special or self._special_re is None:
+        if not allow_special or not self._special_ids:
             return self._encode_plain(text) if len(text) <= _CHUNK_CHARS else self.encode_array(text).tolist()
-        ids: list[int] = []
-        for k, part in enumerate(self._special_re.split(text)):
-            if k % 2:
-                ids.append(self.token_to_id[part])
-            elif part:
-                ids.extend(self._encode_plain(part))
-        return ids
+        if self._hf_special is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            special = HFTokenizer.from_str(self._hf.to_str())
+            special.encode_special_tokens = False
+            self._hf_special = special
+        try:  # special tokens split off as Hugging Face does (their lstrip/rstrip/normalized flags included)
+            return self._hf_special.encode(text, add_special_tokens=False).ids
+        except TypeError:  # what the tokenizers library raises for a lone surrogate
+            check_unicode(text)
+            raise
 
     def encode_chunks(self, text: str, chunk_chars: int = _CHUNK_CHARS) -> Iterator[np.ndarray]:
         """The ids of ``text`` in consecutive int32 arrays, one per piece of at least ``chunk_chars``
@@ -745,9 +816,14 @@ class BPETokenizer(Tokenizer):
         """
         (i,) = self._check_ids([token_id])
         tok = self.id_to_token[i]
-        if i in self._special_ids or not self._byte_level:
-            return self._hf.decode([i], skip_special_tokens=False).encode("utf-8")
-        return bytes(_BYTE_OF_CHAR[c] for c in tok)
+        if i not in self._special_ids and self._byte_level:
+            return bytes(_BYTE_OF_CHAR[c] for c in tok)
+        if i not in self._special_ids and self._byte_fallback and _BYTE_TOKEN.fullmatch(tok):
+            return bytes([int(tok[3:5], 16)])  # SentencePiece's byte fallback: <0x0A> is the byte 0x0A
+        if i not in self._special_ids and self._metaspace:
+            return tok.replace("\u2581", " ").encode("utf-8")  # its word start is a space (the decoder strips
+            # only the text's first one)
+        return self._hf.decode([i], skip_special_tokens=False).encode("utf-8")
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         """Each token as readable text (its bytes as UTF-8; bytes of a partial character as ``\\xNN``)."""
@@ -759,21 +835,29 @@ class BPETokenizer(Tokenizer):
 
         hf = HFTokenizer.from_str(self._hf.to_str())
         hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
-        return BPETokenizer(hf)
+        return BPETokenizer(hf, self._named)
+
+    def hf_json(self) -> str:
+        """The wrapped tokenizer as Hugging Face's ``tokenizer.json`` text (without decoderlab's keys)."""
+        return self._hf.to_str()
 
     def to_dict(self) -> dict:
-        return json.loads(self._hf.to_str())
+        data = json.loads(self._hf.to_str())
+        if self._named:
+            data[NAMED_KEY] = dict(self._named)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "BPETokenizer":
         from tokenizers import Tokenizer as HFTokenizer
 
-        data = {k: v for k, v in data.items() if k != "decoderlab_tokenizer"}
+        named = data.get(NAMED_KEY)
+        data = {k: v for k, v in data.items() if k not in ("decoderlab_tokenizer", NAMED_KEY)}
         try:
             hf = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # tokenizers raises its own Exception type for malformed files
             raise ValueError(f"not a valid Hugging Face tokenizer.json: {e}") from e
-        return cls(hf)
+        return cls(hf, named if isinstance(named, dict) else None)
 
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {"word": WordTokenizer, "char": CharTokenizer, "bpe": BPETokenizer}

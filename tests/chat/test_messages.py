@@ -40,3 +40,12 @@ def test_tool_calls_are_answered_by_tool_results_before_the_assistant_speaks():
     with pytest.raises(ValueError, match="message 1 is a tool result"):
         check_messages([{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "a", "content": "1"}],
                        final=None)
+
+
+def test_an_empty_reply_is_refused_in_training_data_and_kept_in_a_conversation_to_answer():
+    """A model that ends its turn at once has replied: the conversation goes on (chat wedged on it). Training
+    data never holds an empty reply (it would teach a model to say nothing)."""
+    with pytest.raises(ValueError, match="message 1 is an empty assistant turn"):
+        check_messages(conv("a", "", "b", "c"), final="assistant")
+    check_messages(conv("a", "", "b"), final="user")
+    check_messages(conv("a", ""), final=None)

@@ -59,16 +59,16 @@ def test_the_last_message_alone_renders_too_long_in_the_singular(overfit):
         chat_reply(model, [{"role": "user", "content": "say yes " * 40}], tok, template, max_new_tokens=4)
 
 
-def test_chat_reply_in_the_old_order_still_works_and_warns(statquest_checkpoint):
-    """(model, messages, tokenizer) is the order; the old (model, tokenizer, messages) gives the same reply for
-    one release, with a DeprecationWarning."""
+def test_chat_reply_takes_the_tokenizer_after_the_messages_and_says_so(statquest_checkpoint):
+    """(model, messages, tokenizer) is the order; the old (model, tokenizer, messages) is a TypeError showing the
+    call to write."""
     model, tok, template, _ = load_model(statquest_checkpoint)
     messages = [{"role": "user", "content": "what is statquest"}]
-    with pytest.warns(DeprecationWarning, match=r"chat_reply\(model, messages, tokenizer, ...\)"):
-        old = chat_reply(model, tok, messages, template, temperature=0)
-    with pytest.warns(DeprecationWarning, match=r"stream_chat_reply\(model, messages, tokenizer, ...\)"):
-        old_stream = "".join(stream_chat_reply(model, tok, messages, template, temperature=0))
-    assert old == old_stream == chat_reply(model, messages, tok, template, temperature=0) == "awesome"
+    with pytest.raises(TypeError, match=r"chat_reply\(model, messages, tokenizer, ...\)"):
+        chat_reply(model, tok, messages, template, temperature=0)
+    with pytest.raises(TypeError, match=r"stream_chat_reply\(model, messages, tokenizer, ...\)"):
+        "".join(stream_chat_reply(model, tok, messages, template, temperature=0))
+    assert chat_reply(model, messages, tok, template, temperature=0) == "awesome"
 
 
 def _tool_exchange(i):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import type_lines
+from support.interaction import type_lines
 from tiny_models import one_thread  # noqa: F401 -- one_thread: autouse
 from tiny_runs import GOOD, write
 
@@ -56,17 +56,19 @@ def test_a_closed_output_ends_chat_quietly(closed_stdout_cli, statquest_checkpoi
 def test_cli_chat_with_the_lesson_model(statquest_checkpoint, capsys, monkeypatch):
     type_lines(monkeypatch, ["what is statquest", "/temperature 0.7", "/temperature -1", "/top_k 20", "/help",
                              "/reset", "/temperature 0", "statquest is what", "what is hello", "/nope"])
-    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
-    out = capsys.readouterr().out.splitlines()
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 2  # not a terminal: errors fail it
+    captured = capsys.readouterr()
+    out, err = captured.out.splitlines(), captured.err.splitlines()
     assert out[0] == "awesome"
     assert out[1] == "(temperature = 0.7)"
-    assert out[2].startswith("error: /temperature '-1'")
-    assert out[3] == "(top_k = 20)"
+    assert out[2] == "(top_k = 20)"
     assert "/reset" in "\n".join(out) and "(conversation reset)" in out
     i = out.index("(temperature = 0)")
-    assert out[i + 1] == "awesome"
-    assert out[i + 2].startswith("error: unknown word 'hello'")
-    assert out[-1].startswith("unknown command /nope")
+    assert out[i + 1:] == ["awesome"]
+    assert len(err) == 3
+    assert err[0].startswith("decoderlab: error: /temperature '-1'")
+    assert err[1].startswith("decoderlab: error: unknown word 'hello'")
+    assert err[2] == "decoderlab: error: unknown command /nope; type /help"
 
 
 def test_chat_reads_stdin_until_end_of_file(statquest_checkpoint, capsys, monkeypatch):
@@ -80,12 +82,11 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
     stdin = ("what is statquest\n/top-k 3\n/top_k 0\n/max-new-tokens 4\n/max_new_tokens x\n/top-p 0.9\n/help\n"
              "/quit\nwhat is statquest\n")
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
-    assert (r.returncode, r.stderr) == (0, "")
+    assert (r.returncode, r.stderr) == (2, "decoderlab: error: /max_new_tokens takes an integer >= 0 and <= 6 (the "
+                                           "model's context, in tokens), got 'x'\n")
     out = r.stdout.splitlines()
-    assert out[:6] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)",
-                       "error: /max_new_tokens takes an integer >= 0 and <= 6 (the model's context, in tokens), got "
-                       "'x'", "(top-p = 0.9)"]
-    assert out[6:] == CHAT_HELP.splitlines()  # and nothing after /quit
+    assert out[:5] == ["awesome", "(top-k = 3)", "(top_k off)", "(max-new-tokens = 4)", "(top-p = 0.9)"]
+    assert out[5:] == CHAT_HELP.splitlines()  # and nothing after /quit
     for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
         assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/exit\nwhat is statquest\n")
@@ -116,12 +117,12 @@ def test_chat_command_errors_say_what_is_allowed(statquest_checkpoint, decoderla
     """`/max-new-tokens abc` said "invalid literal for int() with base 10: 'abc'"; /seed and /top-k the same."""
     stdin = "/max-new-tokens abc\n/seed abc\n/seed -1\n/seed 99999999999999999999999\n/seed 5\n/top-k abc\n/top-k -2\n"
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
-    assert (r.returncode, r.stderr) == (0, "")
-    seed = "error: /seed takes an integer in 0 .. 2**63-1 (off: fresh entropy), got "
-    top_k = "error: /top-k takes an integer >= 0 (0 or off: no top-k filter), got "
-    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's context, in "
-                                     "tokens), got 'abc'", seed + "'abc'",
-                                     seed + "'-1'", seed + "'99999999999999999999999'", "(seed = 5)",
+    assert (r.returncode, r.stdout) == (2, "(seed = 5)\n")
+    seed = "decoderlab: error: /seed takes an integer in 0 .. 2**63-1 (off: fresh entropy), got "
+    top_k = "decoderlab: error: /top-k takes an integer >= 0 (0 or off: no top-k filter), got "
+    assert r.stderr.splitlines() == ["decoderlab: error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's "
+                                     "context, in tokens), got 'abc'", seed + "'abc'",
+                                     seed + "'-1'", seed + "'99999999999999999999999'",
                                      top_k + "'abc'", top_k + "'-2'"]
 
 
@@ -227,11 +228,36 @@ def test_ctrl_c_during_a_reply_stops_only_that_reply(tmp_path):
     stopped = lines.index("(reply stopped)")
     assert lines[stopped + 1:stopped + 2] == ["(max-new-tokens = 3)"] and len(lines) == stopped + 3
     assert len(lines[-1]) == 3 and set(lines[-1]) <= set("abcdefgh ")  # the next line got its 3-token answer
-    assert p.stderr.read() == b""
+    assert p.stderr.read().decode().splitlines() == [
+        f"({ckpt} has no chat template: each line continues the text so far, as a base model does; `decoderlab "
+        "finetune` makes a chat checkpoint)"]
 
 
 def test_max_new_tokens_in_chat_is_bounded_by_the_context(statquest_checkpoint, decoderlab_cli):
     """`/max-new-tokens 100000` was accepted while every reply is cut by the context (6 tokens here)."""
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/max-new-tokens 100000\n/max-new-tokens 6\n")
-    assert r.stdout.splitlines() == ["error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's context, in "
-                                     "tokens), got '100000'", "(max-new-tokens = 6)"]
+    assert r.stdout.splitlines() == ["(max-new-tokens = 6)"]
+    assert r.stderr.splitlines() == ["decoderlab: error: /max-new-tokens takes an integer >= 0 and <= 6 (the model's "
+                                     "context, in tokens), got '100000'"]
+
+
+@pytest.mark.parametrize("template_name, flags", [("decoderlab", ()), ("tools", ("--tools", "calculator")),
+                                                  ("decoderlab", ("--temperature", "1", "--seed", "3"))])
+def test_an_empty_reply_is_a_reply_and_the_conversation_goes_on(tmp_path, capsys, monkeypatch, template_name, flags):
+    """A model that ends its turn at once: every later turn said "error: message 5 is an empty assistant turn"
+    (no decoderlab: prefix, exit status 0) until /reset. Now each empty reply is shown with why, and the
+    conversation goes on."""
+    from tiny_models import bigram_model
+
+    from decoderlab.chat import TEMPLATES
+
+    template = TEMPLATES[template_name]
+    tok = CharTokenizer.from_text("abc").add_special_tokens(template.special_tokens)
+    end, opener = tok.token_to_id["<|end|>"], tok.token_to_id["<|assistant|>"]
+    model = bigram_model(tok.vocab_size, {opener: end}, max_len=64)  # after the opener: the end of turn at once
+    ckpt = save_checkpoint(tmp_path / "ck", model, tok, meta={"task": "lm", "chat_template": template.to_dict()})
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\nc\n"))
+    assert cli_main(["chat", "--checkpoint", str(ckpt), *flags]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["", "", ""]
+    assert captured.err.splitlines() == ["(an empty reply: the model ended its turn at once)"] * 3

@@ -21,7 +21,7 @@ def test_finetune_help_shows_the_fine_tuning_defaults():
     assert h["--max-steps"] == "optimizer steps (default 500)"
     assert h["--lr"] == "peak learning rate (default 0.0003)"
     assert h["--n-layer"] == ("decoder blocks (default: baby-shakespeare 4, baby-shakespeare-speedrun 4, "
-                              "shakespeare-char 6, gpt2 12)")
+                              "shakespeare-char 6, gpt2 12, smollm2-135m 30)")
     assert "--val-batches" not in h
     a = actions("finetune")
     for field, value in {**TRAIN_DEFAULTS, **FINETUNE_TRAIN}.items():
@@ -30,7 +30,8 @@ def test_finetune_help_shows_the_fine_tuning_defaults():
             assert a[field].help.endswith(f"(default {shown})"), field
     assert h["--val-fraction"].endswith(f"(default {FINETUNE_VAL_FRACTION:g})")
     assert h["--eval-prompts"].endswith(f"(default {FINETUNE_EVAL_PROMPTS})")
-    assert h["--template"] == f"chat template: {', '.join(TEMPLATES)} (default {DEFAULT_TEMPLATE})"
+    assert h["--template"] == (f"chat template: {', '.join(TEMPLATES)}, or a *.jinja file (a Hugging Face chat "
+                               f"template); a --checkpoint's own is kept (default {DEFAULT_TEMPLATE})")
     assert a["tokenizer"].choices == TOKENIZERS and h["--tokenizer"].endswith(f"(default {DEFAULT_TOKENIZER})")
     assert a["preset"].choices == tuple(PRESETS)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import type_lines
+from support.interaction import type_lines
 from tiny_models import biased_char_model, end_of_turn_model, one_thread, run_env  # noqa: F401 -- one_thread: autouse
 
 import decoderlab as dl
@@ -183,7 +183,7 @@ def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path):
 
     exe = str(Path(sys.executable).with_name("decoderlab"))
     r = subprocess.run([exe, "sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
-                        "--prompt", "h"], capture_output=True, text=True, env=run_env())
+                        "h"], capture_output=True, text=True, env=run_env())
     assert r.returncode == 0 and r.stderr == ""
     want = "h" + "".join(stream_text(model, "h", tok, 2000, seed=0)) + "\n"
     assert r.stdout == want and "<" not in r.stdout
@@ -191,7 +191,7 @@ def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path):
 
 def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_path):
     """$'para\\xff' (a byte that is not UTF-8; Python makes it U+DCFF): one error line and exit status 2 for
-    every checkpoint kind and command; chat reports it and goes on."""
+    every checkpoint kind and command; chat reports it in one such line and goes on."""
     import subprocess
 
     tok, model, _ = newline_bpe
@@ -200,7 +200,7 @@ def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_pat
     for ckpt, commands in ((tmp_path / "bpe", ("generate", "sample", "stop", "explain", "verify")),
                            (lm_checkpoint, ("generate", "chat"))):
         for argv in ([b"generate", b"--checkpoint", bytes(ckpt), b"to be\xff"],
-                     [b"sample", b"--checkpoint", bytes(ckpt), b"--prompt", b"to be\xff"],
+                     [b"sample", b"--checkpoint", bytes(ckpt), b"to be\xff"],
                      [b"generate", b"--checkpoint", bytes(ckpt), b"--stop", b"\xff", b"to be"],
                      [b"explain", b"--checkpoint", bytes(ckpt), b"to be\xff"],
                      [b"verify", b"--checkpoint", bytes(ckpt), b"to be\xff"]):
@@ -215,8 +215,9 @@ def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_pat
             continue
         r = subprocess.run([exe, b"chat", b"--checkpoint", bytes(ckpt)], input=b"to be\xff\n", capture_output=True,
                            env=run_env())
-        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
-        assert r.stdout.startswith(b"error: ") and (b"0xff" in r.stdout), r.stdout
+        assert r.returncode == 2 and b"Traceback" not in r.stderr, r.stderr  # piped: a turn's error fails the run
+        (error,) = [line for line in r.stderr.splitlines() if line.startswith(b"decoderlab: error: ")]
+        assert b"0xff" in error, r.stderr
 
 
 def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
@@ -235,7 +236,7 @@ def test_ctrl_c_keeps_what_was_produced(lm_checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(Sampler, "choose", interrupted)
     for command, out in (("generate", want + "\n"), ("sample", "to be" + want + "\n")):
         calls.clear()
-        assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--seed", "13", "--prompt", "to be"]) == 130
+        assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--seed", "13", "to be"]) == 130
         got = capsys.readouterr()
         assert got.out == out
         assert got.err == f"decoderlab: interrupted ({command} stopped by Ctrl-C)\n"
@@ -267,7 +268,7 @@ def test_ctrl_c_in_a_subprocess(newline_bpe, tmp_path):
 @pytest.mark.parametrize("argv, line", [
     (("generate", "--seed", "99999999999999999999999", "what"),
      "--seed must be an integer in 0 .. 2**63-1, got '99999999999999999999999' (see decoderlab generate --help)"),
-    (("sample", "--seed=-1", "--prompt", "what"), "--seed must be an integer in 0 .. 2**63-1, got '-1' "
+    (("sample", "--seed=-1", "what"), "--seed must be an integer in 0 .. 2**63-1, got '-1' "
                                                    "(see decoderlab sample --help)"),
     (("chat", "--seed", str(2**63)), f"--seed must be an integer in 0 .. 2**63-1, got '{2**63}' "
                                      f"(see decoderlab chat --help)"),
@@ -288,7 +289,7 @@ def test_generate_sample_and_chat_end_at_a_chat_models_end_of_turn(tmp_path, cap
     common = ["--checkpoint", str(tmp_path / "c"), "--temperature", "0"]
     assert cli_main(["generate", *common, "a"]) == 0
     assert capsys.readouterr().out == "bc\n"
-    assert cli_main(["sample", *common, "--prompt", "a"]) == 0
+    assert cli_main(["sample", *common, "a"]) == 0
     assert capsys.readouterr().out == "abc\n"
     assert cli_main(["generate", *common, "--chat", "b"]) == 0
     assert capsys.readouterr().out == "abc\n"
@@ -312,3 +313,25 @@ def test_verbose_names_the_device_dtype_threads_and_the_cpus_instructions(lm_che
     assert quiet == 0 and out.err.count("decoderlab:") == 2  # the run without --verbose says nothing
     half = out.out.split("\n")
     assert half[0] == half[1] and half[2:] == [""]  # the same text with and without --verbose
+
+
+def test_generate_chat_and_chat_take_a_jinja_template_and_say_its_error(tmp_path, capsys, monkeypatch):
+    """A checkpoint storing a Jinja chat template (here decoderlab's own, as an exported model's
+    tokenizer_config.json carries it) replies as with the built-in one; a template that raises is one line
+    naming it and its message."""
+    from decoderlab.chat import TEMPLATES, JinjaChatTemplate, chat_template_jinja
+
+    tok, model, _ = end_of_turn_model()
+    jinja = JinjaChatTemplate(chat_template_jinja(TEMPLATES["decoderlab"]), name="exported")
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "chat", "chat_template": jinja.to_dict()})
+    common = ["--checkpoint", str(tmp_path / "c"), "--temperature", "0"]
+    assert cli_main(["generate", *common, "--chat", "b"]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    type_lines(monkeypatch, ["b"])
+    assert cli_main(["chat", *common]) == 0
+    assert capsys.readouterr().out == "abc\n"
+    raising = JinjaChatTemplate("{{ raise_exception('System role not supported') }}", name="strict")
+    save_checkpoint(tmp_path / "r", model, tok, meta={"task": "chat", "chat_template": raising.to_dict()})
+    assert cli_main(["generate", "--checkpoint", str(tmp_path / "r"), "--chat", "b"]) == 2
+    assert capsys.readouterr().err == ("decoderlab: error: the 'strict' chat template raised: System role not "
+                                       "supported\n")

@@ -23,8 +23,8 @@ def test_lens_prints_the_librarys_lens_and_decomposition(ckpt, capsys, tmp_path)
     directory, model, tok = ckpt
     _, cache = dl.glassbox.run_with_cache(model, tok.encode(TEXT))
     lens = dl.glassbox.logit_lens(cache)
-    for extra, at, token in (((), 9, None), (("--position", "3", "--top-k", "2"), 3, None),
-                             (("--position", "-2", "--token", "z"), 8, tok.encode("z")[0])):
+    for extra, at, token in (((), 9, None), (("--pos", "3", "--top-k", "2"), 3, None),
+                             (("--pos", "-2", "--token", "z"), 8, tok.encode("z")[0])):
         k = 2 if "--top-k" in extra else dl.config.EXPLAIN_TOP_K
         status, out, err = run(capsys, "lens", "--checkpoint", directory, TEXT, *extra)
         assert (status, err) == (0, "")
@@ -46,9 +46,9 @@ def test_lens_prints_the_librarys_lens_and_decomposition(ckpt, capsys, tmp_path)
 def test_lens_bad_input_is_one_error_line(ckpt, capsys, tmp_path):
     directory, _, _ = ckpt
     base = ("lens", "--checkpoint", directory)
-    assert one_error_line(capsys, *base, "abc", "--position", "3") == (
-        "--position 3 is outside the sequence; valid positions are 0 .. 2 (or -3 .. -1 from the end)")
-    assert "--position" in one_error_line(capsys, *base, "abc", "--position", "-4")
+    assert one_error_line(capsys, *base, "abc", "--pos", "3") == (
+        "--pos 3 is outside the sequence; valid positions are 0 .. 2 (or -3 .. -1 from the end)")
+    assert "--pos" in one_error_line(capsys, *base, "abc", "--pos", "-4")
     assert one_error_line(capsys, *base, "abc", "--token", "xy") == (
         "--token 'xy' is 2 tokens for this tokenizer; give the text of one token")
     assert one_error_line(capsys, *base, "") == "the text is empty: give at least one token of text"

@@ -94,3 +94,48 @@ def test_verbose_is_taken_anywhere_on_the_line(monkeypatch, capsys):
                         lambda args: seen.update(env=os.environ.get("DECODERLAB_VERBOSE"), verbose=args.verbose) or 0)
     assert cli.main(["--verbose", "tasks", "make", "--task", "arithmetic", "--n", "1", "--out", "x.jsonl"]) == 0
     assert seen == {"env": "1", "verbose": True} and "DECODERLAB_VERBOSE" not in os.environ
+
+
+@pytest.mark.slow
+def test_resuming_a_pretraining_run_with_finetune_or_rl_names_the_command_that_continues_it(
+        tmp_path, capsys, small_corpus, tiny_lm_flags):
+    """`finetune --resume` on a pretraining run said "it was fine-tuned on conversations given as a list, which
+    run.json does not hold": it is a pretraining run, and `train --resume` continues it."""
+    run = tmp_path / "lm"
+    assert cli.main(["train", "--data", str(small_corpus), *tiny_lm_flags, "--max-steps", "2", "--out",
+                     str(run)]) == 0
+    capsys.readouterr()
+    for command in ("finetune", "rl"):
+        assert cli.main([command, "--resume", str(run)]) == 2
+        err = _one_line(capsys)
+        assert "is a pretraining run" in err and f"`decoderlab train --resume {run}`" in err, err
+        assert "conversations" not in err and "run.json" not in err
+
+
+def test_an_export_into_a_missing_directory_names_that_directory(lm_checkpoint, tmp_path, capsys):
+    """`export ... /nonexist/dir/x.gguf` named an internal temporary file (/nonexist/dir/.x.gguf.tmp-13069)."""
+    out = tmp_path / "missing" / "x.gguf"
+    assert cli.main(["export", "--format", "gguf", "--checkpoint", str(lm_checkpoint), "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"directory {out.parent} does not exist" in err and ".tmp" not in err, err
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "explain", "lens", "heads"])
+def test_empty_text_is_said_in_words_not_tensor_shapes(lm_checkpoint, capsys, command):
+    """`verify ''` answered "need at least one token, as ids of shape (T,) or (B, T); got shape (1, 0)"."""
+    assert cli.main([command, "--checkpoint", str(lm_checkpoint), ""]) == 2
+    err = _one_line(capsys)
+    assert "empty" in err and "at least one token of text" in err and "shape" not in err, err
+
+
+def test_chat_on_a_base_model_says_it_continues_text(lm_checkpoint, capsys, monkeypatch):
+    """`chat` on a base model without a chat template continued text without a word why."""
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("to be\n"))
+    assert cli.main(["chat", "--checkpoint", str(lm_checkpoint), "--max-new-tokens", "3", "--seed", "0"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"({lm_checkpoint} has no chat template: each line continues the text so far, as a base model "
+                   "does; `decoderlab finetune` makes a chat checkpoint)"]

@@ -103,8 +103,9 @@ def test_generate_on_the_device_given_and_compiled(lm_checkpoint, capsys, monkey
 @pytest.mark.slow
 def test_generate_aot_compiles_once_then_loads_the_package(lm_checkpoint, capsys, monkeypatch, tmp_path):
     """--aot decodes with the ahead-of-time package (the same greedy text as eager): the first run compiles it
-    into $DECODERLAB_CACHE/aot and says so in one line on standard error, the next run loads it (said with
-    --verbose). One tiny graph (1 layer, d_model 16) is compiled: ~20 s on a loaded 2-core machine."""
+    into $DECODERLAB_CACHE/aot, saying so on standard error when it starts and when it is done; the next run loads
+    it (said with --verbose), and so does a run without --aot (the default: a cached package, else eager), and
+    --eager does not. One tiny graph (1 layer, d_model 16) is compiled: ~20 s on a loaded 2-core machine."""
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
     argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--temperature", "0",
             "--max-new-tokens", "30", "to be"]
@@ -114,17 +115,118 @@ def test_generate_aot_compiles_once_then_loads_the_package(lm_checkpoint, capsys
     out, err = capsys.readouterr()
     (package,) = (tmp_path / "aot").glob("*.pt2")
     assert out == eager
-    assert err.startswith("decoderlab: compiled the decode step ahead of time in ") and str(package) in err, err
-    assert err.count("\n") == 1, err
-    assert cli_main(argv + ["--aot", "--verbose"]) == 0
+    starting, done = err.splitlines()
+    assert starting == ("decoderlab: compiling the decode step ahead of time for 1 row(s) (once for this model's "
+                        "shape and dtype: 10-60 s on a CPU) ...")
+    assert done.startswith("decoderlab: compiled the decode step ahead of time in ") and str(package) in done, err
+    for more in (["--aot", "--verbose"], ["--verbose"]):  # the package is loaded, with or without --aot
+        assert cli_main(argv + more) == 0
+        out, err = capsys.readouterr()
+        assert out == eager
+        assert "decode ahead of time (torch.export + AOTInductor" in err
+        assert f"decoderlab: loaded the decode step compiled ahead of time from {package}" in err
+        assert "compiling" not in err and "compiled the decode step" not in err
+    assert cli_main(argv + ["--eager", "--verbose"]) == 0
     out, err = capsys.readouterr()
-    assert out == eager
-    assert "decode ahead of time (torch.export + AOTInductor" in err
-    assert f"decoderlab: loaded the decode step compiled ahead of time from {package}" in err
-    assert "compiled the decode step" not in err
+    assert out == eager and "decode eager" in err and "ahead of time" not in err
 
 
 def test_compile_and_aot_together_is_one_error_line(lm_checkpoint, capsys):
     assert cli_main(["generate", "--checkpoint", str(lm_checkpoint), "--compile", "--aot", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["decoderlab: error: --compile and --aot are two ways to compile the decode step: give one"]
+    for command, other in (("generate", "--compile"), ("sample", "--aot"), ("chat", "--aot")):
+        assert cli_main([command, "--checkpoint", str(lm_checkpoint), "--eager", other]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"decoderlab: error: --eager decodes without a compiled step: give it without {other}"]
+
+
+def test_without_a_cached_package_a_terminal_is_told_once_how_to_decode_faster(lm_checkpoint, capsys, monkeypatch,
+                                                                              tmp_path):
+    """The default of generate: a package compiled ahead of time when one is cached, else eager -- and then a
+    terminal gets one line saying how to get the fast step (a pipe or a file gets none: scripts stay quiet);
+    --eager never says it."""
+    import sys
+
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
+    argv = ["generate", "--checkpoint", str(lm_checkpoint), "--no-stream", "--max-new-tokens", "3", "to be"]
+    assert cli_main(argv) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert cli_main(argv) == 0
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("decoderlab: decoding eagerly: no compiled decode step is cached for this model's shape "
+                           "and dtype; run once with --aot to compile one")
+    assert cli_main(argv + ["--eager"]) == 0
+    assert capsys.readouterr().err == ""
+    assert not list(tmp_path.glob("**/*.pt2"))  # nothing was compiled
+
+
+def test_a_compile_is_said_when_it_starts_and_ends_and_only_while_a_command_runs(capsys):
+    """announce_compiles: dynamo's compile callbacks say on standard error when a compile starts and how long it
+    took (a first token that waits for the compiler is never silent); stop_announcing, which main calls as a
+    command ends, removes them."""
+    import torch
+
+    from decoderlab.cli.options import announce_compiles, stop_announcing
+
+    torch._dynamo.reset()
+    announce_compiles()
+    announce_compiles()  # (once per command: no second pair of lines)
+    try:
+        torch.compile(lambda t: t * 2, backend="eager")(torch.ones(3))
+    finally:
+        stop_announcing()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("decoderlab: compiling the decode step (torch.compile")
+    assert lines[1].startswith("decoderlab: compiled the decode step in ") and lines[1].endswith(" s")
+    torch._dynamo.reset()
+    torch.compile(lambda t: t * 3, backend="eager")(torch.ones(3))
+    assert capsys.readouterr().err == ""
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --checkpoint FILE.gguf: llama.cpp's file read as any checkpoint; a file it cannot read is one line
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bpe = byte_level_bpe(300)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return write_gguf(path, "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q4_1")
+
+
+def test_generate_verify_and_chat_read_a_gguf_file(gguf_file, capsys):
+    assert cli_main(["generate", "--checkpoint", str(gguf_file), "The quick", "--max-new-tokens", "4",
+                     "--temperature", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and f"decoderlab: read {gguf_file} (llama): dequantized" in err
+    assert "Q4_1" in err and "MB of float32" in err
+    assert cli_main(["verify", "--checkpoint", str(gguf_file), "The quick brown fox"]) == 0
+    assert "all ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage, line", [
+    ("truncate", "is truncated or corrupt"),
+    ("arch", "GGUF architecture 'phi3' is not one decoderlab's model carries; allowed: llama, qwen2, qwen3, gpt2"),
+    ("missing", "no GGUF file at"),
+])
+def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, damage, line):
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bad = tmp_path / "bad.gguf"
+    if damage == "truncate":
+        bad.write_bytes(gguf_file.read_bytes()[:-100])
+    elif damage == "arch":
+        bpe = byte_level_bpe(300)
+        write_gguf(bad, "phi3", hf_model("llama", bpe.get_vocab_size()), bpe)
+    code = cli_main(["generate", "--checkpoint", str(bad), "x"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("decoderlab: error: ")
+    assert line in err

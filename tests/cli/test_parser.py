@@ -71,7 +71,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
     helps = {a.option_strings[-1]: a.help for a in sub.choices["train"]._actions if a.option_strings}
     # train's defaults are the default recipe's (baby-shakespeare-speedrun), a plain preset's TrainConfig()'s
     assert ("--preset {statquest,baby-shakespeare,baby-shakespeare-speedrun,baby-shakespeare-nanogpt,"
-            "shakespeare-char,gpt2}") in sub.choices["train"].format_help()
+            "shakespeare-char,gpt2,smollm2-135m}") in sub.choices["train"].format_help()
     assert helps["--max-steps"] == "optimizer steps (default 450; 2000 with a plain model preset)"
     assert helps["--lr"] == ("peak learning rate (statquest: Adam's learning rate) (default 0.003; 0.001 with a plain "
                              "model preset; statquest 0.1)")
@@ -79,7 +79,7 @@ def test_every_option_has_a_help_line_its_default_and_its_choices():
     for command in ("train", "generate", "sample", "chat", "serve"):
         assert "--threads" in {a.option_strings[-1] for a in sub.choices[command]._actions if a.option_strings}
     assert helps["--n-layer"] == ("decoder blocks (default: baby-shakespeare 4, baby-shakespeare-speedrun 4, "
-                                  "shakespeare-char 6, gpt2 12)")
+                                  "shakespeare-char 6, gpt2 12, smollm2-135m 30)")
 
 
 def test_the_help_is_built_from_the_config(monkeypatch):
@@ -94,7 +94,7 @@ def test_the_help_is_built_from_the_config(monkeypatch):
     sub = _subparsers(cli.build_parser())
     assert _helps(sub["finetune"])["--max-steps"] == "optimizer steps (default 777)"
     assert _helps(sub["train"])["--grad-clip"] == "clip the gradient norm to this, 0 = no clipping (default 0.5)"
-    assert _helps(sub["train"])["--n-layer"].endswith(", gpt2 48)")
+    assert _helps(sub["train"])["--n-layer"].endswith(", gpt2 48, smollm2-135m 30)")
     assert sub["serve"].parse_args(["--checkpoint", "x"]).max_n == 3
 
 
@@ -123,7 +123,7 @@ def test_version_and_one_line_argument_errors(decoderlab_cli):
     r = decoderlab_cli("train", "--preset", "gpt3")
     assert r.returncode == 2
     assert r.stderr.startswith("decoderlab: error: --preset: invalid choice: 'gpt3' (choose from ")
-    assert r.stderr.endswith("gpt2') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1
+    assert r.stderr.endswith("smollm2-135m') (see decoderlab train --help)\n") and r.stderr.count("\n") == 1
 
 
 def test_unknown_flags_are_named_alone(decoderlab_cli, tmp_path):

@@ -70,10 +70,10 @@ def test_the_library_reads_the_same_config():
     """What the help shows is what runs: the library's TrainConfig, presets, recipes and names are the config's
     own objects, not copies."""
     from decoderlab import config, model, positions, tokenizers, training
-    from decoderlab.training import DEFAULT_RECIPE, RECIPES, optim
+    from decoderlab.training import optim
 
     assert training.TrainConfig is config.TrainConfig and model.PRESETS is config.PRESETS
-    assert RECIPES is config.RECIPES and DEFAULT_RECIPE == config.DEFAULT_RECIPE
+    assert not hasattr(training, "RECIPES")  # one home, decoderlab.config: no copy kept under another name
     assert (optim.OPTIMIZERS, optim.SCHEDULES, training.PRECISIONS) == (OPTIMIZERS, SCHEDULES, PRECISIONS)
     assert positions.POSITIONS is POSITIONS and (model.NORMS, model.MLPS) == (NORMS, MLPS)
     assert tuple(tokenizers.TOKENIZERS) == TOKENIZERS and tokenizers.DEFAULT_BPE_VOCAB_SIZE == DEFAULT_BPE_VOCAB_SIZE
@@ -141,11 +141,11 @@ def test_cli_train_and_sample(tmp_path, text, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "for 2 steps: train loss" in printed and "val loss" in printed and "tokens per second" in printed
     assert json.loads((out / "run.json").read_text())["train_config"]["max_steps"] == 2
-    assert cli.main(["sample", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "20",
+    assert cli.main(["sample", "--checkpoint", str(out), "ROMEO:", "--max-new-tokens", "20",
                      "--seed", "1"]) == 0
     first = capsys.readouterr().out
     assert first.startswith("ROMEO:") and len(first) == len("ROMEO:") + 20 + 1  # 20 characters and a newline
-    assert cli.main(["sample", "--checkpoint", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "20",
+    assert cli.main(["sample", "--checkpoint", str(out), "ROMEO:", "--max-new-tokens", "20",
                      "--seed", "1"]) == 0
     assert capsys.readouterr().out == first  # same seed, same sample
 

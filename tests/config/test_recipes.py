@@ -14,7 +14,7 @@ def _shape(name: str) -> dict:
 def test_train_choices_list_every_preset_and_recipe_smallest_model_first():
     assert sorted(TRAIN_CHOICES) == sorted(set(PRESETS) | set(RECIPES)) and len(set(TRAIN_CHOICES)) == len(TRAIN_CHOICES)
     sizes = [_shape(name)["n_layer"] * _shape(name)["d_model"] for name in TRAIN_CHOICES]
-    assert sizes == sorted(sizes) and TRAIN_CHOICES[0] == "statquest" and TRAIN_CHOICES[-1] == "gpt2"
+    assert sizes == sorted(sizes) and TRAIN_CHOICES[0] == "statquest" and TRAIN_CHOICES[-1] == "smollm2-135m"
 
 
 def test_a_recipe_is_a_preset_and_its_train_config():

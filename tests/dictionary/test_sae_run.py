@@ -41,7 +41,7 @@ def _cfg(**kw):
 
 def test_train_sae_writes_saelens_files_and_its_evaluation(lm, tmp_path):
     out = tmp_path / "sae"
-    r = train_sae(lm, _cfg(), out=out, progress=False)
+    r = train_sae(lm, _cfg(), out=out, progress_bar=False)
     for name in (SAE_CFG_FILE, SAE_WEIGHTS_FILE, SPARSITY_FILE, "sae_run.json", "lightning/last.ckpt"):
         assert (out / name).is_file(), name
     assert torch.allclose(r.sae.W_dec.norm(dim=1), torch.ones(64), atol=1e-5)
@@ -65,11 +65,11 @@ def test_train_sae_writes_saelens_files_and_its_evaluation(lm, tmp_path):
 @pytest.mark.parametrize("l1", [False, True])
 def test_a_resumed_run_equals_an_uninterrupted_one(lm, tmp_path, l1):
     extra = dict(k=None, l1_coefficient=0.5) if l1 else {}
-    whole = train_sae(lm, _cfg(**extra), out=tmp_path / "whole", progress=False)
+    whole = train_sae(lm, _cfg(**extra), out=tmp_path / "whole", progress_bar=False)
     part = tmp_path / "part"
-    train_sae(lm, _cfg(**extra), out=part, progress=False, callbacks=[StopAt(4)])
+    train_sae(lm, _cfg(**extra), out=part, progress_bar=False, callbacks=[StopAt(4)])
     assert json.loads((part / "sae_run.json").read_text())["summary"]["steps"] == 4
-    resumed = train_sae(lm, None, out=part, resume=True, progress=False)
+    resumed = train_sae(lm, None, out=part, resume=True, progress_bar=False)
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         assert torch.equal(getattr(resumed.sae, name), getattr(whole.sae, name)), name
     assert resumed.resampled == whole.resampled
@@ -82,7 +82,7 @@ def test_sae_and_features_commands(lm, tmp_path, capsys):
     assert status == 0, err
     assert "CE loss recovered" in printed and "step 4/4" in printed and f"wrote {out}" in printed
     png, page = tmp_path / "f.png", tmp_path / "f.html"
-    status, printed, err = run(capsys, "features", out, "--feature", "3", "--png", png, "--html", page,
+    status, printed, err = run(capsys, "features", "--sae", out, "--feature", "3", "--png", png, "--html", page,
                                "--tokens", "512")
     assert status == 0, err
     assert printed.startswith(f"feature 3 at {HOOK}: fires on") and "logit effects, promotes:" in printed
@@ -113,8 +113,9 @@ def test_bad_inputs_are_one_error_line(lm, tmp_path, capsys, statquest_checkpoin
 
 def test_features_out_of_range_is_one_error_line(lm, tmp_path, capsys):
     out = tmp_path / "s"
-    train_sae(lm, _cfg(tokens=256), out=out, progress=False)
-    assert one_error_line(capsys, "features", out, "--feature", "64") == (
+    train_sae(lm, _cfg(tokens=256), out=out, progress_bar=False)
+    assert one_error_line(capsys, "features", "--sae", out, "--feature", "64") == (
         "--feature 64 is out of range; valid features are 0 .. 63 (d_sae=64)")
-    assert one_error_line(capsys, "features", out, "--feature", "-1").startswith("--feature -1 is out of range")
-    assert "is not an SAE directory" in one_error_line(capsys, "features", tmp_path, "--feature", "0")
+    assert one_error_line(capsys, "features", "--sae", out, "--feature", "-1").startswith(
+        "--feature -1 is out of range")
+    assert "is not an SAE directory" in one_error_line(capsys, "features", "--sae", tmp_path, "--feature", "0")

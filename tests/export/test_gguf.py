@@ -115,6 +115,26 @@ def test_f16_and_q8_0_matrices_with_f32_norms_biases_and_positions(bpe, tmp_path
     assert field(fields, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_1"])
+def test_block_matrices_are_llama_cpps_bytes_and_a_quantized_model_writes_its_own(dtype, bpe, tmp_path):
+    """Each block type's matrices are the bytes llama.cpp's reference quantizers write (gguf.quants.quantize);
+    a model loaded with --dtype of that type writes its blocks as they are, not quantized again."""
+    from decoderlab.dtypes import to_inference_dtype
+
+    model = gpt2_model(bpe.vocab_size, seed=2)
+    want = ours(model)
+    to_gguf(model, bpe, tmp_path / "a.gguf", dtype=dtype)
+    reader = gguf.GGUFReader(str(tmp_path / "a.gguf"))
+    qtype = getattr(gguf.GGMLQuantizationType, dtype.upper())
+    for t in reader.tensors:
+        if t.name.endswith(".weight") and want[t.name].ndim == 2 and t.name != "position_embd.weight":
+            assert t.tensor_type == qtype
+            assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(want[t.name], qtype)), t.name
+    quantized = to_inference_dtype(gpt2_model(bpe.vocab_size, seed=2), dtype)
+    to_gguf(quantized, bpe, tmp_path / "b.gguf", dtype=dtype)
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
 def test_the_bpe_tokenizer_is_in_the_file_with_its_merges_and_pre_tokenizer(bpe, tmp_path):
     to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf")
     _, fields = read(tmp_path / "m.gguf")
@@ -155,20 +175,22 @@ def test_a_char_vocabulary_is_one_token_per_character_with_merges_for_multibyte_
 ])
 def test_a_shape_llama_cpp_gpt2_cannot_carry_is_refused_naming_the_option(bpe, tmp_path, overrides, option):
     model = gpt2_model(bpe.vocab_size, **overrides)
-    with pytest.raises(ExportShapeError, match="--format gguf carries GPT-2-shaped models only") as e:
+    with pytest.raises(ExportShapeError, match="--format gguf writes the models a llama.cpp architecture computes "
+                                               "exactly .*the nearest is gpt2") as e:
         to_gguf(model, bpe, tmp_path / "x.gguf")
     assert option in str(e.value) and e.value.field == next(iter(overrides))
     assert not list(tmp_path.iterdir())  # nothing written
-    with pytest.raises(ValueError, match="--format hf carries"):
-        check_shape(model.config, "hf")
 
 
 def test_the_default_recipe_is_refused_naming_every_field_at_once():
+    """No llama.cpp architecture computes the speedrun's model (LayerNorm with rope, a ReLU² MLP): refused against
+    the nearest, the llama family, naming both fields."""
     with pytest.raises(ExportShapeError) as e:
         check_shape(dl.preset("baby-shakespeare-speedrun"), "gguf")
-    assert ("this model has position='rope' (--position rope), mlp='relu2' (--mlp relu2), qk_norm=True "
-            "(ModelConfig.qk_norm); train with --preset baby-shakespeare / shakespeare-char / gpt2 to export it"
-            ) in str(e.value)
+    assert ("the nearest is llama / qwen2 / qwen3, where they use RMSNorm; their blocks have a SwiGLU MLP"
+            in str(e.value))
+    assert str(e.value).endswith("this model has norm='layernorm' (--norm layernorm), mlp='relu2' (--mlp relu2)")
+    assert e.value.field == "norm" and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown export format 'onnx'; allowed: hf, gguf"):
         check_shape(dl.preset("gpt2"), "onnx")
 
@@ -177,8 +199,8 @@ def test_a_word_vocabulary_an_unknown_dtype_and_a_size_mismatch_are_refused(bpe,
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     with pytest.raises(ValueError, match="a word vocabulary has no form llama.cpp reads"):
         to_gguf(gpt2_model(word.vocab_size), word, tmp_path / "w.gguf")
-    with pytest.raises(ValueError, match="dtype must be one of f32, f16, q8_0, got 'q4_0'"):
-        to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q4_0")
+    with pytest.raises(ValueError, match="dtype must be one of f32, f16, q8_0, q4_0, q4_1, got 'q5_0'"):
+        to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q5_0")
     with pytest.raises(ValueError, match="tokenizer vocabulary size 400 does not match the model's num_tokens 401"):
         to_gguf(gpt2_model(401), bpe, tmp_path / "m.gguf")
     assert not list(tmp_path.iterdir())
@@ -220,3 +242,185 @@ def test_llama_cpp_tokenizes_as_we_do_and_decodes_our_greedy_tokens(request, tok
     assert theirs == dl.generate(model, prompt, 20, temperature=0, stop_at_eos=False)
     plain = [t for t in theirs if t not in tok.special_ids]
     assert llm.detokenize(plain) == b"".join(tok.token_bytes(t) for t in plain)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the llama family: llama, qwen2, qwen3 -- ours -> GGUF -> ours, and read by transformers' GGUF loader
+# ---------------------------------------------------------------------------------------------------------
+
+LLAMA = dict(n_layer=2, n_head=4, n_kv_head=2, d_model=64, max_len=48, d_ff=96, norm="rmsnorm", position="rope",
+             rope_layout="rotate_half", rope_theta=20000.0, mlp="swiglu", bias=False, attn_out_proj=True,
+             lm_head_bias=False, tie_weights=True, attention="sdpa", norm_eps=1e-6)
+SHAPES = {
+    "llama": dict(LLAMA),
+    "llama-interleaved-untied": dict(LLAMA, rope_layout="interleaved", tie_weights=False),
+    "qwen2": dict(LLAMA, qkv_bias=True),
+    "qwen2-interleaved": dict(LLAMA, qkv_bias=True, rope_layout="interleaved"),
+    "qwen3": dict(LLAMA, qk_norm=True, qk_norm_gain=True, head_dim=24),
+    "qwen3-no-gain": dict(LLAMA, qk_norm=True),
+}
+
+
+def llama_family(num_tokens: int, seed: int = 0, **shape) -> dl.DecoderOnlyTransformer:
+    torch.manual_seed(seed)
+    model = dl.DecoderOnlyTransformer(dl.ModelConfig(num_tokens=num_tokens, **shape)).eval()
+    with torch.no_grad():  # biases and gains away from their initial zeros and ones, so a misplaced one shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        out = model(ids)
+    return (out.logits if hasattr(out, "logits") else out).float()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_round_trip_ours_gguf_ours_gives_equal_logits(bpe, tmp_path, shape):
+    from decoderlab.gguf_import import load_gguf
+
+    model = llama_family(bpe.vocab_size, **SHAPES[shape])
+    summary = to_gguf(model, bpe, tmp_path / "m.gguf")
+    assert summary["architecture"] == shape.split("-")[0]
+    back, tok, _ = load_gguf(tmp_path / "m.gguf")
+    ids = torch.tensor([bpe.encode("ROMEO: O, she doth teach the torches to burn bright!")])
+    # an interleaved model reads back as rotate-half: the same numbers rotated in another order (1 ulp apart)
+    exact = SHAPES[shape].get("rope_layout") == "rotate_half"
+    torch.testing.assert_close(logits_of(back, ids), logits_of(model, ids), rtol=0 if exact else 1e-6, atol=1e-5)
+    assert tok.encode("ROMEO: hello") == bpe.encode("ROMEO: hello")
+    assert back.config.rope_layout == "rotate_half"  # as any GGUF reads back
+
+
+@pytest.mark.parametrize("shape", ["llama-interleaved-untied", "qwen2", "qwen3"])
+def test_transformers_reads_our_gguf_to_the_same_logits(bpe, tmp_path, shape):
+    """A third reader: transformers' own GGUF loader (which undoes llama.cpp's permutation its own way) computes
+    our logits from our file -- the rows are in the layout llama.cpp expects."""
+    transformers = pytest.importorskip("transformers")
+    shape_ = SHAPES[shape] if shape != "qwen3" else dict(SHAPES[shape], head_dim=128)  # transformers' qwen3 default
+    model = llama_family(bpe.vocab_size, **shape_)
+    to_gguf(model, bpe, tmp_path / "m.gguf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf").eval()
+    ids = torch.tensor([bpe.encode("ROMEO: O, she doth teach the torches")])
+    torch.testing.assert_close(logits_of(theirs, ids), logits_of(model, ids), rtol=0, atol=1e-5)
+
+
+def test_lora_adapters_are_merged_before_writing(bpe, tmp_path):
+    from decoderlab.gguf_import import load_gguf
+    from decoderlab.lora import apply_lora, merge_lora
+
+    base = llama_family(bpe.vocab_size, **SHAPES["llama"])
+    ids = torch.tensor([bpe.encode("ROMEO: hello there")])
+    before = logits_of(base, ids)
+    adapted = apply_lora(base, rank=4, init=False)
+    to_gguf(adapted, bpe, tmp_path / "m.gguf")
+    back, _, _ = load_gguf(tmp_path / "m.gguf")
+    torch.testing.assert_close(logits_of(back, ids), logits_of(merge_lora(adapted), ids), rtol=0, atol=1e-5)
+    assert (logits_of(back, ids) - before).abs().max() > 1e-3  # not the base weights
+
+
+def test_a_weight_outside_float16_is_refused_naming_the_tensor_and_nothing_is_written(bpe, tmp_path):
+    model = llama_family(bpe.vocab_size, **SHAPES["qwen2"])
+    with torch.no_grad():
+        model.blocks[1].mlp.gate.weight[3, 5] = 1e5
+    with pytest.raises(ValueError) as e:
+        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="f16")
+    assert str(e.value) == ("tensor blocks.1.mlp.gate.weight holds 100000, outside float16's range (+-65504): --dtype "
+                            "f16 cannot hold it; write it with --dtype f32")
+    with torch.no_grad():
+        model.blocks[1].mlp.gate.weight[3, 5] = 1e7  # a q8_0 scale of 1e7 / 127 overflows float16 too
+    with pytest.raises(ValueError, match="blocks.1.mlp.gate.weight holds 1e\\+07"):
+        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="q8_0")
+    assert not list(tmp_path.iterdir())
+    to_gguf(model, bpe, tmp_path / "m.gguf", dtype="f32")  # float32 holds it
+
+
+def test_an_existing_file_is_kept_without_force(bpe, tmp_path):
+    model = gpt2_model(bpe.vocab_size)
+    to_gguf(model, bpe, tmp_path / "m.gguf")
+    before = (tmp_path / "m.gguf").read_bytes()
+    with pytest.raises(FileExistsError, match="refusing to replace .*m.gguf: it exists"):
+        to_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf")
+    assert (tmp_path / "m.gguf").read_bytes() == before
+    to_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf", force=True)
+    assert (tmp_path / "m.gguf").read_bytes() != before
+    (tmp_path / "m.gguf").unlink()
+    with pytest.raises(FileExistsError, match="m.Modelfile"):  # the Modelfile is kept too
+        to_gguf(model, bpe, tmp_path / "m.gguf")
+
+
+def test_the_chat_template_and_its_end_of_turn_are_in_the_file(bpe, tmp_path):
+    from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_template_jinja, load_model
+
+    model, tok, _ = add_chat_tokens(llama_family(bpe.vocab_size, **SHAPES["llama"]), bpe, "decoderlab")
+    to_gguf(model, tok, tmp_path / "chat.gguf", template=TEMPLATES["decoderlab"])
+    _, fields = read(tmp_path / "chat.gguf")
+    assert field(fields, "tokenizer.chat_template") == chat_template_jinja(TEMPLATES["decoderlab"], tok)
+    assert field(fields, "tokenizer.ggml.eot_token_id") == tok.token_to_id["<|end|>"]
+    loaded = load_model(tmp_path / "chat.gguf")
+    assert loaded.template == TEMPLATES["decoderlab"]  # the built-in template, recognised
+    messages = [{"role": "user", "content": "Who are you?"}]
+    assert loaded.template.render(messages, loaded.tokenizer, add_generation_prompt=True)[0] == \
+        TEMPLATES["decoderlab"].render(messages, tok, add_generation_prompt=True)[0]
+
+
+def test_export_of_a_gguf_file_keeps_its_jinja_template_and_pre_tokenizer(tmp_path):
+    """A GGUF file (llama.cpp's converter's layout, SmolLM's digit split, a ChatML Jinja template) read and
+    written again: the same tokenizer fields, template and -- in float32 -- the same tensors."""
+    pytest.importorskip("transformers")
+    from support.gguf_files import CHATML, byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.chat import load_model
+
+    src_tok = byte_level_bpe(300, pre="smollm")
+    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", src_tok.get_vocab_size()), src_tok,
+                     pre="smollm")
+    model, tok, template, _ = load_model(src)
+    to_gguf(model, tok, tmp_path / "out.gguf", template=template)
+    a, fa = read(src)
+    b, fb = read(tmp_path / "out.gguf")
+    for key in ("tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.chat_template"):
+        assert field(fa, key) == field(fb, key), key
+    assert field(fb, "tokenizer.chat_template") == CHATML and field(fb, "tokenizer.ggml.pre") == "smollm"
+    assert set(a) == set(b)
+    for name in a:
+        assert np.array_equal(a[name][1], b[name][1]), name
+    modelfile = (tmp_path / "out.Modelfile").read_text()
+    assert "FROM ./out.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+def test_a_gguf_model_kept_in_its_blocks_writes_the_same_blocks_back(tmp_path):
+    """llama.cpp's Q4_1 file loaded with --dtype q4_1 (blocks kept, llama's rows unpermuted as rows of blocks) and
+    written as q4_1: every tensor's bytes are the file's own -- the permutation went there and back exactly."""
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.chat import load_model
+
+    tok = byte_level_bpe(300)
+    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", tok.get_vocab_size()), tok, qtype="Q4_1")
+    model, mtok, template, _ = load_model(src, dtype="q4_1")
+    to_gguf(model, mtok, tmp_path / "out.gguf", dtype="q4_1", template=template)
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(tmp_path / "out.gguf"))
+    theirs = {t.name: t for t in b.tensors}
+    assert sorted(theirs) == sorted(t.name for t in a.tensors)
+    for t in a.tensors:
+        assert theirs[t.name].tensor_type == t.tensor_type, t.name
+        assert np.array_equal(np.asarray(theirs[t.name].data), np.asarray(t.data)), t.name
+
+
+@pytest.mark.parametrize("shape", ["llama", "qwen2", "qwen3-no-gain"])
+def test_llama_cpp_computes_our_logits_from_our_llama_family_file(bpe, tmp_path, shape):
+    """Where llama-cpp-python is installed: llama.cpp's own forward pass over our F32 file (a float32 KV cache)
+    gives our logits at every position -- the architecture, the rotary layout and the tensors are what it reads."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_family(bpe.vocab_size, **SHAPES[shape])
+    to_gguf(model, bpe, tmp_path / "m.gguf")
+    ids = bpe.encode("ROMEO: O, she doth teach the torches to burn bright!")
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=48, n_threads=1, logits_all=True, type_k=0,
+                          type_v=0, verbose=False)
+    llm.eval(ids)
+    theirs = torch.tensor(np.asarray(llm.scores[: len(ids)]))
+    torch.testing.assert_close(theirs, logits_of(model, torch.tensor([ids]))[0], rtol=0, atol=1e-3)

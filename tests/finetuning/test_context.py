@@ -40,7 +40,7 @@ def test_ctrl_c_before_the_first_evaluation_keeps_a_resumable_checkpoint(tmp_pat
     """Ctrl-C in finetune before its first evaluation left a directory that could neither be resumed ("no
     training checkpoint") nor reused ("already holds a training run"): now it keeps lightning/last.ckpt at the
     steps done, and the resume reaches the run's end."""
-    from conftest import InterruptAt
+    from support.interaction import InterruptAt
     from tiny_runs import CONVS
 
     from decoderlab.training import TrainingInterrupted

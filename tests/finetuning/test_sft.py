@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from tiny_runs import (ALPHABET, CONVS, DL, TINY_CHAT, chat_pair, conv, one_thread, run_ft,  # noqa: F401
                        tiny_cfg)
 
@@ -315,3 +315,49 @@ def test_a_step_whose_every_target_is_masked_has_a_zero_loss(tmp_path):
     assert module.losses == [0.0]
     for (name, p), q in zip(model.state_dict().items(), start.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+def test_fine_tuning_with_a_jinja_template_masks_what_transformers_masks(tmp_path):
+    """A Hugging Face chat template with {% generation %} blocks: the supervised targets of every training row
+    are transformers' return_assistant_tokens_mask, shifted; the checkpoint stores the template, and the model
+    loaded back replies through it, stopping at its <|im_end|>."""
+    from hf_chat_templates import CHATML_GENERATION, CHATML_TOKENS, bpe_pair
+
+    from decoderlab.chat import JinjaChatTemplate
+    from decoderlab.model import DecoderOnlyTransformer, preset
+    from decoderlab.training.rows import shift_for_training
+
+    tok, theirs = bpe_pair(CHATML_TOKENS, chat_template=CHATML_GENERATION)
+    template = JinjaChatTemplate(CHATML_GENERATION, name="chatml")
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=tok.vocab_size, **dict(TINY, max_len=96)))
+    rows = build_examples(CONVS, tok, template, 95).rows
+    for c, (x, y) in zip(CONVS, rows):
+        out = theirs.apply_chat_template(c, return_assistant_tokens_mask=True)
+        assert (x, y) == shift_for_training(out["input_ids"], [bool(m) for m in out["assistant_masks"]], 95)
+    _, _, summary = run_ft(tmp_path, "j", model, tok, tiny_cfg(), template=template)
+    loaded = load_model(tmp_path / "j")
+    assert loaded.template == template and read_meta(tmp_path / "j")["chat_template"]["jinja"] == CHATML_GENERATION
+    info = {}
+    chat_reply(loaded.model, [{"role": "user", "content": "hi"}], loaded.tokenizer, loaded.template, 8,
+               temperature=0, info=info)
+    assert info["prompt_ids"] == theirs.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                            add_generation_prompt=True, return_dict=False)
+
+
+def test_fine_tuning_from_scratch_with_a_jinja_file_adds_its_tokens_and_characters(tmp_path):
+    """`--template chat.jinja` from a preset: the character vocabulary holds the template's own text and its
+    control tokens are added; a resume keeps the template."""
+    (tmp_path / "chat.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", encoding="utf-8")
+    kw = dict(out=tmp_path / "r", preset="baby-shakespeare", model_overrides=dict(TINY_CHAT, max_len=64),
+              val_fraction=0, eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu")
+    data = [conv("HI", "OK")] * 4
+    _, tok, _ = finetune(data, template=str(tmp_path / "chat.jinja"), train_config=tiny_cfg(), **kw)
+    assert {"<|im_start|>", "<|im_end|>"} <= set(tok.added_special_tokens) and "y" in tok.token_to_id
+    stored = template_from_meta(read_meta(tmp_path / "r"))
+    assert stored.name == "jinja:chat.jinja" and stored.end_of_turn(tok) == "<|im_end|>"
+    finetune(data, resume=True, train_config=tiny_cfg(max_steps=2),
+             **{k: v for k, v in kw.items() if k not in ("preset", "model_overrides")})
+    assert template_from_meta(read_meta(tmp_path / "r")) == stored

@@ -18,14 +18,14 @@ pytest.importorskip("transformers")
 
 
 def test_a_hugging_face_gpt2_directory_is_a_base(tmp_path):
-    from decoderlab.hf import to_gpt2
+    from decoderlab.hf import to_hf
 
     text = " ".join(m["content"] for c in CONVS for m in c)
     tok = BPETokenizer.train([text * 3], 300)
     torch.manual_seed(0)
     base = DecoderOnlyTransformer(preset("gpt2", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2,
                                          max_len=64, d_ff=32))
-    to_gpt2(base, tmp_path / "gpt2", tokenizer=tok)
+    to_hf(base, tmp_path / "gpt2", tokenizer=tok)
     _, _, s = finetune(CONVS, out=tmp_path / "run", checkpoint=tmp_path / "gpt2", train_config=tiny_cfg(max_steps=2),
                        val_fraction=0, eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
                        accelerator="cpu")
@@ -72,3 +72,19 @@ def test_a_character_vocabulary_built_for_the_tools_template_holds_its_json_char
                          eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu")
     assert set(get_template("tools").text_characters) <= set(tok.token_to_id)
     assert tok.encode('say {"a": 12, "e": [3.5, -1]}')
+
+
+def test_a_gguf_file_is_a_base_with_its_own_template(tmp_path):
+    """A GGUF file (llama.cpp's) as the base: dequantized to float32, its tokenizer.chat_template the run's
+    template (no token added: the file's control tokens are the template's), the checkpoint written with it."""
+    pytest.importorskip("gguf")
+    from support.gguf_files import CHATML, byte_level_bpe, hf_model, write_gguf
+
+    bpe = byte_level_bpe(300, texts=[" ".join(m["content"] for c in CONVS for m in c) * 3])
+    path = write_gguf(tmp_path / "base.gguf", "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q8_0")
+    _, _, s = finetune(CONVS, out=tmp_path / "run", checkpoint=path, train_config=tiny_cfg(max_steps=2),
+                       val_fraction=0, eval_prompts=1, eval_max_new_tokens=2, progress_bar=False, logger=False,
+                       accelerator="cpu")
+    assert s.steps == 2 and s.template == "gguf:base" and s.added_tokens == []
+    loaded = load_model(tmp_path / "run")
+    assert loaded.template.source == CHATML and loaded.model.config.mlp == "swiglu"

@@ -95,6 +95,21 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
         assert (child["out"] == want) == (seed == 5)
 
 
+@pytest.mark.slow
+def test_a_llama_shaped_package_decodes_eagers_tokens(tmp_path):
+    """The Llama family's shape (grouped-query attention over a static cache of n_kv_head heads, SwiGLU,
+    rotate-half rope, q/k/v biases, QK-norm with a gain, heads narrower than d_model / n_head): both packages
+    (batch 1; the padded batch of 3) decode eager's tokens. Two tiny graphs compiled: ~20 s each."""
+    model = make_model("llama-gqa", "sdpa", seed=5)
+    want = _decode_all(model)
+    try:
+        step = model.compile_decode(mode="aot", cache_dir=tmp_path)
+        assert _decode_all(model) == want
+    finally:
+        model.compiled_decode = None
+    assert sorted(step.packages) == [(1, False), (3, True)]
+
+
 def test_aot_takes_a_cache_dir_only():
     model = make_model("gpt2", "sdpa", seed=5)
     with pytest.raises(TypeError, match="takes cache_dir only, got backend"):
@@ -129,14 +144,85 @@ def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     assert len({key, _fingerprint(a, (3, True)), _fingerprint(a, (1, True))}) == 3
     assert _fingerprint(make_model("rope-rmsnorm", "sdpa", seed=5), (1, False)) != key
     assert _fingerprint(a.to(torch.bfloat16), (1, False)) != key
+    keys = {_fingerprint(_block_model(kind), (1, False)) for kind in ("float32", "q8_0", "q4_0", "q4_1")}
+    assert len(keys) == 4 and _fingerprint(_block_model("q8_0").double(), (1, False)) not in keys
+    # layers of different block types (a GGUF file's Q4_1 matrices beside a Q8_0 one): another package again
+    from decoderlab.quant import BlockWeight, use_block_weights
+
+    mixed = _block_model("q4_1")
+    use_block_weights(mixed, {"blocks.0.mlp.fc": BlockWeight.quantize(mixed.blocks[0].mlp.fc.weight, "q8_0")})
+    assert _fingerprint(mixed, (1, False)) not in keys
 
 
-def test_quantized_weights_are_refused_before_anything_compiles(tmp_path):
-    """int8 weights (torchao's tensor subclasses) cannot be bound to a package by name: refused at once, in a
-    ValueError naming what the step takes, with nothing compiled or written."""
-    from decoderlab.dtypes import to_inference_dtype
+def test_tensor_subclass_weights_are_refused_before_anything_compiles(tmp_path):
+    """Weights that are tensor subclasses (torchao's quantized tensors are; here torch's TwoTensor) cannot be bound
+    to a package by name: refused at once, in a ValueError naming what the step takes, with nothing compiled or
+    written."""
+    from torch.testing._internal.two_tensor import TwoTensor
 
-    model = to_inference_dtype(make_model("gpt2", "sdpa", seed=5).float(), "int8")
-    with pytest.raises(ValueError, match=r"plain weights \(float32, bfloat16, float16\), not quantized ones"):
+    model = make_model("gpt2", "sdpa", seed=5).float()
+    w = model.blocks[0].mlp.fc.weight.detach()
+    model.blocks[0].mlp.fc.weight = torch.nn.Parameter(TwoTensor(w, w.clone()), requires_grad=False)
+    with pytest.raises(ValueError, match=r"plain weights \(float32, bfloat16, float16, or q8_0 / q4_0 / q4_1 "
+                                         r"blocks\), not tensor subclasses"):
         model.compile_decode(mode="aot", cache_dir=tmp_path)
     assert model.compiled_decode is None and not list(tmp_path.iterdir())
+
+
+# the new process of the block-dtype test: the same quantized models, the packages written, greedy and sampled
+BLOCK_CHILD = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+sys.path.insert(0, {here!r})
+from test_aot import _block_model
+from decoderlab.generation import generate
+torch.set_num_threads(1)
+out = {{}}
+for kind in {kinds!r}:
+    model = _block_model(kind)
+    step = model.compile_decode(mode="aot", cache_dir={cache!r})
+    out[kind] = [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **{sampled!r}),
+                 sorted(step.compile_seconds.values())]
+print(json.dumps(out))
+"""
+
+
+def _block_model(kind: str):
+    """A tiny GPT-2-shaped model (d_model 32: whole blocks) quantized to ``kind``, float32 activations."""
+    import decoderlab as dl
+    from decoderlab.dtypes import to_inference_dtype
+
+    torch.manual_seed(3)
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=61, d_model=32, n_layer=2, n_head=2, max_len=24))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)  # logits far from uniform: greedy paths that vary
+    return to_inference_dtype(model.eval(), kind)
+
+
+@pytest.mark.slow
+def test_a_package_per_block_dtype_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_path):
+    """q8_0, q4_0 and q4_1 weights (decoderlab.quant's planes: plain int8 / uint8 / float16 buffers, bound to the
+    package by name like float weights) compile into a package per dtype whose greedy and sampled tokens are
+    eager's, and a new process loads all three without compiling and decodes the same tokens. Three tiny graphs
+    are compiled: about a minute each on a loaded 2-core machine."""
+    kinds = ("q8_0", "q4_0", "q4_1")
+    want, names = {}, set()
+    for kind in kinds:
+        model = _block_model(kind)
+        eager = [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED)]
+        step = model.compile_decode(mode="aot", cache_dir=tmp_path)
+        assert [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED)] == eager, kind
+        assert step.compile_seconds[(1, False)] > 0
+        want[kind] = eager
+        names |= {p.name for p in step.packages.values()}
+    assert len(names) == 3  # one package per block dtype (the fingerprint names the dtype)
+    here = str(Path(__file__).resolve().parent)
+    code = BLOCK_CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path), kinds=kinds,
+                              sampled=SAMPLED)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env(), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    child = json.loads(r.stdout.strip().splitlines()[-1])
+    for kind in kinds:
+        assert child[kind][2] == [0.0], f"the new process compiled {kind} instead of loading its package"
+        assert child[kind][:2] == want[kind], kind

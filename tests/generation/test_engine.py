@@ -121,7 +121,8 @@ def test_generation_leaves_training_mode_and_global_rng_alone():
 
 
 @pytest.mark.parametrize("family,kernel", [("baby-shakespeare", "sdpa"), ("rope-rmsnorm", "explicit"),
-                                           ("statquest", "explicit"), ("gpt2", "sdpa")])
+                                           ("statquest", "explicit"), ("gpt2", "sdpa"), ("llama-gqa", "sdpa"),
+                                           ("llama-gqa", "explicit")])
 def test_batch_equals_each_prompt_alone(family, kernel):
     model = make_model(family, kernel, seed=3)
     cfg = model.config
@@ -297,7 +298,7 @@ def _dynamo_counts():
     return dict(counters["stats"]), sum(counters["recompiles"].values()), dict(counters["graph_break"])
 
 
-@pytest.mark.parametrize("family", ["gpt2", "rope-rmsnorm"])
+@pytest.mark.parametrize("family", ["gpt2", "rope-rmsnorm", "llama-gqa"])
 def test_the_decode_step_compiles_to_one_graph_for_the_whole_context(family):
     """``model.compile_decode`` (``torch.compile(model.decode, fullgraph=True)``) with the static KV cache the
     engine then keeps: 40 tokens -- greedy and sampled, a one-token prompt (its prefill is a step too), a longer
@@ -327,7 +328,8 @@ def test_the_decode_step_compiles_to_one_graph_for_the_whole_context(family):
         torch._dynamo.reset()
 
 
-def test_the_inductor_step_through_its_cpp_wrapper_gives_the_eager_tokens():
+@pytest.mark.parametrize("family", ["gpt2", pytest.param("llama-gqa", marks=pytest.mark.slow)])
+def test_the_inductor_step_through_its_cpp_wrapper_gives_the_eager_tokens(family):
     """The real compiled step, as ``generate --compile`` makes it on a CPU: Inductor with its C++ wrapper
     (``compile_decode()``'s default there). Greedy and seeded sampled tokens equal eager's over a window that
     slides. The step holds no host sync: it is one graph (``fullgraph=True`` raises at a graph break, which a
@@ -336,7 +338,7 @@ def test_the_inductor_step_through_its_cpp_wrapper_gives_the_eager_tokens():
     (batch 1) is compiled: about half a minute with a C++ compiler on a loaded 2-core machine."""
     from torch._inductor import config as inductor_config
 
-    model = make_model("gpt2", "sdpa", seed=5)
+    model = make_model(family, "sdpa", seed=5)
     n = 2 * model.config.max_len
     want = [generate(model, [1], n, temperature=0), generate(model, [1, 2], n, **SAMPLED)]
     torch._dynamo.reset()

@@ -100,3 +100,19 @@ def test_bind_resolves_what_depends_on_the_model_and_tokenizer():
         SamplingParams(stop=9).bind(tok.vocab_size, tok)
     with pytest.raises(TypeError, match="needs the tokenizer"):
         SamplingParams(stop="b").bind(tok.vocab_size)
+
+
+def test_padding_that_is_also_the_end_of_text_is_not_suppressed():
+    """<PAD> is never sampled -- but a tokenizer that pads with its end-of-text token (SmolLM2's and Llama 3's:
+    pad_token = eos_token) must still be able to end its text."""
+    from tokenizers import Tokenizer, models
+
+    from decoderlab.generation import SamplingParams
+    from decoderlab.tokenizers import BPETokenizer
+
+    hf = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    hf.add_special_tokens(["<|endoftext|>", "<|im_end|>"])
+    own = BPETokenizer(hf, special_tokens={"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+    shared = BPETokenizer(hf, special_tokens={"pad_token": "<|im_end|>", "eos_token": "<|im_end|>"})
+    assert SamplingParams().bind(5, own).params.suppress_tokens == (own.pad_id,)
+    assert shared.pad_id == shared.eos_id == 4 and SamplingParams().bind(5, shared).params.suppress_tokens == ()

@@ -14,11 +14,11 @@ from decoderlab.generation import SamplingParams, generate, stream_text
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler
 
 
-@pytest.fixture(scope="module")
-def mt():
+@pytest.fixture(scope="module", params=["baby-shakespeare", "llama-gqa"])
+def mt(request):
     """The server's model (float32: batched matmuls may round differently from one row's; the tokens must not
-    change)."""
-    return tiny_model()
+    change), and the Llama family's shape (its batch cache holds n_kv_head heads)."""
+    return tiny_model(request.param)
 
 
 def ref_text(mt, prompt_ids, n, temperature, seed):

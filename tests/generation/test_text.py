@@ -55,15 +55,15 @@ def test_stream_text_equals_decode_of_generate():
     assert "".join(stream_text(m, [0, 1], words, 8, seed=1)) == words.decode(ids)  # separators kept
 
 
-def test_stream_text_in_the_old_order_still_works_and_warns():
+def test_stream_text_takes_the_tokenizer_after_the_prompt_and_says_so():
     """The tokenizer comes after the prompt, as in every public function; the old order (model, tokenizer,
-    prompt) gives the same text for one release, with a DeprecationWarning saying what to write."""
+    prompt), kept for a while behind a DeprecationWarning, is a TypeError showing the call to write."""
     words = dl.lesson_tokenizer()
     m = make_model("statquest", "explicit")
     new = "".join(stream_text(m, "what is", words, 6, seed=4))
-    with pytest.warns(DeprecationWarning, match=r"stream_text\(model, prompt, tokenizer, ...\)"):
-        old = "".join(stream_text(m, words, "what is", 6, seed=4))
-    assert old == new == "".join(stream_text(m, prompt="what is", tokenizer=words, params=6, seed=4))
+    with pytest.raises(TypeError, match=r"stream_text\(model, prompt, tokenizer, ...\)"):
+        stream_text(m, words, "what is", 6, seed=4)
+    assert new == "".join(stream_text(m, prompt="what is", tokenizer=words, params=6, seed=4))
     assert new == words.decode(generate(m, "what is", 6, seed=4, tokenizer=words), skip_special=True)
 
 

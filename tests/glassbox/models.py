@@ -66,6 +66,13 @@ VARIANT_CONFIGS = {
     "learned-qknorm-layernorm": dict(position="learned", norm="layernorm", mlp="gelu", qk_norm=True, bias=True),
     "no-positions-no-norm": dict(position="none", norm="none", mlp="gelu", bias=True),
     "attention-only": dict(position="learned", norm="layernorm", mlp="none", bias=True, attention="explicit"),
+    # the Llama family: grouped-query attention, SwiGLU, rotate-half rope with its own base (Llama, Mistral)
+    "llama-gqa-swiglu": dict(position="rope", rope_layout="rotate_half", rope_theta=500.0, norm="rmsnorm",
+                             mlp="swiglu", n_kv_head=2, d_ff=24, lm_head_bias=False),
+    # Qwen2's q/k/v biases and Qwen3's QK-norm gains, one key/value head (multi-query), heads of 6 (4 x 6 != 16)
+    "qwen-mqa-biases-gains": dict(position="rope", rope_layout="rotate_half", rope_theta=1000.0, norm="rmsnorm",
+                                  mlp="swiglu", n_kv_head=1, head_dim=6, qkv_bias=True, qk_norm=True,
+                                  qk_norm_gain=True, tie_weights=True, lm_head_bias=False),
     "statquest": None,  # the lesson's 37-parameter model: d_model 2, one head, no norm, no MLP, no projection
 }
 

@@ -122,3 +122,28 @@ def test_scores_table_has_a_line_per_head():
     assert lines[0].split() == ["head", "previous-token", "duplicate-token", "induction"]
     assert len(lines) == 1 + 2 * 4 and lines[6].split()[0] == "L1H1"
     assert float(lines[6].split()[3]) == pytest.approx(float(scores["induction"][1, 1]), abs=5e-4)
+
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa-swiglu", "qwen-mqa-biases-gains"])
+def test_head_matrices_of_grouped_query_attention_are_each_query_heads(variant):
+    """W_Q, W_K, W_V of a grouped-query layer (4 query heads; 2 key/value heads, or 1 with heads of 6 beside
+    d_model 16): the normalized input times a head's matrix (the norm's gain folded in), plus the head's bias, is
+    that head's hook_q, and W_K / W_V of query head j give its key/value head's hook_k / hook_v --
+    TransformerLens's repeated W_K, W_V."""
+    from decoderlab.glassbox.detectors import head_matrices
+
+    m = variant_model(variant)
+    attn = m.blocks[1].attention
+    _, cache = gb.run_with_cache(m, variant_ids(m))
+    x = cache["blocks.1.ln1.hook_normalized"]  # (B, T, d_model)
+    w_q, w_k, w_v, w_o = head_matrices(m, 1)
+    h, dh, d = m.config.n_head, m.config.d_head, m.config.d_model
+    assert w_q.shape == w_k.shape == w_v.shape == (h, d, dh) and w_o.shape == (h, dh, d)
+    bias = attn.qkv.bias if attn.qkv.bias is not None else torch.zeros(attn.qkv.out_features, dtype=x.dtype)
+    b_q, b_k, b_v = (b.view(-1, dh) for b in bias.detach().split((attn.q_size, attn.kv_size, attn.kv_size)))
+    for j in range(h):
+        kv = j * m.config.kv_heads // h
+        assert torch.allclose(x @ w_q[j] + b_q[j], cache["blocks.1.attn.hook_q"][:, :, j], atol=1e-12)
+        assert torch.allclose(x @ w_k[j] + b_k[kv], cache["blocks.1.attn.hook_k"][:, :, kv], atol=1e-12)
+        assert torch.allclose(x @ w_v[j] + b_v[kv], cache["blocks.1.attn.hook_v"][:, :, kv], atol=1e-12)

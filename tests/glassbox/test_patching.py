@@ -183,3 +183,18 @@ def test_normalized_patching_is_the_fraction_of_the_gap_recovered():
     with pytest.raises(ValueError, match=r"the clean and corrupt runs give the same metric .* no difference"):
         gb.activation_patching(m, clean, clean, metric, by="layer", normalize=True)
     assert torch.equal(gb.recovered_fraction(torch.tensor([1.0, 3.0]), 3.0, 1.0), torch.tensor([0.0, 1.0]))
+
+
+def test_a_key_value_head_of_grouped_query_attention_is_ablated_by_its_own_index():
+    """The key/value points have n_kv_head heads: ablating key head 1 of 2 changes what query heads 2 and 3
+    read and nothing of heads 0 and 1; a head past n_kv_head is refused naming n_kv_head."""
+    m = variant_model("llama-gqa-swiglu")
+    ids = variant_ids(m)
+    _, clean = gb.run_with_cache(m, ids, "blocks.0.attn.hook_z")
+    with torch.no_grad(), use_hooks(m, [gb.zero_ablation(m, "blocks.0.attn.hook_v", head=1)]):
+        _, ablated = gb.run_with_cache(m, ids, "blocks.0.attn.hook_z")
+    z, z0 = ablated["blocks.0.attn.hook_z"], clean["blocks.0.attn.hook_z"]
+    assert torch.equal(z[:, :, :2], z0[:, :, :2]) and (z[:, :, 2:] == 0).all()  # values of zero: outputs of zero
+    with pytest.raises(ValueError, match=r"head 2 is out of range; valid heads are 0 \.\. 1 \(n_kv_head=2\)"):
+        gb.zero_ablation(m, "blocks.0.attn.hook_k", head=2)
+    gb.zero_ablation(m, "blocks.0.attn.hook_q", head=3)  # the query heads: n_head of them

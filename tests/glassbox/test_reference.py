@@ -77,3 +77,91 @@ def test_numpy_recomputes_what_each_head_writes(variant):
         ours = cache.head_results(i).numpy()
         assert heads.shape == ours.shape == (*ids.shape, m.config.n_head, m.config.d_model)
         assert np.abs(heads - ours).max() < 1e-12
+
+
+LLAMA_VARIANTS = ["llama-gqa-swiglu", "qwen-mqa-biases-gains"]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["float32", "float64"])
+@pytest.mark.parametrize("variant", LLAMA_VARIANTS)
+def test_verify_recomputes_the_llama_family(variant, dtype, tol):
+    """Grouped-query attention, SwiGLU, rotate-half rope with its base, q/k/v biases and the QK-norm's gains,
+    recomputed in float64 NumPy: every step agrees (float64 to 1e-12, with the rope table made in float64)."""
+    m = variant_model(variant, dtype=dtype)
+    rep = dl.verify(m, variant_ids(m), tol=tol)
+    assert rep.ok, rep.table()
+    cfg = m.config
+    assert rep.step("layer 0 k").shape == (2, cfg.n_head, 9, cfg.d_head)  # each query head's keys
+    assert rep.step("layer 0 head out").shape == (2, cfg.n_head, 9, cfg.d_head)
+
+
+def _perturbed(key: str, rows=slice(None)):
+    """A stand-in for the reference's weights: the model's, with ``key``'s ``rows`` moved by 1e-2."""
+    from decoderlab.glassbox import reference
+
+    real = reference._np_weights
+
+    def weights(model):
+        w = real(model)
+        w[key] = w[key].copy()
+        w[key][rows] += 1e-2
+        return w
+    return weights
+
+
+@pytest.mark.parametrize("key,rows,first", [
+    ("blocks.0.attention.q_norm.weight", slice(None), "layer 0 q"),
+    ("blocks.0.attention.k_norm.weight", slice(None), "layer 0 k"),
+    ("blocks.0.attention.qkv.bias", slice(24, 30), "layer 0 k"),  # the key head's bias (after 4 query heads of 6)
+    ("blocks.0.attention.qkv.bias", slice(30, 36), "layer 0 v"),  # the value head's
+    ("blocks.1.mlp.gate.weight", slice(None), "layer 1 mlp out"),
+    ("blocks.1.mlp.fc.weight", slice(None), "layer 1 mlp out"),
+])
+def test_verify_fails_where_a_llama_weight_differs(monkeypatch, key, rows, first):
+    """The reference reads each of the Llama family's weights itself: one moved by 1e-2 in its copy fails verify
+    at the first step that weight makes, and not before."""
+    from decoderlab.glassbox import reference
+
+    m = variant_model("qwen-mqa-biases-gains", dtype=torch.float32)
+    ids = variant_ids(m)
+    monkeypatch.setattr(reference, "_np_weights", _perturbed(key, rows))
+    rep = dl.verify(m, ids)
+    bad = [s.name for s in rep.steps if not s.ok]
+    assert bad and bad[0] == first, rep.table()
+    names = [s.name for s in rep.steps]
+    assert all(s.ok for s in rep.steps[: names.index(first)])
+
+
+@pytest.mark.parametrize("change,first", [
+    ("theta", "layer 0 q"), ("layout", "layer 0 q"), ("groups", "layer 0 k"),
+])
+def test_verify_fails_on_a_model_with_another_rope_or_grouping(monkeypatch, change, first):
+    """A model that turns by another rope base, pairs its rope in the other layout, or gives the query heads the
+    wrong key/value heads (repeat instead of repeat_interleave) fails verify: the reference recomputes each."""
+    m = variant_model("llama-gqa-swiglu", dtype=torch.float32)
+    rope = m.blocks[0].attention.rope
+    if change == "theta":
+        rope.base = 2 * rope.base
+        rope.cos, rope.sin = rope._table()
+    elif change == "layout":
+        monkeypatch.setattr(rope, "layout", "interleaved")
+    else:
+        for block in m.blocks:
+            attn = block.attention
+            monkeypatch.setattr(attn, "expand_kv", lambda t, g=attn.group: t.repeat(1, g, 1, 1))
+    rep = dl.verify(m, variant_ids(m))
+    bad = [s.name for s in rep.steps if not s.ok]
+    assert bad and bad[0] == first, rep.table()
+
+
+@pytest.mark.slow
+def test_verify_passes_on_a_smollm2_135m_shaped_model():
+    """SmolLM2-135M's shape (30 layers, d_model 576, 9 query and 3 key/value heads, SwiGLU 1536, vocabulary
+    49,152, rope base 100000 rotate-half, tied; random weights): the whole pass recomputed in float64 agrees to 1e-5
+    (about 5-10 s on one thread, bench/generate.py --shape smollm2-135m)."""
+    torch.manual_seed(0)
+    m = dl.DecoderOnlyTransformer("smollm2-135m").eval()
+    ids = torch.randint(0, m.config.num_tokens, (1, 8), generator=torch.Generator().manual_seed(1))
+    rep = dl.verify(m, ids)
+    assert rep.ok, rep.table()
+    assert len(rep.steps) == 2 + 30 * 14 + 2 and rep.step("logits").shape == (1, 8, 49152)

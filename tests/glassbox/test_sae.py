@@ -12,8 +12,8 @@ from tiny_models import one_thread  # noqa: F401 -- autouse
 
 import decoderlab as dl
 from decoderlab.glassbox.sae import (SAE_CFG_FILE, SAE_WEIGHTS_FILE, SparseAutoencoder, check_sae_hook,
-                                     check_sae_size, load_sae, read_log_sparsity, resample_dead, sae_hook_names,
-                                     sae_losses)
+                                     check_sae_size, load_sae, read_log_sparsity, resample_dead, sae_hook,
+                                     sae_hook_names, sae_losses)
 
 
 def _perturbed(sae: SparseAutoencoder, seed: int = 1) -> SparseAutoencoder:
@@ -185,3 +185,62 @@ def test_a_hook_the_model_lacks_lists_the_valid_names():
         check_sae_hook(model, "blocks.7.hook_resid_post")
     with pytest.raises(ValueError, match="is not a point an SAE reads"):
         check_sae_hook(model, "blocks.0.attn.hook_pattern")
+
+
+def _pre_6_cfg(sae: SparseAutoencoder, *, topk_as: str) -> dict:
+    """The cfg.json SAELens wrote before 6.0 for ``sae``: the hook, layer and model at the top level, no
+    ``metadata``; TopK as its own architecture ("topk") or, earlier, as "standard" with a topk activation."""
+    cfg = {"d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": "float32", "device": "cpu", "model_name": "tiny",
+           "hook_name": "blocks.1.hook_resid_post", "hook_layer": 1, "hook_head_index": None,
+           "activation_fn_str": "relu", "activation_fn_kwargs": {}, "apply_b_dec_to_input": True,
+           "finetuning_scaling_factor": False, "sae_lens_training_version": "3.13.1", "prepend_bos": True,
+           "dataset_path": "text", "context_size": 16, "normalize_activations": False, "architecture": "standard"}
+    if sae.k is not None:
+        cfg.update(activation_fn_kwargs={"k": sae.k},
+                   **({"architecture": "topk"} if topk_as == "topk" else {"activation_fn_str": "topk"}))
+    return cfg
+
+
+@pytest.mark.parametrize("k, topk_as", [(None, ""), (4, "topk"), (4, "standard")])
+def test_saelens_files_from_before_6_are_read(tmp_path, k, topk_as):
+    """A cfg.json of SAELens < 6 (hook_name / hook_layer / model_name at the top level, no metadata) failed with
+    "hook '' is not a hook point of this model": it is read as SAELens 6 reads it."""
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", n_layer=2, d_model=8, n_head=2, max_len=8,
+                                                num_tokens=10))
+    sae = _perturbed(SparseAutoencoder(8, 24, k))
+    sae.save(tmp_path)
+    (tmp_path / SAE_CFG_FILE).write_text(json.dumps(_pre_6_cfg(sae, topk_as=topk_as)))
+    back = load_sae(tmp_path)
+    assert back.k == k and back.metadata["hook_name"] == "blocks.1.hook_resid_post"
+    assert back.metadata["model_name"] == "tiny" and back.metadata["context_size"] == 16
+    assert check_sae_hook(model, back.metadata["hook_name"]) == "blocks.1.hook_resid_post"
+    x = torch.randn(10, 8)
+    assert torch.equal(back(x), sae(x))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"finetuning_scaling_factor": True}, "finetuning_scaling_factor"),
+    ({"architecture": "jumprelu"}, "architecture 'jumprelu'"), ({"normalize_activations": True}, "normalize")])
+def test_saelens_files_decoderlab_cannot_read_are_refused_naming_the_format(tmp_path, change, message):
+    sae = SparseAutoencoder(8, 24, None)
+    sae.save(tmp_path)
+    cfg = {k: v for k, v in {**_pre_6_cfg(sae, topk_as=""), **change}.items() if v is not None}
+    (tmp_path / SAE_CFG_FILE).write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message) as e:
+        load_sae(tmp_path)
+    assert "SAELens" in str(e.value) and "cfg.json" in str(e.value)
+
+
+def test_an_sae_whose_files_name_no_hook_loads_and_a_reader_of_its_hook_is_told_so(tmp_path):
+    """A hook given beside the SAE (Model.features) needs none in its files; the readers that take the hook from
+    the files (decoderlab features, serve --sae) are told where SAELens keeps it, before and after 6."""
+    sae = SparseAutoencoder(8, 24, None)
+    sae.save(tmp_path)
+    cfg = {k: v for k, v in _pre_6_cfg(sae, topk_as="").items() if k != "hook_name"}
+    (tmp_path / SAE_CFG_FILE).write_text(json.dumps(cfg))
+    back = load_sae(tmp_path)
+    with pytest.raises(ValueError, match=r"cfg.json names no hook point: SAELens 6 keeps it as metadata.hook_name"):
+        sae_hook(back, tmp_path)
+    with pytest.raises(ValueError, match="the SAE names no hook point"):
+        sae_hook(back)

@@ -123,3 +123,24 @@ def test_a_trace_is_a_view_over_the_cache():
     assert view.layer(1).percents is cache["pattern", 1]  # the cache's own tensors, named as the lessons do
     assert torch.equal(view.layer(1).head_out, cache["z", 1].transpose(1, 2)) and view.logits is cache.logits
     assert _no_hooks(m)
+
+
+def test_a_grouped_query_trace_gives_each_head_its_groups_keys():
+    """With grouped-query attention (4 query heads, 2 key/value heads) a trace's keys and values are each query
+    head's -- its group's key/value head -- and a head subset keeps the same slices (copies) as the full trace."""
+    from .models import variant_ids, variant_model
+
+    m = variant_model("llama-gqa-swiglu")
+    ids = variant_ids(m)
+    full = dl.trace(m, ids)
+    _, cache = gb.run_with_cache(m, ids)
+    k = cache["blocks.1.attn.hook_rot_k"]  # (B, T, n_kv_head, d_head): the heads the model computes and caches
+    assert k.shape[2] == m.config.kv_heads == 2
+    lt = full.layer(1)
+    for head in range(4):
+        assert torch.equal(lt.k[:, head], k[:, :, head // 2])
+        assert torch.equal(lt.v[:, head], cache["blocks.1.attn.hook_v"][:, :, head // 2])
+    assert torch.allclose(lt.head_out, lt.percents @ lt.v, atol=1e-12)
+    part = dl.trace(m, ids, heads=[3, 0])
+    for key in ("q", "k", "v", "percents", "head_out"):
+        assert torch.equal(getattr(part.layer(1), key), getattr(lt, key)[:, [0, 3]]), key

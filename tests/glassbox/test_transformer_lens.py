@@ -1,9 +1,9 @@
 """The glass box checked against the field's tool: TransformerLens 4 (``TransformerBridge``) on the same GPT-2
 weights, nothing downloaded.
 
-A random ``GPT2LMHeadModel`` (biases and norms made non-trivial) is exported by ``decoderlab.hf.to_gpt2`` with a
+A random ``GPT2LMHeadModel`` (biases and norms made non-trivial) is exported by ``decoderlab.hf.to_hf`` with a
 BPE tokenizer into a temporary directory and booted offline by ``TransformerBridge.boot_transformers``;
-``decoderlab.hf.from_gpt2`` loads the same weights. Every cached activation, the logit lens, the logit
+``decoderlab.hf.from_hf`` loads the same weights. Every cached activation, the logit lens, the logit
 attributions, the head detectors, the composition scores and two patching tables agree within 1e-5.
 """
 
@@ -20,7 +20,7 @@ pytest.importorskip("transformer_lens")
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from decoderlab import glassbox as gb  # noqa: E402
-from decoderlab.hf import from_gpt2, to_gpt2  # noqa: E402
+from decoderlab.hf import from_hf, to_hf  # noqa: E402
 from decoderlab.hooks import hook_names  # noqa: E402
 from decoderlab.tokenizers import BPETokenizer  # noqa: E402
 
@@ -47,9 +47,9 @@ def pair(tmp_path_factory):
             for name, p in hf.named_parameters():
                 if name.endswith("bias") or ".ln_" in name:
                     p.add_(0.1 * torch.randn_like(p))
-        ours = from_gpt2(hf)
+        ours = from_hf(hf)
         directory = tmp_path_factory.mktemp("tl") / "gpt2"
-        to_gpt2(ours, directory, tokenizer=bpe)
+        to_hf(ours, directory, tokenizer=bpe)
         tok = AutoTokenizer.from_pretrained(directory)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -171,3 +171,44 @@ def test_patching_tables_agree_with_transformer_lens(pair):
     got = gb.activation_patching(ours, clean, corrupt, metric, over="resid_pre", by="layer,pos")
     assert got.shape == (2, clean.size(1)) and (tl.double() - got).abs().max().item() < TOL
     assert got.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_a_llama_familys_activations_agree_with_transformer_lens(tmp_path, name):
+    """Grouped-query attention, SwiGLU, rotate-half rope (and Qwen3's QK-norm gains, heads of 16 beside d_model
+    32): a random ``transformers`` model of the family booted offline by ``TransformerBridge`` and the same
+    weights in decoderlab (tests/support/hf_llama.py) -- every hook point decoderlab has is one of TransformerLens's
+    names, with its shape (``hook_k`` / ``hook_v`` with the n_kv_head heads) and its numbers to 1e-5."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from support.hf_llama import VOCAB, hf_model, ours_of
+
+    hf = hf_model(name)
+    ours = ours_of(hf)
+    hf.save_pretrained(tmp_path)
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", bos_token="t1", eos_token="t2",
+                            pad_token="t0").save_pretrained(tmp_path)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_transformers(str(tmp_path), hf_model=copy.deepcopy(hf), device="cpu",
+                                                     tokenizer=AutoTokenizer.from_pretrained(tmp_path))
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        tl_logits, tl_cache = bridge.run_with_cache(ids)
+    logits, cache = gb.run_with_cache(ours, ids)
+    assert (tl_logits - logits).abs().max().item() < TOL
+    names = hook_names(ours)
+    assert "blocks.0.mlp.hook_pre_linear" in names and set(names) <= set(tl_cache.keys())
+    assert cache["blocks.0.attn.hook_k"].shape == (2, 10, ours.config.kv_heads, ours.config.d_head)
+    for hook in names:
+        a, b = cache[hook], tl_cache[hook]
+        if hook.endswith(("hook_q_normed", "hook_k_normed")):  # the bridge's Qwen3 keeps these two as (B, H, T,
+            b = b.transpose(1, 2)  # d_head); decoderlab's are (B, T, H, d_head) as every per-head point of both
+        assert a.shape == b.shape, hook
+        seen = torch.isfinite(a)  # (masked scores: ours -inf, the bridge's float32's lowest)
+        assert (a[seen] - b[seen]).abs().max().item() < TOL * max(1.0, b[seen].abs().max().item()), hook

@@ -137,3 +137,14 @@ def test_numbers_of_any_kind_and_bools_are_rewards():
     for value, want in [(np.float32(0.25), 0.25), (torch.tensor(0.5), 0.5), (True, 1.0), (3, 3.0)]:
         assert score(lambda r, row, e, v=value: v, "", ROW, False) == want
     assert math.isfinite(score(lambda r, row, e: -1e30, "", ROW, False))
+
+
+@pytest.mark.parametrize("text, number", [
+    ("The numbers are 1,2,3", "3"), ("sorted: 3,5,8", "8"), ("12,3456", "3456"), ("1234,567", "567"),
+    ("1,234", "1234"), ("it costs 1,234,567.50 in all", "1234567.50"), ("-1,000 and 2,50", "50"), ("7,", "7"),
+])
+def test_a_comma_list_is_a_list_and_thousands_separators_stay_one_number(text, number):
+    """`last_number("The numbers are 1,2,3")` was 123 (the 'number' reward scored a right answer 0): a comma joins
+    digits into one number only before a group of exactly three digits."""
+    assert last_number(text) == Decimal(number)
+    assert load_reward("number")(text, {"reference": number}, True) == 1.0

@@ -4,7 +4,7 @@ uninterrupted run, and a reward that fails mid-run (named, the last checkpoint k
 import lightning as L
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_reply
@@ -151,3 +151,18 @@ def test_a_base_model_without_a_chat_template_is_told_to_fine_tune_first():
                                          r"\(decoderlab finetune --checkpoint runs/base"):
         require_chat_template(None, "runs/base")
     assert require_chat_template(DL) is DL
+
+
+def test_a_jinja_template_gives_the_rows_of_the_built_in_template_it_writes():
+    """RL renders through any template: decoderlab's own written as Jinja (as an exported model carries it)
+    gives the same prompts, replies, rewards and rows as the built-in renderer."""
+    from decoderlab.chat import JinjaChatTemplate, chat_template_jinja
+
+    model, tok = letter_model(max_len=9)
+    reward = load_reward("regex")
+    rl = RLConfig(group_size=3, max_new_tokens=4)
+    runs = [RolloutSampler(letter_prompts(reward), tok, t, reward, rl, max_len=9, batch_size=2, accumulate=2,
+                           seed=5)(model, step=0) for t in (DL, JinjaChatTemplate(chat_template_jinja(DL)))]
+    assert runs[0].rewards == runs[1].rewards and runs[0].replies == runs[1].replies and runs[0].tokens
+    for (x0, y0, a0), (x1, y1, a1) in zip(runs[0].micro_batches, runs[1].micro_batches):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1) and torch.equal(a0, a1)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from safetensors.torch import load_file
 
 from decoderlab.chat import load_model

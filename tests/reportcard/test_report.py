@@ -162,3 +162,23 @@ def test_a_directory_that_is_not_a_run_is_one_error_line(tmp_path, decoderlab_cl
     with pytest.raises(ValueError, match="samples must be an integer >= 0"):
         report(tmp_path, samples=-1)
     assert get_template("tools").has_tools
+
+
+def test_a_checkpoint_with_a_jinja_template_scores_as_with_the_built_in_one(tmp_path):
+    """The card reads a checkpoint's template whatever its kind: decoderlab's template stored as Jinja (as a
+    Hugging Face directory carries it) scores the same replies as the built-in one."""
+    import string
+
+    from decoderlab.chat import TEMPLATES, JinjaChatTemplate, add_chat_tokens, chat_template_jinja
+    from decoderlab.checkpoint import save_checkpoint
+    from decoderlab.reportcard import ROWS, score_stage
+
+    builtin = TEMPLATES["decoderlab"]
+    torch.manual_seed(0)
+    _, tok, _ = add_chat_tokens(None, dl.CharTokenizer(set(string.printable)), builtin)
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16,
+                                                n_layer=1, n_head=2, max_len=96))
+    for name, template in (("b", builtin), ("j", JinjaChatTemplate(chat_template_jinja(builtin)))):
+        save_checkpoint(tmp_path / name, model, tok, meta={"task": "chat", "chat_template": template.to_dict()})
+    scores = [score_stage(tmp_path / name, questions_per_row=1, rows=ROWS[:2], samples=1) for name in ("b", "j")]
+    assert scores[0] == scores[1] and scores[0]["story"]["reply"]

@@ -72,7 +72,7 @@ def cli_server(directory, *args):
     proc = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(directory),
                              "--port", str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 40
+        deadline = time.time() + 120  # (a loaded 2-core machine took over 40 s to import torch and load)
         while time.time() < deadline:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:

@@ -12,6 +12,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 
+from decoderlab.chat import add_chat_tokens  # noqa: E402
+from decoderlab.serve import Limits, ServerThread, create_app  # noqa: E402
+
 from .helpers import MODEL_ID, FakeTemplate, aclient, client, ref_text  # noqa: E402
 
 
@@ -68,3 +71,31 @@ def test_system_messages_after_the_first_are_merged_into_the_first(chat_server, 
     r = c.chat.completions.create(model=MODEL_ID, messages=late_only, max_tokens=2)
     want = FakeTemplate().render([late_only[1], late_only[0]], tok, add_generation_prompt=True)[0]
     assert r.usage.prompt_tokens == len(want)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+          "{% if messages|length > 3 %}{{ raise_exception('at most three messages, please') }}{% endif %}")
+
+
+def test_a_jinja_template_serves_and_its_error_is_a_400(mt):
+    """A Hugging Face chat template (ChatML, Jinja) renders the prompt, the reply stops at its <|im_end|>; a
+    template that raises is a 400 naming messages, with its message, and the server keeps serving."""
+    from decoderlab.chat import JinjaChatTemplate
+
+    template = JinjaChatTemplate(CHATML, name="chatml")
+    model, tok, _ = add_chat_tokens(*mt, template)
+    app = create_app(model.eval(), tok, model_id=MODEL_ID, template=template, limits=Limits(max_messages=8))
+    messages = [{"role": "user", "content": "hi there"}]
+    ids, _ = template.render(messages, tok, add_generation_prompt=True)
+    assert tok.decode(ids) == "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    with ServerThread(app) as url:
+        c = client(url)
+        r = c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=12, temperature=0.9, seed=5)
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.choices[0].message.content == ref_text((model, tok), ids, 12, 0.9, 5)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL_ID, messages=messages * 4, max_tokens=2)
+        assert e.value.param == "messages" and "the 'chatml' chat template raised: at most three messages" in str(
+            e.value)
+        assert c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=2).choices

@@ -20,7 +20,7 @@ from .helpers import ref_text, client, cli_server  # noqa: E402
 def test_cli_serve_runs_a_checkpoint(mt, tmp_path):
     model, tok = mt
     dl.save_checkpoint(tmp_path / "ck", model, tok)
-    with cli_server(tmp_path / "ck", "--api-key", "k") as url:
+    with cli_server(tmp_path / "ck", "--api-key", "k", "--eager") as url:
         r = client(url, "k").completions.create(model="ck", prompt="ab", max_tokens=4, temperature=0)
         assert r.choices[0].text == ref_text(mt, tok.encode("ab"), 4, 0, None)
 
@@ -39,7 +39,7 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
     hf.save_pretrained(tmp_path / "gpt2-tiny")
     bpe.hf_tokenizer.model.save(str(tmp_path / "gpt2-tiny"))  # vocab.json, merges.txt
     model, tok, _, _ = load_model(tmp_path / "gpt2-tiny")
-    with cli_server(tmp_path / "gpt2-tiny") as url:
+    with cli_server(tmp_path / "gpt2-tiny", "--eager") as url:
         c = client(url)
         assert c.models.list().data[0].id == "gpt2-tiny"
         for temperature, seed in ((0, None), (1.0, 3)):
@@ -48,18 +48,65 @@ def test_cli_serve_runs_a_hugging_face_gpt2_directory(tmp_path):
             assert r.choices[0].text == ref_text((model, tok), tok.encode("To be"), 6, temperature, seed)
 
 
+def test_cli_serve_runs_a_gguf_file_with_its_chat_template(tmp_path):
+    """A GGUF file (llama.cpp's) is a checkpoint for serve too: its name is the model id, /v1/chat/completions
+    renders its tokenizer.chat_template, and the reply equals the library's chat_reply on the same file."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.chat import chat_reply, load_model
+
+    bpe = byte_level_bpe(300)
+    path = write_gguf(tmp_path / "tiny.gguf", "qwen2", hf_model("qwen2", bpe.get_vocab_size()), bpe)
+    model, tok, template, _ = load_model(path)
+    messages = [{"role": "user", "content": "Hi there"}]
+    want = chat_reply(model, messages, tok, template, temperature=0, max_new_tokens=5)
+    with cli_server(path, "--eager") as url:
+        c = client(url)
+        assert c.models.list().data[0].id == "tiny.gguf"
+        r = c.chat.completions.create(model="tiny.gguf", messages=messages, max_tokens=5, temperature=0)
+        assert r.choices[0].message.content == want
+
+
 @pytest.mark.parametrize("args,needle", [(["--checkpoint", "/no/such/dir"], "/no/such/dir"),
                                          (["--checkpoint", ".", "--port", "70000"], "--port"),
                                          (["--checkpoint", ".", "--max-tokens", "0"], "--max-tokens"),
                                          (["--checkpoint", ".", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
                                          (["--checkpoint", ".", "--prefill-chunk", "-3"], "got -3"),
-                                         (["--checkpoint", ".", "--threads", "0"], "threads must be a positive")])
+                                         (["--checkpoint", ".", "--threads", "0"], "threads must be a positive"),
+                                         (["--checkpoint", ".", "--dtype", "q5_0"], "unknown dtype 'q5_0'; allowed: "
+                                                                                    "float32, bfloat16")])
 def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     from decoderlab.cli import main as cli_main
 
     assert cli_main(["serve", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("decoderlab: error:") and needle in err[0]
+
+
+@pytest.mark.slow
+def test_cli_serve_q8_0_compiled_by_default_gives_the_eager_texts(mt, tmp_path):
+    """`serve --dtype q8_0` decodes through the compiled step, its default (Inductor compiles the block products at
+    the first request of each kind of batch, said on standard error), and answers four requests sent together --
+    batched steps, each block read once for all rows -- with the texts of `serve --dtype q8_0 --eager` and of the
+    library on the q8_0 model. A few graphs are compiled: minutes on a loaded 2-core machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, tok = mt
+    dl.save_checkpoint(tmp_path / "ck", model, tok)
+    asks = [("ab", 0, None), ("ba", 0, None), ("abc", 1.0, 3), ("c", 1.0, 4)]
+    texts = {}
+    for mode in ((), ("--eager",)):
+        with cli_server(tmp_path / "ck", "--dtype", "q8_0", *mode) as url:
+            c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1200)
+            with ThreadPoolExecutor(len(asks)) as pool:
+                done = [pool.submit(lambda a=a: c.completions.create(model="ck", prompt=a[0], max_tokens=12,
+                                                                     temperature=a[1], seed=a[2]).choices[0].text)
+                        for a in asks]
+                texts[mode] = [d.result() for d in done]
+    q8, _ = dl.load_checkpoint(tmp_path / "ck", dtype="q8_0")
+    assert texts[()] == texts[("--eager",)] == [ref_text((q8, tok), tok.encode(p), 12, t, s) for p, t, s in asks]
 
 
 def test_serve_on_a_busy_port_or_a_bogus_host_is_one_error_line(mt, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Tool calls on /v1/chat/completions through the official ``openai`` client against a real uvicorn: ``tools``
 + ``tool_choice`` ("required", a named function, "auto", "none"), the call's arguments valid against the
 function's schema (a grammar), ``tool_calls`` + ``finish_reason: "tool_calls"`` as OpenAI returns and streams
-them, tool results in the conversation, and each bad tool field a 400 naming it."""
+them ("stop" for a function forced by name, as OpenAI's), tool results in the conversation, and each bad tool
+field a 400 naming it."""
 
 from __future__ import annotations
 
@@ -51,12 +52,19 @@ def test_required_calls_a_function_with_valid_arguments_equal_to_the_librarys(to
         assert tok.decode(ref, skip_special=True) == f"{call.function.name} {call.function.arguments}"
 
 
-def test_a_named_function_is_the_one_called(tools_server):
+def test_a_named_function_is_the_one_called_and_the_turn_finishes_with_stop(tools_server):
+    """A function forced by name finished with "tool_calls"; OpenAI answers "stop" there (and "tool_calls" for
+    "required" and "auto"), streamed and not -- vLLM changed to match it."""
     c = client(tools_server)
-    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=0, max_tokens=60,
-                                  tool_choice={"type": "function", "function": {"name": "mul"}})
+    kw = dict(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=0, max_tokens=60,
+              tool_choice={"type": "function", "function": {"name": "mul"}})
+    r = c.chat.completions.create(**kw)
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "mul" and json.loads(call.function.arguments) in ({"x": True}, {"x": False})
+    assert r.choices[0].finish_reason == "stop"
+    finishes = [ch.finish_reason for chunk in c.chat.completions.create(**kw, stream=True) for ch in chunk.choices
+                if ch.finish_reason]
+    assert finishes == ["stop"]
 
 
 def test_auto_calls_when_the_model_opens_a_call_and_none_never_does(tools_server, tools_model):

@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import InterruptAt
+from support.interaction import InterruptAt
 from tiny_runs import TINY, StopAt, cache, ddp_env, one_thread, resume, run, text, tiny_config  # noqa: F401
 
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint

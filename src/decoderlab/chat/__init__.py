@@ -9,6 +9,10 @@ layout it was trained on.
 - :mod:`.messages`: a conversation's shape (roles, order) and its check;
 - :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson", "tools"), the stored template, the
   template's special tokens in a tokenizer and a model;
+- :mod:`.jinja`: ``JinjaChatTemplate``, a Hugging Face ``chat_template`` rendered as ``transformers`` renders it,
+  behind the same interface;
+- :mod:`.hf_templates`: ``chat_template_jinja`` (any template's Jinja text, for export) and
+  ``read_chat_template`` (a Hugging Face directory's template);
 - :mod:`.data`: JSONL files in three formats (messages, prompt-completion, Alpaca);
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
 - :mod:`.calculator`: the built-in ``calculator`` tool (a syntax-tree walker, never ``eval``) and ``TOOLS``;
@@ -21,20 +25,23 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
 from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
-from .loading import LoadedModel, load_model
+from .loading import LoadedModel, checkpoint_template, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
 from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
                         render_chat, template_from_meta, tool_call_text, tools_text)
+from .jinja import JinjaChatTemplate
+from .hf_templates import chat_template_jinja, read_chat_template
 from .tools import ToolSet
 from .calculator import TOOLS, CalculatorError, Tool, calculate, evaluate, get_tools
 from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
-    "LoadedModel", "load_model", "ROLES", "check_messages", "TemplateChatSession", "chat_reply", "fit_messages",
+    "LoadedModel", "load_model", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
+    "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
     "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
-    "run_tool_turn",
+    "run_tool_turn", "JinjaChatTemplate", "chat_template_jinja", "read_chat_template",
 ]

@@ -2,8 +2,11 @@
 tree -- ``+ - * / // % **``, unary minus and parentheses -- and nothing else (never ``eval``).
 
 Integers stay exact integers; a decimal or a true division is computed in ``decimal`` with
-``PRECISION`` significant digits and written without an exponent (``0.1 + 0.2`` is ``0.3``). Operands are
-bounded (``MAX_OPERAND``), so are exponents (``MAX_EXPONENT``) and results (``MAX_RESULT_DIGITS``). Anything
+``PRECISION`` significant digits and written without an exponent (``0.1 + 0.2`` is ``0.3``). The operators
+mean what they mean in Python, decimal point or not: ``//`` floors and ``%`` takes the divisor's sign
+(``-7.5 // 2`` is ``-4``, ``7 % -2.5`` is ``-0.5``; ``decimal`` alone truncates toward zero). Operands are
+bounded (``MAX_OPERAND``), so are exponents (``MAX_EXPONENT``) and results: at most ``MAX_RESULT_DIGITS``
+digits written, the last one rounded, and a result whose first digit lies beyond them is refused. Anything
 else -- a name, an attribute, a call, a string, a huge exponent, a division by zero, a digit that is not ASCII
 -- is refused with a message that becomes the tool's result, for the model to read: :func:`calculate` never
 raises on its input.
@@ -45,6 +48,15 @@ def _number(value):
     return value
 
 
+def _floor_divmod(a, b) -> tuple:
+    """Python's ``divmod`` for decimals: the quotient floored, the remainder with the divisor's sign (``decimal``'s
+    own ``//`` and ``%`` truncate toward zero). Exact: an adjustment of the truncated pair by one divisor."""
+    q, r = divmod(decimal.Decimal(a), decimal.Decimal(b))
+    if r and (r < 0) != (b < 0):
+        q, r = q - 1, r + b
+    return q, r
+
+
 def _apply(op: ast.operator, a, b):
     kind = type(op)
     if kind not in _BINARY:
@@ -62,7 +74,10 @@ def _apply(op: ast.operator, a, b):
             a = decimal.Decimal(a)
     if kind is ast.Div and isinstance(a, int) and isinstance(b, int):
         a = decimal.Decimal(a)
-    out = _BINARY[kind](a, b)
+    if kind in (ast.FloorDiv, ast.Mod) and not (isinstance(a, int) and isinstance(b, int)):
+        out = _floor_divmod(a, b)[kind is ast.Mod]
+    else:
+        out = _BINARY[kind](a, b)
     if abs(out) >= decimal.Decimal(10) ** MAX_RESULT_DIGITS:
         raise CalculatorError(f"the result is too large (more than {MAX_RESULT_DIGITS} digits)")
     return out
@@ -84,8 +99,16 @@ def _walk(node: ast.AST):
 
 
 def _text(value) -> str:
+    """``value`` written without an exponent in at most ``MAX_RESULT_DIGITS`` digits (rounded at the last)."""
     if isinstance(value, int):
         return str(value)
+    whole_digits = max(1, value.adjusted() + 1)  # digits before the point ("0." counts one)
+    places = MAX_RESULT_DIGITS - whole_digits
+    if value and value.adjusted() < -places:
+        raise CalculatorError(f"the result {value:.3e} is too small to write in {MAX_RESULT_DIGITS} digits (its "
+                              f"first digit is {-value.adjusted()} places after the point)")
+    if -value.as_tuple().exponent > places:
+        value = value.quantize(decimal.Decimal(1).scaleb(-places))
     value = value.normalize()
     if value == value.to_integral_value():
         return str(int(value))
@@ -115,10 +138,13 @@ def evaluate(expression: str) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalculatorError(f"not an arithmetic expression: {expression!r:.60}") from None
     context = decimal.Context(prec=PRECISION, traps=[decimal.InvalidOperation, decimal.DivisionByZero,
-                                                     decimal.Overflow])
+                                                     decimal.Overflow, decimal.Underflow])
     try:
         with decimal.localcontext(context):
             return _text(_walk(tree))
+    except decimal.Underflow:
+        raise CalculatorError(f"a step of {expression!r:.60} is too small to compute (below 1e{context.Emin})") \
+            from None
     except (decimal.DecimalException, ArithmeticError, RecursionError) as e:
         raise CalculatorError(f"cannot compute {expression!r:.60}: {type(e).__name__}") from None
 

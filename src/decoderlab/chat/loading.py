@@ -1,6 +1,8 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
 ``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
-of the two formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_gpt2_directory`` for GPT-2's)."""
+of the formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_hf_directory`` for Hugging Face's,
+``gguf_import.load_gguf`` for a GGUF file of llama.cpp and ollama); beside it, :func:`checkpoint_template`, the
+chat template of a directory, and :func:`gguf_template`, a GGUF file's."""
 
 from __future__ import annotations
 
@@ -10,8 +12,14 @@ from typing import NamedTuple
 import torch
 
 from ..checkpoint import read_meta
+from ..gguf_import import is_gguf_file, load_gguf, read_info
 from ..hf import checkpoint_reader
-from .templates import ChatTemplate, template_from_meta
+from .hf_templates import builtin_jinja, read_chat_template
+from .jinja import JinjaChatTemplate
+from .templates import TEMPLATES, ChatTemplate, template_from_meta
+
+#: GGUF's control-token roles -> the names a Jinja template writes them by
+_GGUF_TOKEN_NAMES = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
 
 
 class LoadedModel(NamedTuple):
@@ -20,31 +28,78 @@ class LoadedModel(NamedTuple):
     Attributes:
         model: the ``DecoderOnlyTransformer``, in eval mode.
         tokenizer: its tokenizer (with the template's special tokens, for a chat checkpoint).
-        template: the stored chat template (a fine-tuned chat checkpoint's, or ``lesson`` for the lesson's
-            pair model); None for a base language model and for a Hugging Face GPT-2 directory.
+        template: the chat template (:func:`checkpoint_template`: a fine-tuned chat checkpoint's, ``lesson`` for
+            the lesson's pair model, a Hugging Face directory's own Jinja template); None for a base language
+            model.
         meta: the checkpoint's ``meta.json`` ({} when there is none).
     """
 
     model: torch.nn.Module
     tokenizer: object
-    template: ChatTemplate | None
+    template: ChatTemplate | JinjaChatTemplate | None
     meta: dict
+
+
+def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
+                        ) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template of a checkpoint directory: the one its ``meta.json`` stores
+    (:func:`~decoderlab.chat.template_from_meta`), else a Hugging Face directory's own
+    (:func:`~decoderlab.chat.read_chat_template`: ``chat_template.jinja`` or ``tokenizer_config.json``); a GGUF
+    file's (:func:`gguf_template`, read from its header); None for a base language model. ``meta``: the
+    directory's ``meta.json`` when already read.
+
+    Raises:
+        ValueError: a malformed stored template; a Hugging Face template that is not valid Jinja (named).
+    """
+    if is_gguf_file(directory):
+        return gguf_template(read_info(directory))
+    meta = read_meta(directory) if meta is None else meta
+    return template_from_meta(meta) or read_chat_template(directory)
+
+
+def gguf_template(info) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template of a GGUF file (``info``: its :class:`~decoderlab.gguf_import.GGUFInfo`): its
+    ``tokenizer.chat_template`` as a :class:`JinjaChatTemplate` named ``gguf:<file name>`` with the file's bos /
+    eos / unk / pad tokens -- or, when the text is one decoderlab wrote for a built-in template, that built-in
+    template; None when the file has none.
+
+    Raises:
+        ValueError: a template that is not valid Jinja (naming the file).
+    """
+    source = info.chat_template
+    if not source:
+        return None
+    for builtin in TEMPLATES.values():
+        if source in (builtin_jinja(builtin), builtin_jinja(builtin, " ")):
+            return builtin
+    tokens = {_GGUF_TOKEN_NAMES[k]: t for k, t in info.special_tokens.items() if k in _GGUF_TOKEN_NAMES}
+    try:
+        return JinjaChatTemplate(source, name=f"gguf:{info.path.stem}", tokens=tokens)
+    except ValueError as e:
+        raise ValueError(f"{info.path}: tokenizer.chat_template: {e}") from None
 
 
 def load_model(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu",
                dtype=None, device: str | torch.device | None = None) -> LoadedModel:
-    """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`) or a
-    Hugging Face GPT-2 directory (:func:`decoderlab.hf.load_gpt2_directory`), for inference (weights in
+    """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`), a
+    Hugging Face directory (:func:`decoderlab.hf.load_hf_directory`: GPT-2, Llama, Mistral, Qwen2,
+    Qwen3, ...) or a GGUF file
+    (:func:`decoderlab.gguf_import.load_gguf`: its template :func:`gguf_template`, its summary and what was
+    dequantized under ``meta["gguf"]``), for inference (weights in
     ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
-    :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`~decoderlab.chat.template_from_meta`: a checkpoint of the lesson's pair
-    training written by an earlier version reads as the ``lesson`` template) and its ``meta.json``.
+    :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`checkpoint_template`: a
+    checkpoint of the lesson's pair training written by an earlier version reads as the ``lesson`` template; a
+    Hugging Face directory's own Jinja template) and its ``meta.json``.
 
     Raises:
         FileNotFoundError: the directory or a required file is missing (named).
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
     """
-    read = checkpoint_reader(directory)  # decoderlab's format or GPT-2's
+    if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
+        model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
+        return LoadedModel(model, tokenizer, gguf_template(info), {"gguf": info.to_meta()})
+    read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
-    meta = read_meta(directory)  # ({} for a GPT-2 directory: it has no meta.json)
-    return LoadedModel(model, tokenizer, template_from_meta(meta), meta)
+    meta = read_meta(directory)  # ({} for a Hugging Face directory: it has no meta.json)
+    return LoadedModel(model, tokenizer, checkpoint_template(directory, meta), meta)

@@ -48,10 +48,11 @@ def _check_one(i: int, m, pending: list[str]) -> None:
 def check_messages(messages, *, final: str | None = "assistant") -> None:
     """Check a conversation: a list of ``{"role", "content"}`` dicts with string content, roles among
     system/user/assistant/tool, an optional system message first, then user and assistant alternating from the
-    user; assistant turns non-empty (content, or tool calls); an assistant turn with ``tool_calls`` followed by
-    one ``tool`` message per call (its ``tool_call_id``), then an assistant turn. ``final``: the role the last
-    message must have ("assistant" for training data, "user" before a reply -- a tool result may end it too --,
-    None: either).
+    user; an assistant turn with ``tool_calls`` followed by one ``tool`` message per call (its
+    ``tool_call_id``), then an assistant turn. ``final``: the role the last message must have ("assistant" for
+    training data, "user" before a reply -- a tool result may end it too --, None: either). Training data
+    (``final="assistant"``) has no empty assistant turn (it would teach a model to say nothing); a conversation
+    to answer may hold one: a model that ends its turn at once has said nothing, and that was its reply.
 
     Raises:
         ValueError: naming the message index and what is wrong.
@@ -81,7 +82,7 @@ def check_messages(messages, *, final: str | None = "assistant") -> None:
             pending = check_tool_calls(m["tool_calls"], f"message {i}")
             expect = "tool"
             continue
-        if role == "assistant" and not m["content"].strip():
+        if role == "assistant" and final == "assistant" and not m["content"].strip():
             raise ValueError(f"message {i} is an empty assistant turn")
         expect = "assistant" if role == "user" else "user"
     last = messages[-1]["role"]

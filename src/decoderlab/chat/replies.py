@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..generation import ChatSession, SamplingParams, TextStreamer, stream
-from ..tokenizers import Tokenizer, tokenizer_after_input
+from ..generation.text import EMPTY_REPLY
+from ..tokenizers import Tokenizer, check_input_first
 from .messages import check_messages
 from .templates import ChatTemplate, get_template
 
@@ -68,8 +69,8 @@ def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
 
     Args:
         model: e.g. from :func:`~decoderlab.chat.load_model`; messages: OpenAI's ``[{"role", "content"}]``.
-        tokenizer: after the messages, as in every public function (the old order ``(model, tokenizer,
-            messages)`` still works for one release, with a ``DeprecationWarning``).
+        tokenizer: after the messages, as in every public function (one in the messages' place is a
+            ``TypeError``).
         template: the checkpoint's (None: default).
         params, **sampling: the settings (a :class:`decoderlab.generation.SamplingParams`, or an int for
             max_new_tokens, and fields over it: ``temperature=0``), as :func:`decoderlab.generation.stream`.
@@ -81,7 +82,7 @@ def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
         ValueError: bad messages; the tokenizer lacks the template's tokens; bad sampling values; a last
             message too long for the model.
     """
-    messages, tokenizer = tokenizer_after_input("stream_chat_reply", "messages", messages, tokenizer)
+    check_input_first("stream_chat_reply", "messages", messages)
     params = SamplingParams.of(params, **sampling)
     template = get_template(template)
     max_len = model.config.max_len
@@ -116,9 +117,8 @@ def stream_chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer,
 
 def chat_reply(model, messages: Sequence[dict], tokenizer: Tokenizer, template: str | ChatTemplate | None = None,
                params: SamplingParams | int | None = None, *, info: dict | None = None, **sampling) -> str:
-    """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``; the old
-    argument order ``(model, tokenizer, messages)`` still works for one release, with a warning)."""
-    messages, tokenizer = tokenizer_after_input("chat_reply", "messages", messages, tokenizer)
+    """The assistant's reply to ``messages`` as one string (``"".join(stream_chat_reply(...))``)."""
+    check_input_first("chat_reply", "messages", messages)
     return "".join(stream_chat_reply(model, messages, tokenizer, template, params, info=info, **sampling))
 
 
@@ -161,13 +161,15 @@ class TemplateChatSession(ChatSession):
             yield piece
         head = 1 if messages[0]["role"] == "system" else 0
         kept = messages[:head] + messages[head + info["dropped_messages"]:]
-        self.messages = kept + [{"role": "assistant", "content": "".join(pieces) or " "}]
+        self.messages = kept + [{"role": "assistant", "content": "".join(pieces)}]
         self.notice = self._notes(info, head)
         self.turn += 1
 
     def _notes(self, info: dict, head: int) -> str | None:
         """What the last reply did not say itself, one line each: turns dropped, no end of turn."""
         notes = []
+        if not info["reply_ids"] and info["ended_with_end_of_turn"]:
+            notes.append(EMPTY_REPLY)
         if info["dropped_messages"]:
             notes.append(f"(the conversation was longer than the model's {self.model.config.max_len}-token "
                          f"context: dropped the {info['dropped_messages']} oldest messages"

@@ -16,6 +16,10 @@ Templates (``TEMPLATES``):
 
 The loss mask is True on the assistant's content tokens and the end-of-turn token after them: the tokens a
 chat model must learn to produce. Everything else (system, user, the openers) is context only.
+
+A Hugging Face model's own template (Jinja) is a :class:`~decoderlab.chat.jinja.JinjaChatTemplate`, with the
+same interface (``render``, ``end_of_turn_id``, ``name``, ``to_dict``); ``get_template`` and
+``template_from_meta`` return either.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
@@ -31,6 +37,7 @@ from ..config.defaults import DEFAULT_TEMPERATURE
 from ..config.names import DEFAULT_TEMPLATE
 from ..lesson import LESSON_TEMPLATE
 from ..tokenizers import EOS, Tokenizer
+from .jinja import JinjaChatTemplate
 from .messages import check_messages
 
 
@@ -237,31 +244,40 @@ def parse_tool_call(text: str) -> tuple[str, str]:
     return name, arguments.strip() or "{}"
 
 
-def get_template(template: str | ChatTemplate | None = None) -> ChatTemplate:
-    """A template by name (None: the default, ``"decoderlab"``), or the template itself.
+def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate | None = None
+                 ) -> ChatTemplate | JinjaChatTemplate:
+    """A template by name (None: the default, ``"decoderlab"``), a Jinja template from a file (``*.jinja``,
+    named ``jinja:<file name>``), or the template itself.
 
     Raises:
-        ValueError: an unknown name, listing the known ones.
+        ValueError: an unknown name, listing the known ones; a file that is not valid Jinja.
     """
     if template is None:
         return TEMPLATES[DEFAULT_TEMPLATE]
-    if isinstance(template, ChatTemplate):
+    if isinstance(template, (ChatTemplate, JinjaChatTemplate)):
         return template
+    if isinstance(template, (str, os.PathLike)) and str(template) not in TEMPLATES:
+        path = Path(template)
+        if path.is_file() and path.suffix == ".jinja":
+            return JinjaChatTemplate(path.read_text(encoding="utf-8"), name=f"jinja:{path.name}")
     if template not in TEMPLATES:
-        raise ValueError(f"unknown chat template {template!r}; known templates: {', '.join(TEMPLATES)}")
+        raise ValueError(f"unknown chat template {template!r}; known templates: {', '.join(TEMPLATES)} (or a "
+                         f"*.jinja file)")
     return TEMPLATES[template]
 
 
-def render_chat(messages: Sequence[dict], tokenizer: Tokenizer, template: str | ChatTemplate | None = None, *,
+def render_chat(messages: Sequence[dict], tokenizer: Tokenizer,
+                template: str | ChatTemplate | JinjaChatTemplate | None = None, *,
                 add_generation_prompt: bool = False) -> tuple[list[int], list[bool]]:
     """``get_template(template).render(messages, tokenizer, add_generation_prompt=...)``: ``(ids, mask)``."""
     return get_template(template).render(messages, tokenizer, add_generation_prompt=add_generation_prompt)
 
 
-def template_from_meta(meta: dict) -> ChatTemplate | None:
-    """The chat template stored in a checkpoint's ``meta.json`` (key ``"chat_template"``); None for a base
-    model. A checkpoint of the lesson's pair training written before pair models stored their template
-    (``"task": "pairs"``, no template) reads as the ``lesson`` template, the scheme it was trained with.
+def template_from_meta(meta: dict) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template stored in a checkpoint's ``meta.json`` (key ``"chat_template"``: a built-in template's
+    fields, or a Jinja template's ``{"name", "jinja", "tokens"}``); None for a base model. A checkpoint of the
+    lesson's pair training written before pair models stored their template (``"task": "pairs"``, no template)
+    reads as the ``lesson`` template, the scheme it was trained with.
 
     Raises:
         ValueError: a malformed stored template.
@@ -270,6 +286,8 @@ def template_from_meta(meta: dict) -> ChatTemplate | None:
     d = meta.get(CHAT_TEMPLATE_KEY)
     if d is None and meta.get("task") == "pairs":
         d = LESSON_TEMPLATE
+    if isinstance(d, dict) and "jinja" in d:
+        return JinjaChatTemplate.from_dict(d)
     return None if d is None else ChatTemplate.from_dict(d)
 
 
@@ -278,7 +296,7 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, allow_special=False))
 
 
-def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | None = None):
+def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | JinjaChatTemplate | None = None):
     """Give ``(model, tokenizer)`` the special tokens of ``template``: ``(model, tokenizer, added)`` with the
     tokenizer extended (:meth:`Tokenizer.add_special_tokens`) and the model resized
     (:meth:`DecoderOnlyTransformer.resize_token_embeddings`: new rows at the mean of the old ones, tying

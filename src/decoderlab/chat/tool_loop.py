@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 from ..generation import SamplingParams, stream
 from ..tokenizers import Tokenizer
 from .calculator import Tool
+from ..generation.text import EMPTY_REPLY
 from .replies import TemplateChatSession
 from .templates import ChatTemplate, encode_text, get_template, parse_tool_call
 from .tools import ToolSet
@@ -195,9 +196,10 @@ class ToolChatSession(TemplateChatSession):
             yield call_line(call) + "\n"
         if turn.content:
             yield turn.content
-        final = turn.messages[-1]
-        self.messages = messages + turn.messages[:-1] + [{**final, "content": final["content"] or " "}]
-        if turn.finish_reason != "stop":
+        self.messages = messages + turn.messages
+        if turn.finish_reason == "stop" and not turn.content:
+            self.notice = EMPTY_REPLY
+        elif turn.finish_reason != "stop":
             self.notice = {"length": f"(the reply stopped at {self.turn_params().max_new_tokens} tokens or the "
                                      f"context's end without an end of turn)",
                            "max_tool_calls": f"(the turn reached {self.max_calls} tool calls, the most per turn)"

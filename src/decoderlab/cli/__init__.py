@@ -38,17 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     args.verbose = verbose or getattr(args, "verbose", False)  # a command's own --verbose (generate's) as well
     from .errors import run_command
+    from .options import stop_announcing
 
-    if not verbose:
-        return run_command(args)
     before = os.environ.get("DECODERLAB_VERBOSE")
-    os.environ["DECODERLAB_VERBOSE"] = "1"
+    if verbose:
+        os.environ["DECODERLAB_VERBOSE"] = "1"
     try:
         return run_command(args)
     finally:  # for this command only (main may run again in the same process: tests, notebooks)
-        if before is None:
+        stop_announcing()
+        if verbose and before is None:
             os.environ.pop("DECODERLAB_VERBOSE", None)
-        else:
+        elif verbose:
             os.environ["DECODERLAB_VERBOSE"] = before
 
 

@@ -7,8 +7,9 @@ import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
 from .argtypes import number
-from .options import (CHECKPOINT_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, given, load_model,
-                      set_threads)
+from .errors import USAGE, error_message, print_error
+from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, DEVICE_OPTIONS, EAGER_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS,
+                      add_options, given, load_model, set_threads)
 
 #: the slash commands of ``decoderlab chat``: (name, argument, help); the settings are named as their flags
 CHAT_COMMANDS = (
@@ -36,6 +37,8 @@ def add_chat(p) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_options(p, CHECKPOINT_OPTIONS)
     add_options(p, DEVICE_OPTIONS)
+    add_options(p, AOT_OPTIONS)
+    add_options(p, EAGER_OPTIONS)
     add_options(p, SAMPLING_OPTIONS, temperature_help="sampling temperature (default: 0 = greedy for pair-trained "
                                                       f"models, else {DEFAULT_TEMPERATURE:g})")
     p.add_argument("--system", default=None, metavar="TEXT",
@@ -129,6 +132,7 @@ def chat_command(session, line: str) -> str | None:
 
     Raises:
         ChatExit: ``/quit`` or ``/exit``.
+        ValueError: an unknown command, or an argument the command does not take (saying what it takes).
     """
     line = line.strip()
     if not line.startswith("/"):
@@ -136,20 +140,20 @@ def chat_command(session, line: str) -> str | None:
     typed, _, arg = line[1:].partition(" ")
     action = _ACTIONS.get(typed.lower().replace("_", "-"))
     if action is None:
-        return f"unknown command /{typed}; type /help"
+        raise ValueError(f"unknown command /{typed}; type /help")
     arg = arg.strip()
     try:
         return action(session, typed, arg, arg.lower() in ("off", "none", ""))
-    except _CommandArgumentError as e:
-        return f"error: {e}"
+    except _CommandArgumentError:
+        raise
     except (ValueError, TypeError) as e:
-        return f"error: /{typed} {arg!r}: {e}"
+        raise ValueError(f"/{typed} {arg!r}: {e}") from None
 
 
 def _chat_turn(session, line: str) -> bool:
-    """Stream the reply to ``line``; False after an error line. Ctrl-C at any moment of the turn (the prompt's
-    prefill, a piece being written, the generator's cleanup, the notes after it) stops this reply only: the
-    conversation goes on (Ctrl-C at the prompt leaves)."""
+    """Stream the reply to ``line``; False after an error line (``decoderlab: error: ...`` on standard error).
+    Ctrl-C at any moment of the turn (the prompt's prefill, a piece being written, the generator's cleanup, the
+    notes after it) stops this reply only: the conversation goes on (Ctrl-C at the prompt leaves)."""
     wrote = False
     try:
         pieces = session.reply(line)
@@ -162,14 +166,13 @@ def _chat_turn(session, line: str) -> bool:
             getattr(pieces, "close", lambda: None)()  # the generators' cleanup here, where Ctrl-C is this turn's
         sys.stdout.write("\n")
         sys.stdout.flush()
-        if getattr(session, "notice", None):  # a chat checkpoint's session: turns dropped, no end of turn
+        if session.notice:  # what the reply did not say itself: empty, turns dropped, no end of turn
             print(session.notice, file=sys.stderr, flush=True)
     except KeyboardInterrupt:  # Ctrl-C during a reply stops the reply; the conversation goes on
         sys.stdout.write(("\n" if wrote else "") + "(reply stopped)\n")
         sys.stdout.flush()
     except (KeyError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", flush=True)
+        print_error(error_message(e))
         return False
     return True
 
@@ -200,6 +203,8 @@ def _session(args):
                          f"has no chat template in its meta.json")
     from ..generation import ChatSession
 
+    print(f"({args.checkpoint} has no chat template: each line continues the text so far, as a base model does; "
+          f"`decoderlab finetune` makes a chat checkpoint)", file=sys.stderr, flush=True)
     return ChatSession(model, tok, **options)
 
 
@@ -222,6 +227,9 @@ def _read_line(interactive: bool) -> str | None:
 
 
 def cmd_chat(args) -> int:
+    """The conversation, line by line. A line that fails (a reply the model cannot give, a slash command's bad
+    argument) is one ``decoderlab: error:`` line and the conversation goes on; read from a pipe, the command
+    then ends with exit status 2, so that a script sees it."""
     set_threads(args)
     session = _session(args)
     try:
@@ -231,15 +239,20 @@ def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         print("decoderlab chat -- /help for commands, /quit or Ctrl-D to leave")
+    failed = False
     while (line := _read_line(interactive)) is not None:
         if not line.strip():
             continue
         try:
             message = chat_command(session, line)
         except ChatExit:
-            return 0
+            break
+        except ValueError as e:
+            print_error(e)
+            failed = True
+            continue
         if message is not None:
             print(message, flush=True)
-        else:
-            _chat_turn(session, line)
-    return 0
+        elif not _chat_turn(session, line):
+            failed = True
+    return USAGE if failed and not interactive else 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from .argtypes import number
-from .options import add_checkpoint_option
+from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, dest, progress_mode, run_out,
+                      set_threads)
 
 #: the library's field names at the start of its messages -> the flags
 _FLAGS = {"hook": "--hook", "width": "--width", "k": "--k", "tokens": "--tokens", "batch_tokens": "--batch-tokens",
@@ -43,15 +44,19 @@ def add_sae(p) -> None:
     p.add_argument("--seed", type=number(int), default=42, metavar="N", help="random seed (default 42)")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="the text to read (a file or a folder of .txt files; default: the checkpoint's training corpus)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the SAE's directory (new, or with --resume)")
-    p.add_argument("--resume", action="store_true", help="continue the SAE run in --out from its last checkpoint, with its settings (default: a new run)")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines (default: a line every 50 steps)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="the SAE's directory to write (default: none; give it, or --resume DIR)")
+    add_options(p, [o for o in RUN_OPTIONS if dest(o) in ("resume", "no_progress_bar")])
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_sae)
 
 
 def cmd_sae(args) -> int:
     from ..dictionary import SAETrainConfig, train_sae
     from ..dictionary.run import DEFAULT_LR
+
+    out = run_out(args)
+    set_threads(args)
 
     hook = args.hook
     if hook is None:
@@ -62,8 +67,8 @@ def cmd_sae(args) -> int:
                          l1_coefficient=args.l1_coefficient, tokens=args.tokens, batch_tokens=args.batch_tokens,
                          lr=DEFAULT_LR if args.lr is None else args.lr, seed=args.seed)
     try:
-        run = train_sae(args.checkpoint, cfg, out=args.out, data=args.data, resume=args.resume,
-                        progress=not args.no_progress)
+        run = train_sae(args.checkpoint, cfg, out=out, data=args.data, resume=args.resume is not None,
+                        progress_bar=progress_mode(args))
     except ValueError as e:
         raise _in_flags(e) from None
     print(run.evaluation.table())
@@ -75,7 +80,7 @@ def add_features(p) -> None:
     p.description = ("One feature's dashboard: its top activating contexts on the held-out text (the token in "
                      "[[ ]]), its activation histogram, its logit effects (the decoder direction through the final "
                      "norm and the output layer) and its density.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="an SAE directory written by `decoderlab sae`")
+    p.add_argument("--sae", required=True, metavar="DIR", help="an SAE directory written by `decoderlab sae`")
     p.add_argument("--feature", type=number(int), required=True, metavar="F", help="the feature's index, 0 .. d_sae - 1")
     p.add_argument("--contexts", type=number(int, 1), default=12, metavar="N",
                    help="top contexts shown (default 12)")
@@ -83,6 +88,7 @@ def add_features(p) -> None:
                    help="held-out tokens read (default 65,536)")
     p.add_argument("--png", default=None, metavar="FILE", help="also draw the dashboard to this PNG file (default: none)")
     p.add_argument("--html", default=None, metavar="FILE", help="also write it as a self-contained HTML page (default: none)")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_features)
 
 
@@ -95,7 +101,8 @@ def cmd_features(args) -> int:
     for path, what in ((args.png, "PNG"), (args.html, "HTML")):
         if path:
             check_out_path(path, what)
-    opened = open_sae_run(args.run_dir)
+    set_threads(args)
+    opened = open_sae_run(args.sae)
     try:
         check_feature(opened.sae, args.feature)
     except ValueError as e:

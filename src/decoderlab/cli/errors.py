@@ -69,7 +69,7 @@ def error_message(e: BaseException) -> str:
 
 
 def print_error(message) -> None:
-    print(f"decoderlab: error: {message}", file=sys.stderr)
+    print(f"decoderlab: error: {message}", file=sys.stderr, flush=True)
 
 
 class warnings_as_lines:

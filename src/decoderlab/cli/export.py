@@ -1,36 +1,48 @@
-"""``decoderlab export``: a checkpoint as a Hugging Face GPT-2 directory or one GGUF file for llama.cpp and
-ollama (``decoderlab.export``)."""
+"""``decoderlab export``: a checkpoint as a Hugging Face directory or one GGUF file for llama.cpp and ollama
+(``decoderlab.export``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
+from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
+from .options import add_checkpoint_option
 
-SHAPE_TEXT = ", ".join(f"{field}={value!r}" for field, value, _, _ in GPT2_SHAPE)
 DESCRIPTION = f"""\
 Write a checkpoint in another program's format. What each format carries:
 
-  hf    a Hugging Face GPT-2 directory (config.json, model.safetensors; GPT-2's tokenizer files with a
-        byte-level BPE, the weights alone with a char or word vocabulary); needs transformers
-  gguf  one GGUF file for llama.cpp and ollama (llama.cpp's gpt2 architecture), the tokenizer inside it
-        (a BPE or a char vocabulary; a word vocabulary is refused); --dtype f32, f16 or q8_0; needs gguf
+  hf    a Hugging Face directory of the transformers class whose forward equals the model's -- GPT-2 (learned
+        positions, LayerNorm, GELU), Llama (rope, RMSNorm, SwiGLU, grouped-query attention), Qwen2 (q/k/v
+        biases), Qwen3 (QK-norm), Apertus (rope, QK-norm, ReLU²: the default recipe's) or Arcee (rope, ReLU²)
+        -- with config.json, model.safetensors, the tokenizer (any kind) and the chat template; transformers,
+        vLLM and llama.cpp's converter read it
+  gguf  one GGUF file for llama.cpp and ollama in the llama.cpp architecture that computes the model exactly --
+        gpt2 (learned positions, LayerNorm, GELU), llama (rope, RMSNorm, SwiGLU, grouped-query attention),
+        qwen2 (q/k/v biases), qwen3 (QK-norm) --, the tokenizer (a BPE or a char vocabulary; a word vocabulary
+        is refused) and the chat template inside it, and an ollama Modelfile beside it (OUT without .gguf +
+        .Modelfile); --dtype f32, f16, q8_0, q4_0 or q4_1; LoRA adapters merged first; an existing file
+        kept unless --force; needs gguf
 
-Both carry GPT-2's shape only: {SHAPE_TEXT}
-(learned positions, LayerNorm, a GELU MLP). Another shape (--position rope, --norm rmsnorm, --mlp relu2, a
-recipe's query/key norm) is refused before anything is written, naming the option."""
+hf refuses a model no class computes (the lesson's sinusoidal positions, no norm, no MLP), naming the fields
+and the nearest class; gguf one no llama.cpp architecture computes (the default recipe's ReLU² MLP with a
+query/key norm, --norm layernorm with rope, ...), naming the fields. Nothing is written then."""
 
 
 def add_export(p) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a decoderlab checkpoint (a run directory) or a GPT-2 directory")
-    p.add_argument("out", metavar="OUT", help="where to write: a directory (hf) or a .gguf file (gguf)")
+    add_checkpoint_option(p)
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="where to write: a directory (hf) or a .gguf file (gguf; its directory must exist)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="gguf", help="the format (default %(default)s)")
     p.add_argument("--dtype", choices=GGUF_DTYPES, default="f32",
-                   help="GGUF weight type: f32, f16, or q8_0 (8-bit blocks with a scale per 32 weights); norms, "
-                        "biases and positions stay f32 (default %(default)s; hf writes f32)")
-    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: RUN_DIR's name)")
+                   help="GGUF weight type: f32, f16, or llama.cpp's blocks of 32 weights with a float16 scale -- "
+                        "q8_0 (8-bit), q4_0 (4-bit), q4_1 (4-bit and a minimum); norms, biases and positions stay f32 "
+                        "(default %(default)s; hf writes f32)")
+    p.add_argument("--name", default=None, help="the model's name in the GGUF file (default: the checkpoint "
+                                                "directory's name)")
+    p.add_argument("--force", action="store_true", default=False,
+                   help="replace an existing --out .gguf file and its Modelfile (default: refuse)")
     p.set_defaults(func=cmd_export)
 
 
@@ -39,12 +51,12 @@ def cmd_export(args) -> int:
     from ..output import quiet_imports
 
     with quiet_imports():  # transformers (hf) imports torchao, whose CUDA-kernel notices are no error here
-        s = export(args.run_dir, args.out, format=args.format, dtype=args.dtype, name=args.name)
-    what = f"{s['format']} {s['dtype']}" if s["format"] == "gguf" else "hf (GPT-2 directory)"
+        s = export(args.checkpoint, args.out, format=args.format, dtype=args.dtype, name=args.name, force=args.force)
+    what = f"{s['format']} {s['dtype']} ({s['architecture']})" if s["format"] == "gguf" else f"hf ({s['architecture']})"
     extra = f", {s['tensors']} tensors" if "tensors" in s else ""
     tok = s["tokenizer"] or "none"
-    if s["format"] == "hf" and not s["tokenizer_written"]:
-        tok += " (not written: GPT-2's tokenizer files hold a byte-level BPE)"
+    if s["format"] == "hf":
+        tok += ", chat template" if s["chat_template"] else ""
     print(f"wrote {s['out']}: {what}, {s['parameters']:,} parameters, {s['bytes'] / 1e6:.1f} MB{extra}; "
-          f"tokenizer: {tok}")
+          f"tokenizer: {tok}" + (f"; ollama: {s['modelfile']}" if s.get("modelfile") else ""))
     return 0

@@ -11,9 +11,9 @@ from ..config.presets import PRESETS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
-from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, add_model_shape_options, add_options,
+from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_model_shape_options, add_options,
                       add_train_config_options, check_out_dir, check_strategy, flag, lora_options, model_overrides,
-                      progress_mode, run_out, train_overrides)
+                      progress_mode, run_out, set_threads, train_overrides)
 
 DESCRIPTION = ("Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL file of "
                "{\"messages\": [...]}, {\"prompt\", \"completion\"} or Alpaca {\"instruction\", \"input\", "
@@ -46,6 +46,7 @@ def add_finetune(p) -> None:
                    help="batch conversations of nearly one length, so little of each step is padding (every "
                         "conversation still seen once per epoch) (default False)")
     add_options(g, RUN_OPTIONS)
+    add_options(g, THREADS_OPTIONS)
     add_model_shape_options(p)
     add_options(p.add_argument_group("LoRA adapters"), LORA_OPTIONS)
     p.set_defaults(func=cmd_finetune)
@@ -74,7 +75,8 @@ def _add_data_options(p) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run/checkpoint directory to write (default: none; give it, or --resume RUN_DIR)")
     p.add_argument("--template", default=None, metavar="NAME",
-                   help=f"chat template: {', '.join(TEMPLATES)} (default {DEFAULT_TEMPLATE})")
+                   help=f"chat template: {', '.join(TEMPLATES)}, or a *.jinja file (a Hugging Face chat template); "
+                        f"a --checkpoint's own is kept (default {DEFAULT_TEMPLATE})")
     p.add_argument("--seed", type=seed(32), default=None, metavar="N",
                    help=f"random seed of the split, the batches and new weights (default {TRAIN_DEFAULTS['seed']})")
     p.add_argument("--eval-prompts", type=number(int, 0), default=None, metavar="N",
@@ -105,6 +107,7 @@ def cmd_finetune(args) -> int:
 def _finetune(args) -> int:
     args.out = run_out(args)
     check_out_dir(args.out)
+    set_threads(args)
     shape = model_overrides(args)
     _check_start(args, shape)
     from ..chat import get_template

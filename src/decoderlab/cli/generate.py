@@ -7,8 +7,9 @@ import re
 import sys
 
 from ..config.defaults import DEFAULT_TEMPERATURE
-from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, SAMPLING_OPTIONS, THREADS_OPTIONS, add_options, flag, given, load_model,
-                      no_chat_template, sampling_params, set_threads)
+from .options import (AOT_OPTIONS, CHECKPOINT_OPTIONS, COMPILE_OPTIONS, DEVICE_OPTIONS, EAGER_OPTIONS, SAMPLING_OPTIONS,
+                      THREADS_OPTIONS, add_options, flag, given, load_model, no_chat_template, sampling_params,
+                      set_threads)
 
 DESCRIPTION = (
     "Continue a prompt. The lesson's model (statquest, trained on prompt/response pairs) answers its prompt "
@@ -35,6 +36,7 @@ def _add_generate_options(p) -> None:
     add_options(p, DEVICE_OPTIONS)
     add_options(p, COMPILE_OPTIONS)
     add_options(p, AOT_OPTIONS)
+    add_options(p, EAGER_OPTIONS)
     add_options(p, SAMPLING_OPTIONS,
                 temperature_help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
     add_options(p, THREADS_OPTIONS)
@@ -51,8 +53,6 @@ def _add_generate_options(p) -> None:
                         "(default: continue the text)")
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message before the prompt, with --chat (default: none)")
-    p.add_argument("--prompt", dest="prompt_option", default=None, metavar="TEXT",
-                   help="the prompt text (or give it as the positional argument; default: a newline)")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: a newline)")
     p.add_argument("--verbose", action="store_true",
                    help="say on standard error where and how it decodes (device, weight dtype, threads, the CPU's "
@@ -109,9 +109,7 @@ def stops(typed: list[str] | None, tok) -> list[str] | None:
 
 
 def cmd_generate(args) -> int:
-    if args.prompt is not None and args.prompt_option is not None:
-        raise ValueError("give the prompt once: as the positional argument or with --prompt, not both")
-    prompt = args.prompt if args.prompt is not None else args.prompt_option
+    prompt = args.prompt
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
     threads = set_threads(args)
@@ -130,7 +128,7 @@ def cmd_generate(args) -> int:
     # <EOS>, the lesson's, it separates prompt and answer: the text goes on); with --echo the prompt and its
     # continuation are decoded together, so word tokens keep their separators
     params = sampling_params(args, stop=stops(args.stop, tok),
-                             stop_at_eos=template is None or template.assistant != EOS)
+                             stop_at_eos=getattr(template, "assistant", None) != EOS)
     pieces = stream_text(model, tok.encode(prompt), tok, params, echo=args.echo)
     if getattr(args, "verbose", False):
         pieces = timed_pieces(pieces)
@@ -157,14 +155,14 @@ def say_setup(model, threads: int, args) -> None:
     """``--verbose``: one line on standard error naming the device, the weights' dtype, the threads, the CPU's
     instructions (the ones that decide which dtype decodes fast) and the decode step."""
     from ..devices import cpu_summary
-    from ..dtypes import dtype_name
+    from ..dtypes import model_dtype
 
     p = next(model.parameters())
     cpu = f"; cpu {cpu_summary()}" if p.device.type == "cpu" else ""
     step = model.compiled_decode
     step = ("eager" if step is None else "ahead of time (torch.export + AOTInductor, static KV cache)"
             if hasattr(step, "packages") else "compiled (torch.compile, static KV cache)")
-    print(f"decoderlab: device {p.device}, weights {dtype_name(getattr(args, 'dtype', None))}, {threads} intra-op thread(s), "
+    print(f"decoderlab: device {p.device}, weights {model_dtype(model)}, {threads} intra-op thread(s), "
           f"decode {step}{cpu}", file=sys.stderr, flush=True)
 
 

@@ -8,7 +8,8 @@ from ..config.defaults import EXPLAIN_TOP_K, VERIFY_TOL
 from ..config.names import EXAMPLES, HEAD_DETECTORS
 from .argtypes import number
 from .errors import FAILED
-from .options import DEVICE_OPTIONS, add_checkpoint_option, add_options, load_model, no_chat_template
+from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, load_model,
+                      no_chat_template, set_threads)
 
 
 def add_verify(p) -> None:
@@ -16,15 +17,18 @@ def add_verify(p) -> None:
                      "the CPU by design (no --device): the float64 reference is the point, and Apple MPS has no "
                      "float64.")
     add_checkpoint_option(p)
+    add_options(p, DTYPE_OPTIONS)
     p.add_argument("text", help="the input text")
     p.add_argument("--tol", type=number(float), default=VERIFY_TOL,
                    help="tolerance per step, times max(1, max |value|) (default %(default)g)")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args) -> int:
     from ..glassbox import verify
 
+    set_threads(args)
     model, tok, _, _ = load_model(args)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
@@ -59,6 +63,7 @@ def add_explain(p) -> None:
                         "(default: none)")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="write a self-contained HTML report to this file (default: none)")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_explain)
 
 
@@ -75,6 +80,7 @@ def _chat_tokens(args, tok, template):
 def cmd_explain(args) -> int:
     from ..glassbox import explain, explain_example
 
+    set_threads(args)
     if args.run is not None:
         return _explain_run(args)
     if args.example is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..config.defaults import EXPLAIN_TOP_K
 from ..config.names import HEAD_DETECTORS, PATCH_AXES, PATCH_POINTS
 from .argtypes import head_ref, number
-from .options import add_checkpoint_option, load_model
+from .options import THREADS_OPTIONS, add_checkpoint_option, add_options, load_model, set_threads
 
 
 def _add_outputs(p, what: str) -> None:
@@ -68,13 +68,14 @@ def add_lens(p) -> None:
                      "it (embeddings, positions, each head, each MLP, the biases), the parts adding up to it.")
     add_checkpoint_option(p)
     p.add_argument("text", help="the input text")
-    p.add_argument("--position", type=number(int), default=-1, metavar="P",
-                   help="the position read (negative counts from the end; default -1, the last)")
+    p.add_argument("--pos", type=number(int), default=-1, metavar="P",
+                   help="the token position read (negative counts from the end; default -1, the last)")
     p.add_argument("--top-k", type=number(int, 1), default=EXPLAIN_TOP_K, metavar="K",
                    help="tokens listed per layer (default %(default)s)")
     p.add_argument("--token", default=None, metavar="TEXT",
                    help="the token whose logit is split (its text; default: the model's most probable one)")
     _add_outputs(p, "the lens at every position")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_lens)
 
 
@@ -82,13 +83,14 @@ def cmd_lens(args) -> int:
     from ..glassbox import decompose, logit_lens, run_with_cache
 
     _check_outputs(args)
+    set_threads(args)
     model, tok, _, _ = load_model(args)
     ids = _ids(model, tok, args.text, "the text")
     _, cache = run_with_cache(model, ids)
     try:
-        at = logit_lens(cache, args.position).positions[0]  # checks the position, naming the valid ones
+        at = logit_lens(cache, args.pos).positions[0]  # checks the position, naming the valid ones
     except ValueError as e:
-        raise ValueError(f"--{e}") from None
+        raise ValueError(f"--pos{str(e).removeprefix('position')}") from None
     lens = logit_lens(cache)
     token = int(cache.logits[0, at].argmax()) if args.token is None else _one_token(tok, args.token, "--token")
     text = lens.table(position=at, k=args.top_k, tokenizer=tok) + "\n\n" + decompose(cache, at, token).table(tok)
@@ -123,6 +125,7 @@ def add_heads(p) -> None:
     p.add_argument("--top-k", type=number(int, 1), default=EXPLAIN_TOP_K, metavar="K",
                    help="tokens listed with --ablate (default %(default)s)")
     _add_outputs(p, "the scores as one heatmap per detector")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_heads)
 
 
@@ -139,6 +142,7 @@ def cmd_heads(args) -> int:
     from ..glassbox.watching import probe_tokens
 
     _check_outputs(args)
+    set_threads(args)
     model, tok, _, _ = load_model(args)
     if args.ablate and args.text is None:
         raise ValueError("--ablate needs a TEXT: the next token after it is computed with and without the heads")
@@ -210,6 +214,7 @@ def add_patch(p) -> None:
     p.add_argument("--wrong", default=None, metavar="TEXT",
                    help="the token subtracted (default: the corrupt run's most probable one, if another)")
     _add_outputs(p, "the table as a heatmap")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_patch)
 
 
@@ -217,6 +222,7 @@ def cmd_patch(args) -> int:
     from ..glassbox import activation_patching, logit_difference, patching_table, run_with_hooks
 
     _check_outputs(args)
+    set_threads(args)
     model, tok, _, _ = load_model(args)
     clean, corrupt = _ids(model, tok, args.clean, "--clean"), _ids(model, tok, args.corrupt, "--corrupt")
     if len(clean) != len(corrupt):

@@ -4,21 +4,26 @@ Each group is a table: add a flag to a command family by adding a row (an :func:
 ``TRAIN_OPTIONS`` / ``SHAPE_OPTIONS``); its reader (:func:`given`, :func:`train_overrides`,
 :func:`model_overrides`) then returns it with the others. The defaults shown in the help come from
 ``decoderlab.config`` (plain data, no torch); the library checks the values and its messages are put in the
-flags' words (:func:`decoderlab.cli.errors.in_flag_words`).
+flags' words (:func:`decoderlab.cli.errors.in_flag_words`). One thing has one spelling in every command:
+``tests/cli/test_vocabulary.py`` walks every parser against its table of canonical spellings, so look there (and
+at how other commands spell an option) before adding one.
 
-    CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (verify, explain, serve:
-                                                                     --checkpoint)
+    CHECKPOINT_OPTIONS  --checkpoint, --dtype                        generate, sample, chat (the others:
+                                                                     --checkpoint alone)
+    DTYPE_OPTIONS       --dtype                                      serve, verify
     DEVICE_OPTIONS      --device                                     generate, sample, chat, explain, serve
-    COMPILE_OPTIONS     --compile (a compiled decode step)           generate, serve
-    AOT_OPTIONS         --aot (the step compiled ahead of time)      generate, sample
+    COMPILE_OPTIONS     --compile (a compiled decode step)           generate, sample
+    AOT_OPTIONS         --aot (the step compiled ahead of time)      generate, sample, chat
+    EAGER_OPTIONS       --eager (no compiled step)                   generate, sample, chat, serve
     SAMPLING_OPTIONS    --max-new-tokens, --temperature, --top-k,    generate, sample, chat
                         --top-p, --seed, --min-p, the penalties,
                         --json-schema
-    THREADS_OPTIONS     --threads                                    train, generate, sample, chat, serve
+    THREADS_OPTIONS     --threads                                    every command that computes (all but tasks,
+                                                                     export: tests/cli/test_vocabulary.py)
     TRAIN_OPTIONS       TrainConfig's flags (+ --optimizer,          train, finetune
                         --schedule, --precision)
     SHAPE_OPTIONS       ModelConfig's shape flags                    train, finetune
-    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl: --resume,
+    RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl, sae: --resume,
                         --num-nodes, --no-progress-bar               --no-progress-bar)
     LORA_OPTIONS        --lora-rank, --lora-alpha, --lora-dropout,   finetune, rl
                         --lora-targets, --save-adapter
@@ -29,7 +34,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import warnings
 from collections import namedtuple
 
 from ..config.defaults import DEFAULT_MAX_NEW_TOKENS, PAIR_TRAIN, TRAIN_DEFAULTS
@@ -79,17 +83,23 @@ def flag(field: str) -> str:
 # a checkpoint to load, in a dtype
 # ---------------------------------------------------------------------------------------------------------
 
-CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, or a Hugging Face GPT-2 directory "
+CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face GPT-2 directory "
                    "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or vocab.json + "
-                   "merges.txt)")
+                   "merges.txt), or a GGUF file of llama.cpp / ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; "
+                   "its weights dequantized, its tokenizer and chat template used)")
+
+#: checked by load_checkpoint (one error line listing the choices), not by argparse's choices
+DTYPE_OPTIONS = (
+    option("--dtype", metavar="DTYPE",
+           help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
+                "halve the bytes read per token; q8_0, q4_0 and q4_1 are GGUF's blocks of 32 weights with a float16 "
+                "scale -- 8.5, 4.5 and 5 bits a weight -- for every linear layer and the output layer, fast with a "
+                "compiled step)"),
+)
 
 CHECKPOINT_OPTIONS = (
     option("--checkpoint", required=True, metavar="DIR", help=CHECKPOINT_HELP),
-    # checked by load_checkpoint (one error line listing the choices), not by argparse's choices
-    option("--dtype", metavar="DTYPE",
-           help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
-                "halve the bytes read per token, int8 quarters them with weight-only quantization and needs "
-                "torchao: pip install \"decoderlab[quant]\")"),
+    *DTYPE_OPTIONS,
 )
 
 
@@ -106,21 +116,31 @@ DEVICE_OPTIONS = (
                 "CPU)"),
 )
 
+#: generate, sample: a step compiled in this process (serve compiles its step unless --eager)
 COMPILE_OPTIONS = (
     option("--compile", action="store_true", default=False,
-           help="decode with a compiled step (torch.compile: generate makes one graph over a static KV cache, "
-                "serve a few as new kinds of step arrive -- one row, many, padded; each waits for the compiler the "
-                "first time: seconds on a GPU, up to a minute on a CPU; default: eager)"),
+           help="decode with a step compiled in this run (torch.compile: one graph over a static KV cache, which "
+                "waits for the compiler at the first token: seconds on a GPU, up to a minute on a CPU; default: a "
+                "package compiled ahead of time when one is cached for this model, else eager)"),
 )
 
 
-#: generate, sample: the ahead-of-time step (the server's batch cache is not static: no AOT there)
+#: generate, sample, chat: the ahead-of-time step (the server's batch cache is not static: no AOT there)
 AOT_OPTIONS = (
     option("--aot", action="store_true", default=False,
-           help="decode with an ahead-of-time compiled step (torch.export + AOTInductor): a .pt2 package of code "
-                "compiled once (10-30 s for a small model on a CPU) into ~/.cache/decoderlab/aot "
-                "($DECODERLAB_CACHE/aot) and loaded by every later run of a model of the same shape and dtype; "
-                "float weights only, not --dtype int8 (default: eager)"),
+           help="decode with an ahead-of-time compiled step (torch.export + AOTInductor), compiling it first if "
+                "none is cached: a .pt2 package of code compiled once (10-60 s on a CPU) into "
+                "~/.cache/decoderlab/aot ($DECODERLAB_CACHE/aot) and loaded by every later run of a model of the same "
+                "shape and dtype, with or without --aot (default: such a package when one is "
+                "cached, else eager)"),
+)
+
+#: generate, sample, chat, serve: no compiled step at all
+EAGER_OPTIONS = (
+    option("--eager", action="store_true", default=False,
+           help="decode eagerly, op by op: no compiled step and no cached package (default: serve compiles its "
+                "decode step; generate, sample and chat use a package compiled ahead of time for this model's shape "
+                "and dtype when one is cached)"),
 )
 
 
@@ -134,25 +154,119 @@ def device(args):
         raise ValueError(f"--{e}") from None
 
 
+def decode_mode(args) -> str:
+    """How a command decodes: ``"eager"`` (``--eager``), ``"compile"`` (``--compile``), ``"aot"`` (``--aot``: a
+    package, compiled if missing), or ``"cached"`` -- the default of generate, sample and chat: a package compiled
+    ahead of time when one is cached for the model, else eager.
+
+    Raises:
+        ValueError: two of --eager, --compile, --aot.
+    """
+    given_ = [f for f in ("eager", "compile", "aot") if getattr(args, f, False)]
+    if len(given_) > 1:
+        if given_ == ["compile", "aot"]:
+            raise ValueError("--compile and --aot are two ways to compile the decode step: give one")
+        raise ValueError(f"--eager decodes without a compiled step: give it without {' or '.join(flag(f) for f in given_[1:])}")
+    return given_[0] if given_ else "cached"
+
+
 def load_model(args):
     """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
     (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
     the stored one, None for a base model), its weights in ``--dtype`` where the command has it, on
-    ``--device`` (the CPU for a command without it), decoding compiled with ``--compile`` (or ahead of time with
-    ``--aot``)."""
+    ``--device`` (the CPU for a command without it), decoding as :func:`decode_mode` says where the command has
+    those flags (:func:`use_decode_step`)."""
     from ..chat import load_model as load
 
-    if getattr(args, "compile", False) and getattr(args, "aot", False):
-        raise ValueError("--compile and --aot are two ways to compile the decode step: give one")
+    mode = decode_mode(args)
     where = device(args) if hasattr(args, "device") else "cpu"
     loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
-    if getattr(args, "compile", False):
-        if not os.environ.get("DECODERLAB_VERBOSE"):  # torch's advice to torchao's authors, at the first int8 step
-            warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching")
-        loaded.model.compile_decode()
-    elif getattr(args, "aot", False):
-        loaded.model.compile_decode(mode="aot")
+    say_gguf(loaded.meta)
+    if any(hasattr(args, f) for f in ("eager", "compile", "aot")):
+        use_decode_step(loaded.model, mode)
     return loaded
+
+
+def use_decode_step(model, mode: str) -> None:
+    """Give ``model`` the decode step ``mode`` names (:func:`decode_mode`), saying on standard error what the user
+    waits for: a compile is announced when it starts (:func:`announce_compiles`); in the ``"cached"`` mode a model
+    with no package cached decodes eagerly, and a terminal -- or anyone, for block-quantized weights, which decode
+    eagerly several times slower than float32 -- is told once how to get the fast step."""
+    if mode == "eager":
+        return
+    announce_compiles()
+    if mode == "compile":
+        model.compile_decode()
+        return
+    from ..aot import AOTDecodeStep
+
+    from ..quant import block_dtype
+
+    step = AOTDecodeStep(model, compile_missing=mode == "aot", notify=say)
+    if mode == "aot" or step.has_package((1, False)):
+        model.compiled_decode = step
+    elif sys.stderr.isatty() or block_dtype(model):  # (eager block weights are slow: said wherever stderr goes)
+        say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
+            "--aot to compile one (a minute or so on a CPU) that every later run loads (--eager: no compiled step "
+            "and no note)")
+
+
+def say(line: str) -> None:
+    """One ``decoderlab:`` line on standard error, at once."""
+    print(f"decoderlab: {line}", file=sys.stderr, flush=True)
+
+
+#: announce_compiles' state: "since" (perf_counter at the start of the compile under way, or None) and
+#: "callbacks" (the two registered with dynamo); empty when not announcing
+_COMPILING: dict = {}
+
+
+def announce_compiles() -> None:
+    """Until :func:`stop_announcing`, say on standard error when ``torch.compile`` starts compiling and how long
+    it took (dynamo's compile callbacks): a first token that waits a minute for the compiler is never silent."""
+    if _COMPILING:
+        return
+    import time
+
+    from torch._dynamo.callback import callback_handler
+
+    def start(_args=None) -> None:
+        _COMPILING["since"] = time.perf_counter()
+        say("compiling the decode step (torch.compile: seconds on a GPU, up to a minute on a CPU; once per kind of "
+            "step) ...")
+
+    def end(_args=None) -> None:
+        if _COMPILING.get("since") is not None:
+            say(f"compiled the decode step in {time.perf_counter() - _COMPILING['since']:.0f} s")
+            _COMPILING["since"] = None
+
+    _COMPILING.update(since=None, callbacks=(start, end))
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
+
+
+def stop_announcing() -> None:
+    """Undo :func:`announce_compiles` (``decoderlab.cli.main`` calls it as a command ends: a process that runs
+    several commands -- tests, a notebook -- announces only inside the ones that compile)."""
+    if _COMPILING:
+        from torch._dynamo.callback import callback_handler
+
+        start, end = _COMPILING["callbacks"]
+        callback_handler.remove_start_callback(start)
+        callback_handler.remove_end_callback(end)
+        _COMPILING.clear()
+
+
+def say_gguf(meta: dict) -> None:
+    """A GGUF file loaded: one line on standard error saying what it is and what was dequantized, at what cost
+    (``meta["gguf"]``, :class:`decoderlab.gguf_import.GGUFInfo`)."""
+    from ..gguf_import import DequantReport
+
+    info = meta.get("gguf")
+    if info:
+        name = f", {info['name']}" if info["name"] else ""
+        print(f"decoderlab: read {info['path']} ({info['architecture']}{name}): {DequantReport(**info['dequantized'])}",
+              file=sys.stderr, flush=True)
 
 
 def no_chat_template(directory) -> ValueError:

@@ -37,7 +37,7 @@ COMMANDS = {
     "patch": ("interpret", "add_patch",
               "activation patching: which layers, positions or heads carry the clean run's answer"),
     "export": ("export", "add_export",
-               "write a checkpoint as a Hugging Face GPT-2 directory or a GGUF file (llama.cpp, ollama)"),
+               "write a checkpoint as a Hugging Face directory or a GGUF file (llama.cpp, ollama)"),
     "sae": ("dictionary", "add_sae",
             "train a sparse autoencoder on a layer's activations (TopK or ReLU + L1), in SAELens's format"),
     "features": ("dictionary", "add_features",

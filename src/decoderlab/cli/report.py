@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .argtypes import number
+from .options import THREADS_OPTIONS, add_options, set_threads
 
 DESCRIPTION = ("Score every stage of a recipe run (base/, sft/, control/, rl/: those present) on the same held-out "
                "questions per task -- greedily with the calculator off and on, and K sampled replies per question at "
@@ -24,7 +25,7 @@ def add_report(p) -> None:
                    help="the rows to score, skill:difficulty comma-separated (default: the card's rows)")
     p.add_argument("--stages", default=None, metavar="STAGE,...",
                    help="the stages to score, comma-separated: base, sft, control, rl (default: those the run holds)")
-    p.add_argument("--threads", type=number(int, 1), default=None, help="intra-op threads (default: torch's)")
+    add_options(p, THREADS_OPTIONS)
     p.set_defaults(func=cmd_report)
 
 
@@ -37,10 +38,7 @@ def cmd_report(args) -> int:
         rows = parse_rows(args.rows) if args.rows is not None else ROWS
     except ValueError as e:
         raise ValueError(f"--rows: {e}") from None
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     card = report(args.run_dir, questions=args.questions, samples=args.samples, rows=rows, stages=stages)
     print(card["markdown"])
     print(f"wrote {card['path']}, report.png and card.json")

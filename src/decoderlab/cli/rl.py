@@ -8,8 +8,8 @@ from ..config.names import DEFAULT_REWARD, REWARDS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
-from .options import (LORA_OPTIONS, RUN_OPTIONS, add_options, add_train_config_options, check_out_dir, dest,
-                      lora_options, progress_mode, run_out, train_overrides)
+from .options import (LORA_OPTIONS, RUN_OPTIONS, THREADS_OPTIONS, add_options, add_train_config_options, check_out_dir,
+                      dest, lora_options, progress_mode, run_out, set_threads, train_overrides)
 
 DESCRIPTION = ("Reinforcement learning of a chat checkpoint from a checkable reward: each step samples G replies "
                "per prompt, rewards them, and follows the policy gradient of the reward minus its group's mean "
@@ -56,6 +56,7 @@ def add_rl(p) -> None:
                              helps={"batch_size": "prompts per micro-batch (each answered G times)",
                                     "eval_every": "optimizer steps between checkpoints"})
     add_options(t, [o for o in RUN_OPTIONS if dest(o) in ("resume", "no_progress_bar")])
+    add_options(t, THREADS_OPTIONS)
     add_options(p.add_argument_group("LoRA adapters"), LORA_OPTIONS)
     p.set_defaults(func=cmd_rl)
 
@@ -79,6 +80,7 @@ def cmd_rl(args) -> int:
 def _rl(args) -> int:
     args.out = run_out(args)
     check_out_dir(args.out)
+    set_threads(args)
     if args.resume is None and (args.checkpoint is None or args.prompts is None):
         raise ValueError("give --checkpoint DIR (a chat checkpoint) and --prompts PATH (the prompts to answer)")
     rl_config, lora = _rl_config(args), lora_options(args)

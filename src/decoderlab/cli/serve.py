@@ -7,14 +7,15 @@ from ..config.defaults import (SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HEL
                                SERVE_PREFILL_CHUNK_HELP)
 from ..output import KeepWriting
 from .argtypes import number
-from .options import (COMPILE_OPTIONS, DEVICE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, device,
-                      flag, set_threads)
+from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, EAGER_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options,
+                      announce_compiles, device, flag, set_threads)
 
 
 def add_serve(p) -> None:
     add_checkpoint_option(p)
+    add_options(p, DTYPE_OPTIONS)
     add_options(p, DEVICE_OPTIONS)
-    add_options(p, COMPILE_OPTIONS)
+    add_options(p, EAGER_OPTIONS)
     p.add_argument("--host", default=SERVE_HOST, help=f"address to bind (default {SERVE_HOST}: this machine only)")
     p.add_argument("--port", type=number(int), default=SERVE_PORT, metavar="N",
                    help=f"port, 0 .. 65535 (default {SERVE_PORT})")
@@ -50,9 +51,16 @@ def _check_numbers(args) -> None:
 def cmd_serve(args) -> int:
     _check_numbers(args)
     where = device(args)  # a device the machine lacks: one line before the port is bound
+    from ..dtypes import check_dtype
+
+    check_dtype(args.dtype, where)  # likewise an unknown --dtype, or one the device does not run
     from ..serve import Limits, serve
 
     threads = set_threads(args)
+    # compiled by default where Inductor serves (a CPU, a CUDA GPU); its compiles are said on standard error
+    compile_ = not args.eager and where.type in ("cpu", "cuda")
+    if compile_:
+        announce_compiles()
     limits = Limits(**{name: getattr(args, name) for name in SERVE_LIMIT_DEFAULTS},
                     default_max_tokens=min(Limits.default_max_tokens, args.max_tokens),
                     prefill_chunk=args.prefill_chunk)
@@ -60,6 +68,6 @@ def cmd_serve(args) -> int:
     # output (uvicorn writes its access lines there) must not disturb the server
     with KeepWriting():
         serve(args.checkpoint, host=args.host, port=args.port, api_key=args.api_key, cors_origins=args.cors_origin,
-              limits=limits, model_id=args.model_id, device=where, compile=args.compile, sae=args.sae,
+              limits=limits, model_id=args.model_id, device=where, dtype=args.dtype, compile=compile_, sae=args.sae,
               threads=threads)
     return 0

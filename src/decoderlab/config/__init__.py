@@ -35,7 +35,7 @@ _EXPORTS = {
                      "FINETUNE_METHODS",
                      "HEAD_DETECTORS", "INITS", "KERNELS", "MLPS", "NORMS", "OPTIMIZERS", "OWN_STRATEGIES",
                      "PATCH_AXES", "PATCH_POINTS", "POSITIONS", "PRECISION_ALIASES", "PRECISIONS",
-                     "SCHEDULES", "TEMPLATES", "TOKENIZERS"), "names"),
+                     "ROPE_LAYOUTS", "SCHEDULES", "TEMPLATES", "TOKENIZERS"), "names"),
     "PRESETS": "presets",
     **dict.fromkeys(("DEFAULT_RECIPE", "RECIPES", "Recipe", "TRAIN_CHOICES", "finetune_defaults", "recipe_of",
                     "resolve"), "recipes"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .names import INITS, KERNELS, MLPS, NORMS, POSITIONS
+from .names import INITS, KERNELS, MLPS, NORMS, POSITIONS, ROPE_LAYOUTS
 from .presets import PRESETS
 from .settings import Settings
 
@@ -20,14 +20,24 @@ class ModelConfig(Settings):
         num_tokens: vocabulary size (number of token ids, logits per position).
         d_model: values per token (embedding size).
         n_layer: number of decoder blocks.
-        n_head: attention heads per block; d_model must be divisible by n_head.
+        n_head: attention (query) heads per block; d_model must be divisible by n_head unless ``head_dim`` is
+            given.
+        n_kv_head: key/value heads for grouped-query attention (Ainslie et al. 2023, "GQA"): each group of
+            n_head / n_kv_head query heads shares one key and value head; 0 means n_head (plain multi-head),
+            1 multi-query (Shazeer 2019). n_head must be a multiple of it. The KV cache holds n_kv_head heads.
+            Resolved: :attr:`kv_heads`.
+        head_dim: values per head (Hugging Face's ``head_dim``); 0 means d_model // n_head. Resolved:
+            :attr:`d_head`. With another value the heads' width n_head * head_dim differs from d_model (Qwen3:
+            d_model 1024, 16 heads of 128), which needs ``attn_out_proj``.
         max_len: context length in tokens.
         d_ff: hidden size of the MLP (0 means 4 * d_model when mlp is "gelu").
         dropout: dropout probability (embeddings, attention percents, residual branches).
         norm: "none" | "layernorm" | "rmsnorm" (pre-norm, plus a final norm before ``fc_layer``).
         position: "sinusoidal" | "learned" | "rope" | "none".
         mlp: "none" | "gelu" (GELU with the tanh approximation, as GPT-2) | "relu2" (ReLU squared,
-            relu(x)^2, So et al. 2021 "Primer"; as in the modded-nanogpt speedrun).
+            relu(x)^2, So et al. 2021 "Primer"; as in the modded-nanogpt speedrun) | "swiglu" (the gated
+            MLP of Llama: down(silu(gate(x)) * up(x)), Shazeer 2020 "GLU Variants Improve Transformer"; d_ff is
+            the gate's and up's width).
         bias: biases in the attention projections, the MLP and the norms.
         tie_weights: ``fc_layer.weight`` is the word embedding matrix.
         attention: the attention kernel, "sdpa" | "explicit".
@@ -38,6 +48,12 @@ class ModelConfig(Settings):
         norm_eps: epsilon of the norms.
         qk_norm: RMS-normalise each head's queries and keys (no gain, eps ``norm_eps``) before rotary
             positions and the dot product (Henry et al. 2020 "Query-Key Normalization"; as in modded-nanogpt).
+        rope_theta: the rotary base (rope only): pair i turns by pos * rope_theta^(-2i/d_head).
+        rope_layout: which values rope pairs (rope only): "interleaved" (x[2i], x[2i+1]), RoFormer's and the
+            default; "rotate_half" (x[i], x[i + d_head/2]), Hugging Face's Llama family.
+        qkv_bias: biases on the query/key/value projection only (Qwen2); ``bias`` puts them everywhere.
+        qk_norm_gain: with ``qk_norm``, a learned RMSNorm gain of size d_head for the queries and one for the
+            keys, shared by the heads (Qwen3's q_norm / k_norm).
         zero_init: initialise the residual output projections (``attention.proj``, ``mlp.proj``) to zero, so
             every block starts as the identity (as in modded-nanogpt and nanochat).
     """
@@ -61,51 +77,90 @@ class ModelConfig(Settings):
     norm_eps: float = 1e-5
     qk_norm: bool = False
     zero_init: bool = False
+    n_kv_head: int = 0
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+    rope_layout: str = "interleaved"
+    qkv_bias: bool = False
+    qk_norm_gain: bool = False
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> "ModelConfig":
         """Raise ``ValueError`` naming the offending field and what is allowed."""
-        for name in ("num_tokens", "d_model", "n_layer", "n_head", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 0:
-            raise ValueError(f"d_ff must be an integer >= 0 (0 means 4 * d_model), got {self.d_ff!r}")
-        if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        self._check_numbers()
         for name, allowed in (
             ("norm", NORMS),
             ("position", POSITIONS),
             ("mlp", MLPS),
             ("attention", KERNELS),
             ("init", INITS),
+            ("rope_layout", ROPE_LAYOUTS),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
-        if self.d_model % self.n_head != 0:
+        for name in ("bias", "tie_weights", "attn_out_proj", "lm_head_bias", "qk_norm", "zero_init", "qkv_bias",
+                     "qk_norm_gain"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_heads()
+        if self.qk_norm_gain and not self.qk_norm:
+            raise ValueError("qk_norm_gain=True is the gain of the QK-norm, which needs qk_norm=True; "
+                             "set qk_norm=True or qk_norm_gain=False")
+        return self
+
+    def _check_numbers(self) -> None:
+        for name in ("num_tokens", "d_model", "n_layer", "n_head", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, zero in (("d_ff", "4 * d_model"), ("n_kv_head", "n_head"), ("head_dim", "d_model // n_head")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 means {zero}), got {value!r}")
+        if isinstance(self.dropout, bool) or not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+    def _check_heads(self) -> None:
+        """The head sizes: d_model splits into n_head heads (or head_dim is given), the key/value heads divide
+        the query heads, and rope has an even head size."""
+        if not self.head_dim and self.d_model % self.n_head != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}); "
                 f"allowed n_head for d_model {self.d_model}: "
                 f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)}"
             )
-        for name in ("bias", "tie_weights", "attn_out_proj", "lm_head_bias", "qk_norm", "zero_init"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.position == "rope" and (self.d_model // self.n_head) % 2 != 0:
+        if self.n_head % self.kv_heads != 0:
             raise ValueError(
-                f"position 'rope' needs an even head size, but d_model/n_head = {self.d_model // self.n_head}; "
-                f"choose n_head so that d_model / n_head is even, or another position ({', '.join(POSITIONS)})"
+                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}); allowed n_kv_head: "
+                f"0 (= n_head), {', '.join(str(k) for k in range(1, self.n_head + 1) if self.n_head % k == 0)}"
             )
-        return self
+        if not self.attn_out_proj and self.n_head * self.d_head != self.d_model:
+            raise ValueError(
+                f"without an output projection (attn_out_proj=False) the heads' width n_head * head_dim = "
+                f"{self.n_head * self.d_head} must be d_model ({self.d_model}); set attn_out_proj=True or head_dim=0"
+            )
+        if self.position == "rope" and self.d_head % 2 != 0:
+            raise ValueError(
+                f"position 'rope' needs an even head size, but the head size is {self.d_head}; "
+                f"choose n_head (or head_dim) so that it is even, or another position ({', '.join(POSITIONS)})"
+            )
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_head
+        """Values per attention head: ``head_dim``, or d_model // n_head when it is 0."""
+        return self.head_dim or self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or n_head when it is 0."""
+        return self.n_kv_head or self.n_head
 
     @property
     def ff_size(self) -> int:

@@ -8,8 +8,12 @@ POSITIONS = ("sinusoidal", "learned", "rope", "none")
 #: norms (``ModelConfig.norm``): the lesson has none; GPT-2 LayerNorm (Ba et al. 2016); RMSNorm (Zhang &
 #: Sennrich 2019)
 NORMS = ("none", "layernorm", "rmsnorm")
-#: MLP sublayers (``ModelConfig.mlp``): none (the lesson), GELU (GPT-2), ReLU² (So et al. 2021, "Primer")
-MLPS = ("none", "gelu", "relu2")
+#: MLP sublayers (``ModelConfig.mlp``): none (the lesson), GELU (GPT-2), ReLU² (So et al. 2021, "Primer"), SwiGLU
+#: (the gated MLP of Llama, Shazeer 2020)
+MLPS = ("none", "gelu", "relu2", "swiglu")
+#: rotary layouts (``ModelConfig.rope_layout``): RoFormer's interleaved pairs (x[2i], x[2i+1]), or Hugging Face's
+#: Llama family's halves (x[i], x[i + d_head/2])
+ROPE_LAYOUTS = ("interleaved", "rotate_half")
 #: weight initialisations (``ModelConfig.init``)
 INITS = ("default", "gpt2")
 #: attention kernels (``ModelConfig.attention``): PyTorch's scaled_dot_product_attention, or every number
@@ -25,8 +29,12 @@ DEFAULT_BPE_VOCAB_SIZE = 1024
 TEMPLATES = ("decoderlab", "lesson", "tools")
 DEFAULT_TEMPLATE = "decoderlab"
 
-#: inference dtypes (``decoderlab.dtypes``; int8 is weight-only quantization through torchao)
-DTYPES = ("float32", "bfloat16", "float16", "int8")
+#: GGUF's block-quantized weight types that decoderlab keeps and multiplies as they are (``decoderlab.quant``):
+#: 32 weights per block with a float16 scale -- int8 (q8_0), or 4-bit with an offset of 8 (q4_0) or a float16
+#: minimum (q4_1)
+BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1")
+#: inference dtypes (``decoderlab.dtypes``): float weights, or GGUF's blocks
+DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
 
 #: training precisions (``TrainConfig.precision``): "auto" picks one for the machine (bf16-mixed on a CUDA GPU
 #: with bfloat16, 16-mixed with a gradient scaler on older GPUs, 32 on the CPU and Apple MPS; see
@@ -68,16 +76,17 @@ REWARDS = ("contains_words", "exact", "regex", "number", "countdown")
 DEFAULT_REWARD = "contains_words"
 
 #: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block
-LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.proj")}
+LORA_TARGETS = {"attn": ("attention.qkv", "attention.proj"), "mlp": ("mlp.fc", "mlp.gate", "mlp.proj")}
 DEFAULT_LORA_TARGETS = ("attn", "mlp")
 
-#: export formats (``decoderlab export --format``): a Hugging Face GPT-2 directory, or one GGUF file for
+#: export formats (``decoderlab export --format``): a Hugging Face directory, or one GGUF file for
 #: llama.cpp and ollama (llama.cpp's ``gpt2`` architecture)
 EXPORT_FORMATS = ("hf", "gguf")
-#: GGUF weight types: float32, float16, and llama.cpp's 8-bit blocks (32 weights + one float16 scale)
-GGUF_DTYPES = ("f32", "f16", "q8_0")
+#: GGUF weight types: float32, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:
+#: 8-bit q8_0, 4-bit q4_0, 4-bit with a float16 minimum q4_1)
+GGUF_DTYPES = ("f32", "f16", *BLOCK_DTYPES)
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
-#: that sets it or None, why). ``decoderlab.hf.to_gpt2`` and ``decoderlab.export.to_gguf`` refuse any other.
+#: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (
     ("position", "learned", "--position", "GPT-2 has learned absolute positions (wpe)"),
     ("norm", "layernorm", "--norm", "GPT-2 uses pre-LayerNorm"),
@@ -85,4 +94,7 @@ GPT2_SHAPE = (
     ("attn_out_proj", True, None, "GPT-2 attention has an output projection (c_proj)"),
     ("lm_head_bias", False, None, "GPT-2's lm_head has no bias"),
     ("qk_norm", False, None, "GPT-2 has no query/key norm"),
+    ("n_kv_head", 0, None, "GPT-2 has a key/value head per query head (n_kv_head 0 = n_head)"),
+    ("head_dim", 0, None, "GPT-2's heads split d_model (head_dim 0 = d_model // n_head)"),
+    ("qkv_bias", False, None, "GPT-2's biases are all or none (bias)"),
 )

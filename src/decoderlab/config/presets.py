@@ -4,7 +4,8 @@
 shapes from here without building a class (``bench/startup.py``).
 
 Sources: the StatQuest lesson (the 37-parameter ``statquest`` preset); nanoGPT (``baby-shakespeare``,
-``shakespeare-char``); Radford et al. 2019 (``gpt2``).
+``shakespeare-char``); Radford et al. 2019 (``gpt2``); Allal et al. 2025, "SmolLM2" (``smollm2-135m``'s shape, its
+config.json).
 """
 
 from __future__ import annotations
@@ -33,4 +34,11 @@ PRESETS: dict[str, dict] = {
     # GPT-2 small, 124M.
     "gpt2": dict(_GPT, num_tokens=50257, d_model=768, n_layer=12, n_head=12, max_len=1024, bias=True,
                  dropout=0.0),
+    # SmolLM2-135M's shape (Hugging Face's LlamaForCausalLM: grouped-query attention of 9 query and 3 key/value
+    # heads of 64, SwiGLU, rotate-half rope of base 100000, RMSNorm, tied embeddings), 134,515,008 parameters. Its
+    # checkpoint reads up to 8192 tokens; this preset's context is 2048 (a static KV cache is max_len long).
+    "smollm2-135m": dict(num_tokens=49152, d_model=576, n_layer=30, n_head=9, n_kv_head=3, d_ff=1536, max_len=2048,
+                         norm="rmsnorm", norm_eps=1e-5, position="rope", rope_layout="rotate_half",
+                         rope_theta=100000.0, mlp="swiglu", bias=False, tie_weights=True, attention="sdpa",
+                         attn_out_proj=True, lm_head_bias=False, init="gpt2", dropout=0.0),
 }

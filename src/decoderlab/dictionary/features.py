@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..glassbox.features import held_out_windows
-from ..glassbox.sae import SparseAutoencoder, check_sae_hook
+from ..glassbox.sae import SparseAutoencoder, check_sae_hook, sae_hook
 from .run import load_sae_run, run_corpus
 
 
@@ -49,8 +49,7 @@ def open_sae_run(run_dir, checkpoint=None, model=None, tokenizer=None) -> Opened
 
         loaded = load_model(checkpoint)
         model, tokenizer = loaded.model.eval(), loaded.tokenizer
-    hook = str(sae.metadata.get("hook_name", ""))
-    check_sae_hook(model, hook)
+    hook = check_sae_hook(model, sae_hook(sae, run_dir))
     from ..glassbox.features import hook_activations
 
     d_in = hook_activations(model, torch.zeros(1, 1, dtype=torch.long), hook).shape[-1]

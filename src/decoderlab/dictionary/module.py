@@ -78,6 +78,7 @@ class SAEModule(L.LightningModule):
         self._x = x
         self.last = {k: float(v.detach()) for k, v in losses.items()}
         self.last["l0"] = self._l0
+        self.log_dict({"mse": self.last["mse"], "L0": self._l0}, prog_bar=True, on_step=True, on_epoch=False)
         return losses["loss"]
 
     def on_before_optimizer_step(self, optimizer):

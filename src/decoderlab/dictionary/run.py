@@ -99,7 +99,7 @@ def run_corpus(checkpoint, data=None) -> tuple[str, float, str | None]:
     folder), else the checkpoint's training corpus from its ``run.json`` (None there: the embedded
     tinyshakespeare, checked against the recorded sha256).
 
-    Raises ``ValueError`` for a checkpoint that records no corpus (the lesson's pairs, a GPT-2 directory, a run
+    Raises ``ValueError`` for a checkpoint that records no corpus (the lesson's pairs, a Hugging Face directory, a run
     trained on text passed directly) and no ``data``; ``FileNotFoundError`` for a missing corpus path."""
     from ..data import read_corpus
 
@@ -152,10 +152,11 @@ def _check_config(cfg: SAETrainConfig, model_cfg) -> tuple[int, int]:
 
 
 def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, resume: bool = False,
-              progress: bool = True, hook: str | None = None, callbacks=()) -> SAERun:
+              progress_bar: bool | str = True, hook: str | None = None, callbacks=()) -> SAERun:
     """Train a sparse autoencoder on ``checkpoint``'s activations at ``cfg.hook`` and save it to ``out`` in
     SAELens's format (see the module docstring); ``resume=True`` continues the run in ``out`` with its own
-    settings, repeating what the uninterrupted run would have done.
+    settings, repeating what the uninterrupted run would have done. ``progress_bar``, as ``train_lm``'s: True
+    (a bar counting steps, with the MSE and L0), "plain" (a line every ``cfg.log_every`` steps) or False.
 
     Raises:
         ValueError: a hook the model lacks or an SAE cannot read (listing the valid ones); width or k not
@@ -165,6 +166,7 @@ def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, 
     from ..chat import load_model
     from ..data import corpus_tokens, split_tokens
     from ..training.datamodule import TokenDataModule
+    from ..training.progress import StepProgressBar
     from ..training.trainer import fit
 
     out = Path(out)
@@ -190,10 +192,14 @@ def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / SAE_RUN_FILE, json.dumps(settings, indent=2))
     callbacks = [SaveEvery(out, cfg.checkpoint_every), *callbacks]
-    if progress:
+    if progress_bar not in (True, False, "plain"):
+        raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
+    if progress_bar == "plain":
         callbacks.append(SAEProgress(steps, cfg.log_every, (cfg.batch_tokens // context) * context))
+    elif progress_bar:
+        callbacks.append(StepProgressBar(steps))
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        enable_progress_bar=progress_bar is True, enable_model_summary=False, callbacks=callbacks,
                         num_sanity_val_steps=0, limit_val_batches=0, deterministic=False)
     ckpt = out / LIGHTNING_DIR / LAST_CKPT if resume else None
     t0 = time.perf_counter()

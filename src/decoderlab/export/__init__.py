@@ -1,93 +1,69 @@
-"""A trained model out of decoderlab: a Hugging Face GPT-2 directory, or one GGUF file for llama.cpp and ollama.
+"""A trained model out of decoderlab: a Hugging Face directory, or one GGUF file for llama.cpp and ollama.
 
-Both formats carry GPT-2's shape only (``decoderlab.config.names.GPT2_SHAPE``: learned positions, LayerNorm, a
-GELU MLP, an attention output projection, no query/key norm, no bias in the output layer); any other model is
-refused before a file is written, naming the field, its value and the train option that sets it
-(:func:`check_shape`). ``bias=False`` models are written with zero biases, as both formats always have them.
+``--format hf`` writes the Hugging Face class whose forward equals the model's (:mod:`decoderlab.hf`: GPT-2,
+Llama, Qwen2 / Qwen3, Apertus / Arcee for the recipes' rope + ReLU² models), with the tokenizer and its chat
+template always; a model no class computes is refused before a file is written, naming the fields and the
+nearest class. ``--format gguf`` writes the llama.cpp architecture that computes the model exactly (gpt2, llama,
+qwen2, qwen3: :mod:`.gguf`), the tokenizer and chat template inside, an ollama Modelfile beside it; any other
+model is refused naming the fields, their values and the train options that set them (:func:`check_shape`).
+``bias=False`` models are written with zero biases where the format always has them.
 
     export(run_dir, out, format="gguf", dtype="q8_0")   # what ``decoderlab export`` calls
-    to_gguf(model, tokenizer, "model.gguf", dtype="f16")
-    to_hf(model, tokenizer, "gpt2-dir")                 # decoderlab.hf.to_gpt2, with the shape checked first
+    to_gguf(model, tokenizer, "model.gguf", dtype="f16", template=template)
+    to_hf(model, tokenizer, "hf-dir", template)         # decoderlab.hf.save_hf_directory, LoRA merged first
 
 Source: the GGUF format of ggml / llama.cpp, written with its ``gguf`` Python package; GPT-2 (Radford et al.
-2019) for the shape.
+2019) for its shape; transformers 5's classes for Hugging Face's.
 """
 
 from __future__ import annotations
 
 import os
 
-from ..config.names import EXPORT_FORMATS, GGUF_DTYPES, GPT2_SHAPE
+from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
 from .gguf import to_gguf
+from .shape import ExportShapeError, check_gpt2_shape, check_shape, gpt2_shaped_presets
 
-__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "check_shape", "export", "gpt2_shaped_presets",
-           "to_gguf", "to_hf"]
-
-
-class ExportShapeError(ValueError):
-    """A model whose shape the export format cannot carry; ``field`` names the ModelConfig field."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
+__all__ = ["EXPORT_FORMATS", "GGUF_DTYPES", "ExportShapeError", "chat_template_text", "check_gpt2_shape",
+           "check_shape", "export", "gpt2_shaped_presets", "to_gguf", "to_hf"]
 
 
-def gpt2_shaped_presets() -> list[str]:
-    """The model presets whose shape is GPT-2's (``GPT2_SHAPE``), which both formats carry."""
-    from ..config.model import ModelConfig
-    from ..config.presets import PRESETS
+def chat_template_text(template, tokenizer) -> str | None:
+    """The Jinja text of ``template`` for tokenizer_config.json's ``chat_template``
+    (:func:`decoderlab.chat.chat_template_jinja`: a Hugging Face template's own text, decoderlab's built-in ones
+    written as Jinja that transformers renders to the same ids); None without a template."""
+    if template is None:
+        return None
+    from ..chat import chat_template_jinja
 
-    defaults = ModelConfig()
-    return [name for name, shape in PRESETS.items()
-            if all(shape.get(f, getattr(defaults, f)) in (v, None if v is False else v) for f, v, _, _ in GPT2_SHAPE)]
+    return chat_template_jinja(template, tokenizer)
 
 
-def check_shape(config, fmt: str = "gguf") -> None:
-    """Raise :class:`ExportShapeError` (a ``ValueError``) when format ``fmt`` ("hf" or "gguf") cannot carry the
-    shape of ``config``: one message naming every ModelConfig field that differs from GPT-2's (``GPT2_SHAPE``),
-    its value and the train option that set it, and the presets (and options) that train a shape it carries.
-    ``field`` is the first such field.
+def to_hf(model, tokenizer, path: str | os.PathLike, template=None) -> dict:
+    """Write ``model`` as a Hugging Face directory (:func:`decoderlab.hf.save_hf_directory`): the class whose
+    forward equals the model's, the tokenizer always (a character or word vocabulary too), the chat
+    ``template`` as Jinja (:func:`chat_template_text`), LoRA adapters merged first. Returns its summary
+    (architecture, bytes, tensors).
 
     Raises:
-        ValueError: an unknown format (naming the allowed ones); a shape the format cannot carry.
+        ValueError: a model no Hugging Face class computes (naming the fields and the nearest class), before
+            anything is written; a tokenizer whose size is not the model's.
     """
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
-    bad = [(f, v, opt, why) for f, v, opt, why in GPT2_SHAPE if getattr(config, f) != v]
-    if not bad:
-        return
-    what = "llama.cpp's gpt2 architecture" if fmt == "gguf" else "Hugging Face's GPT2LMHeadModel"
-    has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
-                    for f, _, opt, _ in bad)
-    how = f"--preset {' / '.join(gpt2_shaped_presets())}"
-    if all(opt for _, _, opt, _ in bad):
-        how += " (or " + " ".join(f"{opt} {v}" for _, v, opt, _ in bad) + ")"
-    raise ExportShapeError(f"--format {fmt} carries GPT-2-shaped models only ({what}: "
-                           f"{'; '.join(why for *_, why in bad)}); this model has {has}; train with {how} to "
-                           f"export it", bad[0][0])
+    from ..hf import plain_model, save_hf_directory
 
-
-def to_hf(model, tokenizer, path: str | os.PathLike) -> None:
-    """Write ``model`` as a Hugging Face GPT-2 directory (:func:`decoderlab.hf.to_gpt2`), with GPT-2's tokenizer
-    files when ``tokenizer`` is a byte-level BPE (a character or word vocabulary has no GPT-2 form: the
-    directory then holds the weights alone). The shape is checked first (:func:`check_shape`).
-
-    Raises:
-        ValueError: a shape GPT-2 cannot carry; a tokenizer whose size is not the model's.
-        ImportError: transformers is not installed.
-    """
-    from ..hf import to_gpt2
-
+    model = plain_model(model)
     check_shape(model.config, "hf")
-    bpe = getattr(tokenizer, "byte_level", False)
-    to_gpt2(model, path, tokenizer=tokenizer if bpe else None)
+    return save_hf_directory(model, tokenizer, path, chat_template=chat_template_text(template, tokenizer))
 
 
 def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = "gguf", dtype: str = "f32",
-           name: str | None = None) -> dict:
-    """Export the checkpoint ``run_dir`` (a decoderlab run directory or a Hugging Face GPT-2 directory) to
-    ``out`` in ``format`` ("gguf": one file, weights in ``dtype`` -- f32, f16 or q8_0; "hf": a directory).
-    Returns a summary: format, dtype, out, parameters, bytes written, tensors and the tokenizer kind.
+           name: str | None = None, force: bool = False) -> dict:
+    """Export the checkpoint ``run_dir`` (a decoderlab run directory, a Hugging Face directory or a GGUF file) to
+    ``out`` in ``format`` ("gguf": one file in llama.cpp's architecture for the model, weights in ``dtype`` --
+    f32, f16 or q8_0 --, the tokenizer and chat template inside, an ollama Modelfile beside it, an existing
+    file replaced only with ``force``; "hf": a directory, its class, tokenizer and chat template). Returns a
+    summary: format, dtype, out, parameters, bytes written, tensors, the tokenizer kind, the architecture or
+    class (and for gguf the Modelfile).
 
     Raises:
         ValueError: an unknown format or dtype (``dtype`` other than f32 with ``format="hf"`` too); a shape
@@ -97,24 +73,29 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     """
     from pathlib import Path
 
+    from ..chat import load_model
     from ..checkpoint import read_config
-    from ..hf import checkpoint_reader, is_gpt2_directory
+    from ..gguf_import import is_gguf_file, open_checked
+    from ..hf import is_hf_directory, read_hf_config
+    from ..model import ModelConfig
 
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "f32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("f32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    if not is_gpt2_directory(run_dir):
-        check_shape(read_config(run_dir), format)  # before the weights are read
-    model, tokenizer = checkpoint_reader(run_dir)(run_dir)
+    if is_gguf_file(run_dir):
+        config = ModelConfig.from_dict(open_checked(run_dir)[2])  # from its header
+    else:
+        config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
+    check_shape(config, format)  # before the weights are read
+    model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
     summary = dict(format=format, dtype=dtype, out=str(out), parameters=model.num_parameters(),
                    tokenizer=getattr(tokenizer, "kind", None))
     if format == "gguf":
-        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name))
+        summary.update(to_gguf(model, tokenizer, out, dtype=dtype, name=name or Path(run_dir).resolve().name,
+                               template=template, force=force))
     else:
-        to_hf(model, tokenizer, out)
-        summary["bytes"] = sum(f.stat().st_size for f in Path(out).iterdir())
-        summary["tokenizer_written"] = bool(getattr(tokenizer, "byte_level", False))
+        summary.update(to_hf(model, tokenizer, out, template))
     return summary

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import lightning as L
 
-from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, get_template
+from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, JinjaChatTemplate, get_template
 from ..config.names import FINETUNE_METHODS
 from ..config.recipes import finetune_defaults
 from ..lora import trainable_parameters
@@ -31,7 +31,7 @@ assert tuple(METHODS) == FINETUNE_METHODS, "config.names.FINETUNE_METHODS (read 
 
 
 def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
-             preset: str | None = None, template: str | ChatTemplate | None = None, val_data=None,
+             preset: str | None = None, template: str | ChatTemplate | JinjaChatTemplate | None = None, val_data=None,
              val_fraction: float | None = None, tokenizer: str | Tokenizer | None = None, vocab_size: int | None = None,
              model_overrides: dict | None = None, train_config: TrainConfig | None = None,
              config_overrides: dict | None = None, resume: str | os.PathLike | bool | None = None,
@@ -42,10 +42,11 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     """Fine-tune a model on conversations (``method="sft"``, the default) or on preference pairs (``"dpo"``);
     return ``(model, tokenizer, summary)`` (:class:`FinetuneSummary` / :class:`PreferenceSummary`).
 
-    Start from a base ``checkpoint`` (a decoderlab checkpoint or a Hugging Face GPT-2 directory), an in-memory
+    Start from a base ``checkpoint`` (a decoderlab checkpoint or a Hugging Face directory), an in-memory
     ``base_model=(model, tokenizer)``, or a ``preset`` from scratch (a ``tokenizer`` kind, default "char", built
-    from the data's text); the ``template``'s special tokens are added (:func:`decoderlab.chat.add_chat_tokens`;
-    default: the base checkpoint's own template, else "decoderlab"). ``data``, ``val_data``: JSONL paths or
+    from the data's text); the ``template`` (a name, a ``*.jinja`` file or a template object) has its special
+    tokens added (:func:`decoderlab.chat.add_chat_tokens`; default: the base checkpoint's own template -- a
+    Hugging Face directory's Jinja template too --, else "decoderlab"). ``data``, ``val_data``: JSONL paths or
     lists -- of conversations for SFT, of TRL's ``prompt``/``chosen``/``rejected`` rows for DPO
     (:func:`decoderlab.finetuning.dpo.load_preferences`); ``val_fraction`` (default 0.1; 0: evaluate on the
     training data) of ``data`` is held out, seeded, without ``val_data``. Training: ``train_config`` (default
@@ -84,8 +85,8 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     trainer, exporter = _trainer(job, chosen.name, launch, callbacks, accelerator=accelerator,
                                  progress_bar=progress_bar, logger=logger)
     run.record(trainer, model.config, tok, launch, task="chat", method=chosen.name, template=template.name,
-               **options, **data_info, checkpoint=start["checkpoint"], preset=start["preset"],
-               added_tokens=start["added_tokens"], lora=start["lora"], save_adapter=start["save_adapter"])
+               **{CHAT_TEMPLATE_KEY: template.to_dict()}, **options, **data_info, checkpoint=start["checkpoint"],
+               preset=start["preset"], added_tokens=start["added_tokens"], lora=start["lora"], save_adapter=start["save_adapter"])
     model, summary = chosen.summarize(job, trainer, exporter, fit_run(trainer, module, run, datamodule=dm))
     _closing_line(trainer, chosen, summary, progress_bar or logger)
     return model.eval(), tok, summary
@@ -101,7 +102,8 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
         raise ValueError("give exactly one starting point: checkpoint (a base checkpoint directory) or preset "
                          "(train from scratch)")
     name = getattr(template, "name", template) or getattr(base_template(checkpoint), "name", None)
-    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)))
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**finetune_defaults(preset, name)),
+                   kind="finetune")
     check_run_options(run.cfg, strategy, accelerator)
     chosen, options = method_of(run, method, options)
     if template is not None:

@@ -1,5 +1,5 @@
 """What a fine-tuning run starts from and holds fixed on a resume: the chat template, the starting model (a
-decoderlab checkpoint or a Hugging Face GPT-2 directory, a preset from scratch, a model in memory, or on a
+decoderlab checkpoint or a Hugging Face directory, a preset from scratch, a model in memory, or on a
 resume the run's own), the held-out split, the digest of the data and the padding id -- the pieces every
 method shares."""
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chat import (ChatTemplate, add_chat_tokens, as_conversations, check_representable, get_template, message_text,
-                    template_from_meta)
+from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_conversations, check_representable,
+                    checkpoint_template, get_template, message_text, template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..hf import checkpoint_reader, is_gpt2_directory
+from ..gguf_import import is_gguf_file, load_gguf
+from ..hf import checkpoint_reader
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
@@ -33,12 +34,10 @@ def path_or_none(data) -> str | None:
     return str(Path(data).resolve()) if isinstance(data, (str, os.PathLike)) else None
 
 
-def base_template(checkpoint) -> ChatTemplate | None:
-    """The chat template stored with a base ``checkpoint`` (None for a base language model, a Hugging Face
-    GPT-2 directory or no checkpoint)."""
-    if checkpoint is None or is_gpt2_directory(checkpoint):
-        return None
-    return template_from_meta(read_meta(checkpoint))
+def base_template(checkpoint) -> ChatTemplate | JinjaChatTemplate | None:
+    """The chat template of a base ``checkpoint`` (:func:`decoderlab.chat.checkpoint_template`: the one
+    decoderlab stored, or a Hugging Face directory's own); None for a base language model or no checkpoint."""
+    return None if checkpoint is None else checkpoint_template(checkpoint)
 
 
 def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
@@ -47,7 +46,8 @@ def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
     given = None if template is None else get_template(template)  # an unknown name lists the known ones
     if not run.resumed:
         return given or base_template(checkpoint) or get_template(DEFAULT_TEMPLATE)
-    stored = template_from_meta(read_meta(run.run_dir)) or get_template(run.info.get("template"))
+    stored = (template_from_meta(read_meta(run.run_dir)) or template_from_meta(run.info)
+              or get_template(run.info.get("template")))
     run.keep("template", None if given is None else given.name, why="the model learned its tokens and layout")
     if given is not None and given != stored:
         raise ValueError(f"cannot resume {run.run_dir} with another {given.name!r} template than the one it was "
@@ -83,7 +83,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face GPT-2 directory (:func:`decoderlab.hf.checkpoint_reader`). A resume builds
+    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
+    (:func:`decoderlab.gguf_import.load_gguf`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
@@ -102,6 +103,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         return DecoderOnlyTransformer(config), Tokenizer.load(run.run_dir / TOKENIZER_FILE), template, start
     if base_model is not None:
         model, tok = base_model
+    elif checkpoint is not None and is_gguf_file(checkpoint):  # llama.cpp's file, dequantized to float32
+        model, tok, _ = load_gguf(checkpoint)
     elif checkpoint is not None:
         model, tok = checkpoint_reader(checkpoint)(checkpoint)
     else:

@@ -24,7 +24,7 @@ from ..attention import KVCache, LayerKVCache
 
 
 class SlotLayer(LayerKVCache):
-    """One layer's keys/values for every slot: (S, H, capacity, d_head), allocated by the owning
+    """One layer's keys/values for every slot: (S, H_kv, capacity, d_head), allocated by the owning
     :class:`BatchKVCache`; rows 0 .. n-1 are the running ones. ``update`` is what a model's attention calls
     (the interface of ``LayerKVCache``), writing the n running rows only."""
 

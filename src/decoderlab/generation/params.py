@@ -200,7 +200,7 @@ class SamplingParams:
 
     def bind(self, num_tokens: int, tokenizer=None) -> "BoundParams":
         """These settings for one model's vocabulary (``num_tokens`` ids) and tokenizer: ``suppress_tokens``
-        None becomes the tokenizer's ``<PAD>``; suppressed, biased and stop ids are checked against the
+        None becomes the tokenizer's ``<PAD>`` (none when the padding token is also an end-of-text token); suppressed, biased and stop ids are checked against the
         vocabulary; stop strings against the tokenizer; with ``stop_at_eos`` the tokenizer's end-of-text ids
         join the token-id stops (after the caller's); a grammar is compiled for the tokenizer's vocabulary.
 
@@ -210,9 +210,10 @@ class SamplingParams:
                 (``SamplingValueError`` with field "grammar"). TypeError: a stop string without a tokenizer.
         """
         suppress = self.suppress_tokens
-        if suppress is None:
+        if suppress is None:  # padding is never a token to write -- unless it is also the end of text (Llama 3's
+            # and SmolLM2's tokenizers pad with their end-of-text token), which must stay writable
             pad = getattr(tokenizer, "pad_id", None) if tokenizer is not None else None
-            suppress = () if pad is None else (int(pad),)
+            suppress = () if pad is None or int(pad) in end_of_text_ids(tokenizer) else (int(pad),)
         for what, ids in (("suppress_tokens", suppress), ("logit_bias", [i for i, _ in self.logit_bias or ()])):
             bad = [i for i in ids if i >= num_tokens]
             if bad:

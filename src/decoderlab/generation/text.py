@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..tokenizers import tokenizer_after_input
+from ..tokenizers import check_input_first
 from .checks import MAX_SEED
 from .engine import prepare, stream, stream_tokens
 from .params import SamplingParams
@@ -61,8 +61,8 @@ def stream_text(model, prompt: str | Sequence[int], tokenizer, params: SamplingP
     """Stream the continuation of ``prompt`` as text pieces (str), never splitting a UTF-8 character.
 
     ``prompt`` is text (encoded with ``tokenizer``) or token ids (bytes are refused: decode them first);
-    the tokenizer comes after the prompt, as in every public function (the old order ``stream_text(model,
-    tokenizer, prompt)`` still works for one release, with a ``DeprecationWarning``);
+    the tokenizer comes after the prompt, as in every public function (one in the prompt's place is a
+    ``TypeError``);
     ``params`` / ``**sampling`` and the other arguments are those of :func:`stream` (``<PAD>`` is never sampled
     and the end-of-text tokens end the text, by default). Stop strings are matched on the text, and the text
     ends exactly before the first one, also when it begins inside a token. Control tokens are never written as
@@ -76,7 +76,7 @@ def stream_text(model, prompt: str | Sequence[int], tokenizer, params: SamplingP
     Every argument is checked at the call (``ValueError`` / ``TypeError`` as :func:`stream`), not when the
     first piece is asked for.
     """
-    prompt, tokenizer = tokenizer_after_input("stream_text", "prompt", prompt, tokenizer)
+    check_input_first("stream_text", "prompt", prompt)
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError(f"prompt is bytes ({bytes(prompt[:30])!r}); pass text (a str: decode the bytes first) "
                         f"or a list of token ids")
@@ -115,6 +115,10 @@ def text_pieces(tokenizer, tokens: Iterator[int], produced: list[int] | None = N
     return result
 
 
+#: the note of a reply that is empty because the model ended its turn at once (the reply stays in the conversation)
+EMPTY_REPLY = "(an empty reply: the model ended its turn at once)"
+
+
 class ChatSession:
     """A conversation with a model: each turn continues the token history of the previous ones.
 
@@ -131,8 +135,8 @@ class ChatSession:
 
     ``params`` is the session's settings (replace it to change them: ``session.params =
     session.params.replace(temperature=0.5)``); ``reply(text)`` yields the reply as text pieces while it is
-    generated; ``reset()`` forgets the conversation. (The ``decoderlab chat`` slash commands that change the
-    settings live in the CLI.)
+    generated; ``reset()`` forgets the conversation; ``notice`` is what the last reply did not say itself (None,
+    or :data:`EMPTY_REPLY`). (The ``decoderlab chat`` slash commands that change the settings live in the CLI.)
     """
 
     def __init__(self, model, tokenizer, params: SamplingParams | None = None, **sampling):
@@ -140,6 +144,7 @@ class ChatSession:
         self.params = SamplingParams.of(params, **sampling)
         self.turn = 0
         self.history: list[int] = []
+        self.notice: str | None = None
 
     def turn_params(self) -> SamplingParams:
         """This turn's settings: the session's, seeded with seed + turn (wrapping within 0 .. 2**63-1)."""
@@ -160,7 +165,9 @@ class ChatSession:
             params = params.replace(stop=(params.stop or ()) + (eos,))
         gen = stream(self.model, history, params, tokenizer=tok)
         produced: list[int] = []
+        self.notice = None
         matched = yield from text_pieces(tok, gen, produced)
+        self.notice = EMPTY_REPLY if not produced and eos is not None and matched == (eos,) else None
         history += produced + (list(matched) if matched else [])
         self.history = history[-self.model.config.max_len :]  # all the model can see
         self.turn += 1

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..hooks import HEAD_AXIS, hook_model, hook_names, resolve_names, split_name, unknown_name, use_hooks
+from ..hooks import HEAD_AXIS, KV_POINTS, hook_model, hook_names, resolve_names, split_name, unknown_name, use_hooks
 from ..model import DecoderOnlyTransformer
 
 #: TransformerLens's short names (``cache["pattern", 0]``): short -> the point inside ``blocks.L.``
@@ -134,7 +134,7 @@ def head_results(model: DecoderOnlyTransformer, layer: int, z: torch.Tensor) -> 
         for i in range(h):
             out[:, :, i, i * dh:(i + 1) * dh] = z[:, :, i]
         return out
-    w_o = attn.proj.weight.view(h * dh, h, dh).to(z.dtype)  # (d_model, H, d_head): column block of each head
+    w_o = attn.proj.weight.view(attn.d_model, h, dh).to(z.dtype)  # (d_model, H, d_head): column block of each head
     return torch.einsum("bthd,mhd->bthm", z, w_o)
 
 
@@ -149,6 +149,8 @@ def as_ids(model: DecoderOnlyTransformer, token_ids_or_text, tokenizer=None) -> 
         if tokenizer is None:
             raise ValueError("a text input needs a tokenizer (pass tokenizer=...), or pass token ids instead")
         ids = torch.tensor(tokenizer.encode(token_ids_or_text), dtype=torch.long)  # KeyError naming a word
+        if ids.numel() == 0:
+            raise ValueError(f"the text {token_ids_or_text!r} is empty: give at least one token of text")
     elif isinstance(token_ids_or_text, torch.Tensor):
         ids = token_ids_or_text
     elif isinstance(token_ids_or_text, (list, tuple)):
@@ -192,13 +194,17 @@ def record(model, ids: torch.Tensor, names: list[str], fwd_hooks=(), heads: list
            ) -> ActivationCache:
     """The cache of ``names`` for one pass over checked ``ids`` (after any ``fwd_hooks``, which run first
     and so are recorded as they changed the pass); ``heads`` keeps only those heads' slices (copies) of the
-    per-head activations, as the pass goes, so a big model's full (B, H, T, T) tensors never pile up."""
+    per-head activations, as the pass goes, so a big model's full (B, H, T, T) tensors never pile up -- of the
+    key/value points (grouped-query attention's n_kv_head heads), the one each kept head reads, in the same
+    order."""
     store: dict[str, torch.Tensor] = {}
     index = None if heads is None else torch.tensor(heads, device=ids.device)
+    kv_index = None if heads is None else index // hook_model(model).blocks[0].attention.group
 
     def keep(x: torch.Tensor, name: str) -> None:
-        axis = HEAD_AXIS.get(split_name(name)[1].rpartition(".")[2]) if index is not None else None
-        store[name] = x if axis is None else x.index_select(axis, index)
+        point = split_name(name)[1].rpartition(".")[2]
+        axis = HEAD_AXIS.get(point) if index is not None else None
+        store[name] = x if axis is None else x.index_select(axis, kv_index if point in KV_POINTS else index)
 
     wanted = set(names)
     logits = forward_with_hooks(model, ids, [*fwd_hooks, (wanted.__contains__, keep)])
@@ -257,9 +263,11 @@ def check_layer(model: DecoderOnlyTransformer, layer: Any) -> int:
     return int(layer)
 
 
-def check_head(model: DecoderOnlyTransformer, head: Any) -> int:
-    """``head`` as an int in 0 .. n_head - 1, or ``ValueError`` naming the valid range."""
-    n = model.config.n_head
+def check_head(model: DecoderOnlyTransformer, head: Any, point: str = "hook_z") -> int:
+    """``head`` as an int in 0 .. n_head - 1 -- or 0 .. n_kv_head - 1 at a key/value ``point`` (``hook_k`` ...,
+    grouped-query attention's heads) -- or ``ValueError`` naming the valid range."""
+    kv = point.rpartition(".")[2] in KV_POINTS
+    n, what = (model.config.kv_heads, "n_kv_head") if kv else (model.config.n_head, "n_head")
     if isinstance(head, bool) or not isinstance(head, numbers.Integral) or not 0 <= int(head) < n:
-        raise ValueError(f"head {head!r} is out of range; valid heads are 0 .. {n - 1} (n_head={n})")
+        raise ValueError(f"head {head!r} is out of range; valid heads are 0 .. {n - 1} ({what}={n})")
     return int(head)

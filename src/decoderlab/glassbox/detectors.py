@@ -161,13 +161,17 @@ def _reading(model, w: torch.Tensor, layer: int) -> torch.Tensor:
 def head_matrices(model, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """W_Q, W_K, W_V (H, d_model, d_head) and W_O (H, d_head, d_model) of ``layer`` in TransformerLens's
     layout (x @ W_Q), processed as TransformerLens's (norm gain folded in, centred for layernorm); the
-    identity placement for W_O without an output projection. Float64, on the CPU (wherever the model runs)."""
+    identity placement for W_O without an output projection; with grouped-query attention W_K and W_V of each
+    query head are its group's. Float64, on the CPU (wherever the model runs)."""
     attn = model.blocks[layer].attention
     h, dh, d = attn.n_head, attn.d_head, attn.d_model
-    qkv = plain_linear(attn.qkv, f"blocks.{layer}.attention.qkv").weight.detach().cpu().double()  # (3 d_model, d_model)
+    qkv = plain_linear(attn.qkv, f"blocks.{layer}.attention.qkv").weight.detach().cpu().double()  # ((H + 2 H_kv) d_head, d_model)
     plain_linear(attn.proj, f"blocks.{layer}.attention.proj")
-    w_q, w_k, w_v = (_reading(model, qkv[i * d:(i + 1) * d].t().reshape(d, h, dh), layer).permute(1, 0, 2)
-                     for i in range(3))
+    q_rows, k_rows, v_rows = qkv.split((attn.q_size, attn.kv_size, attn.kv_size))
+    w_q = _reading(model, q_rows.t().reshape(d, h, dh), layer).permute(1, 0, 2)
+    # grouped-query attention: each query head's key/value head, repeated as TransformerLens's W_K / W_V are
+    w_k, w_v = (_reading(model, rows.t().reshape(d, attn.n_kv_head, dh), layer).permute(1, 0, 2)
+                .repeat_interleave(attn.group, dim=0) for rows in (k_rows, v_rows))
     if attn.proj is None:
         w_o = torch.eye(d, dtype=torch.float64).reshape(h, dh, d)
     else:

@@ -50,6 +50,7 @@ def _header(st: _Story) -> list[str]:
     return [
         f"Input: {' '.join(label(s) for s in st.labels)}   ({st.t} tokens, ids {tr.token_ids[st.batch].tolist()})",
         f"Model: d_model {cfg.d_model}, {cfg.n_layer} layer(s), {cfg.n_head} head(s) of d_head {cfg.d_head}, "
+        + (f"{cfg.kv_heads} key/value head(s), " if cfg.kv_heads != cfg.n_head else "") +
         f"norm {cfg.norm}, positions {cfg.position}, mlp {cfg.mlp}, vocabulary {cfg.num_tokens}",
         "Rows are queries (the token looking), columns are keys (the tokens looked at); '-' marks a masked "
         "similarity (a later token: it cannot be seen).",
@@ -72,10 +73,12 @@ def _head_matrices(st: _Story, lt, slot: int, hd: int, mask) -> list[str]:
     cfg, out = st.cfg, []
     hdims = [f"d{j}" for j in range(cfg.d_head)]
     if st.model is not None:
-        w = st.model.blocks[lt.index].attention.qkv.weight.detach().cpu().double().numpy()
-        sl = slice(hd * cfg.d_head, (hd + 1) * cfg.d_head)
-        for nm, off in (("Wqᵀ", 0), ("Wkᵀ", cfg.d_model), ("Wvᵀ", 2 * cfg.d_model)):
-            out += [st.matrix(f"{nm} (d_model x d_head):", w[off:][sl].T, hdims, st.dims), ""]
+        attn = st.model.blocks[lt.index].attention
+        w = attn.qkv.weight.detach().cpu().double().numpy()  # rows [query heads | key heads | value heads]
+        kv = hd // attn.group  # the key/value head this head reads (itself without grouped-query attention)
+        for nm, first in (("Wqᵀ", hd * cfg.d_head), ("Wkᵀ", attn.q_size + kv * cfg.d_head),
+                          ("Wvᵀ", attn.q_size + attn.kv_size + kv * cfg.d_head)):
+            out += [st.matrix(f"{nm} (d_model x d_head):", w[first:first + cfg.d_head].T, hdims, st.dims), ""]
     for nm, ten in (("Q (queries)", lt.q), ("K (keys)", lt.k), ("V (values)", lt.v)):
         out += [st.matrix(f"{nm}:", st.np_(ten)[slot], hdims), ""]
     out += [st.matrix("similarities Q Kᵀ:", st.np_(lt.sims)[slot], st.pos_labels), ""]

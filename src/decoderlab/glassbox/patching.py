@@ -38,7 +38,7 @@ def _point(model, name: str, head) -> tuple[str, int | None, int | None]:
     if axis is None:
         raise ValueError(f"head={head!r} needs a per-head hook point (attn.hook_q/k/v/z/pattern/attn_scores ...); "
                          f"{name} is {shape_of(name)}")
-    return name, axis, check_head(model, head)
+    return name, axis, check_head(model, head, split_name(name)[1])
 
 
 def _replacer(value: torch.Tensor, axis: int | None, head: int | None, what: str):

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..dtypes import model_dtype
+from ..quant import dequantized_state_dict
 from .trace import Trace, trace, unwrap
 
 
 
 def _np_weights(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
+    """Every weight in float64 by its state-dict key; a block-quantized layer's (``--dtype q8_0`` ...) dequantized
+    into ``.weight``: the quantization is a change of the weights, which the reference computes with exactly."""
+    return {k: v.detach().to("cpu", torch.float64).numpy() for k, v in dequantized_state_dict(model).items()}
 
 
 def np_sinusoidal(t: int, d_model: int) -> np.ndarray:
@@ -30,16 +34,18 @@ def np_sinusoidal(t: int, d_model: int) -> np.ndarray:
     return pe
 
 
-def _np_rope(x: np.ndarray, base: float = 10000.0) -> np.ndarray:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of (B, H, T, d_head) by pos * base^(-2i/d_head)."""
+def _np_rope(x: np.ndarray, base: float = 10000.0, layout: str = "interleaved") -> np.ndarray:
+    """Rotate pair i of (B, H, T, d_head) by pos * base^(-2i/d_head): the pair (x[2i], x[2i+1]) in the
+    "interleaved" layout, (x[i], x[i + d_head/2]) in "rotate_half"."""
     t, d = x.shape[-2], x.shape[-1]
     out = np.empty_like(x)
     for i in range(d // 2):
         theta = np.arange(t) * base ** (-2.0 * i / d)  # (T,)
         c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
-        a, b = x[..., 2 * i : 2 * i + 1], x[..., 2 * i + 1 : 2 * i + 2]
-        out[..., 2 * i : 2 * i + 1] = a * c - b * s
-        out[..., 2 * i + 1 : 2 * i + 2] = a * s + b * c
+        j, k = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, i + d // 2)
+        a, b = x[..., j : j + 1], x[..., k : k + 1]
+        out[..., j : j + 1] = a * c - b * s
+        out[..., k : k + 1] = a * s + b * c
     return out
 
 
@@ -76,12 +82,23 @@ def _np_relu2(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0) ** 2
 
 
+def _np_mlp(cfg, w: dict, p: str, x: np.ndarray) -> np.ndarray:
+    """One block's MLP in float64: proj(act(fc(x))), or SwiGLU's proj(silu(gate(x)) * fc(x))."""
+    if cfg.mlp == "swiglu":
+        g = _np_linear(x, w, p + "mlp.gate")
+        hidden = g / (1.0 + np.exp(-g)) * _np_linear(x, w, p + "mlp.fc")
+    else:
+        hidden = (_np_relu2 if cfg.mlp == "relu2" else _np_gelu_tanh)(_np_linear(x, w, p + "mlp.fc"))
+    return _np_linear(hidden, w, p + "mlp.proj")
+
+
 def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     """The forward pass of ``model`` on ``token_ids`` ((T,) or (B, T)), recomputed in float64 NumPy.
 
     Only the model's config and its extracted weights (``state_dict``) are used; no torch module does any
     of the math. Sinusoidal and rotary positions are recomputed from their formulas. Returns the steps in
-    order as ``(name, array)``: word embeddings, + positions, then per layer norm_1, q, k, v (B, H, T, d_head),
+    order as ``(name, array)``: word embeddings, + positions, then per layer norm_1, q, k, v (B, H, T, d_head:
+    with grouped-query attention each query head's keys and values are those of its group's key/value head),
     sims, scaled sims, mask, percents (B, H, T, T), head out, attention out, residual 1, norm_2, mlp out,
     residual 2, then final norm and logits (B, T, num_tokens). A model without norms (``norm="none"``, the
     lesson's) has no norm steps; one without an MLP no norm_2, mlp out and residual 2.
@@ -92,20 +109,26 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
 def _np_attention(cfg, w: dict, p: str, n1: np.ndarray, mask: np.ndarray) -> tuple:
     """One block's self-attention in float64 on its normed input ``n1`` (B, T, d_model): ``(q, k, v, sims,
     scaled sims, percents, head out)``, each (B, H, T, .) -- q, k and v after the qk-norm and rope when the
-    model has them. ``mask`` (T, T): True = a later key, ignored."""
+    model has them; k and v of query head j are key/value head j // (n_head / n_kv_head)'s. ``mask`` (T, T):
+    True = a later key, ignored."""
     b, t, _ = n1.shape
-    h, dh, d = cfg.n_head, cfg.d_head, cfg.d_model
-    qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, 3d)
+    h, kv, dh = cfg.n_head, cfg.kv_heads, cfg.d_head
+    qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, (H + 2 H_kv) d_head): [q heads | k heads | v heads]
 
-    def heads(m):
-        return m.reshape(b, t, h, dh).transpose(0, 2, 1, 3)
+    def heads(m, n):
+        return m.reshape(b, t, n, dh).transpose(0, 2, 1, 3)
 
-    q, k, v = heads(qkv[..., :d]), heads(qkv[..., d : 2 * d]), heads(qkv[..., 2 * d :])
-    if cfg.qk_norm:  # each head's q and k divided by its RMS (no gain)
+    q = heads(qkv[..., : h * dh], h)
+    k, v = heads(qkv[..., h * dh : (h + kv) * dh], kv), heads(qkv[..., (h + kv) * dh :], kv)
+    if cfg.qk_norm:  # each head's q and k divided by its RMS, times the gain shared by the heads if any
         q = q / np.sqrt((q**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
         k = k / np.sqrt((k**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)
+        if cfg.qk_norm_gain:
+            q, k = q * w[p + "attention.q_norm.weight"], k * w[p + "attention.k_norm.weight"]
     if cfg.position == "rope":
-        q, k = _np_rope(q), _np_rope(k)
+        q, k = _np_rope(q, cfg.rope_theta, cfg.rope_layout), _np_rope(k, cfg.rope_theta, cfg.rope_layout)
+    group = [j * kv // h for j in range(h)]  # each query head's key/value head
+    k, v = k[:, group], v[:, group]
     sims = q @ k.transpose(0, 1, 3, 2)
     scaled = sims / math.sqrt(dh)
     masked = np.where(mask, -np.inf, scaled)
@@ -145,7 +168,7 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
         p = f"blocks.{i}."
         n1 = _np_norm(cfg.norm, x, w, p + "norm_1", cfg.norm_eps)
         q, k, v, sims, scaled, percents, head_out = _np_attention(cfg, w, p, n1, mask)
-        concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, d)
+        concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, cfg.n_head * cfg.d_head)
         attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
         parts["layers"].append(dict(heads=_np_head_results(head_out, w, p, cfg), mlp=None,
                                     attn_bias=w.get(p + "attention.proj.bias") if cfg.attn_out_proj else None))
@@ -159,8 +182,7 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
         x = r1
         if cfg.mlp != "none":
             n2 = _np_norm(cfg.norm, r1, w, p + "norm_2", cfg.norm_eps)
-            act = _np_relu2 if cfg.mlp == "relu2" else _np_gelu_tanh
-            m = _np_linear(act(_np_linear(n2, w, p + "mlp.fc")), w, p + "mlp.proj")
+            m = _np_mlp(cfg, w, p, n2)
             x = r1 + m
             parts["layers"][-1]["mlp"] = m
             steps += [(f"layer {i} norm_2", n2)] if normed else []
@@ -315,7 +337,9 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     """Recompute the whole forward pass in float64 NumPy from the extracted weights and compare every step.
 
     Args:
-        model: a ``DecoderOnlyTransformer``.
+        model: a ``DecoderOnlyTransformer``; with block-quantized weights (``q8_0``, ``q4_0``, ``q4_1``) the
+            reference takes their dequantized values (the quantization changed the weights; what is checked is
+            the arithmetic done with them).
         token_ids: ids (T,) or (B, T) (tensor or list), or a text when ``tokenizer`` is given.
         tol: tolerance; a step passes when max |diff| <= tol * max(1, max |NumPy value|).
 
@@ -340,6 +364,6 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
         diff = float(np.abs(o64 - r).max()) if r.size else 0.0
         scale = float(np.abs(r).max()) if r.size else 0.0
         steps.append(VerifyStep(name, tuple(r.shape), diff, scale, diff <= tol * max(1.0, scale)))
-    return VerifyReport(steps=steps, tol=float(tol), dtype=str(model.we.weight.dtype).replace("torch.", ""))
+    return VerifyReport(steps=steps, tol=float(tol), dtype=model_dtype(model))
 
 

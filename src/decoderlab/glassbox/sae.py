@@ -185,6 +185,34 @@ class SparseAutoencoder(nn.Module):
         return out
 
 
+#: what SAELens 6 keeps under ``metadata`` in cfg.json; before 6.0 these were top-level keys
+METADATA_KEYS = ("model_name", "hook_name", "hook_head_index", "context_size", "prepend_bos", "dataset_path",
+                 "model_class_name", "model_from_pretrained_kwargs", "seqpos_slice", "neuronpedia_id",
+                 "sae_lens_training_version", "exclude_special_tokens", "hf_hook_name")
+#: SAELens's key names before 6.0 -> their 6.x names
+PRE_6_NAMES = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",
+               "activation_fn_str": "activation_fn"}
+
+
+def _as_saelens_6(cfg: dict) -> tuple[dict, str]:
+    """``(cfg, format)``: a cfg.json in SAELens 6's shape (``metadata`` holding the hook and the model; TopK as
+    ``architecture: "topk"`` with ``k``), converted as SAELens 6 converts its earlier files
+    (``handle_pre_6_0_config``), and the format's name for messages."""
+    if isinstance(cfg.get("metadata"), dict):
+        return cfg, f"SAELens {cfg['metadata'].get('sae_lens_version') or '6'}"
+    old = {PRE_6_NAMES.get(k, k): v for k, v in cfg.items()}
+    new = {k: v for k, v in old.items() if k not in METADATA_KEYS}
+    new["metadata"] = {k: old[k] for k in METADATA_KEYS if k in old}
+    norm = old.get("normalize_activations")
+    new["normalize_activations"] = "none" if norm in (None, False) else \
+        "expected_average_only_in" if norm is True else norm
+    if old.get("architecture", "standard") == "topk" or old.get("activation_fn") == "topk":
+        new["architecture"] = "topk"
+        new["k"] = old.get("k", (old.get("activation_fn_kwargs") or {}).get("k"))
+    version = old.get("sae_lens_training_version") or old.get("sae_lens_version")
+    return new, f"SAELens {version} (before 6)" if version else "SAELens before 6"
+
+
 def _read_cfg(path: Path) -> dict:
     cfg_file = path / SAE_CFG_FILE
     if not cfg_file.is_file() or not (path / SAE_WEIGHTS_FILE).is_file():
@@ -194,24 +222,47 @@ def _read_cfg(path: Path) -> dict:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+    cfg, fmt = _as_saelens_6(cfg)
+    where = f"{cfg_file} ({fmt})"
     arch = cfg.get("architecture", "standard")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{cfg_file}: architecture {arch!r} is not one decoderlab reads; known: "
+        raise ValueError(f"{where}: architecture {arch!r} is not one decoderlab reads; known: "
                          f"{', '.join(ARCHITECTURES)}")
     if cfg.get("normalize_activations", "none") != "none" or cfg.get("apply_b_dec_to_input", True) is not True \
-            or cfg.get("rescale_acts_by_decoder_norm", False):
-        raise ValueError(f"{cfg_file}: normalize_activations other than 'none', apply_b_dec_to_input false or "
-                         "rescale_acts_by_decoder_norm are not supported")
+            or cfg.get("rescale_acts_by_decoder_norm", False) or cfg.get("finetuning_scaling_factor", False):
+        raise ValueError(f"{where}: normalize_activations other than 'none', apply_b_dec_to_input false, "
+                         "rescale_acts_by_decoder_norm or finetuning_scaling_factor are not supported")
+    if arch == "topk" and not isinstance(cfg.get("k"), int):
+        raise ValueError(f"{where}: a topk SAE needs its k (k, or activation_fn_kwargs.k before 6)")
     return cfg
+
+
+def sae_hook(sae: SparseAutoencoder, where=None) -> str:
+    """The hook point ``sae`` was trained on (its ``metadata["hook_name"]``), for a reader that takes the hook from
+    the SAE itself (``where``: its directory, named in the error; None for an SAE in memory).
+
+    Raises:
+        ValueError: the files name no hook (a cfg.json without ``metadata.hook_name``, SAELens 6, or
+            ``hook_name`` / ``hook_point`` at its top level, earlier versions).
+    """
+    hook = sae.metadata.get("hook_name")
+    if not hook and where is None:
+        raise ValueError("the SAE names no hook point: its metadata has no hook_name")
+    if not hook:
+        raise ValueError(f"{Path(where) / SAE_CFG_FILE} names no hook point: SAELens 6 keeps it as metadata.hook_name, "
+                         "earlier versions as hook_name (or hook_point) at the top level")
+    return str(hook)
 
 
 def load_sae(directory: str | os.PathLike) -> SparseAutoencoder:
     """The SAE of a SAELens directory (``cfg.json`` + ``sae_weights.safetensors``; architectures ``topk`` and
-    ``standard``), on the CPU in the stored dtype.
+    ``standard``; the cfg.json of SAELens 6, or of an earlier version, read as SAELens 6 reads it), on the CPU in
+    the stored dtype.
 
     Raises:
         FileNotFoundError: a missing file (naming it).
-        ValueError: bad JSON, another architecture or normalisation, weights of the wrong names or shapes.
+        ValueError: bad JSON, another architecture or normalisation, weights of the wrong names or shapes (each
+            naming the file and its SAELens format).
     """
     from safetensors.torch import load_file
 

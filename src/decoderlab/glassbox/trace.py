@@ -27,7 +27,7 @@ from .cache import ActivationCache, as_ids, record
 class LayerTrace:
     """Everything one decoder block computed, for the kept heads ``heads`` (indices into the model's heads).
 
-    B = batch, T = tokens, h = ``len(heads)``, d_head = d_model / n_head. Masks: True marks an ignored
+    B = batch, T = tokens, h = ``len(heads)``, d_head the head size. Masks: True marks an ignored
     similarity (a key after the query: the causal mask), as everywhere in decoderlab.
 
     Attributes:
@@ -35,7 +35,8 @@ class LayerTrace:
         heads: the model's head indices kept here; axis 1 of the per-head tensors follows this order.
         input: (B, T, d_model) the block's input (embeddings + positions for layer 0).
         normed: (B, T, d_model) norm_1(input) (the input itself when the model has no norm).
-        q, k, v: (B, h, T, d_head) queries, keys and values (after rotary positions, if any).
+        q, k, v: (B, h, T, d_head) queries, keys and values (after QK-norm and rotary positions, if any); with
+            grouped-query attention a head's keys and values are those of its group's key/value head.
         sims: (B, h, T, T) similarities Q Kᵀ, queries down, keys across, before masking.
         scaled_sims: (B, h, T, T) sims / sqrt(d_head), before masking.
         mask: (T, T) bool, True = ignored (None when nothing is masked).
@@ -246,6 +247,8 @@ def _layer_view(cache: ActivationCache, i: int, heads: list[int]) -> LayerTrace:
     get = lambda point: cache[f"blocks.{i}.{point}"] if has_point(model, f"blocks.{i}.{point}") else None  # noqa: E731
     q_point, k_point = _q_k_points(model, i)
     q, k, v = (get(p).transpose(1, 2) for p in (q_point, k_point, "attn.hook_v"))  # (B, h, T, d_head)
+    if cache.heads is None:  # (B, H_kv, T, d_head) keys and values: each query head's (a head subset has them)
+        k, v = model.blocks[i].attention.expand_kv(k), model.blocks[i].attention.expand_kv(v)
     half = q.dtype in (torch.float16, torch.bfloat16)  # the kernel's similarities are float32 then
     sims = torch.matmul(q.float(), k.float().transpose(-2, -1)) if half else torch.matmul(q, k.transpose(-2, -1))
     t = q.size(2)

@@ -48,7 +48,8 @@ from ..tasks.work import check_countdown, countdown_of
 RewardFn = Callable[[str, dict, bool], float]
 
 _WORD = re.compile(r"[A-Za-z]+")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+#: a number: digits with thousands commas (a comma before exactly three digits: "1,234"; "1,2,3" is three numbers)
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?|-?\.\d+")
 
 
 class RewardError(ValueError):
@@ -68,7 +69,8 @@ def word_coverage(reply: str, words: Sequence[str]) -> int:
 
 def last_number(text: str) -> Decimal | None:
     """The last number written in ``text`` (``-3``, ``1,000``, ``2.50``; thousands commas dropped) as an
-    exact ``Decimal``, or None when it holds none."""
+    exact ``Decimal``, or None when it holds none. A comma joins digits only as a thousands separator, before a
+    group of exactly three digits: ``"sorted: 3,5,8"`` ends in 8."""
     for match in reversed(_NUMBER.findall(text)):
         try:
             return Decimal(match.replace(",", ""))

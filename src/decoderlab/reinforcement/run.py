@@ -186,7 +186,8 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
             the value named; the checkpoints written before are kept).
         FileNotFoundError: missing files. FileExistsError: a new run's ``out`` holds files.
     """
-    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**RL_TRAIN), fixed=RL_RESUME_FIXED)
+    run = plan_run(out, resume, train_config, config_overrides, TrainConfig(**RL_TRAIN), fixed=RL_RESUME_FIXED,
+                   kind="rl")
     check_run_options(run.cfg, "auto", accelerator)
     rows, fn, rl_cfg, info = _settings(run, prompts, reward, rl_config)
     L.seed_everything(run.cfg.seed, verbose=False)

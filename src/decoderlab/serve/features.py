@@ -84,10 +84,11 @@ def serve_sae(model, sae) -> tuple:
 
     Raises ``FileNotFoundError`` for a directory that is not an SAE's; ``ValueError`` for one that does not fit."""
     from ..glassbox.features import hook_activations
-    from ..glassbox.sae import SparseAutoencoder, check_sae_hook, load_sae
+    from ..glassbox.sae import SparseAutoencoder, check_sae_hook, load_sae, sae_hook
 
-    sae = sae if isinstance(sae, SparseAutoencoder) else load_sae(sae)
-    hook = check_sae_hook(model, str(sae.metadata.get("hook_name", "")))
+    where = None if isinstance(sae, SparseAutoencoder) else sae
+    sae = sae if where is None else load_sae(where)
+    hook = check_sae_hook(model, sae_hook(sae, where))
     d_in = hook_activations(model, [0], hook).shape[-1]
     if d_in != sae.d_in:
         raise ValueError(f"the SAE reads d_in={sae.d_in} at {hook}; this model has {d_in} there")

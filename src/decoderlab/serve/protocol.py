@@ -615,18 +615,3 @@ class Health(BaseModel):
     waiting: int | None = Field(None, description="requests waiting to join the batch")
     steps: int | None = Field(None, description="decode steps so far")
     max_rows_seen: int | None = Field(None, description="the largest batch so far")
-
-
-#: decoderlab's own shapes, which moved to :mod:`decoderlab.serve.trace_protocol`; still importable from here for
-#: one release
-_MOVED = ("HeadRef", "TraceRequest", "TokenProb", "TraceToken", "TraceNext", "TraceLensEntry", "TracePart",
-          "TraceDecomposition", "TraceHeadScores", "TraceChange", "TraceAblation", "TraceLayer", "TraceSampling",
-          "TraceResponse")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from . import trace_protocol
-
-        return getattr(trace_protocol, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -88,10 +88,13 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           cors_origins: list[str] | None = None, limits: ServeLimits | None = None, model_id: str | None = None,
-          log_level: str = "info", device=None, compile: bool = False, sae=None, threads: int | None = None) -> None:
-    """Load a checkpoint directory (or a Hugging Face GPT-2 directory) and serve it with uvicorn until
+          log_level: str = "info", device=None, dtype=None, compile: bool = False, sae=None,
+          threads: int | None = None) -> None:
+    """Load a checkpoint directory (or a Hugging Face directory, or a GGUF file) and serve it with uvicorn until
     interrupted (``decoderlab serve``), on ``device`` (``decoderlab.devices.resolve_device``'s names; None:
-    the CPU), decoding with a compiled step if ``compile`` (``model.compile_decode``); ``sae``: an SAE directory
+    the CPU), its weights in ``dtype`` (:mod:`decoderlab.dtypes`: None = as stored; ``"q8_0"`` ... GGUF's blocks),
+    decoding with a compiled step if ``compile`` (``model.compile_decode``: ``decoderlab serve`` compiles unless
+    ``--eager``); ``sae``: an SAE directory
     whose features the page shows (``/v1/decoderlab/features``). ``limits.prefill_chunk`` turns on the
     scheduler's chunked prefill (:class:`decoderlab.config.ServeLimits`).
 
@@ -110,8 +113,9 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
     set_threads(threads)  # (a bad value: one error before the port is bound)
     sock = listen(host, port)
     try:
-        # the one loader: a decoderlab or GPT-2 directory
-        model, tokenizer, template, meta = load_model(checkpoint, device="cpu" if device is None else device)
+        # the one loader: a decoderlab or Hugging Face directory, a GGUF file
+        model, tokenizer, template, meta = load_model(checkpoint, device="cpu" if device is None else device,
+                                                      dtype=dtype)
         if compile:
             model.compile_decode()
         if model_id is None and not meta.get("name"):

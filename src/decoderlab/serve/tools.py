@@ -5,7 +5,8 @@ usual; the template's ``<|tool_call|>`` token (an end-of-text token) ends that t
 the call follows: a second generation from the prompt, the text and ``<|tool_call|>``, constrained by the
 grammar of a call (a function's name, then arguments valid against its parameters' JSON schema:
 :class:`decoderlab.chat.ToolSet`), which ends the turn when the JSON is complete (``finish_reason:
-"tool_calls"``). ``"required"`` and a named function skip the first; ``"none"`` bans ``<|tool_call|>``.
+"tool_calls"``; ``"stop"`` for a function forced by name, as OpenAI answers). ``"required"`` and a named function
+skip the first; ``"none"`` bans ``<|tool_call|>``.
 One call per turn (``parallel_tool_calls`` is accepted and ignored).
 
 :func:`turn_events` is the turn as events -- ``("content", text)``, ``("call", name, id)``, ``("arguments",
@@ -167,7 +168,8 @@ async def turn_events(request: Request, state: AppState, settings: Settings, ids
             if named and ev[2]:
                 yield "arguments", ev[2]
         elif ev[0] == "finish":
-            reason = "tool_calls" if ev[2] == "stop" else ev[2]
+            # OpenAI's (and vLLM's): a call the request forced by name ends with "stop", any other "tool_calls"
+            reason = ("stop" if turn.choice == "named" else "tool_calls") if ev[2] == "stop" else ev[2]
         elif ev[0] == "done":
             produced += ev[1]["completion_tokens"]
     yield "finish", reason
@@ -232,7 +234,8 @@ async def _streamed(request, state, settings, ids, turn, include_usage: bool, ti
 
 async def answer(request: Request, state: AppState, settings: Settings, ids: list[int], turn: ToolTurn, *,
                  stream: bool, include_usage: bool) -> Response:
-    """The turn as OpenAI answers it: JSON (``message.tool_calls``, ``finish_reason: "tool_calls"``) or, with
+    """The turn as OpenAI answers it: JSON (``message.tool_calls``, ``finish_reason: "tool_calls"``, or ``"stop"``
+    for a function forced by name) or, with
     ``stream``, server-sent events."""
     timing = Timing(state.metrics)
     if stream:

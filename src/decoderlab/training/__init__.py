@@ -6,7 +6,7 @@
 - :mod:`.module`: ``LitModel``, the ``LightningModule`` around a ``DecoderOnlyTransformer``;
 - :mod:`.datamodule`: ``TokenDataModule`` (random windows, resumable, DDP-sliced);
 - :mod:`.callbacks`, :mod:`.progress`, :mod:`.trainer`: metrics, guards, export, the progress display, the
-  ``Trainer`` factory;
+  ``Trainer`` factory; :mod:`.interrupted`: Ctrl-C (what was kept, how to continue);
 - :mod:`.timing`: ``ValidationClock``, every evaluation with its wall-clock time (subset or all windows);
 - :mod:`.precision`: ``precision="auto"`` resolved for the machine; :mod:`.strategy`: ``--strategy fsdp``
   (FSDP2, one unit per decoder block) and the whole model after training; :mod:`.sums`: exact sums, float64
@@ -19,10 +19,9 @@
 """
 
 from ..config.names import PRECISIONS
-from ..config.recipes import DEFAULT_RECIPE, RECIPES, Recipe  # (config's: re-exported for one release)
 from ..config.train import TrainConfig
-from .callbacks import (ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossError,
-                        NonFiniteLossGuard, TrainingInterrupted)
+from .callbacks import ExportCheckpoint, LMMetrics, LossHistory, NonFiniteLossError, NonFiniteLossGuard
+from .interrupted import InterruptNotice, TrainingInterrupted
 from .evaluation import evaluate_lm
 from .datamodule import TokenDataModule
 from .lm import TrainSummary, train_lm
@@ -39,7 +38,6 @@ __all__ = [
     "ExportCheckpoint", "InterruptNotice", "LMMetrics", "LossHistory", "NonFiniteLossError", "NonFiniteLossGuard",
     "PlainProgress", "StepProgressBar", "PRECISIONS", "TrainConfig", "configure_optimizers", "evaluate_lm", "lr_at",
     "parameter_groups", "TokenDataModule", "RUN_FILE", "SUMMARY_FILE", "TrainSummary", "default_run_dir",
-    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "DEFAULT_RECIPE", "RECIPES",
-    "Recipe", "ValidationClock", "TrainingInterrupted", "fit", "Run", "ShareRunDirectory", "Summary", "fit_run",
-    "mean_of_last", "plan_run",
+    "resolve_resume", "train_lm", "LitModel", "train_pairs", "make_trainer", "MuonAdamW", "ValidationClock",
+    "TrainingInterrupted", "fit", "Run", "ShareRunDirectory", "Summary", "fit_run", "mean_of_last", "plan_run",
 ]

@@ -8,14 +8,13 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from ..checkpoint import META_FILE, WEIGHTS_FILE, read_meta, save_checkpoint
+from ..checkpoint import WEIGHTS_FILE, save_checkpoint
 from ..lora import has_lora, merge_lora, save_adapter
 from .strategy import full_model
 from .sums import host_column_sums, sum_over_ranks
@@ -278,32 +277,6 @@ class NonFiniteLossGuard(L.Callback):
                    else f"at step {trainer.global_step}, the weights since then discarded")
         raise NonFiniteLossError(f"the training loss became {loss} at step {step}: training stopped {stopped}"
                                  f"{where}. Try a lower --lr, --grad-clip 1.0 or --precision 32.")
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training (raised by ``train_lm``, ``finetune``, ``train_pairs`` instead of Lightning's
-    ``sys.exit(1)``); :class:`InterruptNotice` has already said what was kept and how to continue."""
-
-
-class InterruptNotice(L.Callback):
-    """On Ctrl-C, says what was kept: the step of the last written checkpoint and how to continue
-    (``decoderlab {command} --resume RUN_DIR``)."""
-
-    def __init__(self, run_dir: str | os.PathLike, command: str = "train"):
-        self.run_dir, self.command = Path(run_dir), command
-
-    def on_exception(self, trainer, pl_module, exception):
-        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:
-            from .interrupted import keep_interrupted
-
-            saved = keep_interrupted(trainer, self.run_dir)  # before the first evaluation: a resumable one now
-            step = read_meta(self.run_dir).get("step") if (self.run_dir / META_FILE).is_file() else None
-            kept = (f"the checkpoint in {self.run_dir} (step {step}) is loadable" if step is not None
-                    else f"a training checkpoint at step {trainer.global_step} was kept ({saved})" if saved is not None
-                    else "no checkpoint was written yet")
-            end_bar = "\n" if sys.stderr.isatty() else ""  # a progress bar's line is not ended on a terminal
-            print(f"{end_bar}decoderlab: interrupted at step {trainer.global_step}; {kept}. Continue with: "
-                  f"decoderlab {self.command} --resume {self.run_dir}", file=sys.stderr, flush=True)
 
 
 class ExportCheckpoint(L.Callback):

@@ -28,7 +28,8 @@ from ..data import (SequentialWindows, check_split_lengths, corpus_tokens, read_
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
-from .callbacks import ExportCheckpoint, InterruptNotice, LMMetrics, LossHistory, NonFiniteLossGuard
+from .callbacks import ExportCheckpoint, LMMetrics, LossHistory, NonFiniteLossGuard
+from .interrupted import InterruptNotice
 from .datamodule import TokenDataModule
 from .evaluation import evaluation_sums
 from .module import LitModel
@@ -114,7 +115,7 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
     """
     resuming = resume not in (None, False)
     model_preset, recipe = (None, None) if preset is None and resuming else resolve_recipe(preset or DEFAULT_PRESET)
-    run = plan_run(out, resume, train_config, config_overrides, recipe)
+    run = plan_run(out, resume, train_config, config_overrides, recipe, kind="train")
     check_run_options(run.cfg, strategy, accelerator)  # the machine's refusals before the corpus is read
     preset = run.info.get("preset") if run.resumed and preset is None else (preset or DEFAULT_PRESET)
     corpus = run.info.get("corpus") if corpus is None and text is None else corpus

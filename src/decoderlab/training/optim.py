@@ -37,7 +37,7 @@ from ..positions import LearnedPositionEncoding
 def muon_parameter_groups(model: torch.nn.Module) -> tuple[list[str], list[str], list[str]]:
     """Split a ``DecoderOnlyTransformer``'s parameters into ``(muon, adamw_decay, adamw_no_decay)`` names.
 
-    muon: 2-D weight matrices inside the decoder blocks (attention ``qkv``/``proj``, MLP ``fc``/``proj``).
+    muon: 2-D weight matrices inside the decoder blocks (attention ``qkv``/``proj``, MLP ``fc``/``gate``/``proj``).
     adamw_decay: other 2-D matrices that are not embeddings (the untied output layer ``fc_layer.weight``).
     adamw_no_decay: token and learned position embeddings (and the output layer when tied to them), norm
     gains, biases. Each tensor appears once, under its first name; frozen parameters are left out.

@@ -22,7 +22,7 @@ from ..config.train import TrainConfig, check_train_seed
 from .callbacks import LIGHTNING_DIR
 from .module import LitModel
 from .random_state import RandomState
-from .run import RUN_FILE, Run, check_new_run_dir, fit_run, resolve_resume
+from .run import RUN_FILE, Run, check_new_run_dir, check_run_kind, fit_run, resolve_resume
 
 
 #: the settings a resumed pair run keeps (they define its model, batches and optimizer); max_epochs may grow
@@ -117,9 +117,9 @@ def plan_pair_run(out, resume, given: dict) -> tuple[Path | None, Path | None, d
         info = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         info = {}
+    check_run_kind(run_dir, info, "pairs")
     if info.get("task") != "pairs":
-        raise ValueError(f"cannot resume {run_dir} as the lesson's pair training: its {RUN_FILE} is not one "
-                         f"(`decoderlab train --resume` continues a language-model run)")
+        raise ValueError(f"cannot resume {run_dir} as the lesson's pair training: its {RUN_FILE} is not one")
     changed = {k: (info[k], given[k]) for k in PAIR_FIXED if given[k] is not None and given[k] != info[k]}
     if changed:
         raise ValueError(f"cannot resume {run_dir} with {', '.join(f'{k}={new!r}' for k, (_, new) in changed.items())}"

