@@ -188,6 +188,61 @@ def control(args, out: Path, chosen):
                     progress_bar=False, logger=False, accelerator="cpu")
 
 
+def story(out: Path, chosen, card: dict) -> str:
+    """The story of one question (docs/finetuning.md): the first held-out question of an RL row that the SFT
+    model answers wrong greedily and the RL model right, with each model's 8 sampled replies (the card's own
+    seeds, so their count of right replies is the card's) and each model's probability of the RL model's
+    greedy reply (teacher-forced, its end of turn included). Written to ``out/story.md``; returns the text."""
+    import math
+
+    from decoderlab.generation.scoring import loglikelihood
+    from decoderlab.reportcard import row_label
+    from decoderlab.reportcard.scoring import Checkpoint, max_new_tokens, score
+
+    models = {s: Checkpoint.load(out / s) for s in ("sft", "rl")}
+    for skill, d in chosen:
+        label = row_label(skill, d)
+        row = next(r for r in card["rows"] if r["label"] == label)
+        sft, rl = card["scores"]["sft"][label]["off"], card["scores"]["rl"][label]["off"]
+        pick = next((i for i in range(row["n"]) if not sft["right"][i] and rl["right"][i]), None)
+        if pick is not None:
+            break
+    else:
+        return "no held-out question of the RL rows was wrong after SFT and right after RL"
+    item = next(i for i in held_out_items(card, label) if i.question == row["questions"][pick])
+    lines = [f"Question ({label}, held-out): {item.question!r}; reference {item.answer!r}", ""]
+    greedy_rl = rl["replies"][pick]
+    for name, ck in models.items():
+        prompt = ck.prompt(item.question)
+        replies = [ck.tok.decode(o) for o in generate_samples(ck, prompt, item.question, max_new_tokens(skill))]
+        marks = [score(item, r, True, {}) for r in replies]
+        target = ck.tok.encode(greedy_rl) + [ck.template.end_of_turn_id(ck.tok)]
+        logp, _ = loglikelihood(ck.model, prompt, target)
+        lines += [f"{name}: greedy {card['scores'][name][label]['off']['replies'][pick]!r}; P(the RL model's greedy "
+                  f"reply) = {math.exp(logp):.3g}; {sum(marks)} of {len(replies)} samples right:"]
+        lines += [f"  {'right' if m else 'wrong'}: {r!r}" for r, m in zip(replies, marks)]
+    text = "\n".join(lines) + "\n"
+    (out / "story.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def held_out_items(card: dict, label: str):
+    from decoderlab.reportcard import held_out, row_label
+
+    row = next(r for r in card["rows"] if r["label"] == label)
+    return held_out(card["questions"], [(row["skill"], row["difficulty"])])[(row["skill"], row["difficulty"])]
+
+
+def generate_samples(ck, prompt: list[int], question: str, cap: int, k: int = 8) -> list[list[int]]:
+    """The card's k samples of one question (temperature 1, its seeds), batched."""
+    from decoderlab.generation import generate_batch
+    from decoderlab.reportcard.scoring import sample_seed
+
+    params = [ck.params(prompt, cap, ban_call=True).replace(temperature=1.0, seed=sample_seed(question, j))
+              for j in range(k)]
+    return generate_batch(ck.model, [prompt] * k, params, tokenizer=ck.tok)
+
+
 TINY = dict(vocab=300, context=64, d_model=32, n_layer=2, n_head=2, pretrain_steps=4, pretrain_batch=4,
             sft_batch=8, rl_steps=2, rl_prompts=8, rl_batch=2, rl_group=2, rl_accumulate=1,
             rl_tokens=6, questions=3, samples=2, choice_questions=3)
@@ -253,6 +308,7 @@ def main(argv=None) -> int:
     record = {"args": vars(args), "chosen": chosen, "stages": clock.stages, "reused_cpu_s": reused}
     (out / "recipe.json").write_text(json.dumps(record, indent=2))
     card = clock.run("report", report, out, questions=args.questions, samples=args.samples)
+    print(clock.run("story", story, out, chosen, card["card"]), flush=True)
     record["stages"] = clock.stages
     train_cpu = sum(v["cpu_s"] for k, v in clock.stages.items() if k in ("base", "sft", "rl", "control"))
     record["train_cpu_s"] = train_cpu + sum(reused.values())
