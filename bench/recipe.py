@@ -262,7 +262,7 @@ def parse(argv=None):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
     ap.add_argument("--rl-lr", type=float, default=3e-5)
-    ap.add_argument("--control-lr", type=float, default=3e-5)
+    ap.add_argument("--control-lr", type=float, default=None, help="the control's learning rate (default: --rl-lr)")
     ap.add_argument("--rl-kl", type=float, default=0.0)
     ap.add_argument("--rl-temperature", type=float, default=1.0)
     ap.add_argument("--rl-scale", action=argparse.BooleanOptionalAction, default=False,
@@ -271,6 +271,7 @@ def parse(argv=None):
                                                       "SFT model's rows with the most room: pass@k above pass@1 and "
                                                       "a guess's pass@k)")
     args = ap.parse_args(argv)
+    args.control_lr = args.rl_lr if args.control_lr is None else args.control_lr
     if args.tiny:
         for k, v in TINY.items():
             setattr(args, k, v)
