@@ -132,27 +132,28 @@ def countdown_chance(numbers, target: int) -> float:
 def countdown_solutions(numbers, target: int) -> list[tuple[tuple[int, str, int, int], ...]]:
     """Every step sequence (``((a, op, b, result), ...)``, in the order written) that uses each of ``numbers``
     once and ends in ``target``."""
+    return list(_solutions(tuple(numbers), target))
+
+
+@lru_cache(maxsize=65536)
+def _solutions(pool: tuple[int, ...], target: int) -> tuple[tuple[tuple[int, str, int, int], ...], ...]:
+    # depth first, a step then every way on from its pool: the order of an uncached walk (a seed draws the
+    # same reference); cached by pool, since draws and their sub-pools repeat (generation was 85% this walk)
+    if len(pool) == 1:
+        return ((),) if pool[0] == target else ()
     out = []
-
-    def walk(pool: list[int], steps: tuple):
-        if len(pool) == 1:
-            if pool[0] == target:
-                out.append(steps)
-            return
-        for i in range(len(pool)):
-            for j in range(len(pool)):
-                if i == j:
+    for i in range(len(pool)):
+        for j in range(len(pool)):
+            if i == j:
+                continue
+            for op in OPERATIONS:
+                r = _step(pool[i], op, pool[j])
+                if r is None:
                     continue
-                for op in OPERATIONS:
-                    r = _step(pool[i], op, pool[j])
-                    if r is None:
-                        continue
-                    rest = [pool[k] for k in range(len(pool)) if k not in (i, j)]
-                    if target in _results(tuple(sorted(rest + [r]))):
-                        walk(rest + [r], steps + ((pool[i], op, pool[j], r),))
-
-    walk(list(numbers), ())
-    return out
+                rest = tuple(pool[k] for k in range(len(pool)) if k not in (i, j)) + (r,)
+                if target in _results(tuple(sorted(rest))):
+                    out += [((pool[i], op, pool[j], r),) + tail for tail in _solutions(rest, target)]
+    return tuple(out)
 
 
 def countdown_text(steps) -> str:
