@@ -9,7 +9,8 @@ control (SFT continued on the reference answers for as many steps and samples as
 
 CPU only. Prints each stage's wall and CPU time; writes RUN_DIR/recipe.json (times, settings) and the card
 (RUN_DIR/report.md, report.png, card.json). ``--base DIR`` / ``--sft DIR`` reuse a stage an earlier run wrote
-(copied in; its recorded CPU time counted). Targets: docs/benchmarks.md, "The recipe, measured".
+(copied in; the CPU time its run's recipe.json records counted, none where it has none). The card, its costs
+and its targets: docs/benchmarks.md, "bench/recipe.py".
 """
 
 from __future__ import annotations

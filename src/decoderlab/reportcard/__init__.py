@@ -159,7 +159,8 @@ def report(run_dir, *, questions: int = QUESTIONS, samples: int = SAMPLES, rows=
     """
     for name, value, low in (("questions", questions, 1), ("samples", samples, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low} ({'held-out questions per row' if low else 'sampled replies per question'}), got {value!r}")
+            what = "held-out questions per row" if low else "sampled replies per question"
+            raise ValueError(f"{name} must be an integer >= {low} ({what}), got {value!r}")
     held = run_stages(run_dir)
     stages = [s for s in STAGES if s in (stages or held)]
     if missing := [s for s in stages if s not in held]:
