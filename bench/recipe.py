@@ -1,14 +1,16 @@
-"""The recipe, measured: pretrain a small BPE chat base -> SFT on the tasks' conversations mixed with ordinary
-chat -> RL on fresh prompts of the weakest tasks -> the report card (``decoderlab report``), every stage scored
-greedily on the same held-out questions, with the calculator off and on, beside the RL control (SFT continued
-for as many steps and samples as RL used).
+"""The recipe, measured: pretrain a small BPE chat base -> SFT in phases on the tasks' conversations mixed with
+ordinary chat -> RL on fresh prompts of the rows where the SFT model has the most room (sampled pass@k above its
+pass@1 and above a guess) -> the report card (``decoderlab report``): every stage scored on the same held-out
+questions, greedy with the calculator off and on and sampled, each number with its 95% interval, beside the RL
+control (SFT continued on the reference answers for as many steps and samples as RL used).
 
     PYTHONPATH=src python bench/recipe.py --out runs/recipe            # make recipe
     PYTHONPATH=src python bench/recipe.py --out runs/t --tiny          # seconds: the shape, not the numbers
 
 CPU only. Prints each stage's wall and CPU time; writes RUN_DIR/recipe.json (times, settings) and the card
 (RUN_DIR/report.md, report.png, card.json). ``--base DIR`` / ``--sft DIR`` reuse a stage an earlier run wrote
-(copied in; its recorded CPU time counted). Targets: docs/benchmarks.md, "The recipe, measured".
+(copied in; the CPU time its run's recipe.json records counted, none where it has none). The card, its costs
+and its targets: docs/benchmarks.md, "bench/recipe.py".
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from decoderlab.config.defaults import REPORT_QUESTIONS, REPORT_SAMPLES  # noqa: E402
 from decoderlab.tasks import conversation, generate  # noqa: E402
 from decoderlab.tasks.chatter import story_conversations  # noqa: E402
 
 #: the fine-tuning mix: (task or skill, difficulty or None for its whole range, share of the conversations) -- the
 #: card's rows get most of it, each skill's other difficulties a little
-SFT_MIX = (("addition", 3, .13), ("subtraction", 3, .13), ("addition", 4, .06), ("subtraction", 4, .06),
+SFT_MIX = (("addition", 3, .11), ("subtraction", 3, .11), ("addition", 4, .05), ("subtraction", 4, .05),
            ("addition", None, .02), ("subtraction", None, .02),
-           ("multiplication", 2, .12), ("multiplication", 3, .04), ("multiplication", 1, .01),
-           ("first_letter", 2, .04), ("last_letter", 2, .05), ("first_letter", None, .01), ("last_letter", None, .01),
-           ("letter_count", 1, .06), ("letter_count", None, .03), ("backwards", 1, .03), ("backwards", None, .01),
-           ("larger", 3, .025), ("larger", None, .01), ("smallest", 2, .025), ("smallest", None, .01),
-           ("tool", None, .05))
+           ("multiplication", 2, .03), ("multiplication", 3, .01), ("multiplication", 1, .01),
+           ("multiplication_work", 2, .08), ("multiplication_work", 3, .03), ("multiplication_work", 1, .01),
+           ("first_letter", 2, .02), ("last_letter", 2, .04), ("first_letter", None, .01), ("last_letter", None, .01),
+           ("letter_count", 1, .03), ("letter_count", None, .02), ("letter_count_work", 3, .05),
+           ("letter_count_work", None, .02), ("backwards", 1, .02), ("backwards", None, .01),
+           ("larger", 3, .02), ("larger", None, .01), ("smallest", 2, .02), ("smallest", None, .01),
+           ("countdown", 1, .04), ("countdown", 2, .03), ("tool", None, .05))
 #: the share of ordinary chat (story prompts answered by a corpus passage)
 CHAT_SHARE = 0.05
 #: SFT as phases from the base, each ``(steps, [(skill, difficulty, share)], share of SFT_MIX replayed)``: one
@@ -45,8 +50,10 @@ CHAT_SHARE = 0.05
 #: subtraction 100% with addition kept at 100%); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
 PHASES = ((2000, (("addition", 3, .9),), .1),
           (2000, (("subtraction", 3, .6), ("addition", 3, .3)), .1),
-          (2000, (("multiplication", 2, .8), ("addition", 3, .05), ("subtraction", 3, .05)), .1),
-          (1500, (("letter_count", 1, .4), ("first_letter", 2, .15), ("last_letter", 2, .15)), .3),
+          (2000, (("multiplication_work", 2, .6), ("multiplication_work", 1, .1), ("addition", 3, .05),
+                  ("subtraction", 3, .05)), .2),
+          (1500, (("letter_count_work", 3, .3), ("letter_count_work", None, .15), ("first_letter", 2, .1),
+                  ("last_letter", 2, .1)), .35),
           (4000, (), 1.0))
 #: a seconds-long run of the same shape (tests)
 TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (), 1.0))
@@ -128,48 +135,118 @@ def sft(args, out: Path):
         start = dst
 
 
-def rl_prompts(weak: list[tuple[str, int]], n: int, seed: int) -> list[dict]:
-    """Fresh prompts (train split, a seed SFT did not use) of the weak rows, with their references."""
+def rl_prompts(chosen: list[tuple[str, int]], n: int, seed: int) -> list[dict]:
+    """Fresh prompts (train split, a seed SFT did not use) of the chosen rows, with their references."""
     from decoderlab.tasks import row
 
     rows = []
-    for skill, difficulty in weak:
-        rows += [row(i, "prompts") for i in generate(skill, "train", n // len(weak), seed=seed,
+    for skill, difficulty in chosen:
+        rows += [row(i, "prompts") for i in generate(skill, "train", n // len(chosen), seed=seed,
                                                       difficulty=difficulty)]
     random.Random(seed).shuffle(rows)
     return rows
 
 
-def reinforce(args, out: Path, weak):
+def choose(args, out: Path) -> list[tuple[str, int]]:
+    """The RL rows: the SFT model's rows with the most room (``decoderlab.reportcard.choose_rl_rows``), measured
+    on ``--choice-questions`` questions per row of the train split (seed 303) -- never on the card's held-out
+    questions, so the card's numbers are not the ones the choice was made on."""
+    from decoderlab.reportcard import ROWS, choose_rl_rows, score_stage
+    from decoderlab.tokenizers import Tokenizer
+
+    items = {(s, d): generate(s, "train", args.choice_questions, seed=303, difficulty=d) for s, d in ROWS}
+    scores = score_stage(out / "sft", rows=ROWS, samples=args.samples, items=items)
+    return choose_rl_rows(scores, items, samples=args.samples, tokenizer=Tokenizer.load(out / "sft" / "tokenizer.json"))
+
+
+def reinforce(args, out: Path, chosen):
     from decoderlab.config import RLConfig
     from decoderlab.reinforcement import rl
     from decoderlab.reportcard import TaskReward
 
-    return rl(rl_prompts(weak, args.rl_prompts, seed=101), checkpoint=out / "sft", out=out / "rl",
+    return rl(rl_prompts(chosen, args.rl_prompts, seed=101), checkpoint=out / "sft", out=out / "rl",
               reward=TaskReward(), rl_config=RLConfig(group_size=args.rl_group, max_new_tokens=args.rl_tokens,
-                                                      kl_coef=args.rl_kl, scale_rewards=args.rl_scale),
+                                                      kl_coef=args.rl_kl, scale_rewards=args.rl_scale,
+                                                      temperature=args.rl_temperature),
               config_overrides=dict(max_steps=args.rl_steps, batch_size=args.rl_batch, lr=args.rl_lr,
-                                    min_lr=args.rl_lr, warmup=0, eval_every=args.rl_steps, log_every=10),
+                                    min_lr=args.rl_lr, warmup=0, eval_every=args.rl_steps, log_every=10,
+                                    accumulate=args.rl_accumulate),
               accelerator="cpu", progress_bar="plain", logger=False)
 
 
-def control(args, out: Path, weak):
+def control(args, out: Path, chosen):
     """SFT continued from the SFT model on the RL prompts' reference answers: as many steps as RL, as many
     conversations per step as RL sampled replies (prompts x G), at RL's learning rate."""
     from decoderlab.finetuning import finetune
     from decoderlab.training import TrainConfig
 
-    prompts = rl_prompts(weak, args.rl_prompts, seed=101)
+    prompts = rl_prompts(chosen, args.rl_prompts, seed=101)
     convs = [[p["messages"][0], {"role": "assistant", "content": p["reference"]}] for p in prompts]
     return finetune(convs, checkpoint=out / "sft", out=out / "control", val_fraction=0, eval_prompts=0,
-                    train_config=TrainConfig(max_steps=args.rl_steps, batch_size=args.rl_batch * args.rl_group,
-                                             lr=args.rl_lr, min_lr=args.rl_lr, warmup=0, eval_every=args.rl_steps),
+                    train_config=TrainConfig(max_steps=args.rl_steps, lr=args.control_lr, min_lr=args.control_lr,
+                                             batch_size=args.rl_batch * args.rl_group, accumulate=args.rl_accumulate,
+                                             warmup=0, eval_every=args.rl_steps),
                     progress_bar=False, logger=False, accelerator="cpu")
 
 
+def story(out: Path, chosen, card: dict) -> str:
+    """The story of one question (docs/finetuning.md): the first held-out question of an RL row that the SFT
+    model answers wrong greedily and the RL model right, with each model's 8 sampled replies (the card's own
+    seeds, so their count of right replies is the card's) and each model's probability of the RL model's
+    greedy reply (teacher-forced, its end of turn included). Written to ``out/story.md``; returns the text."""
+    import math
+
+    from decoderlab.generation.scoring import loglikelihood
+    from decoderlab.reportcard import row_label
+    from decoderlab.reportcard.scoring import Checkpoint, max_new_tokens, score
+
+    models = {s: Checkpoint.load(out / s) for s in ("sft", "rl")}
+    for skill, d in chosen:
+        label = row_label(skill, d)
+        row = next(r for r in card["rows"] if r["label"] == label)
+        sft, rl = card["scores"]["sft"][label]["off"], card["scores"]["rl"][label]["off"]
+        pick = next((i for i in range(row["n"]) if not sft["right"][i] and rl["right"][i]), None)
+        if pick is not None:
+            break
+    else:
+        return "no held-out question of the RL rows was wrong after SFT and right after RL"
+    item = next(i for i in held_out_items(card, label) if i.question == row["questions"][pick])
+    lines = [f"Question ({label}, held-out): {item.question!r}; reference {item.answer!r}", ""]
+    greedy_rl = rl["replies"][pick]
+    for name, ck in models.items():
+        prompt = ck.prompt(item.question)
+        replies = [ck.tok.decode(o) for o in generate_samples(ck, prompt, item.question, max_new_tokens(skill))]
+        marks = [score(item, r, True, {}) for r in replies]
+        target = ck.tok.encode(greedy_rl) + [ck.template.end_of_turn_id(ck.tok)]
+        logp, _ = loglikelihood(ck.model, prompt, target)
+        lines += [f"{name}: greedy {card['scores'][name][label]['off']['replies'][pick]!r}; P(the RL model's greedy "
+                  f"reply) = {math.exp(logp):.3g}; {sum(marks)} of {len(replies)} samples right:"]
+        lines += [f"  {'right' if m else 'wrong'}: {r!r}" for r, m in zip(replies, marks)]
+    text = "\n".join(lines) + "\n"
+    (out / "story.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def held_out_items(card: dict, label: str):
+    from decoderlab.reportcard import held_out, row_label
+
+    row = next(r for r in card["rows"] if r["label"] == label)
+    return held_out(card["questions"], [(row["skill"], row["difficulty"])])[(row["skill"], row["difficulty"])]
+
+
+def generate_samples(ck, prompt: list[int], question: str, cap: int, k: int = 8) -> list[list[int]]:
+    """The card's k samples of one question (temperature 1, its seeds), batched."""
+    from decoderlab.generation import generate_batch
+    from decoderlab.reportcard.scoring import sample_seed
+
+    params = [ck.params(prompt, cap, ban_call=True).replace(temperature=1.0, seed=sample_seed(question, j))
+              for j in range(k)]
+    return generate_batch(ck.model, [prompt] * k, params, tokenizer=ck.tok)
+
+
 TINY = dict(vocab=300, context=64, d_model=32, n_layer=2, n_head=2, pretrain_steps=4, pretrain_batch=4,
-            sft_batch=8, rl_steps=2, rl_prompts=8, rl_batch=2, rl_group=2,
-            rl_tokens=6, questions=3)
+            sft_batch=8, rl_steps=2, rl_prompts=8, rl_batch=2, rl_group=2, rl_accumulate=1,
+            rl_tokens=6, questions=3, samples=2, choice_questions=3)
 
 
 def parse(argv=None):
@@ -181,17 +258,21 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
                               pretrain_batch=12, sft_batch=16,
-                              rl_steps=150, rl_prompts=1200, rl_batch=8, rl_group=8, rl_tokens=12,
-                              questions=50).items():
+                              rl_steps=150, rl_prompts=1200, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=64,
+                              questions=REPORT_QUESTIONS, samples=REPORT_SAMPLES, choice_questions=100).items():
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
-    ap.add_argument("--rl-lr", type=float, default=3e-4)
+    ap.add_argument("--rl-lr", type=float, default=3e-5)
+    ap.add_argument("--control-lr", type=float, default=None, help="the control's learning rate (default: --rl-lr)")
     ap.add_argument("--rl-kl", type=float, default=0.0)
-    ap.add_argument("--rl-scale", action=argparse.BooleanOptionalAction, default=True,
-                    help="divide advantages by the group's std (GRPO; default on)")
-    ap.add_argument("--weak", default="auto", help="the RL rows, skill:difficulty comma-separated, or auto (the "
-                                                   "SFT model's rows nearest 50%%)")
+    ap.add_argument("--rl-temperature", type=float, default=1.0)
+    ap.add_argument("--rl-scale", action=argparse.BooleanOptionalAction, default=False,
+                    help="divide advantages by the group's std (GRPO; default off)")
+    ap.add_argument("--rl-rows", default="auto", help="the RL rows, skill:difficulty comma-separated, or auto (the "
+                                                      "SFT model's rows with the most room: pass@k above pass@1 and "
+                                                      "a guess's pass@k)")
     args = ap.parse_args(argv)
+    args.control_lr = args.rl_lr if args.control_lr is None else args.control_lr
     if args.tiny:
         for k, v in TINY.items():
             setattr(args, k, v)
@@ -207,7 +288,7 @@ def copied(src, dst: Path) -> float:
 def main(argv=None) -> int:
     import torch
 
-    from decoderlab.reportcard import choose_weak, parse_rows, report, score_stage
+    from decoderlab.reportcard import parse_rows, report
 
     args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -222,17 +303,14 @@ def main(argv=None) -> int:
         reused["sft"] = copied(args.sft, out / "sft")
     else:
         clock.run("sft", sft, args, out)
-    if args.weak == "auto":
-        sft_scores = clock.run("score_sft", score_stage, out / "sft", args.questions)
-        weak = choose_weak(sft_scores)
-    else:
-        weak = parse_rows(args.weak)
-    print(f"RL rows: {weak}", flush=True)
-    clock.run("rl", reinforce, args, out, weak)
-    clock.run("control", control, args, out, weak)
-    record = {"args": vars(args), "weak": weak, "stages": clock.stages, "reused_cpu_s": reused}
+    chosen = clock.run("choose", choose, args, out) if args.rl_rows == "auto" else parse_rows(args.rl_rows)
+    print(f"RL rows: {chosen}", flush=True)
+    clock.run("rl", reinforce, args, out, chosen)
+    clock.run("control", control, args, out, chosen)
+    record = {"args": vars(args), "chosen": chosen, "stages": clock.stages, "reused_cpu_s": reused}
     (out / "recipe.json").write_text(json.dumps(record, indent=2))
-    card = clock.run("report", report, out, questions=args.questions)
+    card = clock.run("report", report, out, questions=args.questions, samples=args.samples)
+    print(clock.run("story", story, out, chosen, card["card"]), flush=True)
     record["stages"] = clock.stages
     train_cpu = sum(v["cpu_s"] for k, v in clock.stages.items() if k in ("base", "sft", "rl", "control"))
     record["train_cpu_s"] = train_cpu + sum(reused.values())

@@ -9,15 +9,18 @@ import sys
 
 import pytest
 
-from decoderlab.chat import calculate, check_messages
+from decoderlab.chat import calculate, check_messages, evaluate
 from decoderlab.tasks import (FAMILIES, HELD_OUT_SHARE, SKILLS, conversation, corpus_words, generate, row,
                               split_of, task_names, write_rows)
+from decoderlab.tasks.work import check_work, countdown_of
 
 NUM = r"(\d+)"
 
 
 def reference(question: str) -> str:
-    """The answer recomputed from the question's text alone, with Python's arithmetic and str methods."""
+    """The answer recomputed from the question's text alone, with Python's arithmetic and str methods (the
+    final answer of a question that shows its work; a countdown question has many)."""
+    question = question.removesuffix(" Show your work.")
     if m := re.fullmatch(rf"What is {NUM} ([-+*]) {NUM}\?", question):
         a, op, b = int(m[1]), m[2], int(m[3])
         return str({"+": a + b, "-": a - b, "*": a * b}[op])
@@ -42,9 +45,16 @@ def test_each_skill_is_seeded_right_and_in_its_split(skill):
         assert items != generate(skill, split, 300, seed=4)
         assert len({i.question for i in items}) == len(items)  # unique
         for i in items:
-            assert i.answer == reference(i.question) and i.split == split == split_of(i.question)
+            if skill == "countdown":  # the reference is one solution: every line true, the target reached
+                assert check_work(i.question, i.answer, evaluate).solved
+            else:
+                final = i.answer.split("\n")[-1].removeprefix("Answer: ")
+                assert final == reference(i.question)
+            assert i.split == split == split_of(i.question)
             assert i.skill == skill and i.difficulty in SKILLS[skill].difficulties
-            assert i.reward == ("exact" if skill in ("backwards", "first_letter", "last_letter") else "number")
+            assert i.reward == ("exact" if skill in ("backwards", "first_letter", "last_letter") else
+                                "countdown" if skill == "countdown" else "number")
+            assert 0 < SKILLS[skill].chance(i.question) <= 0.5
 
 
 @pytest.mark.parametrize("difficulty,digits", [(1, 1), (2, 2), (3, 3), (4, 4)])

@@ -120,3 +120,8 @@ END_OF_TURN_BONUS = 0.2
 #: DPO's beta (Rafailov et al. 2023; TRL ``DPOConfig.beta``'s default): the strength of the implicit KL
 #: constraint to the reference model
 DPO_BETA = 0.1
+
+#: the report card's held-out questions per row (a 95% Wilson interval of at most +-4.9 points at any accuracy:
+#: 1.96^2 / (4 * 0.049^2) = 400) and sampled replies per question (pass@1 their mean, pass@8 Chen et al.'s estimate)
+REPORT_QUESTIONS = 400
+REPORT_SAMPLES = 8

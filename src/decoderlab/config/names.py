@@ -72,7 +72,7 @@ FINETUNE_METHODS = ("sft", "dpo")
 
 #: the built-in rewards of reinforcement learning (``decoderlab.reinforcement.rewards.BUILTIN_REWARDS`` maps them to
 #: functions); any other reward is given as ``module:function``
-REWARDS = ("contains_words", "exact", "regex", "number")
+REWARDS = ("contains_words", "exact", "regex", "number", "countdown")
 DEFAULT_REWARD = "contains_words"
 
 #: LoRA target groups -> the model's ``nn.Linear`` names inside each decoder block

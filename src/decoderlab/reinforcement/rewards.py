@@ -20,7 +20,10 @@ Built-ins (``decoderlab.config.REWARDS``):
 * ``exact`` -- row ``reference`` (text): 1 when the reply equals it after stripping whitespace, else 0;
 * ``regex`` -- row ``pattern`` (a Python regular expression): 1 when ``re.search`` finds it in the reply;
 * ``number`` -- row ``reference`` (a number, or text whose last number is the answer, as GSM8K's
-  ``"... #### 72"``): 1 when the reply's last number equals it, else 0.
+  ``"... #### 72"``): 1 when the reply's last number equals it, else 0;
+* ``countdown`` -- the prompt is a countdown question (``Make 27 from 5, 8, 9.``, :mod:`decoderlab.tasks.work`):
+  1 when every line of the reply is a true step (checked by the calculator's evaluator) on numbers it has, each
+  given number used once, and the last one left is the target, else 0.
 
 Sources: verifiable rewards as in nanochat's ``chat_rl`` (GSM8K: the last number) and TRL's
 ``GRPOTrainer`` reward functions (format checks by regular expression).
@@ -40,6 +43,7 @@ from typing import Callable, Sequence
 
 from ..config.defaults import END_OF_TURN_BONUS
 from ..config.names import REWARDS
+from ..tasks.work import check_countdown, countdown_of
 
 RewardFn = Callable[[str, dict, bool], float]
 
@@ -180,9 +184,32 @@ class Number:
         return float(got is not None and got == self._reference(row["reference"]))
 
 
+class Countdown:
+    """``countdown``: 1.0 when the reply solves the countdown question of its prompt (the row's last user
+    message), every line a true step checked by the calculator's evaluator
+    (:func:`decoderlab.tasks.work.check_countdown`), else 0.0."""
+
+    name = "countdown"
+    fields = ()
+
+    def __init__(self):
+        from ..chat.calculator import evaluate  # (here: the chat package imports torch; this module does not)
+
+        self._evaluate = evaluate
+
+    def check_row(self, row: dict) -> None:
+        if countdown_of(prompt_text(row)) is None:
+            raise ValueError(f"the 'countdown' reward needs a countdown question (\"Make 27 from 5, 8, 9.\") as "
+                             f"the last user message, got {prompt_text(row)!r:.80}")
+
+    def __call__(self, reply: str, row: dict, ended: bool) -> float:
+        numbers, target = countdown_of(prompt_text(row))
+        return float(check_countdown(numbers, target, reply, self._evaluate).solved)
+
+
 #: built-in reward name -> a factory of the reward object (the names are ``decoderlab.config.REWARDS``)
 BUILTIN_REWARDS: dict[str, Callable[[], RewardFn]] = {
-    "contains_words": ContainsWords, "exact": Exact, "regex": Regex, "number": Number}
+    "contains_words": ContainsWords, "exact": Exact, "regex": Regex, "number": Number, "countdown": Countdown}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """Items of a task, split into train and held-out by a hash of the question, and the rows fine-tuning and RL read.
 
-The split is a property of the question, not of the seed: a question is held out when the first 8 bytes of its
-BLAKE2b hash, read as a number, fall in the lowest ``HELD_OUT_SHARE`` of their range. A generator draws
-questions from its seeded ``random.Random`` and keeps those of the split asked for, so no held-out question is
-ever trained on, whatever the seeds of the two files. Pure Python (no torch).
+The split is a property of the problem a question asks, not of the seed: a question is held out when the first
+8 bytes of the BLAKE2b hash of its problem (:func:`problem_of`), read as a number, fall in the lowest
+``HELD_OUT_SHARE`` of their range. The problem is the question with what does not change its answer taken out --
+the order of a sum's or a product's terms, of the numbers to compare or to make a countdown target from, and
+" Show your work." -- so ``What is 3 + 5?`` and ``What is 5 + 3? Show your work.`` are one problem, in one
+split. A generator draws questions from its seeded ``random.Random`` and keeps those of the split asked for, so
+no held-out problem is ever trained on, in any of its forms, whatever the seeds of the two files. Pure Python
+(no torch).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import hashlib
 import json
 import os
 import random
+import re
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from .skills import FAMILIES, SKILLS, Skill
+from .work import WORK_SUFFIX
 
 SPLITS = ("train", "held-out")
 #: the share of every skill's questions that is held out
@@ -45,9 +51,34 @@ class Item:
         return asdict(self)
 
 
+#: (pattern, the problem it asks): questions whose answer does not change with the order of some of their numbers
+_TWINS = ((re.compile(r"What is (\d+) ([+*]) (\d+)\?"), lambda m: f" {m[2]} ".join(_sorted(m[1], m[3]))),
+          (re.compile(r"Which is larger, (\d+) or (\d+)\?"), lambda m: "larger " + " ".join(_sorted(m[1], m[2]))),
+          (re.compile(r"What is the smallest of (\d+(?:, \d+)+)\?"),
+           lambda m: "smallest " + " ".join(_sorted(*m[1].split(", ")))),
+          (re.compile(r"Make (\d+) from (\d+(?:, \d+)+)\."),
+           lambda m: f"make {m[1]} from " + " ".join(_sorted(*m[2].split(", ")))))
+
+
+def _sorted(*numbers: str) -> list[str]:
+    return sorted(numbers, key=int)
+
+
+def problem_of(question: str) -> str:
+    """The problem ``question`` asks: without " Show your work." and with the numbers whose order does not
+    matter sorted (``What is 5 + 3?`` -> ``3 + 5``); any other question is its own problem."""
+    q = question.removesuffix(WORK_SUFFIX)
+    for pattern, key in _TWINS:
+        m = pattern.fullmatch(q)
+        if m is not None:
+            return key(m)
+    return q
+
+
 def split_of(question: str) -> str:
-    """``"held-out"`` or ``"train"``: the split a question belongs to, by its hash (see the module docstring)."""
-    h = int.from_bytes(hashlib.blake2b(question.encode("utf-8"), digest_size=8).digest(), "big")
+    """``"held-out"`` or ``"train"``: the split a question belongs to, by the hash of its problem
+    (:func:`problem_of`; see the module docstring)."""
+    h = int.from_bytes(hashlib.blake2b(problem_of(question).encode("utf-8"), digest_size=8).digest(), "big")
     return "held-out" if h < HELD_OUT_SHARE * 2 ** 64 else "train"
 
 
