@@ -200,8 +200,10 @@ def test_requested_threads_win_and_bad_values_are_named():
 def test_cli_threads_option(capsys):
     from decoderlab.cli import main
 
-    assert main(["train", "--threads", "0"]) == 2
-    assert "threads must be a positive integer, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused by argparse, before anything is built
+        main(["train", "--threads", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "decoderlab: error: --threads must be >= 1, got 0 (see decoderlab train --help)\n"
 
 
 def test_kv_cache_decoding_equals_the_no_cache_loop_for_the_speedrun_model():

@@ -21,6 +21,7 @@ from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint
 from decoderlab.cli.errors import FIELD_FLAGS
 from decoderlab.cli.options import SHAPE_FIELDS, TRAIN_CHOICE_OPTIONS, TRAIN_OPTIONS
+from decoderlab.config.presets import FIELD_DEFAULTS
 from decoderlab.config import (DEFAULT_BPE_VOCAB_SIZE, DEFAULT_RECIPE, DEFAULT_TOKENIZER, MLPS, NORMS, OPTIMIZERS,
                                PAIR_TRAIN, POSITIONS, PRECISIONS, PRESETS, RECIPES, SCHEDULES, TOKENIZERS,
                                TRAIN_CHOICES, TRAIN_DEFAULTS)
@@ -62,7 +63,8 @@ def test_train_help_shows_the_config_defaults():
     assert (actions["position"].choices, actions["norm"].choices, actions["mlp"].choices) == (POSITIONS, NORMS, MLPS)
     for field in SHAPE_FIELDS:
         for name, shape in PRESETS.items():
-            assert (f"{name} {shape[field]}" in actions[field].help) == (name != "statquest"), (field, name)
+            shown = shape.get(field, FIELD_DEFAULTS.get(field))
+            assert (f"{name} {shown}" in actions[field].help) == (name != "statquest"), (field, name)
     assert f"for {recipe['max_steps']} steps" in p.description
 
 
