@@ -19,14 +19,7 @@ from decoderlab.positions import RotaryEmbedding
 transformers = pytest.importorskip("transformers")
 
 from support.hf_llama import ARCHITECTURES, VOCAB, hf_model, ours_of  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tiny_models import one_thread  # noqa: E402, F401 -- one_thread: autouse
 
 
 def _ids(n: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
