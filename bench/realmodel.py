@@ -131,13 +131,16 @@ class LlamaCpp:
             self.proc.wait(timeout=60)
 
 
+def llamacpp_bench():
+    """bench/llamacpp.py as a module: its speed table and its llama-cpp-python check are reused here."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import llamacpp
+
+    return llamacpp
+
+
 def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        print("llama-cpp-python is not installed: llama.cpp's columns are empty (pip install llama-cpp-python)")
-        return False
-    return True
+    return llamacpp_bench().llama_cpp_available()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -294,8 +297,7 @@ def references(path: Path, tmp: str, args) -> list[LlamaCpp]:
 def speed(path: Path, tmp: str, args) -> None:
     """bench/llamacpp.py's speed table: ours at each --ours spec, llama.cpp on the Q4_1 file and on F16 / Q8_0
     files of the same weights that decoderlab's export writes."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import llamacpp as lc
+    lc = llamacpp_bench()
 
     from decoderlab.export import export
     from decoderlab.gguf_import import load_gguf
