@@ -1,6 +1,6 @@
 """The recipe, measured: pretrain a small BPE chat base -> SFT in phases on the tasks' conversations mixed with
-ordinary chat -> RL on fresh prompts of the rows where the SFT model has the most room (sampled pass@k above its
-pass@1 and above a guess) -> the report card (``decoderlab report``): every stage scored on the same held-out
+ordinary chat -> RL on fresh prompts of countdown, the search skill (``--rl-rows auto``: the rows where the SFT model
+has the most room, sampled pass@k above its pass@1 and above a guess) -> the report card (``decoderlab report``): every stage scored on the same held-out
 questions, greedy with the calculator off and on and sampled, each number with its 95% interval, beside the RL
 control (SFT continued on the reference answers for as many steps and samples as RL used).
 
@@ -258,19 +258,20 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
                               pretrain_batch=12, sft_batch=16,
-                              rl_steps=150, rl_prompts=1200, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=64,
+                              rl_steps=150, rl_prompts=1200, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=48,
                               questions=REPORT_QUESTIONS, samples=REPORT_SAMPLES, choice_questions=100).items():
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
-    ap.add_argument("--rl-lr", type=float, default=3e-5)
+    ap.add_argument("--rl-lr", type=float, default=1e-4)
     ap.add_argument("--control-lr", type=float, default=None, help="the control's learning rate (default: --rl-lr)")
     ap.add_argument("--rl-kl", type=float, default=0.0)
     ap.add_argument("--rl-temperature", type=float, default=1.0)
     ap.add_argument("--rl-scale", action=argparse.BooleanOptionalAction, default=False,
                     help="divide advantages by the group's std (GRPO; default off)")
-    ap.add_argument("--rl-rows", default="auto", help="the RL rows, skill:difficulty comma-separated, or auto (the "
-                                                      "SFT model's rows with the most room: pass@k above pass@1 and "
-                                                      "a guess's pass@k)")
+    ap.add_argument("--rl-rows", default="countdown:1",
+                    help="the RL rows, skill:difficulty comma-separated (default countdown:1, the card's: the search "
+                         "skill, where RL lifted greedy most), or auto (the SFT model's rows with the most room: "
+                         "pass@k above pass@1 and a guess's pass@k)")
     args = ap.parse_args(argv)
     args.control_lr = args.rl_lr if args.control_lr is None else args.control_lr
     if args.tiny:
