@@ -1,6 +1,7 @@
 """The recipe, measured: pretrain a small BPE chat base -> SFT in phases on the tasks' conversations mixed with
-ordinary chat -> RL on fresh prompts of countdown, the search skill (``--rl-rows auto``: the rows where the SFT model
-has the most room, sampled pass@k above its pass@1 and above a guess) -> the report card (``decoderlab report``): every stage scored on the same held-out
+ordinary chat -> RL on fresh prompts of countdown, the search skill, and of long-word letter counts asked plainly
+(``--rl-rows auto``: the rows where the SFT model has the most room, sampled pass@k above its pass@1 and above a
+guess) -> the report card (``decoderlab report``): every stage scored on the same held-out
 questions, greedy with the calculator off and on and sampled, each number with its 95% interval, beside the RL
 control (SFT continued on the reference answers for as many steps and samples as RL used).
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from decoderlab.config.defaults import REPORT_QUESTIONS, REPORT_SAMPLES  # noqa: E402
 from decoderlab.tasks import conversation, generate  # noqa: E402
 from decoderlab.tasks.chatter import story_conversations  # noqa: E402
+from decoderlab.tasks.work import WORK_SUFFIX  # noqa: E402
 
 #: the fine-tuning mix: (task or skill, difficulty or None for its whole range, share of the conversations) -- the
 #: card's rows get most of it, each skill's other difficulties a little
@@ -43,8 +45,11 @@ SFT_MIX = (("addition", 3, .11), ("subtraction", 3, .11), ("addition", 4, .05), 
            ("countdown", 1, .04), ("countdown", 2, .03), ("tool", None, .05))
 #: the share of ordinary chat (story prompts answered by a corpus passage)
 CHAT_SHARE = 0.05
-#: SFT as phases from the base, each ``(steps, [(skill, difficulty, share)], share of SFT_MIX replayed)``: one
-#: arithmetic operation at a time first, then spelling, then the whole mix. Measured: the mix alone leaves
+#: SFT as phases from the base, each ``(steps, [(skill, difficulty, share[, "unasked"])], share of SFT_MIX replayed[,
+#: learning rate as a share of --sft-lr])``: one arithmetic operation at a time first, then spelling, then the whole
+#: mix, then a short phase where one plain question in five of 2x1-digit products and long-word letter counts is
+#: answered with its work unasked ("unasked": the work form's reply to the question without " Show your work."), as
+#: chat models sometimes show their working -- a behaviour RL can find pays and the plain answers do not teach. Measured: the mix alone leaves
 #: multi-digit arithmetic at 0-3% however long it runs (to 7,000 steps of 32), and so do add, subtract and multiply
 #: taught together (5,500 steps); one operation alone clicks within 2,000 steps of 16 (3-digit addition 93%, then
 #: subtraction 100% with addition kept at 100%); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
@@ -54,9 +59,11 @@ PHASES = ((2000, (("addition", 3, .9),), .1),
                   ("subtraction", 3, .05)), .2),
           (1500, (("letter_count_work", 3, .3), ("letter_count_work", None, .15), ("first_letter", 2, .1),
                   ("last_letter", 2, .1)), .35),
-          (4000, (), 1.0))
+          (4000, (), 1.0),
+          (400, (("multiplication", 2, .08), ("multiplication_work", 2, .02, "unasked"), ("letter_count", 3, .08),
+                 ("letter_count_work", 3, .02, "unasked")), .8, .25))
 #: a seconds-long run of the same shape (tests)
-TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (), 1.0))
+TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (("letter_count_work", 3, .5, "unasked"),), .5, .25))
 
 
 class Clock:
@@ -102,13 +109,21 @@ def pretrain(args, out: Path):
                                           warmup=min(50, args.pretrain_steps // 4)))
 
 
+def unasked(item) -> list[dict]:
+    """The conversation of a work form's item asked plainly: the question without " Show your work.", the
+    reply with the work (the split is the problem's, so the plain question is in the item's split)."""
+    return [{"role": "user", "content": item.question.removesuffix(WORK_SUFFIX)},
+            {"role": "assistant", "content": item.answer}]
+
+
 def phase_conversations(spec, replay: float, n: int, seed: int) -> list[list[dict]]:
-    """``n`` conversations of one SFT phase: the shares of ``spec`` (train split, ``seed + 20``) and ``replay`` of
-    the SFT mix (``sft_conversations``, ``seed + 30``), shuffled."""
+    """``n`` conversations of one SFT phase: the shares of ``spec`` (train split, ``seed + 20``; an entry marked
+    "unasked" as :func:`unasked`) and ``replay`` of the SFT mix (``sft_conversations``, ``seed + 30``),
+    shuffled."""
     convs = []
-    for task, difficulty, share in spec:
-        convs += [conversation(i) for i in generate(task, "train", int(n * share), seed=seed + 20,
-                                                    difficulty=difficulty)]
+    for task, difficulty, share, *form in spec:
+        convs += [(unasked if form == ["unasked"] else conversation)(i)
+                  for i in generate(task, "train", int(n * share), seed=seed + 20, difficulty=difficulty)]
     convs += sft_conversations(int(n * replay), seed=seed + 30)
     random.Random(seed).shuffle(convs)
     return convs
@@ -116,7 +131,7 @@ def phase_conversations(spec, replay: float, n: int, seed: int) -> list[list[dic
 
 def sft(args, out: Path):
     """The ``PHASES`` in turn from the base, each a fine-tuning of ``--sft-batch`` conversations per step at
-    ``--sft-lr`` (cosine to a tenth) from the one before, the ``tools`` template; the last is ``out/sft``, the
+    ``--sft-lr`` (times the phase's share, if it has one; cosine to a tenth) from the one before, the ``tools`` template; the last is ``out/sft``, the
     others ``out/sft-phaseK``."""
     from decoderlab.finetuning import finetune
     from decoderlab.training import TrainConfig
@@ -124,12 +139,12 @@ def sft(args, out: Path):
     held = [conversation(i) for i in generate("arithmetic", "held-out", 64, seed=9)]
     phases = TINY_PHASES if args.tiny else PHASES
     start = out / "base"
-    for k, (steps, spec, replay) in enumerate(phases):
+    for k, (steps, spec, replay, *scale) in enumerate(phases):
         dst = out / ("sft" if k == len(phases) - 1 else f"sft-phase{k}")
+        lr = args.sft_lr * (scale[0] if scale else 1.0)
         finetune(phase_conversations(spec, replay, steps * args.sft_batch, seed=k), val_data=held,
                  checkpoint=start, out=dst, template="tools" if k == 0 else None,
-                 train_config=TrainConfig(max_steps=steps, batch_size=args.sft_batch, lr=args.sft_lr,
-                                          min_lr=args.sft_lr / 10, warmup=min(50, steps // 4), eval_every=steps,
+                 train_config=TrainConfig(max_steps=steps, batch_size=args.sft_batch, lr=lr, min_lr=lr / 10, warmup=min(50, steps // 4), eval_every=steps,
                                           val_batch_size=32, log_every=250),
                  eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
         start = dst
@@ -258,7 +273,7 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
                               pretrain_batch=12, sft_batch=16,
-                              rl_steps=150, rl_prompts=1200, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=48,
+                              rl_steps=300, rl_prompts=2400, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=48,
                               questions=REPORT_QUESTIONS, samples=REPORT_SAMPLES, choice_questions=100).items():
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
@@ -268,10 +283,11 @@ def parse(argv=None):
     ap.add_argument("--rl-temperature", type=float, default=1.0)
     ap.add_argument("--rl-scale", action=argparse.BooleanOptionalAction, default=False,
                     help="divide advantages by the group's std (GRPO; default off)")
-    ap.add_argument("--rl-rows", default="countdown:1",
-                    help="the RL rows, skill:difficulty comma-separated (default countdown:1, the card's: the search "
-                         "skill, where RL lifted greedy most), or auto (the SFT model's rows with the most room: "
-                         "pass@k above pass@1 and a guess's pass@k)")
+    ap.add_argument("--rl-rows", default="countdown:1,letter_count:3",
+                    help="the RL rows, skill:difficulty comma-separated (default: countdown with 3 numbers, the "
+                         "search skill, and long-word letter counts asked plainly, where showing the work unasked "
+                         "pays), or auto (the SFT model's rows with the most room: pass@k above pass@1 and a "
+                         "guess's pass@k)")
     args = ap.parse_args(argv)
     args.control_lr = args.rl_lr if args.control_lr is None else args.control_lr
     if args.tiny:
