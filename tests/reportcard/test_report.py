@@ -182,3 +182,23 @@ def test_a_checkpoint_with_a_jinja_template_scores_as_with_the_built_in_one(tmp_
         save_checkpoint(tmp_path / name, model, tok, meta={"task": "chat", "chat_template": template.to_dict()})
     scores = [score_stage(tmp_path / name, questions_per_row=1, rows=ROWS[:2], samples=1) for name in ("b", "j")]
     assert scores[0] == scores[1] and scores[0]["story"]["reply"]
+
+
+def test_unasked_work_asks_the_plain_question_of_the_same_split_and_answers_with_the_work():
+    """The recipe's last SFT phase: a work form's item asked without " Show your work." -- the plain question,
+    in the item's own split (the problem is the same), answered with the whole work."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    from decoderlab.tasks import generate
+    from decoderlab.tasks.make import split_of
+
+    for skill, d in (("multiplication_work", 2), ("letter_count_work", 3)):
+        for item in generate(skill, "train", 20, seed=3, difficulty=d):
+            user, reply = recipe.unasked(item)
+            assert user["content"] + " Show your work." == item.question and not user["content"].endswith("work.")
+            assert split_of(user["content"]) == "train" and reply == {"role": "assistant", "content": item.answer}
+            assert "\n" in reply["content"] and reply["content"].startswith(item.answer.split("\n")[0])
+    convs = recipe.phase_conversations((("letter_count_work", 3, .5, "unasked"),), .5, 8, seed=0)
+    plain = [c for c in convs if "\nAnswer: " in c[-1]["content"] and not c[0]["content"].endswith("work.")]
+    assert len(convs) == 8 and len(plain) == 4  # half the phase, the rest the (here story-only) replayed mix
