@@ -202,3 +202,58 @@ def test_unasked_work_asks_the_plain_question_of_the_same_split_and_answers_with
     convs = recipe.phase_conversations((("letter_count_work", 3, .5, "unasked"),), .5, 8, seed=0)
     plain = [c for c in convs if "\nAnswer: " in c[-1]["content"] and not c[0]["content"].endswith("work.")]
     assert len(convs) == 8 and len(plain) == 4  # half the phase, the rest the (here story-only) replayed mix
+
+
+def test_a_gated_phase_runs_again_on_the_next_data_order_until_its_row_passes(tmp_path, monkeypatch):
+    """The recipe's SFT gates: a gated phase whose row fails runs again from the same start on the next data order
+    (seed + 100), a phase that passes once runs once, an ungated phase never asks, and a phase that fails every
+    try is recorded and the run goes on; recipe.json's "gates" is the record."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    import decoderlab.finetuning
+
+    runs, verdicts = [], {0: [False, True], 1: [False, False, False]}
+
+    def fake_finetune(convs, *, checkpoint, out, **kwargs):
+        assert not Path(out).exists()  # a phase run again starts afresh
+        Path(out).mkdir()
+        runs.append((Path(out).name, Path(checkpoint).name, convs))
+
+    def fake_gate(directory, phase, seed, skill, difficulty, least):
+        return {"phase": phase, "seed": seed, "row": row_label(skill, difficulty), "passed": verdicts[phase].pop(0)}
+
+    monkeypatch.setattr(decoderlab.finetuning, "finetune", fake_finetune)
+    monkeypatch.setattr(recipe, "gate", fake_gate)
+    monkeypatch.setattr(recipe, "phases_of", lambda args: (((2, (("addition", 3, .9),), .1),
+                                                            (2, (("subtraction", 3, .9),), .1),
+                                                            (2, (("addition", 3, .5),), .5)),
+                                                           {0: ("addition", 3, .5), 1: ("subtraction", 3, .5)}))
+    args = recipe.parse(["--out", str(tmp_path), "--sft-batch", "4"])
+    record = recipe.sft(args, tmp_path)
+    assert [r[:2] for r in runs] == [("sft-phase0", "base"), ("sft-phase0", "base"), ("sft-phase1", "sft-phase0"),
+                                     ("sft-phase1", "sft-phase0"), ("sft-phase1", "sft-phase0"),
+                                     ("sft", "sft-phase1")]
+    assert runs[0][2] != runs[1][2] and len(runs[0][2]) == len(runs[1][2])  # another data order, as long
+    assert [(r["phase"], r["seed"], r["passed"]) for r in record] == [(0, 0, False), (0, 100, True), (1, 1, False),
+                                                                      (1, 101, False), (1, 201, False)]
+
+
+@pytest.mark.slow
+def test_the_gate_scores_its_row_on_train_questions(tiny_run):
+    """The gate's count is the phase model's greedy right answers on GATE_QUESTIONS train-split questions of its
+    row, and it passes exactly when that count reaches the share."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    from decoderlab.reportcard import score_stage
+    from decoderlab.tasks import generate
+
+    items = {("addition", 3): generate("addition", "train", recipe.GATE_QUESTIONS, seed=404, difficulty=3)}
+    assert all(i.split == "train" for i in items[("addition", 3)])  # never the card's held-out questions
+    right = sum(score_stage(tiny_run / "sft-phase0", rows=list(items), samples=0, items=items)["rows"]
+                ["addition 3-digit"]["off"]["right"])
+    for least in (0.0, (right + 1) / recipe.GATE_QUESTIONS):
+        record = recipe.gate(tiny_run / "sft-phase0", 0, 0, "addition", 3, least)
+        assert record["right"] == right and record["questions"] == recipe.GATE_QUESTIONS
+        assert record["passed"] == (least == 0.0)
