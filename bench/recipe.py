@@ -153,9 +153,9 @@ def sft(args, out: Path):
     for k, (steps, spec, replay, *scale) in enumerate(phases):
         dst = out / ("sft" if k == len(phases) - 1 else f"sft-phase{k}")
         lr = args.sft_lr * (scale[0] if scale else 1.0)
-        for attempt in range(GATE_TRIES if k in gates else 1):
+        for seed in range(k, k + 100 * (GATE_TRIES if k in gates else 1), 100):  # the phase's data orders
             shutil.rmtree(dst, ignore_errors=True)  # a phase run again starts afresh, not as a resume
-            finetune(phase_conversations(spec, replay, steps * args.sft_batch, seed=k + 100 * attempt),
+            finetune(phase_conversations(spec, replay, steps * args.sft_batch, seed=seed),
                      val_data=held, checkpoint=start, out=dst, template="tools" if k == 0 else None,
                      train_config=TrainConfig(max_steps=steps, batch_size=args.sft_batch, lr=lr, min_lr=lr / 10,
                                               warmup=min(50, steps // 4), eval_every=steps, val_batch_size=32,
@@ -163,10 +163,10 @@ def sft(args, out: Path):
                      eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
             if k not in gates:
                 break
-            record.append(gate(dst, k, k + 100 * attempt, *gates[k]))
+            record.append(gate(dst, k, seed, *gates[k]))
             if record[-1]["passed"]:
                 break
-            print(f"[gate] SFT phase {k} again on the next data order" if attempt + 1 < GATE_TRIES else
+            print(f"[gate] SFT phase {k} again on the next data order" if seed < k + 100 * (GATE_TRIES - 1) else
                   f"[gate] SFT phase {k} failed {GATE_TRIES} times; the run goes on (the card shows the row)",
                   flush=True)
         start = dst
@@ -183,15 +183,14 @@ def gate(directory, phase: int, seed: int, skill: str, difficulty: int, least: f
     never the card's held-out ones): ``{"phase", "seed", "row", "right", "questions", "passed"}``, printed."""
     from decoderlab.reportcard import row_label, score_stage
 
-    items = {(skill, difficulty): generate(skill, "train", GATE_QUESTIONS, seed=404, difficulty=difficulty)}
-    right = score_stage(directory, rows=list(items), samples=0, items=items)["rows"]
-    right = sum(right[row_label(skill, difficulty)]["off"]["right"])
-    n = len(items[(skill, difficulty)])
-    passed = right >= least * n
-    print(f"[gate] SFT phase {phase} (data seed {seed}): {row_label(skill, difficulty)} {right} of {n} train "
-          f"questions right, {'at least' if passed else 'under'} {least:.0%}", flush=True)
-    return {"phase": phase, "seed": seed, "row": row_label(skill, difficulty), "right": right, "questions": n,
-            "passed": passed}
+    label, items = row_label(skill, difficulty), generate(skill, "train", GATE_QUESTIONS, seed=404,
+                                                          difficulty=difficulty)
+    scores = score_stage(directory, rows=[(skill, difficulty)], samples=0, items={(skill, difficulty): items})
+    right = sum(scores["rows"][label]["off"]["right"])
+    passed = right >= least * len(items)
+    print(f"[gate] SFT phase {phase} (data seed {seed}): {label} {right} of {len(items)} train questions right, "
+          f"{'at least' if passed else 'under'} {least:.0%}", flush=True)
+    return {"phase": phase, "seed": seed, "row": label, "right": right, "questions": len(items), "passed": passed}
 
 
 def rl_prompts(chosen: list[tuple[str, int]], n: int, seed: int) -> list[dict]:
