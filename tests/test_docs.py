@@ -112,6 +112,74 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     assert [t for t in targets if not (page.parent / t).exists()] == ["gone.md", "img/none.png"]
 
 
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the Markdown headings of ``text`` (code blocks hold none): lower case, every
+    character but letters, digits, ``_``, ``-`` and spaces dropped, spaces turned to ``-``; a repeated anchor gets
+    ``-1``, ``-2``, ..."""
+    anchors: set[str] = set()
+    for title in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", FENCE_RE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def anchored_links(page: Path):
+    """``(target page, fragment)`` of every link of ``page`` to a heading: ``[x](#part)`` or ``[x](other.md#part)``."""
+    text = FENCE_RE.sub("", page.read_text(encoding="utf-8"))
+    for target in LINK_RE.findall(text):
+        if "#" not in target or re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):
+            continue
+        path, fragment = target.split("#", 1)
+        yield (page.parent / path if path else page), fragment
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_to_a_heading_find_it(page):
+    """docs/benchmarks.md's table links each figure to its section, and other pages link to sections by name: a
+    section renamed or removed must take its links along."""
+    broken = [f"{target.name}#{fragment}" for target, fragment in anchored_links(page)
+              if target.suffix == ".md" and target.exists()
+              and fragment not in heading_anchors(target.read_text(encoding="utf-8"))]
+    assert not broken, f"{page.relative_to(ROOT)} links to headings that do not exist: {broken}"
+
+
+def test_the_anchor_check_sees_a_missing_heading(tmp_path):
+    page = tmp_path / "p.md"
+    (tmp_path / "q.md").write_text("# Q\n\n## bench/attention.py --gqa-decode\n\n```python\n# not a heading\n```\n",
+                                   encoding="utf-8")
+    page.write_text("## The KV cache, against the lesson's loop\n## Twice\n## Twice\n\n"
+                    "[a](#the-kv-cache-against-the-lessons-loop) [b](#twice-1) [c](q.md#benchattentionpy---gqa-decode) "
+                    "[d](q.md#not-a-heading) [e](#gone) [f](https://x.org/#y)\n", encoding="utf-8")
+    assert heading_anchors((tmp_path / "q.md").read_text()) == {"q", "benchattentionpy---gqa-decode"}
+    missing = [f for target, f in anchored_links(page) if f not in heading_anchors(target.read_text())]
+    assert missing == ["not-a-heading", "gone"]
+
+
+#: docs/benchmarks.md had grown to 104 KB of superseded runs; it keeps the current figures and each script's method
+#: and latest table (older runs live in git, findings in the doc of what they explain)
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+BENCHMARKS_BYTES = 60 * 1024
+
+
+def test_the_benchmarks_page_stays_under_60_kb():
+    size = len(BENCHMARKS.read_bytes())
+    assert size < BENCHMARKS_BYTES, \
+        f"docs/benchmarks.md is {size:,} bytes, at most {BENCHMARKS_BYTES:,}: drop superseded runs (git keeps them) " \
+        "and move findings to the doc of what they explain"
+
+
+def test_the_benchmarks_page_has_one_section_per_script():
+    """A section per script in bench/, named `## bench/<script>.py`, and none for a script that is gone."""
+    sections = re.findall(r"^## (bench/\w+\.py)$", BENCHMARKS.read_text(encoding="utf-8"), re.M)
+    scripts = sorted(f"bench/{p.name}" for p in (ROOT / "bench").glob("*.py"))
+    assert len(sections) == len(set(sections)), sections
+    assert sorted(sections) == scripts
+
+
 def test_the_readme_links_every_guide():
     text = README.read_text(encoding="utf-8")
     for guide in ("training", "generation", "finetuning", "serving", "glassbox", "design", "benchmarks"):
