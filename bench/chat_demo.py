@@ -5,9 +5,10 @@ prompts: share of replies with all three words / at least one / none, and the en
     PYTHONPATH=src python bench/chat_demo.py [--stories ../shared/data/tinystories_val_slice.txt] [--out runs/chat_demo]
 
 CPU only, one thread (the machine is shared). Prints a table and one transcript; writes results.json. The
-defaults are the recipe of docs/benchmarks.md's final run (words from the paragraph's opening sentence in text
-order, 4 triples per paragraph, rope + 8 heads, 1,000 pretraining + 600 fine-tuning steps at lr 2e-3): about
-6 CPU-minutes of training. Runs 1-3 there used --words-from all --order random --position learned --n-head 4.
+defaults are the recipe of the final run in docs/finetuning.md, "The chat demonstration" (words from the
+paragraph's opening sentence in text order, 4 triples per paragraph, rope + 8 heads, 1,000 pretraining + 600
+fine-tuning steps at lr 2e-3): about 6 CPU-minutes of training. The first runs there used --words-from all
+--order random --position learned --n-head 4.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Screening for the speedrun ablation (docs/benchmarks.md, "Speedrun"): a bare training loop over
+"""Screening for the speedrun ablation (docs/training.md, "Recipes and presets"): a bare training loop over
 decoderlab's model for each candidate of a JSON file, full validation loss (all windows) at the listed steps.
 
 Each candidate: "model" (ModelConfig overrides of baby-shakespeare), "opt" ("adamw" | "muon"), "lr" (AdamW),

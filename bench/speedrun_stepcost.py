@@ -1,5 +1,5 @@
 """Cost of one training step (forward + backward, then the optimizer step) for the speedrun's model variants,
-alternating in one process, 1 thread, batch 12 x 64 (docs/benchmarks.md, "Speedrun", ablation step costs).
+alternating in one process, 1 thread, batch 12 x 64 (docs/benchmarks.md, "bench/speedrun_stepcost.py").
 
     PYTHONPATH=src python bench/speedrun_stepcost.py [REPEATS]
 """

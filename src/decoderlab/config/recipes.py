@@ -9,7 +9,7 @@
 * ``baby-shakespeare-speedrun`` (the default): the same size (4 layers, 4 heads, d_model 128, context 64)
   with rotary positions, QK-norm, ReLU² MLP and zero-initialised output projections, trained with Muon for
   the hidden matrices and AdamW for the rest, for far fewer steps; evaluation on a fixed subset while
-  training and on all windows at the end. See docs/benchmarks.md ("Speedrun") for what each change bought.
+  training and on all windows at the end. See docs/training.md ("Recipes and presets") for what each change bought.
 """
 
 from __future__ import annotations
