@@ -114,6 +114,41 @@ def test_from_hf_reads_a_model_in_memory_and_its_state_dict(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# config.json read as transformers reads it: which key wins, which layers slide
+# ---------------------------------------------------------------------------------------------------------
+
+
+def edited_logits(tmp_path, name: str, delete=(), **fields):
+    """(transformers' logits, ours) of a tiny ``name`` directory whose config.json was edited after saving
+    (``fields`` set, ``delete`` removed), and the transformers model as loaded from it."""
+    _, auto = hf_directory(tmp_path, name)
+    edit_config(tmp_path, **fields)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in delete}))
+    x = torch.tensor([prompt_ids(auto)])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        return ref(x).logits, dl.load(tmp_path).model(x), ref
+
+
+@pytest.mark.parametrize("scaling,theta", [
+    ({"rope_type": "default", "rope_theta": 20000.0}, 20000.0),  # its own base, not rope_parameters'
+    ({"type": "default"}, 10000.0),  # none of its own: the class's default, never the base of the block it replaced
+    ({"type": "default"}, 777.0),  # ... or config.json's top-level rope_theta
+])
+def test_rope_scaling_is_read_over_rope_parameters_as_transformers_does(tmp_path, scaling, theta):
+    """transformers 5 reads ``rope_scaling or rope_parameters``: the legacy key, when it holds anything, replaces
+    the whole block (a YaRN one is refused by name: test_a_config_field_the_class_cannot_honour)."""
+    plain = {"rope_type": "default", "rope_theta": 10.0}
+    top = {"rope_theta": theta} if theta == 777.0 else {}
+    ref, ours, hf = edited_logits(tmp_path, "llama", rope_parameters=plain, rope_scaling=scaling, **top)
+    assert hf.config.rope_parameters["rope_theta"] == theta
+    without, _, _ = edited_logits(tmp_path / "plain", "llama", rope_parameters=plain)
+    assert (without - ref).abs().max() > 1e-3  # the base matters in these logits (100 times the tolerance)
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Bad input: each one line naming the file, the field and what is allowed
 # ---------------------------------------------------------------------------------------------------------
 
@@ -150,6 +185,11 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
      "rope_parameters of rope_type 'llama3' is not implemented; allowed: rope_type 'default'"),
     ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0}, rope_parameters=None),
      "rope_scaling of rope_type 'yarn' is not implemented; allowed: rope_type 'default'"),
+    # YaRN added under the legacy key beside a plain rope_parameters (Qwen2.5's long-context recipe): transformers
+    # takes rope_scaling, so it is refused, not ignored
+    ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+     "rope_scaling of rope_type 'yarn' (read over rope_parameters, as transformers does) is not implemented; "
+     "allowed: rope_type 'default'"),
     ("mistral", dict(sliding_window=16),
      "sliding_window 16 is shorter than the context (max_position_embeddings 64): a sliding window is not "
      "implemented; allowed: null, or >= max_position_embeddings"),

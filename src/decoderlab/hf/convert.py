@@ -292,8 +292,9 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
     ``tied`` when absent), and the rotary base, for rope of the plain kind (rotate-half, every dim of a head).
 
     Raises:
-        ConfigError: a missing or non-integer size; ``rope_scaling`` / ``rope_parameters`` of a kind other than
-            "default" (linear, dynamic, yarn, llama3, longrope are not implemented); a partial rotary factor.
+        ConfigError: a missing or non-integer size; rope settings (:func:`rope_block`: ``rope_scaling`` over
+            ``rope_parameters``) of a kind other than "default" (linear, dynamic, yarn, llama3, longrope are not
+            implemented); a partial rotary factor.
     """
     fields: dict = {}
     for ours, theirs in _SIZES:
@@ -303,15 +304,13 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
         fields[ours] = value
     kv = hf.get("num_key_value_heads") or fields["n_head"]
     head_dim = hf.get("head_dim") or fields["d_model"] // fields["n_head"]
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-    if not isinstance(rope, dict):
-        raise ConfigError(f"{where}: {key} {rope!r} is not a JSON object; allowed: null or "
-                          "{\"rope_type\": \"default\", \"rope_theta\": ...}", key)
+    key, rope = rope_block(hf, where)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise ConfigError(f"{where}: {key} of rope_type {kind!r} is not implemented; allowed: rope_type 'default' "
-                          "(or no rope_scaling): plain rotary positions", key)
+        over = " (read over rope_parameters, as transformers does)" if key == "rope_scaling" and hf.get(
+            "rope_parameters") else ""
+        raise ConfigError(f"{where}: {key} of rope_type {kind!r}{over} is not implemented; allowed: rope_type "
+                          "'default' (or no rope_scaling): plain rotary positions", key)
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ConfigError(f"{where}: partial_rotary_factor {partial!r} is not implemented; allowed: 1.0 (rope on "
@@ -323,6 +322,24 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
                 tie_weights=bool(hf.get("tie_word_embeddings", tied)), position="rope", rope_layout="rotate_half",
                 norm="rmsnorm", attention="sdpa", attn_out_proj=True, lm_head_bias=False, dropout=0.0,
                 init="default")
+
+
+def rope_block(hf: dict, where: str) -> tuple[str, dict]:
+    """``(key, block)`` of the rope settings transformers reads from a config.json: the legacy ``rope_scaling``
+    whenever it holds anything, else ``rope_parameters`` ({} for neither). transformers 5 takes
+    ``rope_scaling or rope_parameters`` (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``), so a YaRN
+    block added under the old key overrides a plain ``rope_parameters``; the block's missing ``rope_theta`` then
+    comes from the top-level ``rope_theta`` or the class's default, never from the block it replaced.
+
+    Raises:
+        ConfigError: the chosen block is not a JSON object.
+    """
+    key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    rope = hf.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{where}: {key} {rope!r} is not a JSON object; allowed: null or "
+                          "{\"rope_type\": \"default\", \"rope_theta\": ...}", key)
+    return key, rope
 
 
 def no_sliding_window(hf: dict, where: str, default: int | None) -> None:
