@@ -148,6 +148,37 @@ def test_rope_scaling_is_read_over_rope_parameters_as_transformers_does(tmp_path
     assert (ours - ref).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("saved_layer_types", [True, False])  # as transformers 5 writes it, and as Qwen2's own hub
+def test_a_sliding_window_on_no_layer_loads_with_transformers_logits(tmp_path, saved_layer_types):  # configs (none)
+    """use_sliding_window with max_window_layers covering every layer (Qwen2.5's own configs: 28 of 28 or more):
+    transformers slides none, so the window does not matter -- however short."""
+    ref, ours, hf = edited_logits(tmp_path, "qwen2", delete=() if saved_layer_types else ("layer_types",),
+                                  use_sliding_window=True, sliding_window=4, max_window_layers=2,
+                                  layer_types=["full_attention"] * 2)
+    assert hf.config.layer_types == ["full_attention"] * 2 and hf.config.sliding_window == 4
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("saved_layer_types", [True, False])
+def test_a_layer_that_slides_is_refused_naming_it_and_the_window(tmp_path, capsys, saved_layer_types):
+    hf_directory(tmp_path, "qwen2")
+    edit_config(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                layer_types=["full_attention", "sliding_attention"] if saved_layer_types else None)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
+    err = one_error_line(tmp_path, capsys)
+    why = ("'sliding_attention' in layer_types, use_sliding_window true" if saved_layer_types else
+           "use_sliding_window true, from max_window_layers 1 on")
+    assert (f"{tmp_path / 'config.json'}: layer 1 of 2 slides over sliding_window 4 positions ({why}), shorter than "
+            "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: ") in err, err
+
+
+def test_a_window_as_long_as_the_context_loads(tmp_path):
+    """A layer that slides over max_position_embeddings positions sees every position of every sequence decoderlab
+    runs: no window, so no refusal, and transformers' logits."""
+    ref, ours, _ = edited_logits(tmp_path, "mistral", sliding_window=64)
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Bad input: each one line naming the file, the field and what is allowed
 # ---------------------------------------------------------------------------------------------------------
@@ -191,10 +222,18 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
      "rope_scaling of rope_type 'yarn' (read over rope_parameters, as transformers does) is not implemented; "
      "allowed: rope_type 'default'"),
     ("mistral", dict(sliding_window=16),
-     "sliding_window 16 is shorter than the context (max_position_embeddings 64): a sliding window is not "
-     "implemented; allowed: null, or >= max_position_embeddings"),
-    ("qwen3", dict(use_sliding_window=True, sliding_window=32),
-     "sliding_window 32 is shorter than the context"),
+     "layers 0-1 of 2 slide over sliding_window 16 positions (MistralForCausalLM slides every layer), shorter than "
+     "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: sliding_window null, "
+     "or >= max_position_embeddings"),
+    ("mistral", dict(sliding_window=0), "sliding_window is 0; allowed: null or a positive integer"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0, layer_types=None),
+     "layers 0-1 of 2 slide over sliding_window 32 positions (use_sliding_window true, from max_window_layers 0 "
+     "on), shorter than the context (max_position_embeddings 64)"),
+    ("qwen2", dict(use_sliding_window=True, layer_types=["full_attention", "chunked_attention"]),
+     "layer_types ['full_attention', 'chunked_attention'] is not one type per layer; allowed: a list of "
+     "num_hidden_layers 2 of 'full_attention', 'sliding_attention'"),
+    ("qwen2", dict(use_sliding_window=False, layer_types=["sliding_attention", "full_attention"]),
+     "layer_types makes layer 0 'sliding_attention', but use_sliding_window is false, which gives them no window"),
     ("mistral", dict(attention_bias=True),
      "attention_bias=True, but MistralForCausalLM has no biases (transformers would leave them out); allowed: "
      "attention_bias false or absent"),

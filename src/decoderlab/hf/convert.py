@@ -342,23 +342,49 @@ def rope_block(hf: dict, where: str) -> tuple[str, dict]:
     return key, rope
 
 
-def no_sliding_window(hf: dict, where: str, default: int | None) -> None:
-    """Refuse a sliding window shorter than the context (``sliding_window`` < ``max_position_embeddings``,
-    ``use_sliding_window`` where the class has it, a "sliding_attention" layer): decoderlab's attention sees
-    every earlier position. ``default``: the class's window when config.json does not say."""
-    if "use_sliding_window" in hf and not hf["use_sliding_window"]:
-        window = None
-    else:
-        window = hf.get("sliding_window", default)
-    layers = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
-    if layers and window is not None:
-        raise ConfigError(f"{where}: layer_types holds {layers[0]!r} layers; allowed: full_attention only "
-                          "(decoderlab's attention sees the whole context)", "layer_types")
-    context = hf.get("max_position_embeddings")
-    if window is not None and isinstance(context, int) and window < context:
-        raise ConfigError(f"{where}: sliding_window {window} is shorter than the context (max_position_embeddings "
-                          f"{context}): a sliding window is not implemented; allowed: null, or >= "
-                          "max_position_embeddings", "sliding_window")
+def window_of(hf: dict, default: int | None, where: str) -> int | None:
+    """config.json's ``sliding_window`` (``default``, the class's, when the key is absent; null: none).
+
+    Raises:
+        ConfigError: a value that is neither null nor a positive integer.
+    """
+    window = hf.get("sliding_window", default)
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ConfigError(f"{where}: sliding_window is {window!r}; allowed: null or a positive integer",
+                          "sliding_window")
+    return window
+
+
+def no_sliding_window(where: str, layers: list[int], window: int | None, cfg: dict, *, why: str,
+                      allowed: str) -> None:
+    """Refuse ``layers`` (indices of the layers the class makes slide, ``why`` says how) over ``window``
+    positions when the window is shorter than the context ``cfg["max_len"]`` (max_position_embeddings):
+    decoderlab's attention sees every earlier position. A window of W positions -- key j seen from query i when
+    i - j < W, transformers' ``sliding_window_overlay`` -- changes nothing in a sequence of at most W tokens, and
+    decoderlab runs none longer than max_position_embeddings, so a window that long is no window and loads.
+
+    Raises:
+        ConfigError (field ``sliding_window``): the layers, the window, how they came to slide and ``allowed``.
+    """
+    context = cfg["max_len"]
+    if not layers or window is None or window >= context:
+        return
+    verb = "slides" if len(layers) == 1 else "slide"
+    raise ConfigError(f"{where}: {layer_list(layers)} of {cfg['n_layer']} {verb} over sliding_window {window} "
+                      f"positions ({why}), shorter than the context (max_position_embeddings {context}): a sliding "
+                      f"window is not implemented; allowed: {allowed}", "sliding_window")
+
+
+def layer_list(layers: list[int]) -> str:
+    """``layers`` as "layer 3" / "layers 0-27" / "layers 0, 2-5" (runs of consecutive indices joined)."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"layer {text}" if len(layers) == 1 else f"layers {text}"
 
 
 def rotary_theirs(cfg: ModelConfig, architecture: str, model_type: str) -> dict:
