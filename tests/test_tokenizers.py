@@ -271,6 +271,25 @@ def test_save_load_round_trip(tmp_path, shakespeare, kind, as_dir):
     assert loaded.decode(tok.encode(sample)) == tok.decode(tok.encode(sample))
 
 
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_eos_ids_end_a_text_and_are_saved_with_every_kind(tmp_path, shakespeare, kind):
+    """A model's own end ids (Hugging Face's eos_token_id list) join end_of_text_ids -- an ordinary token too --
+    and survive save / load and add_special_tokens; an id outside the vocabulary is refused by name."""
+    tok = build_tokenizer(kind, shakespeare[:20_000], vocab_size=300 if kind == "bpe" else None)
+    plain = tok.end_of_text_ids
+    word = tok.encode("the")[0]
+    assert word not in plain and tok.eos_ids == ()
+    ends = tok.with_eos_ids([word, tok.eos_id, word])
+    assert ends.eos_ids == (word, tok.eos_id) and tok.eos_ids == ()  # a copy; each id once, in order
+    assert ends.end_of_text_ids == (tok.eos_id, *sorted(set(plain[1:]) | {word}))
+    loaded = Tokenizer.load(ends.save(tmp_path / "tok.json"))
+    assert loaded.eos_ids == ends.eos_ids and loaded.end_of_text_ids == ends.end_of_text_ids
+    assert Tokenizer.load(tok.save(tmp_path / "plain.json")).to_dict() == tok.to_dict()  # no key without them
+    assert ends.add_special_tokens(["<|user|>"]).eos_ids == ends.eos_ids
+    with pytest.raises(ValueError, match=f"token id {tok.vocab_size} is out of range"):
+        tok.with_eos_ids([tok.vocab_size])
+
+
 def test_saved_bpe_is_a_plain_hf_file(tmp_path, bpe):
     from tokenizers import Tokenizer as HFTokenizer
 

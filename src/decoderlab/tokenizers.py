@@ -24,6 +24,7 @@ Kinds (``TOKENIZERS``, and :func:`build_tokenizer` to make one from a corpus):
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -154,14 +155,43 @@ class Tokenizer:
 
     @property
     def end_of_text_ids(self) -> tuple[int, ...]:
-        """Ids of the control tokens that end a text, where generation stops (``eos_id`` first, then in id
-        order): ``<EOS>`` (GPT-2's ``<|endoftext|>``) and every added special token -- a chat template's end of
-        turn, and its turn openers too, since a model that opens a turn has left the text it was writing. Not
-        ``<PAD>`` (never a target) nor ``<unk>`` (a stand-in for text)."""
+        """Ids of the tokens that end a text, where generation stops (``eos_id`` first, then in id order):
+        ``<EOS>`` (GPT-2's ``<|endoftext|>``), every added special token -- a chat template's end of turn, and
+        its turn openers too, since a model that opens a turn has left the text it was writing -- and every id
+        of :attr:`eos_ids`. Not ``<PAD>`` (never a target) nor ``<unk>`` (a stand-in for text), unless
+        :attr:`eos_ids` names them."""
         eos = self.eos_id
         skip = {eos, self.pad_id, self.token_to_id.get(UNK)}
-        rest = sorted(i for i in self.special_ids if i not in skip)
+        rest = sorted({i for i in self.special_ids if i not in skip} | (set(self.eos_ids) - {eos}))
         return ((eos,) if eos is not None else ()) + tuple(rest)
+
+    #: see :attr:`eos_ids` (set by :meth:`with_eos_ids`)
+    _eos_ids: tuple[int, ...] = ()
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """The ids a model's own settings end its texts at, in their order, beside ``eos_id``: Hugging Face's
+        ``eos_token_id`` when it names more than ``eos_id`` (a list, as Llama 3's and Qwen2.5's
+        generation_config.json; :func:`decoderlab.hf.load_hf_directory`); () when nothing does. Each is one
+        of :attr:`end_of_text_ids`, and is saved with the tokenizer."""
+        return self._eos_ids
+
+    def with_eos_ids(self, ids: Iterable[int]) -> "Tokenizer":
+        """A copy whose :attr:`eos_ids` are ``ids`` (in order, each once); the vocabulary is shared.
+
+        Raises:
+            ValueError: an id outside the vocabulary (0 .. vocab_size - 1), naming it.
+        """
+        ids = tuple(dict.fromkeys(self._check_ids(ids)))
+        new = copy.copy(self)
+        new._eos_ids = ids
+        return new
+
+    def _saved_eos_ids(self, ids) -> "Tokenizer":
+        """This tokenizer (just read by ``from_dict``) with the :attr:`eos_ids` saved beside it (None: none)."""
+        if ids:
+            self._eos_ids = tuple(dict.fromkeys(self._check_ids(ids)))
+        return self
 
     def encode(self, text: str) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -203,7 +233,11 @@ class Tokenizer:
                                  f"{self.token_to_id[t]}) of this {self.kind} vocabulary")
             if t not in new:
                 new.append(t)
-        return self._with_specials(new) if new else self
+        if not new:
+            return self
+        out = self._with_specials(new)
+        out._eos_ids = self._eos_ids
+        return out
 
     def _with_specials(self, new: list[str]) -> "Tokenizer":  # pragma: no cover - abstract
         raise NotImplementedError
@@ -352,6 +386,8 @@ class WordTokenizer(Tokenizer):
         d = {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
         if self.added_special_tokens:
             d["special_tokens"] = self.added_special_tokens
+        if self.eos_ids:
+            d["eos_ids"] = list(self.eos_ids)
         return d
 
     @classmethod
@@ -364,7 +400,7 @@ class WordTokenizer(Tokenizer):
         missing = [t for t in tok._added if t not in tok.token_to_id]
         if missing:
             raise ValueError(f"not a WordTokenizer vocabulary: special token(s) {missing} are not in the vocab")
-        return tok
+        return tok._saved_eos_ids(data.get("eos_ids"))
 
 
 def _special_pattern(specials: Iterable[str]) -> re.Pattern:
@@ -505,6 +541,8 @@ class CharTokenizer(Tokenizer):
         d = {"decoderlab_tokenizer": self.kind, "vocab": [self.id_to_token[i] for i in range(self.vocab_size)]}
         if self._added:
             d["special_tokens"] = list(self._added)
+        if self.eos_ids:
+            d["eos_ids"] = list(self.eos_ids)
         return d
 
     @classmethod
@@ -518,7 +556,7 @@ class CharTokenizer(Tokenizer):
                              f"..., optional {UNK!r}, added special tokens], got {str(vocab)[:80]}")
         tok = cls.__new__(cls)
         tok._set_vocab(vocab, added)
-        return tok
+        return tok._saved_eos_ids(data.get("eos_ids"))
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -561,6 +599,8 @@ def _part(component) -> dict:
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 #: the key of a saved BPETokenizer's Hugging Face names (``BPETokenizer.special_tokens``)
 NAMED_KEY = "decoderlab_special_tokens"
+#: the key of a saved BPETokenizer's ``eos_ids`` (a char or word tokenizer saves them as "eos_ids")
+EOS_IDS_KEY = "decoderlab_eos_ids"
 
 _CUT_CANDIDATE = re.compile(r"(?<=\w)(?=\W)|(?<=\S[\t\n\x0b\x0c\r])(?=\S)")
 _CHUNK_CHARS = 1 << 18
@@ -863,19 +903,21 @@ class BPETokenizer(Tokenizer):
         data = json.loads(self._hf.to_str())
         if self._named:
             data[NAMED_KEY] = dict(self._named)
+        if self.eos_ids:
+            data[EOS_IDS_KEY] = list(self.eos_ids)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "BPETokenizer":
         from tokenizers import Tokenizer as HFTokenizer
 
-        named = data.get(NAMED_KEY)
-        data = {k: v for k, v in data.items() if k not in ("decoderlab_tokenizer", NAMED_KEY)}
+        named, eos_ids = data.get(NAMED_KEY), data.get(EOS_IDS_KEY)
+        data = {k: v for k, v in data.items() if k not in ("decoderlab_tokenizer", NAMED_KEY, EOS_IDS_KEY)}
         try:
             hf = HFTokenizer.from_str(json.dumps(data))
         except Exception as e:  # tokenizers raises its own Exception type for malformed files
             raise ValueError(f"not a valid Hugging Face tokenizer.json: {e}") from e
-        return cls(hf, named if isinstance(named, dict) else None)
+        return cls(hf, named if isinstance(named, dict) else None)._saved_eos_ids(eos_ids)
 
 
 TOKENIZERS: dict[str, type[Tokenizer]] = {"word": WordTokenizer, "char": CharTokenizer, "bpe": BPETokenizer}

@@ -114,6 +114,72 @@ def test_from_hf_reads_a_model_in_memory_and_its_state_dict(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# config.json read as transformers reads it: which key wins, which layers slide
+# ---------------------------------------------------------------------------------------------------------
+
+
+def edited_logits(tmp_path, name: str, delete=(), **fields):
+    """(transformers' logits, ours) of a tiny ``name`` directory whose config.json was edited after saving
+    (``fields`` set, ``delete`` removed), and the transformers model as loaded from it."""
+    _, auto = hf_directory(tmp_path, name)
+    edit_config(tmp_path, **fields)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in delete}))
+    x = torch.tensor([prompt_ids(auto)])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        return ref(x).logits, dl.load(tmp_path).model(x), ref
+
+
+@pytest.mark.parametrize("scaling,theta", [
+    ({"rope_type": "default", "rope_theta": 20000.0}, 20000.0),  # its own base, not rope_parameters'
+    ({"type": "default"}, 10000.0),  # none of its own: the class's default, never the base of the block it replaced
+    ({"type": "default"}, 777.0),  # ... or config.json's top-level rope_theta
+])
+def test_rope_scaling_is_read_over_rope_parameters_as_transformers_does(tmp_path, scaling, theta):
+    """transformers 5 reads ``rope_scaling or rope_parameters``: the legacy key, when it holds anything, replaces
+    the whole block (a YaRN one is refused by name: test_a_config_field_the_class_cannot_honour)."""
+    plain = {"rope_type": "default", "rope_theta": 10.0}
+    top = {"rope_theta": theta} if theta == 777.0 else {}
+    ref, ours, hf = edited_logits(tmp_path, "llama", rope_parameters=plain, rope_scaling=scaling, **top)
+    assert hf.config.rope_parameters["rope_theta"] == theta
+    without, _, _ = edited_logits(tmp_path / "plain", "llama", rope_parameters=plain)
+    assert (without - ref).abs().max() > 1e-3  # the base matters in these logits (100 times the tolerance)
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("saved_layer_types", [True, False])  # as transformers 5 writes it, and as Qwen2's own hub
+def test_a_sliding_window_on_no_layer_loads_with_transformers_logits(tmp_path, saved_layer_types):  # configs (none)
+    """use_sliding_window with max_window_layers covering every layer (Qwen2.5's own configs: 28 of 28 or more):
+    transformers slides none, so the window does not matter -- however short."""
+    ref, ours, hf = edited_logits(tmp_path, "qwen2", delete=() if saved_layer_types else ("layer_types",),
+                                  use_sliding_window=True, sliding_window=4, max_window_layers=2,
+                                  layer_types=["full_attention"] * 2)
+    assert hf.config.layer_types == ["full_attention"] * 2 and hf.config.sliding_window == 4
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("saved_layer_types", [True, False])
+def test_a_layer_that_slides_is_refused_naming_it_and_the_window(tmp_path, capsys, saved_layer_types):
+    hf_directory(tmp_path, "qwen2")
+    edit_config(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                layer_types=["full_attention", "sliding_attention"] if saved_layer_types else None)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
+    err = one_error_line(tmp_path, capsys)
+    why = ("'sliding_attention' in layer_types, use_sliding_window true" if saved_layer_types else
+           "use_sliding_window true, from max_window_layers 1 on")
+    assert (f"{tmp_path / 'config.json'}: layer 1 of 2 slides over sliding_window 4 positions ({why}), shorter than "
+            "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: ") in err, err
+
+
+def test_a_window_as_long_as_the_context_loads(tmp_path):
+    """A layer that slides over max_position_embeddings positions sees every position of every sequence decoderlab
+    runs: no window, so no refusal, and transformers' logits."""
+    ref, ours, _ = edited_logits(tmp_path, "mistral", sliding_window=64)
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Bad input: each one line naming the file, the field and what is allowed
 # ---------------------------------------------------------------------------------------------------------
 
@@ -150,11 +216,24 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
      "rope_parameters of rope_type 'llama3' is not implemented; allowed: rope_type 'default'"),
     ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0}, rope_parameters=None),
      "rope_scaling of rope_type 'yarn' is not implemented; allowed: rope_type 'default'"),
+    # YaRN added under the legacy key beside a plain rope_parameters (Qwen2.5's long-context recipe): transformers
+    # takes rope_scaling, so it is refused, not ignored
+    ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+     "rope_scaling of rope_type 'yarn' (read over rope_parameters, as transformers does) is not implemented; "
+     "allowed: rope_type 'default'"),
     ("mistral", dict(sliding_window=16),
-     "sliding_window 16 is shorter than the context (max_position_embeddings 64): a sliding window is not "
-     "implemented; allowed: null, or >= max_position_embeddings"),
-    ("qwen3", dict(use_sliding_window=True, sliding_window=32),
-     "sliding_window 32 is shorter than the context"),
+     "layers 0-1 of 2 slide over sliding_window 16 positions (MistralForCausalLM slides every layer), shorter than "
+     "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: sliding_window null, "
+     "or >= max_position_embeddings"),
+    ("mistral", dict(sliding_window=0), "sliding_window is 0; allowed: null or a positive integer"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0, layer_types=None),
+     "layers 0-1 of 2 slide over sliding_window 32 positions (use_sliding_window true, from max_window_layers 0 "
+     "on), shorter than the context (max_position_embeddings 64)"),
+    ("qwen2", dict(use_sliding_window=True, layer_types=["full_attention", "chunked_attention"]),
+     "layer_types ['full_attention', 'chunked_attention'] is not one type per layer; allowed: a list of "
+     "num_hidden_layers 2 of 'full_attention', 'sliding_attention'"),
+    ("qwen2", dict(use_sliding_window=False, layer_types=["sliding_attention", "full_attention"]),
+     "layer_types makes layer 0 'sliding_attention', but use_sliding_window is false, which gives them no window"),
     ("mistral", dict(attention_bias=True),
      "attention_bias=True, but MistralForCausalLM has no biases (transformers would leave them out); allowed: "
      "attention_bias false or absent"),

@@ -17,6 +17,7 @@ new module listed in :data:`.directory.FAMILIES`:
     convert.py    the tables applied: stacking, transposes, the rope-layout permutation, the centring
     weights.py    the weight files, memory-mapped: one file or shards, F32 / BF16 / F16
     tokenizer.py  tokenizer.json + tokenizer_config.json in and out, for every decoderlab tokenizer
+    generation_config.py  eos_token_id (one id or a list) in and out: the ids generation ends at
     directory.py  the loader and the writer; memory.py the same for transformers objects
 
 Source: the names and configs of transformers 5 (``modeling_*.py``); TransformerLens's

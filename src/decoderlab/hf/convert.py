@@ -292,8 +292,9 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
     ``tied`` when absent), and the rotary base, for rope of the plain kind (rotate-half, every dim of a head).
 
     Raises:
-        ConfigError: a missing or non-integer size; ``rope_scaling`` / ``rope_parameters`` of a kind other than
-            "default" (linear, dynamic, yarn, llama3, longrope are not implemented); a partial rotary factor.
+        ConfigError: a missing or non-integer size; rope settings (:func:`rope_block`: ``rope_scaling`` over
+            ``rope_parameters``) of a kind other than "default" (linear, dynamic, yarn, llama3, longrope are not
+            implemented); a partial rotary factor.
     """
     fields: dict = {}
     for ours, theirs in _SIZES:
@@ -303,15 +304,13 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
         fields[ours] = value
     kv = hf.get("num_key_value_heads") or fields["n_head"]
     head_dim = hf.get("head_dim") or fields["d_model"] // fields["n_head"]
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-    if not isinstance(rope, dict):
-        raise ConfigError(f"{where}: {key} {rope!r} is not a JSON object; allowed: null or "
-                          "{\"rope_type\": \"default\", \"rope_theta\": ...}", key)
+    key, rope = rope_block(hf, where)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise ConfigError(f"{where}: {key} of rope_type {kind!r} is not implemented; allowed: rope_type 'default' "
-                          "(or no rope_scaling): plain rotary positions", key)
+        over = " (read over rope_parameters, as transformers does)" if key == "rope_scaling" and hf.get(
+            "rope_parameters") else ""
+        raise ConfigError(f"{where}: {key} of rope_type {kind!r}{over} is not implemented; allowed: rope_type "
+                          "'default' (or no rope_scaling): plain rotary positions", key)
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ConfigError(f"{where}: partial_rotary_factor {partial!r} is not implemented; allowed: 1.0 (rope on "
@@ -325,23 +324,67 @@ def rotary_config(hf: dict, where: str, *, default_theta: float = 10000.0, tied:
                 init="default")
 
 
-def no_sliding_window(hf: dict, where: str, default: int | None) -> None:
-    """Refuse a sliding window shorter than the context (``sliding_window`` < ``max_position_embeddings``,
-    ``use_sliding_window`` where the class has it, a "sliding_attention" layer): decoderlab's attention sees
-    every earlier position. ``default``: the class's window when config.json does not say."""
-    if "use_sliding_window" in hf and not hf["use_sliding_window"]:
-        window = None
-    else:
-        window = hf.get("sliding_window", default)
-    layers = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
-    if layers and window is not None:
-        raise ConfigError(f"{where}: layer_types holds {layers[0]!r} layers; allowed: full_attention only "
-                          "(decoderlab's attention sees the whole context)", "layer_types")
-    context = hf.get("max_position_embeddings")
-    if window is not None and isinstance(context, int) and window < context:
-        raise ConfigError(f"{where}: sliding_window {window} is shorter than the context (max_position_embeddings "
-                          f"{context}): a sliding window is not implemented; allowed: null, or >= "
-                          "max_position_embeddings", "sliding_window")
+def rope_block(hf: dict, where: str) -> tuple[str, dict]:
+    """``(key, block)`` of the rope settings transformers reads from a config.json: the legacy ``rope_scaling``
+    whenever it holds anything, else ``rope_parameters`` ({} for neither). transformers 5 takes
+    ``rope_scaling or rope_parameters`` (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict``), so a YaRN
+    block added under the old key overrides a plain ``rope_parameters``; the block's missing ``rope_theta`` then
+    comes from the top-level ``rope_theta`` or the class's default, never from the block it replaced.
+
+    Raises:
+        ConfigError: the chosen block is not a JSON object.
+    """
+    key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    rope = hf.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{where}: {key} {rope!r} is not a JSON object; allowed: null or "
+                          "{\"rope_type\": \"default\", \"rope_theta\": ...}", key)
+    return key, rope
+
+
+def window_of(hf: dict, default: int | None, where: str) -> int | None:
+    """config.json's ``sliding_window`` (``default``, the class's, when the key is absent; null: none).
+
+    Raises:
+        ConfigError: a value that is neither null nor a positive integer.
+    """
+    window = hf.get("sliding_window", default)
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ConfigError(f"{where}: sliding_window is {window!r}; allowed: null or a positive integer",
+                          "sliding_window")
+    return window
+
+
+def no_sliding_window(where: str, layers: list[int], window: int | None, cfg: dict, *, why: str,
+                      allowed: str) -> None:
+    """Refuse ``layers`` (indices of the layers the class makes slide, ``why`` says how) over ``window``
+    positions when the window is shorter than the context ``cfg["max_len"]`` (max_position_embeddings):
+    decoderlab's attention sees every earlier position. A window of W positions -- key j seen from query i when
+    i - j < W, transformers' ``sliding_window_overlay`` -- changes nothing in a sequence of at most W tokens, and
+    decoderlab runs none longer than max_position_embeddings, so a window that long is no window and loads.
+
+    Raises:
+        ConfigError (field ``sliding_window``): the layers, the window, how they came to slide and ``allowed``.
+    """
+    context = cfg["max_len"]
+    if not layers or window is None or window >= context:
+        return
+    verb = "slides" if len(layers) == 1 else "slide"
+    raise ConfigError(f"{where}: {layer_list(layers)} of {cfg['n_layer']} {verb} over sliding_window {window} "
+                      f"positions ({why}), shorter than the context (max_position_embeddings {context}): a sliding "
+                      f"window is not implemented; allowed: {allowed}", "sliding_window")
+
+
+def layer_list(layers: list[int]) -> str:
+    """``layers`` as "layer 3" / "layers 0-27" / "layers 0, 2-5" (runs of consecutive indices joined)."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"layer {text}" if len(layers) == 1 else f"layers {text}"
 
 
 def rotary_theirs(cfg: ModelConfig, architecture: str, model_type: str) -> dict:

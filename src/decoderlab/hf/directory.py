@@ -31,6 +31,7 @@ from ..files import replace_directory, temporary_directory, usual_mode
 from ..model import DecoderOnlyTransformer
 from . import gpt2, llama, qwen, recipe
 from .convert import ConfigError, read_state, stored_names, table, write_state
+from .generation_config import GENERATION_CONFIG, eos_token_id_of, read_eos_ids, with_eos_ids
 from .tokenizer import TOKENIZER_FILES, read_tokenizer, special_ids_of, write_tokenizer
 from .weights import INDEX_FILE, PICKLE_FILE, SINGLE_FILE, WeightFiles, write_safetensors
 
@@ -39,7 +40,6 @@ from .weights import INDEX_FILE, PICKLE_FILE, SINGLE_FILE, WeightFiles, write_sa
 FAMILIES = (gpt2, qwen, llama, recipe)
 #: the classes decoderlab reads and writes
 ARCHITECTURES = tuple(a for f in FAMILIES for a in f.ARCHITECTURES)
-GENERATION_CONFIG = "generation_config.json"
 #: the files a Hugging Face directory written here holds (a directory holding only these may be replaced)
 HF_FILES = {CONFIG_FILE, GENERATION_CONFIG, SINGLE_FILE, INDEX_FILE, PICKLE_FILE, *TOKENIZER_FILES}
 
@@ -182,7 +182,8 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
                       device: str | torch.device | None = None):
     """``(model, tokenizer)`` of a Hugging Face directory (``config.json`` of a class in :data:`ARCHITECTURES`,
     ``model.safetensors`` or a sharded ``model.safetensors.index.json`` -- float32, bfloat16 or float16 on disk
-    -- or ``pytorch_model.bin``, and its tokenizer: :func:`.tokenizer.read_tokenizer`), as
+    -- or ``pytorch_model.bin``, and its tokenizer: :func:`.tokenizer.read_tokenizer`, ending texts also at
+    every id of ``eos_token_id``: :func:`.generation_config.read_eos_ids`), as
     :func:`decoderlab.checkpoint.load_checkpoint` reads decoderlab's. The weights are memory-mapped and copied
     once, into ``dtype`` for inference (None: float32; see :mod:`decoderlab.dtypes`), on ``device`` (``auto``,
     ``cpu``, ``cuda``, ``cuda:N``, ``mps``; None: ``map_location``). The model is in eval mode.
@@ -191,14 +192,15 @@ def load_hf_directory(directory: str | os.PathLike, map_location: str | torch.de
         FileNotFoundError: the directory, its config, weights, a shard or its tokenizer files are missing
             (named).
         ValueError: a class or config field decoderlab cannot honour; a missing, mis-shaped or unexpected
-            tensor; inconsistent shards; a tokenizer larger than the embedding (each naming the file, the
-            field and what is allowed); an unknown dtype or a device this machine lacks (before any file is
+            tensor; inconsistent shards; a tokenizer larger than the embedding; an ``eos_token_id`` outside
+            the vocabulary (each naming the file, the field and what is allowed); an unknown dtype or a device this machine lacks (before any file is
             read).
     """
     target = torch.device(map_location) if device is None else resolve_device(device)
     name = check_dtype(dtype, target)  # an unknown dtype, or one the device cannot run, fails before any file is read
     hf, family, _, cfg = read_hf_config(directory)
     tokenizer = read_tokenizer(directory, cfg.num_tokens)  # before the weights: a missing tokenizer is found at once
+    tokenizer = with_eos_ids(tokenizer, read_eos_ids(directory, hf, cfg.num_tokens))  # where generate stops
     files = WeightFiles(directory)
     load_dtype = getattr(torch, name) if name in ("bfloat16", "float16") else torch.float32
     model = build_model(files, family, hf, cfg, dtype=load_dtype, device=target,
@@ -259,8 +261,13 @@ def hf_state(model: DecoderOnlyTransformer, tokenizer=None) -> tuple[object, str
 
 
 def hf_config(family, cfg: ModelConfig, tokenizer, dtype: torch.dtype) -> dict:
-    """config.json of the written model: the family's fields, the tokenizer's special ids, the dtype."""
-    return {**family.to_theirs(cfg), **special_ids_of(tokenizer), "torch_dtype": str(dtype).removeprefix("torch.")}
+    """config.json of the written model: the family's fields, the tokenizer's special ids (``eos_token_id`` a list
+    with its :attr:`~decoderlab.tokenizers.Tokenizer.eos_ids`: :func:`.generation_config.eos_token_id_of`), the
+    dtype."""
+    ids = special_ids_of(tokenizer)
+    if tokenizer is not None:
+        ids["eos_token_id"] = eos_token_id_of(ids["eos_token_id"], tokenizer.eos_ids)
+    return {**family.to_theirs(cfg), **ids, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def save_hf_directory(model: DecoderOnlyTransformer, tokenizer, directory: str | os.PathLike, *,

@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 
 from ..config.model import ModelConfig
-from .convert import ConfigError, Names, no_sliding_window, prepare_norm, rotary_config, rotary_mismatches, rotary_theirs
+from .convert import (ConfigError, Names, no_sliding_window, prepare_norm, rotary_config, rotary_mismatches,
+                      rotary_theirs, window_of)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -63,8 +64,12 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
                 raise ConfigError(f"{where}: {key}={hf[key]!r}, but MistralForCausalLM has no biases (transformers "
                                   f"would leave them out); allowed: {key} false or absent, or LlamaForCausalLM",
                                   key)
-        no_sliding_window(hf, where, default=4096)
     fields = rotary_config(hf, where)
+    if architecture == "MistralForCausalLM":  # one window for every layer (MistralConfig has no layer_types)
+        window = window_of(hf, 4096, where)
+        no_sliding_window(where, list(range(fields["n_layer"])), window, fields,
+                          why="MistralForCausalLM slides every layer", allowed="sliding_window null, or >= "
+                          "max_position_embeddings")
     bias = bool(hf.get("attention_bias") or hf.get("mlp_bias"))
     return ModelConfig(**fields, mlp="swiglu", bias=bias)
 

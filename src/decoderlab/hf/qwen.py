@@ -7,7 +7,8 @@ Names: Llama's (:mod:`.llama`), and for Qwen3::
     model.layers.{i}.self_attn.q_norm / k_norm    -> blocks.{i}.attention.q_norm / k_norm
 
 A model of ours with ``qkv_bias`` exports to Qwen2; with ``qk_norm`` to Qwen3 (a QK-norm without a gain is
-written with unit gains). Sliding-window attention (``use_sliding_window``) is refused. transformers 5 rebuilds
+written with unit gains). A layer that slides (``use_sliding_window`` from ``max_window_layers`` on, or
+``layer_types``) over a window shorter than the context is refused. transformers 5 rebuilds
 the tokenizer of every ``qwen2`` directory as Qwen's own (``Qwen2Tokenizer``: NFC, Qwen's split, single digits),
 whatever its tokenizer.json says, so a model whose tokenizer is not Qwen's goes to Llama's class instead (the same
 forward: q/k/v biases and a zero o_proj bias), where ``AutoTokenizer`` reads the tokenizer.json written. Source: Qwen2 /
@@ -19,7 +20,8 @@ from __future__ import annotations
 import re
 
 from ..config.model import ModelConfig
-from .convert import ConfigError, Names, no_sliding_window, prepare_norm, rotary_config, rotary_mismatches, rotary_theirs
+from .convert import (ConfigError, Names, layer_list, no_sliding_window, prepare_norm, rotary_config,
+                      rotary_mismatches, rotary_theirs, window_of)
 
 ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 #: the split of transformers' ``Qwen2Tokenizer`` (``PRETOKENIZE_REGEX``), which AutoTokenizer imposes on qwen2
@@ -53,19 +55,62 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
     or ``qk_norm`` with its gain (Qwen3; ``attention_bias`` gives ``bias=True``, the MLP's biases zero).
 
     Raises:
-        ConfigError: hidden_act other than silu, rope scaling, a sliding window shorter than the context.
+        ConfigError: hidden_act other than silu, rope scaling, a layer that slides (:func:`sliding_layers`) over
+            a window shorter than the context.
     """
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{where}: hidden_act {act!r} is not implemented for {architecture}; allowed: 'silu' (SwiGLU)",
                           "hidden_act")
-    no_sliding_window(hf, where, default=4096 if hf.get("use_sliding_window") else None)
     fields = rotary_config(hf, where)
+    layers, window, how = sliding_layers(hf, fields["n_layer"], where)
+    no_sliding_window(where, layers, window, fields, **how)
     if architecture == "Qwen3ForCausalLM":
         if "head_dim" not in hf:  # Qwen3Config's default, not d_model // n_head
             fields["head_dim"] = 0 if 128 * fields["n_head"] == fields["d_model"] else 128
         return ModelConfig(**fields, mlp="swiglu", qk_norm=True, qk_norm_gain=True, bias=bool(hf.get("attention_bias")))
     return ModelConfig(**fields, mlp="swiglu", qkv_bias=True)
+
+
+#: the layer types Qwen2 / Qwen3 attention runs (transformers' legacy "attention" is "full_attention")
+LAYER_TYPES = {"full_attention": "full_attention", "attention": "full_attention",
+               "sliding_attention": "sliding_attention"}
+
+
+def sliding_layers(hf: dict, n_layer: int, where: str) -> tuple[list[int], int | None, dict]:
+    """``(the layers Qwen2Config / Qwen3Config make slide, their window, how)`` (how: the ``why`` and ``allowed``
+    of :func:`.convert.no_sliding_window`'s message), as transformers derives them: a
+    window (``sliding_window``, 4096 when absent) only with ``use_sliding_window``; the ``layer_types`` of
+    config.json where it lists them, else "sliding_attention" for the layers from ``max_window_layers`` (28 when
+    absent) on, when there is a window -- so a ``max_window_layers`` that covers every layer leaves every layer
+    full attention, whatever the window.
+
+    Raises:
+        ConfigError: a ``layer_types`` that is not one of :data:`LAYER_TYPES` per layer, or that makes a layer
+            slide without a window (transformers cannot run it); a ``max_window_layers`` that is not an integer.
+    """
+    window = window_of(hf, 4096, where) if hf.get("use_sliding_window") else None
+    types = hf.get("layer_types")
+    if types is None:
+        start = hf.get("max_window_layers", 28)
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise ConfigError(f"{where}: max_window_layers is {start!r}; allowed: an integer (the first layer "
+                              "that slides)", "max_window_layers")
+        layers = list(range(max(start, 0), n_layer)) if window is not None else []
+        return layers, window, dict(why=f"use_sliding_window true, from max_window_layers {start} on", allowed=(
+            f"use_sliding_window false, max_window_layers >= num_hidden_layers {n_layer} (every layer full "
+            "attention), or sliding_window >= max_position_embeddings"))
+    if (not isinstance(types, list) or len(types) != n_layer
+            or not all(isinstance(t, str) and t in LAYER_TYPES for t in types)):
+        raise ConfigError(f"{where}: layer_types {types!r} is not one type per layer; allowed: a list of "
+                          f"num_hidden_layers {n_layer} of 'full_attention', 'sliding_attention'", "layer_types")
+    layers = [i for i, t in enumerate(types) if LAYER_TYPES[t] == "sliding_attention"]
+    if layers and window is None:
+        raise ConfigError(f"{where}: layer_types makes {layer_list(layers)} 'sliding_attention', but "
+                          "use_sliding_window is false, which gives them no window (transformers cannot run them); "
+                          "allowed: 'full_attention' layers, or use_sliding_window true", "layer_types")
+    return layers, window, dict(why="'sliding_attention' in layer_types, use_sliding_window true",
+                                allowed="'full_attention' layer_types, or sliding_window >= max_position_embeddings")
 
 
 def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
