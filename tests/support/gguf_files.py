@@ -204,6 +204,30 @@ def write_gguf(path: str | Path, arch: str, model, tokenizer, *, pre: str = "gpt
     return path
 
 
+def read_back(path) -> tuple[dict, dict]:
+    """A written file read by ``gguf``'s own reader: (tensors by name as (type name, float32 array in our (rows,
+    cols) layout), fields by name)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    tensors = {}
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        tensors[t.name] = (t.tensor_type.name, data)
+    return tensors, r.fields
+
+
+def field(fields, name):
+    """The value of metadata field ``name`` of :func:`read_back`'s fields (a list for an array)."""
+    import gguf
+
+    f = fields[name]
+    if f.types[0] == gguf.GGUFValueType.ARRAY:
+        return [f.contents(i) for i in range(len(f.data))]
+    return f.contents()
+
+
 def _shape_metadata(arch: str, cfg) -> dict:
     if arch == "gpt2":
         return {f"{arch}.context_length": cfg.n_positions, f"{arch}.embedding_length": cfg.n_embd,

@@ -1,8 +1,15 @@
-"""A GGUF file's tensors -> decoderlab's state dict: each dequantized by the ``gguf`` package
-(``gguf.quants.dequantize``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants, ...) to float32, llama's
-query and key rows put back in Hugging Face's rotate-half order, and renamed.
+"""A GGUF file's tensors <-> decoderlab's weights, both ways, by llama.cpp's names (:data:`BLOCK_NAMES`).
 
-Tensor mapping (llama.cpp -> ours; shapes (rows, cols) as PyTorch's ``nn.Linear``)::
+In: each tensor dequantized by the ``gguf`` package (``gguf.quants``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1, the K-quants, ...) to float32 -- or, for a block dtype, a Q8_0 / Q4_0 / Q4_1 matrix kept in its blocks
+(:class:`decoderlab.quant.BlockWeight`) --, q / k / v stacked into our one projection in the row order
+the model computes with (:func:`unpermute`: llama's rows back in rotate-half order), renamed (:func:`state_dict`).
+
+Out: each layer's arrays under llama.cpp's names (:func:`layer_tensors`), each encoded in the GGML type of the
+asked dtype (:func:`encode`: f32 / bf16 / f16 by ``gguf.quants``, q8_0 / q4_0 / q4_1 by :mod:`decoderlab.quant`,
+the bytes llama.cpp's reference quantizers write; a block layer of the asked type written as it is).
+
+Tensor mapping (llama.cpp <-> ours; shapes (rows, cols) as PyTorch's ``nn.Linear``)::
 
     token_embd.weight        (num_tokens, d_model)     -> we.weight
     position_embd.weight     (max_len, d_model)        -> pe.weight                        (gpt2)
@@ -19,9 +26,8 @@ Tensor mapping (llama.cpp -> ours; shapes (rows, cols) as PyTorch's ``nn.Linear`
     output.weight            (num_tokens, d_model)     -> fc_layer.weight  (absent: tied to we.weight)
 
 The permutation: llama.cpp's converter (``LlamaModel.permute``) reorders each query / key head's rows from
-Hugging Face's rotate-half pairing (x[i], x[i + d_head/2]) to ggml's interleaved one (x[2i], x[2i+1]); its
-inverse is applied here to the rows (so it works on quantized rows too), and the model uses rotate-half rope.
-qwen2 / qwen3 files are written in rotate-half order (llama.cpp's NEOX rope) and are not permuted.
+Hugging Face's rotate-half pairing (x[i], x[i + d_head/2]) to ggml's interleaved one (x[2i], x[2i+1])
+(:func:`permute`); :func:`unpermute` is its inverse. Both move whole rows, so they apply to quantized rows too.
 
 Source: llama.cpp's ``convert_hf_to_gguf.py``; the ``gguf`` package's ``quants`` module.
 """
@@ -35,10 +41,11 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-_BLOCK = {"attn_norm": "norm_1", "attn_output": "attention.proj", "attn_q_norm": "attention.q_norm",
-          "attn_k_norm": "attention.k_norm", "ffn_norm": "norm_2", "ffn_gate": "mlp.gate", "ffn_up": "mlp.fc",
-          "ffn_down": "mlp.proj", "attn_qkv": "attention.qkv"}
-_TOP = {"token_embd": "we", "position_embd": "pe", "output_norm": "norm_f", "output": "fc_layer"}
+#: llama.cpp's tensor names -> ours: in a block (``blk.{i}.<name>``), and outside the blocks
+BLOCK_NAMES = {"attn_norm": "norm_1", "attn_output": "attention.proj", "attn_q_norm": "attention.q_norm",
+               "attn_k_norm": "attention.k_norm", "ffn_norm": "norm_2", "ffn_gate": "mlp.gate", "ffn_up": "mlp.fc",
+               "ffn_down": "mlp.proj", "attn_qkv": "attention.qkv"}
+TOP_NAMES = {"token_embd": "we", "position_embd": "pe", "output_norm": "norm_f", "output": "fc_layer"}
 
 
 @lru_cache(maxsize=1)
@@ -64,6 +71,12 @@ def check_types(gf) -> None:
         if t.type.name not in ok:
             raise ValueError(f"{gf.path}: tensor {t.name} is {t.type.name}, a GGML type the gguf package cannot "
                              f"dequantize; allowed: {', '.join(ok)}")
+
+
+def permute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's query/key permutation: ``rows`` (n_head * d_head, ...) in Hugging Face's rotate-half
+    order -> ggml's interleaved rotary order (rows move whole)."""
+    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
 def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -166,60 +179,54 @@ BLOCK_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 _BLOCK_LAYERS = ("attention.qkv", "attention.proj", "mlp.gate", "mlp.fc", "mlp.proj", "fc_layer")
 
 
-def _ours(name: str) -> str:
+def ours_name(name: str) -> str:
+    """Our state-dict name of llama.cpp's tensor ``name`` (``blk.0.ffn_up.weight`` -> ``blocks.0.mlp.fc.weight``)."""
     prefix, param = name.rsplit(".", 1)
     if prefix.startswith("blk."):
         _, i, kind = prefix.split(".")
-        return f"blocks.{i}.{_BLOCK[kind]}.{param}"
-    return f"{_TOP[prefix]}.{param}"
+        return f"blocks.{i}.{BLOCK_NAMES[kind]}.{param}"
+    return f"{TOP_NAMES[prefix]}.{param}"
 
 
-def state_dict(gf, arch: str, fields: dict, keep_blocks: bool = False):
-    """``(state, blocks, report)`` of a checked file (:func:`~.config.check_tensors`): our state dict (float32
-    tensors by our names), the layers kept as block weights (layer name -> ``decoderlab.quant.BlockWeight``;
-    empty unless ``keep_blocks``) and what it cost.
+def state_dict(gf, fields: dict, keep: bool = False, qkv_orders: list | None = None):
+    """``(state, blocks, report)`` of a checked file (:func:`~.architecture.check_tensors`): our state dict
+    (float32 tensors by our names), the layers kept as block weights (layer name ->
+    ``decoderlab.quant.BlockWeight``; empty unless ``keep``) and what it cost.
 
-    ``keep_blocks``: a matrix of a linear layer (and the word embedding when tied) stored as Q8_0, Q4_0 or Q4_1
-    is kept in its blocks, no float copy made (q | k | v fused when the three share a type; llama's rows
-    unpermuted as rows of blocks); every other tensor is dequantized."""
+    ``keep``: a matrix of a linear layer (and the word embedding when tied) stored as Q8_0, Q4_0 or Q4_1 is kept in
+    its blocks, no float copy made (q | k | v fused when the three share a type); every other tensor is
+    dequantized. ``qkv_orders``: for
+    an architecture whose q, k and v are three tensors, the row order of each in the model (None: as written);
+    None for one fused ``attn_qkv``."""
     report, start = DequantReport(), time.perf_counter()
     state, blocks = {}, {}
-    block_ok = keep_blocks and fields["tie_weights"]
     for name in gf.tensors:
-        if name.startswith("blk.") and name.split(".")[2] in ("attn_q", "attn_k", "attn_v"):
-            continue  # fused below, per block
-        ours = _ours(name)
+        if qkv_orders is not None and name.startswith("blk.") and name.split(".")[2] in ("attn_q", "attn_k", "attn_v"):
+            continue  # stacked below, per block
+        ours = ours_name(name)
         layer = ours.rsplit(".", 1)[0]
-        if keep_blocks and ours.endswith(".weight") and (layer.endswith(_BLOCK_LAYERS) or (layer == "we" and block_ok)):
-            kept = _blocks(gf, [name], report)
-            if kept is not None:
-                blocks[layer] = kept
+        can_keep = layer.endswith(_BLOCK_LAYERS) or (layer == "we" and fields["tie_weights"])
+        kept = _blocks(gf, [name], report, keep) if keep and ours.endswith(".weight") and can_keep else None
+        if kept is not None:
+            blocks[layer] = kept
+        else:
+            state[ours] = torch.from_numpy(dequantize(gf, name, report))
+    for i in range(fields["n_layer"] if qkv_orders is not None else 0):
+        names = [f"blk.{i}.attn_{x}.weight" for x in "qkv"]
+        kept = _blocks(gf, names, report, keep, qkv_orders) if keep else None
+        if kept is not None:
+            blocks[f"blocks.{i}.attention.qkv"] = kept
+        for param in ("weight", "bias") if fields["qkv_bias"] else ("weight",):
+            if param == "weight" and kept is not None:
                 continue
-        state[ours] = torch.from_numpy(dequantize(gf, name, report))
-    if arch != "gpt2":
-        for i in range(fields["n_layer"]):
-            names = [f"blk.{i}.attn_{x}.weight" for x in "qkv"]
-            kept = _blocks(gf, names, report, _head_orders(arch, fields)) if keep_blocks else None
-            if kept is not None:
-                blocks[f"blocks.{i}.attention.qkv"] = kept
-            for param in ("weight", "bias") if fields["qkv_bias"] else ("weight",):
-                if param == "weight" and kept is not None:
-                    continue
-                parts = [_head_rows(gf, arch, fields, f"blk.{i}.attn_{x}.{param}", x, report) for x in "qkv"]
-                state[f"blocks.{i}.attention.qkv.{param}"] = torch.from_numpy(np.concatenate(parts))
+            parts = [dequantize(gf, f"blk.{i}.attn_{x}.{param}", report) for x in "qkv"]
+            parts = [p if order is None else p[order.numpy()] for p, order in zip(parts, qkv_orders)]
+            state[f"blocks.{i}.attention.qkv.{param}"] = torch.from_numpy(np.concatenate(parts))
     report.seconds = time.perf_counter() - start
     return state, blocks, report
 
 
-def _head_orders(arch: str, fields: dict) -> list:
-    """The row order of q, k and v in the model (llama: rotate-half, the converter's permutation undone)."""
-    if arch != "llama":
-        return [None] * 3
-    dh = fields["head_dim"] or fields["d_model"] // fields["n_head"]
-    return [torch.from_numpy(unpermute(np.arange(n * dh), n)) for n in (fields["n_head"], fields["n_kv_head"])] + [None]
-
-
-def _blocks(gf, names: list[str], report: DequantReport, orders=None):
+def _blocks(gf, names: list[str], report: DequantReport, keep: bool, orders=None):
     """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight``, None when they
     are not all of one block type."""
     from ..quant import BlockWeight
@@ -227,19 +234,97 @@ def _blocks(gf, names: list[str], report: DequantReport, orders=None):
     kinds = {gf.tensors[n].type.name for n in names}
     if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_TYPES:
         return None
-    kind = BLOCK_TYPES[kinds.pop()]
+    keep = BLOCK_TYPES[kinds.pop()]
     parts = []
     for n, order in zip(names, orders or [None] * len(names)):
         t = gf.tensors[n]
-        w = BlockWeight.from_gguf(gf.data(n), kind, t.shape)
+        w = BlockWeight.from_gguf(gf.data(n), keep, t.shape)
         parts.append(w if order is None else w.rows(order))
         report.kept[t.type.name] = report.kept.get(t.type.name, 0) + 1
         report.kept_bytes += t.nbytes
     return parts[0] if len(parts) == 1 else BlockWeight.cat(parts)
 
 
-def _head_rows(gf, arch: str, fields: dict, name: str, which: str, report) -> np.ndarray:
-    rows = dequantize(gf, name, report)
-    if arch == "llama" and which in "qk":
-        rows = unpermute(rows, fields["n_head"] if which == "q" else fields["n_kv_head"])
-    return rows
+# -- out ----------------------------------------------------------------------------------------------------------
+
+#: the largest |weight| each type holds, in float16's largest numbers: float16 itself; q8_0's scale is max / 127,
+#: q4_0's max / 8; q4_1 keeps each block's minimum as a float16
+_FLOAT16_MAX = 65504.0
+_HEADROOM = {"float16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
+
+
+def array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
+    """A weight as the writer takes it: a float32 NumPy copy; a block layer's :class:`~decoderlab.quant.
+    BlockWeight` as it is (written as it is where the dtype is its own); None -> ``like`` zeros."""
+    from ..quant import is_block_layer
+
+    if t is None:
+        return np.zeros(like, dtype=np.float32)
+    if is_block_layer(t):
+        return t.blocks
+    return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+
+
+def layer_tensors(module, name: str, ours: str, matrix: bool, zero_bias: bool) -> list[tuple]:
+    """A layer's weight and bias as ``(GGUF name, array, takes the weight dtype, our name)``: ``name.weight`` and
+    ``name.bias`` (zeros where the architecture has a bias and the model none: ``zero_bias``)."""
+    from ..quant import is_block_layer
+
+    w = module if is_block_layer(module) else module.weight
+    out = [(f"{name}.weight", array(w), matrix, f"{ours}.weight")]
+    bias = getattr(module, "bias", None)
+    if bias is not None or zero_bias:
+        rows = module.blocks.shape[0] if is_block_layer(module) else w.shape[0]
+        out.append((f"{name}.bias", array(bias, rows), False, f"{ours}.bias"))
+    return out
+
+
+def split_rows(rows, cuts: list[int]) -> list:
+    """Rows [0, a), [a, b), [b, end) of a float array or a BlockWeight."""
+    from ..quant import BlockWeight
+
+    if isinstance(rows, BlockWeight):
+        edges = [0, *cuts, rows.shape[0]]
+        return [rows.rows(slice(a, b)) for a, b in zip(edges, edges[1:])]
+    return np.split(rows, cuts)
+
+
+def reorder_rows(rows, index: np.ndarray):
+    """``rows[index]`` of a float array or a BlockWeight (its rows of blocks)."""
+    from ..quant import BlockWeight
+
+    return rows.rows(torch.from_numpy(index)) if isinstance(rows, BlockWeight) else rows[index]
+
+
+def encode(data, dtype: str, matrix: bool, name: str):
+    """``(array to write, its GGML type)``: ``dtype`` for a matrix, f32 otherwise; a block type where the rows
+    allow (f16 else); ``data`` a float32 array or a :class:`~decoderlab.quant.BlockWeight` (written as it is when
+    of type ``dtype``).
+
+    Raises:
+        ValueError: a value outside what ``dtype``'s float16 numbers hold (:data:`_HEADROOM`), naming the tensor.
+    """
+    import gguf
+
+    from ..config.names import BLOCK_DTYPES
+    from ..quant import GGML_TYPES, BlockWeight
+
+    q = gguf.GGMLQuantizationType
+    if isinstance(data, BlockWeight):
+        if data.kind == dtype:
+            return data.to_gguf(), q(GGML_TYPES[dtype])
+        data = data.dequantize().numpy()
+    if not matrix or dtype == "float32":
+        return data, q.F32
+    if dtype == "bfloat16":  # float32's range: nothing to refuse; rounded to nearest even, as torch rounds
+        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), q.BF16), q.BF16
+    blocks = dtype in BLOCK_DTYPES and data.shape[-1] % 32 == 0
+    limit = _FLOAT16_MAX * (_HEADROOM[dtype] if blocks else 1)
+    peak = float(np.abs(data).max()) if data.size else 0.0
+    if not peak <= limit:
+        room = f" x {_HEADROOM[dtype]} for a {dtype} scale" if limit > _FLOAT16_MAX else ""
+        raise ValueError(f"tensor {name} holds {peak:g}, outside float16's range (+-{_FLOAT16_MAX:g}{room}): --dtype "
+                         f"{dtype} cannot hold it; write it with --dtype float32")
+    if blocks:
+        return BlockWeight.quantize(torch.from_numpy(data), dtype).to_gguf(), q(GGML_TYPES[dtype])
+    return data.astype(np.float16), q.F16

@@ -1,4 +1,4 @@
-"""The GGUF header read by decoderlab.gguf_import.reader equals gguf.GGUFReader's (every metadata field, every
+"""The GGUF header read by decoderlab.gguf.reader equals gguf.GGUFReader's (every metadata field, every
 tensor's type, shape and bytes) on files of each architecture and type; damaged files are refused in one line."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoderlab.gguf_import.reader import GGUFFile
+from decoderlab.gguf.reader import GGUFFile
 
 gguf = pytest.importorskip("gguf")
 

@@ -6,14 +6,16 @@
 What is read, each step checked before the next (every error one line naming the file and what is wrong):
 
 1. the header (:mod:`.reader`): a GGUF v2/v3 file, not truncated, every tensor's data inside it;
-2. the architecture and shape (:mod:`.config`): ``llama``, ``qwen2``, ``qwen3`` or ``gpt2``, with no feature
-   the model class lacks; the tensors exactly those the metadata implies (names, count and shapes);
-3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer;
+2. the architecture and shape (:mod:`.architecture`, its family's module): ``llama``, ``qwen2``, ``qwen3`` or
+   ``gpt2``, with no feature the model class lacks; the tensors exactly those the metadata implies (names, count
+   and shapes);
+3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer, or a
+   SentencePiece vocabulary;
 4. the weights (:mod:`.weights`): every GGML type one the ``gguf`` package dequantizes, dequantized to float32
    (then ``dtype``), llama's query/key rows put back in rotate-half order.
 
-The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built on the meta device and the weights put in
-place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
+The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built with its initialisers skipped and the
+weights put in place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
 (``tokenizer.chat_template``), the control ids (bos, eos, end of turn), the context length and the report of what
 was dequantized and what it cost.
 
@@ -29,13 +31,10 @@ from pathlib import Path
 
 import torch
 
-from .config import ARCHITECTURES, check_architecture, check_tensors, model_fields
+from .architecture import check_architecture, check_tensors, family_of, model_fields
 from .reader import GGUFFile
-from .tokenizer import PRE_TOKENIZERS, check_tokenizer, hf_tokenizer, special_ids
-from .weights import DequantReport, check_types, dequantizable, state_dict
-
-__all__ = ["ARCHITECTURES", "PRE_TOKENIZERS", "GGUFContents", "GGUFFile", "GGUFInfo", "DequantReport",
-           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf", "read_info"]
+from .tokenizer import check_tokenizer, hf_tokenizer, special_ids
+from .weights import DequantReport, check_types, state_dict
 
 #: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
 SUFFIX = ".gguf"
@@ -127,7 +126,9 @@ def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFCont
     gf, arch, fields = open_checked(path)
     tokenizer = hf_tokenizer(gf.metadata, gf.path)
     info = _info(gf, arch)
-    state, blocks, info.report = state_dict(gf, arch, fields, keep_blocks)
+    family = family_of(arch)
+    orders = family.qkv_orders(arch, fields) if family.SPLIT_QKV else None
+    state, blocks, info.report = state_dict(gf, fields, keep_blocks, orders)
     return GGUFContents(fields, state, tokenizer, info, blocks)
 
 

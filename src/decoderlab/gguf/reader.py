@@ -9,7 +9,7 @@ GGML type, the offset of its data), then the data, aligned to ``general.alignmen
 Why not ``gguf.GGUFReader``: it builds a NumPy view for every item of every array, two per string, which for
 SmolLM2's 49,152 tokens and 48,900 merges is about a million views -- 5 to 8 s of the 10 s a load of the file
 may take on a 2-core machine (the parse here takes 0.2 s). ``gguf``'s own enums, block sizes and
-dequantizers are used throughout, and tests/gguf_import/test_reader.py checks every field and tensor entry
+dequantizers are used throughout, and tests/gguf/test_reader.py checks every field and tensor entry
 read here against ``GGUFReader``'s.
 
 Source: the GGUF specification (ggml-org/ggml, docs/gguf.md).

@@ -1,4 +1,4 @@
-"""A GGUF file as our model (decoderlab.gguf_import.load_gguf): logits equal to the model the file was written
+"""A GGUF file as our model (decoderlab.gguf.load_gguf): logits equal to the model the file was written
 from and to transformers' GGUF-loaded model (1e-5 on tiny float32 files of each architecture; 1e-4 on SmolLM2's
 real file), llama's query/key permutation undone (skipping it changes the logits), the dtype asked, and the report
 of what was dequantized."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoderlab.gguf_import import is_gguf_file, load_gguf
+from decoderlab.gguf import is_gguf_file, load_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -35,11 +35,11 @@ def test_logits_equal_the_written_model_and_transformers_gguf_model(tiny_gguf, a
 
 
 def test_permutation_undone_is_what_makes_llama_right(tiny_gguf, monkeypatch):
-    from decoderlab.gguf_import import weights
+    from decoderlab.gguf import llama
 
     path, hf = tiny_gguf("llama")
     ids = torch.arange(12).reshape(1, 12)
-    monkeypatch.setattr(weights, "unpermute", lambda rows, n_head: rows)  # as written: interleaved rows
+    monkeypatch.setattr(llama, "unpermute", lambda rows, n_head: rows)  # as written: interleaved rows
     wrong, _, _ = load_gguf(path)
     assert (logits(wrong, ids) - logits(hf, ids)).abs().max() > 1e-3
     wrong.config.rope_layout = "interleaved"  # ...which llama.cpp's own interleaved rope reads right

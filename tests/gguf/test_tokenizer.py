@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from decoderlab.gguf_import import read_gguf
-from decoderlab.gguf_import.reader import GGUFFile
-from decoderlab.gguf_import.tokenizer import check_tokenizer, hf_tokenizer, special_ids
+from decoderlab.gguf import read_gguf
+from decoderlab.gguf.reader import GGUFFile
+from decoderlab.gguf.tokenizer import check_tokenizer, hf_tokenizer, special_ids
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -105,7 +105,7 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
     assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
     assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
-    from decoderlab.gguf_import import _named_tokens, read_info
+    from decoderlab.gguf.loader import _named_tokens, read_info
     from decoderlab.tokenizers import BPETokenizer, encode_with_special_tokens
 
     tok = BPETokenizer(ours, special_tokens=_named_tokens(read_info(smollm_path)))
@@ -152,7 +152,7 @@ def test_llama_cpp_tokenizes_as_the_rebuilt_tokenizer(tmp_path, trained, spm_fil
 
 
 def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
-    from decoderlab.gguf_import import load_gguf
+    from decoderlab.gguf import load_gguf
 
     _, tok, info = load_gguf(spm_file)
     text = "Hello there, café 東京! 12 + 7"
