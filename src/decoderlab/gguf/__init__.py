@@ -3,7 +3,7 @@
 template inside.
 
     model, tokenizer, info = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # what decoderlab.load and --checkpoint read
-    save_gguf(model, tokenizer, "out.gguf", dtype="q8_0")                   # what decoderlab export --format gguf writes
+    save_gguf(model, tokenizer, "out.gguf", dtype="q8_0")                   # what `export --format gguf` writes
 
 Each family is a room of its own -- its metadata and tensors both ways, and the models it computes -- beside one
 shared loader and writer (the shape of :mod:`decoderlab.hf`, and of llama.cpp's converter); a new family is one

@@ -33,7 +33,7 @@ import torch
 
 from .architecture import check_architecture, check_tensors, family_of, model_fields
 from .reader import GGUFFile
-from .tokenizer import check_tokenizer, hf_tokenizer, special_ids
+from .tokenizer import check_tokenizer, hf_tokenizer, special_flags, special_ids
 from .weights import DequantReport, check_types, state_dict
 
 #: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
@@ -56,9 +56,11 @@ class GGUFInfo:
         name: ``general.name`` ("" when absent).
         chat_template: ``tokenizer.chat_template`` (a Jinja template, Hugging Face's), or None.
         special_ids: control ids by role: ``bos``, ``eos``, ``eot`` (end of turn), ``eom``, ``pad``, ``unk``
-            (those the file states).
+            (those the file states, else llama.cpp's defaults: :data:`~.tokenizer.VOCAB_DEFAULTS`).
         special_tokens: the same roles -> the tokens' text (``{"eos": "<|im_end|>", ...}``).
-        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``).
+        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``, else llama.cpp's
+            default: true for SentencePiece and Llama 3's BPE).
+        add_eos: whether llama.cpp puts ``eos`` after a text (``tokenizer.ggml.add_eos_token``, default false).
         context_length: ``<arch>.context_length`` (tokens).
         report: what was dequantized and the bytes it cost (:class:`~.weights.DequantReport`).
     """
@@ -70,6 +72,7 @@ class GGUFInfo:
     special_ids: dict[str, int] = field(default_factory=dict)
     special_tokens: dict[str, str] = field(default_factory=dict)
     add_bos: bool = False
+    add_eos: bool = False
     context_length: int = 0
     report: DequantReport = field(default_factory=DequantReport)
 
@@ -77,6 +80,7 @@ class GGUFInfo:
         """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
         return dict(path=str(self.path), architecture=self.architecture, name=self.name,
                     special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos,
+                    add_eos=self.add_eos,
                     context_length=self.context_length,
                     dequantized=self.report.to_dict())
 
@@ -139,7 +143,7 @@ def _info(gf: GGUFFile, arch: str) -> GGUFInfo:
     return GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
                     chat_template=template if isinstance(template, str) else None, special_ids=ids,
                     special_tokens={k: meta["tokenizer.ggml.tokens"][i] for k, i in ids.items()},
-                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                    **special_flags(meta),
                     context_length=int(meta.get(f"{arch}.context_length", 0) or 0))
 
 
@@ -220,4 +224,4 @@ def _named_tokens(info: GGUFInfo) -> dict:
     ``tokenizer.ggml.eos_token_id`` (SmolLM2's ``<|im_end|>``), not a guess from the vocabulary."""
     named = {f"{role}_token": text for role, text in info.special_tokens.items()
              if role in ("bos", "eos", "pad", "unk")}
-    return {**named, "add_bos_token": info.add_bos, "add_eos_token": False}
+    return {**named, "add_bos_token": info.add_bos, "add_eos_token": info.add_eos}

@@ -10,16 +10,21 @@ spaces as ``▁`` and one ``▁`` before the text (``tokenizer.ggml.add_space_pr
 (``bert``) and Unigram (``t5``) vocabularies are refused. Control tokens (type 3) are special tokens,
 user-defined ones (type 4) tokens matched whole.
 
+The special ids (bos, eos, unk, ...) and whether a text gets bos first and eos last (``add_bos_token`` /
+``add_eos_token``) are what llama.cpp's vocabulary loader makes of the file: a key the file states, else
+llama.cpp's default for its kind of vocabulary (:data:`VOCAB_DEFAULTS`: a SentencePiece file starts a text with
+``<s>`` = 1 and ends at ``</s>`` = 2 without saying so; a Llama 3 BPE file starts with its bos).
+
 Out (:func:`write_tokenizer`): byte-level BPE (``model = "gpt2"``) with the pre-tokenizer llama.cpp names, every
 token's text in the byte-level alphabet, the merges in order, control tokens typed CONTROL and added ordinary
-tokens USER_DEFINED. A character vocabulary becomes one token per
+tokens USER_DEFINED, every id and flag stated (no default relied on). A character vocabulary becomes one token per
 character and merges that join the UTF-8 bytes of each multi-byte character (so "é" is one token, as in
 decoderlab; a character outside the vocabulary is lost in llama.cpp, where decoderlab raises or gives ``<unk>``);
 a word vocabulary has no form llama.cpp reads: refused. Control ids written: ``eos`` (``tokenizer.eos_id``),
 ``bos`` (its ``bos_id``, else the eos as GPT-2 has it), ``pad``, and ``eot``: the chat template's end of turn.
 
-Source: llama.cpp's ``llama-vocab.cpp`` (``llm_tokenizer_bpe``, ``llama_vocab::impl::load``: the keys) and
-``convert_hf_to_gguf.py`` (``get_vocab_base``: what the keys hold).
+Source: llama.cpp's ``llama-vocab.cpp`` (``llama_vocab::impl::load``: the keys and their defaults;
+``tokenize``: bos and eos around a text) and ``convert_hf_to_gguf.py`` (``get_vocab_base``: what the keys hold).
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ from .pretokenizers import PRE_TOKENIZERS, pre_tokenizer, pre_tokenizer_name
 
 _UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
 
+#: llama.cpp's defaults where a file states no key, as its vocabulary loader sets them (``llama_vocab::impl::load``
+#: in llama.cpp's src/llama-vocab.cpp): by ``tokenizer.ggml.model`` the special ids and the flags (SentencePiece's
+#: ``<unk>`` <s> </s> = 0 1 2; byte-level BPE's 11, Falcon's, for both bos and eos), then, for byte-level BPE, the
+#: ``tokenizer.ggml.pre`` names whose texts start with bos ("gpt2/<pre>"). A default id outside the vocabulary is
+#: no id (llama.cpp: "out of vocab range, disabling"); a key outside it leaves the default ("bad special token").
+VOCAB_DEFAULTS: dict[str, dict] = {
+    "llama": {"bos": 1, "eos": 2, "unk": 0, "add_bos": True, "add_eos": False},
+    "gpt2": {"bos": 11, "eos": 11, "add_bos": False, "add_eos": False},
+    **{f"gpt2/{pre}": {"add_bos": True} for pre in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                                    "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken",
+                                                    "chameleon")},
+}
 #: our role -> the ``tokenizer.ggml.<key>`` of its id
 ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
            "pad": "padding_token_id", "unk": "unknown_token_id"}
@@ -36,21 +53,42 @@ ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", 
 # -- in -----------------------------------------------------------------------------------------------------------
 
 
+def vocab_defaults(meta: dict) -> dict:
+    """:data:`VOCAB_DEFAULTS` for the file's ``tokenizer.ggml.model`` and ``tokenizer.ggml.pre`` (empty for a model
+    llama.cpp gives none)."""
+    model = meta.get("tokenizer.ggml.model")
+    return {**VOCAB_DEFAULTS.get(model, {}), **VOCAB_DEFAULTS.get(f"{model}/{meta.get('tokenizer.ggml.pre')}", {})}
+
+
 def special_ids(meta: dict) -> dict[str, int]:
-    """The file's control ids that exist in its vocabulary: bos, eos, eot (end of turn), eom, pad, unk."""
+    """The file's control ids by role (bos, eos, eot, eom, pad, unk), as llama.cpp reads them: a stated id inside
+    the vocabulary, else llama.cpp's default for the vocabulary (:data:`VOCAB_DEFAULTS`) when inside it; a role
+    with neither is absent."""
     n = len(meta["tokenizer.ggml.tokens"])
+    defaults = vocab_defaults(meta)
     out = {}
     for role, key in ID_KEYS.items():
         value = meta.get(f"tokenizer.ggml.{key}")
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n:
             out[role] = value
+        elif defaults.get(role) is not None and 0 <= defaults[role] < n:
+            out[role] = defaults[role]
     return out
+
+
+def special_flags(meta: dict) -> dict[str, bool]:
+    """``{"add_bos": ..., "add_eos": ...}``: whether llama.cpp puts bos before a text and eos after it
+    (``tokenizer.ggml.add_bos_token`` / ``add_eos_token``, else :data:`VOCAB_DEFAULTS`)."""
+    defaults = vocab_defaults(meta)
+    return {flag: bool(meta.get(f"tokenizer.ggml.{flag}_token", defaults.get(flag, False)))
+            for flag in ("add_bos", "add_eos")}
 
 
 def check_tokenizer(meta: dict, path="") -> None:
     """Raise ``ValueError`` (one line) for a tokenizer this module does not rebuild: no vocabulary, a model
     other than byte-level BPE (``gpt2``) or SentencePiece (``llama``), a pre-tokenizer name not in
-    :data:`~.pretokenizers.PRE_TOKENIZERS`, no merges (no scores)."""
+    :data:`~.pretokenizers.PRE_TOKENIZERS`, no merges (no scores) -- or one llama.cpp refuses: a text to start
+    (end) with bos (eos) and no such token."""
     model = meta.get("tokenizer.ggml.model")
     if not meta.get("tokenizer.ggml.tokens"):
         raise ValueError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens); decoderlab needs the "
@@ -68,6 +106,14 @@ def check_tokenizer(meta: dict, path="") -> None:
                          f"{', '.join(sorted(PRE_TOKENIZERS))}")
     if model == "gpt2" and not meta.get("tokenizer.ggml.merges"):
         raise ValueError(f"{path}: the byte-level BPE tokenizer has no merges (tokenizer.ggml.merges)")
+    ids = special_ids(meta)
+    for flag, on in special_flags(meta).items():
+        role = flag.removeprefix("add_")
+        if on and role not in ids:
+            stated = f"tokenizer.ggml.{flag}_token" in meta
+            raise ValueError(f"{path}: tokenizer.ggml.{flag}_token is true{'' if stated else ' (by default)'} but "
+                             f"the file names no {role} token (tokenizer.ggml.{ID_KEYS[role]} absent or outside its "
+                             f"{len(meta['tokenizer.ggml.tokens'])} tokens), as llama.cpp refuses too")
 
 
 def hf_tokenizer(meta: dict, path=""):
@@ -219,8 +265,9 @@ def _char_merges(tokenizer) -> list[str]:
 
 
 def write_tokenizer(writer, tokenizer, end_of_turn: int | None = None, chat_template: str | None = None) -> None:
-    """``tokenizer.ggml.*`` (and ``tokenizer.chat_template``) of ``tokenizer`` into a ``gguf.GGUFWriter``;
-    ``end_of_turn``: the chat template's end-of-turn id (``tokenizer.ggml.eot_token_id`` where it is not the eos)."""
+    """``tokenizer.ggml.*`` (and ``tokenizer.chat_template``) of ``tokenizer`` into a ``gguf.GGUFWriter``:
+    every id and both flags stated, so that llama.cpp applies none of its defaults; ``end_of_turn``: the chat
+    template's end-of-turn id (``tokenizer.ggml.eot_token_id`` where it is not the eos)."""
     pre, tokens, types, merges = token_pieces(tokenizer)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
@@ -237,6 +284,6 @@ def write_tokenizer(writer, tokenizer, end_of_turn: int | None = None, chat_temp
     if end_of_turn is not None and end_of_turn != eos:
         writer.add_eot_token_id(end_of_turn)
     writer.add_add_bos_token(bool(getattr(tokenizer, "add_bos_token", False)))
-    writer.add_add_eos_token(False)
+    writer.add_add_eos_token(bool(getattr(tokenizer, "add_eos_token", False)))
     if chat_template:
         writer.add_chat_template(chat_template)
