@@ -318,20 +318,17 @@ def synthetic(shape: str, tok, tmp: str, args):
 
 
 def gguf_loader(path: str):
-    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; the file's own block type:
-    its blocks as they are; another block type: quantized from float32), or None without decoderlab's GGUF loader
-    (``decoderlab.gguf``) in this tree."""
+    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; a block type: the file's
+    matrices of that type as they are, every other one quantized from its float32 values -- SmolLM2's Q8_0
+    embedding too, at q4_1), or None without decoderlab's GGUF loader (``decoderlab.gguf``) in this tree."""
     try:
         from decoderlab.gguf import load_gguf
     except ImportError:
         print("decoderlab's GGUF loader (decoderlab.gguf) is not in this tree: llama.cpp measured alone")
         return None
-    own = file_type(path)
 
     def make(dtype):
-        if dtype in ("float32", own):
-            return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
-        return to_inference_dtype(load_gguf(path)[0], dtype)  # (the loader keeps the file's blocks for any block type)
+        return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
 
     return make
 

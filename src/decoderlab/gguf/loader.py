@@ -116,9 +116,10 @@ def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
     return gf, arch, fields
 
 
-def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFContents:
-    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- or, with
-    ``keep_blocks``, the linear layers' Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (``blocks``).
+def read_gguf(path: str | os.PathLike, *, keep: str | None = None) -> GGUFContents:
+    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- but for,
+    with ``keep`` a block dtype (``q8_0``, ``q4_0``, ``q4_1``), the linear layers' matrices of that very type, kept
+    in their blocks (``blocks``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -132,7 +133,7 @@ def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFCont
     info = _info(gf, arch)
     family = family_of(arch)
     orders = family.qkv_orders(arch, fields) if family.SPLIT_QKV else None
-    state, blocks, info.report = state_dict(gf, fields, keep_blocks, orders)
+    state, blocks, info.report = state_dict(gf, fields, keep, orders)
     return GGUFContents(fields, state, tokenizer, info, blocks)
 
 
@@ -183,9 +184,10 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
     weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
     ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
-    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) keeps the file's Q8_0 / Q4_0 / Q4_1
-    matrices in their blocks as they are, whichever of the three was asked (requantizing could only lose), with
-    no float copy; the other linear layers are quantized to ``dtype`` (:func:`decoderlab.quant.quantize_model`).
+    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) is what every linear layer then holds: the
+    file's matrices of that type kept in their blocks as they are, with no float copy; every other matrix --
+    float, or blocks of another type -- dequantized and quantized to ``dtype``
+    (:func:`decoderlab.quant.quantize_model`), which the read line says (``info.report.requantized``).
 
     Raises:
         as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
@@ -202,7 +204,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
 
     name = dtype_name(dtype)
     target = torch.device(map_location) if device is None else resolve_device(device)
-    contents = read_gguf(path, keep_blocks=name in BLOCK_DTYPES)
+    contents = read_gguf(path, keep=name if name in BLOCK_DTYPES else None)
     config = ModelConfig.from_dict(contents.fields)
     with _initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
@@ -213,9 +215,9 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     state = {k: v.to(target) for k, v in state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
+    if name in BLOCK_DTYPES and any(type(m) is torch.nn.Linear for m in model.modules()):
+        contents.info.report.requantized = name  # said on the read line: these are not the file's own blocks
     to_inference_dtype(model, dtype)
-    if name in BLOCK_DTYPES and any(t != "F32" for t in contents.info.report.types):
-        contents.info.report.requantized = name  # said on the read line: these are not the file's blocks
     return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
 
 

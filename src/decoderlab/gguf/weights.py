@@ -1,8 +1,8 @@
 """A GGUF file's tensors <-> decoderlab's weights, both ways, by llama.cpp's names (:data:`BLOCK_NAMES`).
 
 In: each tensor dequantized by the ``gguf`` package (``gguf.quants``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1, the K-quants, ...) to float32 -- or, for a block dtype, a Q8_0 / Q4_0 / Q4_1 matrix kept in its blocks
-(:class:`decoderlab.quant.BlockWeight`) --, q / k / v stacked into our one projection in the row order
+Q5_1, the K-quants, ...) to float32 -- or, for a block dtype, a Q8_0 / Q4_0 / Q4_1 matrix of that very type kept in
+its blocks (:class:`decoderlab.quant.BlockWeight`) --, q / k / v stacked into our one projection in the row order
 the model computes with (:func:`unpermute`: llama's rows back in rotate-half order), renamed (:func:`state_dict`).
 
 Out: each layer's arrays under llama.cpp's names (:func:`layer_tensors`), each encoded in the GGML type of the
@@ -100,8 +100,8 @@ class DequantReport:
     seconds: float = 0.0
     kept: dict[str, int] = field(default_factory=dict)
     kept_bytes: int = 0
-    #: the block type the dequantized matrices were quantized to afterwards (``load_gguf(dtype="q4_1")`` of a
-    #: file whose matrices are another type), or None
+    #: the block type the matrices not kept were quantized to afterwards (``load_gguf(dtype="q8_0")`` of a file
+    #: whose matrices are float, or blocks of another type), or None
     requantized: str | None = None
 
     def __str__(self) -> str:
@@ -116,10 +116,11 @@ class DequantReport:
         if quantized:
             parts.append(f"dequantized {sum(quantized.values())} tensors ({counts(quantized)}): "
                          f"{self.file_bytes / 1e6:.1f} MB in the file -> "
-                         f"{self.float_bytes / 1e6:.1f} MB of float32"
-                         + (f", its matrices then quantized to {self.requantized}" if self.requantized else ""))
+                         f"{self.float_bytes / 1e6:.1f} MB of float32")
         if "F32" in self.types:
             parts.append(f"{self.types['F32']} F32 tensors as they are")
+        if self.requantized:
+            parts.append(f"{'the other' if self.kept else 'the'} matrices then quantized to {self.requantized}")
         return "; ".join(parts or ["no tensors"]) + f" ({self.seconds:.1f} s)"
 
     def to_dict(self) -> dict:
@@ -173,7 +174,7 @@ def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray
     return out.reshape(t.shape)
 
 
-#: GGML types the model keeps as they are when a block dtype is asked (decoderlab.quant's kinds)
+#: GGML types a block dtype keeps as they are, each as its dtype (decoderlab.quant's kinds)
 BLOCK_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 #: our layers that can hold block weights (a linear layer; the word embedding when tied to the output layer)
 _BLOCK_LAYERS = ("attention.qkv", "attention.proj", "mlp.gate", "mlp.fc", "mlp.proj", "fc_layer")
@@ -188,15 +189,15 @@ def ours_name(name: str) -> str:
     return f"{TOP_NAMES[prefix]}.{param}"
 
 
-def state_dict(gf, fields: dict, keep: bool = False, qkv_orders: list | None = None):
+def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | None = None):
     """``(state, blocks, report)`` of a checked file (:func:`~.architecture.check_tensors`): our state dict
     (float32 tensors by our names), the layers kept as block weights (layer name ->
     ``decoderlab.quant.BlockWeight``; empty unless ``keep``) and what it cost.
 
-    ``keep``: a matrix of a linear layer (and the word embedding when tied) stored as Q8_0, Q4_0 or Q4_1 is kept in
-    its blocks, no float copy made (q | k | v fused when the three share a type); every other tensor is
-    dequantized. ``qkv_orders``: for
-    an architecture whose q, k and v are three tensors, the row order of each in the model (None: as written);
+    ``keep``: a block dtype (``q8_0``, ``q4_0``, ``q4_1``): a matrix of a linear layer (and the word embedding when
+    tied) stored in that very type is kept in its blocks, no float copy made (q | k | v fused when the three are);
+    every other tensor -- a matrix of another block type included -- is dequantized. ``qkv_orders``: for an
+    architecture whose q, k and v are three tensors, the row order of each in the model (None: as written);
     None for one fused ``attn_qkv``."""
     report, start = DequantReport(), time.perf_counter()
     state, blocks = {}, {}
@@ -226,15 +227,13 @@ def state_dict(gf, fields: dict, keep: bool = False, qkv_orders: list | None = N
     return state, blocks, report
 
 
-def _blocks(gf, names: list[str], report: DequantReport, keep: bool, orders=None):
-    """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight``, None when they
-    are not all of one block type."""
+def _blocks(gf, names: list[str], report: DequantReport, keep: str, orders=None):
+    """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight``, None unless
+    they are all of the block type ``keep``."""
     from ..quant import BlockWeight
 
-    kinds = {gf.tensors[n].type.name for n in names}
-    if len(kinds) != 1 or next(iter(kinds)) not in BLOCK_TYPES:
+    if any(BLOCK_TYPES.get(gf.tensors[n].type.name) != keep for n in names):
         return None
-    keep = BLOCK_TYPES[kinds.pop()]
     parts = []
     for n, order in zip(names, orders or [None] * len(names)):
         t = gf.tensors[n]
