@@ -90,7 +90,7 @@ class GGUFContents:
     """A GGUF file read into decoderlab's terms (:func:`read_gguf`): ``fields`` (ModelConfig fields, a dict),
     ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``),
     ``info`` (:class:`GGUFInfo`) and ``blocks`` (layer name -> ``decoderlab.quant.BlockWeight``: the matrices
-    kept in their Q8_0 / Q4_0 / Q4_1 blocks when asked; those layers' weights are not in ``state``)."""
+    of the block type asked, kept in their blocks; those layers' weights are not in ``state``)."""
 
     fields: dict
     state: dict[str, torch.Tensor]
