@@ -5,7 +5,7 @@ Shapes (``--shapes``, comma-separated): ``small`` (6 layers, 6 heads, d_model 38
 small: 12 layers, 12 heads, 768, 1024), each with random GPT-2 weights and a 50,257-token vocabulary (a byte-level
 BPE trained on the embedded tinyshakespeare, padded with control tokens to GPT-2's size, since the output layer's
 cost is the vocabulary's) -- or the path of a GGUF file (a real model, e.g. SmolLM2-135M-Instruct.Q4_1.gguf), which
-llama.cpp reads as it is and decoderlab through its GGUF loader (``decoderlab.gguf_import``, when present).
+llama.cpp reads as it is and decoderlab through its GGUF loader (``decoderlab.gguf``, when present).
 
 Ours (``--ours``, ``MODE:DTYPE`` items): ``decoderlab.generate`` with the decode step eager (``eager:``), compiled
 ahead of time (``aot:``, ``compile_decode(mode="aot")``: a package per dtype, its compile time apart) or by
@@ -318,20 +318,17 @@ def synthetic(shape: str, tok, tmp: str, args):
 
 
 def gguf_loader(path: str):
-    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; the file's own block type:
-    its blocks as they are; another block type: quantized from float32), or None without decoderlab's GGUF loader
-    (``decoderlab.gguf_import``) in this tree."""
+    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; a block type: the file's
+    matrices of that type as they are, every other one quantized from its float32 values -- SmolLM2's Q8_0
+    embedding too, at q4_1), or None without decoderlab's GGUF loader (``decoderlab.gguf``) in this tree."""
     try:
-        from decoderlab.gguf_import import load_gguf
+        from decoderlab.gguf import load_gguf
     except ImportError:
-        print("decoderlab's GGUF loader (decoderlab.gguf_import) is not in this tree: llama.cpp measured alone")
+        print("decoderlab's GGUF loader (decoderlab.gguf) is not in this tree: llama.cpp measured alone")
         return None
-    own = file_type(path)
 
     def make(dtype):
-        if dtype in ("float32", own):
-            return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
-        return to_inference_dtype(load_gguf(path)[0], dtype)  # (the loader keeps the file's blocks for any block type)
+        return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
 
     return make
 
@@ -366,7 +363,7 @@ def gguf_file(path: str, tmp: str, args):
         if make is None:
             files = {file_type(path): path}
         else:
-            from decoderlab.gguf_import import load_gguf
+            from decoderlab.gguf import load_gguf
 
             files = gguf_files(path, make, load_gguf(path)[1], tmp, args.theirs.split(","))
         running = peers(files, args, max(len(prompt) + args.new_tokens, args.prefill_tokens) + 8)
@@ -489,7 +486,7 @@ def accuracy(source: str, args, tmp: str) -> None:
     of ours with ours float32 (4 prompts from the held-out text x ``--new-tokens``)."""
     is_gguf = source.endswith(".gguf")
     if is_gguf:
-        from decoderlab.gguf_import import load_gguf
+        from decoderlab.gguf import load_gguf
 
         tok, make = load_gguf(source)[1], gguf_loader(source)
     else:

@@ -1,5 +1,5 @@
 """A real chat model's GGUF file side by side with its two references: SmolLM2-135M-Instruct's Q4_1 file
-(``make smollm``) in decoderlab (``decoderlab.gguf_import``), in llama.cpp (llama-cpp-python, optional) and in
+(``make smollm``) in decoderlab (``decoderlab.gguf``), in llama.cpp (llama-cpp-python, optional) and in
 ``transformers`` (its own GGUF loader, dequantizing to float32).
 
 1. load: ours dequantized to float32, ours with the blocks kept (``--dtype q4_1``), transformers';
@@ -300,7 +300,7 @@ def speed(path: Path, tmp: str, args) -> None:
     lc = llamacpp_bench()
 
     from decoderlab.export import export
-    from decoderlab.gguf_import import load_gguf
+    from decoderlab.gguf import load_gguf
 
     files = {"q4_1": str(path)}
     for kind, dtype in (("f16", "float16"), ("q8_0", "q8_0")):  # llama.cpp's names of the types -> --dtype's
@@ -328,7 +328,7 @@ def speed(path: Path, tmp: str, args) -> None:
 def loads(path: Path, args) -> tuple:
     """``(model, tokenizer, info, transformers' model, its tokenizer, rows)``: the file loaded by ours (float32, then
     with its blocks kept, timed) and by transformers (unless ``--no-transformers``)."""
-    from decoderlab.gguf_import import load_gguf
+    from decoderlab.gguf import load_gguf
 
     t = time.perf_counter()
     model, tok, info = load_gguf(path)

@@ -159,6 +159,25 @@ def test_gpt2_directory_methods_equal_the_free_functions(gpt2_dir):
         assert part in r, (part, r)
 
 
+def test_a_block_model_s_repr_counts_its_weights_and_names_its_block_type(tmp_path):
+    """A GGUF file loaded with --dtype q4_1 holds its matrices as q4_1 blocks (buffers, not parameters): its repr
+    counts what the float model counts, says how many are in q4_1 blocks, and its dtype q4_1."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bpe = byte_level_bpe(300)
+    hf = hf_model("llama", bpe.get_vocab_size())
+    path = write_gguf(tmp_path / "m.gguf", "llama", hf, bpe, qtype="Q4_1")
+    floats, blocks = dl.load(path), dl.load(path, dtype="q4_1")
+    n = sum(p.numel() for p in hf.parameters())  # the transformers model's (tied: counted once)
+    matrices = sum(p.numel() for name, p in hf.named_parameters() if p.dim() == 2)
+    assert floats.model.num_parameters() == blocks.model.num_parameters() == n
+    assert blocks.model.num_parameters(non_embedding=True) == floats.model.num_parameters(non_embedding=True)
+    assert f"; {n:,} parameters; " in repr(floats) and "dtype=float32" in repr(floats)
+    assert f"; {n:,} parameters ({matrices:,} in q4_1 blocks); " in repr(blocks) and "dtype=q4_1" in repr(blocks)
+
+
 def test_gpt2_directory_save_and_to_hf_round_trips(gpt2_dir, tmp_path):
     m = dl.load(gpt2_dir)
     ids = m.tokenize("whether 'tis nobler")

@@ -23,6 +23,22 @@ def test_gpt2_non_embedding_count():
     assert m.num_parameters(non_embedding=True) == 124_439_808 - 50257 * 768 - 1024 * 768
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_block_quantized_model_counts_the_weights_its_blocks_hold(tie):
+    """Block layers keep their weights in buffers (integers and scales): num_parameters counts them as the float
+    model's weights, a tied embedding and output layer once."""
+    from decoderlab.quant import block_weights, quantize_model
+
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", n_layer=2, d_model=64, n_head=2, num_tokens=96,
+                                                max_len=32, tie_weights=tie))
+    n, body = model.num_parameters(), model.num_parameters(non_embedding=True)
+    quantize_model(model, "q4_0")
+    assert sum(p.numel() for p in model.parameters()) < n / 2  # (the blocks are not parameters)
+    assert (model.num_parameters(), model.num_parameters(non_embedding=True)) == (n, body)
+    linears = [m for m in dl.DecoderOnlyTransformer(model.config).modules() if isinstance(m, torch.nn.Linear)]
+    assert block_weights(model) == sum(m.in_features * m.out_features for m in linears)  # (tied: the output once)
+
+
 def test_presets_are_what_they_say():
     b = dl.preset("baby-shakespeare")
     assert (b.n_layer, b.n_head, b.d_model, b.max_len, b.position, b.norm, b.mlp, b.tie_weights, b.ff_size) == (

@@ -34,9 +34,9 @@ _EXPORTS = {
     "stream_chat_reply": "chat", "load_model": "chat", "load_conversations": "chat",
     "finetune": "finetuning", "rl": "reinforcement",
 }
-_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "hooks", "lesson", "model",
-               "positions", "threads", "tokenizers", "training", "chat", "finetuning", "tinystories", "headwatch",
-               "cli", "reinforcement", "lora", "jsonl", "api", "export")
+_SUBMODULES = ("attention", "checkpoint", "data", "files", "generation", "glassbox", "hf", "gguf", "hooks", "lesson",
+               "model", "positions", "threads", "tokenizers", "training", "chat", "finetuning", "tinystories",
+               "headwatch", "cli", "reinforcement", "lora", "jsonl", "api", "export")
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -29,12 +29,14 @@ from .chat.calculator import get_tools
 from .chat.tool_loop import DEFAULT_MAX_CALLS, run_tool_turn
 from .checkpoint import save_checkpoint, unwrap_model
 from .config import PRESETS
+from .dtypes import model_dtype
 from .generation import SamplingParams, generate, stream, stream_text
 from .glassbox import explain, run_with_cache, trace, verify
 from .export import to_gguf, to_hf
 from .glassbox.features import token_features
 from .glassbox.sae import load_sae
 from .model import DecoderOnlyTransformer
+from .quant import block_weights
 from .tokenizers import encode_with_special_tokens
 
 __all__ = ["Model", "load"]
@@ -134,10 +136,12 @@ class Model:
         c = self.config
         template = self.template.name if self.template is not None else None
         where = f", path={str(self.path)!r}" if self.path is not None else ""
+        dtype, held = model_dtype(self.model), block_weights(self.model)
+        blocks = f" ({held:,} in {dtype} blocks)" if held else ""
         return (f"Model({self.preset()}: d_model={c.d_model}, n_layer={c.n_layer}, n_head={c.n_head}, "
-                f"num_tokens={c.num_tokens}, max_len={c.max_len}; {self.model.num_parameters():,} parameters; "
-                f"tokenizer={self.tokenizer.kind}, template={template!r}, device={self.device}, "
-                f"dtype={str(self.dtype).removeprefix('torch.')}{where})")
+                f"num_tokens={c.num_tokens}, max_len={c.max_len}; {self.model.num_parameters():,} parameters"
+                f"{blocks}; tokenizer={self.tokenizer.kind}, template={template!r}, device={self.device}, "
+                f"dtype={dtype}{where})")
 
     # -- text <-> ids -----------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
-from .quant import FAST_CONTRACT, block_dtype, is_block_layer, tie_block_weights
+from .quant import FAST_CONTRACT, block_dtype, block_weights, is_block_layer, tie_block_weights
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -320,15 +320,17 @@ class DecoderOnlyTransformer(nn.Module):
         return self.config.num_tokens
 
     def num_parameters(self, non_embedding: bool = False) -> int:
-        """Number of parameters (shared tensors counted once). ``non_embedding`` leaves out the word and
-        learned position embeddings (and ``fc_layer.weight`` when it is tied to them)."""
-        seen, total = set(), 0
+        """Number of parameters (shared tensors counted once), the weights a block-quantized layer holds in its
+        blocks among them (:func:`decoderlab.quant.block_weights`: buffers, not parameters, one weight per
+        integer) -- a model loaded with ``dtype="q4_1"`` counts what it counts in float32. ``non_embedding`` leaves
+        out the word and learned position embeddings (and ``fc_layer.weight`` when it is tied to them)."""
+        seen, total = set(), block_weights(self)
         for p in self.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 total += p.numel()
         if non_embedding:
-            total -= self.we.weight.numel()
+            total -= self.we.num_embeddings * self.we.embedding_dim
             if isinstance(self.pe, LearnedPositionEncoding):
                 total -= self.pe.weight.numel()
         return total

@@ -485,6 +485,14 @@ def block_dtype(model: nn.Module) -> str | None:
     return next((m.kind for m in model.modules() if isinstance(m, _Blocks)), None)
 
 
+def block_weights(model: nn.Module) -> int:
+    """The weights ``model``'s block layers hold, out x in each (their buffers hold them as integers and scales,
+    not parameters); planes shared by a tied embedding and output layer counted once."""
+    held = {m.qs.data_ptr() or id(m.qs): m.d.shape[0] * m.d.shape[1] * BLOCK for m in model.modules()
+            if isinstance(m, _Blocks)}
+    return sum(held.values())
+
+
 def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model.state_dict()`` with every block layer's planes replaced by its dequantized float32 ``weight``
     (the keys an ``nn.Linear`` / ``nn.Embedding`` has): the float model these weights are, for a float64 reference

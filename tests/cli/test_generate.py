@@ -301,6 +301,29 @@ def test_generate_sample_and_chat_end_at_a_chat_models_end_of_turn(tmp_path, cap
     assert capsys.readouterr().out == "abc\n"
 
 
+@pytest.mark.parametrize("asked", ["q8_0", "q4_1"])
+def test_verbose_names_the_block_type_the_weights_hold_and_the_read_line_how(tmp_path, capsys, asked):
+    """--dtype q8_0 of a Q4_1 GGUF file: the weights are q8_0 -- requantized, as the read line says -- and
+    --verbose says q8_0; --dtype q4_1 keeps the file's blocks, and says so."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    bpe = byte_level_bpe(300)
+    path = write_gguf(tmp_path / "q4_1.gguf", "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q4_1")
+    assert cli_main(["generate", "--checkpoint", str(path), "--dtype", asked, "--eager", "--verbose", "--temperature",
+                     "0", "--max-new-tokens", "3", "The quick"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    read = next(line for line in lines if line.startswith(f"decoderlab: read {path}"))
+    device = next(line for line in lines if line.startswith("decoderlab: device"))
+    assert f", weights {asked}," in device
+    if asked == "q8_0":
+        assert "dequantized 15 tensors (15 Q4_1)" in read and "the matrices then quantized to q8_0" in read
+        assert "kept" not in read
+    else:
+        assert "kept 15 tensors in their blocks (15 Q4_1" in read and "quantized to" not in read
+
+
 def test_verbose_names_the_device_dtype_threads_and_the_cpus_instructions(lm_checkpoint, capsys):
     from decoderlab.devices import cpu_features
 

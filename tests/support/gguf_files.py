@@ -166,8 +166,9 @@ def write_gguf(path: str | Path, arch: str, model, tokenizer, *, pre: str = "gpt
 
     ``qtype``: the GGML type of the matrices that allow it (rows a multiple of its block; others F16 as the
     converter does; K-quants through :func:`k_quant`, replacing the weights with random blocks). ``extra``:
-    more metadata (key -> value, or None to leave a key out); ``tensors`` replaces or adds arrays by name;
-    ``types`` forces a GGML type name per tensor."""
+    more metadata (key -> value, or None to leave a key out: the shape's ``<arch>.*`` keys and the tokenizer's
+    ids and flags, ``tokenizer.ggml.bos_token_id``, ``tokenizer.ggml.add_bos_token``, ...); ``tensors`` replaces
+    or adds arrays by name; ``types`` forces a GGML type name per tensor."""
     import gguf
 
     q = gguf.GGMLQuantizationType
@@ -175,12 +176,12 @@ def write_gguf(path: str | Path, arch: str, model, tokenizer, *, pre: str = "gpt
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     extra = dict(extra or {})
-    meta = _shape_metadata(arch, cfg)
+    meta = {**_shape_metadata(arch, cfg), **_special_keys(tokenizer, eos, bos)}
     for key, value in {**meta, **extra}.items():
         if value is None:
             continue
         _add(w, gguf, key, value)
-    _add_tokenizer(w, gguf, tokenizer, pre, chat_template, eos, bos)
+    _add_tokenizer(w, gguf, tokenizer, pre, chat_template)
     arrays = gguf_tensors(arch, model)
     arrays.update(tensors or {})
     for name, a in arrays.items():
@@ -202,6 +203,30 @@ def write_gguf(path: str | Path, arch: str, model, tokenizer, *, pre: str = "gpt
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def read_back(path) -> tuple[dict, dict]:
+    """A written file read by ``gguf``'s own reader: (tensors by name as (type name, float32 array in our (rows,
+    cols) layout), fields by name)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    tensors = {}
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        tensors[t.name] = (t.tensor_type.name, data)
+    return tensors, r.fields
+
+
+def field(fields, name):
+    """The value of metadata field ``name`` of :func:`read_back`'s fields (a list for an array)."""
+    import gguf
+
+    f = fields[name]
+    if f.types[0] == gguf.GGUFValueType.ARRAY:
+        return [f.contents(i) for i in range(len(f.data))]
+    return f.contents()
 
 
 def _shape_metadata(arch: str, cfg) -> dict:
@@ -256,7 +281,19 @@ def sentencepiece_vocab(texts, vocab_size: int = 800) -> dict:
     return {"tokens": tokens, "scores": scores, "types": types}
 
 
-def _add_tokenizer(w, gguf, tokenizer, pre: str, chat_template, eos, bos) -> None:
+def _special_keys(tokenizer, eos, bos) -> dict:
+    """The tokenizer's ids and flags as llama.cpp's converter states them: Llama 2's for a SentencePiece
+    vocabulary (<unk> <s> </s> = 0 1 2, bos first, a space before the text), else ``eos`` / ``bos`` (token texts)
+    and no bos first, as SmolLM2's file."""
+    if isinstance(tokenizer, dict):
+        return {"tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+                "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_space_prefix": True}
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return {"tokenizer.ggml.eos_token_id": None if eos is None else vocab[eos],
+            "tokenizer.ggml.bos_token_id": None if bos is None else vocab[bos], "tokenizer.ggml.add_bos_token": False}
+
+
+def _add_tokenizer(w, gguf, tokenizer, pre: str, chat_template) -> None:
     import json
 
     if isinstance(tokenizer, dict):  # a SentencePiece vocabulary (sentencepiece_vocab)
@@ -264,11 +301,6 @@ def _add_tokenizer(w, gguf, tokenizer, pre: str, chat_template, eos, bos) -> Non
         w.add_token_list(tokenizer["tokens"])
         w.add_token_scores(tokenizer["scores"])
         w.add_token_types(tokenizer["types"])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
-        w.add_add_space_prefix(True)
         if chat_template is not None:
             w.add_chat_template(chat_template)
         return
@@ -282,11 +314,6 @@ def _add_tokenizer(w, gguf, tokenizer, pre: str, chat_template, eos, bos) -> Non
     w.add_token_list(tokens)
     w.add_token_types([int(gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL) for t in tokens])
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
-    if eos is not None:
-        w.add_eos_token_id(vocab[eos])
-    if bos is not None:
-        w.add_bos_token_id(vocab[bos])
-    w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
 

@@ -1,7 +1,7 @@
 """The one loader for inference: a checkpoint directory -> the model, its tokenizer, its chat template and its
 ``meta.json`` together, for ``decoderlab.load``, the command line, chat and the server. Below it are the readers
 of the formats (``checkpoint.load_checkpoint`` for decoderlab's, ``hf.load_hf_directory`` for Hugging Face's,
-``gguf_import.load_gguf`` for a GGUF file of llama.cpp and ollama); beside it, :func:`checkpoint_template`, the
+``gguf.load_gguf`` for a GGUF file of llama.cpp and ollama); beside it, :func:`checkpoint_template`, the
 chat template of a directory, and :func:`gguf_template`, a GGUF file's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ..checkpoint import read_meta
-from ..gguf_import import is_gguf_file, load_gguf, read_info
+from ..gguf import is_gguf_file, load_gguf, read_info
 from ..hf import checkpoint_reader
 from .hf_templates import builtin_jinja, read_chat_template
 from .jinja import JinjaChatTemplate
@@ -58,7 +58,7 @@ def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
 
 
 def gguf_template(info) -> ChatTemplate | JinjaChatTemplate | None:
-    """The chat template of a GGUF file (``info``: its :class:`~decoderlab.gguf_import.GGUFInfo`): its
+    """The chat template of a GGUF file (``info``: its :class:`~decoderlab.gguf.GGUFInfo`): its
     ``tokenizer.chat_template`` as a :class:`JinjaChatTemplate` named ``gguf:<file name>`` with the file's bos /
     eos / unk / pad tokens -- or, when the text is one decoderlab wrote for a built-in template, that built-in
     template; None when the file has none.
@@ -84,7 +84,7 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     """The one loader: a decoderlab checkpoint directory (:func:`decoderlab.checkpoint.load_checkpoint`), a
     Hugging Face directory (:func:`decoderlab.hf.load_hf_directory`: GPT-2, Llama, Mistral, Qwen2,
     Qwen3, ...) or a GGUF file
-    (:func:`decoderlab.gguf_import.load_gguf`: its template :func:`gguf_template`, its summary and what was
+    (:func:`decoderlab.gguf.load_gguf`: its template :func:`gguf_template`, its summary and what was
     dequantized under ``meta["gguf"]``), for inference (weights in
     ``dtype``, see :mod:`decoderlab.dtypes`; on ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, see
     :func:`decoderlab.devices.resolve_device`) together with its chat template (:func:`checkpoint_template`: a

@@ -269,8 +269,8 @@ def stop_announcing() -> None:
 
 def say_gguf(meta: dict) -> None:
     """A GGUF file loaded: one line on standard error saying what it is and what was dequantized, at what cost
-    (``meta["gguf"]``, :class:`decoderlab.gguf_import.GGUFInfo`)."""
-    from ..gguf_import import DequantReport
+    (``meta["gguf"]``, :class:`decoderlab.gguf.GGUFInfo`)."""
+    from ..gguf import DequantReport
 
     info = meta.get("gguf")
     if info:

@@ -16,7 +16,7 @@ from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_convers
                     checkpoint_template, get_template, message_text, template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..gguf_import import is_gguf_file, load_gguf
+from ..gguf import is_gguf_file, load_gguf
 from ..hf import checkpoint_reader
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
@@ -84,7 +84,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
     checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
-    (:func:`decoderlab.gguf_import.load_gguf`). A resume builds
+    (:func:`decoderlab.gguf.load_gguf`). A resume builds
     the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
     refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""

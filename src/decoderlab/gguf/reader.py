@@ -9,7 +9,7 @@ GGML type, the offset of its data), then the data, aligned to ``general.alignmen
 Why not ``gguf.GGUFReader``: it builds a NumPy view for every item of every array, two per string, which for
 SmolLM2's 49,152 tokens and 48,900 merges is about a million views -- 5 to 8 s of the 10 s a load of the file
 may take on a 2-core machine (the parse here takes 0.2 s). ``gguf``'s own enums, block sizes and
-dequantizers are used throughout, and tests/gguf_import/test_reader.py checks every field and tensor entry
+dequantizers are used throughout, and tests/gguf/test_reader.py checks every field and tensor entry
 read here against ``GGUFReader``'s.
 
 Source: the GGUF specification (ggml-org/ggml, docs/gguf.md).
@@ -53,17 +53,25 @@ class TensorEntry:
     nbytes: int
 
 
+def past_the_end(path: Path, size: int, n: int, start: int, what: str) -> ValueError:
+    """The one-line error of ``n`` bytes of ``what`` needed at byte ``start`` of a file of ``size`` bytes that
+    ends before them: the size, the bytes wanted and where, numbers with thousands separators."""
+    return ValueError(f"{path} is truncated or corrupt: the file is {size:,} bytes, but {what} needs {n:,} bytes at "
+                      f"byte {start:,} (bytes {start:,} to {start + n - 1:,})")
+
+
 class _Cursor:
-    """Reads GGUF's little-endian values from a buffer, naming the file when it ends too soon."""
+    """Reads GGUF's little-endian values from a buffer, naming the file, the field being read (``field``) and the
+    bytes it needs when the file ends too soon."""
 
     def __init__(self, buf, path: Path):
         self.buf, self.pos, self.path = buf, 0, path
+        self.field = "the header"
 
     def take(self, n: int) -> int:
         start = self.pos
         if n < 0 or start + n > len(self.buf):
-            raise ValueError(f"{self.path} is truncated or corrupt: its header ends at byte {len(self.buf)} "
-                             f"while {n} more bytes are expected at byte {start}")
+            raise past_the_end(self.path, len(self.buf), n, start, f"its header ({self.field})")
         self.pos += n
         return start
 
@@ -122,6 +130,7 @@ class GGUFFile:
         if bytes(self._map[:4]) != b"GGUF":
             raise ValueError(f"{self.path} is not a GGUF file (it does not start with the bytes 'GGUF')")
         cur.take(4)
+        cur.field = "the version and the counts"
         self.version = cur.scalar(4)
         if self.version not in _VERSIONS:
             raise ValueError(f"{self.path}: GGUF version {self.version} is not read here; allowed: 2, 3")
@@ -129,10 +138,15 @@ class GGUFFile:
         if n_tensors > size or n_kv > size:
             raise ValueError(f"{self.path} is corrupt: it claims {n_tensors} tensors and {n_kv} metadata keys")
         self.metadata = {}
-        for _ in range(n_kv):
+        for i in range(n_kv):
+            cur.field = f"metadata entry {i + 1} of {n_kv}"
             key = cur.string()
+            cur.field = f"metadata key {key}"
             self.metadata[key] = cur.value(cur.scalar(4))
-        entries = [self._entry(cur, gguf) for _ in range(n_tensors)]
+        entries = []
+        for i in range(n_tensors):
+            cur.field = f"tensor entry {i + 1} of {n_tensors}"
+            entries.append(self._entry(cur, gguf))
         align = int(self.metadata.get("general.alignment", 32))
         start = (cur.pos + align - 1) // align * align
         self.tensors = {}
@@ -140,12 +154,12 @@ class GGUFFile:
             if name in self.tensors:
                 raise ValueError(f"{self.path} is corrupt: tensor {name} is named twice")
             if start + offset + nbytes > size:
-                raise ValueError(f"{self.path} is truncated or corrupt: tensor {name}'s data ends at byte "
-                                 f"{start + offset + nbytes}, past the end of the file ({size} bytes)")
+                raise past_the_end(self.path, size, nbytes, start + offset, f"tensor {name}'s data")
             self.tensors[name] = TensorEntry(name, qtype, shape, start + offset, nbytes)
 
     def _entry(self, cur: _Cursor, gguf):
         name = cur.string()
+        cur.field = f"tensor {name}'s entry"
         n_dims = cur.scalar(4)
         if not 1 <= n_dims <= 4:
             raise ValueError(f"{self.path} is corrupt: tensor {name} has {n_dims} dimensions (1 to 4 allowed)")

@@ -2,15 +2,17 @@
 pre-tokenizer llama.cpp names (gpt-2, smollm, llama-bpe, qwen2) on 200 strings, and equals transformers' own
 GGUF tokenizer where transformers splits as llama.cpp does, and llama.cpp's own (where llama-cpp-python is
 installed); a SentencePiece vocabulary likewise; the chat template is the file's; SmolLM2's real file gives
-transformers' ids on 200 strings; vocabularies it does not rebuild are refused in one line."""
+transformers' ids on 200 strings; vocabularies it does not rebuild are refused in one line. Where a file leaves
+out a special id or flag, llama.cpp's defaults apply: a text's ids as a prompt are llama.cpp's own
+(``tokenize`` with its special tokens) where llama-cpp-python is installed, and the defaults table's always."""
 
 from __future__ import annotations
 
 import pytest
 
-from decoderlab.gguf_import import read_gguf
-from decoderlab.gguf_import.reader import GGUFFile
-from decoderlab.gguf_import.tokenizer import check_tokenizer, hf_tokenizer, special_ids
+from decoderlab.gguf import PRE_TOKENIZERS, read_gguf
+from decoderlab.gguf.reader import GGUFFile
+from decoderlab.gguf.tokenizer import check_tokenizer, hf_tokenizer, special_ids
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -105,7 +107,7 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
     theirs = transformers.AutoTokenizer.from_pretrained(str(smollm_path.parent), gguf_file=smollm_path.name)
     assert ids(ours, strings) == [theirs(t, add_special_tokens=False)["input_ids"] for t in strings]
     assert theirs.chat_template == GGUFFile(smollm_path).metadata["tokenizer.chat_template"]
-    from decoderlab.gguf_import import _named_tokens, read_info
+    from decoderlab.gguf.loader import _named_tokens, read_info
     from decoderlab.tokenizers import BPETokenizer, encode_with_special_tokens
 
     tok = BPETokenizer(ours, special_tokens=_named_tokens(read_info(smollm_path)))
@@ -114,15 +116,21 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
 
 
 @pytest.fixture(scope="module")
-def spm_file(tmp_path_factory, shared_dir):
-    from support.gguf_files import hf_model, sentencepiece_vocab, write_gguf
+def spm_vocab(shared_dir):
+    from support.gguf_files import sentencepiece_vocab
 
     data = shared_dir / "data"
     texts = [(data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000],
              (data / "gsm8k_train.jsonl").read_text(encoding="utf-8")[:100_000]]
-    vocab = sentencepiece_vocab(texts)
+    return sentencepiece_vocab(texts)
+
+
+@pytest.fixture(scope="module")
+def spm_file(tmp_path_factory, spm_vocab):
+    from support.gguf_files import hf_model, write_gguf
+
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
-    return write_gguf(path, "llama", hf_model("llama", len(vocab["tokens"])), vocab, chat_template=None)
+    return write_gguf(path, "llama", hf_model("llama", len(spm_vocab["tokens"])), spm_vocab, chat_template=None)
 
 
 def test_a_sentencepiece_vocabulary_equals_transformers_gguf_tokenizer(spm_file, strings):
@@ -152,7 +160,7 @@ def test_llama_cpp_tokenizes_as_the_rebuilt_tokenizer(tmp_path, trained, spm_fil
 
 
 def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
-    from decoderlab.gguf_import import load_gguf
+    from decoderlab.gguf import load_gguf
 
     _, tok, info = load_gguf(spm_file)
     text = "Hello there, café 東京! 12 + 7"
@@ -180,3 +188,128 @@ def test_a_sentencepiece_file_reads_a_text_prompt_with_the_start_token_as_llama_
         assert encode_with_special_tokens(m.tokenizer, text) == m.tokenize(text) == want == theirs(text)["input_ids"]
     hf = hf_model("llama", len(m.tokenizer.id_to_token))  # the weights spm_file holds (seed 0)
     assert m.generate(text, 6, temperature=0, stop_at_eos=False) == m.detokenize(greedy_tokens(hf, want, 6))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# llama.cpp's defaults where a file states no id or flag (llama_vocab::impl::load)
+# ---------------------------------------------------------------------------------------------------------
+
+TEXTS = ("To be, or not to be", "Natalia sold clips to 48 of her friends", "café 東京")
+
+
+def prompt_ids(path, text: str) -> list[int]:
+    """decoderlab's ids of ``text`` as a prompt of the file at ``path`` (load_gguf, then the tokens its tokenizer
+    puts around a whole text) -- checked equal to llama.cpp's own (``tokenize`` with its special tokens) where
+    llama-cpp-python is installed."""
+    from decoderlab.gguf import load_gguf
+    from decoderlab.tokenizers import encode_with_special_tokens
+
+    _, tok, _ = load_gguf(path)
+    ours = encode_with_special_tokens(tok, text)
+    try:
+        import llama_cpp
+    except ImportError:
+        return ours
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    assert ours == llm.tokenize(text.encode("utf-8"), add_bos=True, special=False), text
+    return ours
+
+
+def spm_written(tmp_path, vocab, name: str, **keys):
+    """The SentencePiece file with some ids and flags changed (``tokenizer.ggml.<key>=value``; None: left out)."""
+    from support.gguf_files import hf_model, write_gguf
+
+    extra = {f"tokenizer.ggml.{k}": v for k, v in keys.items()}
+    return write_gguf(tmp_path / f"{name}.gguf", "llama", hf_model("llama", len(vocab["tokens"])), vocab,
+                      chat_template=None, extra=extra)
+
+
+def test_a_sentencepiece_file_without_add_bos_token_starts_a_text_with_bos(tmp_path, spm_vocab):
+    from decoderlab.gguf.tokenizer import VOCAB_DEFAULTS
+
+    path = spm_written(tmp_path, spm_vocab, "no-add-bos", add_bos_token=None)
+    assert VOCAB_DEFAULTS["llama"]["add_bos"] and VOCAB_DEFAULTS["llama"]["bos"] == 1
+    for text in TEXTS:
+        ids = prompt_ids(path, text)
+        assert ids[0] == 1 and ids[1:] == hf_tokenizer(GGUFFile(path).metadata).encode(text).ids, text
+
+
+def test_a_sentencepiece_file_without_ids_has_llama_cpp_s_unk_bos_and_eos(tmp_path, spm_vocab):
+    """No bos, eos or unk id in the file: <unk> <s> </s> are 0 1 2, as llama.cpp's loader assumes -- the prompt
+    starts with <s>, generation stops at </s>, and with add_eos_token a text ends with it."""
+    from decoderlab.gguf import load_gguf
+    from decoderlab.gguf.tokenizer import VOCAB_DEFAULTS
+
+    gone = dict(bos_token_id=None, eos_token_id=None, unknown_token_id=None)
+    _, tok, info = load_gguf(spm_written(tmp_path, spm_vocab, "no-ids", **gone))
+    assert info.special_ids == {k: VOCAB_DEFAULTS["llama"][k] for k in ("bos", "eos", "unk")} == \
+        {"bos": 1, "eos": 2, "unk": 0}
+    assert (tok.bos_id, tok.eos_id, tok.special_tokens["unk_token"]) == (1, 2, "<unk>")
+    path = spm_written(tmp_path, spm_vocab, "no-ids-eos", add_eos_token=True, **gone)
+    for text in TEXTS:
+        ids = prompt_ids(path, text)
+        assert ids[0] == 1 and ids[-1] == 2 and 1 not in ids[1:-1] and 2 not in ids[1:-1], text
+
+
+def test_a_llama_3_bpe_file_without_add_bos_token_starts_a_text_with_bos(tmp_path, trained):
+    """tokenizer.ggml.pre llama-bpe (and the other names llama.cpp gives add_bos = true: llama3, falcon3, pixtral,
+    ...) without tokenizer.ggml.add_bos_token: a prompt starts with the file's bos; GPT-2's, SmolLM's and Qwen2's
+    names do not."""
+    from decoderlab.gguf.tokenizer import VOCAB_DEFAULTS
+
+    named = [p for p in PRE_TOKENIZERS if VOCAB_DEFAULTS.get(f"gpt2/{p}", {}).get("add_bos")]
+    assert {"llama-bpe", "llama3", "falcon3", "pixtral"} <= set(named) and "gpt-2" not in named
+    for pre in [*named, "gpt-2", "smollm", "qwen2"]:  # (one vocabulary under each name: only the flag matters)
+        path = written(tmp_path, trained["llama-bpe"], pre, extra={"tokenizer.ggml.add_bos_token": None})
+        bos = GGUFFile(path).metadata["tokenizer.ggml.bos_token_id"]
+        ids = prompt_ids(path, TEXTS[0])
+        assert (ids[0] == bos) == (pre in named), pre
+
+
+def test_a_byte_level_bpe_file_without_ids_has_llama_cpp_s_bos_and_eos(tmp_path, trained):
+    """No bos or eos id in a byte-level BPE file: both are id 11 (llama.cpp's default, Falcon's), so a Llama 3
+    file's prompt starts with token 11, and generation stops there."""
+    from decoderlab.gguf import load_gguf
+    from decoderlab.gguf.tokenizer import VOCAB_DEFAULTS
+
+    gone = {"tokenizer.ggml.bos_token_id": None, "tokenizer.ggml.eos_token_id": None,
+            "tokenizer.ggml.add_bos_token": None}
+    path = written(tmp_path, trained["llama-bpe"], "llama-bpe", extra=gone)
+    _, tok, info = load_gguf(path)
+    assert info.special_ids == {"bos": VOCAB_DEFAULTS["gpt2"]["bos"], "eos": VOCAB_DEFAULTS["gpt2"]["eos"]} == \
+        {"bos": 11, "eos": 11}
+    assert tok.eos_id == tok.bos_id == 11 and info.add_bos and not info.add_eos
+    assert prompt_ids(path, TEXTS[1])[0] == 11
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe"])
+def test_add_eos_token_ends_a_text_with_eos(tmp_path, trained, pre):
+    """tokenizer.ggml.add_eos_token true: a prompt ends with the file's eos, as llama.cpp's tokenize appends it; the
+    file written again says so too."""
+    path = written(tmp_path, trained[pre], pre, extra={"tokenizer.ggml.add_eos_token": True})
+    eos = GGUFFile(path).metadata["tokenizer.ggml.eos_token_id"]
+    for text in TEXTS:
+        ids = prompt_ids(path, text)
+        assert ids[-1] == eos and eos not in ids[:-1], text
+    (tmp_path / "plain").mkdir()
+    assert prompt_ids(written(tmp_path / "plain", trained[pre], pre), TEXTS[0])[-1] != eos  # (the writer's false)
+    from decoderlab.gguf import load_gguf, save_gguf
+
+    model, tok, _ = load_gguf(path)  # and written again, the flag kept
+    save_gguf(model, tok, tmp_path / "again.gguf")
+    assert GGUFFile(tmp_path / "again.gguf").metadata["tokenizer.ggml.add_eos_token"] is True
+
+
+def test_a_flag_without_its_token_is_refused_in_one_line():
+    """add_bos_token true where no bos id is stated and llama.cpp's default (11) is outside a 3-token vocabulary:
+    refused, as llama.cpp refuses the file ("tokenizer.ggml.add_bos_token is true, but ... is not set")."""
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.merges": ["a b"]}
+    check_tokenizer(meta, "x.gguf")
+    for flag, role in (("add_bos_token", "bos"), ("add_eos_token", "eos")):
+        with pytest.raises(ValueError) as e:
+            check_tokenizer({**meta, f"tokenizer.ggml.{flag}": True}, "x.gguf")
+        assert str(e.value) == (f"x.gguf: tokenizer.ggml.{flag} is true but the file names no {role} token "
+                                f"(tokenizer.ggml.{role}_token_id absent or outside its 3 tokens), as llama.cpp "
+                                f"refuses too")
+    check_tokenizer({**meta, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": 2}, "x.gguf")

@@ -6,14 +6,16 @@
 What is read, each step checked before the next (every error one line naming the file and what is wrong):
 
 1. the header (:mod:`.reader`): a GGUF v2/v3 file, not truncated, every tensor's data inside it;
-2. the architecture and shape (:mod:`.config`): ``llama``, ``qwen2``, ``qwen3`` or ``gpt2``, with no feature
-   the model class lacks; the tensors exactly those the metadata implies (names, count and shapes);
-3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer;
+2. the architecture and shape (:mod:`.architecture`, its family's module): ``llama``, ``qwen2``, ``qwen3`` or
+   ``gpt2``, with no feature the model class lacks; the tensors exactly those the metadata implies (names, count
+   and shapes);
+3. the tokenizer (:mod:`.tokenizer`): a byte-level BPE with its merges and llama.cpp's named pre-tokenizer, or a
+   SentencePiece vocabulary;
 4. the weights (:mod:`.weights`): every GGML type one the ``gguf`` package dequantizes, dequantized to float32
    (then ``dtype``), llama's query/key rows put back in rotate-half order.
 
-The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built on the meta device and the weights put in
-place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
+The model (:class:`~decoderlab.model.DecoderOnlyTransformer`) is built with its initialisers skipped and the
+weights put in place, as a checkpoint is loaded. ``info`` (:class:`GGUFInfo`) carries the chat template
 (``tokenizer.chat_template``), the control ids (bos, eos, end of turn), the context length and the report of what
 was dequantized and what it cost.
 
@@ -29,13 +31,10 @@ from pathlib import Path
 
 import torch
 
-from .config import ARCHITECTURES, check_architecture, check_tensors, model_fields
+from .architecture import check_architecture, check_tensors, family_of, model_fields
 from .reader import GGUFFile
-from .tokenizer import PRE_TOKENIZERS, check_tokenizer, hf_tokenizer, special_ids
-from .weights import DequantReport, check_types, dequantizable, state_dict
-
-__all__ = ["ARCHITECTURES", "PRE_TOKENIZERS", "GGUFContents", "GGUFFile", "GGUFInfo", "DequantReport",
-           "dequantizable", "is_gguf_file", "load_gguf", "read_gguf", "read_info"]
+from .tokenizer import check_tokenizer, hf_tokenizer, special_flags, special_ids
+from .weights import DequantReport, check_types, state_dict
 
 #: the file name ending of a GGUF file (how ``--checkpoint`` tells one from a directory)
 SUFFIX = ".gguf"
@@ -57,9 +56,11 @@ class GGUFInfo:
         name: ``general.name`` ("" when absent).
         chat_template: ``tokenizer.chat_template`` (a Jinja template, Hugging Face's), or None.
         special_ids: control ids by role: ``bos``, ``eos``, ``eot`` (end of turn), ``eom``, ``pad``, ``unk``
-            (those the file states).
+            (those the file states, else llama.cpp's defaults: :data:`~.tokenizer.VOCAB_DEFAULTS`).
         special_tokens: the same roles -> the tokens' text (``{"eos": "<|im_end|>", ...}``).
-        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``).
+        add_bos: whether llama.cpp puts ``bos`` before a text (``tokenizer.ggml.add_bos_token``, else llama.cpp's
+            default: true for SentencePiece and Llama 3's BPE).
+        add_eos: whether llama.cpp puts ``eos`` after a text (``tokenizer.ggml.add_eos_token``, default false).
         context_length: ``<arch>.context_length`` (tokens).
         report: what was dequantized and the bytes it cost (:class:`~.weights.DequantReport`).
     """
@@ -71,6 +72,7 @@ class GGUFInfo:
     special_ids: dict[str, int] = field(default_factory=dict)
     special_tokens: dict[str, str] = field(default_factory=dict)
     add_bos: bool = False
+    add_eos: bool = False
     context_length: int = 0
     report: DequantReport = field(default_factory=DequantReport)
 
@@ -78,6 +80,7 @@ class GGUFInfo:
         """The JSON-ready summary kept in a loaded model's ``meta`` under ``"gguf"``."""
         return dict(path=str(self.path), architecture=self.architecture, name=self.name,
                     special_ids=dict(self.special_ids), special_tokens=dict(self.special_tokens), add_bos=self.add_bos,
+                    add_eos=self.add_eos,
                     context_length=self.context_length,
                     dequantized=self.report.to_dict())
 
@@ -87,7 +90,7 @@ class GGUFContents:
     """A GGUF file read into decoderlab's terms (:func:`read_gguf`): ``fields`` (ModelConfig fields, a dict),
     ``state`` (our state dict, float32 tensors by our names), ``tokenizer`` (a ``tokenizers.Tokenizer``),
     ``info`` (:class:`GGUFInfo`) and ``blocks`` (layer name -> ``decoderlab.quant.BlockWeight``: the matrices
-    kept in their Q8_0 / Q4_0 / Q4_1 blocks when asked; those layers' weights are not in ``state``)."""
+    of the block type asked, kept in their blocks; those layers' weights are not in ``state``)."""
 
     fields: dict
     state: dict[str, torch.Tensor]
@@ -113,9 +116,10 @@ def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
     return gf, arch, fields
 
 
-def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFContents:
-    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- or, with
-    ``keep_blocks``, the linear layers' Q8_0 / Q4_0 / Q4_1 matrices kept in their blocks (``blocks``).
+def read_gguf(path: str | os.PathLike, *, keep: str | None = None) -> GGUFContents:
+    """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- but for,
+    with ``keep`` a block dtype (``q8_0``, ``q4_0``, ``q4_1``), the linear layers' matrices of that very type, kept
+    in their blocks (``blocks``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -127,7 +131,9 @@ def read_gguf(path: str | os.PathLike, *, keep_blocks: bool = False) -> GGUFCont
     gf, arch, fields = open_checked(path)
     tokenizer = hf_tokenizer(gf.metadata, gf.path)
     info = _info(gf, arch)
-    state, blocks, info.report = state_dict(gf, arch, fields, keep_blocks)
+    family = family_of(arch)
+    orders = family.qkv_orders(arch, fields) if family.SPLIT_QKV else None
+    state, blocks, info.report = state_dict(gf, fields, keep, orders)
     return GGUFContents(fields, state, tokenizer, info, blocks)
 
 
@@ -138,7 +144,7 @@ def _info(gf: GGUFFile, arch: str) -> GGUFInfo:
     return GGUFInfo(path=gf.path, architecture=arch, name=str(meta.get("general.name", "")),
                     chat_template=template if isinstance(template, str) else None, special_ids=ids,
                     special_tokens={k: meta["tokenizer.ggml.tokens"][i] for k, i in ids.items()},
-                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                    **special_flags(meta),
                     context_length=int(meta.get(f"{arch}.context_length", 0) or 0))
 
 
@@ -178,9 +184,10 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
     weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
     ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
-    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) keeps the file's Q8_0 / Q4_0 / Q4_1
-    matrices in their blocks as they are, whichever of the three was asked (requantizing could only lose), with
-    no float copy; the other linear layers are quantized to ``dtype`` (:func:`decoderlab.quant.quantize_model`).
+    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) is what every linear layer then holds: the
+    file's matrices of that type kept in their blocks as they are, with no float copy; every other matrix --
+    float, or blocks of another type -- dequantized and quantized to ``dtype``
+    (:func:`decoderlab.quant.quantize_model`), which the read line says (``info.report.requantized``).
 
     Raises:
         as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
@@ -197,7 +204,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
 
     name = dtype_name(dtype)
     target = torch.device(map_location) if device is None else resolve_device(device)
-    contents = read_gguf(path, keep_blocks=name in BLOCK_DTYPES)
+    contents = read_gguf(path, keep=name if name in BLOCK_DTYPES else None)
     config = ModelConfig.from_dict(contents.fields)
     with _initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
@@ -208,9 +215,9 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     state = {k: v.to(target) for k, v in state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
+    if name in BLOCK_DTYPES and any(type(m) is torch.nn.Linear for m in model.modules()):
+        contents.info.report.requantized = name  # said on the read line: these are not the file's own blocks
     to_inference_dtype(model, dtype)
-    if name in BLOCK_DTYPES and any(t != "F32" for t in contents.info.report.types):
-        contents.info.report.requantized = name  # said on the read line: these are not the file's blocks
     return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
 
 
@@ -219,4 +226,4 @@ def _named_tokens(info: GGUFInfo) -> dict:
     ``tokenizer.ggml.eos_token_id`` (SmolLM2's ``<|im_end|>``), not a guess from the vocabulary."""
     named = {f"{role}_token": text for role, text in info.special_tokens.items()
              if role in ("bos", "eos", "pad", "unk")}
-    return {**named, "add_bos_token": info.add_bos, "add_eos_token": False}
+    return {**named, "add_bos_token": info.add_bos, "add_eos_token": info.add_eos}

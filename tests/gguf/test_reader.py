@@ -1,4 +1,4 @@
-"""The GGUF header read by decoderlab.gguf_import.reader equals gguf.GGUFReader's (every metadata field, every
+"""The GGUF header read by decoderlab.gguf.reader equals gguf.GGUFReader's (every metadata field, every
 tensor's type, shape and bytes) on files of each architecture and type; damaged files are refused in one line."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoderlab.gguf_import.reader import GGUFFile
+from decoderlab.gguf.reader import GGUFFile
 
 gguf = pytest.importorskip("gguf")
 
@@ -47,6 +47,34 @@ def test_truncated_file_is_refused(tiny_gguf, tmp_path, cut):
     msg = str(e.value)
     assert "\n" not in msg and str(bad) in msg
     assert ("truncated" in msg) or ("not a GGUF file" in msg)
+
+
+def test_a_truncated_file_is_named_with_its_size_and_the_bytes_expected_where(tiny_gguf, tmp_path):
+    """The message says the file's size, what was being read, how many bytes it needs and at which bytes -- the
+    numbers with thousands separators, the last byte the one the field would end at."""
+    path, _ = tiny_gguf("llama")
+    data = path.read_bytes()
+    n_kv = int.from_bytes(data[16:24], "little")
+    (tmp_path / "head.gguf").write_bytes(data[:28])  # the first key's length is a u64 at byte 24
+    with pytest.raises(ValueError) as e:
+        GGUFFile(tmp_path / "head.gguf")
+    assert str(e.value) == (f"{tmp_path / 'head.gguf'} is truncated or corrupt: the file is 28 bytes, but its header "
+                            f"(metadata entry 1 of {n_kv}) needs 8 bytes at byte 24 (bytes 24 to 31)")
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    cut = int(tokens.offset) + 100  # inside the vocabulary's strings
+    (tmp_path / "tokens.gguf").write_bytes(data[:cut])
+    with pytest.raises(ValueError, match=rf"the file is {cut:,} bytes, but its header \(metadata key "
+                                         r"tokenizer\.ggml\.tokens\) needs \d+ bytes at byte \d+ \(bytes \d+ to \d+\)$"):
+        GGUFFile(tmp_path / "tokens.gguf")
+    last = reader.tensors[-1]
+    start, size = int(last.data_offset), len(data) - 1  # (gguf's offset: from the file's start)
+    (tmp_path / "data.gguf").write_bytes(data[:-1])
+    with pytest.raises(ValueError) as e:
+        GGUFFile(tmp_path / "data.gguf")
+    assert str(e.value) == (f"{tmp_path / 'data.gguf'} is truncated or corrupt: the file is {size:,} bytes, but "
+                            f"tensor {last.name}'s data needs {last.n_bytes:,} bytes at byte {start:,} (bytes "
+                            f"{start:,} to {start + last.n_bytes - 1:,})")
 
 
 def test_not_gguf_and_bad_version_and_corrupt_count(tiny_gguf, tmp_path):

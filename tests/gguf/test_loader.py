@@ -1,4 +1,4 @@
-"""A GGUF file as our model (decoderlab.gguf_import.load_gguf): logits equal to the model the file was written
+"""A GGUF file as our model (decoderlab.gguf.load_gguf): logits equal to the model the file was written
 from and to transformers' GGUF-loaded model (1e-5 on tiny float32 files of each architecture; 1e-4 on SmolLM2's
 real file), llama's query/key permutation undone (skipping it changes the logits), the dtype asked, and the report
 of what was dequantized."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoderlab.gguf_import import is_gguf_file, load_gguf
+from decoderlab.gguf import is_gguf_file, load_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -35,11 +35,11 @@ def test_logits_equal_the_written_model_and_transformers_gguf_model(tiny_gguf, a
 
 
 def test_permutation_undone_is_what_makes_llama_right(tiny_gguf, monkeypatch):
-    from decoderlab.gguf_import import weights
+    from decoderlab.gguf import llama
 
     path, hf = tiny_gguf("llama")
     ids = torch.arange(12).reshape(1, 12)
-    monkeypatch.setattr(weights, "unpermute", lambda rows, n_head: rows)  # as written: interleaved rows
+    monkeypatch.setattr(llama, "unpermute", lambda rows, n_head: rows)  # as written: interleaved rows
     wrong, _, _ = load_gguf(path)
     assert (logits(wrong, ids) - logits(hf, ids)).abs().max() > 1e-3
     wrong.config.rope_layout = "interleaved"  # ...which llama.cpp's own interleaved rope reads right
@@ -65,8 +65,8 @@ def test_dtype_and_report(tiny_gguf):
 
 
 def test_a_type_not_kept_as_blocks_is_said_once_on_the_read_line(tiny_gguf):
-    """A block dtype asked of a file whose matrices are another type (here Q8_0 at q4_1, and F16 at q8_0): the
-    matrices are dequantized and then quantized to the asked type, and the one read line says both."""
+    """A block dtype asked of a file whose matrices are another type (here F16 at q8_0): the matrices are
+    dequantized and then quantized to the asked type, and the one read line says both."""
     from decoderlab.quant import block_dtype
 
     path, _ = tiny_gguf("llama", "F16")
@@ -75,7 +75,10 @@ def test_a_type_not_kept_as_blocks_is_said_once_on_the_read_line(tiny_gguf):
     assert str(info.report).count("then quantized to q8_0") == 1 and "(" in str(info.report) and "F16" in str(info.report)
     path, _ = tiny_gguf("llama", "Q4_1")
     model, _, info = load_gguf(path, dtype="q4_1")  # the file's own blocks: nothing requantized
-    assert info.report.requantized is None and "kept" in str(info.report)
+    assert info.report.requantized is None and "kept" in str(info.report) and "quantized to" not in str(info.report)
+    path, _ = tiny_gguf("llama")  # float32 matrices: said too
+    model, _, info = load_gguf(path, dtype="q4_0")
+    assert info.report.requantized == "q4_0" and str(info.report).count("the matrices then quantized to q4_0") == 1
 
 
 def test_is_gguf_file(tmp_path):
@@ -95,22 +98,44 @@ def test_real_file_logits_equal_transformers(smollm_path, shared_dir):
     torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch,qtype,asked", [("llama", "Q4_1", "q4_1"), ("qwen2", "Q8_0", "q4_0"),
-                                              ("gpt2", "Q4_0", "q8_0")])
-def test_block_dtype_keeps_the_file_s_blocks(tiny_gguf, arch, qtype, asked):
-    """--dtype q8_0 / q4_0 / q4_1: the file's Q8_0 / Q4_0 / Q4_1 matrices kept as they are (whichever was asked),
-    no float copy; the same logits as the dequantized float model."""
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("gpt2", "Q4_0")])
+def test_block_dtype_keeps_the_file_s_blocks(tiny_gguf, arch, qtype):
+    """--dtype of the file's own type (q8_0 / q4_0 / q4_1): its Q8_0 / Q4_0 / Q4_1 matrices kept as they are, no
+    float copy; the same logits as the dequantized float model."""
     from decoderlab.quant import BlockEmbedding, BlockLinear
 
     path, _ = tiny_gguf(arch, qtype)
     floats, tok, _ = load_gguf(path)
-    blocks, _, info = load_gguf(path, dtype=asked)
+    blocks, _, info = load_gguf(path, dtype=qtype.lower())
     assert isinstance(blocks.blocks[0].attention.qkv, BlockLinear) and isinstance(blocks.we, BlockEmbedding)
     assert {m.kind for m in blocks.modules() if isinstance(m, BlockLinear)} == {qtype.lower()}
     n_layer = blocks.config.n_layer
     assert info.report.kept[qtype] == 1 + n_layer * (4 if arch == "gpt2" else 7)  # token_embd + the matrices
+    assert info.report.requantized is None  # (gpt2's position table is dequantized: no linear layer)
     ids = torch.randint(0, tok.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(logits(blocks, ids), logits(floats, ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,qtype,asked", [("llama", "Q4_1", "q8_0"), ("qwen2", "Q8_0", "q4_0"),
+                                              ("gpt2", "Q4_0", "q4_1")])
+def test_a_block_dtype_of_another_type_is_requantized_and_said(tiny_gguf, arch, qtype, asked):
+    """--dtype q8_0 of a Q4_1 file (and the like): every matrix is then q8_0, quantized from the file's weights
+    dequantized -- the model equals the float model quantized to q8_0 --, its dtype is q8_0, and the read line
+    says the file's blocks were dequantized and quantized to q8_0; none of the file's blocks is kept."""
+    from decoderlab.dtypes import model_dtype, to_inference_dtype
+    from decoderlab.quant import BlockLinear
+
+    path, _ = tiny_gguf(arch, qtype)
+    model, tok, info = load_gguf(path, dtype=asked)
+    assert {m.kind for m in model.modules() if isinstance(m, BlockLinear)} == {asked} and model_dtype(model) == asked
+    assert not info.report.kept and info.report.types[qtype] > 0 and info.report.requantized == asked
+    line = str(info.report)
+    assert qtype in line.split("dequantized")[1] and line.count(f"the matrices then quantized to {asked}") == 1
+    floats = to_inference_dtype(load_gguf(path)[0], asked)
+    assert model.state_dict().keys() == floats.state_dict().keys()
+    assert all(torch.equal(a, floats.state_dict()[k]) for k, a in model.state_dict().items())
+    ids = torch.randint(0, tok.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(logits(model, ids), logits(floats, ids))
 
 
 def test_block_dtype_quantizes_float_matrices_to_the_kind_asked(tiny_gguf):

@@ -1,7 +1,8 @@
-"""GGUF export (decoderlab.export): every tensor read back with gguf's own reader equals ours (f32 exactly, f16 as
-float16, q8_0 within one quantization step of each block); the tokenizer inside the file is ours (tokens, types,
-merges, the control ids); unsupported shapes and tokenizers are refused naming the option; and where
-llama-cpp-python is installed, llama.cpp tokenizes as we do and decodes our greedy tokens."""
+"""The GGUF writer (decoderlab.gguf.save_gguf): every tensor read back with gguf's own reader equals ours (f32
+exactly, f16 as float16, q8_0 within one quantization step of each block); the tokenizer inside the file is ours
+(tokens, types, merges, the control ids); unsupported tokenizers, dtypes and weights are refused, nothing
+written; our file read back by us, by transformers and -- where llama-cpp-python is installed -- by llama.cpp,
+which tokenizes as we do, decodes our greedy tokens and computes our logits."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 import decoderlab as dl
-from decoderlab.export import ExportShapeError, check_shape, to_gguf
+from decoderlab.gguf import load_gguf, save_gguf
 from decoderlab.tokenizers import BPETokenizer, CharTokenizer
+
+from support.gguf_files import field, read_back
 
 gguf = pytest.importorskip("gguf")
 
@@ -32,24 +35,6 @@ def gpt2_model(num_tokens: int, seed: int = 0, **overrides) -> dl.DecoderOnlyTra
     torch.manual_seed(seed)
     shape = dict(n_layer=2, n_head=2, d_model=64, max_len=48, num_tokens=num_tokens, **overrides)
     return dl.DecoderOnlyTransformer(dl.preset("gpt2", **shape)).eval()
-
-
-def read(path) -> tuple[dict, dict]:
-    """(tensors by name as (type name, float32 array in our (rows, cols) layout), fields by name)."""
-    r = gguf.GGUFReader(str(path))
-    tensors = {}
-    for t in r.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape))
-        data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
-        tensors[t.name] = (t.tensor_type.name, data)
-    return tensors, r.fields
-
-
-def field(fields, name):
-    f = fields[name]
-    if f.types[0] == gguf.GGUFValueType.ARRAY:
-        return [f.contents(i) for i in range(len(f.data))]
-    return f.contents()
 
 
 def ours(model) -> dict[str, np.ndarray]:
@@ -74,8 +59,8 @@ def ours(model) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("overrides", [dict(), dict(bias=False, tie_weights=False)], ids=["tied", "untied-no-bias"])
 def test_f32_tensors_read_back_equal_ours_exactly(bpe, tmp_path, overrides):
     model = gpt2_model(bpe.vocab_size, **overrides)
-    summary = to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")
-    tensors, fields = read(tmp_path / "m.gguf")
+    summary = save_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")
+    tensors, fields = read_back(tmp_path / "m.gguf")
     want = ours(model)
     assert set(tensors) == set(want) and summary["tensors"] == len(want)
     for name, w in want.items():
@@ -93,12 +78,10 @@ def test_f32_tensors_read_back_equal_ours_exactly(bpe, tmp_path, overrides):
 def test_bfloat16_matrices_are_torchs_rounding_and_read_back_by_the_loader(bpe, tmp_path):
     """--dtype bfloat16, inference's name, is written too (GGUF's BF16): each matrix as torch rounds it, the rest
     float32, and the file loads to the same logits as the model cast to bfloat16 matrices."""
-    from decoderlab.gguf_import import load_gguf
-
     model = gpt2_model(bpe.vocab_size, seed=1)
     want = ours(model)
-    to_gguf(model, bpe, tmp_path / "b.gguf", dtype="bfloat16")
-    got, fields = read(tmp_path / "b.gguf")
+    save_gguf(model, bpe, tmp_path / "b.gguf", dtype="bfloat16")
+    got, fields = read_back(tmp_path / "b.gguf")
     assert field(fields, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_BF16)
     for name, w in want.items():
         kind, data = got[name]
@@ -117,10 +100,10 @@ def test_bfloat16_matrices_are_torchs_rounding_and_read_back_by_the_loader(bpe, 
 def test_f16_and_q8_0_matrices_with_f32_norms_biases_and_positions(bpe, tmp_path):
     model = gpt2_model(bpe.vocab_size, seed=1)
     want = ours(model)
-    to_gguf(model, bpe, tmp_path / "h.gguf", dtype="float16")
-    to_gguf(model, bpe, tmp_path / "q.gguf", dtype="q8_0")
-    half, _ = read(tmp_path / "h.gguf")
-    q8, fields = read(tmp_path / "q.gguf")
+    save_gguf(model, bpe, tmp_path / "h.gguf", dtype="float16")
+    save_gguf(model, bpe, tmp_path / "q.gguf", dtype="q8_0")
+    half, _ = read_back(tmp_path / "h.gguf")
+    q8, fields = read_back(tmp_path / "q.gguf")
     matrices = {n for n, w in want.items() if w.ndim == 2 and n != "position_embd.weight"}
     assert matrices == {"token_embd.weight"} | {f"blk.{i}.{b}.weight" for i in range(2)
                                                 for b in ("attn_qkv", "attn_output", "ffn_up", "ffn_down")}
@@ -147,7 +130,7 @@ def test_block_matrices_are_llama_cpps_bytes_and_a_quantized_model_writes_its_ow
 
     model = gpt2_model(bpe.vocab_size, seed=2)
     want = ours(model)
-    to_gguf(model, bpe, tmp_path / "a.gguf", dtype=dtype)
+    save_gguf(model, bpe, tmp_path / "a.gguf", dtype=dtype)
     reader = gguf.GGUFReader(str(tmp_path / "a.gguf"))
     qtype = getattr(gguf.GGMLQuantizationType, dtype.upper())
     for t in reader.tensors:
@@ -155,13 +138,13 @@ def test_block_matrices_are_llama_cpps_bytes_and_a_quantized_model_writes_its_ow
             assert t.tensor_type == qtype
             assert np.array_equal(np.asarray(t.data), gguf.quants.quantize(want[t.name], qtype)), t.name
     quantized = to_inference_dtype(gpt2_model(bpe.vocab_size, seed=2), dtype)
-    to_gguf(quantized, bpe, tmp_path / "b.gguf", dtype=dtype)
+    save_gguf(quantized, bpe, tmp_path / "b.gguf", dtype=dtype)
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
 
 
 def test_the_bpe_tokenizer_is_in_the_file_with_its_merges_and_pre_tokenizer(bpe, tmp_path):
-    to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf")
-    _, fields = read(tmp_path / "m.gguf")
+    save_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf")
+    _, fields = read_back(tmp_path / "m.gguf")
     tokens = field(fields, "tokenizer.ggml.tokens")
     types = field(fields, "tokenizer.ggml.token_type")
     assert field(fields, "tokenizer.ggml.model") == "gpt2" and field(fields, "tokenizer.ggml.pre") == "gpt-2"
@@ -175,8 +158,8 @@ def test_the_bpe_tokenizer_is_in_the_file_with_its_merges_and_pre_tokenizer(bpe,
 
 
 def test_a_char_vocabulary_is_one_token_per_character_with_merges_for_multibyte_ones(char_tok, tmp_path):
-    to_gguf(gpt2_model(char_tok.vocab_size), char_tok, tmp_path / "c.gguf")
-    _, fields = read(tmp_path / "c.gguf")
+    save_gguf(gpt2_model(char_tok.vocab_size), char_tok, tmp_path / "c.gguf")
+    _, fields = read_back(tmp_path / "c.gguf")
     tokens = field(fields, "tokenizer.ggml.tokens")
     merges = field(fields, "tokenizer.ggml.merges")
     assert tokens[:2] == ["<PAD>", "<EOS>"]
@@ -193,40 +176,14 @@ def test_a_char_vocabulary_is_one_token_per_character_with_merges_for_multibyte_
     assert merges == want and len(want) == 1 + 2 + 3
 
 
-@pytest.mark.parametrize("overrides,option", [
-    (dict(position="rope"), "--position rope"), (dict(norm="rmsnorm"), "--norm rmsnorm"),
-    (dict(mlp="relu2"), "--mlp relu2"), (dict(qk_norm=True), "ModelConfig.qk_norm"),
-])
-def test_a_shape_llama_cpp_gpt2_cannot_carry_is_refused_naming_the_option(bpe, tmp_path, overrides, option):
-    model = gpt2_model(bpe.vocab_size, **overrides)
-    with pytest.raises(ExportShapeError, match="--format gguf writes the models a llama.cpp architecture computes "
-                                               "exactly .*the nearest is gpt2") as e:
-        to_gguf(model, bpe, tmp_path / "x.gguf")
-    assert option in str(e.value) and e.value.field == next(iter(overrides))
-    assert not list(tmp_path.iterdir())  # nothing written
-
-
-def test_the_default_recipe_is_refused_naming_every_field_at_once():
-    """No llama.cpp architecture computes the speedrun's model (LayerNorm with rope, a ReLU² MLP): refused against
-    the nearest, the llama family, naming both fields."""
-    with pytest.raises(ExportShapeError) as e:
-        check_shape(dl.preset("baby-shakespeare-speedrun"), "gguf")
-    assert ("the nearest is llama / qwen2 / qwen3, where they use RMSNorm; their blocks have a SwiGLU MLP"
-            in str(e.value))
-    assert str(e.value).endswith("this model has norm='layernorm' (--norm layernorm), mlp='relu2' (--mlp relu2)")
-    assert e.value.field == "norm" and "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="unknown export format 'onnx'; allowed: hf, gguf"):
-        check_shape(dl.preset("gpt2"), "onnx")
-
-
 def test_a_word_vocabulary_an_unknown_dtype_and_a_size_mismatch_are_refused(bpe, tmp_path):
     word = dl.WordTokenizer.from_texts(["the king spoke to the queen"])
     with pytest.raises(ValueError, match="a word vocabulary has no form llama.cpp reads"):
-        to_gguf(gpt2_model(word.vocab_size), word, tmp_path / "w.gguf")
+        save_gguf(gpt2_model(word.vocab_size), word, tmp_path / "w.gguf")
     with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, q8_0, q4_0, q4_1, got 'q5_0'"):
-        to_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q5_0")
+        save_gguf(gpt2_model(bpe.vocab_size), bpe, tmp_path / "m.gguf", dtype="q5_0")
     with pytest.raises(ValueError, match="tokenizer vocabulary size 400 does not match the model's num_tokens 401"):
-        to_gguf(gpt2_model(401), bpe, tmp_path / "m.gguf")
+        save_gguf(gpt2_model(401), bpe, tmp_path / "m.gguf")
     assert not list(tmp_path.iterdir())
 
 
@@ -257,7 +214,7 @@ def test_llama_cpp_tokenizes_as_we_do_and_decodes_our_greedy_tokens(request, tok
     with torch.no_grad():  # sharper logits than at initialisation: no near-ties between the two programs
         for p in model.parameters():
             p.mul_(4.0)
-    to_gguf(model, tok, tmp_path / "m.gguf")
+    save_gguf(model, tok, tmp_path / "m.gguf")
     text = "ROMEO: O, she doth é"
     prompt = tok.encode(text)
     assert len(prompt) + 20 <= model.config.max_len  # llama.cpp does not slide the window: stay inside it
@@ -303,10 +260,8 @@ def logits_of(model, ids):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_round_trip_ours_gguf_ours_gives_equal_logits(bpe, tmp_path, shape):
-    from decoderlab.gguf_import import load_gguf
-
     model = llama_family(bpe.vocab_size, **SHAPES[shape])
-    summary = to_gguf(model, bpe, tmp_path / "m.gguf")
+    summary = save_gguf(model, bpe, tmp_path / "m.gguf")
     assert summary["architecture"] == shape.split("-")[0]
     back, tok, _ = load_gguf(tmp_path / "m.gguf")
     ids = torch.tensor([bpe.encode("ROMEO: O, she doth teach the torches to burn bright!")])
@@ -324,21 +279,20 @@ def test_transformers_reads_our_gguf_to_the_same_logits(bpe, tmp_path, shape):
     transformers = pytest.importorskip("transformers")
     shape_ = SHAPES[shape] if shape != "qwen3" else dict(SHAPES[shape], head_dim=128)  # transformers' qwen3 default
     model = llama_family(bpe.vocab_size, **shape_)
-    to_gguf(model, bpe, tmp_path / "m.gguf")
+    save_gguf(model, bpe, tmp_path / "m.gguf")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf").eval()
     ids = torch.tensor([bpe.encode("ROMEO: O, she doth teach the torches")])
     torch.testing.assert_close(logits_of(theirs, ids), logits_of(model, ids), rtol=0, atol=1e-5)
 
 
 def test_lora_adapters_are_merged_before_writing(bpe, tmp_path):
-    from decoderlab.gguf_import import load_gguf
     from decoderlab.lora import apply_lora, merge_lora
 
     base = llama_family(bpe.vocab_size, **SHAPES["llama"])
     ids = torch.tensor([bpe.encode("ROMEO: hello there")])
     before = logits_of(base, ids)
     adapted = apply_lora(base, rank=4, init=False)
-    to_gguf(adapted, bpe, tmp_path / "m.gguf")
+    save_gguf(adapted, bpe, tmp_path / "m.gguf")
     back, _, _ = load_gguf(tmp_path / "m.gguf")
     torch.testing.assert_close(logits_of(back, ids), logits_of(merge_lora(adapted), ids), rtol=0, atol=1e-5)
     assert (logits_of(back, ids) - before).abs().max() > 1e-3  # not the base weights
@@ -349,70 +303,27 @@ def test_a_weight_outside_float16_is_refused_naming_the_tensor_and_nothing_is_wr
     with torch.no_grad():
         model.blocks[1].mlp.gate.weight[3, 5] = 1e5
     with pytest.raises(ValueError) as e:
-        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float16")
+        save_gguf(model, bpe, tmp_path / "m.gguf", dtype="float16")
     assert str(e.value) == ("tensor blocks.1.mlp.gate.weight holds 100000, outside float16's range (+-65504): --dtype "
                             "float16 cannot hold it; write it with --dtype float32")
     with torch.no_grad():
         model.blocks[1].mlp.gate.weight[3, 5] = 1e7  # a q8_0 scale of 1e7 / 127 overflows float16 too
     with pytest.raises(ValueError, match="blocks.1.mlp.gate.weight holds 1e\\+07"):
-        to_gguf(model, bpe, tmp_path / "m.gguf", dtype="q8_0")
+        save_gguf(model, bpe, tmp_path / "m.gguf", dtype="q8_0")
     assert not list(tmp_path.iterdir())
-    to_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")  # float32 holds it
+    save_gguf(model, bpe, tmp_path / "m.gguf", dtype="float32")  # float32 holds it
 
 
 def test_an_existing_file_is_kept_without_force(bpe, tmp_path):
     model = gpt2_model(bpe.vocab_size)
-    to_gguf(model, bpe, tmp_path / "m.gguf")
+    save_gguf(model, bpe, tmp_path / "m.gguf")
     before = (tmp_path / "m.gguf").read_bytes()
     with pytest.raises(FileExistsError, match="refusing to replace .*m.gguf: it exists"):
-        to_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf")
+        save_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf")
     assert (tmp_path / "m.gguf").read_bytes() == before
-    to_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf", force=True)
+    save_gguf(gpt2_model(bpe.vocab_size, seed=5), bpe, tmp_path / "m.gguf", force=True)
     assert (tmp_path / "m.gguf").read_bytes() != before
-    (tmp_path / "m.gguf").unlink()
-    with pytest.raises(FileExistsError, match="m.Modelfile"):  # the Modelfile is kept too
-        to_gguf(model, bpe, tmp_path / "m.gguf")
-
-
-def test_the_chat_template_and_its_end_of_turn_are_in_the_file(bpe, tmp_path):
-    from decoderlab.chat import TEMPLATES, add_chat_tokens, chat_template_jinja, load_model
-
-    model, tok, _ = add_chat_tokens(llama_family(bpe.vocab_size, **SHAPES["llama"]), bpe, "decoderlab")
-    to_gguf(model, tok, tmp_path / "chat.gguf", template=TEMPLATES["decoderlab"])
-    _, fields = read(tmp_path / "chat.gguf")
-    assert field(fields, "tokenizer.chat_template") == chat_template_jinja(TEMPLATES["decoderlab"], tok)
-    assert field(fields, "tokenizer.ggml.eot_token_id") == tok.token_to_id["<|end|>"]
-    loaded = load_model(tmp_path / "chat.gguf")
-    assert loaded.template == TEMPLATES["decoderlab"]  # the built-in template, recognised
-    messages = [{"role": "user", "content": "Who are you?"}]
-    assert loaded.template.render(messages, loaded.tokenizer, add_generation_prompt=True)[0] == \
-        TEMPLATES["decoderlab"].render(messages, tok, add_generation_prompt=True)[0]
-
-
-def test_export_of_a_gguf_file_keeps_its_jinja_template_and_pre_tokenizer(tmp_path):
-    """A GGUF file (llama.cpp's converter's layout, SmolLM's digit split, a ChatML Jinja template) read and
-    written again: the same tokenizer fields, template and -- in float32 -- the same tensors."""
-    pytest.importorskip("transformers")
-    from support.gguf_files import CHATML, byte_level_bpe, hf_model, write_gguf
-
-    from decoderlab.chat import load_model
-
-    src_tok = byte_level_bpe(300, pre="smollm")
-    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", src_tok.get_vocab_size()), src_tok,
-                     pre="smollm")
-    model, tok, template, _ = load_model(src)
-    to_gguf(model, tok, tmp_path / "out.gguf", template=template)
-    a, fa = read(src)
-    b, fb = read(tmp_path / "out.gguf")
-    for key in ("tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.chat_template"):
-        assert field(fa, key) == field(fb, key), key
-    assert field(fb, "tokenizer.chat_template") == CHATML and field(fb, "tokenizer.ggml.pre") == "smollm"
-    assert set(a) == set(b)
-    for name in a:
-        assert np.array_equal(a[name][1], b[name][1]), name
-    modelfile = (tmp_path / "out.Modelfile").read_text()
-    assert "FROM ./out.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # (the Modelfile is export's)
 
 
 def test_a_gguf_model_kept_in_its_blocks_writes_the_same_blocks_back(tmp_path):
@@ -421,12 +332,11 @@ def test_a_gguf_model_kept_in_its_blocks_writes_the_same_blocks_back(tmp_path):
     pytest.importorskip("transformers")
     from support.gguf_files import byte_level_bpe, hf_model, write_gguf
 
-    from decoderlab.chat import load_model
-
     tok = byte_level_bpe(300)
-    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", tok.get_vocab_size()), tok, qtype="Q4_1")
-    model, mtok, template, _ = load_model(src, dtype="q4_1")
-    to_gguf(model, mtok, tmp_path / "out.gguf", dtype="q4_1", template=template)
+    src = write_gguf(tmp_path / "src.gguf", "llama", hf_model("llama", tok.get_vocab_size()), tok, qtype="Q4_1",
+                     chat_template=None)
+    model, mtok, _ = load_gguf(src, dtype="q4_1")
+    save_gguf(model, mtok, tmp_path / "out.gguf", dtype="q4_1")
     a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(tmp_path / "out.gguf"))
     theirs = {t.name: t for t in b.tensors}
     assert sorted(theirs) == sorted(t.name for t in a.tensors)
@@ -441,7 +351,7 @@ def test_llama_cpp_computes_our_logits_from_our_llama_family_file(bpe, tmp_path,
     gives our logits at every position -- the architecture, the rotary layout and the tensors are what it reads."""
     llama_cpp = pytest.importorskip("llama_cpp")
     model = llama_family(bpe.vocab_size, **SHAPES[shape])
-    to_gguf(model, bpe, tmp_path / "m.gguf")
+    save_gguf(model, bpe, tmp_path / "m.gguf")
     ids = bpe.encode("ROMEO: O, she doth teach the torches to burn bright!")
     llm = llama_cpp.Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=48, n_threads=1, logits_all=True, type_k=0,
                           type_v=0, verbose=False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoderlab.gguf_import import read_gguf
-from decoderlab.gguf_import.config import ARCHITECTURES
+from decoderlab.gguf import read_gguf
+from decoderlab.gguf.architecture import ARCHITECTURES
 
 pytest.importorskip("gguf")
 
@@ -67,3 +67,29 @@ def test_tensor_count_and_shapes_must_match_metadata(tiny_gguf):
     assert "has shape (96, 64)" in msg and "says (128, 64)" in msg
     path, _ = tiny_gguf("llama", tensors={"blk.0.attn_q.weight": np.zeros((60, 64), np.float32)})
     assert "blk.0.attn_q.weight has shape (60, 64)" in refused(path)
+
+
+@pytest.mark.parametrize("overrides,architecture", [
+    (dict(), "gpt2"), (dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False), "llama"),
+    (dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True), "qwen2"),
+    (dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=True), "qwen3"),
+])
+def test_a_model_is_written_as_the_architecture_that_computes_it(overrides, architecture):
+    import decoderlab as dl
+    from decoderlab.gguf import gguf_architecture
+
+    assert gguf_architecture(dl.preset("gpt2", **overrides)) == architecture
+
+
+@pytest.mark.parametrize("overrides,option", [
+    (dict(position="rope"), "--position rope"), (dict(mlp="relu2"), "--mlp relu2"),
+    (dict(qk_norm=True), "ModelConfig.qk_norm"),
+])
+def test_a_model_no_architecture_computes_is_refused_naming_the_field(overrides, option):
+    import decoderlab as dl
+    from decoderlab.gguf import ExportError, gguf_architecture
+
+    with pytest.raises(ExportError, match="--format gguf writes the models a llama.cpp architecture computes exactly "
+                                          r"\(llama, qwen2, qwen3, gpt2\); the nearest is gpt2") as e:
+        gguf_architecture(dl.preset("gpt2", **overrides))
+    assert option in str(e.value) and e.value.field == next(iter(overrides)) and "\n" not in str(e.value)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from decoderlab.gguf_import import GGUFFile, read_gguf
-from decoderlab.gguf_import.weights import dequantizable, unpermute
+from decoderlab.gguf import GGUFFile, read_gguf
+from decoderlab.gguf.weights import dequantizable, unpermute
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -135,7 +135,7 @@ def test_type_gguf_cannot_dequantize_is_refused(tiny_gguf, tmp_path, bpe):
 
 
 def test_dequantize_rows_equals_gguf_dequantize(tiny_gguf):
-    from decoderlab.gguf_import.weights import dequantize_rows
+    from decoderlab.gguf.weights import dequantize_rows
 
     rng = np.random.default_rng(0)
     for qtype in WRITABLE + ["F32"]:
