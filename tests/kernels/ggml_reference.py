@@ -16,7 +16,7 @@ from decoderlab.kernels import TYPES  # noqa: E402
 F32 = np.float32
 #: float32's unit roundoff
 U = 2.0 ** -24
-QTYPE = {name: Q[name.upper()] for name in ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")}
+QTYPE = {name: Q[name.upper()] for name in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 
 
 def q8_32(x: np.ndarray, with_sum: bool) -> np.ndarray:
@@ -75,7 +75,7 @@ def _set_f16(raw: np.ndarray, at: int, values: np.ndarray) -> None:
 
 def weight(name: str, out: int, inp: int, rng: np.random.Generator) -> np.ndarray:
     """GGUF bytes (out, bytes per row) of a random (out, inp) weight: gguf.quants.quantize of normal floats for
-    the types gguf's Python package quantizes (q8_0, q4_0, q4_1), else random bytes with finite float16 scales
+    the types gguf's Python package quantizes (q8_0, q4_0, q4_1, q5_0, q5_1), else random bytes with finite float16 scales
     (every bit pattern of the other fields is a valid K-quant block; gguf.quants only dequantizes them)."""
     t = TYPES[name]
     if t.block == 32:
@@ -95,7 +95,8 @@ def _quants_zeroed(name: str, raw: np.ndarray) -> np.ndarray:
     """The blocks with every quant bit zero (scales kept): what a weight is before its quants' part."""
     t = TYPES[name]
     blocks = raw.reshape(raw.shape[0], -1, t.bytes).copy()
-    spans = {"q8_0": (2, 34), "q4_0": (2, 18), "q4_1": (4, 20), "q4_k": (16, 144), "q5_k": (16, 176),
+    spans = {"q8_0": (2, 34), "q4_0": (2, 18), "q4_1": (4, 20), "q5_0": (2, 22), "q5_1": (4, 24),
+             "q4_k": (16, 144), "q5_k": (16, 176),
              "q6_k": (0, 192)}
     lo, hi = spans[name]
     blocks[..., lo:hi] = 0
@@ -105,8 +106,8 @@ def _quants_zeroed(name: str, raw: np.ndarray) -> np.ndarray:
 def reference(name: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the float64 product of gguf.quants' dequantized weight and the dequantized quantized activations, the
     float32 error bound of the kernels' sums): bound = (2 blocks + 6) u M, M = (|A| + |B|) @ |xq| where the weight
-    W = A + B splits into its quants' part A and the part B a block has with its quants zero (q4_0's -8 d, q4_1's
-    m, the K-quants' minimums and q6_k's -32 d sc) -- each block adds at most two float32 terms into a lane, each
+    W = A + B splits into its quants' part A and the part B a block has with its quants zero (q4_0's -8 d, q5_0's
+    -16 d, q4_1's and q5_1's m, the K-quants' minimums, q6_k's -32 d sc) -- each block adds at most two float32 terms into a lane, each
     term carries the rounding of its scale product and of its converted integer sum, gguf's float32 W its own."""
     act = TYPES[name].activation
     xq = dequantized_activation(x, act)

@@ -23,7 +23,7 @@ def test_block_sizes_bytes_and_numbers_are_ggmls():
 
 def test_each_weight_type_pairs_with_ggmls_activation_blocks():
     pairs = {n: t.activation for n, t in TYPES.items()}
-    assert pairs == {"f32": None, "f16": None, "bf16": None, "q4_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1",
+    assert pairs == {"f32": None, "f16": None, "bf16": None, "q4_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1", "q5_0": "q8_0", "q5_1": "q8_1",
                      "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k", "q8_1": None, "q8_k": None}
     for t in TYPES.values():
         if t.activation:

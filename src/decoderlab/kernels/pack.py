@@ -11,6 +11,8 @@ one ``vpdpbusd`` lane multiplies), chunk ``c`` of row 0, chunk ``c`` of row 1, .
 
 q6_k's chunks go half by half (128 weights), the low bits of weights l and l + 32 and their high bits together:
 ``ql[4c..]``, ``ql[32 + 4c..]``, ``qh[4c..]`` for c = 0..7; its 16 int8 sub-block scales as 16 planes of 16 rows.
+q5_0 / q5_1's 32 fifth bits (qh, bit j = weight j's) are transposed within their 4 bytes so that bit c of byte i is
+weight 4c + i's: the bits of chunk c are then bit c of each byte, one shift from where they add to the nibbles.
 q8_0's int8 quants are stored with their sign bit flipped (q + 128, an unsigned byte: ``vpdpbusd`` multiplies
 unsigned by signed bytes). The bytes are the file's, moved: the packed weight is exactly as large as the file's
 tensor, plus zero rows up to a multiple of 16 rows when ``out`` is not one (no model's matrix here).
@@ -33,6 +35,8 @@ _FIELDS = {
     "q8_0": ((0, 2, 2), (2, 32, 4)),
     "q4_0": ((0, 2, 2), (2, 16, 4)),
     "q4_1": ((0, 2, 2), (2, 2, 2), (4, 16, 4)),
+    "q5_0": ((0, 2, 2), (2, 4, 4), (6, 16, 4)),
+    "q5_1": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 16, 4)),
     "q4_k": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 128, 4)),
     "q5_k": ((0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 32, 4), (48, 128, 4)),
     # q6_k's block is ql (128) | qh (64) | scales (16) | d (2); its quants are interleaved apart (_q6_k_quants)
@@ -70,6 +74,21 @@ def _as_bytes(raw, t: GGMLType, out: int, inp: int, name: str) -> torch.Tensor:
     return data.reshape(out, inp // t.block, t.bytes)
 
 
+#: where q5_0 / q5_1 keep qh in a block
+_QH = {"q5_0": 2, "q5_1": 4}
+
+
+def _transpose_qh(blocks: torch.Tensor, at: int, inverse: bool = False) -> torch.Tensor:
+    """A copy of ``blocks`` whose 4 qh bytes at ``at`` have bit j = 4c + i moved to bit c of byte i (or back)."""
+    qh = blocks[..., at:at + 4]
+    bits = (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (..., byte, bit)
+    pairs = (4, 8) if inverse else (8, 4)  # bit j = 4c + i as (c, i) -> (i, c); or back
+    moved = bits.reshape(*qh.shape[:-1], *pairs).transpose(-1, -2).reshape(*qh.shape[:-1], 4, 8)
+    out = blocks.clone()
+    out[..., at:at + 4] = (moved << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    return out
+
+
 def _side_by_side(field: torch.Tensor, width: int) -> torch.Tensor:
     """(groups, 16 rows, blocks, length) -> (groups, blocks, length / width chunks, 16 rows, width)."""
     g, r, nb, n = field.shape
@@ -104,6 +123,8 @@ def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
     pad = -out % ROWS
     if pad:
         blocks = torch.cat([blocks, blocks.new_zeros(pad, *blocks.shape[1:])])
+    if t.name in _QH:
+        blocks = _transpose_qh(blocks, _QH[t.name])
     groups = blocks.reshape(-1, ROWS, *blocks.shape[1:])
     g, nb = groups.shape[0], groups.shape[2]
     parts = [_side_by_side(groups[..., s:s + n], w).reshape(g, nb, -1) for s, n, w in _FIELDS[t.name]]
@@ -136,4 +157,6 @@ def unpack(packed: torch.Tensor, kind, shape) -> torch.Tensor:
         quants = packed[..., at:].reshape(g, nb, 2, 8, 3, ROWS, 4).permute(0, 5, 1, 2, 4, 3, 6)  # (g,r,nb,half,3,c,b)
         blocks[..., :128] = quants[..., :2, :, :].reshape(g, ROWS, nb, 128)
         blocks[..., 128:192] = quants[..., 2:, :, :].reshape(g, ROWS, nb, 64)
+    if t.name in _QH:
+        blocks = _transpose_qh(blocks, _QH[t.name], inverse=True)
     return blocks.reshape(g * ROWS, nb * t.bytes)[:out]

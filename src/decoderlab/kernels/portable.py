@@ -127,15 +127,20 @@ def _block32(name: str, raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dx = dh.double()  # (n, blocks)
     sx = total.double()
     dw = _f16(raw, 0)  # (out, blocks)
+    minimum = name in ("q4_1", "q5_1")
     if name == "q8_0":
         qw = raw[..., 2:34].contiguous().view(torch.int8)
     else:
-        qw = _nibbles(raw[..., 4:20] if name == "q4_1" else raw[..., 2:18])
+        qw = _nibbles(raw[..., -16:])
+    if name in ("q5_0", "q5_1"):  # qh's bit j is weight j's fifth
+        at = 4 if minimum else 2
+        bits = (raw[..., at:at + 4].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
+        qw = qw | (bits.reshape(*raw.shape[:-1], 32) << 4)
     p = _dots(qw.unsqueeze(-2), q.unsqueeze(-2)).squeeze(-1)  # (n, out, blocks)
-    if name == "q4_0":
-        p = p - 8 * sx.unsqueeze(1)
+    if name in ("q4_0", "q5_0"):
+        p = p - (8 if name == "q4_0" else 16) * sx.unsqueeze(1)
     y = dx.unsqueeze(1) * dw.unsqueeze(0) * p
-    if name == "q4_1":
+    if minimum:
         y = y + _f16(raw, 2).unsqueeze(0) * (dx * sx).unsqueeze(1)
     return y.sum(-1)
 

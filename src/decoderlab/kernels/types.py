@@ -7,12 +7,18 @@ type ggml quantizes a product's activations to for each (its ``vec_dot_type``).
     bf16       30      1      2  (float32)     the top 16 bits of a float32
     q4_0        2     32     18  q8_0          d * (q - 8), q a nibble
     q4_1        3     32     20  q8_1          d * q + m
+    q5_0        6     32     22  q8_0          d * (q - 16), q 5 bits: a nibble and a bit of qh
+    q5_1        7     32     24  q8_1          d * q + m
     q8_0        8     32     34  q8_0          d * q, q an int8
     q4_k       12    256    144  q8_k          d * sc * q - dmin * mn, 8 sub-blocks of 32 with 6-bit sc and mn
     q5_k       13    256    176  q8_k          the same with 5-bit q
     q6_k       14    256    210  q8_k          d * sc * (q - 32), 16 sub-blocks of 16 with int8 sc, 6-bit q
     q8_1        9     32     36  --            an activation block: d * q, and s = d * sum(q)
     q8_k       15    256    292  --            an activation block: float32 d, 256 int8, 16 sums of 16
+
+q5_0 and q5_1 are here because llama.cpp's quantizer writes them in a K-quant file for every matrix whose width is
+not a multiple of 256 (Q4_K's fallback is Q5_0, Q5_K's Q5_1, Q6_K's Q8_0: ``llama-quant.cpp``): SmolLM2-135M's
+width 576 is one, so its Q4_K_M file holds K-quants only in its 1536-wide down projections.
 
 The 16- and 32-bit weights multiply float32 activations as they are (no activation quantization; ggml rounds
 them to its weight's 16-bit type, the kernels here do not). Plain data, no torch.
@@ -58,6 +64,8 @@ TYPES = {t.name: t for t in (
     GGMLType("bf16", 30, 1, 2, None),
     GGMLType("q4_0", 2, 32, 18, "q8_0"),
     GGMLType("q4_1", 3, 32, 20, "q8_1"),
+    GGMLType("q5_0", 6, 32, 22, "q8_0"),
+    GGMLType("q5_1", 7, 32, 24, "q8_1"),
     GGMLType("q8_0", 8, 32, 34, "q8_0"),
     GGMLType("q4_k", 12, 256, 144, "q8_k"),
     GGMLType("q5_k", 13, 256, 176, "q8_k"),
@@ -66,7 +74,7 @@ TYPES = {t.name: t for t in (
     GGMLType("q8_k", 15, 256, 292, None),
 )}
 #: the block types whose weights the kernels multiply (the others of :data:`TYPES` are float or activation types)
-WEIGHT_BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+WEIGHT_BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 #: the float weight types, by the torch dtype name that holds them
 FLOAT_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 #: the activation block types

@@ -3,7 +3,7 @@
 //
 //   VI   64 bytes = 16 lanes of int32, lane r = packed row r      VF   16 floats, lane r = row r
 //   vi_load(p) vi_zero() vi_set1_8(b) vi_set1_32(i) vi_and vi_or vi_add vi_sub vi_mul (int32 lanes)
-//   vi_srl16<n> vi_sll16<n> (16-bit shifts; callers mask so that no bit crosses a byte)
+//   vi_srl16<n> vi_sll16<n> (16-bit shifts; callers mask so that no bit crosses a byte), vi_srl32 vi_sll32 (by n)
 //   vi_bit(h, m, v)      per byte: v where (h & m) != 0, else 0
 //   vi_dot(acc, w, x4)   acc lane += w's 4 unsigned bytes of the lane times x4's 4 signed bytes
 //   vi_dot_q8(acc, w, x4) the same for q8_0's quants stored + 128; kQ8Biased: whether 128 * sum(x) is left in
@@ -48,24 +48,35 @@ struct Q8_0 {
   }
 };
 
-// q4_0 (MIN = false): d[16] | 4 chunks; q4_1 (MIN = true): d[16] | m[16] | 4 chunks. A chunk's low nibbles are
-// weights 4c..4c+3 of each row, its high nibbles weights 16+4c..
-template <bool MIN>
-struct Q4 {
-  static constexpr int64_t kBytes = MIN ? 16 * 20 : 16 * 18;
+// q4_0 / q5_0 (MIN = false): d[16] | (q5: qh) | 4 chunks; q4_1 / q5_1 (MIN = true): d[16] | m[16] | (qh) | 4
+// chunks. A chunk's low nibbles are weights 4c..4c+3 of each row, its high nibbles weights 16+4c..; q5's fifth
+// bits are packed so that bit c of a lane's byte i is weight 4c+i's (pack.py): chunk c's are then one shift away
+template <bool MIN, bool FIVE>
+struct Q32 {
+  static constexpr int64_t kBytes = 16 * (18 + (MIN ? 2 : 0) + (FIVE ? 4 : 0));
+  static constexpr int kOffset = FIVE ? 16 : 8;  // w = d (q - offset) without a minimum
+  static VI fifth(VI h, int c, VI m10) {  // bit c of each byte -> bit 4
+    return vi_and(c <= 4 ? vi_sll32(h, 4 - c) : vi_srl32(h, c - 4), m10);
+  }
   template <int NB>
   static void run(const uint8_t* g, int64_t nblk, const dlk::Act* act, float* y, int64_t ldy) {
-    const VI m0f = vi_set1_8(0x0F);
+    const VI m0f = vi_set1_8(0x0F), m10 = vi_set1_8(0x10);
     VF facc[NB];
     for (int a = 0; a < NB; ++a) facc[a] = vf_zero();
     for (int64_t b = 0; b < nblk; ++b) {
       const uint8_t* p = g + b * kBytes;
-      const uint8_t* q = p + (MIN ? 64 : 32);
+      const uint8_t* qh = p + (MIN ? 64 : 32);
+      const uint8_t* q = qh + (FIVE ? 64 : 0);
+      const VI h = FIVE ? vi_load(qh) : vi_zero();
       VI lo_acc[NB], hi_acc[NB];
       for (int a = 0; a < NB; ++a) lo_acc[a] = hi_acc[a] = vi_zero();
       for (int c = 0; c < 4; ++c) {
         VI v = vi_load(q + 64 * c);
         VI lo = vi_and(v, m0f), hi = vi_and(vi_srl16<4>(v), m0f);
+        if (FIVE) {
+          lo = vi_or(lo, fifth(h, c, m10));
+          hi = vi_or(hi, fifth(h, c + 4, m10));
+        }
         for (int a = 0; a < NB; ++a) {
           const int8_t* x = act[a].qs + 32 * b + 4 * c;
           lo_acc[a] = vi_dot(lo_acc[a], lo, ld32(x));
@@ -80,7 +91,7 @@ struct Q4 {
           facc[a] = vf_fmadd(vf_cvt(s), vf_mul(dw, vf_set1(dx)), facc[a]);
           facc[a] = vf_fmadd(vf_half(p + 32), vf_set1(dx * float(act[a].s[b])), facc[a]);
         } else {
-          s = vi_sub(s, vi_set1_32(8 * act[a].s[b]));
+          s = vi_sub(s, vi_set1_32(kOffset * act[a].s[b]));
           facc[a] = vf_fmadd(vf_cvt(s), vf_mul(dw, vf_set1(dx)), facc[a]);
         }
       }

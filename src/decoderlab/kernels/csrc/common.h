@@ -34,7 +34,7 @@ typedef void (*DenseKernel)(const void* w, int64_t in, int64_t r0, int64_t r1, c
 
 struct KernelSet {
   const char* name;
-  BlockKernel q8_0, q4_0, q4_1, q4_k, q5_k, q6_k;
+  BlockKernel q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k;
   DenseKernel f32, f16, bf16;
 };
 

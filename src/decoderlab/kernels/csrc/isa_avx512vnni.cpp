@@ -23,6 +23,8 @@ inline VI vi_sub(VI a, VI b) { return {_mm512_sub_epi32(a.v, b.v)}; }
 inline VI vi_mul(VI a, VI b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
 template <int N> inline VI vi_srl16(VI a) { return {_mm512_srli_epi16(a.v, N)}; }
 template <int N> inline VI vi_sll16(VI a) { return {_mm512_slli_epi16(a.v, N)}; }
+inline VI vi_srl32(VI a, int n) { return {_mm512_srl_epi32(a.v, _mm_cvtsi32_si128(n))}; }
+inline VI vi_sll32(VI a, int n) { return {_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(n))}; }
 inline VI vi_bit(VI h, VI m, VI v) { return {_mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h.v, m.v), v.v)}; }
 inline VI vi_dot(VI acc, VI w, int32_t x4) { return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x4))}; }
 inline VI vi_dot_q8(VI acc, VI w, int32_t x4) { return vi_dot(acc, w, x4); }
@@ -62,7 +64,8 @@ inline VW vw_w(const dlk::bf16_t* p) {
 
 const dlk::KernelSet kSet = {
     "avx512-vnni",
-    block_product<Q8_0>, block_product<Q4<false>>, block_product<Q4<true>>,
+    block_product<Q8_0>, block_product<Q32<false, false>>, block_product<Q32<true, false>>,
+    block_product<Q32<false, true>>, block_product<Q32<true, true>>,
     block_product<QK45<false>>, block_product<QK45<true>>, block_product<Q6K>,
     dense_product<float>, dense_product<dlk::f16_t>, dense_product<dlk::bf16_t>,
 };

@@ -181,13 +181,15 @@ BlockType block_type(int64_t ggml_type) {
     case 8: return {32, 34, &KernelSet::q8_0};
     case 2: return {32, 18, &KernelSet::q4_0};
     case 3: return {32, 20, &KernelSet::q4_1};
+    case 6: return {32, 22, &KernelSet::q5_0};
+    case 7: return {32, 24, &KernelSet::q5_1};
     case 12: return {256, 144, &KernelSet::q4_k};
     case 13: return {256, 176, &KernelSet::q5_k};
     case 14: return {256, 210, &KernelSet::q6_k};
   }
   TORCH_CHECK_VALUE(false, "decoderlab::block_linear: GGML type ", ggml_type,
-                    " is not a block type the kernels multiply (q8_0 = 8, q4_0 = 2, q4_1 = 3, q4_k = 12, q5_k = 13, "
-                    "q6_k = 14)");
+                    " is not a block type the kernels multiply (q8_0 = 8, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, "
+                    "q4_k = 12, q5_k = 13, q6_k = 14)");
 }
 
 void check_input(const at::Tensor& x, const char* op) {

@@ -23,6 +23,14 @@ inline VI vi_sub(VI a, VI b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_
 inline VI vi_mul(VI a, VI b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
 template <int N> inline VI vi_srl16(VI a) { return {_mm256_srli_epi16(a.lo, N), _mm256_srli_epi16(a.hi, N)}; }
 template <int N> inline VI vi_sll16(VI a) { return {_mm256_slli_epi16(a.lo, N), _mm256_slli_epi16(a.hi, N)}; }
+inline VI vi_srl32(VI a, int n) {
+  const __m128i k = _mm_cvtsi32_si128(n);
+  return {_mm256_srl_epi32(a.lo, k), _mm256_srl_epi32(a.hi, k)};
+}
+inline VI vi_sll32(VI a, int n) {
+  const __m128i k = _mm_cvtsi32_si128(n);
+  return {_mm256_sll_epi32(a.lo, k), _mm256_sll_epi32(a.hi, k)};
+}
 inline __m256i bit8(__m256i h, __m256i m, __m256i v) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, m), m), v);
 }
@@ -93,7 +101,8 @@ inline VW vw_w(const dlk::bf16_t* p) {
 
 const dlk::KernelSet kSet = {
     DLK_YMM_VNNI ? "avx-vnni" : "avx2",
-    block_product<Q8_0>, block_product<Q4<false>>, block_product<Q4<true>>,
+    block_product<Q8_0>, block_product<Q32<false, false>>, block_product<Q32<true, false>>,
+    block_product<Q32<false, true>>, block_product<Q32<true, true>>,
     block_product<QK45<false>>, block_product<QK45<true>>, block_product<Q6K>,
     dense_product<float>, dense_product<dlk::f16_t>, dense_product<dlk::bf16_t>,
 };
