@@ -220,18 +220,20 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& packed, int64_t g
                     " ", packed.scalar_type());
   const BlockKernel kernel = current()->*t.kernel;
   const at::Tensor xc = x.contiguous();
-  Acts acts;
+  thread_local Acts acts;  // the buffers kept between calls of this thread: no allocation per product
   quantize_rows(xc.data_ptr<float>(), n, k, t.block, acts);
   const int64_t width = groups * kRows;
-  at::Tensor y = at::empty({n, width}, x.options());
+  at::Tensor y = at::empty(width == out_features ? out_shape(x, width) : std::vector<int64_t>{n, width}, x.options());
   float* yp = y.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // (a pointer, not the name: inside the lambda a pool thread's `acts` would be its own thread_local)
+  const Act* act_rows = acts.rows.data();
   const int64_t grain = std::max<int64_t>(1, 32768 / (kRows * k));  // ~32k weights a task at least
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    kernel(wp, nblk, g0, g1, acts.rows.data(), static_cast<int>(n), yp, width);
+    kernel(wp, nblk, g0, g1, act_rows, static_cast<int>(n), yp, width);
   });
-  if (width != out_features) y = y.narrow(1, 0, out_features).contiguous();
-  return y.view(out_shape(x, out_features));
+  if (width == out_features) return y;
+  return y.narrow(1, 0, out_features).contiguous().view(out_shape(x, out_features));
 }
 
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight) {
@@ -246,7 +248,7 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight) {
   const DenseKernel kernel = st == at::kFloat ? set->f32 : st == at::kHalf ? set->f16 : set->bf16;
   const int64_t out = weight.size(0);
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({n, out}, x.options());
+  at::Tensor y = at::empty(out_shape(x, out), x.options());
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const void* wp = weight.data_ptr();
@@ -254,7 +256,7 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight) {
   at::parallel_for(0, quads, grain, [&](int64_t q0, int64_t q1) {
     kernel(wp, k, 4 * q0, std::min(4 * q1, out), xp, k, static_cast<int>(n), yp, out);
   });
-  return y.view(out_shape(x, out));
+  return y;
 }
 
 // ggml's block bytes of x's rows quantized to q8_0 (8), q8_1 (9) or q8_K (15)
