@@ -11,7 +11,7 @@ import torch
 
 from decoderlab import kernels
 
-from .ggml_reference import U, activation_bytes, reference, weight
+from ggml_reference import U, activation_bytes, dequantized, reference, weight
 
 BLOCK_TYPES = kernels.WEIGHT_BLOCK_TYPES
 #: activation row counts: every tile width (1-4), their remainders, and the 16 a step takes at most
@@ -58,8 +58,6 @@ def test_the_bound_sees_an_unquantized_activation(name):
     raw = weight(name, 16, 2 * block, rng)
     x = _x(4, 2 * block, 2).numpy()
     want, bound = reference(name, raw, x)
-    from .ggml_reference import dequantized
-
     unquantized = x.astype(np.float64) @ dequantized(name, raw).T
     assert (np.abs(unquantized - want) > bound).mean() > 0.9
 
