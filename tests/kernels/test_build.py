@@ -101,6 +101,19 @@ def test_a_failed_build_is_one_line_and_the_portable_path(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.skipif(build.unsupported() is not None, reason="no kernels to build on this machine")
+def test_a_cached_library_that_does_not_load_is_one_line_and_the_portable_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
+    broken = build.cache_dir() / build.fingerprint(build.compiler()) / build.LIBRARY
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"not a shared library")
+    r = _python(PRODUCT, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "portable"
+    said = [line for line in r.stderr.splitlines() if "portable" in line]
+    assert len(said) == 1 and "did not load" in said[0] and str(broken) in said[0], r.stderr
+
+
 def test_the_portable_path_chosen_by_the_environment_is_said_once(tmp_path):
     r = _python(PRODUCT, tmp_path, DECODERLAB_KERNELS="portable")
     assert r.returncode == 0, r.stderr

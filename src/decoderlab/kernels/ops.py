@@ -92,11 +92,15 @@ def _load() -> None:
     from .build import library  # not at import: `python -m decoderlab.kernels.build` imports this package first
 
     path, why = (None, f"{ENV}=portable") if choice == "portable" else library()
+    if path is not None:
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as e:  # a library that does not load (another torch's symbols, say)
+            path, why = None, f"the kernels' library {path} did not load: {str(e).splitlines()[0]}"
     if path is None:
         _register_portable(define=True)
         _state["mode"] = "portable"
     else:
-        torch.ops.load_library(str(path))
         _state["mode"] = "native"
         if not list(torch.ops.decoderlab.kernels_isas()):
             _register_portable(define=False)
