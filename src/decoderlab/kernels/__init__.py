@@ -1,7 +1,12 @@
 """Our own CPU kernels for the decode step's products: ``y = x @ W.T`` for a few rows of float32 ``x`` and a weight
-held as GGUF holds it -- the block types Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K in their bytes (no float copy), or
-BF16, F16 and F32 -- with ggml's arithmetic: the activations quantized to 8-bit blocks (Q8_0 / Q8_1 / Q8_K) and
-multiplied in integers (AVX-512 VNNI, AVX-VNNI, else AVX2), the 16-bit weights widened exactly to float32.
+held as GGUF holds it -- the block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in their bytes (no float
+copy), or BF16, F16 and F32 -- with ggml's arithmetic: the activations quantized to 8-bit blocks (Q8_0 / Q8_1 /
+Q8_K) and multiplied in integers (AVX-512 VNNI, AVX-VNNI, else AVX2), the 16-bit weights widened exactly to float32.
+
+One difference from ggml, on purpose: a q4_1 / q5_1 block's minimum multiplies d * sum(q) of the activation block
+in float32 (exact: an 11-bit d times a 12-bit sum), where ggml reads q8_1's float16 s = float16(d * sum(q)); the
+products are then float64's of the dequantized factors to float32 rounding, which ggml's are not (the float16 s is
+off by up to 2^-11 of that term).
 
     types.py     the one table: each GGML type's block, bytes and activation type
     pack.py      a GGUF tensor's blocks regrouped once at load into the kernels' layout (same bytes), and back
