@@ -9,11 +9,14 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-# torch==2.13.0 first: the CPU build on this machine's disk, so pip never resolves a multi-GB CUDA build.
+# torch==2.13.0 first: the CPU build on this machine's disk, so pip never resolves a multi-GB CUDA build. Then the
+# CPU kernels compiled once into the cache (decoderlab.kernels.build; without a compiler it says so in one line and
+# the products take the portable torch path).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	$(PY) -m decoderlab.kernels.build
 	touch $(STAMP)
 
 # The browser tests drive Debian's chromium (Playwright's own browser download does not work here). apt-get

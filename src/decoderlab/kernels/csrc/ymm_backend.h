@@ -1,0 +1,108 @@
+// The vector interface of block_kernels.h and dense_kernels.h on 256-bit registers (AVX2 + FMA + F16C, and
+// AVX-VNNI's vpdpbusd where DLK_YMM_VNNI is 1): a packed group's 16 rows are two registers, rows 0-7 and 8-15.
+// Included by isa_avx2.cpp and isa_avxvnni.cpp inside their anonymous namespaces.
+
+struct VI { __m256i lo, hi; };
+struct VF { __m256 lo, hi; };
+constexpr int kTile = 2;
+// maddubs sums two unsigned x signed byte products into a saturating int16: q8_0's q + 128 (up to 255) times an
+// activation (up to 127) could pass 32767, so without VNNI q8_0 multiplies |q| by x with q's sign, as ggml does
+constexpr bool kQ8Biased = DLK_YMM_VNNI;
+
+inline VI vi_load(const uint8_t* p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
+inline VI vi_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline VI vi_set1_8(char b) { return {_mm256_set1_epi8(b), _mm256_set1_epi8(b)}; }
+inline VI vi_set1_32(int32_t i) { return {_mm256_set1_epi32(i), _mm256_set1_epi32(i)}; }
+inline VI vi_and(VI a, VI b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
+inline VI vi_or(VI a, VI b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline VI vi_add(VI a, VI b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline VI vi_sub(VI a, VI b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
+inline VI vi_mul(VI a, VI b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
+template <int N> inline VI vi_srl16(VI a) { return {_mm256_srli_epi16(a.lo, N), _mm256_srli_epi16(a.hi, N)}; }
+template <int N> inline VI vi_sll16(VI a) { return {_mm256_slli_epi16(a.lo, N), _mm256_slli_epi16(a.hi, N)}; }
+inline VI vi_srl32(VI a, int n) {
+  const __m128i k = _mm_cvtsi32_si128(n);
+  return {_mm256_srl_epi32(a.lo, k), _mm256_srl_epi32(a.hi, k)};
+}
+inline VI vi_sll32(VI a, int n) {
+  const __m128i k = _mm_cvtsi32_si128(n);
+  return {_mm256_sll_epi32(a.lo, k), _mm256_sll_epi32(a.hi, k)};
+}
+inline __m256i bit8(__m256i h, __m256i m, __m256i v) {
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, m), m), v);
+}
+inline VI vi_bit(VI h, VI m, VI v) { return {bit8(h.lo, m.lo, v.lo), bit8(h.hi, m.hi, v.hi)}; }
+
+#if DLK_YMM_VNNI
+inline __m256i dot8(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+inline __m256i dot8_q8(__m256i acc, __m256i w, __m256i x) { return dot8(acc, w, x); }
+#else
+inline __m256i dot8(__m256i acc, __m256i w, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+inline __m256i dot8_q8(__m256i acc, __m256i w, __m256i x) {
+  const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));  // the signed quants back
+  return dot8(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
+}
+#endif
+inline VI vi_dot(VI acc, VI w, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {dot8(acc.lo, w.lo, x), dot8(acc.hi, w.hi, x)};
+}
+inline VI vi_dot_q8(VI acc, VI w, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {dot8_q8(acc.lo, w.lo, x), dot8_q8(acc.hi, w.hi, x)};
+}
+inline VI vi_u8x(__m128i b) { return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))}; }
+inline VI vi_s8x(__m128i b) { return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))}; }
+
+inline VF vf_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline VF vf_set1(float f) { return {_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+inline VF vf_cvt(VI a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline VF vf_half(const uint8_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline VF vf_mul(VF a, VF b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline VF vf_fmadd(VF a, VF b, VF c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline VF vf_fnmadd(VF a, VF b, VF c) {
+  return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline void vf_store(float* p, VF v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+
+#include "block_kernels.h"
+
+typedef __m256 VW;
+constexpr int kLanes = 8;
+constexpr int kDenseTile = 2;
+inline VW vw_zero() { return _mm256_setzero_ps(); }
+inline VW vw_fmadd(VW a, VW b, VW c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vw_sum(VW v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline VW vw_x(const float* p) { return _mm256_loadu_ps(p); }
+inline VW vw_w(const float* p) { return _mm256_loadu_ps(p); }
+inline VW vw_w(const dlk::f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VW vw_w(const dlk::bf16_t* p) {
+  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+#include "dense_kernels.h"
+
+const dlk::KernelSet kSet = {
+    DLK_YMM_VNNI ? "avx-vnni" : "avx2",
+    block_product<Q8_0>, block_product<Q32<false, false>>, block_product<Q32<true, false>>,
+    block_product<Q32<false, true>>, block_product<Q32<true, true>>,
+    block_product<QK45<false>>, block_product<QK45<true>>, block_product<Q6K>,
+    dense_product<float>, dense_product<dlk::f16_t>, dense_product<dlk::bf16_t>,
+};
