@@ -121,7 +121,6 @@ ADDER = Tool({"type": "function", "function": {"name": "add", "description": "a 
                                      "b": {"type": "integer", "minimum": 0, "maximum": 99}},
     "required": ["a", "b"], "additionalProperties": False}}},
     lambda arguments: str(sum(__import__("json").loads(arguments).values())))
-CHATML = get_template("chatml-tools")
 
 
 def hermes_model(plain=()):
@@ -145,7 +144,7 @@ def forced(text):
 def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_prompt():
     model, tok = hermes_model(("<tool_call>", "</tool_call>"))
     seen = []
-    turn = run_tool_turn(model, tok, ASK, CHATML, {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=2,
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=2,
                          logit_bias=pushed(tok, "<tool_call>"), on_call=seen.append)
     # the bias opens a call at every step, the grammar writes it: two calls, then max_calls ends the turn
     assert turn.finish_reason == "max_tool_calls" and len(turn.calls) == 2 and seen == turn.calls
@@ -157,8 +156,8 @@ def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_pr
     # the second step's prompt: the tools offered, the call as the template writes it, its result as a tool turn
     from decoderlab.chat import arguments_as_objects
 
-    ids, _ = CHATML.render(arguments_as_objects(ASK + turn.messages[:2]), tok, add_generation_prompt=True,
-                           tools=[ADDER.definition])
+    ids, _ = get_template("chatml-tools").render(arguments_as_objects(ASK + turn.messages[:2]), tok,
+                                                 add_generation_prompt=True, tools=[ADDER.definition])
     text = tok.decode(ids)
     assert "<tools>\n" in text and text.endswith(
         f'<|im_start|>assistant\n<tool_call>\n{{"name": "add", "arguments": {turn.calls[0].arguments}}}\n'
@@ -170,7 +169,7 @@ def test_the_opener_spelled_in_pieces_is_found_and_the_text_before_it_kept():
     """SmolLM2's tokenizer has no <tool_call> token: the model writes it in pieces, a stop string finds it."""
     model, tok = hermes_model()
     assert "<tool_call>" not in tok.token_to_id and len(tok.encode("<tool_call>")) > 1
-    turn = run_tool_turn(model, tok, ASK, CHATML, {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=1,
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=1,
                          grammar=forced("Let me add.\n<tool_call>"))
     (call,) = turn.calls
     assert call.name == "add" and call.result == str(sum(__import__("json").loads(call.arguments).values()))
@@ -184,7 +183,7 @@ def test_calls_written_freely_are_read_back_and_bad_ones_answered_with_errors():
     reply = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
              '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>\n'
              '<tool_call>\n{"name": "add", "arguments": {"a": 2,,}}\n</tool_call>')
-    turn = run_tool_turn(model, tok, ASK, CHATML, {"add": ADDER}, temperature=0, max_new_tokens=200, max_calls=3,
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=200, max_calls=3,
                          constrain=False, grammar=forced(reply))
     assert [(c.name, c.result) for c in turn.calls] == [
         ("add", "5"), ("search", "error: unknown tool 'search'; tools: add"),

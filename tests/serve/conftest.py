@@ -73,9 +73,9 @@ def hermes_server(request):
     ``(url, model, tokenizer, template, transformers' tokenizer of the same vocabulary and template)``."""
     from hf_chat_templates import CHATML_TOKENS, QWEN25, bpe_pair
 
-    from decoderlab.chat import CHATML_TOOLS, JinjaChatTemplate
+    from decoderlab.chat import JinjaChatTemplate, get_template
 
-    source = {"chatml-tools": CHATML_TOOLS, "qwen2.5": QWEN25}[request.param]
+    source = QWEN25 if request.param == "qwen2.5" else get_template(request.param).source
     tok, theirs = bpe_pair(CHATML_TOKENS, ["<tool_call>", "</tool_call>"], chat_template=source)
     template = JinjaChatTemplate(source, name=request.param)
     torch.manual_seed(0)
