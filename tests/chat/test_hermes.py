@@ -176,3 +176,29 @@ def test_openai_arguments_as_text_render_as_objects():
     kept = [{"role": "assistant", "content": "", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}]}]
     assert arguments_as_objects(kept) == kept  # text that is no JSON object stays text
+
+
+def test_exported_with_the_model_it_renders_in_transformers_and_its_calls_are_read(tmp_path):
+    """A model with chatml-tools exported as a Hugging Face directory: tokenizer_config.json's chat_template is the
+    template, AutoTokenizer renders a conversation with tools and calls to decoderlab's ids, and the directory
+    loads back with a template whose calls decoderlab reads."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import decoderlab as dl
+    from decoderlab.chat import load_model
+    from decoderlab.export import to_hf
+
+    template, tok, _ = pair(("<tool_call>", "</tool_call>"))
+    torch.manual_seed(0)
+    model = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2,
+                                                max_len=64, d_ff=32))
+    to_hf(model, tok, tmp_path / "hf", template=template)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == CHATML_TOOLS
+    conv = CONVERSATIONS["text, then two calls (arguments as text and as an object)"]
+    auto = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (auto.apply_chat_template(conv, tools=TOOLS, return_dict=False)
+            == template.render(conv, tok, tools=TOOLS)[0])
+    loaded = load_model(tmp_path / "hf")
+    assert loaded.template.source == CHATML_TOOLS and loaded.template.tool_call_format == "hermes"
