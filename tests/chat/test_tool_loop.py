@@ -183,8 +183,8 @@ def test_calls_written_freely_are_read_back_and_bad_ones_answered_with_errors():
     reply = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
              '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>\n'
              '<tool_call>\n{"name": "add", "arguments": {"a": 2,,}}\n</tool_call>')
-    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=200, max_calls=3,
-                         constrain=False, grammar=forced(reply))
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=200,
+                         max_calls=3, constrain=False, grammar=forced(reply))
     assert [(c.name, c.result) for c in turn.calls] == [
         ("add", "5"), ("search", "error: unknown tool 'search'; tools: add"),
         ("add", "error: the tool call is not valid JSON (Expecting property name enclosed in double quotes at "

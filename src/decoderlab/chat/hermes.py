@@ -37,7 +37,7 @@ SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Huggin
 #: assistant turn writes its text, then each call as a JSON object between <tool_call> and </tool_call> (the
 #: arguments an object, or given as JSON text: written as they are); each tool result is a turn of its own, the
 #: ``tool`` role, between <tool_response> and </tool_response>.
-CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2-Instruct's ChatML, with tool calls written as Qwen2.5 and Hermes write them -#}
+CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2's ChatML, with tool calls as Qwen2.5 and Hermes write them -#}
 {%- if messages and messages[0]['role'] == 'system' %}
     {%- set system = messages[0]['content'] if messages[0]['content'] is string else '' %}
     {%- set turns = messages[1:] %}
@@ -48,11 +48,13 @@ CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2-Instruct's ChatML, wit
 {%- if messages or tools %}
     {{- '<|im_start|>system\n' + system }}
     {%- if tools %}
-        {{- '\n\n# Tools\n\nYou can call the functions below to help with the request. Each is given as a JSON schema, one a line, between <tools> and </tools>:\n<tools>' }}
+        {{- '\n\n# Tools\n\nYou can call the functions below to help with the request. Each is given as a JSON '
+            + 'schema, one a line, between <tools> and </tools>:\n<tools>' }}
         {%- for tool in tools %}
             {{- '\n' + (tool | tojson) }}
         {%- endfor %}
-        {{- '\n</tools>\n\nTo call one, write its name and arguments as a JSON object between <tool_call> and </tool_call>:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' }}
+        {{- '\n</tools>\n\nTo call one, write its name and arguments as a JSON object between <tool_call> and '
+            + '</tool_call>:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' }}
     {%- endif %}
     {{- '<|im_end|>\n' }}
 {%- endif %}
@@ -127,8 +129,9 @@ def _parsed(body: str) -> ParsedCall:
 def parse_hermes_calls(text: str) -> tuple[str, list[ParsedCall]]:
     """A reply's text as ``(content, calls)``: each ``<tool_call> ... </tool_call>`` block is a call (the last
     may lack its closer: a model that ended its turn without it), ``content`` is the text outside the blocks
-    (each piece stripped, joined by a line break). A block that is not a JSON object ``{"name": ..., "arguments": {...}}`` is a call with an
-    ``error``, never an exception: the tool loop answers it with an error result and the conversation goes on.
+    (each piece stripped, joined by a line break). A block that is not a JSON object ``{"name": ...,
+    "arguments": {...}}`` is a call with an ``error``, never an exception: the tool loop answers it with an error
+    result and the conversation goes on.
     """
     blocks = list(_BLOCK.finditer(text))
     outside = [text[a.end() if a else 0:b.start() if b else len(text)]
