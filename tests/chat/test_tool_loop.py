@@ -112,3 +112,83 @@ def test_chat_with_an_unknown_tool_is_one_error_line():
                         "calculator,search"], capture_output=True, text=True, input="")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == ["decoderlab: error: unknown tool 'search'; built-in tools: calculator"]
+
+
+# -- calls written as text, between <tool_call> and </tool_call> (chatml-tools, Qwen2.5's) -------------------------
+
+ADDER = Tool({"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                     "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a", "b"], "additionalProperties": False}}},
+    lambda arguments: str(sum(__import__("json").loads(arguments).values())))
+
+
+def hermes_model(plain=()):
+    """A random model on a byte-level BPE with ChatML's control tokens; ``plain``: <tool_call> and </tool_call>
+    as ordinary added tokens (Qwen's tokenizer) -- without them the opener is spelled in pieces (SmolLM2's)."""
+    from hf_chat_templates import CHATML_TOKENS, bpe_pair
+
+    tok, _ = bpe_pair(CHATML_TOKENS, plain)
+    torch.manual_seed(0)
+    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2, max_len=2048)
+    return dl.DecoderOnlyTransformer(cfg).eval(), tok
+
+
+def forced(text):
+    """A grammar that makes any model write ``text``."""
+    from decoderlab.generation import Grammar
+
+    return Grammar.lark("start: " + __import__("json").dumps(text))
+
+
+def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_prompt():
+    model, tok = hermes_model(("<tool_call>", "</tool_call>"))
+    seen = []
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=2,
+                         logit_bias=pushed(tok, "<tool_call>"), on_call=seen.append)
+    # the bias opens a call at every step, the grammar writes it: two calls, then max_calls ends the turn
+    assert turn.finish_reason == "max_tool_calls" and len(turn.calls) == 2 and seen == turn.calls
+    for call in turn.calls:
+        args = __import__("json").loads(call.arguments)
+        assert call.name == "add" and set(args) == {"a", "b"} and call.result == str(args["a"] + args["b"])
+    assert [m["role"] for m in turn.messages] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert turn.messages[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": turn.calls[0].arguments}
+    # the second step's prompt: the tools offered, the call as the template writes it, its result as a tool turn
+    from decoderlab.chat import arguments_as_objects
+
+    ids, _ = get_template("chatml-tools").render(arguments_as_objects(ASK + turn.messages[:2]), tok,
+                                                 add_generation_prompt=True, tools=[ADDER.definition])
+    text = tok.decode(ids)
+    assert "<tools>\n" in text and text.endswith(
+        f'<|im_start|>assistant\n<tool_call>\n{{"name": "add", "arguments": {turn.calls[0].arguments}}}\n'
+        f'</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n{turn.calls[0].result}\n</tool_response>'
+        f'<|im_end|>\n<|im_start|>assistant\n')
+
+
+def test_the_opener_spelled_in_pieces_is_found_and_the_text_before_it_kept():
+    """SmolLM2's tokenizer has no <tool_call> token: the model writes it in pieces, a stop string finds it."""
+    model, tok = hermes_model()
+    assert "<tool_call>" not in tok.token_to_id and len(tok.encode("<tool_call>")) > 1
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=80, max_calls=1,
+                         grammar=forced("Let me add.\n<tool_call>"))
+    (call,) = turn.calls
+    assert call.name == "add" and call.result == str(sum(__import__("json").loads(call.arguments).values()))
+    assert turn.messages[0]["content"] == "Let me add." and turn.finish_reason == "max_tool_calls"
+
+
+def test_calls_written_freely_are_read_back_and_bad_ones_answered_with_errors():
+    """Unconstrained: a reply with several calls -- a good one, an unknown tool, JSON that is not JSON -- gets a
+    result for each, the errors saying what was wrong, and the conversation goes on."""
+    model, tok = hermes_model()
+    reply = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "add", "arguments": {"a": 2,,}}\n</tool_call>')
+    turn = run_tool_turn(model, tok, ASK, "chatml-tools", {"add": ADDER}, temperature=0, max_new_tokens=200,
+                         max_calls=3, constrain=False, grammar=forced(reply))
+    assert [(c.name, c.result) for c in turn.calls] == [
+        ("add", "5"), ("search", "error: unknown tool 'search'; tools: add"),
+        ("add", "error: the tool call is not valid JSON (Expecting property name enclosed in double quotes at "
+                'character 37): {"name": "add", "arguments": {"a": 2,,}}')]
+    assert [m["role"] for m in turn.messages] == ["assistant", "tool", "tool", "tool", "assistant"]
+    # the second step wrote the same three calls: beyond max_calls, so the turn ended there
+    assert turn.finish_reason == "max_tool_calls"

@@ -261,3 +261,61 @@ def test_an_empty_reply_is_a_reply_and_the_conversation_goes_on(tmp_path, capsys
     captured = capsys.readouterr()
     assert captured.out.splitlines() == ["", "", ""]
     assert captured.err.splitlines() == ["(an empty reply: the model ended its turn at once)"] * 3
+
+
+def calling_checkpoint(path, template):
+    """A chat checkpoint whose model calls the calculator in the chatml-tools layout: a byte-level BPE with
+    ChatML's tokens and <tool_call> as an added token (Qwen's tokenizer), and a bigram model that opens a call
+    after the assistant's opener, and under the call's grammar writes the expression "12+7" (after a token
+    ending in a quote: 1, 2, +, 7, then the closing quote)."""
+    from hf_chat_templates import CHATML_TOKENS, bpe_pair
+    from tiny_models import bigram_model
+
+    from decoderlab.chat import TOOLS, get_template
+
+    tok, _ = bpe_pair(CHATML_TOKENS, ["<tool_call>", "</tool_call>"])
+    ids, _ = get_template("chatml-tools").render([{"role": "user", "content": "What is 12 + 7?"}], tok,
+                                                 add_generation_prompt=True, tools=[TOOLS["calculator"].definition])
+    one, two, plus, seven, quote = (tok.token_to_id[c] for c in '12+7"')
+    next_of = {i: one for i in range(tok.vocab_size) if tok.decode([i]).endswith('"')}
+    next_of.update({ids[-1]: tok.token_to_id["<tool_call>"], one: two, two: plus, plus: seven, seven: quote})
+    model = bigram_model(tok.vocab_size, next_of, max_len=2048)
+    return save_checkpoint(path, model, tok, meta={"task": "chat", "chat_template": template.to_dict()})
+
+
+def test_chat_tools_calculator_on_a_checkpoint_with_the_chatml_tools_template(tmp_path, capsys, monkeypatch):
+    """`chat --tools calculator` was refused for every Hugging Face template; with chatml-tools the model's call,
+    written in its own template's text, is read back, run, and shown with its result."""
+    from decoderlab.chat import get_template
+
+    ckpt = calling_checkpoint(tmp_path / "ck", get_template("chatml-tools"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))
+    assert cli_main(["chat", "--checkpoint", str(ckpt), "--tools", "calculator", "--max-tool-calls", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ['[calculator {"expression": "12+7"} -> 19]', ""]
+    assert captured.err.splitlines() == ["(the turn reached 1 tool calls, the most per turn)"]
+
+
+def test_chat_tools_on_a_template_without_calls_is_one_error_line_and_template_chooses_one(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """SmolLM2-Instruct's own template writes no calls: --tools is refused by name, and --template chatml-tools
+    renders the conversation with the template that writes them."""
+    from hf_chat_templates import SMOLLM2
+
+    from decoderlab.chat import JinjaChatTemplate
+
+    ckpt = calling_checkpoint(tmp_path / "ck", JinjaChatTemplate(SMOLLM2, name="smollm2"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))
+    assert cli_main(["chat", "--checkpoint", str(ckpt), "--tools", "calculator"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"decoderlab: error: --tools: {ckpt}: the 'smollm2' chat template writes no tool calls decoderlab reads; "
+        "tools need the \"tools\" or \"chatml-tools\" template, or a Hugging Face template that writes each call as "
+        "JSON between <tool_call> and </tool_call> (as Qwen2.5's does)"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))
+    assert cli_main(["chat", "--checkpoint", str(ckpt), "--template", "chatml-tools", "--tools", "calculator",
+                     "--max-tool-calls", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['[calculator {"expression": "12+7"} -> 19]', ""]
+    assert cli_main(["chat", "--checkpoint", str(ckpt), "--template", "tools"]) == 2  # its tokens are not there
+    assert capsys.readouterr().err.splitlines() == [
+        "decoderlab: error: the tokenizer has no '<|system|>' token, which the 'tools' chat template needs; add the "
+        "template's tokens first (decoderlab.chat.add_chat_tokens or Tokenizer.add_special_tokens)"]

@@ -1,6 +1,7 @@
 """Fixtures of the server's tests: a real uvicorn on a free port serving the tiny model (``server``: a base
 model; ``chat_server``: with a chat template, an API key and CORS; ``tools_server``: an untrained model with the
-"tools" chat template and a printable-character vocabulary, for tool calls and structured output)."""
+"tools" chat template and a printable-character vocabulary, for tool calls and structured output;
+``hermes_server``: an untrained model with a Hugging Face template that writes calls as <tool_call> blocks)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,31 @@ def tools_server(tools_model):
     app = create_app(model, tok, model_id=MODEL_ID, template=get_template("tools"), limits=Limits(max_tokens=200))
     with ServerThread(app) as url:
         yield url
+
+
+#: the Hugging Face templates that write tool calls as <tool_call> blocks, by name: decoderlab's and Qwen2.5's
+HERMES_TEMPLATES = ("chatml-tools", "qwen2.5")
+
+
+@pytest.fixture(scope="module", params=HERMES_TEMPLATES)
+def hermes_server(request):
+    """An untrained model on a byte-level BPE with ChatML's control tokens and <tool_call> / </tool_call> as
+    ordinary added tokens (Qwen's tokenizer), served with a Jinja template that writes calls as text:
+    ``(url, model, tokenizer, template, transformers' tokenizer of the same vocabulary and template)``."""
+    from hf_chat_templates import CHATML_TOKENS, QWEN25, bpe_pair
+
+    from decoderlab.chat import JinjaChatTemplate, get_template
+
+    source = QWEN25 if request.param == "qwen2.5" else get_template(request.param).source
+    tok, theirs = bpe_pair(CHATML_TOKENS, ["<tool_call>", "</tool_call>"], chat_template=source)
+    template = JinjaChatTemplate(source, name=request.param)
+    torch.manual_seed(0)
+    # a long context: the tools' definitions are rendered into the system turn, about a token per character
+    cfg = dl.preset("baby-shakespeare", num_tokens=tok.vocab_size, d_model=16, n_layer=1, n_head=2, max_len=2048)
+    model = dl.DecoderOnlyTransformer(cfg).eval()
+    app = create_app(model, tok, model_id=MODEL_ID, template=template, limits=Limits(max_tokens=200))
+    with ServerThread(app) as url:
+        yield url, model, tok, template, theirs
 
 
 @pytest.fixture(scope="module")

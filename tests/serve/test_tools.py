@@ -183,3 +183,85 @@ def test_the_openai_client_runs_the_calculator_and_gets_a_final_answer(tools_ser
     ref = dl.generate(model, ids, 20, temperature=0, tokenizer=tok,
                       logit_bias={int(k): v for k, v in no_end.items()} | {tool_call_token(tok): -100})
     assert choice.message.content == tok.decode(ref, skip_special=True)
+
+
+# -- a Hugging Face template that writes calls as <tool_call> blocks (chatml-tools, Qwen2.5's) ---------------------
+
+def hermes_prompt(template, tok, messages, tools=TOOLS) -> list[int]:
+    from decoderlab.chat import arguments_as_objects
+
+    return template.render(arguments_as_objects(messages), tok, add_generation_prompt=True, tools=tools)[0]
+
+
+def test_tools_on_a_template_that_writes_tool_call_blocks_answer_with_tool_calls(hermes_server):
+    """The 400 is gone: "required" writes a call under the grammar, in the template's JSON, equal to the library's
+    generation from the prompt and the opener the template writes ("<tool_call>\\n")."""
+    from decoderlab.chat.hermes import call_json
+    from decoderlab.chat.jinja import encode_with_offsets
+
+    url, model, tok, template, _ = hermes_server
+    c = client(url)
+    head = hermes_prompt(template, tok, ASK) + encode_with_offsets(tok, "<tool_call>\n")[0]
+    for seed in range(2):
+        r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice="required", seed=seed,
+                                      max_tokens=120)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        ref = dl.generate(model, head, 120, seed=seed, tokenizer=tok,
+                          grammar=ToolSet.of(TOOLS).grammar(format="hermes"))
+        assert tok.decode(ref, skip_special=True) == call_json(call.function.name, call.function.arguments)
+
+
+def test_auto_calls_when_the_model_opens_a_call_block_and_none_never_does(hermes_server):
+    url, _, tok, _, _ = hermes_server
+    c = client(url)
+    opener = str(tok.token_to_id["<tool_call>"])
+    kw = dict(model=MODEL_ID, messages=ASK, tools=TOOLS, seed=1, max_tokens=80)
+    r = c.chat.completions.create(**kw, logit_bias={opener: 100})  # the model opens a call at once
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    (call,) = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    r = c.chat.completions.create(**kw, logit_bias={opener: -100})  # a model that does not: an answer in text
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+    r = c.chat.completions.create(**kw, tool_choice="none", logit_bias={opener: 100})  # the opener is banned
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" not in r.choices[0].message.content
+
+
+def test_a_streamed_call_block_is_the_non_streamed_call_in_openai_s_pieces(hermes_server):
+    url = hermes_server[0]
+    c = client(url)
+    kw = dict(model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+              seed=3, max_tokens=120)
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "stop" and whole.message.tool_calls[0].function.name == "add"
+    deltas, finish = [], None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            deltas += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "add"
+    assert all(d.function.name is None for d in deltas[1:]) and len(deltas) > 2
+    assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
+    jsonschema.validate(json.loads(whole.message.tool_calls[0].function.arguments), ADD)
+    assert finish == "stop"
+
+
+def test_a_call_and_its_result_are_rendered_as_transformers_renders_them(hermes_server):
+    """OpenAI's arguments (JSON text) reach the template as an object, as transformers wants them (and vLLM
+    gives them): the prompt is transformers' apply_chat_template of the conversation."""
+    url, model, tok, template, theirs = hermes_server
+    c = client(url)
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}
+    messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS, tool_choice="none", seed=0,
+                                  max_tokens=5)
+    as_objects = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        dict(call, function={"name": "add", "arguments": {"a": 17, "b": 25}})]}, messages[-1]]
+    want = theirs.apply_chat_template(as_objects, tools=TOOLS, add_generation_prompt=True, return_dict=False)
+    assert r.usage.prompt_tokens == len(want) == len(hermes_prompt(template, tok, messages))
+    assert '"arguments": {"a": 17, "b": 25}}' in tok.decode(want)

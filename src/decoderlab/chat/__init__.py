@@ -7,16 +7,19 @@ One function turns a conversation into token ids plus a loss mask -- :meth:`Chat
 layout it was trained on.
 
 - :mod:`.messages`: a conversation's shape (roles, order) and its check;
-- :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson", "tools"), the stored template, the
-  template's special tokens in a tokenizer and a model;
+- :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson", "tools"), ``JINJA_TEMPLATES``
+  ("chatml-tools"), the stored template, the template's special tokens in a tokenizer and a model;
 - :mod:`.jinja`: ``JinjaChatTemplate``, a Hugging Face ``chat_template`` rendered as ``transformers`` renders it,
   behind the same interface;
+- :mod:`.hermes`: tool calls as text between ``<tool_call>`` and ``</tool_call>`` (Qwen2.5's, Hermes'): the
+  ``chatml-tools`` template (``CHATML_TOOLS``), ``parse_hermes_calls`` (a reply back into content and calls);
 - :mod:`.hf_templates`: ``chat_template_jinja`` (any template's Jinja text, for export) and
   ``read_chat_template`` (a Hugging Face directory's template);
 - :mod:`.data`: JSONL files in three formats (messages, prompt-completion, Alpaca);
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
 - :mod:`.calculator`: the built-in ``calculator`` tool (a syntax-tree walker, never ``eval``) and ``TOOLS``;
-- :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back;
+- :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back
+  (in either format of calls: ``check_tool_template``);
 - :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together.
 
 Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and reads checkpoints), below
@@ -28,13 +31,14 @@ from .data import FORMATS, Conversations, as_conversations, check_representable,
 from .loading import LoadedModel, checkpoint_template, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
-from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
-                        render_chat, template_from_meta, tool_call_text, tools_text)
+from .templates import (JINJA_TEMPLATES, TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template,
+                        parse_tool_call, render_chat, template_from_meta, tool_call_text, tools_text)
+from .hermes import CHATML_TOOLS, ParsedCall, arguments_as_objects, parse_hermes_calls
 from .jinja import JinjaChatTemplate
 from .hf_templates import chat_template_jinja, read_chat_template
 from .tools import ToolSet
 from .calculator import TOOLS, CalculatorError, Tool, calculate, evaluate, get_tools
-from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
+from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, check_tool_template, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
@@ -43,5 +47,6 @@ __all__ = [
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
     "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
-    "run_tool_turn", "JinjaChatTemplate", "chat_template_jinja", "read_chat_template",
+    "run_tool_turn", "JinjaChatTemplate", "chat_template_jinja", "read_chat_template", "JINJA_TEMPLATES",
+    "CHATML_TOOLS", "ParsedCall", "arguments_as_objects", "parse_hermes_calls", "check_tool_template",
 ]

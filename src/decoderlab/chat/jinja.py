@@ -39,6 +39,7 @@ from jinja2.utils import Namespace
 
 from ..config.defaults import DEFAULT_TEMPERATURE
 from ..tokenizers import Tokenizer
+from .hermes import HERMES, writes_hermes_calls
 
 #: the named special tokens ``transformers`` passes to a template (``PreTrainedTokenizerBase.special_tokens_map``)
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -205,7 +206,7 @@ class JinjaChatTemplate:
             token name.
     """
 
-    has_tools = False  # decoderlab's own tool-call protocol (its <|tool_call|> token); tools still render
+    has_tools = False  # decoderlab's tool-call tokens (its <|tool_call|>); see tool_call_format for calls as text
     default_temperature = DEFAULT_TEMPERATURE
 
     def __init__(self, source: str | Mapping[str, str], *, name: str = "jinja",
@@ -267,6 +268,17 @@ class JinjaChatTemplate:
             which = "" if key == "default" else f" ({key!r})"
             raise ValueError(f"the {self.name!r} chat template{which} is not valid Jinja: {_one_line(e.message)} "
                              f"(line {e.lineno})") from None
+
+    @property
+    def tool_call_format(self) -> str | None:
+        """How the template writes tool calls, for the tool loop and the server to read them back: ``"hermes"``
+        when it writes each call as JSON between ``<tool_call>`` and ``</tool_call>`` (Qwen2.5, Qwen3, Hermes,
+        decoderlab's ``chatml-tools``: :mod:`decoderlab.chat.hermes`, found by rendering a call), else None
+        (it writes none, or in a format decoderlab does not read: Llama 3.2's bare JSON, Mistral's
+        ``[TOOL_CALLS]``)."""
+        if "_tool_call_format" not in self.__dict__:
+            self._tool_call_format = HERMES if writes_hermes_calls(self.render_text) else None
+        return self._tool_call_format
 
     @property
     def has_generation_blocks(self) -> bool:
@@ -433,8 +445,10 @@ class JinjaChatTemplate:
         return tokenizer.token_to_id[self.end_of_turn(tokenizer)]
 
     def tool_call_id(self, tokenizer: Tokenizer) -> int:
-        raise ValueError(f"the {self.name!r} chat template renders the tools offered, but decoderlab writes and "
-                         f"reads tool calls only with its own \"tools\" template (its <|tool_call|> token)")
+        """Raises ``ValueError``: a Jinja template writes its calls as text, not after a tool-call token
+        (:attr:`tool_call_format`)."""
+        raise ValueError(f"the {self.name!r} chat template has no tool-call token (decoderlab's \"tools\" template "
+                         f"has one); it writes tool calls as text ({self.tool_call_format or 'none decoderlab reads'})")
 
     def _check_tokens(self, text: str, tokenizer: Tokenizer) -> None:
         missing = [t for t in self.special_tokens if t in text and t not in tokenizer.token_to_id]

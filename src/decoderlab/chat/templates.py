@@ -37,12 +37,15 @@ from ..config.defaults import DEFAULT_TEMPERATURE
 from ..config.names import DEFAULT_TEMPLATE
 from ..lesson import LESSON_TEMPLATE
 from ..tokenizers import EOS, Tokenizer
+from .hermes import CHATML_TOOLS, CHATML_TOOLS_NAME
 from .jinja import JinjaChatTemplate
 from .messages import check_messages
 
 
 #: the characters of a tool call's and a tool block's JSON (:attr:`ChatTemplate.text_characters`)
 TOOL_CALL_CHARACTERS = ' {}[]":,.-+0123456789eE_truefalsn'
+#: the tool-call format of decoderlab's "tools" template: ``<|tool_call|> NAME {ARGUMENTS}`` after a token
+TOOL_TOKENS = "tokens"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,13 @@ class ChatTemplate:
     def has_tools(self) -> bool:
         """The template can render tool calls and tool results."""
         return bool(self.tool_call and self.tool)
+
+    @property
+    def tool_call_format(self) -> str | None:
+        """How the template writes tool calls: ``"tokens"`` (after its ``<|tool_call|>`` token) for a template
+        with tools, else None; a Jinja template's is ``"hermes"`` or None
+        (:attr:`JinjaChatTemplate.tool_call_format`)."""
+        return TOOL_TOKENS if self.has_tools else None
 
     @property
     def text_characters(self) -> str:
@@ -244,10 +254,16 @@ def parse_tool_call(text: str) -> tuple[str, str]:
     return name, arguments.strip() or "{}"
 
 
+#: decoderlab's templates written in Hugging Face's format (Jinja), by name: ``"chatml-tools"``, SmolLM2's ChatML
+#: with tool calls (:data:`decoderlab.chat.hermes.CHATML_TOOLS`)
+JINJA_TEMPLATES: dict[str, str] = {CHATML_TOOLS_NAME: CHATML_TOOLS}
+
+
 def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate | None = None
                  ) -> ChatTemplate | JinjaChatTemplate:
-    """A template by name (None: the default, ``"decoderlab"``), a Jinja template from a file (``*.jinja``,
-    named ``jinja:<file name>``), or the template itself.
+    """A template by name (None: the default, ``"decoderlab"``; a key of ``TEMPLATES`` or of
+    ``JINJA_TEMPLATES``, such as ``"chatml-tools"``, a :class:`JinjaChatTemplate` of that name), a Jinja
+    template from a file (``*.jinja``, named ``jinja:<file name>``), or the template itself.
 
     Raises:
         ValueError: an unknown name, listing the known ones; a file that is not valid Jinja.
@@ -256,13 +272,15 @@ def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate 
         return TEMPLATES[DEFAULT_TEMPLATE]
     if isinstance(template, (ChatTemplate, JinjaChatTemplate)):
         return template
+    if isinstance(template, str) and template in JINJA_TEMPLATES:
+        return JinjaChatTemplate(JINJA_TEMPLATES[template], name=template)
     if isinstance(template, (str, os.PathLike)) and str(template) not in TEMPLATES:
         path = Path(template)
         if path.is_file() and path.suffix == ".jinja":
             return JinjaChatTemplate(path.read_text(encoding="utf-8"), name=f"jinja:{path.name}")
     if template not in TEMPLATES:
-        raise ValueError(f"unknown chat template {template!r}; known templates: {', '.join(TEMPLATES)} (or a "
-                         f"*.jinja file)")
+        raise ValueError(f"unknown chat template {template!r}; known templates: "
+                         f"{', '.join([*TEMPLATES, *JINJA_TEMPLATES])} (or a *.jinja file)")
     return TEMPLATES[template]
 
 

@@ -1,6 +1,13 @@
-"""A chat turn that may call tools: the model writes, opens a call (``<|tool_call|>``), writes ``NAME
-{ARGUMENTS}``; the tool runs here and its result goes back into the conversation as a ``tool`` message; the
-model goes on -- until it answers without a call, or the calls reach ``max_calls``.
+"""A chat turn that may call tools: the model writes, calls a tool, the tool runs here and its result goes back
+into the conversation as a ``tool`` message; the model goes on -- until it answers without a call, or the calls
+reach ``max_calls``.
+
+Calls are read in the template's format (its ``tool_call_format``): ``"tokens"``, decoderlab's ``"tools"``
+template (``<|tool_call|>`` then ``NAME {ARGUMENTS}``); ``"hermes"``, a Hugging Face template that writes each
+call as JSON between ``<tool_call>`` and ``</tool_call>`` (decoderlab's ``chatml-tools``, Qwen2.5, Qwen3:
+:mod:`decoderlab.chat.hermes`). Constrained (the default, when every tool has a definition), a call is written
+under the grammar of a call to one of the tools once the model opens it (the token, or the text ``<tool_call>``);
+else the reply is read back as written, several calls in one reply included.
 
 :func:`run_tool_turn` is the loop, for the library (``Model.chat(..., tools=...)``), ``decoderlab chat
 --tools`` and the report card. Nothing the model writes raises: a call to an unknown tool, arguments that are
@@ -13,12 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ..generation import SamplingParams, stream
+from ..generation import SamplingParams, stream, stream_text
 from ..tokenizers import Tokenizer
 from .calculator import Tool
 from ..generation.text import EMPTY_REPLY
+from .hermes import CALL_BREAK, HERMES, OPENER, ParsedCall, arguments_as_objects, parse_hermes_calls
+from .jinja import JinjaChatTemplate, encode_with_offsets
 from .replies import TemplateChatSession
-from .templates import ChatTemplate, encode_text, get_template, parse_tool_call
+from .templates import TOOL_TOKENS, ChatTemplate, encode_text, get_template, parse_tool_call
 from .tools import ToolSet
 
 #: how many tool calls a turn may make before the loop stops it
@@ -65,6 +74,17 @@ def _generate(model, tokenizer, ids, params: SamplingParams, stops) -> tuple[lis
             return out, end.value
 
 
+def _generate_text(model, tokenizer, ids, params: SamplingParams, stops) -> tuple[str, tuple | None]:
+    """The text generated (up to a stop, with the text a stop string began inside a token) and the stop."""
+    pieces = stream_text(model, ids, tokenizer, params.replace(stop=tuple(stops)))
+    out = []
+    while True:
+        try:
+            out.append(next(pieces))
+        except StopIteration as end:
+            return "".join(out), end.value
+
+
 def _run(tools: Mapping[str, Tool | Callable], name: str, arguments: str) -> str:
     tool = tools.get(name)
     if tool is None:
@@ -91,74 +111,164 @@ def _definitions(tools) -> list[dict]:
     return [t.definition for t in tools.values() if isinstance(t, Tool)]
 
 
-def _call_grammar(tools):
+def _call_grammar(tools, fmt: str):
     defs = _definitions(tools)
-    return ToolSet.of(defs).grammar() if defs and len(defs) == len(tools) else None
+    return ToolSet.of(defs).grammar(format=fmt) if defs and len(defs) == len(tools) else None
+
+
+def check_tool_template(template, tokenizer: Tokenizer) -> str:
+    """The tool-call format of ``template`` (``"tokens"`` or ``"hermes"``). Raises ``ValueError`` for a template
+    that writes no tool calls decoderlab reads (naming it and the templates that do), or a tokenizer without the
+    ``"tools"`` template's tool-call token."""
+    fmt = getattr(template, "tool_call_format", None)
+    if fmt is None:
+        raise ValueError(f"the {template.name!r} chat template writes no tool calls decoderlab reads; tools need "
+                         f"the \"tools\" or \"chatml-tools\" template, or a Hugging Face template that writes "
+                         f"each call as JSON between <tool_call> and </tool_call> (as Qwen2.5's does)")
+    if fmt == TOOL_TOKENS:
+        template.tool_call_id(tokenizer)
+    return fmt
+
+
+@dataclass
+class _Step:
+    """What one generation of a turn gave: the text before any call, the calls, and why the turn ends instead
+    (None: the calls run and the turn goes on)."""
+
+    content: str
+    calls: list[ParsedCall]
+    finish: str | None = None
+
+
+def _token_step(model, tokenizer, template, ids, params, room, grammar, budget) -> _Step:
+    """The ``"tools"`` template: text up to the end of turn or ``<|tool_call|>``, then ``NAME {ARGUMENTS}``."""
+    tc, eot = template.tool_call_id(tokenizer), template.end_of_turn_id(tokenizer)
+    out, matched = _generate(model, tokenizer, ids, params.replace(max_new_tokens=room), (eot, tc))
+    content = tokenizer.decode(out)
+    if matched != (tc,):
+        return _Step(content, [], "stop" if matched == (eot,) else "length")
+    if budget <= 0:
+        return _Step(content, [], "max_tool_calls")
+    head = ids + encode_text(tokenizer, content) + [tc]
+    room = min(params.max_new_tokens, model.config.max_len - len(head))
+    call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
+    call_ids, _ = _generate(model, tokenizer, head, call_params, (eot,)) if room > 0 else ([], None)
+    name, arguments = parse_tool_call(tokenizer.decode(call_ids))
+    return _Step(content, [ParsedCall(name, arguments)])
+
+
+def _writes(tokenizer, text: str) -> bool:
+    try:
+        tokenizer.encode(text)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def _hermes_step(model, tokenizer, template, ids, params, room, grammar, budget) -> _Step:
+    """A template that writes calls as text: constrained, text up to the end of turn or ``<tool_call>``, then
+    one call's JSON under the grammar; else the reply up to the end of turn, read back
+    (:func:`~decoderlab.chat.hermes.parse_hermes_calls`)."""
+    eot = template.end_of_turn_id(tokenizer)
+    opener = grammar is not None and _writes(tokenizer, OPENER)
+    text, matched = _generate_text(model, tokenizer, ids, params.replace(max_new_tokens=room),
+                                   (eot, OPENER) if opener else (eot,))
+    if opener and matched and OPENER in tokenizer.decode(list(matched)):
+        if budget <= 0:
+            return _Step(text.rstrip(), [], "max_tool_calls")
+        head = ids + encode_with_offsets(tokenizer, text + OPENER + CALL_BREAK)[0]
+        room = min(params.max_new_tokens, model.config.max_len - len(head))
+        call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
+        call, _ = _generate_text(model, tokenizer, head, call_params, (eot,)) if room > 0 else ("", None)
+        return _Step(text.rstrip(), parse_hermes_calls(OPENER + call)[1])
+    content, calls = parse_hermes_calls(text)
+    if matched is None or not calls:
+        return _Step(text, [], "length" if matched is None else "stop")
+    return _Step(content, calls, "max_tool_calls" if len(calls) > budget else None)
+
+
+def _rendered(convo: list[dict], template) -> list[dict]:
+    """The conversation as the template reads it: a Hugging Face template reads arguments as objects."""
+    return arguments_as_objects(convo) if isinstance(template, JinjaChatTemplate) else convo
+
+
+def _result_room(template, tokenizer, convo, added, offered, max_len) -> int:
+    """The tokens each result of ``added`` (an assistant message and its tool messages, results empty) may
+    take: the context left after them and ``ANSWER_ROOM``, shared."""
+    ids, _ = template.render(_rendered(convo + added, template), tokenizer, add_generation_prompt=True,
+                             tools=offered)
+    return (max_len - len(ids) - ANSWER_ROOM) // max(len(added) - 1, 1)
 
 
 def run_tool_turn(model, tokenizer: Tokenizer, messages: Sequence[dict], template: str | ChatTemplate | None,
                   tools: Mapping[str, Tool | Callable[[str], str]], params: SamplingParams | int | None = None, *,
-                  max_calls: int = DEFAULT_MAX_CALLS, offer: bool = False, constrain: bool = True,
+                  max_calls: int = DEFAULT_MAX_CALLS, offer: bool | None = None, constrain: bool = True,
                   on_call: Callable[[ToolCallRecord], None] | None = None, **sampling) -> ToolTurn:
     """The assistant's turn after ``messages`` (ending with a user message), running the tools it calls.
 
     Args:
-        model, tokenizer, template: a chat checkpoint whose template has tool tokens (the ``"tools"`` template).
+        model, tokenizer, template: a chat checkpoint whose template writes tool calls (its
+            ``tool_call_format``: the ``"tools"`` template, ``"chatml-tools"``, a Hugging Face template that
+            writes ``<tool_call>`` blocks).
         tools: name -> a :class:`~decoderlab.chat.calculator.Tool` or a function ``run(arguments_json) -> str``
             (``decoderlab.chat.calculator.TOOLS`` holds the built-ins).
         params, **sampling: the sampling settings (as :func:`decoderlab.generation.stream`); ``max_new_tokens``
             bounds each step of the turn.
         max_calls: the most calls in one turn (>= 0); a call asked for beyond them ends the turn with
             ``finish_reason="max_tool_calls"``.
-        offer: render the tools' definitions in the prompt (the ``tools`` template's ``<|tool|> [...]``); off by
-            default, as the task conversations the report card trains on carry none.
+        offer: render the tools' definitions in the prompt (the template's tool block). None (default): as the
+            template's format expects -- offered by a Hugging Face template (its models read the tools from the
+            system turn), not by the ``"tools"`` template (the task conversations the report card trains on
+            carry none).
         constrain: write each call under the grammar of a call to one of the tools (name, then arguments valid
-            against its JSON schema) when every tool has a definition.
+            against its JSON schema) when every tool has a definition; else read the reply as written.
         on_call: called with each :class:`ToolCallRecord` once its result is known (``decoderlab chat`` shows it).
 
     Returns:
         :class:`ToolTurn`.
 
     Raises:
-        ValueError: bad messages, a template without tool tokens, ``max_calls`` < 0, bad sampling values.
+        ValueError: bad messages, a template that writes no tool calls, ``max_calls`` < 0, bad sampling values.
     """
     template = get_template(template)
     if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
         raise ValueError(f"max_calls must be an integer >= 0, got {max_calls!r}")
     params = SamplingParams.of(params, **sampling)
-    tc, eot = template.tool_call_id(tokenizer), template.end_of_turn_id(tokenizer)
-    grammar = _call_grammar(tools) if constrain else None
+    fmt = check_tool_template(template, tokenizer)
+    grammar = _call_grammar(tools, fmt) if constrain else None
+    offer = fmt == HERMES if offer is None else offer
     max_len, offered = model.config.max_len, (_definitions(tools) if offer else None) or None
+    step = _token_step if fmt == TOOL_TOKENS else _hermes_step
     convo, turn = list(messages), ToolTurn("")
     while True:
-        ids, _ = template.render(convo, tokenizer, add_generation_prompt=True, tools=offered)
+        ids, _ = template.render(_rendered(convo, template), tokenizer, add_generation_prompt=True, tools=offered)
         room = min(params.max_new_tokens, max_len - len(ids))
         if room <= 0:
             return _finish(turn, "", "length")
-        out, matched = _generate(model, tokenizer, ids, params.replace(max_new_tokens=room), (eot, tc))
-        content = tokenizer.decode(out)
-        if matched != (tc,):
-            return _finish(turn, content, "stop" if matched == (eot,) else "length")
-        if len(turn.calls) >= max_calls:
-            return _finish(turn, content, "max_tool_calls")
-        head = ids + encode_text(tokenizer, content) + [tc]
-        room = min(params.max_new_tokens, max_len - len(head))
-        call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
-        call_ids, matched = _generate(model, tokenizer, head, call_params, (eot,)) if room > 0 else ([], None)
-        name, arguments = parse_tool_call(tokenizer.decode(call_ids))
-        name = name or "?"  # a call without a name still enters the conversation, refused as an unknown tool
-        call_id = f"call_{len(turn.calls)}"
-        used = len(head) + len(call_ids) + 3  # the call's end, the result's opener and end
-        result = fit_result(_run(tools, name, arguments), tokenizer, max_len - used - ANSWER_ROOM - 1)
-        record = ToolCallRecord(name, arguments, result, call_id)
-        turn.calls.append(record)
-        if on_call is not None:
-            on_call(record)
-        added = [{"role": "assistant", "content": content, "tool_calls": [{
-            "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
-                 {"role": "tool", "tool_call_id": call_id, "content": result}]
+        got = step(model, tokenizer, template, ids, params, room, grammar, max_calls - len(turn.calls))
+        if got.finish is not None:
+            return _finish(turn, got.content, got.finish)
+        added = _call_messages(turn, got)
+        room = _result_room(template, tokenizer, convo, added, offered, max_len)
+        for call, message in zip(got.calls, added[1:]):
+            result = f"error: {call.error}" if call.error else _run(tools, call.name or "?", call.arguments)
+            message["content"] = fit_result(result, tokenizer, room)
+            record = ToolCallRecord(call.name or "?", call.arguments, message["content"], message["tool_call_id"])
+            turn.calls.append(record)
+            if on_call is not None:
+                on_call(record)
         convo += added
         turn.messages += added
+
+
+def _call_messages(turn: ToolTurn, step: _Step) -> list[dict]:
+    """The assistant message of ``step``'s calls (ids ``call_N``, counting the turn's calls) and one tool
+    message per call, its result still empty."""
+    ids = [f"call_{len(turn.calls) + k}" for k in range(len(step.calls))]
+    calls = [{"id": i, "type": "function", "function": {"name": c.name or "?", "arguments": c.arguments}}
+             for i, c in zip(ids, step.calls)]
+    return [{"role": "assistant", "content": step.content, "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": i, "content": ""} for i in ids)]
 
 
 def _finish(turn: ToolTurn, content: str, reason: str) -> ToolTurn:
@@ -178,13 +288,13 @@ class ToolChatSession(TemplateChatSession):
     (:func:`call_line`) before the answer, and the calls and results stay in the conversation.
 
     Raises:
-        ValueError: a template without tool tokens (fine-tune with the ``"tools"`` template).
+        ValueError: a template that writes no tool calls (:func:`check_tool_template`).
     """
 
     def __init__(self, model, tokenizer, template: ChatTemplate, tools: Mapping[str, Tool], params=None, *,
                  system: str | None = None, max_calls: int = DEFAULT_MAX_CALLS, **sampling):
         super().__init__(model, tokenizer, template, params, system=system, **sampling)
-        self.template.tool_call_id(tokenizer)
+        check_tool_template(self.template, tokenizer)
         self.tools, self.max_calls = dict(tools), max_calls
 
     def reply(self, text: str):

@@ -1,6 +1,8 @@
 """Tools a model may call: the function definitions a request offers, checked, and the grammar that constrains
-a call to them -- a function's name, then arguments valid against its parameters' JSON schema (the text the
-``"tools"`` chat template renders after ``<|tool_call|>``: :func:`~decoderlab.chat.templates.tool_call_text`).
+a call to them -- a function's name, then arguments valid against its parameters' JSON schema, in the text of
+the template's format: ``NAME {ARGUMENTS}`` after the ``"tools"`` template's ``<|tool_call|>``
+(:func:`~decoderlab.chat.templates.tool_call_text`), or ``{"name": NAME, "arguments": {ARGUMENTS}}`` between
+``<tool_call>`` and ``</tool_call>`` (the ``"hermes"`` format: :mod:`decoderlab.chat.hermes`).
 """
 
 from __future__ import annotations
@@ -61,15 +63,26 @@ class ToolSet:
             names.append(name)
         return cls(tuple(names), schemas, tuple(tools))
 
-    def grammar(self, name: str | None = None) -> Grammar:
-        """One call: ``NAME {ARGUMENTS}`` for one of the functions (``name``: that one), the arguments valid
-        against its parameters' schema. Raises :class:`ToolError` for a name not offered."""
+    def grammar(self, name: str | None = None, *, format: str = "tokens") -> Grammar:
+        """One call to one of the functions (``name``: that one), the arguments valid against its parameters'
+        schema, written in ``format``: ``"tokens"``, ``NAME {ARGUMENTS}``; ``"hermes"``, ``{"name": NAME,
+        "arguments": {ARGUMENTS}}`` (what goes between ``<tool_call>\\n`` and ``\\n</tool_call>``).
+        Raises :class:`ToolError` for a name not offered; ``ValueError`` for an unknown format."""
         if name is not None and name not in self.schemas:
             raise ToolError("tool_choice", f"tool_choice names the function {name!r}, which tools does not offer "
                                            f"(offered: {', '.join(self.names)})")
-        calls = [f"{json.dumps(n + ' ')} %json{json.dumps(_styled(self.schemas[n]))}"
+        if format not in _HEADS:
+            raise ValueError(f"unknown tool-call format {format!r}; known: {', '.join(_HEADS)}")
+        head, tail = _HEADS[format]
+        after = f" {json.dumps(tail)}" if tail else ""
+        calls = [f"{json.dumps(head(n))} %json{json.dumps(_styled(self.schemas[n]))}{after}"
                  for n in ([name] if name is not None else self.names)]
         return Grammar.lark("start: " + " | ".join(calls))
+
+
+#: each format's text before a call's arguments (of the function's name) and after them
+_HEADS = {"tokens": (lambda n: n + " ", ""),
+          "hermes": (lambda n: '{"name": ' + json.dumps(n) + ', "arguments": ', "}")}
 
 
 def _styled(schema: dict) -> dict:

@@ -44,9 +44,14 @@ def add_chat(p) -> None:
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="a system message that opens the conversation, for a chat checkpoint; kept when old turns "
                         "are dropped and after /reset (default: none)")
+    p.add_argument("--template", default=None, metavar="NAME",
+                   help="the chat template to render the conversation with instead of the checkpoint's own: "
+                        "decoderlab, tools, chatml-tools (SmolLM2's ChatML with tool calls), or a *.jinja file; the "
+                        "tokenizer must hold its tokens (default: the checkpoint's)")
     p.add_argument("--tools", default=None, metavar="NAMES",
                    help="built-in tools the model may call, comma-separated (calculator); each call and its result "
-                        "is shown before the answer; needs a checkpoint fine-tuned with the tools template "
+                        "is shown before the answer; needs a chat template that writes tool calls: the tools or "
+                        "chatml-tools template, or a Hugging Face one that writes <tool_call> blocks, as Qwen2.5's "
                         "(default: none)")
     p.add_argument("--max-tool-calls", type=number(int, 0), default=3, metavar="N",
                    help="the most tool calls in one turn (default 3)")
@@ -178,19 +183,29 @@ def _chat_turn(session, line: str) -> bool:
 
 
 def _session(args):
-    """The conversation: a chat checkpoint's stored template renders every turn; else the token history."""
-    tools = None
-    if args.tools is not None:  # an unknown name is refused before the model loads
-        from ..chat import get_tools
+    """The conversation: a chat checkpoint's stored template (or ``--template``) renders every turn; else the
+    token history."""
+    tools, chosen = None, None
+    if args.tools is not None or args.template is not None:  # unknown names are refused before the model loads
+        from ..chat import get_template, get_tools
 
-        tools = get_tools(args.tools)
+        tools = None if args.tools is None else get_tools(args.tools)
+        chosen = None if args.template is None else get_template(args.template)
     model, tok, template, _ = load_model(args)
+    if chosen is not None:
+        template = chosen
+        template.end_of_turn_id(tok)  # a tokenizer without the template's tokens: refused now, not at a turn
     options = given(args, SAMPLING_OPTIONS)  # the flags given; the session's defaults for the others
     if tools is not None:
-        if template is None or not template.has_tools:
-            raise ValueError(f"--tools needs a checkpoint fine-tuned with the tools template; {args.checkpoint} has "
-                             f"{'no chat template' if template is None else f'the {template.name!r} template'}")
-        from ..chat import ToolChatSession
+        from ..chat import ToolChatSession, check_tool_template
+
+        if template is None:
+            raise ValueError(f"--tools needs a chat template that writes tool calls; {args.checkpoint} has no chat "
+                             f"template (give --template chatml-tools, or fine-tune it with that template)")
+        try:
+            check_tool_template(template, tok)
+        except ValueError as e:
+            raise ValueError(f"--tools: {args.checkpoint}: {e}") from None
 
         return ToolChatSession(model, tok, template, tools, system=args.system, max_calls=args.max_tool_calls,
                                **options)

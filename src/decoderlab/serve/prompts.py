@@ -3,6 +3,7 @@ against the model's context length, its vocabulary and the server's limits."""
 
 from __future__ import annotations
 
+from ..chat import JinjaChatTemplate, arguments_as_objects
 from ..tokenizers import encode_with_special_tokens
 from .errors import APIError, bad
 from .protocol import ChatMessage
@@ -89,12 +90,16 @@ def _check_tool_results(messages: list[ChatMessage]) -> None:
 def render_messages(state: AppState, messages: list[ChatMessage], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:
     """The messages' token ids through the chat template (at most ``--max-messages`` of them; ``tools``: the
-    functions offered, rendered by a template with tool tokens). Not checked against the context length."""
+    functions offered, rendered by a template that writes tool calls). A Hugging Face template reads each call's
+    arguments as an object, as vLLM gives them (OpenAI's JSON text would be written quoted). Not checked against
+    the context length."""
     if len(messages) > state.limits.max_messages:
         raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
                               f"{state.limits.max_messages} (--max-messages)", "messages_limit")
     _check_tool_results(messages)
     clean = merged_system([_message(m) for m in messages])
+    if isinstance(state.template, JinjaChatTemplate):
+        clean = arguments_as_objects(clean)
     more = {"tools": tools} if tools else {}
     try:
         ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt,

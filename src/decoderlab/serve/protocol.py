@@ -352,7 +352,7 @@ class ChatCompletionRequest(GenerationFields):
 
     tools: list[dict[str, Any]] | None = Field(None, max_length=64, description='functions the model may call: '
                                                '[{"type": "function", "function": {"name", "description", '
-                                               '"parameters": JSON schema}}] (a chat template with tool tokens)')
+                                               '"parameters": JSON schema}}] (a chat template that writes tool calls)')
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description='"auto" (default with tools): the model decides; "none"; "required": one call; '
                           '{"type": "function", "function": {"name"}}: that call. The arguments follow the '
