@@ -137,7 +137,7 @@ class MeasuredWaits:
         """Keep one measured wait (the newest :data:`KEEP` are kept)."""
         from .files import atomic_write_text
 
-        records = self.records() + [{"kind": kind, "key": key, "size": size, "seconds": round(seconds, 1)}]
+        records = self.records() + [{"kind": kind, "key": key, "size": size, "seconds": seconds}]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, json.dumps(records[-KEEP:], indent=0))
