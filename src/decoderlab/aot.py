@@ -26,8 +26,9 @@ called and written to ``cache_dir`` (default ``$DECODERLAB_CACHE/aot``, else ``~
 a name made from everything the compiled code depends on: the model's config, every tensor's name, dtype and
 shape, the device, the kind, torch's version, the CPU's instruction set and the source of the modules the step
 runs. A later process with a
-model of the same shape finds it there and loads it without compiling. A cache that is not static (the server's
-batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
+model of the same shape finds it there and loads it without compiling. Each compile's time is kept there too
+(``waits.json``), so that the next compile says how long it should take on this machine. A cache that is not
+static (the server's batch cache, whose shapes grow) and an int position are decoded eagerly by ``model.decode``.
 
 Source: PyTorch's AOTInductor (``torch._inductor.aoti_compile_and_package``, torch >= 2.6; weights kept out of
 the package and loaded as user-managed constants: tested with torch 2.13).
@@ -39,7 +40,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -50,13 +50,12 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import quant
 from .attention import KVCache
+from .waiting import Heartbeat, MeasuredWaits, cache_root, starting
 
 
 def default_cache_dir() -> Path:
     """``$DECODERLAB_CACHE/aot``, else ``$XDG_CACHE_HOME/decoderlab/aot`` (``~/.cache/decoderlab/aot``)."""
-    root = os.environ.get("DECODERLAB_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "decoderlab"
-    return Path(root) / "aot"
+    return cache_root() / "aot"
 
 
 class _StepGraph(nn.Module):
@@ -126,8 +125,10 @@ class AOTDecodeStep:
 
     ``compile_missing=False``: a kind whose package is not on disk is decoded eagerly (``model.decode``) instead
     of compiled -- what ``generate`` does by default, fast when a package is cached and never waiting for a
-    compiler otherwise. ``notify``: called with one line (``"compiling the decode step ahead of time ..."``) when a
-    compile starts, so that a caller can say why the first token waits.
+    compiler otherwise. ``notify``: called with one line when a compile starts
+    (``"compiling the decode step ahead of time ..."``, with the time it should take where this machine measured
+    an earlier compile of the kind, :mod:`decoderlab.waiting`), every ``waiting.EVERY`` seconds while it runs,
+    and when it is done, with its time, so that a caller can say why the first token waits.
 
     Attributes:
         cache_dir: where the packages are written and found.
@@ -195,13 +196,7 @@ class AOTDecodeStep:
         self.compile_seconds.setdefault(kind, 0.0)  # (a package loaded again after a replaced weight adds nothing)
         runner = _load(path) if path.exists() else None
         if runner is None:  # not there, or unreadable (a partial copy, a full disk): compiled in its place
-            if self.notify is not None:
-                padded = ", padded" if kind[1] else ""
-                self.notify(f"compiling the decode step ahead of time for {kind[0]} row(s){padded} (once for this "
-                            f"model's shape and dtype: 10-60 s on a CPU) ...")
-            start = time.perf_counter()
-            self._compile(kind, args, path)
-            self.compile_seconds[kind] += time.perf_counter() - start
+            self.compile_seconds[kind] += self._compile_said(kind, args, path)
             runner = _load(path)
             if runner is None:
                 raise RuntimeError(f"the AOT package {path} compiled just now cannot be loaded")
@@ -216,6 +211,26 @@ class AOTDecodeStep:
         runner.load_constants({name: slots[name][2] for name in wanted}, check_full_update=True, user_managed=True)
         self._slots.update({name: slots[name] for name in wanted})
         return runner
+
+    def _compile_said(self, kind: tuple[int, bool], args: tuple, path: Path) -> float:
+        """:meth:`_compile`, said through ``notify``: when it starts (with the time it should take where this
+        machine measured one: :class:`decoderlab.waiting.MeasuredWaits`, kept in ``cache_dir``), every
+        ``waiting.EVERY`` seconds while it runs, and when it is done, with its time, which is recorded for the next
+        compile. Returns its seconds."""
+        padded = ", padded" if kind[1] else ""
+        doing = f"compiling the decode step ahead of time for {kind[0]} row(s){padded}"
+        p = next(self.model.parameters())
+        dtype = quant.block_dtype(self.model) or str(p.dtype).removeprefix("torch.")
+        waits, what, size = MeasuredWaits(self.cache_dir / "waits.json"), f"aot compile, {p.device.type}, {dtype}", \
+            self.model.config.n_layer
+        estimate = waits.estimate(what, path.stem, size)
+        say = self.notify or (lambda line: None)
+        say(starting(f"{doing}, once for this model's shape and dtype", estimate))
+        with Heartbeat(doing, say, expected=None if estimate is None else estimate.seconds) as beat:
+            self._compile(kind, args, path)
+        waits.record(what, path.stem, size, beat.seconds)
+        say(f"compiled the decode step ahead of time in {beat.seconds:.0f} s: {path} (later runs load it)")
+        return beat.seconds
 
     def _compile(self, kind: tuple[int, bool], args: tuple, path: Path) -> None:
         """Export the step for ``args``' shapes and compile it, without its weights, into ``path`` (written under a

@@ -7,17 +7,19 @@ from __future__ import annotations
 import re
 import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
+
+from support.processes import running
 
 from decoderlab.config import SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_PORT, ServeLimits
 
 from .conftest import cli_env
 from .helps import actions
+
+READY = r"^decoderlab: serving .* on http://"  # (the line `serve` says once its socket listens)
 
 pytest.importorskip("uvicorn")
 
@@ -55,28 +57,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve(*argv, close_stdout: bool = False, env=None):
+    """``decoderlab serve ARGV`` on a free port: ``(Running, port)`` once it says it serves, however long its
+    warm-up takes (``support.processes.running``: a server that exits first fails the test with its output)."""
+    port = _free_port()
+    return running([sys.executable, "-m", "decoderlab.cli", "serve", "--port", str(port), *map(str, argv)], READY,
+                   env={**cli_env(), **(env or {})}, close_stdout=close_stdout), port
+
+
 def test_a_closed_output_does_not_disturb_the_server(statquest_checkpoint):
     """uvicorn writes its access lines to standard output: on a closed pipe every request printed a logging
     traceback ("--- Logging error --- ... BrokenPipeError")."""
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(statquest_checkpoint),
-                          "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
-    p.stdout.close()
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
-                break
-            except OSError:
-                assert p.poll() is None and time.time() < deadline, "the server did not start"
-                time.sleep(0.2)
+    server, port = _serve("--checkpoint", statquest_checkpoint, close_stdout=True)
+    with server as p:
+        # the address is said once the socket listens: a first request is answered, not refused
         statuses = [urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).status for _ in range(3)]
         assert statuses == [200, 200, 200]
-    finally:
-        p.send_signal(signal.SIGINT)
-        err = p.communicate(timeout=60)[1].decode()
-    assert p.returncode == 130 and err.endswith("decoderlab: interrupted (serve stopped by Ctrl-C)\n"), err
+        p.proc.send_signal(signal.SIGINT)
+        err = p.finish()
+    assert p.proc.returncode == 130 and err.endswith("decoderlab: interrupted (serve stopped by Ctrl-C)\n"), err
     assert "Traceback" not in err and "Logging error" not in err and "Broken pipe" not in err, err
     # the address is said once, before uvicorn's lines (uvicorn names none when it is handed a socket)
     assert err.count(f"on http://127.0.0.1:{port} (the page at http://127.0.0.1:{port}/, the API at ") == 1, err
@@ -86,45 +85,36 @@ def test_a_closed_output_does_not_disturb_the_server(statquest_checkpoint):
     assert eager < err.index("decoderlab: serving") and "compiling" not in err, err
 
 
-def _serve(*argv):
-    """``decoderlab serve ARGV`` on a free port, its standard error a pipe: ``(process, port)`` once /health
-    answers."""
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--port", str(port), *map(str, argv)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env())
-    deadline = time.time() + 600  # (a compile on a loaded 2-core machine)
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
-            return p, port
-        except OSError:
-            if p.poll() is not None or time.time() > deadline:
-                p.kill()
-                raise AssertionError(f"the server did not start: {p.communicate()[1].decode()}") from None
-            time.sleep(0.2)
-
-
 @pytest.mark.slow
-def test_a_compiled_step_is_warmed_up_before_the_address_is_said(statquest_checkpoint):
-    """`serve --compile`: the decode step compiles before `serving ... on http://...` (said, with its time), and a
-    first request of one prompt then compiles nothing (it waited ~50 s for the compiler)."""
+def test_a_compiled_step_is_warmed_up_before_the_address_is_said(statquest_checkpoint, tmp_path):
+    """`serve --compile`: the decode step compiles before `serving ... on http://...` -- one graph, for every
+    length of the timeline (the first length seen and then a dynamic one were two compiles of the whole model:
+    SmolLM2's warm-up took 265 s) --, said with no time promised but one measured here (none the first time: the
+    second says the first's), a line every waiting.EVERY seconds while it runs, and its time; a first request of
+    a longer prompt then compiles nothing (it waited ~50 s for the compiler)."""
     import json
 
-    p, port = _serve("--checkpoint", statquest_checkpoint, "--compile")
-    try:
-        body = json.dumps({"prompt": "what is statquest", "max_tokens": 3}).encode()
-        ask = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        assert urllib.request.urlopen(ask, timeout=600).status == 200
-    finally:
-        p.send_signal(signal.SIGINT)
-        err = p.communicate(timeout=60)[1].decode()
-    before, after = err.split("decoderlab: serving", 1)
-    assert "decoderlab: compiling the decode step before serving" in before, err
-    assert re.search(r"decoderlab: warmed up in \d+ s", before) and "compiled the decode step in" in before, err
-    assert "compiling" not in after, err
-
-
+    for run in ("first", "second"):
+        server, port = _serve("--checkpoint", statquest_checkpoint, "--compile",
+                              env={"DECODERLAB_CACHE": str(tmp_path)})
+        with server as p:
+            body = json.dumps({"prompt": "what is statquest", "max_tokens": 3}).encode()
+            ask = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            assert urllib.request.urlopen(ask, timeout=600).status == 200
+            p.proc.send_signal(signal.SIGINT)
+            out = p.finish()
+        before, after = out.split("decoderlab: serving", 1)
+        (start,) = re.findall(r"decoderlab: warming up the compiled decode step before serving.*", before)
+        took = re.findall(r"decoderlab: warmed up in (\d+) s", before)
+        assert len(took) == 1 and before.count("decoderlab: compiled the decode step in ") == 1, out
+        assert before.count("decoderlab: compiling the decode step with torch.compile") == 1, out
+        if run == "first":
+            assert "nothing measured yet to estimate its time from" in start and "minute" not in start, start
+        else:
+            assert f"the last one of this shape took {first_took} s here" in start, (start, first_took)
+        first_took = took[0]
+        assert "compiling" not in after, out
 def test_eager_and_compile_together_is_one_line(statquest_checkpoint, capsys):
     from decoderlab.cli import main as cli_main
 

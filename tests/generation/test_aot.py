@@ -133,6 +133,46 @@ def test_a_cache_that_is_not_static_is_decoded_eagerly(tmp_path):
     assert torch.equal(got, want) and not step.packages and not list(tmp_path.iterdir())
 
 
+def test_a_compile_says_the_time_measured_here_or_none_a_heartbeat_and_its_time(tmp_path, monkeypatch):
+    """It said "10-60 s on a CPU" (SmolLM2's first took 79-477 s): now its first line names the time an earlier
+    compile took on this machine (kept in the cache directory), or says there is none yet; a line every
+    waiting.EVERY seconds while it runs; its time and package when done. A stand-in compile as slow as the test
+    wants: nothing is timed."""
+    import re
+    import threading
+
+    from decoderlab import waiting
+    from decoderlab.aot import AOTDecodeStep
+
+    monkeypatch.setattr(waiting, "EVERY", 0.001)
+    lines, beats = [], threading.Event()
+
+    def notify(line):
+        lines.append(line)
+        if len(lines) >= 3:
+            beats.set()
+
+    step = AOTDecodeStep(make_model("gpt2", "sdpa", seed=5), tmp_path, notify=notify)
+    monkeypatch.setattr(step, "_compile", lambda kind, args, path: beats.wait(60))
+    path = step.package_path((1, False))
+    step._compile_said((1, False), (), path)
+    assert lines[0] == ("compiling the decode step ahead of time for 1 row(s), once for this model's shape and dtype "
+                        "(nothing measured yet to estimate its time from: it is said when done) ...")
+    assert re.fullmatch(r"compiling the decode step ahead of time for 1 row\(s\): \d+ s so far", lines[1]), lines
+    assert re.fullmatch(rf"compiled the decode step ahead of time in \d+ s: {re.escape(str(path))} \(later runs load "
+                        r"it\)", lines[-1]), lines
+    waiting.MeasuredWaits(tmp_path / "waits.json").record("aot compile, cpu, float64", path.stem, 2, 200.0)
+    lines.clear(), beats.clear()
+    step._compile_said((1, False), (), path)  # (a package deleted since: compiled again)
+    assert lines[0].endswith("(~200 s: the last one of this shape took 200 s here) ...")
+    assert re.fullmatch(r"compiling the decode step ahead of time for 1 row\(s\): \d+ s so far, ~\d+ s left",
+                        lines[1]), lines
+    lines.clear(), beats.clear()
+    step._compile_said((3, True), (), step.package_path((3, True)))  # another kind, as deep: scaled from it
+    assert lines[0].startswith("compiling the decode step ahead of time for 3 row(s), padded, once for")
+    assert re.search(r"\(~\d+ s: one of 2 layers took \d+ s here, scaled to 2\) \.\.\.$", lines[0]), lines
+
+
 def test_the_package_name_follows_the_shape_and_the_kind_not_the_weights():
     """The package holds code, not weights: two models of one shape and dtype -- other weights included -- hash to
     the same package; another dtype, another shape or another kind of call to another."""

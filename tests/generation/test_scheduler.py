@@ -357,3 +357,37 @@ def test_chunked_prefill_keeps_one_host_sync_per_step(mt):
         counts[chunk] = Counter(e.origin.name for e in counter.events)
     assert counts[None] == counts[4] == {"decoderlab.generation.scheduler.Scheduler._sample": 23 + 3,
                                          "decoderlab.positions.check_positions.<locals>.<genexpr>": 2}, counts
+
+
+def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
+    """The scheduler hands a compiled step the timeline's length (and the rows' position) as sizes dynamic from
+    the first compile: one graph serves one row at every length (dynamo compiled a graph for the first length
+    it saw, then a second, dynamic one -- two compiles of the whole model, half of SmolLM2's 265 s warm-up).
+    Dynamo's own backend ("eager": tracing only, no Inductor) counts the graphs; the texts stay generate's."""
+    from torch._dynamo.callback import callback_handler
+
+    model, tok = tiny_model("baby-shakespeare")
+    compiles = []
+    start = lambda *_: compiles.append(1)  # noqa: E731
+    torch._dynamo.reset()
+    callback_handler.register_start_callback(start)
+    try:
+        model.compile_decode(backend="eager")
+        sch = Scheduler(model, tok, max_batch=4)
+        sch.close()  # no thread: _step is driven here
+        for prompt in ("a", "hello there"):  # the warm-up's one token, then a first client's longer prompt
+            text = []
+            req = GenerationRequest(prompt_ids=tok.encode(prompt), on_event=lambda ev: ev[0] == "delta" and
+                                    text.append(ev[2]), params=SamplingParams(max_new_tokens=6, temperature=0))
+            with torch.inference_mode():
+                sch._step([req])
+                while sch._rows:
+                    sch._step([])
+            model.compiled_decode, compiled = None, model.compiled_decode  # (the reference decodes eagerly)
+            assert "".join(text) == ref_text((model, tok), tok.encode(prompt), 6, 0, None), prompt
+            model.compiled_decode = compiled
+    finally:
+        callback_handler.remove_start_callback(start)
+        model.compiled_decode = None
+        torch._dynamo.reset()
+    assert len(compiles) == 1, compiles

@@ -6,13 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
+from support.processes import running
 from tiny_models import tiny_model  # noqa: F401 -- the served model, shared with the scheduler's tests
 
 import decoderlab as dl
@@ -64,22 +62,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the line ``decoderlab serve`` prints once it serves (its socket listens from then on), naming its address
+READY = r"^decoderlab: serving .* on (http://\S+) \(the page at "
+
+
 @contextlib.contextmanager
-def cli_server(directory, *args):
-    """``decoderlab serve --checkpoint DIR ARGS`` in a subprocess (the real command): yields its URL."""
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(dl.__file__).resolve().parents[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "serve", "--checkpoint", str(directory),
-                             "--port", str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 120  # (a loaded 2-core machine took over 40 s to import torch and load)
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def cli_server(directory, *args, command=None, env=None):
+    """``decoderlab serve --checkpoint DIR ARGS`` in a subprocess (the real command; ``command``: another one
+    taking the same arguments), with ``env`` added to the environment: yields its URL once it says it serves --
+    however long its warm-up takes on a loaded machine -- and fails with everything it printed if it exits first
+    (``support.processes.running``)."""
+    env = dict(os.environ, PYTHONPATH=str(Path(dl.__file__).resolve().parents[1]), **(env or {}))
+    command = command or [sys.executable, "-m", "decoderlab.cli", "serve"]
+    argv = [*command, "--checkpoint", str(directory), "--port", str(_free_port()), *args]
+    with running(argv, READY, env=env) as server:
+        yield server.ready.group(1)

@@ -3,7 +3,9 @@ checkpoint or a Hugging Face GPT-2 directory; bad command lines are one error li
 
 from __future__ import annotations
 
+import re
 import socket
+import threading
 
 import pytest
 import torch
@@ -103,7 +105,7 @@ def test_cli_serve_q8_0_compiled_gives_the_eager_texts(mt, tmp_path):
     asks = [("ab", 0, None), ("ba", 0, None), ("abc", 1.0, 3), ("c", 1.0, 4)]
     texts = {}
     for mode in (("--compile",), ("--eager",)):
-        with cli_server(tmp_path / "ck", "--dtype", "q8_0", *mode) as url:
+        with cli_server(tmp_path / "ck", "--dtype", "q8_0", *mode, env={"DECODERLAB_CACHE": str(tmp_path)}) as url:
             c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1200)
             with ThreadPoolExecutor(len(asks)) as pool:
                 done = [pool.submit(lambda a=a: c.completions.create(model="ck", prompt=a[0], max_tokens=12,
@@ -144,3 +146,84 @@ def test_serve_threads_below_one_is_refused_before_the_port_is_bound(mt, tmp_pat
     dl.save_checkpoint(tmp_path / "ck", model, tok)
     with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
         serve(tmp_path / "ck", port=1, threads=0)  # (port 1 would be refused: the threads are checked first)
+
+
+class SlowScheduler:
+    """A stand-in for the scheduler in a warm-up: its one request ends when ``release`` is set (a warm-up as
+    slow as the test wants, without timing anything)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def submit(self, request):
+        def finish():
+            assert self.release.wait(SAFETY)
+            request.on_event(("done", 0, "length"))
+
+        threading.Thread(target=finish, daemon=True).start()
+
+
+SAFETY = 60  # seconds a test waits for a line it expects (a net, not a measurement)
+
+
+def _released_after(n: int, scheduler: SlowScheduler, lines: list):
+    """A ``say`` that keeps each line and lets the warm-up end once ``n`` lines are said."""
+    def say(line):
+        lines.append(line)
+        if len(lines) >= n:
+            scheduler.release.set()
+    return say
+
+
+def test_a_slow_warm_up_says_its_progress_with_the_time_left_of_the_measured_one(monkeypatch):
+    from decoderlab import waiting
+    from decoderlab.serve.runner import warm_up
+
+    monkeypatch.setattr(waiting, "EVERY", 0.001)
+    lines, sch = [], SlowScheduler()
+    seconds = warm_up(sch, say=_released_after(2, sch, lines), expected=3600)
+    assert len(lines) >= 2 and all(re.fullmatch(r"warming up: \d+ s so far, ~\d+ s left", x) for x in lines), lines
+    assert seconds >= 0
+    lines, sch = [], SlowScheduler()
+    warm_up(sch, say=_released_after(1, sch, lines))  # nothing measured: the time so far only
+    assert re.fullmatch(r"warming up: \d+ s so far", lines[0]), lines
+
+
+def test_the_warm_up_promises_no_time_but_the_one_measured_here(mt, monkeypatch, tmp_path, capsys):
+    """It said "up to a minute on a CPU" (SmolLM2's took 265 s): now its first line names the time the last
+    warm-up of this model's shape took on this machine, or says there is none yet; its time when done is
+    recorded for the next one."""
+    from decoderlab import waiting
+    from decoderlab.serve.runner import warm_up_said
+    from decoderlab.waiting import MeasuredWaits
+
+    monkeypatch.setattr(waiting, "EVERY", 0.001)
+    model, _ = mt
+    waits = MeasuredWaits(tmp_path / "waits.json")
+    sch = SlowScheduler()
+    sch.release.set()
+    warm_up_said(sch, model, waits)
+    first, *_, done = capsys.readouterr().err.splitlines()
+    assert first.startswith("decoderlab: warming up the compiled decode step before serving") and "minute" not in first
+    assert first.endswith("(nothing measured yet to estimate its time from: it is said when done) ...")
+    assert re.fullmatch(r"decoderlab: warmed up in \d+ s \(a batch of several rows compiles at its first request\)",
+                        done)
+    (kept,) = waits.records()
+    waits.record(kept["kind"], kept["key"], kept["size"], 131.0)  # as if the last warm-up had taken 131 s
+    lines, sch = [], SlowScheduler()
+    monkeypatch.setattr("decoderlab.serve.runner.say", _released_after(3, sch, lines))
+    warm_up_said(sch, model, waits)
+    assert lines[0].endswith("(~131 s: the last one of this shape took 131 s here) ...")
+    assert re.fullmatch(r"warming up: \d+ s so far, ~1[23]\d s left", lines[1]), lines
+
+
+def test_the_socket_listens_before_the_address_is_said():
+    """A client that connects once `serving ... on http://...` is said waits in the kernel's queue for uvicorn,
+    never "Connection refused" (the socket was bound only, and uvicorn made it listen later)."""
+    from decoderlab.serve.runner import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        socket.create_connection(sock.getsockname(), timeout=10).close()
+    finally:
+        sock.close()

@@ -140,15 +140,11 @@ def cmd_generate(args) -> int:
 
 
 def say_packages(model, verbose: bool) -> None:
-    """``--aot``: one line on standard error per package compiled in this run (its compile time and where it is
-    kept, so that later runs load it); with ``verbose``, also per package loaded from disk."""
+    """``verbose``: one line on standard error per package loaded from disk (a package compiled in this run was
+    said as its compile ended, with its time and where it is kept: ``AOTDecodeStep``'s ``notify``)."""
     step = model.compiled_decode
     for kind, path in getattr(step, "packages", {}).items():
-        seconds = step.compile_seconds[kind]
-        if seconds:
-            print(f"decoderlab: compiled the decode step ahead of time in {seconds:.0f} s: {path} (later runs load "
-                  f"it)", file=sys.stderr, flush=True)
-        elif verbose:
+        if verbose and not step.compile_seconds[kind]:
             print(f"decoderlab: loaded the decode step compiled ahead of time from {path}", file=sys.stderr,
                   flush=True)
 

@@ -121,9 +121,9 @@ DEVICE_OPTIONS = (
 #: generate, sample: a step compiled in this process (serve compiles its step unless --eager)
 COMPILE_OPTIONS = (
     option("--compile", action="store_true", default=False,
-           help="decode with a step compiled in this run (torch.compile: one graph over a static KV cache, which "
-                "waits for the compiler at the first token: seconds on a GPU, up to a minute on a CPU; default: a "
-                "package compiled ahead of time when one is cached for this model, else eager)"),
+           help="decode with a step compiled in this run (torch.compile: one graph over a static KV cache; the "
+                "first token waits for the compiler, said on standard error with its time; default: a package "
+                "compiled ahead of time when one is cached for this model, else eager)"),
 )
 
 
@@ -131,7 +131,8 @@ COMPILE_OPTIONS = (
 AOT_OPTIONS = (
     option("--aot", action="store_true", default=False,
            help="decode with an ahead-of-time compiled step (torch.export + AOTInductor), compiling it first if "
-                "none is cached: a .pt2 package of code compiled once (10-60 s on a CPU) into "
+                "none is cached: a .pt2 package of code compiled once (its time said on standard error and kept, "
+                "so that the next compile says how long it should take) into "
                 "~/.cache/decoderlab/aot ($DECODERLAB_CACHE/aot) and loaded by every later run of a model of the same "
                 "shape and dtype, with or without --aot (default: such a package when one is "
                 "cached, else eager)"),
@@ -210,7 +211,7 @@ def use_decode_step(model, mode: str) -> None:
     elif compile_pays(model) and (sys.stderr.isatty() or block_dtype(model)):  # (eager block weights are slow:
         # said wherever stderr goes; a model too small for a compile to pay -- the lesson's 37 parameters -- never)
         say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
-            "--aot to compile one (a minute or so on a CPU) that every later run loads (--eager: no compiled step "
+            "--aot to compile one (once: its time is said) that every later run loads (--eager: no compiled step "
             "and no note)")
 
 
@@ -226,31 +227,36 @@ def say(line: str) -> None:
     print(f"decoderlab: {line}", file=sys.stderr, flush=True)
 
 
-#: announce_compiles' state: "since" (perf_counter at the start of the compile under way, or None) and
-#: "callbacks" (the two registered with dynamo); empty when not announcing
+#: announce_compiles' state: "beat" (the heartbeat of the compile under way, if any), "last" (the seconds the last
+#: compile took, or None) and "callbacks" (the two registered with dynamo); empty when not announcing
 _COMPILING: dict = {}
 
 
 def announce_compiles() -> None:
-    """Until :func:`stop_announcing`, say on standard error when ``torch.compile`` starts compiling and how long
-    it took (dynamo's compile callbacks): a first token that waits a minute for the compiler is never silent."""
+    """Until :func:`stop_announcing`, say on standard error when ``torch.compile`` starts compiling -- with the
+    time the last compile of this process took, measured, or none --, how long it has run every
+    ``decoderlab.waiting.EVERY`` seconds, and how long it took (dynamo's compile callbacks): a first token that
+    waits minutes for the compiler is never silent, and no time is promised that was not measured here."""
     if _COMPILING:
         return
-    import time
-
     from torch._dynamo.callback import callback_handler
 
+    from ..waiting import Estimate, Heartbeat, starting
+
     def start(_args=None) -> None:
-        _COMPILING["since"] = time.perf_counter()
-        say("compiling the decode step (torch.compile: seconds on a GPU, up to a minute on a CPU; once per kind of "
-            "step) ...")
+        last = _COMPILING.get("last")
+        estimate = None if last is None else Estimate(last, f"the last compile of this run took {last:.0f} s")
+        say(starting("compiling the decode step with torch.compile, once per kind of step", estimate))
+        _COMPILING["beat"] = Heartbeat("compiling the decode step", say, expected=last).__enter__()
 
     def end(_args=None) -> None:
-        if _COMPILING.get("since") is not None:
-            say(f"compiled the decode step in {time.perf_counter() - _COMPILING['since']:.0f} s")
-            _COMPILING["since"] = None
+        beat = _COMPILING.pop("beat", None)
+        if beat is not None:
+            beat.__exit__(None, None, None)
+            _COMPILING["last"] = beat.seconds
+            say(f"compiled the decode step in {beat.seconds:.0f} s")
 
-    _COMPILING.update(since=None, callbacks=(start, end))
+    _COMPILING.update(last=None, callbacks=(start, end))
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)
 
@@ -262,6 +268,8 @@ def stop_announcing() -> None:
         from torch._dynamo.callback import callback_handler
 
         start, end = _COMPILING["callbacks"]
+        if "beat" in _COMPILING:  # a compile cut short (an error, Ctrl-C): its heartbeat stops, unsaid
+            _COMPILING["beat"].__exit__(None, None, None)
         callback_handler.remove_start_callback(start)
         callback_handler.remove_end_callback(end)
         _COMPILING.clear()

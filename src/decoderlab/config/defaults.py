@@ -60,8 +60,8 @@ DEFAULT_MAX_NEW_TOKENS = 200
 #: the parameters from which a compiled decode step pays for its compile: below, generate, sample and chat never
 #: advise --aot and serve decodes eagerly unless told to compile. Why a million: an eager token costs ~0.5 ms
 #: at 8k parameters and ~1.6 ms at baby-shakespeare's 0.8M (1 thread, 2-core EPYC, load 2.8, 2026-12-03), so
-#: a 200-token reply takes at most ~0.3 s eagerly and a compiled step (10-60 s to compile on a CPU) saves
-#: a fraction of that; from ~10M (shakespeare-char: 7.7 ms a token, gpt2: 58 ms) the step's speed-up is
+#: a 200-token reply takes at most ~0.3 s eagerly and a compiled step (tens of seconds to minutes to compile on a
+#: CPU) saves a fraction of that; from ~10M (shakespeare-char: 7.7 ms a token, gpt2: 58 ms) the step's speed-up is
 #: seconds a reply (docs/benchmarks.md, bench/generate.py)
 COMPILE_PAYS_FROM = 1_000_000
 #: the sampling temperature when the caller gives none (1 = the model's own distribution); the lesson's

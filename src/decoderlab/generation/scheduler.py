@@ -56,6 +56,17 @@ from .scoring import logprob_token
 from .text import TextStreamer
 
 
+def dynamic_int(n):
+    """``n`` marked as a size ``torch.compile`` takes as dynamic from its first compile
+    (``torch.fx.experimental.sym_node.DynamicInt``, an ``int`` everywhere else); ``n`` itself where it is not an
+    int or torch has no such mark (an older torch: dynamo then makes it dynamic at its second value)."""
+    try:
+        from torch.fx.experimental.sym_node import DynamicInt
+    except ImportError:
+        return n
+    return DynamicInt(n) if type(n) is int else n
+
+
 class QueueFull(RuntimeError):
     """The scheduler's queue holds ``max_queue`` waiting requests already; retry later."""
 
@@ -410,7 +421,13 @@ class Scheduler:
             if any(c > 0 for c in starts):  # (known on the host: no need to ask the device for mask.any())
                 ar = torch.arange(length + 1, device=self.device).unsqueeze(0)
                 mask = ar < torch.tensor(starts, device=self.device).unsqueeze(1)  # (n, T_k) True = not this row's
-        decode = getattr(self.model, "compiled_decode", None) or self.model.decode
+        decode = getattr(self.model, "compiled_decode", None)
+        if decode is None:
+            decode = self.model.decode
+        else:  # the timeline's length (and the rows' position) change at every step: a compiled step takes them
+            # as dynamic from its first compile -- dynamo would compile a graph for the first length it sees, then
+            # a second, dynamic one (two compiles of the whole model: twice a server's warm-up)
+            positions, cache.length = dynamic_int(positions), dynamic_int(cache.length)
         logits = decode(tokens, positions, mask, cache)  # the model's own blocks, one token a row
         cache.advance(1)
         self.steps += 1

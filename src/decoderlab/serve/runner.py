@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import errno
+import hashlib
+import json
 import socket
 import sys
 import threading
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from ..chat import load_model
 from ..config.limits import ServeLimits
+from ..waiting import Heartbeat, MeasuredWaits, starting
 from .app import create_app
 
 
@@ -62,9 +65,13 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+#: connections the kernel queues before uvicorn accepts them (uvicorn's own default)
+LISTEN_BACKLOG = 2048
+
+
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port`` (uvicorn listens on it), so that a host that is not this machine's
-    or a busy port is an error in decoderlab's words before anything is loaded.
+    """A socket bound to ``host``:``port`` and listening (uvicorn serves on it), so that a host that is not this
+    machine's or a busy port is an error in decoderlab's words before anything is loaded.
 
     Raises:
         ValueError: ``host`` is not a name or address that resolves.
@@ -79,6 +86,9 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port at once
     try:
         sock.bind(address)
+        # listening from now: a client that connects once the address is said (a test that waits for that
+        # line, a script) waits in the kernel's queue until uvicorn accepts it, instead of being refused
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         hint = " (another server is using it: choose another --port)" if e.errno == errno.EADDRINUSE else ""
@@ -105,10 +115,13 @@ def compile_pays(model) -> bool:
     return False
 
 
-def warm_up(scheduler, timeout: float = 3600) -> float:
+def warm_up(scheduler, timeout: float = 3600, *, say=None, expected: float | None = None) -> float:
     """Run one short greedy request (a prompt of one token, four new tokens) through ``scheduler``, whose model
-    decodes with a compiled step, so that the step's graphs for one prompt -- its prefill and its decode, the
-    common first request -- are compiled before a client waits for them. Returns the seconds it took.
+    decodes with a compiled step, so that the step's graph for one row -- its decode, the common first request's,
+    one graph for every length of the timeline (the scheduler's compiled step takes the length as dynamic) -- is
+    compiled before a client waits for it. While it runs, ``say`` (if given) gets a line every
+    ``decoderlab.waiting.EVERY`` seconds with the time so far, and the time left of ``expected`` (seconds an
+    earlier warm-up took on this machine; None: no time left is said). Returns the seconds it took.
 
     Raises: what the request raised (the scheduler's ``("error", e)`` event); ``TimeoutError`` after ``timeout``.
     """
@@ -123,14 +136,46 @@ def warm_up(scheduler, timeout: float = 3600) -> float:
         if event[0] in ("done", "error"):
             done.set()
 
-    start = time.perf_counter()
-    scheduler.submit(GenerationRequest([0], SamplingParams(max_new_tokens=4, temperature=0, stop_at_eos=False),
-                                       on_event=on_event))
-    if not done.wait(timeout):
+    with Heartbeat("warming up", say or (lambda line: None), expected=expected) as beat:
+        scheduler.submit(GenerationRequest([0], SamplingParams(max_new_tokens=4, temperature=0, stop_at_eos=False),
+                                           on_event=on_event))
+        finished = done.wait(timeout)
+    if not finished:
         raise TimeoutError(f"the warm-up request took over {timeout:g} s")
     if failed:
         raise failed[0]
-    return time.perf_counter() - start
+    return beat.seconds
+
+
+def shape_key(model) -> str:
+    """What a compile of ``model``'s decode step depends on, hashed (for :class:`decoderlab.waiting.MeasuredWaits`):
+    its config, its weights' dtype, its device and torch's version -- not the weights' values."""
+    import torch
+
+    from ..dtypes import model_dtype
+
+    what = {"config": model.config.to_dict(), "dtype": model_dtype(model), "torch": torch.__version__,
+            "device": str(next(model.parameters()).device)}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def warm_up_said(scheduler, model, waits: MeasuredWaits | None = None) -> float:
+    """:func:`warm_up`, said on standard error: what it does and how long it should take where this machine
+    measured an earlier warm-up of the kind (``waits``, default ``MeasuredWaits()``: the decoderlab cache), how
+    long it has run every ``decoderlab.waiting.EVERY`` seconds, and its time when done, recorded for the next one.
+    Returns its seconds."""
+    from ..dtypes import model_dtype
+
+    waits = waits or MeasuredWaits()
+    what = f"serve warm-up, {next(model.parameters()).device.type}, {model_dtype(model)}"
+    key, size = shape_key(model), model.config.n_layer
+    estimate = waits.estimate(what, key, size)
+    say(starting("warming up the compiled decode step before serving, so that a first client does not wait for the "
+                 "compiler; --eager serves at once, uncompiled", estimate))
+    seconds = warm_up(scheduler, say=say, expected=None if estimate is None else estimate.seconds)
+    waits.record(what, key, size, seconds)
+    say(f"warmed up in {seconds:.0f} s (a batch of several rows compiles at its first request)")
+    return seconds
 
 
 def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -173,10 +218,7 @@ def serve(checkpoint, *, host: str = "127.0.0.1", port: int = 8000, api_key: str
         app = create_app(model, tokenizer, meta=meta, template=template, model_id=model_id, api_key=api_key,
                          cors_origins=cors_origins, limits=limits, run_dir=checkpoint, sae=sae)
         if compile:
-            say("compiling the decode step before serving: a request of one prompt, so that a first client does "
-                "not wait for it (up to a minute on a CPU; --eager serves at once, uncompiled) ...")
-            seconds = warm_up(app.state.decoderlab.scheduler())
-            say(f"warmed up in {seconds:.0f} s (a batch of a size not seen yet compiles at its first request)")
+            warm_up_said(app.state.decoderlab.scheduler(), model)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level))
         # uvicorn names no address when it is handed a socket: say where the page and the API are (stderr,
         # beside uvicorn's own lines; stdout may be a closed pipe)
