@@ -10,24 +10,22 @@ it is an ordinary checkpoint every command loads; ``ADAPTER_DIR`` holds the adap
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from ..lora import apply_lora, describe_lora, lora_settings
-from .run import Run, first_process
+from .run import Run
 
 #: where a run writes the adapter alone (PEFT's layout), inside the run directory
 ADAPTER_DIR = "adapter"
 
 
-def run_lora(run: Run, model: torch.nn.Module, lora: dict | None, *, verbose: bool = True) -> dict | None:
+def run_lora(run: Run, model: torch.nn.Module, lora: dict | None) -> dict | None:
     """Put the run's LoRA adapters on ``model`` (in place) and return their settings (None: no adapters,
     every parameter trains).
 
     ``lora``: ``{"rank", "alpha", "dropout", "targets"}`` (alpha, dropout, targets optional) for a new run;
-    on a resume None (the run's own) or the same settings. With ``verbose`` the first process prints the
-    settings and the trainable parameter count (:func:`decoderlab.lora.describe_lora`) on stderr.
+    on a resume None (the run's own) or the same settings. The settings and the trainable parameter count
+    (:func:`decoderlab.lora.describe_lora`) become one of the run's notes (:meth:`Run.announce` prints them).
 
     Raises:
         ValueError: bad settings (:func:`decoderlab.lora.lora_settings`, a rank larger than a layer, targets
@@ -38,6 +36,5 @@ def run_lora(run: Run, model: torch.nn.Module, lora: dict | None, *, verbose: bo
     if settings is None:
         return None
     apply_lora(model, **settings)
-    if verbose and first_process():
-        print(f"decoderlab: {describe_lora(model, settings)}", file=sys.stderr, flush=True)
+    run.notes.append(describe_lora(model, settings))
     return settings
