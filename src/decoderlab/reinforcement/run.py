@@ -18,7 +18,6 @@ from typing import Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..chat import CHAT_TEMPLATE_KEY, load_model, template_from_meta
 from ..checkpoint import TOKENIZER_FILE, read_config
@@ -31,7 +30,7 @@ from ..tokenizers import Tokenizer
 from ..training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, Run, Summary, TrainConfig, fit_run,
                         make_trainer, plan_run)
 from ..training.adapters import ADAPTER_DIR, run_lora
-from ..training.callbacks import LIGHTNING_DIR
+from ..training.callbacks import LIGHTNING_DIR, RunCheckpoint
 from ..training.module import frozen_copy
 from ..training.run import RESUME_FIXED
 from ..training.trainer import check_run_options
@@ -80,10 +79,10 @@ class RLSummary(Summary):
     device: str | None = None
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(RunCheckpoint):
     """Lightning checkpoints of a run without validation: ``last.ckpt`` and ``best-step{N}.ckpt`` (the newest,
-    the fallback of a resume when ``last.ckpt`` is damaged) every ``every_n_steps`` optimizer steps and after
-    the last step."""
+    the fallback of a resume when ``last.ckpt`` is damaged; one file under both names) every ``every_n_steps``
+    optimizer steps and after the last step."""
 
     def __init__(self, dirpath, every_n_steps: int):
         super().__init__(dirpath=str(dirpath), filename="best-step{step}", auto_insert_metric_name=False,

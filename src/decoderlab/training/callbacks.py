@@ -8,11 +8,13 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..checkpoint import WEIGHTS_FILE, save_checkpoint
 from ..lora import has_lora, merge_lora, save_adapter
@@ -324,3 +326,38 @@ class ExportCheckpoint(L.Callback):
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             self.export(trainer, full_model(trainer, pl_module.model))  # a collective under FSDP
+
+
+def _hard_link(source: str, target: str) -> None:
+    """``target`` becomes another name of ``source``'s file, atomically (a copy where links are not allowed)."""
+    tmp = f"{target}.link.tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` is never a second copy of ``best-step{N}.ckpt``: when the
+    top-k checkpoint was written at this very step, ``last.ckpt`` becomes a hard link to it (one file on the disk
+    under two names); at a step that is not the best it is its own file, written under a name of its own (a link
+    is dropped first, so the best file is never written through it)."""
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        if not self.save_last:
+            return
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        now = self.format_checkpoint_name(monitor_candidates)  # the top-k file of this step
+        if self.best_model_path == now and self._last_global_step_saved == trainer.global_step:
+            self.last_model_path = last
+            if trainer.is_global_zero:
+                _hard_link(now, last)
+            trainer.strategy.barrier()
+            return
+        if trainer.is_global_zero and os.path.isfile(last) and os.stat(last).st_nlink > 1:
+            os.remove(last)  # a link to an older best: the new last.ckpt is a file of its own
+        trainer.strategy.barrier()
+        super()._save_last_checkpoint(trainer, monitor_candidates)
