@@ -134,7 +134,7 @@ def _finetune(args) -> int:
                            model_overrides=shape or None, config_overrides=_overrides(args),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes, progress_bar=progress_mode(args), method=args.method,
-                           beta=args.beta, lora=lora, save_adapter=args.save_adapter or None,
+                           beta=args.beta, lora=lora, merge=args.merge or None,
                            eval_prompts=args.eval_prompts, callbacks=[record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)

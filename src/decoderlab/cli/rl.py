@@ -92,7 +92,7 @@ def _rl(args) -> int:
     try:
         _, _, s = rl(args.prompts, out=args.out, checkpoint=args.checkpoint, reward=args.reward, rl_config=rl_config,
                      config_overrides=train_overrides(args, _SKIP), resume=args.resume, lora=lora,
-                     save_adapter=args.save_adapter or None, progress_bar=progress_mode(args),
+                     merge=args.merge or None, progress_bar=progress_mode(args),
                      callbacks=[record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)

@@ -8,8 +8,12 @@ needs, each file written atomically::
     run.json                      the run's settings: its TrainConfig, the launch (devices, strategy, nodes),
                                   the task's own (corpus, template, ...), and each resume with what it changed
     summary.json                  what the run reports at the end (the summary's mapping)
-    lightning/                    last.ckpt and best-step{N}.ckpt, for resuming
+    lightning/                    last.ckpt and best-step{N}.ckpt, for resuming (one file under both names
+                                  when the last evaluation is the best)
     logs/                         CSV (and TensorBoard when installed)
+
+A LoRA run writes ``adapter/`` in place of ``model.safetensors`` and points to its base instead of copying it
+(:mod:`.adapters`; its Lightning checkpoints hold the adapters and their optimizer state alone).
 
 Planning (:func:`plan_run`): a new run refuses an ``out`` that holds anything (a run is never written over an
 earlier checkpoint or other files). A resume takes the run's stored ``TrainConfig`` with the overrides on top;
