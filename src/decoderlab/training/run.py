@@ -274,12 +274,12 @@ class Run:
     def record(self, trainer: L.Trainer, model_config, tokenizer, launch: dict, /, **settings) -> None:
         """Global rank 0 writes the run's settings before the first step: a new run its ``config.json``,
         ``tokenizer.json`` and ``run.json`` (the task's ``settings``, the train config and the ``launch``:
-        devices, strategy, num_nodes as given); a resume updates ``run.json`` to the settings now in force, so
-        that a later resume keeps them, and lists the resume with what it changed."""
+        devices, strategy, num_nodes as given); a resume updates ``run.json`` to the settings now in force (the
+        task's ``settings`` too), so that a later resume keeps them, and lists the resume with what it changed."""
         if not trainer.is_global_zero:
             return
         if self.resumed:
-            info = {**self.info, "train_config": self.cfg.to_dict(), **launch}
+            info = {**self.info, **settings, "train_config": self.cfg.to_dict(), **launch}
             info["resumes"] = [*info.get("resumes", []), {"checkpoint": str(self.ckpt_path),
                                                           "changed": {k: list(v) for k, v in self.changes.items()}}]
         else:
