@@ -47,8 +47,9 @@ _DESIGN = ("norm", "position", "mlp", "bias", "tie_weights", "attn_out_proj", "l
 
 def load(path: str | os.PathLike, *, device: str | torch.device | None = None, dtype=None) -> "Model":
     """Load a checkpoint directory as a :class:`Model`: a decoderlab checkpoint (``model.safetensors``,
-    ``config.json``, ``tokenizer.json``, ``meta.json``) or a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2,
-    Qwen3, ...: :func:`decoderlab.hf.load_hf_directory`).
+    ``config.json``, ``tokenizer.json``, ``meta.json``), a LoRA run's directory (its base, checked, with the
+    adapter merged in) or a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2, Qwen3, ...:
+    :func:`decoderlab.hf.load_hf_directory`).
 
     Args:
         path: the directory.

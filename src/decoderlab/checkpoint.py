@@ -9,6 +9,11 @@ Layout of a checkpoint directory::
                         for chat checkpoints: fine-tuned ones and the lesson's pair model) and by which version
     (training state files written by decoderlab.training, for --resume)
 
+A LoRA run's directory is an adapter checkpoint instead (:func:`save_adapter_checkpoint`): ``adapter/`` (PEFT's
+layout) in place of ``model.safetensors``, and in ``meta.json`` a pointer to the base it adapts -- ``"base"``
+(a path; relative: inside the directory) and ``"base_sha256"`` (:func:`checkpoint_digest`), checked before the
+base is used (:func:`check_base`). ``decoderlab.chat.load_model`` puts the adapter on that base.
+
 Everything is written atomically: files go to a temporary name and are renamed into place, and a whole
 directory is assembled next to its destination and swapped in, so a run killed while saving leaves the
 previous checkpoint loadable. ``load_checkpoint`` needs no training code.
@@ -36,6 +41,16 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "meta.json"
 REQUIRED = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
+#: a LoRA run directory's adapter (PEFT's layout: decoderlab.lora.save_adapter), in place of model.safetensors
+ADAPTER_DIR = "adapter"
+#: where a LoRA run keeps a base that has no file of its own (a model given in memory, a preset from scratch)
+BASE_DIR = "base"
+#: where a LoRA run writes its merged model when asked (an ordinary checkpoint)
+MERGED_DIR = "merged"
+#: the files of a directory a loader reads (its weights, config, tokenizer, template): what checkpoint_digest hashes
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".jinja")
+#: a run's bookkeeping, not its model: left out of checkpoint_digest
+_BOOKKEEPING = ("run.json", "summary.json")
 #: the ``meta.json`` key of a chat checkpoint's template (``decoderlab.chat.ChatTemplate.to_dict()``)
 CHAT_TEMPLATE_KEY = "chat_template"
 _PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
@@ -128,6 +143,92 @@ def _save_inplace(directory: Path, model, tokenizer, meta, extra_files) -> Path:
         atomic_write_bytes(directory / name, data)
     atomic_write_text(directory / META_FILE, json.dumps({"decoderlab_version": __version__, **(meta or {})}, indent=2))
     return directory
+
+
+def save_adapter_checkpoint(directory: str | os.PathLike, model, tokenizer, *, meta: dict) -> Path:
+    """Write a LoRA run's checkpoint in place (see the module docstring): the adapter of ``model``
+    (:func:`decoderlab.lora.save_adapter`, swapped in whole), ``config.json``, ``tokenizer.json`` and last
+    ``meta.json`` -- which must hold the base pointer (``"base"``, ``"base_sha256"``) --, each atomically; no
+    weights of the base.
+
+    Raises:
+        ValueError: the model has no adapters; the tokenizer's vocabulary size differs from the model's; a
+            ``meta`` without the base pointer.
+    """
+    from .lora import save_adapter
+
+    model = unwrap_model(model)
+    if tokenizer.vocab_size != model.config.num_tokens:
+        raise ValueError(f"tokenizer vocabulary size {tokenizer.vocab_size} does not match the model's num_tokens "
+                         f"{model.config.num_tokens}")
+    if not meta.get("base") or not meta.get("base_sha256"):
+        raise ValueError("an adapter checkpoint's meta needs its base: \"base\" (a path) and \"base_sha256\"")
+    directory = Path(directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_adapter(directory / ADAPTER_DIR, model)
+    atomic_write_text(directory / CONFIG_FILE, model.config.to_json())
+    tokenizer.save(directory / TOKENIZER_FILE)
+    atomic_write_text(directory / META_FILE, json.dumps({"decoderlab_version": __version__, **meta}, indent=2))
+    return directory
+
+
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """The sha256 of what a loader reads from ``path``: a file's bytes (a GGUF file); for a directory, the name
+    and bytes of each of its files with a model's suffix (weights, config, tokenizer, template: ``.safetensors``,
+    ``.bin``, ``.json``, ``.txt``, ``.model``, ``.jinja``; not a run's ``run.json`` or ``summary.json``) and of
+    its ``adapter/``, in name order. A base changed in any of them has another digest. Hex digits.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    import hashlib
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.is_file():
+        files = [(path.name, path)]
+    else:
+        found = [p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_SUFFIXES and p.name not in _BOOKKEEPING]
+        if (path / ADAPTER_DIR).is_dir():
+            found += [p for p in (path / ADAPTER_DIR).iterdir() if p.is_file()]
+        files = sorted((p.relative_to(path).as_posix(), p) for p in found)
+    digest = hashlib.sha256()
+    for name, p in files:
+        digest.update(name.encode("utf-8") + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_adapter_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` is a LoRA run's adapter checkpoint: ``adapter/`` and a base pointer in ``meta.json``,
+    no ``model.safetensors`` (a LoRA run of an earlier version wrote the merged weights: an ordinary checkpoint)."""
+    directory = Path(directory)
+    return (directory.is_dir() and not (directory / WEIGHTS_FILE).is_file() and (directory / ADAPTER_DIR).is_dir()
+            and "base_sha256" in _meta_or_empty(directory))
+
+
+def check_base(directory: str | os.PathLike, pointer: dict) -> Path:
+    """The base a LoRA run ``directory`` adapts -- ``pointer``: its ``meta.json`` or ``run.json``, with ``"base"``
+    (relative: inside ``directory``) and ``"base_sha256"`` -- once its files are checked to be the ones the
+    adapter was trained on.
+
+    Raises:
+        FileNotFoundError: the base is gone (named). ValueError: the base changed since (named, both digests).
+    """
+    base = Path(pointer["base"])
+    base = base if base.is_absolute() else Path(directory) / base
+    if not base.exists():
+        raise FileNotFoundError(f"the base {base} of the LoRA run {directory} does not exist: a LoRA run keeps its "
+                                f"adapter and a pointer to its base; put the base back there")
+    found = checkpoint_digest(base)
+    if found != pointer["base_sha256"]:
+        raise ValueError(f"the base {base} of the LoRA run {directory} has changed since the run (sha256 {found[:12]}, "
+                         f"the run's {pointer['base_sha256'][:12]}): its adapter fits only the base it was trained "
+                         f"on; put that base back, or start a new run")
+    return base
 
 
 def check_output_dir(directory: str | os.PathLike, extra_files: dict | None = None, *,

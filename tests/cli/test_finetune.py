@@ -143,7 +143,7 @@ def test_dpo_rows_missing_chosen_or_with_an_empty_rejected_are_one_line(tmp_path
 @pytest.mark.parametrize("more, says", [
     (("--lora-rank", "0"), "LoRA rank must be an integer >= 1, got 0"),
     (("--lora-rank", "2", "--lora-targets", "nothing"), "'nothing'"),
-    (("--save-adapter",), "--save-adapter needs --lora-rank R"),
+    (("--merge",), "--merge needs --lora-rank R"),
     (("--beta", "0.2"), "--beta=0.2 applies to method='dpo' (--method dpo) only"),
 ])
 def test_bad_lora_and_dpo_settings_are_one_line(tmp_path, capsys, more, says):

@@ -66,6 +66,7 @@ def test_a_tiny_run_writes_a_chat_checkpoint_and_its_curves(files, tmp_path, cap
     assert (out / "rl.png").is_file() and json.loads((out / "meta.json").read_text())["step"] == 2
     assert cli.main(["rl", "--resume", "--out", str(out), "--max-steps", "3", "--no-progress-bar"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 3
+    assert capsys.readouterr().err.startswith("decoderlab: resuming from step 2 of 3 (")  # its first line
     assert cli.main(["rl", "--resume", str(out), "--max-steps", "4", "--no-progress-bar"]) == 0  # the directory alone
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
     capsys.readouterr()

@@ -211,10 +211,10 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
     assert "\r" not in r.stdout + r.stderr
     vocab = json.loads((out / "config.json").read_text())["num_tokens"]
     assert r.stderr.splitlines() == [
-        "decoderlab: warning: --warmup (4 steps) is at least --max-steps (4): the learning rate rises for the whole "
-        "run and never reaches its peak or decays",
         f"decoderlab: warning: the BPE vocabulary has {vocab} tokens, fewer than the --vocab-size 20000 asked for: the "
         "text offers no more merges (a larger corpus would)",
+        "decoderlab: warning: --warmup (4 steps) is at least --max-steps (4): the learning rate rises for the whole "
+        "run and never reaches its peak or decays",
     ]
     lines = r.stdout.splitlines()
     kinds = [("train", int(m[1])) if (m := TRAIN_LINE.fullmatch(ln)) else ("val", int(m[1]))

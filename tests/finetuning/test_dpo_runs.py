@@ -1,6 +1,6 @@
 """``finetune(method="dpo")``: TRL's preference rows against the frozen starting model -- the held-out reward
 margin and accuracy rise from the start's (0 and 0), beta is honoured and kept on resume, and DPO and SFT
-through LoRA adapters save merged (an ordinary checkpoint) and, when asked, the adapter alone."""
+through LoRA adapters keep the adapter and the base given in memory (once), and load merged."""
 
 import json
 
@@ -47,18 +47,19 @@ def test_a_resume_keeps_the_run_s_beta_and_method(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["sft", "dpo"])
-def test_lora_trains_the_adapters_only_and_saves_merged_and_the_adapter_alone(tmp_path, method):
+def test_lora_trains_the_adapters_only_and_keeps_the_adapter_and_its_base(tmp_path, method):
     model, tok = chat_pair()
     expected = lora_parameter_count(model, 2, "attn")  # (before the run: it puts the adapters on model)
     data = PAIRS if method == "dpo" else CONVS
     merged, _, s = finetune(data, out=tmp_path / "run", base_model=(model, tok), method=method, val_fraction=0,
                             eval_prompts=0, train_config=tiny_cfg(max_steps=3, lr=1e-2, eval_every=3),
-                            lora={"rank": 2, "targets": "attn"}, save_adapter=True, progress_bar=False,
+                            lora={"rank": 2, "targets": "attn"}, progress_bar=False,
                             logger=False, accelerator="cpu")
     assert s.trainable_parameters == expected and s.lora["rank"] == 2
-    weights = load_file(tmp_path / "run" / "model.safetensors")
-    assert not any("lora" in k for k in weights)  # merged: an ordinary checkpoint
-    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "run" / "model.safetensors").exists()  # the adapter, and the base kept once
+    weights = load_file(tmp_path / "run" / "adapter" / "adapter_model.safetensors")
+    assert weights and all("lora" in k for k in weights)
+    assert (tmp_path / "run" / "base" / "model.safetensors").is_file()
     loaded = load_model(tmp_path / "run").model
     x = torch.randint(0, tok.vocab_size, (2, 8))
     torch.testing.assert_close(loaded(x), merged(x), atol=1e-6, rtol=0)

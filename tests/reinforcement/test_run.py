@@ -1,8 +1,9 @@
 """``decoderlab.rl``: a tiny run raises the mean reward and leaves a chat checkpoint with its curves; a resume
-(with and without LoRA adapters) equals the uninterrupted run; LoRA trains the adapters only and saves merged;
-the refusals name what is wrong."""
+(with and without LoRA adapters) equals the uninterrupted run; LoRA trains the adapters only and keeps them with
+a pointer to the base; the refusals name what is wrong."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def test_a_tiny_run_raises_the_mean_reward_and_writes_a_chat_checkpoint_with_its
                          ids=["full", "lora", "lora-dropout"])
 def test_resume_equals_an_uninterrupted_run(base, tmp_path, lora):
     kw = dict(train={"eval_every": 2, "accumulate": 2, "batch_size": 2}, rl={"kl_coef": 0.1, "group_size": 4},
-              lora=lora, save_adapter=lora is not None)
+              lora=lora)
     full, _, s_full = go(base, tmp_path / "full", 6, **kw)
     with pytest.raises(TrainingInterrupted):
         go(base, tmp_path / "cut", 6, callbacks=[InterruptAt(4)], **kw)
@@ -72,9 +73,14 @@ def test_resume_equals_an_uninterrupted_run(base, tmp_path, lora):
     assert s.history == s_full.history and s.history[-1]["kl"] > 0 and len(s.history) == 6
     for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), n
-    if lora is not None:  # saved merged (an ordinary checkpoint), the adapter alone beside it
-        weights = load_file(tmp_path / "cut" / "model.safetensors")
-        assert not any("lora" in k for k in weights) and (tmp_path / "cut" / "adapter" / "adapter_config.json").is_file()
+    ckpts = tmp_path / "cut" / "lightning"  # the newest checkpoint under both names: one file
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best-step6.ckpt", "last.ckpt"]
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "best-step6.ckpt")
+    if lora is not None:  # the adapter and a pointer to the base (the starting checkpoint), no copy of it
+        assert not (tmp_path / "cut" / "model.safetensors").exists()
+        assert json.loads((tmp_path / "cut" / "meta.json").read_text())["base"] == str(base[0].resolve())
+        weights = load_file(tmp_path / "cut" / "adapter" / "adapter_model.safetensors")
+        assert weights and all("lora" in k for k in weights)
         assert s.trainable_parameters == lora_parameter_count(load_model(tmp_path / "cut").model, 2)
         assert s.lora == {"rank": 2, "alpha": 2.0, "dropout": lora.get("dropout", 0.0), "targets": ["attn", "mlp"]}
 

@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..checkpoint import read_meta
+from ..checkpoint import (ADAPTER_DIR, TOKENIZER_FILE, check_base, is_adapter_checkpoint, read_config,
+                          read_meta)
 from ..gguf import is_gguf_file, load_gguf, read_info
 from ..hf import checkpoint_reader
 from .hf_templates import builtin_jinja, read_chat_template
@@ -91,10 +92,15 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     checkpoint of the lesson's pair training written by an earlier version reads as the ``lesson`` template; a
     Hugging Face directory's own Jinja template) and its ``meta.json``.
 
+    A LoRA run's directory (:func:`decoderlab.checkpoint.is_adapter_checkpoint`) loads as its base -- read by this
+    same loader, checked to be the one it was trained on -- with its adapter merged in (:func:`load_base`).
+
     Raises:
-        FileNotFoundError: the directory or a required file is missing (named); a file that is not a GGUF file.
+        FileNotFoundError: the directory or a required file is missing (named); a file that is not a GGUF file; a
+            LoRA run's base that is gone.
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
-            whose vocabulary size is not the model's; a malformed stored template; an unknown dtype.
+            whose vocabulary size is not the model's; a malformed stored template; an unknown dtype; a LoRA run's
+            base that changed since the run (named).
     """
     if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
         model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
@@ -102,7 +108,76 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     if os.path.isfile(directory):  # README.md: not "a checkpoint is a directory", which forgets GGUF files
         raise FileNotFoundError(f"checkpoint {directory} is a file but not a GGUF file (.gguf); a checkpoint is a "
                                 f"decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file")
+    if is_adapter_checkpoint(directory):  # a LoRA run: its base (checked) with its adapter
+        return _load_adapted(directory, map_location=map_location, dtype=dtype, device=device)
     read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's
     model, tokenizer = read(directory, map_location=map_location, dtype=dtype, device=device)
     meta = read_meta(directory)  # ({} for a Hugging Face directory: it has no meta.json)
     return LoadedModel(model, tokenizer, checkpoint_template(directory, meta), meta)
+
+
+def load_base(run_dir: str | os.PathLike, pointer: dict, *, map_location: str | torch.device = "cpu",
+              device: str | torch.device | None = None) -> torch.nn.Module:
+    """The float32 base model a LoRA run ``run_dir`` adapts, as its adapter was put on it: the base ``pointer``
+    names (its ``meta.json`` or ``run.json``; checked by :func:`decoderlab.checkpoint.check_base`) read by
+    :func:`load_model` -- any kind it reads, another LoRA run too --, with the rows of the chat tokens the run added
+    to its vocabulary (at the mean of the others, as :func:`~decoderlab.chat.add_chat_tokens` made them). In train
+    mode.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`~decoderlab.checkpoint.check_base`; a base whose shape is not the
+            run's ``config.json`` (named).
+    """
+    base = check_base(run_dir, pointer)
+    model = load_model(base, map_location=map_location, device=device).model
+    config = read_config(run_dir)
+    if model.config.num_tokens < config.num_tokens:
+        model.resize_token_embeddings(config.num_tokens)
+    if model.config != config:
+        raise ValueError(f"the base {base} of the LoRA run {run_dir} is not the model its config.json describes")
+    return model.train()
+
+
+def _load_adapted(directory, *, map_location, dtype, device) -> LoadedModel:
+    """A LoRA run's directory as an ordinary model: its base (:func:`load_base`) with the adapter merged in."""
+    from ..dtypes import check_dtype, to_inference_dtype
+    from ..lora import load_adapter, merge_lora
+    from ..devices import resolve_device
+    from ..tokenizers import Tokenizer
+
+    check_dtype(dtype, torch.device(map_location) if device is None else resolve_device(device))
+    meta = read_meta(directory)
+    model = load_base(directory, meta, map_location=map_location, device=device)
+    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_FILE))
+    model = merge_lora(load_adapter(os.path.join(directory, ADAPTER_DIR), model)).eval()
+    return LoadedModel(to_inference_dtype(model, dtype), tokenizer, checkpoint_template(directory, meta), meta)
+
+
+def weights_dtype(path: str | os.PathLike) -> torch.dtype:
+    """The dtype ``path`` stores its weights in -- the most common among the floating tensors of its (first)
+    safetensors file or ``pytorch_model.bin`` --; a LoRA run's, its base's; float32 for a GGUF file (blocks and
+    scales, dequantized on load) and for a directory without weights."""
+    from pathlib import Path
+
+    path = Path(path)
+    if is_adapter_checkpoint(path):
+        meta = read_meta(path)
+        base = Path(meta["base"])
+        return weights_dtype(base if base.is_absolute() else path / base)
+    counts: dict = {}
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if files:
+        from safetensors import safe_open
+
+        with safe_open(str(files[0]), framework="pt") as f:
+            for key in f.keys():
+                dtype = f.get_slice(key).get_dtype()
+                counts[dtype] = counts.get(dtype, 0) + 1
+        names = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+        counts = {names[k]: v for k, v in counts.items() if k in names}
+    elif path.is_dir() and (path / "pytorch_model.bin").is_file():
+        state = torch.load(path / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+        for t in state.values():
+            if t.is_floating_point():
+                counts[t.dtype] = counts.get(t.dtype, 0) + 1
+    return max(counts, key=counts.get) if counts else torch.float32

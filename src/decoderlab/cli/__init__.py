@@ -9,6 +9,7 @@ bad values) print one ``decoderlab: error: ...`` line and exit 2.
     options.py    the option groups several commands share, and their readers
     argtypes.py   argparse types with errors in our words
     errors.py     how a command ends: error lines, exit statuses, library messages in the flags' words
+    resume.py     a training run's options recorded for its resume, restored or refused (train, finetune, rl)
     train.py, generate.py (+ sample), chat.py, finetune.py, glassbox.py (verify, explain),
                   interpret.py (lens, heads, patch), serve.py, export.py
                   one module per command family

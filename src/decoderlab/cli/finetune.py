@@ -14,6 +14,7 @@ from .errors import FAILED, in_flag_terms, print_error
 from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_model_shape_options, add_options,
                       add_train_config_options, check_out_dir, check_strategy, flag, lora_options, model_overrides,
                       progress_mode, run_out, set_threads, train_overrides)
+from .resume import record_options, restore_options
 
 DESCRIPTION = ("Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL file of "
                "{\"messages\": [...]}, {\"prompt\", \"completion\"} or Alpaca {\"instruction\", \"input\", "
@@ -108,6 +109,9 @@ def _finetune(args) -> int:
     args.out = run_out(args)
     check_out_dir(args.out)
     set_threads(args)
+    restore_options(args)  # a resume's options are the run's
+    if args.eval_prompts is None:
+        args.eval_prompts = FINETUNE_EVAL_PROMPTS
     shape = model_overrides(args)
     _check_start(args, shape)
     from ..chat import get_template
@@ -130,8 +134,8 @@ def _finetune(args) -> int:
                            model_overrides=shape or None, config_overrides=_overrides(args),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes, progress_bar=progress_mode(args), method=args.method,
-                           beta=args.beta, lora=lora, save_adapter=args.save_adapter or None,
-                           eval_prompts=FINETUNE_EVAL_PROMPTS if args.eval_prompts is None else args.eval_prompts)
+                           beta=args.beta, lora=lora, merge=args.merge or None,
+                           eval_prompts=args.eval_prompts, callbacks=[record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)
         return FAILED

@@ -26,7 +26,7 @@ at how other commands spell an option) before adding one.
     RUN_OPTIONS         --resume, --devices, --strategy,             train, finetune (rl, sae: --resume,
                         --num-nodes, --no-progress-bar               --no-progress-bar)
     LORA_OPTIONS        --lora-rank, --lora-alpha, --lora-dropout,   finetune, rl
-                        --lora-targets, --save-adapter
+                        --lora-targets, --merge
 """
 
 from __future__ import annotations
@@ -574,16 +574,16 @@ def _try_making(path: str, out) -> None:
 
 LORA_OPTIONS = (
     option("--lora-rank", type=number(int), metavar="R",
-           help="train LoRA adapters of rank R (PEFT) instead of every weight; the checkpoint is saved merged "
-                "(default: none, every weight trains)"),
+           help="train LoRA adapters of rank R (PEFT) instead of every weight; the run directory keeps the adapter "
+                "and a pointer to its base, checked on every load (default: none, every weight trains)"),
     option("--lora-alpha", type=number(float), metavar="A", help="LoRA's alpha; the scale is A/R (default: R)"),
     option("--lora-dropout", type=number(float), metavar="P", help="dropout on the adapters' input (default 0)"),
     option("--lora-targets", metavar="LIST",
            help=f"comma-separated layer groups to adapt: {', '.join(LORA_TARGETS)} "
                 f"(default {','.join(DEFAULT_LORA_TARGETS)})"),
-    option("--save-adapter", action="store_true", default=False,
-           help="also save the adapter alone (PEFT's layout) in RUN_DIR/adapter (default: the merged checkpoint "
-                "only)"),
+    option("--merge", action="store_true", default=False,
+           help="also write the merged model once at the end, in the base's dtype, as an ordinary checkpoint in "
+                "RUN_DIR/merged (default: the adapter only; decoderlab export writes a merged copy any time)"),
 )
 
 
@@ -591,13 +591,13 @@ def lora_options(args) -> dict | None:
     """``{"rank", "alpha", "dropout", "targets"}`` of the LoRA flags given (None without ``--lora-rank``).
 
     Raises:
-        ValueError: ``--lora-alpha``, ``--lora-dropout``, ``--lora-targets`` or ``--save-adapter`` without
+        ValueError: ``--lora-alpha``, ``--lora-dropout``, ``--lora-targets`` or ``--merge`` without
             ``--lora-rank`` (on a new run; a resume keeps the run's own adapters).
     """
     more = [f for f in ("lora_alpha", "lora_dropout", "lora_targets") if getattr(args, f) is not None]
     if args.lora_rank is None:
-        if more or (args.save_adapter and getattr(args, "resume", None) is None):
-            named = ", ".join(flag(f) for f in more) or "--save-adapter"
+        if more or (args.merge and getattr(args, "resume", None) is None):
+            named = ", ".join(flag(f) for f in more) or "--merge"
             raise ValueError(f"{named} needs --lora-rank R (the adapters' rank)")
         return None
     out = {"rank": args.lora_rank}

@@ -10,6 +10,7 @@ from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
 from .options import (LORA_OPTIONS, RUN_OPTIONS, THREADS_OPTIONS, add_options, add_train_config_options, check_out_dir,
                       dest, lora_options, progress_mode, run_out, set_threads, train_overrides)
+from .resume import record_options, restore_options
 
 DESCRIPTION = ("Reinforcement learning of a chat checkpoint from a checkable reward: each step samples G replies "
                "per prompt, rewards them, and follows the policy gradient of the reward minus its group's mean "
@@ -81,6 +82,7 @@ def _rl(args) -> int:
     args.out = run_out(args)
     check_out_dir(args.out)
     set_threads(args)
+    restore_options(args)  # a resume's options are the run's
     if args.resume is None and (args.checkpoint is None or args.prompts is None):
         raise ValueError("give --checkpoint DIR (a chat checkpoint) and --prompts PATH (the prompts to answer)")
     rl_config, lora = _rl_config(args), lora_options(args)
@@ -90,7 +92,8 @@ def _rl(args) -> int:
     try:
         _, _, s = rl(args.prompts, out=args.out, checkpoint=args.checkpoint, reward=args.reward, rl_config=rl_config,
                      config_overrides=train_overrides(args, _SKIP), resume=args.resume, lora=lora,
-                     save_adapter=args.save_adapter or None, progress_bar=progress_mode(args))
+                     merge=args.merge or None, progress_bar=progress_mode(args),
+                     callbacks=[record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)
         return FAILED

@@ -11,7 +11,8 @@ from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
 from .options import (RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_model_shape_options, add_options,
                       add_train_config_options, check_out_dir, check_strategy, flag, model_overrides, progress_mode,
-                      run_out, set_threads, train_overrides)
+                      set_threads, train_overrides)
+from .resume import record_options, restore_options, resumed_dir
 
 _RECIPE_TRAIN = RECIPES[DEFAULT_RECIPE].train
 
@@ -73,21 +74,12 @@ def cmd_train(args) -> int:
         return _train_lm(args, name)
 
 
-def _resumed_dir(args) -> str | None:
-    """The run directory ``--resume`` continues (``--out`` for a bare ``--resume``); None for a new run."""
-    import argparse
-
-    if args.resume is None or (args.resume is True and args.out is None):
-        return None
-    return run_out(argparse.Namespace(out=None, resume=args.out if args.resume is True else args.resume))
-
-
 def _resumes_pairs(args) -> bool:
     """``--resume`` names a run of the lesson's pair training (its ``run.json`` says ``"task": "pairs"``)."""
     import json
     import os
 
-    run_dir = _resumed_dir(args)
+    run_dir = resumed_dir(args)
     try:
         with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
             return json.load(f).get("task") == "pairs"
@@ -101,6 +93,7 @@ def _train_lm(args, name: str) -> int:
                          f"(default {_RECIPE_TRAIN['max_steps']})")
     from ..training import NonFiniteLossError, train_lm
 
+    restore_options(args)  # a resume's options are the run's
     shape = _checked_shape(args, name)
     check_strategy(args.strategy)
     try:
@@ -108,7 +101,8 @@ def _train_lm(args, name: str) -> int:
         _, _, s = train_lm(args.data, preset=preset, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                            out=args.out, config_overrides=train_overrides(args), model_overrides=shape or None,
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
-                           num_nodes=args.num_nodes, progress_bar=progress_mode(args), callbacks=_watch(args))
+                           num_nodes=args.num_nodes, progress_bar=progress_mode(args),
+                           callbacks=[*_watch(args), record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)
         return FAILED
@@ -180,8 +174,6 @@ def _check_not_finished(args) -> None:
         raise ValueError(f"{run_dir} is already finished: it trained {step} steps of --max-steps {max_steps}; to "
                          f"continue it, give a larger --max-steps: decoderlab train --resume {run_dir} "
                          f"--max-steps {2 * step}")
-    if isinstance(step, int):
-        print(f"resuming {run_dir} at step {step} of --max-steps {max_steps}", flush=True)
 
 
 def _train_statquest(args) -> int:
@@ -198,7 +190,7 @@ def _train_statquest(args) -> int:
             f"{'applies' if len(lm_only) == 1 else 'apply'} to language-model presets only (statquest takes "
             f"--out, --resume, --epochs, --seed, --lr, --batch-size)"
         )
-    out = _resumed_dir(args) or args.out or "runs/statquest"
+    out = resumed_dir(args) or args.out or "runs/statquest"
     model, tok = train_pairs(out=out, resume=args.resume and out, max_epochs=args.epochs, seed=args.seed,
                              lr=args.lr, batch_size=args.batch_size)
     _print_lesson(model, tok, LESSON_PAIRS, read_meta(out)["epochs"], out)

@@ -516,7 +516,7 @@ def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
             model = merged(whole)
             evaluation = evaluate_preferences(model, reference.to(device), eval_ex, job.pad_id, beta)
             exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
-            exporter.export(trainer, whole)
+            exporter.export(trainer, whole, final=True)  # (the merged model too, when asked)
     model, _ = model.cpu(), reference.cpu()  # (the merged copy too, as Lightning leaves a trained module)
     summary = PreferenceSummary(
         steps=trainer.global_step, train_loss=mean_of_last([h["loss"] for h in module.history])[0],

@@ -9,15 +9,16 @@ import os
 from typing import Sequence
 
 import lightning as L
+import torch
 
-from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, JinjaChatTemplate, get_template
+from ..chat import CHAT_TEMPLATE_KEY, ChatTemplate, JinjaChatTemplate, get_template, weights_dtype
 from ..config.names import FINETUNE_METHODS
 from ..config.recipes import finetune_defaults
 from ..lora import trainable_parameters
 from ..tokenizers import Tokenizer
 from ..training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, ShareRunDirectory, TrainConfig,
                         fit_run, make_trainer, plan_run)
-from ..training.adapters import ADAPTER_DIR, run_lora
+from ..training.adapters import base_pointer, run_lora, run_merge
 from ..training.module import frozen_copy
 from ..training.trainer import check_run_options
 from .dpo import DPO
@@ -38,7 +39,7 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
              devices: int | str = 1, strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
              eval_max_new_tokens: int = 64, eval_prompts: int | None = 100, callbacks: Sequence[L.Callback] = (),
              progress_bar: bool | str = True, logger: bool = True, base_model=None, method: str | None = None,
-             beta: float | None = None, lora: dict | None = None, save_adapter: bool | None = None):
+             beta: float | None = None, lora: dict | None = None, merge: bool | None = None):
     """Fine-tune a model on conversations (``method="sft"``, the default) or on preference pairs (``"dpo"``);
     return ``(model, tokenizer, summary)`` (:class:`FinetuneSummary` / :class:`PreferenceSummary`).
 
@@ -56,18 +57,22 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     ``devices``, ``strategy``, ``num_nodes``, ``accelerator``. SFT: :mod:`decoderlab.finetuning.sft`; DPO
     (:mod:`decoderlab.finetuning.dpo`) trains against the starting model, frozen, with ``beta`` (default
     ``decoderlab.config.DPO_BETA``) and logs reward margins and accuracy.
-    ``lora``: ``{"rank", "alpha", "dropout", "targets"}`` trains LoRA adapters only (PEFT); the checkpoint is
-    written merged, and with ``save_adapter`` the adapter alone in ``out/adapter`` too. ``out`` becomes the run
+    ``lora``: ``{"rank", "alpha", "dropout", "targets"}`` trains LoRA adapters only (PEFT): ``out`` keeps the
+    adapter (``out/adapter``), the optimizer's state of the adapters and a pointer to the base (its path and
+    sha256, checked on every load and resume; a base with no file of its own is kept once in ``out/base``) -- no
+    copy of the base; :func:`decoderlab.chat.load_model` puts the adapter on it. With ``merge`` the merged model
+    is written once at the end too, in the base's dtype, in ``out/merged``. ``out`` becomes the run
     directory (:mod:`decoderlab.training.run`) and a chat checkpoint storing the template; at the end the
     held-out evaluation is printed. ``resume`` (a run directory, a ``.ckpt``, or True for ``out``) continues the
     run with its own model, tokenizer, template, data, method, beta, adapters and settings: train settings
     changed are honoured from the next step, and another seed, accumulate, template, val_fraction, data, method,
-    beta, LoRA or starting point is refused.
+    beta, LoRA, starting point or a changed base is refused.
 
     Raises:
         ValueError: bad data (file, line and what); an unknown template or method; not exactly one starting
             point; a tokenizer that cannot represent the data (naming the characters); nothing left to train
-            on; bad config values or LoRA settings; LoRA with ``strategy="fsdp"``; a refused resume change.
+            on; bad config values or LoRA settings; ``merge`` without LoRA; LoRA with ``strategy="fsdp"``; a
+            refused resume change; a LoRA run's base changed since (named).
         FileNotFoundError: missing files. FileExistsError: a new run's ``out`` holds files.
     """
     run, chosen, options = _plan(out, resume, template, train_config, config_overrides, checkpoint=checkpoint,
@@ -76,8 +81,11 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     data_info, train_items, val_items = chosen.read_data(run, data, val_data, val_fraction)
     model, tok, template, start = starting_point(run, checkpoint, preset, base_model, tokenizer, vocab_size,
                                                  model_overrides, template, chosen.texts(train_items + val_items))
-    reference = _adapters(run, chosen, model, start, lora, save_adapter)
+    reference = _adapters(run, chosen, model, start, lora, merge)
     run.announce()  # every refusal is behind us
+    if start["lora"]:  # (written now: a base without a file is kept in the run directory)
+        start.update(base_pointer(run, start["checkpoint"], model, tok))
+    start["merged_dtype"] = _merged_dtype(start)
     job = Job(run, tok, template, model.config.max_len, start, options, train_items, val_items, reference,
               dict(max_new_tokens=eval_max_new_tokens, max_prompts=eval_prompts))
     dm, module = chosen.train(job, model)
@@ -86,7 +94,8 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
                                  progress_bar=progress_bar, logger=logger)
     run.record(trainer, model.config, tok, launch, task="chat", method=chosen.name, template=template.name,
                **{CHAT_TEMPLATE_KEY: template.to_dict()}, **options, **data_info, checkpoint=start["checkpoint"],
-               preset=start["preset"], added_tokens=start["added_tokens"], lora=start["lora"], save_adapter=start["save_adapter"])
+               preset=start["preset"], added_tokens=start["added_tokens"], lora=start["lora"], merge=start["merge"],
+               **_pointer(start))
     model, summary = chosen.summarize(job, trainer, exporter, fit_run(trainer, module, run, datamodule=dm))
     _closing_line(trainer, chosen, summary, progress_bar or logger)
     return model.eval(), tok, summary
@@ -114,15 +123,27 @@ def _plan(out, resume, template, train_config, config_overrides, *, checkpoint, 
     return run, chosen, options
 
 
-def _adapters(run, chosen: Method, model, start: dict, lora: dict | None, save_adapter: bool | None):
+def _adapters(run, chosen: Method, model, start: dict, lora: dict | None, merge: bool | None):
     """The frozen reference of a method that trains against the starting model (taken before any adapter, else
     None); then the run's LoRA adapters on ``model``, recorded in ``start`` with the trainable parameters and
-    whether the adapter alone is saved too (a resume keeps its own)."""
+    whether the merged model is written at the end (a resume keeps its own)."""
     reference = frozen_copy(model) if chosen.reference else None
-    save_adapter = bool(save_adapter if save_adapter is not None else run.info.get("save_adapter", False))
-    start.update(lora=run_lora(run, model, lora), trainable_parameters=trainable_parameters(model),
-                 save_adapter=save_adapter)
+    start.update(lora=run_lora(run, model, lora), trainable_parameters=trainable_parameters(model))
+    start["merge"] = run_merge(run, merge, start["lora"])
     return reference
+
+
+def _pointer(start: dict) -> dict:
+    """A LoRA run's base pointer (``"base"``, ``"base_sha256"``) from ``start``; {} for a full fine-tune."""
+    return {k: start[k] for k in ("base", "base_sha256") if k in start}
+
+
+def _merged_dtype(start: dict) -> torch.dtype | None:
+    """The dtype of the merged model ``merge`` writes: the base checkpoint's (:func:`decoderlab.chat.weights_dtype`),
+    float32 for a base without a file (as trained); None without ``merge``."""
+    if not start["merge"]:
+        return None
+    return weights_dtype(start["checkpoint"]) if start["checkpoint"] is not None else torch.float32
 
 
 def _closing_line(trainer, chosen: Method, summary, verbose) -> None:
@@ -156,9 +177,8 @@ def _trainer(job: Job, method: str, launch: dict, callbacks, **options) -> tuple
     run, start = job.run, job.start
     meta = {"task": "chat", CHAT_TEMPLATE_KEY: job.template.to_dict(), "tokenizer": job.tokenizer.kind,
             "base": start["checkpoint"], "preset": start["preset"], "method": method,
-            **({"lora": start["lora"]} if start["lora"] else {})}
-    exporter = ExportCheckpoint(run.run_dir, job.tokenizer, meta,
-                                adapter_dir=run.run_dir / ADAPTER_DIR if start["save_adapter"] else None)
+            **({"lora": start["lora"]} if start["lora"] else {}), **_pointer(start)}
+    exporter = ExportCheckpoint(run.run_dir, job.tokenizer, meta, merged_dtype=start["merged_dtype"])
     trainer = make_trainer(run.cfg, run.run_dir, **options, **launch,
                            callbacks=[NonFiniteLossGuard(run.run_dir), exporter, ShareRunDirectory(run),
                                       InterruptNotice(run.run_dir, "finetune"), *callbacks])

@@ -378,7 +378,7 @@ def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
             model = merged(whole)
             evaluation = evaluate_chat(model, job.tokenizer, job.template, eval_convs, **job.eval_options)
             exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
-            exporter.export(trainer, whole)  # (with its adapters: the adapter alone is saved too when asked)
+            exporter.export(trainer, whole, final=True)  # (the merged model too, when asked)
     model = model.cpu()  # (the merged copy too, as Lightning leaves a trained module)
     summary = FinetuneSummary(
         steps=trainer.global_step, train_loss=mean_of_last(module.losses)[0], train_losses=list(module.losses),

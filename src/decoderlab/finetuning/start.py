@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_conversations, check_representable,
-                    checkpoint_template, get_template, message_text, template_from_meta)
+                    checkpoint_template, get_template, load_base, load_model, message_text, template_from_meta)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
-from ..gguf import is_gguf_file, load_gguf
-from ..hf import checkpoint_reader
 from ..model import DecoderOnlyTransformer
 from ..model import preset as preset_config
 from ..tokenizers import Tokenizer, build_tokenizer
@@ -82,31 +80,19 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
                    template: str | ChatTemplate | None, convs: list) -> tuple:
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
-    ``preset`` and the ``added_tokens``. ``checkpoint`` is a decoderlab
-    checkpoint or a Hugging Face directory (:func:`decoderlab.hf.checkpoint_reader`), or a GGUF file
-    (:func:`decoderlab.gguf.load_gguf`). A resume builds
-    the run's own model (its config.json; the weights come with the Lightning checkpoint) and tokenizer,
-    refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
+    ``preset`` and the ``added_tokens``. ``checkpoint`` is any kind :func:`decoderlab.chat.load_model` reads (a
+    decoderlab checkpoint or run, a Hugging Face directory, a GGUF file, a LoRA run). A resume builds the run's own
+    model and tokenizer (:func:`_resumed_model`), refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
     template = run_template(run, template, checkpoint)
     checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
     if run.resumed:
-        keep = "a resumed run keeps its model and tokenizer"
-        given = {"base_model": base_model, "tokenizer": tokenizer, "vocab_size": vocab_size,
-                 "model_overrides": model_overrides}
-        if any(v is not None for v in given.values()):
-            named = ", ".join(k for k, v in given.items() if v is not None)
-            raise ValueError(f"cannot resume {run.run_dir} with {named}: {keep}; resume without it, or start a new run")
-        start = {"checkpoint": run.keep("checkpoint", checkpoint, why=keep),
-                 "preset": run.keep("preset", preset, why=keep), "added_tokens": run.info.get("added_tokens", [])}
-        config = read_config(run.run_dir)
-        return DecoderOnlyTransformer(config), Tokenizer.load(run.run_dir / TOKENIZER_FILE), template, start
+        return (*_resumed_model(run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides),
+                template, _resumed_start(run, checkpoint, preset))
     if base_model is not None:
         model, tok = base_model
-    elif checkpoint is not None and is_gguf_file(checkpoint):  # llama.cpp's file, dequantized to float32
-        model, tok, _ = load_gguf(checkpoint)
-    elif checkpoint is not None:
-        model, tok = checkpoint_reader(checkpoint)(checkpoint)
+    elif checkpoint is not None:  # any kind the one loader reads: GGUF dequantized to float32, a LoRA run merged
+        model, tok = load_model(checkpoint)[:2]
     else:
         text = "\n".join(message_text(m) for c in convs for m in c)
         if (tokenizer or DEFAULT_TOKENIZER) == "char":  # the template's own characters, as its special tokens
@@ -118,6 +104,29 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     check_representable(as_conversations(convs), tok)
     model, tok, added = add_chat_tokens(model, tok, template)
     return model.train(), tok, template, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
+
+
+_KEEP = "a resumed run keeps its model and tokenizer"
+
+
+def _resumed_model(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides) -> tuple:
+    """``(model, tokenizer)`` of a resume, refusing another: the run's config.json and tokenizer, its weights
+    from the Lightning checkpoint -- a LoRA run's frozen base from its base, checked (:func:`decoderlab.chat.load_base`;
+    the checkpoint holds the adapters alone)."""
+    given = {"base_model": base_model, "tokenizer": tokenizer, "vocab_size": vocab_size,
+             "model_overrides": model_overrides}
+    if any(v is not None for v in given.values()):
+        named = ", ".join(k for k, v in given.items() if v is not None)
+        raise ValueError(f"cannot resume {run.run_dir} with {named}: {_KEEP}; resume without it, or start a new run")
+    tok = Tokenizer.load(run.run_dir / TOKENIZER_FILE)
+    if run.info.get("base_sha256"):
+        return load_base(run.run_dir, run.info), tok
+    return DecoderOnlyTransformer(read_config(run.run_dir)), tok
+
+
+def _resumed_start(run: Run, checkpoint, preset) -> dict:
+    return {"checkpoint": run.keep("checkpoint", checkpoint, why=_KEEP), "preset": run.keep("preset", preset, why=_KEEP),
+            "added_tokens": run.info.get("added_tokens", [])}
 
 
 def pad_id_for(tokenizer: Tokenizer, template: ChatTemplate) -> int:

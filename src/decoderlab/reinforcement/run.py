@@ -18,9 +18,8 @@ from typing import Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-from ..chat import CHAT_TEMPLATE_KEY, load_model, template_from_meta
+from ..chat import CHAT_TEMPLATE_KEY, load_base, load_model, template_from_meta, weights_dtype
 from ..checkpoint import TOKENIZER_FILE, read_config
 from ..config.defaults import RL_TRAIN
 from ..config.names import DEFAULT_REWARD
@@ -30,8 +29,8 @@ from ..model import DecoderOnlyTransformer
 from ..tokenizers import Tokenizer
 from ..training import (ExportCheckpoint, InterruptNotice, NonFiniteLossGuard, Run, Summary, TrainConfig, fit_run,
                         make_trainer, plan_run)
-from ..training.adapters import ADAPTER_DIR, run_lora
-from ..training.callbacks import LIGHTNING_DIR
+from ..training.adapters import base_pointer, run_lora, run_merge
+from ..training.callbacks import LIGHTNING_DIR, RunCheckpoint
 from ..training.module import frozen_copy
 from ..training.run import RESUME_FIXED
 from ..training.trainer import check_run_options
@@ -80,10 +79,10 @@ class RLSummary(Summary):
     device: str | None = None
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(RunCheckpoint):
     """Lightning checkpoints of a run without validation: ``last.ckpt`` and ``best-step{N}.ckpt`` (the newest,
-    the fallback of a resume when ``last.ckpt`` is damaged) every ``every_n_steps`` optimizer steps and after
-    the last step."""
+    the fallback of a resume when ``last.ckpt`` is damaged; one file under both names) every ``every_n_steps``
+    optimizer steps and after the last step."""
 
     def __init__(self, dirpath, every_n_steps: int):
         super().__init__(dirpath=str(dirpath), filename="best-step{step}", auto_insert_metric_name=False,
@@ -111,6 +110,11 @@ def _start(run: Run, checkpoint, base_model):
         stored = run.info.get("checkpoint")
         if checkpoint is not None and str(Path(checkpoint).resolve()) != stored:
             run.keep("checkpoint", str(Path(checkpoint).resolve()), why="the run's weights started there")
+        if run.info.get("base_sha256"):  # a LoRA run: its base, checked, is the starting model (the reference)
+            model = load_base(run.run_dir, run.info)
+            template = template_from_meta({CHAT_TEMPLATE_KEY: run.info[CHAT_TEMPLATE_KEY]})
+            tok = Tokenizer.load(run.run_dir / TOKENIZER_FILE)
+            return model, tok, template, frozen_copy(model), {"checkpoint": stored}
         if base_model is None and stored is None:
             raise ValueError(f"cannot resume {run.run_dir} without base_model: it started from a model in memory, "
                              f"which is the KL's reference; give the same base_model")
@@ -159,7 +163,7 @@ def _settings(run: Run, prompts, reward, rl_config: RLConfig | None) -> tuple:
 def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
        base_model=None, reward=None, rl_config: RLConfig | None = None, train_config: TrainConfig | None = None,
        config_overrides: dict | None = None, resume: str | os.PathLike | bool | None = None,
-       accelerator: str = "auto", lora: dict | None = None, save_adapter: bool | None = None,
+       accelerator: str = "auto", lora: dict | None = None, merge: bool | None = None,
        callbacks: Sequence[L.Callback] = (), progress_bar: bool | str = True, logger: bool = True):
     """Reinforcement learning of a chat model from a checkable reward; return ``(model, tokenizer, summary)``
     (:class:`RLSummary`; the model merged and in eval mode).
@@ -174,8 +178,9 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
     ``decoderlab.config.RL_TRAIN`` on ``TrainConfig``, plus ``config_overrides``): ``batch_size`` prompts per
     micro-batch, ``accumulate``, ``max_steps``, the optimizer; ``eval_every`` steps between checkpoints. The
     algorithm: :mod:`decoderlab.reinforcement.rollouts` and :mod:`decoderlab.reinforcement.grpo`. ``lora``:
-    ``{"rank", "alpha", "dropout", "targets"}`` trains LoRA adapters only; the checkpoint is written merged (and
-    with ``save_adapter`` the adapter alone in ``out/adapter``). ``resume`` (a run directory, a ``.ckpt`` or
+    ``{"rank", "alpha", "dropout", "targets"}`` trains LoRA adapters only: ``out`` keeps the adapter and a pointer
+    to its base, checked (as :func:`decoderlab.finetuning.finetune`), and with ``merge`` the merged model once at
+    the end, in the base's dtype, in ``out/merged``. ``resume`` (a run directory, a ``.ckpt`` or
     True for ``out``) continues the run with its own prompts, reward, RL settings and adapters (refusing
     others); it samples what the uninterrupted run would have. One process.
 
@@ -195,20 +200,21 @@ def rl(prompts=None, *, out: str | os.PathLike | None = None, checkpoint: str | 
     sampler = RolloutSampler(rows, tok, template, fn, rl_cfg, max_len=model.config.max_len,
                              batch_size=run.cfg.batch_size, accumulate=run.cfg.accumulate, seed=run.cfg.seed)
     settings = run_lora(run, model, lora)
-    save_adapter = bool(save_adapter if save_adapter is not None else run.info.get("save_adapter", False))
+    merge = run_merge(run, merge, settings)
     run.announce()
+    pointer = base_pointer(run, start["checkpoint"], model, tok) if settings else {}  # (after every refusal)
     module = RLModule(model, run.cfg, sampler, reference=reference, kl_coef=rl_cfg.kl_coef)
     meta = {"task": "chat", CHAT_TEMPLATE_KEY: template.to_dict(), "tokenizer": tok.kind, "base": start["checkpoint"],
-            "method": "rl", "reward": info["reward"], **({"lora": settings} if settings else {})}
-    exporter = ExportCheckpoint(run.run_dir, tok, meta, adapter_dir=run.run_dir / ADAPTER_DIR if save_adapter else None,
-                                every_n_steps=run.cfg.eval_every)
+            "method": "rl", "reward": info["reward"], **({"lora": settings} if settings else {}), **pointer}
+    merged_dtype = (weights_dtype(start["checkpoint"]) if start["checkpoint"] else torch.float32) if merge else None
+    exporter = ExportCheckpoint(run.run_dir, tok, meta, merged_dtype=merged_dtype, every_n_steps=run.cfg.eval_every)
     trainer = make_trainer(run.cfg, run.run_dir, accelerator=accelerator, progress_bar=progress_bar, logger=logger,
                            checkpointing=False,
                            callbacks=[NonFiniteLossGuard(run.run_dir), StepCheckpoint(run.run_dir / LIGHTNING_DIR,
                                       run.cfg.eval_every), exporter, InterruptNotice(run.run_dir, "rl"), *callbacks])
     run.record(trainer, model.config, tok, {"devices": 1}, task="chat", method="rl", template=template.name,
                **{CHAT_TEMPLATE_KEY: template.to_dict()}, **info, checkpoint=start["checkpoint"], lora=settings,
-               save_adapter=save_adapter)
+               merge=merge, **pointer)
     seconds = fit_run(trainer, module, run)
     return _finish(trainer, run, module, tok, template, info, rl_cfg, settings, seconds, len(rows),
                    verbose=bool(progress_bar or logger))

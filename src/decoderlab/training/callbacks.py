@@ -1,6 +1,7 @@
 """Lightning callbacks of a language-model run: loss history and tokens per second, exact validation
-metrics, the NaN guard, the Ctrl-C notice and the checkpoint export. (The progress display that reads them is
-:mod:`.progress`.)"""
+metrics, the NaN guard, the checkpoint export, a LoRA run's checkpoints without its base, and the Lightning
+checkpoints whose ``last.ckpt`` is never a copy of the best. (The progress display that reads them is
+:mod:`.progress`; the Ctrl-C notice, :mod:`.interrupted`.)"""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from ..checkpoint import WEIGHTS_FILE, save_checkpoint
-from ..lora import has_lora, merge_lora, save_adapter
+from ..checkpoint import MERGED_DIR, META_FILE, save_adapter_checkpoint, save_checkpoint
+from ..lora import has_lora, merge_lora
 from .strategy import full_model
 from .sums import host_column_sums, sum_over_ranks
 
@@ -268,7 +271,7 @@ class NonFiniteLossGuard(L.Callback):
 
     def raise_error(self, step: int, loss: float, trainer) -> None:
         where = ""
-        if self.run_dir is not None and (Path(self.run_dir) / WEIGHTS_FILE).is_file():
+        if self.run_dir is not None and (Path(self.run_dir) / META_FILE).is_file():
             where = (f"; the last good checkpoint is kept in {self.run_dir} (weights) and "
                      f"{Path(self.run_dir) / LIGHTNING_DIR / LAST_CKPT} (for --resume)")
         elif self.run_dir is not None:
@@ -284,31 +287,38 @@ class ExportCheckpoint(L.Callback):
     place (``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json``), each atomically, from the
     whole weights (gathered from every process first under FSDP).
 
-    A model with LoRA adapters is written merged (:func:`decoderlab.lora.merge_lora`: an ordinary checkpoint),
-    and with ``adapter_dir`` the adapter alone there too (:func:`decoderlab.lora.save_adapter`).
-    ``every_n_steps``: also export after every that many optimizer steps and after the last (a run without
-    validation, as reinforcement learning)."""
+    A model with LoRA adapters is written as its adapter alone (:func:`decoderlab.checkpoint.save_adapter_checkpoint`:
+    ``adapter/`` beside config, tokenizer and meta, whose ``"base"`` and ``"base_sha256"`` -- in ``meta`` -- point
+    to the frozen base): no copy of the base. With ``merged_dtype`` the final export (``export(..., final=True)``)
+    also writes the merged model (:func:`decoderlab.lora.merge_lora`) in that dtype -- the base's -- as an ordinary
+    checkpoint in ``RUN_DIR/merged``. ``every_n_steps``: also export after every that many optimizer steps and
+    after the last, the last one final (a run without validation, as reinforcement learning)."""
 
     def __init__(self, run_dir, tokenizer, meta: dict, metrics: LMMetrics | None = None, *,
-                 adapter_dir=None, every_n_steps: int | None = None):
+                 merged_dtype: torch.dtype | None = None, every_n_steps: int | None = None):
         self.run_dir, self.tokenizer, self.meta, self.metrics = Path(run_dir), tokenizer, dict(meta), metrics
-        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        self.merged_dtype = merged_dtype
         self.every_n_steps = every_n_steps
         self._exported = -1  # the step last exported by on_train_batch_end
 
-    def export(self, trainer, model) -> None:
+    def export(self, trainer, model, *, final: bool = False) -> None:
         """Write the checkpoint of ``model`` (with its whole weights, :func:`~.strategy.full_model`) on
-        global rank 0; nothing elsewhere."""
+        global rank 0; nothing elsewhere. ``final``: the run's last export (the merged model, when asked)."""
         if not trainer.is_global_zero or model is None:
             return
         meta = {**self.meta, "step": trainer.global_step}
         if self.metrics is not None and self.metrics.history:
             meta["val_loss"] = self.metrics.history[-1][1]
-        if has_lora(model):
-            if self.adapter_dir is not None:
-                save_adapter(self.adapter_dir, model)
-            model = merge_lora(model)
-        save_checkpoint(self.run_dir, model, self.tokenizer, meta=meta, inplace=True)
+        if not (has_lora(model) and meta.get("base_sha256")):  # (a LoRA run of an earlier version: merged)
+            save_checkpoint(self.run_dir, merge_lora(model) if has_lora(model) else model, self.tokenizer, meta=meta,
+                            inplace=True)
+            return
+        save_adapter_checkpoint(self.run_dir, model, self.tokenizer, meta=meta)
+        if final and self.merged_dtype is not None:
+            merged = merge_lora(model).to(self.merged_dtype)
+            ordinary = {k: v for k, v in meta.items() if k not in ("base_sha256",)}
+            save_checkpoint(self.run_dir / MERGED_DIR, merged, self.tokenizer,
+                            meta={**ordinary, "merged": str(self.merged_dtype).removeprefix("torch.")})
 
     def on_train_start(self, trainer, pl_module):
         self._exported = trainer.global_step  # (a resumed run: its checkpoint is that step's)
@@ -319,8 +329,67 @@ class ExportCheckpoint(L.Callback):
                 step % self.every_n_steps == 0 or step >= trainer.max_steps):
             return
         self._exported = step
-        self.export(trainer, full_model(trainer, pl_module.model))
+        self.export(trainer, full_model(trainer, pl_module.model), final=step >= trainer.max_steps)
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             self.export(trainer, full_model(trainer, pl_module.model))  # a collective under FSDP
+
+
+class AdapterState(L.Callback):
+    """A LoRA run's Lightning checkpoints hold what trains -- the adapters, and the optimizer's state, which is
+    theirs alone -- and not the frozen base (the run's base checkpoint, put back before a resume restores them):
+    the ``state_dict`` is cut to the trainable parameters, and loaded without requiring the rest. A model without
+    adapters is left as it is."""
+
+    def setup(self, trainer, pl_module, stage):
+        if has_lora(pl_module):
+            pl_module.strict_loading = False  # (the frozen weights come from the base, not the checkpoint)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if has_lora(pl_module):
+            trained = {n for n, p in pl_module.named_parameters() if p.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        if has_lora(pl_module):
+            missing = [n for n, p in pl_module.named_parameters()
+                       if p.requires_grad and n not in checkpoint["state_dict"]]
+            if missing:
+                raise ValueError(f"the checkpoint holds no weights for the adapters {missing[:3]}: it is not this "
+                                 f"LoRA run's")
+
+
+def _hard_link(source: str, target: str) -> None:
+    """``target`` becomes another name of ``source``'s file, atomically (a copy where links are not allowed)."""
+    tmp = f"{target}.link.tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` is never a second copy of ``best-step{N}.ckpt``: when the
+    top-k checkpoint was written at this very step, ``last.ckpt`` becomes a hard link to it (one file on the disk
+    under two names); at a step that is not the best it is its own file, written under a name of its own (a link
+    is dropped first, so the best file is never written through it)."""
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        if not self.save_last:
+            return
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        now = self.format_checkpoint_name(monitor_candidates)  # the top-k file of this step
+        if self.best_model_path == now and self._last_global_step_saved == trainer.global_step:
+            self.last_model_path = last
+            if trainer.is_global_zero:
+                _hard_link(now, last)
+            trainer.strategy.barrier()
+            return
+        if trainer.is_global_zero and os.path.isfile(last) and os.stat(last).st_nlink > 1:
+            os.remove(last)  # a link to an older best: the new last.ckpt is a file of its own
+        trainer.strategy.barrier()
+        super()._save_last_checkpoint(trainer, monitor_candidates)

@@ -124,6 +124,7 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
     tok, model_cfg = _tokenizer_and_config(run, corpus_text, preset, model_preset, tokenizer, vocab_size,
                                            model_overrides)
     run.announce()  # every refusal is behind us
+    _warn_settings(run.cfg)
     dm, val_tokens, bytes_per_token = _data(corpus_text, tok, run.cfg, model_cfg.max_len, cache_dir)
     L.seed_everything(run.cfg.seed, verbose=False)
     model = DecoderOnlyTransformer(model_cfg)
@@ -145,12 +146,15 @@ def train_lm(corpus: str | os.PathLike | None = None, *, text: str | None = None
 
 
 def _check_settings(cfg: TrainConfig) -> None:
-    """Before training: refuse an unknown ``torch.compile`` backend (torch would fail at the first step); warn
-    about a warm-up at least as long as the run."""
+    """Before training: refuse an unknown ``torch.compile`` backend (torch would fail at the first step)."""
     if isinstance(cfg.compile, str):
         backends = torch.compiler.list_backends(exclude_tags=())
         if cfg.compile not in backends:
             raise ValueError(f"compile backend {cfg.compile!r} is not one of this PyTorch's: {', '.join(backends)}")
+
+
+def _warn_settings(cfg: TrainConfig) -> None:
+    """After the run's first lines: warn about a warm-up at least as long as the run."""
     if cfg.warmup >= cfg.max_steps:
         warnings.warn(f"warmup ({cfg.warmup} steps) is at least max_steps ({cfg.max_steps}): the learning rate rises "
                       f"for the whole run and never reaches its peak or decays", UserWarning, stacklevel=3)

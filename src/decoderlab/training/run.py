@@ -8,8 +8,12 @@ needs, each file written atomically::
     run.json                      the run's settings: its TrainConfig, the launch (devices, strategy, nodes),
                                   the task's own (corpus, template, ...), and each resume with what it changed
     summary.json                  what the run reports at the end (the summary's mapping)
-    lightning/                    last.ckpt and best-step{N}.ckpt, for resuming
+    lightning/                    last.ckpt and best-step{N}.ckpt, for resuming (one file under both names
+                                  when the last evaluation is the best)
     logs/                         CSV (and TensorBoard when installed)
+
+A LoRA run writes ``adapter/`` in place of ``model.safetensors`` and points to its base instead of copying it
+(:mod:`.adapters`; its Lightning checkpoints hold the adapters and their optimizer state alone).
 
 Planning (:func:`plan_run`): a new run refuses an ``out`` that holds anything (a run is never written over an
 earlier checkpoint or other files). A resume takes the run's stored ``TrainConfig`` with the overrides on top;
@@ -48,6 +52,8 @@ from ..config.train import TrainConfig
 from .trainer import fit
 
 RUN_FILE = "run.json"
+#: the run.json key of the command line's options (:class:`RecordOptions`; :mod:`decoderlab.cli.resume`)
+OPTIONS_KEY = "options"
 SUMMARY_FILE = "summary.json"
 #: train settings a resumed run cannot change: they define its validation split and its batches
 RESUME_FIXED = ("seed", "val_fraction", "accumulate")
@@ -138,6 +144,12 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None
         ValueError: the checkpoint file given, or every checkpoint of the run, is damaged (naming each file
             and the loader's error).
     """
+    found = _resolve(resume, run_dir)
+    return None if found is None else found[:2]
+
+
+def _resolve(resume, run_dir: Path | None) -> tuple[Path, Path, int] | None:
+    """:func:`resolve_resume` with the checkpoint's step: ``(run_dir, checkpoint, global_step)``."""
     if resume is None or resume is False:
         return None
     if resume is True:
@@ -148,17 +160,17 @@ def resolve_resume(resume: str | os.PathLike | bool | None, run_dir: Path | None
     if path.suffix == ".ckpt":
         if not path.is_file():
             raise FileNotFoundError(f"cannot resume: no checkpoint file {path}")
-        _, why = checkpoint_step(path)
+        step, why = checkpoint_step(path)
         if why is not None:
             raise ValueError(f"cannot resume from {path}: the file is damaged ({why}); resume from the run "
                              f"directory to use its newest intact checkpoint")
         rdir = path.parent.parent if path.parent.name == LIGHTNING_DIR else path.parent
-        return rdir, path
-    return path, _newest_intact(path)
+        return rdir, path, step
+    return (path, *_newest_intact(path))
 
 
-def _newest_intact(path: Path) -> Path:
-    """``lightning/last.ckpt`` of the run directory ``path``, or when it is damaged or missing the intact
+def _newest_intact(path: Path) -> tuple[Path, int]:
+    """``(lightning/last.ckpt of the run directory path, its step)``, or when it is damaged or missing the intact
     ``best-step*.ckpt`` of the highest step (said on stderr). Raises as :func:`resolve_resume`."""
     ckpt = path / LIGHTNING_DIR / LAST_CKPT
     bests = sorted((path / LIGHTNING_DIR).glob("best-step*.ckpt"), key=_step_in_name, reverse=True)
@@ -169,9 +181,9 @@ def _newest_intact(path: Path) -> Path:
         )
     damaged = []  # (file, why)
     if ckpt.is_file():
-        _, why = checkpoint_step(ckpt)
+        step, why = checkpoint_step(ckpt)
         if why is None:
-            return ckpt
+            return ckpt, step
         damaged.append((ckpt, why))
     intact = []  # (step, file)
     for best in bests:
@@ -189,7 +201,7 @@ def _newest_intact(path: Path) -> Path:
                    else f"{ckpt} is missing")
         print(f"decoderlab: {problem}; resuming from {best} (step {step}), the newest intact checkpoint",
               file=sys.stderr)
-    return best
+    return best, step
 
 
 def check_new_run_dir(run_dir: str | os.PathLike) -> None:
@@ -219,6 +231,9 @@ class Run:
         cfg: the run's ``TrainConfig`` (validated).
         info: the resumed run's ``run.json`` ({} for a new run).
         changes: train settings a resume changes: {field: (the run's value, the new value)}.
+        step: the optimizer steps the resumed checkpoint holds (None for a new run).
+        notes: lines a task says about the run (its adapters, ...), printed by :meth:`announce` after the
+            resume's line.
     """
 
     run_dir: Path
@@ -226,6 +241,8 @@ class Run:
     cfg: TrainConfig
     info: dict = dataclasses.field(default_factory=dict)
     changes: dict = dataclasses.field(default_factory=dict)
+    step: int | None = None
+    notes: list = dataclasses.field(default_factory=list)
 
     @property
     def resumed(self) -> bool:
@@ -242,21 +259,27 @@ class Run:
         return stored
 
     def announce(self) -> None:
-        """The line of a resume that changes settings (the first process; after every refusal)."""
-        if self.changes and first_process():
-            print(f"decoderlab: resuming {self.run_dir} from {self.ckpt_path.name} with changed settings: "
-                  f"{', '.join(f'{k} {old!r} -> {new!r}' for k, (old, new) in self.changes.items())}",
-                  file=sys.stderr)
+        """The run's first lines on stderr (the first process; after every refusal): a resume's -- "resuming from
+        step N of max_steps (the checkpoint)" and the settings it changes --, then the :attr:`notes`."""
+        if not first_process():
+            return
+        if self.resumed:
+            changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.changes.items())
+            changed = f"; changed settings: {changed}" if changed else ""
+            print(f"decoderlab: resuming from step {self.step} of {self.cfg.max_steps} ({self.ckpt_path}){changed}",
+                  file=sys.stderr, flush=True)
+        for line in self.notes:
+            print(f"decoderlab: {line}", file=sys.stderr, flush=True)
 
     def record(self, trainer: L.Trainer, model_config, tokenizer, launch: dict, /, **settings) -> None:
         """Global rank 0 writes the run's settings before the first step: a new run its ``config.json``,
         ``tokenizer.json`` and ``run.json`` (the task's ``settings``, the train config and the ``launch``:
-        devices, strategy, num_nodes as given); a resume updates ``run.json`` to the settings now in force, so
-        that a later resume keeps them, and lists the resume with what it changed."""
+        devices, strategy, num_nodes as given); a resume updates ``run.json`` to the settings now in force (the
+        task's ``settings`` too), so that a later resume keeps them, and lists the resume with what it changed."""
         if not trainer.is_global_zero:
             return
         if self.resumed:
-            info = {**self.info, "train_config": self.cfg.to_dict(), **launch}
+            info = {**self.info, **settings, "train_config": self.cfg.to_dict(), **launch}
             info["resumes"] = [*info.get("resumes", []), {"checkpoint": str(self.ckpt_path),
                                                           "changed": {k: list(v) for k, v in self.changes.items()}}]
         else:
@@ -287,7 +310,7 @@ def plan_run(out, resume, train_config: TrainConfig | None = None, config_overri
             ``config.json``; bad config values; a change a resume cannot make (naming it).
     """
     run_dir = Path(out) if out is not None else None
-    resumed = resolve_resume(resume, run_dir)
+    resumed = _resolve(resume, run_dir)
     if resumed is None:
         run_dir = default_run_dir() if run_dir is None else run_dir
         check_new_run_dir(run_dir)
@@ -295,7 +318,7 @@ def plan_run(out, resume, train_config: TrainConfig | None = None, config_overri
         cfg = cfg.replace(**config_overrides) if config_overrides else cfg
         cfg.validate()
         return Run(run_dir, None, cfg)
-    run_dir, ckpt_path = resumed
+    run_dir, ckpt_path, step = resumed
     run_file = run_dir / RUN_FILE
     if not run_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"cannot resume: {run_dir} lacks {RUN_FILE} or {CONFIG_FILE} of a training run")
@@ -316,7 +339,7 @@ def plan_run(out, resume, train_config: TrainConfig | None = None, config_overri
         raise ValueError(f"cannot resume {run_dir} with optimizer={new!r}: the run was trained with "
                          f"optimizer={old!r}, whose state its checkpoint holds; resume with optimizer={old!r}, "
                          f"or start a new run")
-    return Run(run_dir, ckpt_path, cfg, info, changes)
+    return Run(run_dir, ckpt_path, cfg, info, changes, step)
 
 
 class ShareRunDirectory(L.Callback):
@@ -336,6 +359,33 @@ class ShareRunDirectory(L.Callback):
             for cb in trainer.callbacks:
                 if getattr(cb, "run_dir", None) is not None:
                     cb.run_dir = run_dir
+
+
+class RecordOptions(L.Callback):
+    """Adds ``options`` -- the options of the command that runs it, ``{dest: value}``
+    (:mod:`decoderlab.cli.resume`) -- to the run's ``run.json`` under :data:`OPTIONS_KEY` before the first step
+    (global rank 0, after :meth:`Run.record`), so that a resume restores every one of them. The run directory is
+    the trainer's ``default_root_dir`` (:func:`~decoderlab.training.make_trainer`'s ``run_dir``)."""
+
+    def __init__(self, options: dict):
+        self.options = dict(options)
+
+    def on_fit_start(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            path = Path(trainer.default_root_dir) / RUN_FILE
+            info = json.loads(path.read_text(encoding="utf-8"))
+            atomic_write_text(path, json.dumps({**info, OPTIONS_KEY: self.options}, indent=2))
+
+
+def recorded_options(run_dir: str | os.PathLike) -> dict:
+    """The command-line options a run's ``run.json`` records (:class:`RecordOptions`); {} when it records none
+    or cannot be read (the run's own loader names what is wrong with it)."""
+    try:
+        info = json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    options = info.get(OPTIONS_KEY) if isinstance(info, dict) else None
+    return options if isinstance(options, dict) else {}
 
 
 def fit_run(trainer: L.Trainer, module: L.LightningModule, run: Run | None, **fit_kwargs) -> float:

@@ -14,7 +14,7 @@ import lightning as L
 
 from ..config.names import PRECISION_ALIASES
 from ..config.train import TrainConfig
-from .callbacks import LIGHTNING_DIR, FinalValidation
+from .callbacks import LIGHTNING_DIR, AdapterState, FinalValidation, RunCheckpoint
 from .interrupted import TrainingInterrupted
 from .precision import choose_precision, detect_machine, resolve_precision
 from .progress import PlainProgress, StepProgressBar
@@ -83,7 +83,9 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     (:class:`PlainProgress`), False for none), a CSV logger (and TensorBoard when installed) under
     ``run_dir/logs`` whose ``step`` is the number of optimizer steps done, and ``ModelCheckpoint`` keeping the
     best (lowest ``val_loss``) and the last Lightning checkpoint in ``run_dir/lightning``
-    (``best-step{N}.ckpt``: N steps done), both written at every validation, each with the random state of
+    (``best-step{N}.ckpt``: N steps done; one file under both names when the last is the best:
+    :class:`~.callbacks.RunCheckpoint`; a LoRA run's without its frozen base: :class:`~.callbacks.AdapterState`),
+    both written at every validation, each with the random state of
     every process (:class:`~decoderlab.training.random_state.RandomState`: a resume with dropout is exact). ``devices``, ``num_nodes`` and
     ``accelerator`` go to Lightning unchanged, ``strategy`` too ("auto", "ddp", ...) except "fsdp":
     decoderlab's FSDP2 (:mod:`decoderlab.training.strategy`). The precision is ``cfg.precision``, "auto"
@@ -98,7 +100,8 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     check_run_options(cfg, strategy, accelerator)
     precision = choose_precision(cfg.precision, accelerator, strategy=str(strategy))
     run_dir = Path(run_dir) if run_dir is not None else None
-    cbs = [*callbacks, FinalValidation(), RandomState()]  # dropout's generators saved and restored: exact resume
+    # dropout's generators saved and restored (an exact resume); a LoRA run's checkpoints without its frozen base
+    cbs = [*callbacks, FinalValidation(), RandomState(), AdapterState()]
     if progress_bar not in (True, False, "plain"):
         raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
     bar = progress_bar is True
@@ -110,9 +113,9 @@ def make_trainer(cfg: TrainConfig, run_dir: str | os.PathLike | None = None, *, 
     if loggers:
         cbs.append(LearningRateMonitor(logging_interval="step"))
     if checkpointing and run_dir is not None:
-        cbs.append(ModelCheckpoint(dirpath=str(run_dir / LIGHTNING_DIR), filename="best-step{step}",
-                                   auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
-                                   save_last=True, enable_version_counter=False))  # always last.ckpt, never last-v1
+        cbs.append(RunCheckpoint(dirpath=str(run_dir / LIGHTNING_DIR), filename="best-step{step}",
+                                 auto_insert_metric_name=False, monitor="val_loss", mode="min", save_top_k=1,
+                                 save_last=True, enable_version_counter=False))  # always last.ckpt, never last-v1
     return L.Trainer(
         accelerator=accelerator, devices=devices, strategy=build_strategy(strategy), num_nodes=num_nodes,
         precision=PRECISION_ALIASES[precision],
