@@ -289,3 +289,41 @@ def test_checkpoint_help_names_every_family_and_a_file_that_is_no_checkpoint_say
     assert capsys.readouterr().err == (
         f"decoderlab: error: checkpoint {tmp_path / 'README.md'} is a file but not a GGUF file (.gguf); a checkpoint is a decoderlab "
         "run or checkpoint directory, a Hugging Face directory or a .gguf file\n")
+
+
+# ---- the files a command writes beside its output ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def glass_files(tmp_path_factory):
+    """What every command with --png / --html reads: a tiny checkpoint, a watched run, an SAE run on it."""
+    from decoderlab.dictionary import SAETrainConfig, train_sae
+
+    from .glass_runs import save_tiny
+    from .test_explain import _watched_run
+
+    root = tmp_path_factory.mktemp("glass-files")
+    save_tiny(root / "ckpt")
+    (root / "words.txt").write_text("the cat sat on the mat, and the dog ran. " * 40, encoding="utf-8")
+    train_sae(root / "ckpt", SAETrainConfig(hook="blocks.0.hook_resid_post", width=1, k=2, tokens=64,
+                                            batch_tokens=32), out=root / "sae", data=str(root / "words.txt"),
+              progress_bar=False)
+    return {"ckpt": root / "ckpt", "run": _watched_run(root / "run"), "sae": root / "sae"}
+
+
+@pytest.mark.parametrize("command", ["explain", "explain --run", "lens", "heads", "patch", "features"])
+def test_every_png_and_html_file_is_announced_in_one_line(command, glass_files, tmp_path, capsys):
+    """Each command said where it wrote its --html in its own words ("wrote HTML report to", "wrote PATH", ...),
+    or not where the reader looked; now one line each, after the printed output: wrote the PNG / HTML page to
+    PATH."""
+    from .glass_runs import run
+
+    ckpt = ("--checkpoint", glass_files["ckpt"])
+    argv = {"explain": ("explain", *ckpt, "the cat"), "explain --run": ("explain", "--run", glass_files["run"]),
+            "lens": ("lens", *ckpt, "the cat"), "heads": ("heads", *ckpt),
+            "patch": ("patch", *ckpt, "--clean", "the cat", "--corrupt", "the dog"),
+            "features": ("features", "--sae", glass_files["sae"], "--feature", "0", "--tokens", "64")}[command]
+    png, page = tmp_path / "f.png", tmp_path / "f.html"
+    status, out, err = run(capsys, *argv, "--png", png, "--html", page)
+    assert status == 0, err
+    assert out.endswith(f"\nwrote the PNG to {png}\nwrote the HTML page to {page}\n"), out[-300:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and page.read_text(encoding="utf-8").startswith("<!")

@@ -83,7 +83,7 @@ def test_cli_explain_says_which_files_it_wrote(statquest_checkpoint, tmp_path, d
     r = decoderlab_cli("explain", "--checkpoint", statquest_checkpoint, "what is statquest <EOS>", "--png", "a.png",
                        "--html", "report.html", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.splitlines()[-2:] == ["wrote attention heatmaps to a.png", "wrote HTML report to report.html"]
+    assert r.stdout.splitlines()[-2:] == ["wrote the PNG to a.png", "wrote the HTML page to report.html"]
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "report.html").stat().st_size > 0
 
 

@@ -7,7 +7,7 @@ import re
 
 from .argtypes import number
 from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, dest, progress_mode, run_out,
-                      set_threads)
+                      say_wrote, set_threads)
 
 #: the library's field names at the start of its messages -> the flags
 _FLAGS = {"hook": "--hook", "width": "--width", "k": "--k", "tokens": "--tokens", "batch_tokens": "--batch-tokens",
@@ -111,6 +111,8 @@ def cmd_features(args) -> int:
     d = feature_dashboard(opened.model, opened.sae, opened.hook, args.feature, windows[:, :-1],
                           n_contexts=args.contexts)
     print(dashboard_text(d, opened.tokenizer))
-    for path in save_dashboard(d, opened.tokenizer, png=args.png, html=args.html):
-        print(f"wrote {path}")
+    save_dashboard(d, opened.tokenizer, png=args.png, html=args.html)
+    for path, kind in ((args.png, "png"), (args.html, "html")):
+        if path:
+            say_wrote(path, kind)
     return 0

@@ -279,6 +279,16 @@ def say_gguf(meta: dict) -> None:
               file=sys.stderr, flush=True)
 
 
+#: what a --png / --html file is called in the line that says where it was written
+WRITTEN = {"png": "PNG", "html": "HTML page"}
+
+
+def say_wrote(path, kind: str) -> None:
+    """The one line every command says of a ``--png`` / ``--html`` file (``kind``) it wrote: ``wrote the HTML page
+    to PATH`` on standard output, after what it printed -- as export, sae and tasks name the files they write."""
+    print(f"wrote the {WRITTEN[kind]} to {path}", flush=True)
+
+
 def no_chat_template(directory) -> ValueError:
     return ValueError(f"--chat needs a chat checkpoint (written by `decoderlab finetune`); {directory} has no chat "
                       f"template in its meta.json")
