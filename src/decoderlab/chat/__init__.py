@@ -17,7 +17,8 @@ layout it was trained on.
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
 - :mod:`.calculator`: the built-in ``calculator`` tool (a syntax-tree walker, never ``eval``) and ``TOOLS``;
 - :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back;
-- :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together.
+- :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together;
+  ``checkpoint_kind``, what a path is to it (the one message for a path that is no checkpoint).
 
 Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and reads checkpoints), below
 ``finetuning``, the server and the CLI; it never imports Lightning.
@@ -25,7 +26,7 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
 from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
-from .loading import LoadedModel, checkpoint_template, load_model
+from .loading import LoadedModel, checkpoint_kind, checkpoint_template, load_model
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
 from .templates import (TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template, parse_tool_call,
@@ -38,7 +39,7 @@ from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, run_tool_turn
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
-    "LoadedModel", "load_model", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
+    "LoadedModel", "load_model", "checkpoint_kind", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
     "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",

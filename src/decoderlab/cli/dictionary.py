@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from .argtypes import number
-from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, dest, progress_mode, run_out,
-                      say_wrote, set_threads)
+from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, check_checkpoint, dest,
+                      progress_mode, run_out, say_wrote, set_threads)
 
 #: the library's field names at the start of its messages -> the flags
 _FLAGS = {"hook": "--hook", "width": "--width", "k": "--k", "tokens": "--tokens", "batch_tokens": "--batch-tokens",
@@ -52,6 +52,7 @@ def add_sae(p) -> None:
 
 
 def cmd_sae(args) -> int:
+    check_checkpoint(args.checkpoint)
     from ..dictionary import SAETrainConfig, train_sae
     from ..dictionary.run import DEFAULT_LR
 

@@ -89,7 +89,7 @@ def cmd_explain(args) -> int:
         print(explain_example(args.example))
         return 0
     if args.checkpoint is None or args.text is None:
-        raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
+        raise ValueError("give --example NAME, or --checkpoint PATH and a TEXT")
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat")
     model, tok, template, _ = load_model(args)
