@@ -96,10 +96,10 @@ def test_bad_inputs_are_one_error_line(lm, tmp_path, capsys, statquest_checkpoin
     msg = one_error_line(capsys, *base, "--hook", "blocks.5.hook_resid_post", "--out", tmp_path / "a")
     assert msg.startswith("--hook 'blocks.5.hook_resid_post' is not a hook point of this model; valid hooks: "
                           "hook_embed, ") and "blocks.1.hook_resid_post" in msg
-    for flag, value, want in (("--width", "0", "--width must be a positive integer"),
-                              ("--width", "-3", "--width must be a positive integer"),
-                              ("--k", "0", "--k must be a positive integer"),
-                              ("--k", "-2", "--k must be a positive integer"),
+    for flag, value, want in (("--width", "0", "--width must be >= 1, got 0 (see decoderlab sae --help)"),
+                              ("--width", "-3", "--width must be >= 1, got -3"),
+                              ("--k", "0", "--k must be >= 1, got 0"),
+                              ("--k", "-2", "--k must be >= 1, got -2"),
                               ("--k", "200", "--k must be at most the number of features width x d_in = 8 x 16 "
                                              "= 128, got 200")):
         assert one_error_line(capsys, *base, flag, value, "--out", tmp_path / "b").startswith(want)
@@ -119,3 +119,47 @@ def test_features_out_of_range_is_one_error_line(lm, tmp_path, capsys):
     assert one_error_line(capsys, "features", "--sae", out, "--feature", "-1").startswith(
         "--feature -1 is out of range")
     assert "is not an SAE directory" in one_error_line(capsys, "features", "--sae", tmp_path, "--feature", "0")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random Llama written as a GGUF file (2 layers, max_len 64; tests/support/gguf_files.py) and a text
+    of a few thousand of its tokens."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    import random
+
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    root = tmp_path_factory.mktemp("sae-gguf")
+    bpe = byte_level_bpe(300)
+    write_gguf(root / "tiny.gguf", "llama", hf_model("llama", bpe.get_vocab_size()), bpe)
+    rng = random.Random(0)
+    words = "the king and queen of the realm spoke to the people about bread and peace".split()
+    (root / "words.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(120)))
+    return root / "tiny.gguf", root / "words.txt"
+
+
+def test_sae_on_a_gguf_file_without_hook_reads_its_middle_layer(tiny_gguf, tmp_path, capsys):
+    """`sae --checkpoint x.gguf` without --hook said "x.gguf/config.json does not exist": the default hook was read
+    from a directory's config.json only."""
+    path, words = tiny_gguf
+    status, printed, err = run(capsys, "sae", "--checkpoint", path, "--data", words, "--tokens", "256",
+                               "--batch-tokens", "128", "--width", "1", "--k", "4", "--out", tmp_path / "sae")
+    assert status == 0, err
+    sae, settings = load_sae_run(tmp_path / "sae")
+    assert settings["config"]["hook"] == sae.metadata["hook_name"] == "blocks.1.hook_resid_post"  # 2 layers // 2
+    assert settings["checkpoint"] == str(path.resolve()) and "CE loss recovered" in printed
+
+
+def test_sae_names_a_bad_value_before_the_checkpoint_hides_it(tiny_gguf, tmp_path, capsys):
+    """The GGUF file's config.json message hid `--tokens 0` and a 12-byte --data; now --tokens is named as the line
+    is parsed, and a corpus too short for a training and a held-out window before training, not after it."""
+    path, _ = tiny_gguf
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("twelve bytes")
+    assert one_error_line(capsys, "sae", "--checkpoint", path, "--data", tiny, "--tokens", "0", "--out",
+                          tmp_path / "a") == "--tokens must be >= 1, got 0 (see decoderlab sae --help)"
+    msg = one_error_line(capsys, "sae", "--checkpoint", path, "--data", tiny, "--out", tmp_path / "b")
+    assert msg.startswith(f"--data {tiny} is too short: its ") and "needs one window of 65 tokens" in msg, msg
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
