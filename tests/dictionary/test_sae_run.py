@@ -91,6 +91,39 @@ def test_sae_and_features_commands(lm, tmp_path, capsys):
     assert "Top activating contexts" in page.read_text()
 
 
+def test_progress_and_evaluation_count_dead_features_by_one_measure(lm, tmp_path, capsys):
+    """`sae` ended its progress with "dead 0/1152" and its table with "dead features 84%": the lines counted the
+    features that had not fired for dead_steps steps (which each resampling resets), the table those that fired on
+    none of the held-out tokens. Now both count the features that fired on none of the last N tokens, named, the
+    lines over as many training tokens as the evaluation reads (512 here: 2 steps of 256)."""
+    import re
+
+    r = train_sae(lm, _cfg(eval_tokens=512), out=tmp_path / "sae", progress_bar="plain")
+    printed = capsys.readouterr().out
+    steps = re.findall(r"^step +(\d)/8 .* dead (\d+)/64 \(fired on none of the last ([\d,]+) tokens\) ", printed, re.M)
+    assert [s[0] for s in steps] == ["4", "8"] and steps[-1][2] == "512"
+    table = re.search(r"^dead \(fired on none of the 512 tokens\) +(\d+)/64 \(", r.evaluation.table(), re.M)
+    assert table and int(table.group(1)) == r.evaluation.dead_features
+    summary = json.loads((tmp_path / "sae" / "sae_run.json").read_text())["summary"]
+    assert (summary["dead_in_training"], summary["dead_in_training_tokens"]) == (int(steps[-1][1]), 512)
+
+
+def test_a_resampled_feature_that_has_not_fired_since_stays_dead_in_the_count():
+    """The count of the progress lines is the last step each feature fired, which a resampling does not move (the
+    resampling's own counter restarts: dead() is for AuxK and the next resampling)."""
+    from decoderlab.dictionary.module import SAEModule
+    from decoderlab.glassbox.sae import SparseAutoencoder
+
+    module = SAEModule(SparseAutoencoder(4, 4, 2, seed=0), torch.nn.Linear(1, 1), HOOK, lr=1e-3, steps=10,
+                       dead_steps=3)
+    module.steps_done.fill_(10)
+    module.last_fired.copy_(torch.tensor([0, 3, 7, 10]))  # never, at step 3, 7 and 10
+    module.steps_since_fired.zero_()  # as right after a resampling
+    assert int(module.dead().sum()) == 0
+    assert module.fired_on_none(4) == (2, 4)  # none of steps 7..10: the first two
+    assert module.fired_on_none(50) == (1, 10)  # a window longer than the run: all its steps
+
+
 def test_bad_inputs_are_one_error_line(lm, tmp_path, capsys, statquest_checkpoint):
     base = ("sae", "--checkpoint", lm, "--tokens", "1024", "--batch-tokens", "256")
     msg = one_error_line(capsys, *base, "--hook", "blocks.5.hook_resid_post", "--out", tmp_path / "a")

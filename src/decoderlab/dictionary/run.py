@@ -55,7 +55,8 @@ class SAETrainConfig:
         dead_steps: a feature that has not fired for this many steps is dead.
         resample_every: resample dead features every this many steps (0: never), until 3/4 of the run.
         checkpoint_every: steps between resumable checkpoints.
-        eval_tokens: held-out tokens of the final evaluation.
+        eval_tokens: held-out tokens of the final evaluation (and the span the progress lines count dead
+            features over).
         seed: the SAE's initialisation, the batches and the resampling.
     """
 
@@ -252,9 +253,12 @@ def _train(out: Path, model, cfg: SAETrainConfig, settings: dict, train, val, *,
     dm = TokenDataModule(train, val, max_len=context, batch_size=cfg.batch_tokens // context, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / SAE_RUN_FILE, json.dumps(settings, indent=2))
+    tokens_per_step = (cfg.batch_tokens // context) * context
+    # the span the progress lines count dead features over: as many tokens as the final evaluation reads
+    window = max(1, round(windows.size(0) * context / tokens_per_step))
     callbacks = [SaveEvery(out, cfg.checkpoint_every), *callbacks]
     if progress_bar == "plain":
-        callbacks.append(SAEProgress(steps, cfg.log_every, (cfg.batch_tokens // context) * context))
+        callbacks.append(SAEProgress(steps, cfg.log_every, tokens_per_step, window))
     elif progress_bar:
         callbacks.append(StepProgressBar(steps))
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -266,7 +270,8 @@ def _train(out: Path, model, cfg: SAETrainConfig, settings: dict, train, val, *,
         warnings.filterwarnings("ignore", message=_HANDLED_WARNINGS)
         fit(trainer, module, datamodule=dm, ckpt_path=None if ckpt is None else str(ckpt), weights_only=False)
     seconds = time.perf_counter() - t0
-    return _finish(out, model, module, windows, settings, seconds)
+    dead = module.fired_on_none(window)
+    return _finish(out, model, module, windows, settings, seconds, (dead[0], dead[1] * tokens_per_step))
 
 
 def _d_in(model, hook: str) -> int:
@@ -275,12 +280,15 @@ def _d_in(model, hook: str) -> int:
     return int(hook_activations(model, torch.zeros(1, 1, dtype=torch.long), hook).shape[-1])
 
 
-def _finish(out: Path, model, module: SAEModule, windows, settings: dict, seconds: float) -> SAERun:
-    """The held-out evaluation, the SAELens files and the summary in ``sae_run.json``."""
+def _finish(out: Path, model, module: SAEModule, windows, settings: dict, seconds: float,
+            dead_in_training: tuple[int, int]) -> SAERun:
+    """The held-out evaluation, the SAELens files and the summary in ``sae_run.json``; ``dead_in_training``:
+    (features that fired on none of the last tokens of training, those tokens), the progress lines' measure."""
     sae = module.sae.eval()
     ev = evaluate_sae(model, sae, module.hook, windows)
     sae.save(out, log_sparsity=torch.log10(ev.density.double() + 1e-10))
-    summary = {**ev.to_dict(), "dead_in_training": int(module.dead().sum()), "resampled": module.resampled,
+    summary = {**ev.to_dict(), "dead_in_training": dead_in_training[0],
+               "dead_in_training_tokens": dead_in_training[1], "resampled": module.resampled,
                "train_seconds": seconds, "steps": int(module.steps_done)}
     atomic_write_text(out / SAE_RUN_FILE, json.dumps({**settings, "summary": summary}, indent=2))
     return SAERun(sae, out, ev, module.resampled, seconds)

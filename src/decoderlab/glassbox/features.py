@@ -156,13 +156,20 @@ class SAEEvaluation:
     ce_loss_recovered: float
     density: torch.Tensor = field(repr=False)
 
+    @property
+    def dead_features(self) -> int:
+        """The features that fired on none of these tokens (``dead_share`` x d_sae): the measure training's
+        progress lines count over as many of its last tokens."""
+        return int((self.density == 0).sum())
+
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "density"}
 
     def table(self) -> str:
         rows = [("tokens", f"{self.tokens}"), ("L0 (active features per token)", f"{self.l0:.2f}"),
                 ("explained variance", f"{self.explained_variance:.4f}"), ("MSE", f"{self.mse:.5g}"),
-                ("dead features", f"{100 * self.dead_share:.2f}%"),
+                (f"dead (fired on none of the {self.tokens:,} tokens)",
+                 f"{self.dead_features:,}/{self.density.numel():,} ({100 * self.dead_share:.2f}%)"),
                 ("CE clean / with SAE / zero-ablated (nats)",
                  f"{self.ce_clean:.4f} / {self.ce_sae:.4f} / {self.ce_zero:.4f}"),
                 ("CE loss recovered", f"{self.ce_loss_recovered:.4f}")]
