@@ -124,6 +124,26 @@ def test_a_resampled_feature_that_has_not_fired_since_stays_dead_in_the_count():
     assert module.fired_on_none(50) == (1, 10)  # a window longer than the run: all its steps
 
 
+def test_the_evaluation_says_where_it_is(lm, tmp_path, capsys):
+    """`sae` evaluated for 3.5 minutes after its last progress line: now a line as the evaluation starts, one at
+    most every 5 s with the time left measured (likely none in a run this short: any there must read so), and
+    one when it ends."""
+    import re
+
+    status, printed, err = run(capsys, "sae", "--checkpoint", lm, "--hook", HOOK, "--width", "2", "--k", "3",
+                               "--tokens", "512", "--batch-tokens", "256", "--out", tmp_path / "sae")
+    assert status == 0, err
+    lines = printed.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("evaluation: "))
+    end = next(i for i, ln in enumerate(lines) if re.match(r"evaluation [\d,]+/[\d,]+ held-out tokens in ", ln))
+    n = re.fullmatch(r"evaluation: ([\d,]+) held-out tokens \.\.\.", lines[start]).group(1)
+    assert lines[start - 1].startswith("step 2/2 ") and lines[end + 1].startswith("tokens ") and start < end
+    assert re.search(r"tokens/s  elapsed \d+:\d\d  ETA 0:00$", lines[start - 1])  # training's lines, measured too
+    assert re.fullmatch(rf"evaluation {n}/{n} held-out tokens in \d+:\d\d", lines[end])
+    for line in lines[start + 1:end]:
+        assert re.fullmatch(rf"evaluation [\d,]+/{n} held-out tokens  elapsed \d+:\d\d  ETA \d+:\d\d", line)
+
+
 def test_bad_inputs_are_one_error_line(lm, tmp_path, capsys, statquest_checkpoint):
     base = ("sae", "--checkpoint", lm, "--tokens", "1024", "--batch-tokens", "256")
     msg = one_error_line(capsys, *base, "--hook", "blocks.5.hook_resid_post", "--out", tmp_path / "a")

@@ -108,6 +108,15 @@ def test_the_evaluation_names_its_dead_measure(model, windows):
     assert re.search(f"^{re.escape(label)} +{re.escape(value)}$", ev.table(), re.M), ev.table()
 
 
+def test_the_evaluation_says_how_it_goes(model, windows):
+    """The evaluation ran minutes in silence after training's last line: now ``progress`` hears each batch's
+    tokens (``decoderlab sae`` prints lines of them)."""
+    heard = []
+    evaluate_sae(model, SparseAutoencoder(16, 64, 4, seed=0, dtype=torch.float64), HOOK, windows, batch_size=7,
+                 progress=heard.append)
+    assert heard == [min(i + 7, windows.size(0)) * 12 for i in range(0, windows.size(0), 7)]
+
+
 def test_ablation_and_steering_change_the_activation_as_defined(model, windows):
     sae = SparseAutoencoder(16, 64, 8, seed=2, dtype=torch.float64)
     ids = windows[:2, :-1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from ..glassbox.features import hook_activations
 from ..glassbox.sae import SparseAutoencoder, resample_dead, sae_losses
+from ..output import clock, print_line
 
 logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(
     lambda record: "weights_only" not in record.getMessage())
@@ -155,33 +155,38 @@ class SaveEvery(L.Callback):
 
 
 class SAEProgress(L.Callback):
-    """A line every ``every`` steps: ``step 100/488  mse 1.234  L0 32.0  dead 3/1024 (fired on none of the last
-    65,536 tokens)  9,100 tokens/s``. Dead is :meth:`SAEModule.fired_on_none` over ``window`` steps -- as many
-    tokens as the final evaluation reads, so the two numbers measure one thing."""
+    """A line every ``every`` steps, and whenever ``seconds`` passed since the last one (no long silence when
+    steps are slow), and at the last step::
 
-    def __init__(self, steps: int, every: int, tokens_per_step: int, window: int = 1, stream=None):
+        step 100/488  mse 1.234  auxk 0.01  L0 32.0  dead 3/1024 (fired on none of the last 65,536 tokens)
+        9,100 tokens/s  elapsed 0:45  ETA 2:55
+
+    (on one line). Dead is :meth:`SAEModule.fired_on_none` over ``window`` steps -- as many tokens as the final
+    evaluation reads, so the two numbers measure one thing; the ETA is this session's time per step times the
+    steps left, measured."""
+
+    def __init__(self, steps: int, every: int, tokens_per_step: int, window: int = 1, stream=None,
+                 seconds: float = 5.0):
         self.steps, self.every, self.tokens_per_step = int(steps), max(1, int(every)), int(tokens_per_step)
-        self.window, self.stream = max(1, int(window)), stream
-        self._t = 0.0
-        self._step = 0
+        self.window, self.stream, self.seconds = max(1, int(window)), stream, float(seconds)
+        self._t = self._t0 = 0.0
+        self._step = self._step0 = 0
 
     def on_train_start(self, trainer, pl_module):
-        self._t, self._step = time.perf_counter(), trainer.global_step
+        self._t = self._t0 = time.perf_counter()
+        self._step = self._step0 = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step % self.every and step != self.steps:
+        step, now = trainer.global_step, time.perf_counter()
+        if step % self.every and step != self.steps and now - self._t < self.seconds:
             return
-        now = time.perf_counter()
         rate = (step - self._step) * self.tokens_per_step / max(now - self._t, 1e-9)
         self._t, self._step = now, step
         m = pl_module.last
         extra = f"  l1 {m['l1']:.4g}" if "l1" in m else f"  auxk {m.get('auxk', 0.0):.4g}"
         dead, steps = pl_module.fired_on_none(self.window)
-        line = (f"step {step:>{len(str(self.steps))}}/{self.steps}  mse {m['mse']:.5g}{extra}  L0 {m['l0']:.1f}  "
-                f"dead {dead}/{pl_module.sae.d_sae} (fired on none of the last {steps * self.tokens_per_step:,} "
-                f"tokens)  {rate:,.0f} tokens/s")
-        try:
-            print(line, file=self.stream or sys.stdout, flush=True)
-        except BrokenPipeError:
-            pass
+        elapsed = now - self._t0
+        eta = elapsed / max(step - self._step0, 1) * (self.steps - step)
+        print_line(f"step {step:>{len(str(self.steps))}}/{self.steps}  mse {m['mse']:.5g}{extra}  L0 {m['l0']:.1f}  "
+                   f"dead {dead}/{pl_module.sae.d_sae} (fired on none of the last {steps * self.tokens_per_step:,} "
+                   f"tokens)  {rate:,.0f} tokens/s  elapsed {clock(elapsed)}  ETA {clock(eta)}", self.stream)

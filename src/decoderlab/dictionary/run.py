@@ -27,6 +27,7 @@ import torch
 from ..files import atomic_write_text
 from ..glassbox.features import SAEEvaluation, evaluate_sae, held_out_windows
 from ..glassbox.sae import SparseAutoencoder, check_sae_hook, check_sae_size, load_sae
+from ..output import ProgressLines
 from .module import LAST_CKPT, LIGHTNING_DIR, SAEModule, SAEProgress, SaveEvery
 
 SAE_RUN_FILE = "sae_run.json"
@@ -185,7 +186,7 @@ def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, 
     settings, repeating what the uninterrupted run would have done. ``checkpoint``: whatever
     :func:`decoderlab.load` reads (a decoderlab checkpoint or run directory, a Hugging Face directory, a GGUF
     file). ``progress_bar``, as ``train_lm``'s: True (a bar counting steps, with the MSE and L0), "plain" (a line
-    every ``cfg.log_every`` steps) or False.
+    every ``cfg.log_every`` steps) or False; with either of the first two the final evaluation says how it goes.
     ``hook``: the hook when no ``cfg`` is given (None: :func:`default_hook`).
 
     Every setting, the output directory and the corpus are checked before the model is loaded; the hook, the
@@ -271,7 +272,8 @@ def _train(out: Path, model, cfg: SAETrainConfig, settings: dict, train, val, *,
         fit(trainer, module, datamodule=dm, ckpt_path=None if ckpt is None else str(ckpt), weights_only=False)
     seconds = time.perf_counter() - t0
     dead = module.fired_on_none(window)
-    return _finish(out, model, module, windows, settings, seconds, (dead[0], dead[1] * tokens_per_step))
+    return _finish(out, model, module, windows, settings, seconds, (dead[0], dead[1] * tokens_per_step),
+                   progress=bool(progress_bar))
 
 
 def _d_in(model, hook: str) -> int:
@@ -281,11 +283,15 @@ def _d_in(model, hook: str) -> int:
 
 
 def _finish(out: Path, model, module: SAEModule, windows, settings: dict, seconds: float,
-            dead_in_training: tuple[int, int]) -> SAERun:
-    """The held-out evaluation, the SAELens files and the summary in ``sae_run.json``; ``dead_in_training``:
-    (features that fired on none of the last tokens of training, those tokens), the progress lines' measure."""
+            dead_in_training: tuple[int, int], progress: bool) -> SAERun:
+    """The held-out evaluation (with lines saying how it goes when ``progress``), the SAELens files and the
+    summary in ``sae_run.json``; ``dead_in_training``: (features that fired on none of the last tokens of
+    training, those tokens), the progress lines' measure."""
     sae = module.sae.eval()
-    ev = evaluate_sae(model, sae, module.hook, windows)
+    lines = None
+    if progress:
+        lines = ProgressLines("evaluation", windows.size(0) * (windows.size(1) - 1), "held-out tokens").start()
+    ev = evaluate_sae(model, sae, module.hook, windows, progress=None if lines is None else lines.update)
     sae.save(out, log_sparsity=torch.log10(ev.density.double() + 1e-10))
     summary = {**ev.to_dict(), "dead_in_training": dead_in_training[0],
                "dead_in_training_tokens": dead_in_training[1], "resampled": module.resampled,

@@ -204,12 +204,14 @@ def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor, *, batch_size: int = 32
-                 ) -> SAEEvaluation:
+def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor, *, batch_size: int = 32,
+                 progress=None) -> SAEEvaluation:
     """SAELens's evaluation of ``sae`` at ``hook`` over ``windows`` (n, T + 1) of held-out token ids
     (:func:`held_out_windows`): per batch one clean pass (the activations and CE), one with the reconstruction
     spliced in (:func:`splice_sae`, through ``forward_with_hooks`` as ``run_with_hooks``) and one with the
-    activation zero-ablated; sums in float64. Raises ``ValueError`` for an unknown hook or bad ids."""
+    activation zero-ablated; sums in float64. ``progress``: called after each batch with the tokens evaluated
+    so far (of n x T; e.g. :meth:`decoderlab.output.ProgressLines.update`). Raises ``ValueError`` for an unknown
+    hook or bad ids."""
     model = hook_model(model)
     sums = _Sums(sae.d_sae)
     for i in range(0, windows.size(0), batch_size):
@@ -228,6 +230,8 @@ def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor
         sums.ce["clean"] += _ce_sum(clean, targets)
         sums.ce["sae"] += _ce_sum(forward_with_hooks(model, ids, [splice_sae(sae, hook)]), targets)
         sums.ce["zero"] += _ce_sum(forward_with_hooks(model, ids, [_zero(hook)]), targets)
+        if progress is not None:
+            progress(sums.n)
     return _evaluation(sums)
 
 
