@@ -11,6 +11,7 @@ import torch
 from tiny_runs import StopAt, cache, one_thread, text  # noqa: F401 -- fixtures
 
 from decoderlab.dictionary import SAETrainConfig, load_sae_run, train_sae
+from decoderlab.dictionary.run import EVAL_BATCH
 from decoderlab.glassbox.features import evaluate_sae, held_out_windows
 from decoderlab.glassbox.sae import SAE_CFG_FILE, SAE_WEIGHTS_FILE, SPARSITY_FILE
 from decoderlab.training import TrainConfig, train_lm
@@ -57,7 +58,7 @@ def test_train_sae_writes_saelens_files_and_its_evaluation(lm, tmp_path):
     loaded = load_model(lm)
     corpus = json.loads((lm / "run.json").read_text())["corpus"]
     _, val = split_tokens(corpus_tokens(open(corpus, encoding="utf-8").read(), loaded.tokenizer), 0.1)
-    ev = evaluate_sae(loaded.model, sae, HOOK, held_out_windows(val, 16, 32))
+    ev = evaluate_sae(loaded.model, sae, HOOK, held_out_windows(val, 16, 32), batch_size=EVAL_BATCH)
     assert ev.explained_variance == pytest.approx(summary["explained_variance"], abs=1e-9)
     assert ev.ce_loss_recovered == pytest.approx(summary["ce_loss_recovered"], abs=1e-9)
 

@@ -109,12 +109,15 @@ def test_the_evaluation_names_its_dead_measure(model, windows):
 
 
 def test_the_evaluation_says_how_it_goes(model, windows):
-    """The evaluation ran minutes in silence after training's last line: now ``progress`` hears each batch's
-    tokens (``decoderlab sae`` prints lines of them)."""
+    """The evaluation ran minutes in silence after training's last line: now ``progress`` hears the tokens done
+    after each of a batch's three passes, a third of the batch each (``decoderlab sae`` prints lines of them)."""
     heard = []
     evaluate_sae(model, SparseAutoencoder(16, 64, 4, seed=0, dtype=torch.float64), HOOK, windows, batch_size=7,
                  progress=heard.append)
-    assert heard == [min(i + 7, windows.size(0)) * 12 for i in range(0, windows.size(0), 7)]
+    ends = [min(i + 7, windows.size(0)) * 12 for i in range(0, windows.size(0), 7)]  # 30 windows: 7, 7, 7, 7, 2
+    starts = [0, *ends[:-1]]
+    assert heard == [a + (b - a) * k // 3 for a, b in zip(starts, ends) for k in (1, 2, 3)]
+    assert heard[:3] == [28, 56, 84] and heard[-1] == 360
 
 
 def test_ablation_and_steering_change_the_activation_as_defined(model, windows):

@@ -209,18 +209,23 @@ def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor
     """SAELens's evaluation of ``sae`` at ``hook`` over ``windows`` (n, T + 1) of held-out token ids
     (:func:`held_out_windows`): per batch one clean pass (the activations and CE), one with the reconstruction
     spliced in (:func:`splice_sae`, through ``forward_with_hooks`` as ``run_with_hooks``) and one with the
-    activation zero-ablated; sums in float64. ``progress``: called after each batch with the tokens evaluated
-    so far (of n x T; e.g. :meth:`decoderlab.output.ProgressLines.update`). Raises ``ValueError`` for an unknown
-    hook or bad ids."""
+    activation zero-ablated; sums in float64. ``progress``: called after each pass with the tokens evaluated
+    so far (of n x T), a batch counting a third at each of its passes (a pass of a large model takes seconds;
+    e.g. :meth:`decoderlab.output.ProgressLines.update`). Raises ``ValueError`` for an unknown hook or bad ids."""
     model = hook_model(model)
     sums = _Sums(sae.d_sae)
     for i in range(0, windows.size(0), batch_size):
         w = windows[i:i + batch_size].to(model.we.weight.device)
         ids, targets = as_ids(model, w[:, :-1]), w[:, 1:]
+        done, batch = sums.n, ids.numel()
         got = {}
 
         def keep(x, name):
             got["x"] = x.detach()
+
+        def said(passes: int) -> None:
+            if progress is not None:
+                progress(done + batch * passes // 3)
 
         clean = forward_with_hooks(model, ids, [(hook, keep)])
         x = got["x"].flatten(2) if got["x"].dim() == 4 else got["x"]
@@ -228,10 +233,11 @@ def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor
         f = sae.encode(x)
         sums.add(x, sae.decode(f), f)
         sums.ce["clean"] += _ce_sum(clean, targets)
+        said(1)
         sums.ce["sae"] += _ce_sum(forward_with_hooks(model, ids, [splice_sae(sae, hook)]), targets)
+        said(2)
         sums.ce["zero"] += _ce_sum(forward_with_hooks(model, ids, [_zero(hook)]), targets)
-        if progress is not None:
-            progress(sums.n)
+        said(3)
     return _evaluation(sums)
 
 
