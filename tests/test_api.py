@@ -231,19 +231,31 @@ def test_a_llama_directory_reads_a_text_with_its_start_token_and_its_chat_with_o
 # -------------------------------------------------------------------------------------------------------------
 
 
+KINDS = "; a checkpoint is a decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file"
+
+
 def test_missing_path_is_named(tmp_path):
-    where = tmp_path / "no-such-run"
-    with pytest.raises(FileNotFoundError, match=f"{where}.*does not exist"):
-        dl.load(where)
+    for where in (tmp_path / "no-such-run", tmp_path / "no-such.gguf"):
+        with pytest.raises(FileNotFoundError) as e:
+            dl.load(where)
+        assert str(e.value) == f"checkpoint {where} does not exist{KINDS}"
 
 
-def test_a_directory_that_is_not_a_checkpoint_is_named(tmp_path):
+def test_a_path_that_is_no_checkpoint_gets_the_one_message_of_every_command(tmp_path):
+    """The front door's message is every --checkpoint's (tests/cli/test_options.py): a directory without
+    config.json was "incomplete: missing config.json, model.safetensors, tokenizer.json", as if it were a
+    decoderlab checkpoint; one missing its weights still is."""
     (tmp_path / "notes.txt").write_text("not a model")
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*missing config.json, model.safetensors, tokenizer.json"):
+    with pytest.raises(FileNotFoundError) as e:
         dl.load(tmp_path)
+    assert str(e.value) == f"checkpoint {tmp_path} is a directory without config.json{KINDS}"
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'afile'} is a file"):
+    with pytest.raises(FileNotFoundError) as e:
         dl.load(tmp_path / "afile")
+    assert str(e.value) == f"checkpoint {tmp_path / 'afile'} is a file but not a GGUF file (.gguf){KINDS}"
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*missing model.safetensors, tokenizer.json"):
+        dl.load(tmp_path)
 
 
 def test_an_unknown_sampling_keyword_is_named_with_the_known_ones(lesson):

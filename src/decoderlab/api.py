@@ -46,13 +46,14 @@ _DESIGN = ("norm", "position", "mlp", "bias", "tie_weights", "attn_out_proj", "l
 
 
 def load(path: str | os.PathLike, *, device: str | torch.device | None = None, dtype=None) -> "Model":
-    """Load a checkpoint directory as a :class:`Model`: a decoderlab checkpoint (``model.safetensors``,
-    ``config.json``, ``tokenizer.json``, ``meta.json``), a LoRA run's directory (its base, checked, with the
-    adapter merged in) or a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2, Qwen3, ...:
-    :func:`decoderlab.hf.load_hf_directory`).
+    """Load a checkpoint as a :class:`Model`: a decoderlab checkpoint or run directory (``model.safetensors``,
+    ``config.json``, ``tokenizer.json``, ``meta.json``), a LoRA run's directory (its base, checked, with the adapter
+    merged in), a Hugging Face directory (GPT-2, Llama, Mistral, Qwen2, Qwen3, ...:
+    :func:`decoderlab.hf.load_hf_directory`) or a GGUF file of llama.cpp / ollama (:func:`decoderlab.gguf.load_gguf`)
+    -- what every ``--checkpoint`` of the command line takes.
 
     Args:
-        path: the directory.
+        path: the directory or ``.gguf`` file.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
             see :func:`decoderlab.devices.resolve_device`.
         dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
@@ -63,8 +64,9 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None, d
     wrapped in a :class:`Model`.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist, is a file, or lacks a checkpoint's files (the message
-            names the path and what is missing).
+        FileNotFoundError: ``path`` is none of those -- it does not exist, is a file but no ``.gguf`` one, or a
+            directory without ``config.json`` (one message, :func:`decoderlab.chat.checkpoint_kind`'s) -- or a
+            checkpoint lacks a file (the message names the path and what is missing).
         ValueError: a file that cannot be read (named); an unknown dtype or a device this machine lacks.
     """
     loaded = load_model(path, device=device, dtype=dtype)

@@ -164,7 +164,7 @@ def test_cli_chat_flags_on_a_base_checkpoint_and_bad_combinations(statquest_chec
         (["generate", "--chat", "--stop", "x", "--checkpoint", str(out), "abc"], "--stop does not apply with --chat"),
         (["chat", "--system", "x", "--checkpoint", str(base)], "--system needs a chat checkpoint"),
         (["explain", "--chat", "--checkpoint", str(base), "what"], "--chat needs a chat checkpoint"),
-        (["finetune", "--data", str(data), "--out", str(tmp_path / "o")], "give --checkpoint DIR"),
+        (["finetune", "--data", str(data), "--out", str(tmp_path / "o")], "give --checkpoint PATH"),
         (["finetune", "--checkpoint", str(out), "--n-layer", "2", "--data", str(data), "--out", str(tmp_path / "o")],
          "--n-layer applies with --preset"),
         (["finetune", "--preset", "statquest", "--val-fraction", "1", "--data", str(data), "--out",

@@ -55,7 +55,7 @@ def test_explain_run_shows_when_each_head_formed_beside_the_loss(tmp_path, capsy
     assert main(["explain", "--run", str(run_dir), "--png", str(png), "--html", str(page)]) == 0
     out = capsys.readouterr().out
     table = watch_table(read_records(run_dir), "induction")
-    assert out == f"{table}\nwrote the head scores and the loss to {png}\nwrote the HTML page to {page}\n"
+    assert out == f"{table}\nwrote the PNG to {png}\nwrote the HTML page to {page}\n"
     assert "  L1H1      0.020   0.480  20" in table.splitlines()  # formed at step 20
     assert "loss 3.1000 at step 10 -> 1.9000 at step 30" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -341,6 +341,20 @@ def test_verbose_names_the_device_dtype_threads_and_the_cpus_instructions(lm_che
     assert half[0] == half[1] and half[2:] == [""]  # the same text with and without --verbose
 
 
+def test_generate_chat_verbose_prints_the_timing_line_as_plain_generate_does(tmp_path, capsys):
+    """`generate --chat --verbose` said its setup line and dropped the timing line `generate --verbose` ends with."""
+    from decoderlab.chat import TEMPLATES
+
+    tok, model, _ = end_of_turn_model()
+    save_checkpoint(tmp_path / "c", model, tok, meta={"task": "chat", "chat_template": TEMPLATES["decoderlab"].to_dict()})
+    common = ["generate", "--checkpoint", str(tmp_path / "c"), "--temperature", "0", "--verbose"]
+    for extra in ([], ["--chat"]):
+        assert cli_main([*common, *extra, "b"]) == 0, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[0].startswith("decoderlab: device cpu, weights float32"), (extra, err)
+        assert re.fullmatch(r"decoderlab: first text after \d+\.\d\d s, \d+\.\d\d s in all", err[-1]), (extra, err)
+
+
 def test_generate_chat_and_chat_take_a_jinja_template_and_say_its_error(tmp_path, capsys, monkeypatch):
     """A checkpoint storing a Jinja chat template (here decoderlab's own, as an exported model's
     tokenizer_config.json carries it) replies as with the built-in one; a template that raises is one line

@@ -258,7 +258,7 @@ def test_generate_verify_and_chat_read_a_gguf_file(gguf_file, capsys):
 @pytest.mark.parametrize("damage, line", [
     ("truncate", "is truncated or corrupt"),
     ("arch", "GGUF architecture 'phi3' is not one decoderlab's model carries; allowed: llama, qwen2, qwen3, gpt2"),
-    ("missing", "no GGUF file at"),
+    ("missing", "bad.gguf does not exist; a checkpoint is"),  # the one message of a path that is no checkpoint
 ])
 def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, damage, line):
     from support.gguf_files import byte_level_bpe, hf_model, write_gguf
@@ -324,3 +324,90 @@ def test_checkpoint_help_names_every_family_and_a_file_that_is_no_checkpoint_say
     assert capsys.readouterr().err == (
         f"decoderlab: error: checkpoint {tmp_path / 'README.md'} is a file but not a GGUF file (.gguf); a checkpoint is a decoderlab "
         "run or checkpoint directory, a Hugging Face directory or a .gguf file\n")
+
+
+# ---- --checkpoint: every kind the front door takes, one message for a path that is none ------------------
+
+#: each command that takes --checkpoint, with the other arguments of a run that would go on (PATH: the checkpoint,
+#: OUT: a place to write, DATA: a chat JSONL file)
+CHECKPOINT_COMMANDS = {
+    "generate": ["hi"], "sample": ["hi"], "chat": [], "verify": ["hi"], "explain": ["hi"], "lens": ["hi"],
+    "heads": [], "patch": ["--clean", "ab", "--corrupt", "ac"], "export": ["--out", "OUT/m.gguf"],
+    "sae": ["--out", "OUT/sae", "--data", "DATA"], "serve": ["--port", "0"],
+    "finetune": ["--data", "DATA", "--out", "OUT/ft"], "rl": ["--prompts", "DATA", "--out", "OUT/rl"],
+}
+KINDS = "; a checkpoint is a decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file"
+
+
+def test_every_command_with_a_checkpoint_is_in_the_table_with_one_help_text():
+    """`finetune --help` said DIR and "the decoderlab checkpoint" of a loader that reads GGUF files too."""
+    from decoderlab.cli.options import CHECKPOINT_HELP
+    from decoderlab.cli.parser import COMMANDS
+
+    having = {name for name in COMMANDS
+              if "--checkpoint" in command_parser(name)._option_string_actions}
+    assert having == set(CHECKPOINT_COMMANDS)
+    for name in having:
+        action = command_parser(name)._option_string_actions["--checkpoint"]
+        assert action.metavar == "PATH" and CHECKPOINT_HELP in action.help, (name, action.metavar, action.help)
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "directory"])
+@pytest.mark.parametrize("command", sorted(CHECKPOINT_COMMANDS))
+def test_a_checkpoint_path_that_is_none_of_the_kinds_is_one_line_the_same_in_every_command(command, kind, tmp_path,
+                                                                                          capsys):
+    """generate said "checkpoint directory X does not exist", export and sae "X/config.json does not exist" (of a
+    .gguf file too), finetune and rl read their data first and named that; now every command says the front
+    door's one line before any other work, and writes nothing."""
+    from .glass_runs import run
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    path, what = {"missing": (tmp_path / "nothing", "does not exist"),
+                  "file": (data, "is a file but not a GGUF file (.gguf)"),
+                  "directory": (tmp_path / "empty", "is a directory without config.json")}[kind]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "out").mkdir()
+    rest = [str(a).replace("OUT", str(tmp_path / "out")).replace("DATA", str(data))
+            for a in CHECKPOINT_COMMANDS[command]]
+    status, out, err = run(capsys, command, "--checkpoint", path, *rest)
+    assert (status, out, err) == (2, "", f"decoderlab: error: checkpoint {path} {what}{KINDS}\n")
+    assert not any((tmp_path / "out").iterdir())
+
+
+# ---- the files a command writes beside its output ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def glass_files(tmp_path_factory):
+    """What every command with --png / --html reads: a tiny checkpoint, a watched run, an SAE run on it."""
+    from decoderlab.dictionary import SAETrainConfig, train_sae
+
+    from .glass_runs import save_tiny
+    from .test_explain import _watched_run
+
+    root = tmp_path_factory.mktemp("glass-files")
+    save_tiny(root / "ckpt")
+    (root / "words.txt").write_text("the cat sat on the mat, and the dog ran. " * 40, encoding="utf-8")
+    train_sae(root / "ckpt", SAETrainConfig(hook="blocks.0.hook_resid_post", width=1, k=2, tokens=64,
+                                            batch_tokens=32), out=root / "sae", data=str(root / "words.txt"),
+              progress_bar=False)
+    return {"ckpt": root / "ckpt", "run": _watched_run(root / "run"), "sae": root / "sae"}
+
+
+@pytest.mark.parametrize("command", ["explain", "explain --run", "lens", "heads", "patch", "features"])
+def test_every_png_and_html_file_is_announced_in_one_line(command, glass_files, tmp_path, capsys):
+    """Each command said where it wrote its --html in its own words ("wrote HTML report to", "wrote PATH", ...),
+    or not where the reader looked; now one line each, after the printed output: wrote the PNG / HTML page to
+    PATH."""
+    from .glass_runs import run
+
+    ckpt = ("--checkpoint", glass_files["ckpt"])
+    argv = {"explain": ("explain", *ckpt, "the cat"), "explain --run": ("explain", "--run", glass_files["run"]),
+            "lens": ("lens", *ckpt, "the cat"), "heads": ("heads", *ckpt),
+            "patch": ("patch", *ckpt, "--clean", "the cat", "--corrupt", "the dog"),
+            "features": ("features", "--sae", glass_files["sae"], "--feature", "0", "--tokens", "64")}[command]
+    png, page = tmp_path / "f.png", tmp_path / "f.html"
+    status, out, err = run(capsys, *argv, "--png", png, "--html", page)
+    assert status == 0, err
+    assert out.endswith(f"\nwrote the PNG to {png}\nwrote the HTML page to {page}\n"), out[-300:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and page.read_text(encoding="utf-8").startswith("<!")

@@ -139,4 +139,4 @@ def test_a_base_checkpoint_without_a_chat_template_is_told_to_fine_tune_first(tm
 
 def test_rl_without_a_checkpoint_or_prompts_is_one_line(tmp_path, capsys):
     assert cli.main(["rl", "--out", str(tmp_path / "run")]) == 2
-    assert "give --checkpoint DIR (a chat checkpoint) and --prompts PATH" in one_error(capsys)
+    assert "give --checkpoint PATH (a chat checkpoint) and --prompts PATH" in one_error(capsys)

@@ -41,7 +41,7 @@ def test_explain_the_trained_statquest_model(statquest_checkpoint, tmp_path, cap
     assert len(eos_row) == 4 and abs(eos_row.sum() - 1) < 2e-4
     attends = re.search(r"^<EOS>@3 attends to: (.*)$", text, re.M).group(1)
     assert attends.startswith(("what@0", "is@1", "statquest@2", "<EOS>@3"))
-    assert "=> the top next token after <EOS> is awesome" in text
+    assert "=> the top next token after '<EOS>' is 'awesome'" in text
     assert re.search(r"after <EOS>@3: awesome 0\.9", text)
     assert "(ok;" in text  # the float64 check of the whole pass
     data = png.read_bytes()
@@ -83,6 +83,25 @@ def test_cli_explain_says_which_files_it_wrote(statquest_checkpoint, tmp_path, d
     r = decoderlab_cli("explain", "--checkpoint", statquest_checkpoint, "what is statquest <EOS>", "--png", "a.png",
                        "--html", "report.html", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.splitlines()[-2:] == ["wrote attention heatmaps to a.png", "wrote HTML report to report.html"]
+    assert r.stdout.splitlines()[-2:] == ["wrote the PNG to a.png", "wrote the HTML page to report.html"]
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "report.html").stat().st_size > 0
 
+
+
+def test_explain_labels_a_token_with_a_leading_space_as_it_reads(tmp_path, capsys):
+    """SmolLM2's "The capital of France is" ended "=> the top next token after  is is  Paris": the tokens' leading
+    spaces ran into the sentence, which read as a doubled token. Now every space of a label is ␣ and the sentence
+    quotes each token."""
+    from tiny_models import bigram_model
+
+    from decoderlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(["the cat sat on the mat " * 200], 270)
+    (the, cat), (sat,) = tok.encode("the cat"), tok.encode(" sat")
+    assert tok.tokens([cat, sat]) == [" cat", " sat"]
+    dl.save_checkpoint(tmp_path / "c", bigram_model(tok.vocab_size, {cat: sat}), tok, meta={"task": "lm"})
+    assert cli_main(["explain", "--checkpoint", str(tmp_path / "c"), "the cat"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"Input: the ␣cat   (2 tokens, ids [{the}, {cat}])")
+    assert re.search(r"^  after ␣cat@1: ␣sat 0\.\d+", text, re.M)
+    assert re.search(r"^=> the top next token after ' cat' is ' sat' \(p = 0\.\d+\)$", text, re.M)

@@ -4,6 +4,8 @@ numbers of a feature's dashboard."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +94,30 @@ def test_evaluation_numbers_match_a_direct_computation(model, windows):
     assert ev.ce_sae == pytest.approx(ce(spliced), rel=1e-9)
     assert ev.ce_clean == pytest.approx(ce(model(ids)), rel=1e-9)
     assert "CE loss recovered" in ev.table()
+
+
+def test_the_evaluation_names_its_dead_measure(model, windows):
+    """Its dead row said "dead features 84%" after training's progress said "dead 0/1152": now the count of d_sae
+    and the tokens it fired on none of, the measure training's progress lines count too."""
+    sae = SparseAutoencoder(16, 64, 4, seed=0, dtype=torch.float64)
+    ev = evaluate_sae(model, sae, HOOK, windows)
+    dead = int(((ev.density == 0)).sum())
+    assert ev.dead_features == dead == round(ev.dead_share * 64)
+    label = f"dead (fired on none of the {windows.size(0) * 12:,} tokens)"
+    value = f"{dead}/64 ({100 * ev.dead_share:.2f}%)"
+    assert re.search(f"^{re.escape(label)} +{re.escape(value)}$", ev.table(), re.M), ev.table()
+
+
+def test_the_evaluation_says_how_it_goes(model, windows):
+    """The evaluation ran minutes in silence after training's last line: now ``progress`` hears the tokens done
+    after each of a batch's three passes, a third of the batch each (``decoderlab sae`` prints lines of them)."""
+    heard = []
+    evaluate_sae(model, SparseAutoencoder(16, 64, 4, seed=0, dtype=torch.float64), HOOK, windows, batch_size=7,
+                 progress=heard.append)
+    ends = [min(i + 7, windows.size(0)) * 12 for i in range(0, windows.size(0), 7)]  # 30 windows: 7, 7, 7, 7, 2
+    starts = [0, *ends[:-1]]
+    assert heard == [a + (b - a) * k // 3 for a, b in zip(starts, ends) for k in (1, 2, 3)]
+    assert heard[:3] == [28, 56, 84] and heard[-1] == 360
 
 
 def test_ablation_and_steering_change_the_activation_as_defined(model, windows):

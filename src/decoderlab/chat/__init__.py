@@ -21,7 +21,8 @@ layout it was trained on.
 - :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back
   (in either format of calls: ``check_tool_template``);
 - :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together (a
-  LoRA run's: its base, checked, with the adapter: ``load_base``); ``weights_dtype``, the dtype a checkpoint stores.
+  LoRA run's: its base, checked, with the adapter: ``load_base``); ``weights_dtype``, the dtype a checkpoint stores;
+  ``checkpoint_kind``, what a path is to it (the one message for a path that is no checkpoint).
 
 Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and reads checkpoints), below
 ``finetuning``, the server and the CLI; it never imports Lightning.
@@ -29,7 +30,7 @@ Layer: above ``generation``, ``checkpoint`` and ``hf`` (it streams replies and r
 
 from ..checkpoint import CHAT_TEMPLATE_KEY
 from .data import FORMATS, Conversations, as_conversations, check_representable, load_conversations, message_text
-from .loading import LoadedModel, checkpoint_template, load_base, load_model, weights_dtype
+from .loading import LoadedModel, checkpoint_kind, checkpoint_template, load_base, load_model, weights_dtype
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
 from .templates import (JINJA_TEMPLATES, TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template,
@@ -43,7 +44,7 @@ from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, check_tool_tem
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
-    "LoadedModel", "load_model", "load_base", "weights_dtype", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
+    "LoadedModel", "load_model", "load_base", "weights_dtype", "checkpoint_kind", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
     "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",

@@ -7,17 +7,21 @@ chat template of a directory, and :func:`gguf_template`, a GGUF file's."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from ..checkpoint import (ADAPTER_DIR, TOKENIZER_FILE, check_base, is_adapter_checkpoint, read_config,
+from ..checkpoint import (ADAPTER_DIR, CONFIG_FILE, TOKENIZER_FILE, check_base, is_adapter_checkpoint, read_config,
                           read_meta)
 from ..gguf import is_gguf_file, load_gguf, read_info
-from ..hf import checkpoint_reader
+from ..hf import checkpoint_reader, is_hf_directory
 from .hf_templates import builtin_jinja, read_chat_template
 from .jinja import JinjaChatTemplate
 from .templates import TEMPLATES, ChatTemplate, template_from_meta
+
+#: what a checkpoint is, in the one message of a path that is none (:func:`checkpoint_kind`)
+CHECKPOINT_KINDS = "a decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file"
 
 #: GGUF's control-token roles -> the names a Jinja template writes them by
 _GGUF_TOKEN_NAMES = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
@@ -39,6 +43,32 @@ class LoadedModel(NamedTuple):
     tokenizer: object
     template: ChatTemplate | JinjaChatTemplate | None
     meta: dict
+
+
+def checkpoint_kind(path: str | os.PathLike) -> str:
+    """What the front door (:func:`load_model`, ``decoderlab.load``, every ``--checkpoint``) reads ``path`` as:
+    ``"gguf"`` (a ``.gguf`` file), ``"hf"`` (a directory whose ``config.json`` is Hugging Face's:
+    :func:`decoderlab.hf.is_hf_directory`) or ``"decoderlab"`` (another directory with a ``config.json``: a
+    checkpoint or training run directory). Looks at names and ``config.json`` only: the reader of the kind names
+    what else is missing or wrong (a weights file, a bad header).
+
+    Raises:
+        FileNotFoundError: ``path`` is none of them -- it does not exist, is a file that is not a ``.gguf`` one,
+            or a directory without ``config.json`` -- in one message for every command: ``checkpoint PATH
+            <what it is>; a checkpoint is`` :data:`CHECKPOINT_KINDS`.
+    """
+    p = Path(path)
+    if not p.exists():
+        what = "does not exist"
+    elif is_gguf_file(p):
+        return "gguf"
+    elif not p.is_dir():
+        what = "is a file but not a GGUF file (.gguf)"
+    elif not (p / CONFIG_FILE).is_file():
+        what = f"is a directory without {CONFIG_FILE}"
+    else:
+        return "hf" if is_hf_directory(p) else "decoderlab"
+    raise FileNotFoundError(f"checkpoint {path} {what}; a checkpoint is {CHECKPOINT_KINDS}")
 
 
 def checkpoint_template(directory: str | os.PathLike, meta: dict | None = None
@@ -96,18 +126,15 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
     same loader, checked to be the one it was trained on -- with its adapter merged in (:func:`load_base`).
 
     Raises:
-        FileNotFoundError: the directory or a required file is missing (named); a file that is not a GGUF file; a
-            LoRA run's base that is gone.
+        FileNotFoundError: a path that is none of those (:func:`checkpoint_kind`'s one message); a required file
+            of a checkpoint missing (named); a LoRA run's base that is gone.
         ValueError: a file that cannot be read (named, with the field for a bad ``config.json``); a tokenizer
             whose vocabulary size is not the model's; a malformed stored template; an unknown dtype; a LoRA run's
             base that changed since the run (named).
     """
-    if is_gguf_file(directory):  # one file: its template and what its load cost under meta["gguf"]
+    if checkpoint_kind(directory) == "gguf":  # one file: its template and what its load cost under meta["gguf"]
         model, tokenizer, info = load_gguf(directory, map_location=map_location, dtype=dtype, device=device)
         return LoadedModel(model, tokenizer, gguf_template(info), {"gguf": info.to_meta()})
-    if os.path.isfile(directory):  # README.md: not "a checkpoint is a directory", which forgets GGUF files
-        raise FileNotFoundError(f"checkpoint {directory} is a file but not a GGUF file (.gguf); a checkpoint is a "
-                                f"decoderlab run or checkpoint directory, a Hugging Face directory or a .gguf file")
     if is_adapter_checkpoint(directory):  # a LoRA run: its base (checked) with its adapter
         return _load_adapted(directory, map_location=map_location, dtype=dtype, device=device)
     read = checkpoint_reader(directory)  # decoderlab's format or Hugging Face's

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 from .argtypes import number
-from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, dest, progress_mode, run_out,
-                      set_threads)
+from .options import (RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, check_checkpoint, dest,
+                      progress_mode, run_out, say_wrote, set_threads)
 
 #: the library's field names at the start of its messages -> the flags
 _FLAGS = {"hook": "--hook", "width": "--width", "k": "--k", "tokens": "--tokens", "batch_tokens": "--batch-tokens",
-          "context": "--context", "lr": "--lr", "feature": "--feature"}
+          "context": "--context", "lr": "--lr", "feature": "--feature", "data": "--data"}
 
 
 def _in_flags(e: ValueError) -> ValueError:
@@ -30,17 +30,19 @@ def add_sae(p) -> None:
     add_checkpoint_option(p)
     p.add_argument("--hook", default=None, metavar="NAME",
                    help="the hook point read (default: blocks.<n_layer // 2>.hook_resid_post, a middle layer)")
-    p.add_argument("--width", type=number(int), default=8, metavar="W", help="features per d_model (default 8)")
-    p.add_argument("--k", type=number(int), default=32, metavar="K",
+    # the bounds are checked as the line is parsed: a bad value is named before a model loads
+    p.add_argument("--width", type=number(int, 1), default=8, metavar="W", help="features per d_model (default 8)")
+    p.add_argument("--k", type=number(int, 1), default=32, metavar="K",
                    help="active features per token of the TopK SAE (default 32)")
     p.add_argument("--l1", action="store_true", help="the ReLU + L1 variant instead of TopK (default: TopK)")
-    p.add_argument("--l1-coefficient", type=number(float), default=5.0, metavar="X",
+    p.add_argument("--l1-coefficient", type=number(float, 0), default=5.0, metavar="X",
                    help="the L1 penalty of --l1 (default 5.0)")
-    p.add_argument("--tokens", type=number(int), default=2_000_000, metavar="N",
+    p.add_argument("--tokens", type=number(int, 1), default=2_000_000, metavar="N",
                    help="training tokens (default 2,000,000)")
-    p.add_argument("--batch-tokens", type=number(int), default=4096, metavar="N",
+    p.add_argument("--batch-tokens", type=number(int, 1), default=4096, metavar="N",
                    help="tokens per step (default 4096)")
-    p.add_argument("--lr", type=number(float), default=None, metavar="X", help="Adam's learning rate (default 1e-3)")
+    p.add_argument("--lr", type=number(float, 0, above=True), default=None, metavar="X",
+                   help="Adam's learning rate (default 1e-3)")
     p.add_argument("--seed", type=number(int), default=42, metavar="N", help="random seed (default 42)")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="the text to read (a file or a folder of .txt files; default: the checkpoint's training corpus)")
@@ -52,18 +54,14 @@ def add_sae(p) -> None:
 
 
 def cmd_sae(args) -> int:
+    check_checkpoint(args.checkpoint)
     from ..dictionary import SAETrainConfig, train_sae
     from ..dictionary.run import DEFAULT_LR
 
     out = run_out(args)
     set_threads(args)
-
-    hook = args.hook
-    if hook is None:
-        from ..checkpoint import read_config
-
-        hook = f"blocks.{read_config(args.checkpoint).n_layer // 2}.hook_resid_post"
-    cfg = SAETrainConfig(hook=hook, width=args.width, k=None if args.l1 else args.k,
+    # no --hook: the library's default, read from the model however it is stored (a directory, a GGUF file)
+    cfg = SAETrainConfig(hook=args.hook, width=args.width, k=None if args.l1 else args.k,
                          l1_coefficient=args.l1_coefficient, tokens=args.tokens, batch_tokens=args.batch_tokens,
                          lr=DEFAULT_LR if args.lr is None else args.lr, seed=args.seed)
     try:
@@ -111,6 +109,8 @@ def cmd_features(args) -> int:
     d = feature_dashboard(opened.model, opened.sae, opened.hook, args.feature, windows[:, :-1],
                           n_contexts=args.contexts)
     print(dashboard_text(d, opened.tokenizer))
-    for path in save_dashboard(d, opened.tokenizer, png=args.png, html=args.html):
-        print(f"wrote {path}")
+    save_dashboard(d, opened.tokenizer, png=args.png, html=args.html)
+    for path, kind in ((args.png, "png"), (args.html, "html")):
+        if path:
+            say_wrote(path, kind)
     return 0

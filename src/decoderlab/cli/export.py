@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config.names import EXPORT_FORMATS, GGUF_DTYPES
-from .options import add_checkpoint_option
+from .options import add_checkpoint_option, check_checkpoint
 
 DESCRIPTION = f"""\
 Write a checkpoint in another program's format. What each format carries:
@@ -47,6 +47,7 @@ def add_export(p) -> None:
 
 
 def cmd_export(args) -> int:
+    check_checkpoint(args.checkpoint)
     from ..export import export
     from ..output import quiet_imports
 

@@ -11,9 +11,10 @@ from ..config.presets import PRESETS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
-from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_model_shape_options, add_options,
-                      add_train_config_options, check_out_dir, check_strategy, flag, lora_options, model_overrides,
-                      progress_mode, run_out, set_threads, train_overrides)
+from .options import (LORA_OPTIONS, RUN_OPTIONS, SHAPE_FIELDS, THREADS_OPTIONS, add_checkpoint_option,
+                      add_model_shape_options, add_options, add_train_config_options, check_checkpoint, check_out_dir,
+                      check_strategy, flag, lora_options, model_overrides, progress_mode, run_out, set_threads,
+                      train_overrides)
 from .resume import record_options, restore_options
 
 DESCRIPTION = ("Fine-tune a base checkpoint (or a preset from scratch) on conversations: a JSONL file of "
@@ -30,8 +31,8 @@ _SKIP = ("val_batches", "full_val_below")
 def add_finetune(p) -> None:
     p.description = DESCRIPTION
     start = p.add_mutually_exclusive_group()  # one of them, unless --resume
-    start.add_argument("--checkpoint", default=None, metavar="DIR",
-                       help="the decoderlab checkpoint to fine-tune (default: none; give it or --preset)")
+    add_checkpoint_option(start, required=False, role="the base model to fine-tune",
+                          default="none; give it or --preset")
     start.add_argument("--preset", default=None, choices=tuple(PRESETS),
                        help="train from scratch with this preset, the tokenizer built from the data (default: none; "
                             "give it or --checkpoint)")
@@ -89,9 +90,10 @@ def _check_start(args, shape: dict) -> None:
     if args.resume is None and args.data is None:
         raise ValueError("give --data PATH (the JSONL file to fine-tune on), or --resume RUN_DIR (a run's own data)")
     if args.resume is None and args.checkpoint is None and args.preset is None:
-        raise ValueError("give --checkpoint DIR (a base model to fine-tune) or --preset NAME (a model from scratch)")
+        raise ValueError("give --checkpoint PATH (a base model to fine-tune) or --preset NAME (a model from scratch)")
     if args.resume is not None and (args.checkpoint or args.preset or shape):
         raise ValueError("--resume continues a run with its own model; give no --checkpoint, --preset or shape flags")
+    check_checkpoint(args.checkpoint)  # before the data is read
     scratch_only = [f for f in ("tokenizer", "vocab_size", *SHAPE_FIELDS) if getattr(args, f) is not None]
     if args.preset is None and scratch_only:
         verb = "applies" if len(scratch_only) == 1 else "apply"

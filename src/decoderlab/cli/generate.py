@@ -245,6 +245,8 @@ def _generate_chat(args, model, tok, template, prompt) -> int:
     default = {"temperature": template.default_temperature} if args.temperature is None else {}
     info: dict = {}
     pieces = stream_chat_reply(model, messages, tok, template, sampling_params(args, **default), info=info)
+    if getattr(args, "verbose", False):  # the timing line of plain generate --verbose, for the reply
+        pieces = timed_pieces(pieces)
     write_pieces(pieces, stream=not args.no_stream,
                  tail=lambda: f"{tok.separator}{template.end}" if lesson and info.get("ended_with_end_of_turn")
                  else "")

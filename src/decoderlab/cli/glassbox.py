@@ -9,7 +9,7 @@ from ..config.names import EXAMPLES, HEAD_DETECTORS
 from .argtypes import number
 from .errors import FAILED
 from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options, load_model,
-                      no_chat_template, set_threads)
+                      no_chat_template, say_wrote, set_threads)
 
 
 def add_verify(p) -> None:
@@ -89,16 +89,16 @@ def cmd_explain(args) -> int:
         print(explain_example(args.example))
         return 0
     if args.checkpoint is None or args.text is None:
-        raise ValueError("give --example NAME, or --checkpoint DIR and a TEXT")
+        raise ValueError("give --example NAME, or --checkpoint PATH and a TEXT")
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat")
     model, tok, template, _ = load_model(args)
     text_or_ids = _chat_tokens(args, tok, template) if args.chat else args.text
     print(explain(model, text_or_ids, tok, layer=args.layer, head=args.head, top_k=args.top_k,
                   png=args.png, html=args.html))
-    for path, what in ((args.png, "attention heatmaps"), (args.html, "HTML report")):
+    for path, kind in ((args.png, "png"), (args.html, "html")):
         if path:
-            print(f"wrote {what} to {path}")
+            say_wrote(path, kind)
     return 0
 
 
@@ -125,8 +125,8 @@ def _explain_run(args) -> int:
         fig = head_scores_figure(records, kind=args.kind)
         if args.png:
             save_png(fig, args.png)
-            print(f"wrote the head scores and the loss to {args.png}")
+            say_wrote(args.png, "png")
         if args.html:
             save_html(f"decoderlab: {args.kind} heads while training", text, fig, args.html)
-            print(f"wrote the HTML page to {args.html}")
+            say_wrote(args.html, "html")
     return 0

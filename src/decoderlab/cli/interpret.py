@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..config.defaults import EXPLAIN_TOP_K
 from ..config.names import HEAD_DETECTORS, PATCH_AXES, PATCH_POINTS
 from .argtypes import head_ref, number
-from .options import THREADS_OPTIONS, add_checkpoint_option, add_options, load_model, set_threads
+from .options import THREADS_OPTIONS, add_checkpoint_option, add_options, load_model, say_wrote, set_threads
 
 
 def _add_outputs(p, what: str) -> None:
@@ -35,10 +35,12 @@ def _draw(args, title: str, text: str, figure) -> None:
     from ..glassbox.figures import save_html, save_png
 
     fig = figure()
-    for path, save, what in ((args.png, save_png, "PNG"), (args.html, save_html, "HTML page")):
-        if path:
-            save(fig, path) if save is save_png else save(title, text, fig, path)
-            print(f"wrote the {what} to {path}")
+    if args.png:
+        save_png(fig, args.png)
+        say_wrote(args.png, "png")
+    if args.html:
+        save_html(title, text, fig, args.html)
+        say_wrote(args.html, "html")
 
 
 def _ids(model, tok, text: str, what: str) -> list[int]:

@@ -105,10 +105,25 @@ CHECKPOINT_OPTIONS = (
 )
 
 
-def add_checkpoint_option(parser, required: bool = True) -> None:
-    """``--checkpoint`` alone (verify, explain, serve)."""
+def add_checkpoint_option(parser, required: bool = True, *, role: str = "", default: str = "none") -> None:
+    """``--checkpoint`` alone (verify, explain, serve, ...), with the one help text of every command: ``role``
+    says what the command does with it ("the base model to fine-tune"), ``default`` what an optional one
+    defaults to."""
     parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH",
-                        help=CHECKPOINT_HELP + ("" if required else " (default: none)"))
+                        help=(f"{role}: " if role else "") + CHECKPOINT_HELP
+                        + ("" if required else f" (default: {default})"))
+
+
+def check_checkpoint(path) -> None:
+    """``--checkpoint PATH`` is something the front door reads (a decoderlab checkpoint or run directory, a
+    Hugging Face directory, a GGUF file), checked before a command's other work -- its data read, its output
+    made, its port bound --, with the one message of a path that is none
+    (:func:`decoderlab.chat.checkpoint_kind`). The commands that load through :func:`load_model` get the
+    same check there, first."""
+    if path is not None:
+        from ..chat import checkpoint_kind
+
+        checkpoint_kind(path)
 
 
 #: where the model runs (checked by decoderlab.devices.resolve_device: one line naming what the machine has)
@@ -285,6 +300,16 @@ def say_gguf(meta: dict) -> None:
         name = f", {info['name']}" if info["name"] else ""
         print(f"decoderlab: read {info['path']} ({info['architecture']}{name}): {DequantReport(**info['dequantized'])}",
               file=sys.stderr, flush=True)
+
+
+#: what a --png / --html file is called in the line that says where it was written
+WRITTEN = {"png": "PNG", "html": "HTML page"}
+
+
+def say_wrote(path, kind: str) -> None:
+    """The one line every command says of a ``--png`` / ``--html`` file (``kind``) it wrote: ``wrote the HTML page
+    to PATH`` on standard output, after what it printed -- as export, sae and tasks name the files they write."""
+    print(f"wrote the {WRITTEN[kind]} to {path}", flush=True)
 
 
 def no_chat_template(directory) -> ValueError:

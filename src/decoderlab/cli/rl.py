@@ -8,8 +8,9 @@ from ..config.names import DEFAULT_REWARD, REWARDS
 from ..output import KeepWriting
 from .argtypes import number, seed
 from .errors import FAILED, in_flag_terms, print_error
-from .options import (LORA_OPTIONS, RUN_OPTIONS, THREADS_OPTIONS, add_options, add_train_config_options, check_out_dir,
-                      dest, lora_options, progress_mode, run_out, set_threads, train_overrides)
+from .options import (LORA_OPTIONS, RUN_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options,
+                      add_train_config_options, check_checkpoint, check_out_dir, dest, lora_options, progress_mode,
+                      run_out, set_threads, train_overrides)
 from .resume import record_options, restore_options
 
 DESCRIPTION = ("Reinforcement learning of a chat checkpoint from a checkable reward: each step samples G replies "
@@ -34,9 +35,9 @@ _RL_OPTIONS = (
 
 def add_rl(p) -> None:
     p.description = DESCRIPTION
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="the chat checkpoint to train (written by `decoderlab finetune`) (default: none; give it or "
-                        "--resume)")
+    add_checkpoint_option(p, required=False, role="the chat model to train (one with a chat template: written by "
+                          "`decoderlab finetune`, or a chat model's directory or GGUF file)",
+                          default="none; give it or --resume")
     p.add_argument("--prompts", default=None, metavar="PATH",
                    help="JSONL of conversations to answer ({\"messages\": [...]} or {\"prompt\": ...}) with the "
                         "fields the reward needs (default: none; give it or --resume)")
@@ -84,7 +85,8 @@ def _rl(args) -> int:
     set_threads(args)
     restore_options(args)  # a resume's options are the run's
     if args.resume is None and (args.checkpoint is None or args.prompts is None):
-        raise ValueError("give --checkpoint DIR (a chat checkpoint) and --prompts PATH (the prompts to answer)")
+        raise ValueError("give --checkpoint PATH (a chat checkpoint) and --prompts PATH (the prompts to answer)")
+    check_checkpoint(args.checkpoint)  # before the prompts are read
     rl_config, lora = _rl_config(args), lora_options(args)
     from ..reinforcement import rl
     from ..training import NonFiniteLossError

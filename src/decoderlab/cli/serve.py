@@ -8,7 +8,7 @@ from ..config.defaults import (SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HEL
 from ..output import KeepWriting
 from .argtypes import number
 from .options import (DEVICE_OPTIONS, DTYPE_OPTIONS, EAGER_OPTIONS, THREADS_OPTIONS, add_checkpoint_option, add_options,
-                      announce_compiles, decode_mode, device, flag, set_threads)
+                      announce_compiles, check_checkpoint, decode_mode, device, flag, set_threads)
 
 
 def add_serve(p) -> None:
@@ -54,6 +54,7 @@ def _check_numbers(args) -> None:
 
 def cmd_serve(args) -> int:
     _check_numbers(args)
+    check_checkpoint(args.checkpoint)  # before the port is bound
     where = device(args)  # a device the machine lacks: one line before the port is bound
     from ..dtypes import check_dtype
 

@@ -4,18 +4,17 @@ SAE's losses, decoder rows back to unit norm, dead features counted and resample
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 from pathlib import Path
-
-import logging
 
 import lightning as L
 import torch
 
 from ..glassbox.features import hook_activations
 from ..glassbox.sae import SparseAutoencoder, resample_dead, sae_losses
+from ..output import clock, print_line
 
 logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(
     lambda record: "weights_only" not in record.getMessage())
@@ -38,6 +37,10 @@ class SAEModule(L.LightningModule):
     (:func:`~decoderlab.glassbox.sae.resample_dead`) with their Adam moments reset. Step 0 sets b_dec to the
     mean of the first batch. Everything a step depends on is in the checkpoint, so a resumed run repeats an
     uninterrupted one.
+
+    What the progress lines call dead is another count, the final evaluation's measure: the features that fired
+    on none of the last tokens (:meth:`fired_on_none`, from ``last_fired``, the step each feature last fired --
+    a resampled feature that has not fired since stays dead there, while ``steps_since_fired`` restarts).
     """
 
     def __init__(self, sae: SparseAutoencoder, model, hook: str, *, lr: float, steps: int,
@@ -49,6 +52,7 @@ class SAEModule(L.LightningModule):
         self.l1_coefficient, self.dead_steps = float(l1_coefficient), int(dead_steps)
         self.resample_every, self.seed = int(resample_every), int(seed)
         self.register_buffer("steps_since_fired", torch.zeros(sae.d_sae, dtype=torch.long))
+        self.register_buffer("last_fired", torch.zeros(sae.d_sae, dtype=torch.long))  # 1-based step; 0: never
         self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
         self.register_buffer("resampled_total", torch.zeros((), dtype=torch.long))
         self.last = {}
@@ -60,8 +64,15 @@ class SAEModule(L.LightningModule):
         return int(self.resampled_total)
 
     def dead(self) -> torch.Tensor:
-        """(d_sae,) bool: the features that have not fired for ``dead_steps`` steps."""
+        """(d_sae,) bool: the features that have not fired for ``dead_steps`` steps (resampled then)."""
         return self.steps_since_fired >= self.dead_steps
+
+    def fired_on_none(self, window: int) -> tuple[int, int]:
+        """``(n, steps)``: ``n`` features fired on none of the tokens of the last ``steps`` steps -- ``window``
+        steps, or all done so far when fewer -- the measure the final evaluation reports on held-out tokens."""
+        done = int(self.steps_done)
+        steps = min(done, max(1, int(window)))
+        return int((self.last_fired <= done - steps).sum()) if steps else 0, steps
 
     def training_step(self, batch, batch_idx):
         inputs = batch[0]
@@ -75,6 +86,7 @@ class SAEModule(L.LightningModule):
         self._l0 = float(active.sum(-1).float().mean())
         self.steps_since_fired += 1
         self.steps_since_fired[fired] = 0
+        self.last_fired[fired] = self.steps_done + 1
         self._x = x
         self.last = {k: float(v.detach()) for k, v in losses.items()}
         self.last["l0"] = self._l0
@@ -143,29 +155,38 @@ class SaveEvery(L.Callback):
 
 
 class SAEProgress(L.Callback):
-    """A line every ``every`` steps: ``step 100/488  mse 1.234  L0 32.0  dead 3/1024  9,100 tokens/s``."""
+    """A line every ``every`` steps, and whenever ``seconds`` passed since the last one (no long silence when
+    steps are slow), and at the last step::
 
-    def __init__(self, steps: int, every: int, tokens_per_step: int, stream=None):
+        step 100/488  mse 1.234  auxk 0.01  L0 32.0  dead 3/1024 (fired on none of the last 65,536 tokens)
+        9,100 tokens/s  elapsed 0:45  ETA 2:55
+
+    (on one line). Dead is :meth:`SAEModule.fired_on_none` over ``window`` steps -- as many tokens as the final
+    evaluation reads, so the two numbers measure one thing; the ETA is this session's time per step times the
+    steps left, measured."""
+
+    def __init__(self, steps: int, every: int, tokens_per_step: int, window: int = 1, stream=None,
+                 seconds: float = 5.0):
         self.steps, self.every, self.tokens_per_step = int(steps), max(1, int(every)), int(tokens_per_step)
-        self.stream = stream
-        self._t = 0.0
-        self._step = 0
+        self.window, self.stream, self.seconds = max(1, int(window)), stream, float(seconds)
+        self._t = self._t0 = 0.0
+        self._step = self._step0 = 0
 
     def on_train_start(self, trainer, pl_module):
-        self._t, self._step = time.perf_counter(), trainer.global_step
+        self._t = self._t0 = time.perf_counter()
+        self._step = self._step0 = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step % self.every and step != self.steps:
+        step, now = trainer.global_step, time.perf_counter()
+        if step % self.every and step != self.steps and now - self._t < self.seconds:
             return
-        now = time.perf_counter()
         rate = (step - self._step) * self.tokens_per_step / max(now - self._t, 1e-9)
         self._t, self._step = now, step
         m = pl_module.last
         extra = f"  l1 {m['l1']:.4g}" if "l1" in m else f"  auxk {m.get('auxk', 0.0):.4g}"
-        line = (f"step {step:>{len(str(self.steps))}}/{self.steps}  mse {m['mse']:.5g}{extra}  L0 {m['l0']:.1f}  "
-                f"dead {int(pl_module.dead().sum())}/{pl_module.sae.d_sae}  {rate:,.0f} tokens/s")
-        try:
-            print(line, file=self.stream or sys.stdout, flush=True)
-        except BrokenPipeError:
-            pass
+        dead, steps = pl_module.fired_on_none(self.window)
+        elapsed = now - self._t0
+        eta = elapsed / max(step - self._step0, 1) * (self.steps - step)
+        print_line(f"step {step:>{len(str(self.steps))}}/{self.steps}  mse {m['mse']:.5g}{extra}  L0 {m['l0']:.1f}  "
+                   f"dead {dead}/{pl_module.sae.d_sae} (fired on none of the last {steps * self.tokens_per_step:,} "
+                   f"tokens)  {rate:,.0f} tokens/s  elapsed {clock(elapsed)}  ETA {clock(eta)}", self.stream)

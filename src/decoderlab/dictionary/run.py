@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,12 +27,17 @@ import torch
 from ..files import atomic_write_text
 from ..glassbox.features import SAEEvaluation, evaluate_sae, held_out_windows
 from ..glassbox.sae import SparseAutoencoder, check_sae_hook, check_sae_size, load_sae
+from ..output import ProgressLines
 from .module import LAST_CKPT, LIGHTNING_DIR, SAEModule, SAEProgress, SaveEvery
 
 SAE_RUN_FILE = "sae_run.json"
 #: SAELens's default lr (3e-4) suits its normalised activations; ours are raw, and a TopK SAE of a small model
 #: trains in a few hundred steps at this rate
 DEFAULT_LR = 1e-3
+#: windows per batch of the final evaluation: its progress is said after each of a batch's three passes, and
+#: SmolLM2-135M's three over one batch of 29 windows of 128 tokens took 38 s on 2 shared cores (its logits in
+#: float64, 1.5 GB); 8 windows take about a quarter of both
+EVAL_BATCH = 8
 #: Lightning's notes about what this loop does on purpose: no validation step, batches cut in the process, the
 #: checkpoint loaded as the run's own
 _HANDLED_WARNINGS = r".*(val_dataloader|does not have many workers|LeafSpec|weights_only|exists and is not empty).*"
@@ -42,7 +48,8 @@ class SAETrainConfig:
     """The settings of one SAE run.
 
     Attributes:
-        hook: the hook point read (``blocks.L.hook_resid_post``, ...; :func:`~decoderlab.glassbox.sae.sae_hook_names`).
+        hook: the hook point read (``blocks.L.hook_resid_post``, ...; :func:`~decoderlab.glassbox.sae.sae_hook_names`);
+            None: a middle layer's residual stream, ``blocks.<n_layer // 2>.hook_resid_post`` (:func:`default_hook`).
         width: features per input dimension (d_sae = width x d_in).
         k: active features per token (TopK); None for ReLU + L1.
         l1_coefficient: the L1 penalty of the ReLU variant.
@@ -53,11 +60,12 @@ class SAETrainConfig:
         dead_steps: a feature that has not fired for this many steps is dead.
         resample_every: resample dead features every this many steps (0: never), until 3/4 of the run.
         checkpoint_every: steps between resumable checkpoints.
-        eval_tokens: held-out tokens of the final evaluation.
+        eval_tokens: held-out tokens of the final evaluation (and the span the progress lines count dead
+            features over).
         seed: the SAE's initialisation, the batches and the resampling.
     """
 
-    hook: str
+    hook: str | None = None
     width: int = 8
     k: int | None = 32
     l1_coefficient: float = 5.0
@@ -86,6 +94,12 @@ class SAERun:
     evaluation: SAEEvaluation
     resampled: int
     seconds: float
+
+
+def default_hook(model_config) -> str:
+    """The hook an SAE reads when none is named: a middle layer's residual stream,
+    ``blocks.<n_layer // 2>.hook_resid_post``."""
+    return f"blocks.{model_config.n_layer // 2}.hook_resid_post"
 
 
 def _positive(value, name: str, what: str) -> int:
@@ -133,69 +147,123 @@ def _plan(out: Path, resume: bool, settings: dict) -> dict:
     return settings
 
 
-def _check_config(cfg: SAETrainConfig, model_cfg) -> tuple[int, int]:
-    """(steps, context); every refusal before any work."""
+def _check_settings(cfg: SAETrainConfig) -> int:
+    """The steps of ``cfg``; every refusal that needs no model, before the model is loaded."""
     _positive(cfg.tokens, "tokens", "training tokens")
     _positive(cfg.batch_tokens, "batch_tokens", "tokens per step")
-    context = min(model_cfg.max_len, 128) if cfg.context is None else _positive(cfg.context, "context",
-                                                                                "window length")
-    if context > model_cfg.max_len:
-        raise ValueError(f"context {context} is longer than the model's max_len {model_cfg.max_len}")
-    if cfg.batch_tokens < context:
-        raise ValueError(f"batch_tokens {cfg.batch_tokens} is fewer than one window of {context} tokens")
+    if cfg.context is not None:
+        _positive(cfg.context, "context", "window length")
     if cfg.tokens < cfg.batch_tokens:
         raise ValueError(f"tokens {cfg.tokens} is fewer than one batch of {cfg.batch_tokens} tokens; give at least "
                          f"{cfg.batch_tokens}")
     if not cfg.lr > 0:
         raise ValueError(f"lr must be positive, got {cfg.lr!r}")
-    return cfg.tokens // cfg.batch_tokens, context
+    return cfg.tokens // cfg.batch_tokens
+
+
+def _context(cfg: SAETrainConfig, model_cfg) -> int:
+    """The window length: ``cfg.context``, or the model's max_len up to 128; checked against the model."""
+    context = min(model_cfg.max_len, 128) if cfg.context is None else cfg.context
+    if context > model_cfg.max_len:
+        raise ValueError(f"context {context} is longer than the model's max_len {model_cfg.max_len}")
+    if cfg.batch_tokens < context:
+        raise ValueError(f"batch_tokens {cfg.batch_tokens} is fewer than one window of {context} tokens")
+    return context
+
+
+def _check_windows(n_train: int, n_val: int, context: int, data, corpus) -> None:
+    """Both parts of the corpus (``n_train`` and ``n_val`` tokens) hold a window of ``context`` tokens and its
+    next one -- checked before training, not found short by the evaluation at its end."""
+    need = context + 1
+    if n_train >= need and n_val >= need:
+        return
+    what = f"data {data}" if data is not None else f"the checkpoint's corpus {corpus or 'tinyshakespeare (embedded)'}"
+    raise ValueError(f"{what} is too short: its {n_train + n_val:,} tokens split into {n_train:,} for training and "
+                     f"{n_val:,} held out, and each part needs one window of {need} tokens (context {context} and "
+                     f"the next token); give more text")
 
 
 def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, resume: bool = False,
               progress_bar: bool | str = True, hook: str | None = None, callbacks=()) -> SAERun:
     """Train a sparse autoencoder on ``checkpoint``'s activations at ``cfg.hook`` and save it to ``out`` in
     SAELens's format (see the module docstring); ``resume=True`` continues the run in ``out`` with its own
-    settings, repeating what the uninterrupted run would have done. ``progress_bar``, as ``train_lm``'s: True
-    (a bar counting steps, with the MSE and L0), "plain" (a line every ``cfg.log_every`` steps) or False.
+    settings, repeating what the uninterrupted run would have done. ``checkpoint``: whatever
+    :func:`decoderlab.load` reads (a decoderlab checkpoint or run directory, a Hugging Face directory, a GGUF
+    file). ``progress_bar``, as ``train_lm``'s: True (a bar counting steps, with the MSE and L0), "plain" (a line
+    every ``cfg.log_every`` steps) or False; with either of the first two the final evaluation says how it goes.
+    ``hook``: the hook when no ``cfg`` is given (None: :func:`default_hook`).
+
+    Every setting, the output directory and the corpus are checked before the model is loaded; the hook, the
+    window and the corpus's length against the model before training.
 
     Raises:
         ValueError: a hook the model lacks or an SAE cannot read (listing the valid ones); width or k not
-            positive, k > width x d_in; tokens fewer than one batch; no corpus recorded and no ``data``.
-        FileExistsError: a new run's ``out`` holds files.  FileNotFoundError: nothing to resume; missing paths.
+            positive, k > width x d_in; tokens fewer than one batch; no corpus recorded and no ``data``; a corpus
+            too short for one training and one held-out window.
+        FileExistsError: a new run's ``out`` holds files.  FileNotFoundError: nothing to resume; missing paths;
+            a checkpoint path that is none of the kinds above (:func:`decoderlab.chat.checkpoint_kind`).
     """
-    from ..chat import load_model
+    from ..chat import checkpoint_kind, load_model
+
+    if progress_bar not in (True, False, "plain"):
+        raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
+    checkpoint_kind(checkpoint)
+    out = Path(out)
+    settings = _plan(out, resume, {"checkpoint": str(Path(checkpoint).resolve()),
+                                   "data": None if data is None else str(data),
+                                   "config": dataclasses.asdict(cfg or SAETrainConfig(hook=hook))})
+    cfg = SAETrainConfig(**settings["config"])
+    steps = _check_settings(cfg)
+    corpus = run_corpus(checkpoint, settings["data"])
+    loaded = load_model(checkpoint)
+    model = loaded.model.eval()
+    if cfg.hook is None:
+        cfg = cfg.replace(hook=default_hook(model.config))
+        settings = {**settings, "config": dataclasses.asdict(cfg)}
+    check_sae_hook(model, cfg.hook)
+    context = _context(cfg, model.config)
+    train, val = _split(corpus, loaded.tokenizer, context, settings["data"])
+    return _train(out, model, cfg, settings, train, val, steps=steps, context=context,
+                  dataset=corpus[2] or "tinyshakespeare (embedded)", resume=resume, progress_bar=progress_bar,
+                  callbacks=callbacks)
+
+
+def _split(corpus: tuple, tokenizer, context: int, data):
+    """``(train, val)`` token arrays of ``corpus`` (:func:`run_corpus`'s), each checked to hold a window."""
     from ..data import corpus_tokens, split_tokens
+
+    text, val_fraction, path = corpus
+    tokens = corpus_tokens(text, tokenizer)
+    n_train = math.floor(len(tokens) * (1 - val_fraction) + 1e-9)  # as split_tokens cuts
+    _check_windows(n_train, len(tokens) - n_train, context, data, path)
+    return split_tokens(tokens, val_fraction)
+
+
+def _train(out: Path, model, cfg: SAETrainConfig, settings: dict, train, val, *, steps: int, context: int,
+           dataset: str, resume: bool, progress_bar, callbacks) -> SAERun:
+    """The SAE made, trained on the Lightning loop and evaluated (:func:`_finish`); every check passed.
+    ``dataset``: the corpus's name in the SAE's metadata."""
     from ..training.datamodule import TokenDataModule
     from ..training.progress import StepProgressBar
     from ..training.trainer import fit
 
-    out = Path(out)
-    loaded = load_model(checkpoint)
-    model, tok = loaded.model.eval(), loaded.tokenizer
-    if cfg is None:
-        cfg = SAETrainConfig(hook=hook or f"blocks.{model.config.n_layer // 2}.hook_resid_post")
-    settings = _plan(out, resume, {"checkpoint": str(Path(checkpoint).resolve()), "data": data,
-                                   "config": dataclasses.asdict(cfg)})
-    cfg = SAETrainConfig(**settings["config"])
-    check_sae_hook(model, cfg.hook)
-    steps, context = _check_config(cfg, model.config)
-    text, val_fraction, corpus = run_corpus(checkpoint, settings["data"])
-    train, val = split_tokens(corpus_tokens(text, tok), val_fraction)
+    windows = held_out_windows(val, context, max(1, cfg.eval_tokens // context))
     x0 = _d_in(model, cfg.hook)
     d_sae, k = check_sae_size(x0, cfg.width, cfg.k)
-    meta = {"model_name": Path(checkpoint).name, "hook_name": cfg.hook, "context_size": context,
-            "dataset_path": corpus or "tinyshakespeare (embedded)"}
+    meta = {"model_name": Path(settings["checkpoint"]).name, "hook_name": cfg.hook, "context_size": context,
+            "dataset_path": dataset}
     sae = SparseAutoencoder(x0, d_sae, k, metadata=meta, seed=cfg.seed)
     module = SAEModule(sae, model, cfg.hook, lr=cfg.lr, steps=steps, l1_coefficient=cfg.l1_coefficient,
                        dead_steps=cfg.dead_steps, resample_every=cfg.resample_every, seed=cfg.seed)
     dm = TokenDataModule(train, val, max_len=context, batch_size=cfg.batch_tokens // context, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / SAE_RUN_FILE, json.dumps(settings, indent=2))
+    tokens_per_step = (cfg.batch_tokens // context) * context
+    # the span the progress lines count dead features over: as many tokens as the final evaluation reads
+    window = max(1, round(windows.size(0) * context / tokens_per_step))
     callbacks = [SaveEvery(out, cfg.checkpoint_every), *callbacks]
-    if progress_bar not in (True, False, "plain"):
-        raise ValueError(f"progress_bar must be True (a bar), 'plain' (lines) or False, got {progress_bar!r}")
     if progress_bar == "plain":
-        callbacks.append(SAEProgress(steps, cfg.log_every, (cfg.batch_tokens // context) * context))
+        callbacks.append(SAEProgress(steps, cfg.log_every, tokens_per_step, window))
     elif progress_bar:
         callbacks.append(StepProgressBar(steps))
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -207,7 +275,9 @@ def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, 
         warnings.filterwarnings("ignore", message=_HANDLED_WARNINGS)
         fit(trainer, module, datamodule=dm, ckpt_path=None if ckpt is None else str(ckpt), weights_only=False)
     seconds = time.perf_counter() - t0
-    return _finish(out, model, module, cfg, val, context, settings, seconds)
+    dead = module.fired_on_none(window)
+    return _finish(out, model, module, windows, settings, seconds, (dead[0], dead[1] * tokens_per_step),
+                   progress=bool(progress_bar))
 
 
 def _d_in(model, hook: str) -> int:
@@ -216,14 +286,20 @@ def _d_in(model, hook: str) -> int:
     return int(hook_activations(model, torch.zeros(1, 1, dtype=torch.long), hook).shape[-1])
 
 
-def _finish(out: Path, model, module: SAEModule, cfg: SAETrainConfig, val, context: int, settings: dict,
-            seconds: float) -> SAERun:
-    """The held-out evaluation, the SAELens files and the summary in ``sae_run.json``."""
+def _finish(out: Path, model, module: SAEModule, windows, settings: dict, seconds: float,
+            dead_in_training: tuple[int, int], progress: bool) -> SAERun:
+    """The held-out evaluation (with lines saying how it goes when ``progress``), the SAELens files and the
+    summary in ``sae_run.json``; ``dead_in_training``: (features that fired on none of the last tokens of
+    training, those tokens), the progress lines' measure."""
     sae = module.sae.eval()
-    windows = held_out_windows(val, context, max(1, cfg.eval_tokens // context))
-    ev = evaluate_sae(model, sae, cfg.hook, windows)
+    lines = None
+    if progress:
+        lines = ProgressLines("evaluation", windows.size(0) * (windows.size(1) - 1), "held-out tokens").start()
+    ev = evaluate_sae(model, sae, module.hook, windows, batch_size=EVAL_BATCH,
+                      progress=None if lines is None else lines.update)
     sae.save(out, log_sparsity=torch.log10(ev.density.double() + 1e-10))
-    summary = {**ev.to_dict(), "dead_in_training": int(module.dead().sum()), "resampled": module.resampled,
+    summary = {**ev.to_dict(), "dead_in_training": dead_in_training[0],
+               "dead_in_training_tokens": dead_in_training[1], "resampled": module.resampled,
                "train_seconds": seconds, "steps": int(module.steps_done)}
     atomic_write_text(out / SAE_RUN_FILE, json.dumps({**settings, "summary": summary}, indent=2))
     return SAERun(sae, out, ev, module.resampled, seconds)

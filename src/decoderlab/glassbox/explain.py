@@ -126,7 +126,7 @@ def _predictions(st: _Story) -> list[str]:
     tr, t, batch, out = st.tr, st.t, st.batch, []
     if st.small and st.cfg.num_tokens <= 16:
         vocab = range(st.cfg.num_tokens)
-        cols = st.tokenizer.tokens(vocab) if st.tokenizer is not None else [str(j) for j in vocab]
+        cols = [label(c) for c in st.tokenizer.tokens(vocab)] if st.tokenizer is not None else [str(j) for j in vocab]
         out += ["", st.matrix("logits (fc_layer output; one column per vocabulary token):", st.np_(tr.logits), cols)]
     out += ["", "top next-token probabilities at each position:"]
     if t > TABLE_MAX_T:
@@ -137,7 +137,9 @@ def _predictions(st: _Story) -> list[str]:
         toks = tr.top_k_tokens[batch][i] if tr.top_k_tokens is not None else [str(j) for j in ids]
         out.append(f"  after {st.pos_labels[i]}: " + ", ".join(f"{label(s)} {p:.4f}" for s, p in zip(toks, probs)))
     best = tr.top_k_tokens[batch][t - 1][0] if tr.top_k_tokens is not None else str(int(tr.top_k_ids[batch, t - 1, 0]))
-    return out + ["", f"=> the top next token after {label(st.labels[-1])} is {label(best)} "
+    # each token quoted as it reads (lens and heads name tokens so too): after ' is' is ' Paris', where bare
+    # labels ran the token's leading space into the sentence ("after  is is  Paris")
+    return out + ["", f"=> the top next token after {st.labels[-1]!r} is {best!r} "
                       f"(p = {float(tr.top_k_probs[batch, t - 1, 0]):.4f})"]
 
 

@@ -156,13 +156,20 @@ class SAEEvaluation:
     ce_loss_recovered: float
     density: torch.Tensor = field(repr=False)
 
+    @property
+    def dead_features(self) -> int:
+        """The features that fired on none of these tokens (``dead_share`` x d_sae): the measure training's
+        progress lines count over as many of its last tokens."""
+        return int((self.density == 0).sum())
+
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "density"}
 
     def table(self) -> str:
         rows = [("tokens", f"{self.tokens}"), ("L0 (active features per token)", f"{self.l0:.2f}"),
                 ("explained variance", f"{self.explained_variance:.4f}"), ("MSE", f"{self.mse:.5g}"),
-                ("dead features", f"{100 * self.dead_share:.2f}%"),
+                (f"dead (fired on none of the {self.tokens:,} tokens)",
+                 f"{self.dead_features:,}/{self.density.numel():,} ({100 * self.dead_share:.2f}%)"),
                 ("CE clean / with SAE / zero-ablated (nats)",
                  f"{self.ce_clean:.4f} / {self.ce_sae:.4f} / {self.ce_zero:.4f}"),
                 ("CE loss recovered", f"{self.ce_loss_recovered:.4f}")]
@@ -197,21 +204,28 @@ def _ce_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor, *, batch_size: int = 32
-                 ) -> SAEEvaluation:
+def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor, *, batch_size: int = 32,
+                 progress=None) -> SAEEvaluation:
     """SAELens's evaluation of ``sae`` at ``hook`` over ``windows`` (n, T + 1) of held-out token ids
     (:func:`held_out_windows`): per batch one clean pass (the activations and CE), one with the reconstruction
     spliced in (:func:`splice_sae`, through ``forward_with_hooks`` as ``run_with_hooks``) and one with the
-    activation zero-ablated; sums in float64. Raises ``ValueError`` for an unknown hook or bad ids."""
+    activation zero-ablated; sums in float64. ``progress``: called after each pass with the tokens evaluated
+    so far (of n x T), a batch counting a third at each of its passes (a pass of a large model takes seconds;
+    e.g. :meth:`decoderlab.output.ProgressLines.update`). Raises ``ValueError`` for an unknown hook or bad ids."""
     model = hook_model(model)
     sums = _Sums(sae.d_sae)
     for i in range(0, windows.size(0), batch_size):
         w = windows[i:i + batch_size].to(model.we.weight.device)
         ids, targets = as_ids(model, w[:, :-1]), w[:, 1:]
+        done, batch = sums.n, ids.numel()
         got = {}
 
         def keep(x, name):
             got["x"] = x.detach()
+
+        def said(passes: int) -> None:
+            if progress is not None:
+                progress(done + batch * passes // 3)
 
         clean = forward_with_hooks(model, ids, [(hook, keep)])
         x = got["x"].flatten(2) if got["x"].dim() == 4 else got["x"]
@@ -219,8 +233,11 @@ def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor
         f = sae.encode(x)
         sums.add(x, sae.decode(f), f)
         sums.ce["clean"] += _ce_sum(clean, targets)
+        said(1)
         sums.ce["sae"] += _ce_sum(forward_with_hooks(model, ids, [splice_sae(sae, hook)]), targets)
+        said(2)
         sums.ce["zero"] += _ce_sum(forward_with_hooks(model, ids, [_zero(hook)]), targets)
+        said(3)
     return _evaluation(sums)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import atomic_write_bytes, atomic_write_text
+from .text import label
 
 #: at most this many tokens get a tick label on each axis (longer inputs get evenly spaced ticks)
 MAX_TICK_LABELS = 64
@@ -24,6 +25,8 @@ HATCH_MAX_T = 48
 
 
 def _label(tok: str) -> str:
+    """A token in running text (a feature dashboard's contexts): its spaces kept, a lone space as ``␣``; the
+    trace's figures and report label each token apart with :func:`~decoderlab.glassbox.text.label`."""
     out = tok.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
     return "␣" if out == " " else out
 
@@ -42,7 +45,7 @@ def attention_figure(tr, *, batch: int = 0, title: str | None = None):
     layers = tr.layers
     if not layers:
         raise ValueError("the trace keeps no layer to draw")
-    labels = [_label(s) for s in tr.labels(batch)]
+    labels = [label(s) for s in tr.labels(batch)]
     t = len(labels)
     n_rows, n_cols = len(layers), max(len(lt.heads) for lt in layers)
     panel = min(8.0, max(2.8, 0.42 * t + 1.2))
@@ -144,7 +147,7 @@ def html_report(tr, *, text: str | None = None, title: str = "decoderlab: inside
     e = _html.escape
     labels = tr.labels(batch)
     t = len(labels)
-    pos = [f"{_label(s)}@{i}" for i, s in enumerate(labels)]
+    pos = [f"{label(s)}@{i}" for i, s in enumerate(labels)]
     png = base64.b64encode(figure_png_bytes(attention_figure(tr, batch=batch))).decode("ascii")
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e(title)}</title>",
@@ -154,7 +157,7 @@ def html_report(tr, *, text: str | None = None, title: str = "decoderlab: inside
         "text-align:center}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}"
         "img{max-width:100%}</style></head><body>",
         f"<h1>{e(title)}</h1>",
-        f"<p>Input ({t} tokens): <code>{e(' '.join(_label(s) for s in labels))}</code>. Rows are queries "
+        f"<p>Input ({t} tokens): <code>{e(' '.join(label(s) for s in labels))}</code>. Rows are queries "
         "(the token looking), columns are keys (the tokens looked at); grey cells are masked.</p>",
         "<h2>Attention heatmaps</h2>",
         f'<img alt="attention percents, one panel per layer and head" src="data:image/png;base64,{png}">',
@@ -176,7 +179,7 @@ def html_report(tr, *, text: str | None = None, title: str = "decoderlab: inside
         ids = tr.top_k_ids[batch, i].tolist()
         probs = tr.top_k_probs[batch, i].tolist()
         toks = tr.top_k_tokens[batch][i] if tr.top_k_tokens is not None else [str(j) for j in ids]
-        cells = "".join(f"<td>{e(_label(s))}</td><td>{p:.4f}</td>" for s, p in zip(toks, probs))
+        cells = "".join(f"<td>{e(label(s))}</td><td>{p:.4f}</td>" for s, p in zip(toks, probs))
         rows.append(f"<tr><th>{e(pos[i])}</th>{cells}</tr>")
     head = "".join(f"<th>#{j + 1} token</th><th>p</th>" for j in range(k))
     parts.append(f'<table class="topk"><tr><th>after</th>{head}</tr>{"".join(rows)}</table>')

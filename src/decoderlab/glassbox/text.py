@@ -13,11 +13,16 @@ def fmt_row(values: Iterable[float], width: int = 9, prec: int = 4) -> str:
 
 
 def label(tok: str) -> str:
-    """A printable label for a token string (whitespace made visible)."""
-    out = tok.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    if out == " ":
-        return "␣"
-    return out
+    """A printable label for a token string, whitespace made visible: every space as ``␣`` (``" Paris"`` reads
+    ``␣Paris``, never a second space beside the word before it), newlines and tabs escaped."""
+    return _escaped(tok).replace(" ", "␣")
+
+
+def _escaped(name: str) -> str:
+    """A row or column name of :func:`matrix` (a label already, or ``pos 1``): newlines and tabs escaped, a lone
+    space as ``␣``."""
+    out = name.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return "␣" if out == " " else out
 
 
 def matrix(title: str, m, rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,
@@ -26,8 +31,8 @@ def matrix(title: str, m, rows: Sequence[str] | None = None, cols: Sequence[str]
     m = np.asarray(m, dtype=np.float64)
     if m.ndim == 1:
         m = m[None, :]
-    rows = [label(r) for r in rows] if rows is not None else [str(i) for i in range(m.shape[0])]
-    cols = [label(c) for c in cols] if cols is not None else [f"[{j}]" for j in range(m.shape[1])]
+    rows = [_escaped(r) for r in rows] if rows is not None else [str(i) for i in range(m.shape[0])]
+    cols = [_escaped(c) for c in cols] if cols is not None else [f"[{j}]" for j in range(m.shape[1])]
     rw = max(len(r) for r in rows)
     cw = max(prec + 6, max(len(c) for c in cols) + 1)
     lines = [title, " " * rw + "".join(f"{c:>{cw}}" for c in cols)]

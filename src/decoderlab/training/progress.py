@@ -13,7 +13,7 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-from ..output import print_line
+from ..output import clock, print_line
 from .callbacks import LMMetrics, LossHistory
 
 
@@ -62,13 +62,6 @@ class StepProgressBar(TQDMProgressBar):
         if history is not None and history.losses:  # (read at logging steps, not from the device every step)
             items["train_loss"] = f"{history.losses[-1]:.3f}"
         return items
-
-
-def _clock(seconds: float) -> str:
-    """``seconds`` as M:SS, or H:MM:SS from an hour on."""
-    s = int(round(max(0.0, seconds)))
-    h, rest = divmod(s, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
 class PlainProgress(L.Callback):
@@ -150,7 +143,7 @@ class PlainProgress(L.Callback):
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.2e}")
         if seconds > 0:
             parts.append(f"{tokens / seconds:,.0f} tokens/s")
-        parts += [f"elapsed {_clock(elapsed)}", f"ETA {_clock(eta)}"]
+        parts += [f"elapsed {clock(elapsed)}", f"ETA {clock(eta)}"]
         self._print("  ".join(parts))
 
     def validation_line(self, step: int, loss: float, bpb: float | None = None, windows: str | None = None) -> None:
