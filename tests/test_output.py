@@ -59,27 +59,3 @@ def test_a_training_run_goes_on_to_its_checkpoint(tmp_path):
     assert status == 0 and "Traceback" not in err, err
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["step"] == 4
     assert (tmp_path / "run" / "lightning" / "last.ckpt").is_file()
-
-
-def test_progress_lines_measure_the_remaining_time_from_the_rate_so_far():
-    """A wait says what it does at once, then at most a line per `every` seconds with the time left at its own
-    rate so far (none before anything is done), and the whole time at the end. The seconds here are a fake
-    clock's: no timed test."""
-    import io
-
-    from decoderlab.output import ProgressLines
-
-    times = iter([0.0, 2.0, 6.0, 8.0, 11.5, 20.0])
-    out = io.StringIO()
-    lines = ProgressLines("evaluation", 100, "held-out tokens", every=5.0, stream=out, clock=lambda: next(times))
-    lines.start()
-    for done in (10, 30, 40, 0 + 60, 100):  # at 2 s (quiet), 6 s, 8 s (quiet), 11.5 s, 20 s
-        lines.update(done)
-    assert out.getvalue().splitlines() == [
-        "evaluation: 100 held-out tokens ...",
-        "evaluation 30/100 held-out tokens  elapsed 0:06  ETA 0:14",  # 6 s for 30: 70 more take 14 s
-        "evaluation 60/100 held-out tokens  elapsed 0:12  ETA 0:08",  # 11.5 s for 60: 40 more take 7.7 s
-        "evaluation 100/100 held-out tokens in 0:20"]
-    quiet = io.StringIO()
-    ProgressLines("load", 3, "files", every=5.0, stream=quiet, clock=iter([0.0, 9.0]).__next__).update(0)
-    assert quiet.getvalue().splitlines() == ["load: 3 files ...", "load 0/3 files  elapsed 0:09"]  # no rate yet

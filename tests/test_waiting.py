@@ -127,3 +127,26 @@ def test_the_record_keeps_the_newest(tmp_path, monkeypatch):
 def test_the_record_lives_in_the_decoderlab_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
     assert MeasuredWaits().path == tmp_path / "waits.json"
+
+def test_progress_lines_measure_the_remaining_time_from_the_rate_so_far():
+    """A wait says what it does at once, then at most a line per `every` seconds with the time left at its own
+    rate so far (none before anything is done), and the whole time at the end. The seconds here are a fake
+    clock's: no timed test."""
+    import io
+
+    from decoderlab.waiting import ProgressLines
+
+    times = iter([0.0, 2.0, 6.0, 8.0, 11.5, 20.0])
+    out = io.StringIO()
+    lines = ProgressLines("evaluation", 100, "held-out tokens", every=5.0, stream=out, clock=lambda: next(times))
+    lines.start()
+    for done in (10, 30, 40, 0 + 60, 100):  # at 2 s (quiet), 6 s, 8 s (quiet), 11.5 s, 20 s
+        lines.update(done)
+    assert out.getvalue().splitlines() == [
+        "evaluation: 100 held-out tokens ...",
+        "evaluation 30/100 held-out tokens  elapsed 0:06  ETA 0:14",  # 6 s for 30: 70 more take 14 s
+        "evaluation 60/100 held-out tokens  elapsed 0:12  ETA 0:08",  # 11.5 s for 60: 40 more take 7.7 s
+        "evaluation 100/100 held-out tokens in 0:20"]
+    quiet = io.StringIO()
+    ProgressLines("load", 3, "files", every=5.0, stream=quiet, clock=iter([0.0, 9.0]).__next__).update(0)
+    assert quiet.getvalue().splitlines() == ["load: 3 files ...", "load 0/3 files  elapsed 0:09"]  # no rate yet

@@ -5,16 +5,14 @@ A progress line must never stop a training run: :func:`print_line` writes a line
 gone, sends the rest of the process's output to ``os.devnull`` (:func:`discard_stdout`), so that the run goes
 on and Python's own flush at exit has nothing to complain about. :class:`KeepWriting` does the same for a
 whole command whose output is a side matter (training, serving). :class:`quiet_imports` keeps other
-libraries' import-time notices off the output unless ``--verbose``. :class:`ProgressLines` says how a long wait
-goes, with a remaining time measured as it goes (:func:`clock` writes the times). Ground layer: imports nothing
-from decoderlab.
+libraries' import-time notices off the output unless ``--verbose``. Ground layer: imports nothing from decoderlab (a long wait's
+lines: :mod:`decoderlab.waiting`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 
 def _same_file(fd_a: int, fd_b: int) -> bool:
@@ -116,52 +114,3 @@ class quiet_imports:
             for log, level in zip(self._loggers, self._levels):
                 log.setLevel(level)
         return False
-
-
-def clock(seconds: float) -> str:
-    """``seconds`` as M:SS, or H:MM:SS from an hour on."""
-    s = int(round(max(0.0, seconds)))
-    h, rest = divmod(s, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
-class ProgressLines:
-    """Plain lines (logs, pipes, terminals alike) of a wait of ``total`` ``unit``, so that no wait over about
-    ``every`` seconds is silent::
-
-        evaluation: 65,536 held-out tokens ...                                   (start)
-        evaluation 12,288/65,536 held-out tokens  elapsed 0:21  ETA 1:31          (update, at most one per ``every`` s)
-        evaluation 65,536/65,536 held-out tokens in 1:52                          (update with done == total)
-
-    The remaining time is measured, never promised: what is left at this wait's own rate so far (elapsed / done),
-    so no line has one before the first unit is done. ``clock``: the seconds counter (``time.perf_counter``; a
-    test gives its own). Lines go through :func:`print_line` (a closed pipe never stops the work) to ``stream``
-    (standard output by default).
-    """
-
-    def __init__(self, what: str, total: int, unit: str, *, every: float = 5.0, stream=None, clock=time.perf_counter):
-        self.what, self.total, self.unit, self.every = what, int(total), unit, float(every)
-        self.stream, self._clock = stream, clock
-        self._t0 = self._last = None
-
-    def start(self) -> "ProgressLines":
-        """The first line (what is about to be done), and the clock started."""
-        self._t0 = self._last = self._clock()
-        print_line(f"{self.what}: {self.total:,} {self.unit} ...", self.stream)
-        return self
-
-    def update(self, done: int) -> None:
-        """``done`` of ``total`` are done: a line when ``every`` seconds passed since the last one, or at the end."""
-        if self._t0 is None:
-            self.start()
-        now = self._clock()
-        elapsed = now - self._t0
-        count = f"{self.what} {done:,}/{self.total:,} {self.unit}"
-        if done >= self.total:
-            print_line(f"{count} in {clock(elapsed)}", self.stream)
-        elif now - self._last >= self.every:
-            eta = f"  ETA {clock(elapsed / done * (self.total - done))}" if done > 0 else ""
-            print_line(f"{count}  elapsed {clock(elapsed)}{eta}", self.stream)
-        else:
-            return
-        self._last = now

@@ -6,7 +6,9 @@ one machine and 477 s on a loaded one), so no fixed range is true for everyone.
 
 The lines share one wording: ``compiling ... (the last one of this model's shape took 131 s here) ...`` when a
 wait starts, ``compiling ...: 40 s so far, ~91 s left`` while it runs, and ``... in 128 s`` when it is done.
-Imports only :mod:`decoderlab.files` (its record is written atomically), so that any layer above may say its waits.
+A wait whose work is counted (tokens evaluated) says its count instead, with the time left measured from its own
+rate so far (:class:`ProgressLines`; :func:`clock` writes the times). Imports only :mod:`decoderlab.files` (its
+record is written atomically) and :mod:`decoderlab.output`, so that any layer above may say its waits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from .output import print_line
 
 #: seconds between two heartbeat lines
 EVERY = 20.0
@@ -163,3 +167,52 @@ class MeasuredWaits:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as M:SS, or H:MM:SS from an hour on."""
+    s = int(round(max(0.0, seconds)))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressLines:
+    """Plain lines (logs, pipes, terminals alike) of a wait of ``total`` ``unit``, so that no wait over about
+    ``every`` seconds is silent::
+
+        evaluation: 65,536 held-out tokens ...                                   (start)
+        evaluation 12,288/65,536 held-out tokens  elapsed 0:21  ETA 1:31          (update, at most one per ``every`` s)
+        evaluation 65,536/65,536 held-out tokens in 1:52                          (update with done == total)
+
+    The remaining time is measured, never promised: what is left at this wait's own rate so far (elapsed / done),
+    so no line has one before the first unit is done. ``clock``: the seconds counter (``time.perf_counter``; a
+    test gives its own). Lines go through :func:`print_line` (a closed pipe never stops the work) to ``stream``
+    (standard output by default).
+    """
+
+    def __init__(self, what: str, total: int, unit: str, *, every: float = 5.0, stream=None, clock=time.perf_counter):
+        self.what, self.total, self.unit, self.every = what, int(total), unit, float(every)
+        self.stream, self._clock = stream, clock
+        self._t0 = self._last = None
+
+    def start(self) -> "ProgressLines":
+        """The first line (what is about to be done), and the clock started."""
+        self._t0 = self._last = self._clock()
+        print_line(f"{self.what}: {self.total:,} {self.unit} ...", self.stream)
+        return self
+
+    def update(self, done: int) -> None:
+        """``done`` of ``total`` are done: a line when ``every`` seconds passed since the last one, or at the end."""
+        if self._t0 is None:
+            self.start()
+        now = self._clock()
+        elapsed = now - self._t0
+        count = f"{self.what} {done:,}/{self.total:,} {self.unit}"
+        if done >= self.total:
+            print_line(f"{count} in {clock(elapsed)}", self.stream)
+        elif now - self._last >= self.every:
+            eta = f"  ETA {clock(elapsed / done * (self.total - done))}" if done > 0 else ""
+            print_line(f"{count}  elapsed {clock(elapsed)}{eta}", self.stream)
+        else:
+            return
+        self._last = now

@@ -14,7 +14,8 @@ import torch
 
 from ..glassbox.features import hook_activations
 from ..glassbox.sae import SparseAutoencoder, resample_dead, sae_losses
-from ..output import clock, print_line
+from ..output import print_line
+from ..waiting import clock
 
 logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(
     lambda record: "weights_only" not in record.getMessage())

@@ -27,7 +27,7 @@ import torch
 from ..files import atomic_write_text
 from ..glassbox.features import SAEEvaluation, evaluate_sae, held_out_windows
 from ..glassbox.sae import SparseAutoencoder, check_sae_hook, check_sae_size, load_sae
-from ..output import ProgressLines
+from ..waiting import ProgressLines
 from .module import LAST_CKPT, LIGHTNING_DIR, SAEModule, SAEProgress, SaveEvery
 
 SAE_RUN_FILE = "sae_run.json"

@@ -211,7 +211,7 @@ def evaluate_sae(model, sae: SparseAutoencoder, hook: str, windows: torch.Tensor
     spliced in (:func:`splice_sae`, through ``forward_with_hooks`` as ``run_with_hooks``) and one with the
     activation zero-ablated; sums in float64. ``progress``: called after each pass with the tokens evaluated
     so far (of n x T), a batch counting a third at each of its passes (a pass of a large model takes seconds;
-    e.g. :meth:`decoderlab.output.ProgressLines.update`). Raises ``ValueError`` for an unknown hook or bad ids."""
+    e.g. :meth:`decoderlab.waiting.ProgressLines.update`). Raises ``ValueError`` for an unknown hook or bad ids."""
     model = hook_model(model)
     sums = _Sums(sae.d_sae)
     for i in range(0, windows.size(0), batch_size):

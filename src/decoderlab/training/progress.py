@@ -13,7 +13,8 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-from ..output import clock, print_line
+from ..output import print_line
+from ..waiting import clock
 from .callbacks import LMMetrics, LossHistory
 
 
