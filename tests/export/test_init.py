@@ -112,3 +112,26 @@ def test_export_of_a_gguf_file_keeps_its_jinja_template_and_pre_tokenizer(tmp_pa
         assert np.array_equal(a[name][1], b[name][1]), name
     modelfile = (tmp_path / "out.Modelfile").read_text()
     assert "FROM ./out.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+@pytest.mark.parametrize("kind", ["missing", "plain file", "empty directory"])
+def test_export_of_a_path_that_is_no_checkpoint_gives_the_front_door_s_one_message(tmp_path, kind):
+    """The library's export names a bad path as ``decoderlab.load`` does (one message for every command), not
+    with the reader of one kind's complaint; nothing is written."""
+    import decoderlab as dl
+    from decoderlab.export import export
+
+    path = {"missing": tmp_path / "nothing", "plain file": tmp_path / "notes.txt",
+            "empty directory": tmp_path / "empty"}[kind]
+    if kind == "plain file":
+        path.write_text("not a model")
+    elif kind == "empty directory":
+        path.mkdir()
+    with pytest.raises(FileNotFoundError) as front_door:
+        dl.load(path)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(FileNotFoundError) as exported:
+        export(path, out)
+    assert str(exported.value) == str(front_door.value)
+    assert "a checkpoint is a decoderlab run or checkpoint directory" in str(exported.value)
+    assert not out.exists()

@@ -108,12 +108,12 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
         ValueError: an unknown format or dtype (``dtype`` other than float32 with ``format="hf"`` too); a shape
             the format cannot carry (:func:`check_shape`, checked before the weights are read); a tokenizer
             the format cannot carry.
-        FileNotFoundError: ``run_dir`` is not a checkpoint.
+        FileNotFoundError: ``run_dir`` is not a checkpoint (:func:`decoderlab.chat.checkpoint_kind`'s one message).
     """
-    from ..chat import load_model
+    from ..chat import checkpoint_kind, load_model
     from ..checkpoint import read_config
-    from ..gguf import is_gguf_file, open_checked
-    from ..hf import is_hf_directory, read_hf_config
+    from ..gguf import open_checked
+    from ..hf import read_hf_config
     from ..model import ModelConfig
 
     if format not in EXPORT_FORMATS:
@@ -121,10 +121,11 @@ def export(run_dir: str | os.PathLike, out: str | os.PathLike, *, format: str = 
     if dtype not in GGUF_DTYPES or (format == "hf" and dtype != "float32"):
         allowed = GGUF_DTYPES if format == "gguf" else ("float32",)
         raise ValueError(f"--dtype {dtype!r} is not one --format {format} writes; allowed: {', '.join(allowed)}")
-    if is_gguf_file(run_dir):
+    kind = checkpoint_kind(run_dir)  # the front door's one message for a path that is no checkpoint
+    if kind == "gguf":
         config = ModelConfig.from_dict(open_checked(run_dir)[2])  # from its header
     else:
-        config = read_hf_config(run_dir)[3] if is_hf_directory(run_dir) else read_config(run_dir)
+        config = read_hf_config(run_dir)[3] if kind == "hf" else read_config(run_dir)
     check_shape(config, format)  # before the weights are read
     model, tokenizer, template, _ = load_model(run_dir)
     check_shape(model.config, format)
