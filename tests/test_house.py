@@ -111,3 +111,21 @@ def test_the_circle_check_sees_a_deferred_import(tmp_path, monkeypatch):
     (pkg / "c.py").write_text("from . import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_circles("circly") == [["circly.a", "circly.b", "circly.a"]]
+
+
+def test_no_two_test_modules_share_an_import_name():
+    """pytest imports a test file outside a package by its bare name: two such files of one name (tests/gguf and
+    tests/export each had a test_init.py) make a whole-suite run fail to collect one of them, which a run of one
+    folder never shows. A folder without ``__init__.py`` (tests/gguf must have none: it would shadow the PyPI
+    ``gguf``) needs names of its own."""
+    import collections
+
+    tests = Path(__file__).resolve().parent
+    names = collections.defaultdict(list)
+    for path in tests.rglob("test_*.py"):
+        parts, folder = [path.stem], path.parent
+        while (folder / "__init__.py").exists():
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        names[".".join(parts)].append(str(path.relative_to(tests)))
+    assert {k: v for k, v in names.items() if len(v) > 1} == {}

@@ -54,11 +54,11 @@ def _check_numbers(args) -> None:
 
 def cmd_serve(args) -> int:
     _check_numbers(args)
-    check_checkpoint(args.checkpoint)  # before the port is bound
     where = device(args)  # a device the machine lacks: one line before the port is bound
     from ..dtypes import check_dtype
 
     check_dtype(args.dtype, where)  # likewise an unknown --dtype, or one the device does not run
+    check_checkpoint(args.checkpoint)  # the values first, then the path: each named before the port is bound
     from ..serve import Limits, serve
 
     threads = set_threads(args)
