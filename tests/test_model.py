@@ -62,7 +62,7 @@ def test_config_round_trips_through_json():
     (dict(d_ff=-1), "d_ff"),
     (dict(norm="batchnorm"), "allowed: none, layernorm, rmsnorm"),
     (dict(position="alibi"), "allowed: sinusoidal, learned, rope, none"),
-    (dict(mlp="geglu"), "allowed: none, gelu, relu2, swiglu"),
+    (dict(mlp="reglu"), "allowed: none, gelu, relu2, swiglu, geglu"),
     (dict(attention="flash"), "allowed: sdpa, explicit"),
     (dict(dropout=1.5), "dropout"),
 ])

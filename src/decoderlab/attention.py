@@ -92,6 +92,16 @@ def build_ignore_mask(
     return mask
 
 
+def window_mask(t_q: int, t_k: int, window: int | None, device=None) -> torch.Tensor | None:
+    """(T_q, T_k) bool, True where a query is ``window`` or more positions past a key (outside its sliding window;
+    the queries aligned with the end of the keys, as :func:`build_ignore_mask`'s causal rule); None when no key
+    is that far from any query (no window, or T_k <= window)."""
+    if window is None or t_k <= window:
+        return None
+    i = torch.arange(t_q, device=device).unsqueeze(1) + (t_k - t_q)
+    return i - torch.arange(t_k, device=device).unsqueeze(0) >= window
+
+
 def explicit_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,8 +109,10 @@ def explicit_attention(
     mask: torch.Tensor | None,
     dropout_p: float = 0.0,
     hooks=None,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lessons' math: softmax(Q Kᵀ / sqrt(d_head), masked) V, per head.
+    """The lessons' math: softmax(Q Kᵀ / sqrt(d_head), masked) V, per head (Q Kᵀ times ``scale`` instead when
+    given: Gemma's 1 / sqrt(query_pre_attn_scalar)).
 
     Shapes: q (B, H, T_q, d_head); k, v (B, H, T_k, d_head); mask bool broadcastable to (B, H, T_q, T_k),
     True = ignore. Returns (out (B, H, T_q, d_head), attention percents (B, H, T_q, T_k)). A query whose keys
@@ -119,7 +131,8 @@ def explicit_attention(
     if half:
         q, k = q.float(), k.float()
     # scaled and masked in place: the products are this function's own (autograd saves q and k, not them)
-    scaled = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(q.size(-1)))
+    scaled = torch.matmul(q, k.transpose(-2, -1))
+    scaled = scaled.div_(math.sqrt(q.size(-1))) if scale is None else scaled.mul_(scale)
     all_masked = None
     if mask is not None:
         # rows with no visible key are filled with 0 to keep the softmax finite, and zeroed below; done for every
@@ -149,21 +162,23 @@ def sdpa_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     enable_gqa: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with decoderlab's mask convention (True = ignore).
 
     Shapes as :func:`explicit_attention`; with ``enable_gqa`` k and v may have fewer heads (a divisor of q's:
     grouped-query attention, query head j reading key/value head j // group). ``is_causal`` may be set only when
     ``mask`` is None and T_q == T_k (the fused causal path). A query whose keys are all masked returns zeros (not
-    NaN).
+    NaN). ``scale``: what Q Kᵀ is multiplied by (None: 1 / sqrt(d_head)).
     """
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa,
+                                              scale=scale)
     # a row with no visible key lets the kernel see every key, and its output is zeroed: done for every row
     # rather than after asking whether any is empty (asking would wait for the device)
     all_masked = mask.all(dim=-1, keepdim=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | all_masked, dropout_p=dropout_p,
-                                         enable_gqa=enable_gqa)
+                                         enable_gqa=enable_gqa, scale=scale)
     return out.masked_fill(all_masked, 0.0)
 
 
@@ -189,6 +204,10 @@ class MultiHeadAttention(nn.Module):
         qk_norm: RMS-normalise each head's queries and keys (over d_head, eps ``qk_norm_eps``) before rope
             (Henry et al. 2020); with ``qk_norm_gain`` times a learned gain (d_head,) shared by the heads,
             ``q_norm.weight`` and ``k_norm.weight`` (Qwen3), else no gain.
+        sliding_window: None (every earlier position), or W: query i sees key j only when i - j < W (Mistral's
+            and Gemma's local layers; transformers' ``sliding_window``). A KV cache of this layer may then hold
+            the last W keys only (:class:`LayerKVCache`'s ring).
+        scale: what Q Kᵀ is multiplied by (None: 1 / sqrt(d_head); Gemma's 1 / sqrt(query_pre_attn_scalar)).
 
     ``forward(x, kv=None, *, causal=True, padding_mask=None, attn_mask=None, positions=None, cache=None,
     return_weights=False)``:
@@ -226,6 +245,8 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-5,
         qk_norm_gain: bool = False,
+        sliding_window: int | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         n_kv = n_kv_head or n_head
@@ -245,6 +266,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"without an output projection the heads' width {self.q_size} must be d_model ({d_model})")
         self.kernel = kernel
         self.dropout = dropout
+        self.sliding_window = sliding_window or None
+        self.scale = scale
         self.qkv = nn.Linear(d_model, self.q_size + 2 * self.kv_size, bias=bias or qkv_bias)
         self.proj = nn.Linear(self.q_size, d_model, bias=bias) if out_proj else None
         self.resid_dropout = nn.Dropout(dropout)
@@ -312,37 +335,68 @@ class MultiHeadAttention(nn.Module):
         (Hugging Face's ``repeat_kv``); the tensor itself without groups."""
         return t if self.group == 1 else t.repeat_interleave(self.group, dim=1)
 
-    def _attend(self, q, k, v, *, causal, padding_mask, attn_mask, p_drop, return_weights, cached):
-        """The kernel: (B, H, T_q, d_head) head outputs and the percents (B, H, T_q, T_k) or None. ``cached``:
-        k and v are a KV cache's (a one-query step then sees every key but the padded ones)."""
+    def _key_masks(self, t_q: int, t_k: int, padding_mask, cache, device):
+        """``(padding mask over the keys attention reads, the sliding window's ignore mask or None)``.
+
+        The keys are a KV cache's (:class:`LayerKVCache`: all of them from column 0, the ones from a later column,
+        or a wrapped ring's unordered last W) or this call's own; ``padding_mask`` (B, T) covers every column of
+        the sequence. The window: for keys in order, (T_q, T_k) True where a query is W or more columns past a
+        key, when T_k > W (else nothing is out of it); in a static step (one query at the cache's device-side
+        ``column``) the columns W or more before it, (T_k,); a wrapped ring holds only keys inside it."""
+        window, mask = self.sliding_window, None
+        if cache is not None and cache.owner.static and t_q == 1:  # the step's query sits at column, not at the end
+            if window is not None:
+                mask = cache.owner._columns[:t_k] <= cache.owner.column - window
+            return padding_mask, mask
+        if cache is not None and cache.key_start is None:  # a wrapped ring: the columns of its slots
+            if padding_mask is not None:
+                padding_mask = padding_mask.index_select(1, cache.slot_columns(device))
+            return padding_mask, None
+        start = cache.key_start if cache is not None else 0
+        if padding_mask is not None and start:
+            padding_mask = padding_mask[:, start:]
+        return padding_mask, window_mask(t_q, t_k, window, device)
+
+    def _attend(self, q, k, v, *, causal, padding_mask, attn_mask, p_drop, return_weights, cache):
+        """The kernel: (B, H, T_q, d_head) head outputs and the percents (B, H, T_q, T_k) or None. ``cache``: the
+        layer's KV cache k and v come from, or None (a one-query step over a cache then sees every key but the
+        padded ones and those outside the sliding window)."""
         hooks = self.hooks
         t_q, t_k = q.size(2), k.size(2)
         if attn_mask is not None:
             attn_mask = check_mask(attn_mask, torch.Size((q.size(0), self.n_head, t_q, t_k)))
+        padding_mask, window = self._key_masks(t_q, t_k, padding_mask, cache, q.device)
         if padding_mask is not None and tuple(padding_mask.shape) != (q.size(0), t_k):
             raise ValueError(
                 f"padding_mask must have shape (B, T_k) = {(q.size(0), t_k)}; got {tuple(padding_mask.shape)}"
             )
+        if window is not None and window.dim() == 1:  # a static step's hidden columns: one key mask for every row
+            padding_mask = window.expand(q.size(0), t_k) if padding_mask is None else padding_mask | window
+        elif window is not None:
+            attn_mask = window if attn_mask is None else attn_mask | window
         if (self.kernel == "explicit" or return_weights
                 or (hooks is not None and hooks.needs_pattern)):  # the pattern exists only there
             mask = build_ignore_mask(
                 t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
             )
-            return explicit_attention(q, self.expand_kv(k), self.expand_kv(v), mask, p_drop, hooks=hooks)
+            return explicit_attention(q, self.expand_kv(k), self.expand_kv(v), mask, p_drop, hooks=hooks,
+                                      scale=self.scale)
         # sdpa reads grouped keys and values as they are (enable_gqa): a decode step over a cache of 128-2048 keys
         # took 0.1-0.5x the time of repeating them per query head first (bench/attention.py --gqa-decode)
-        gqa = self.group > 1
+        gqa, scale = self.group > 1, self.scale
         if causal and padding_mask is None and attn_mask is None and (t_q == t_k or t_q == 1):  # fused causal
-            return sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop, enable_gqa=gqa), None
-        if cached and causal and t_q == 1 and attn_mask is None and padding_mask is not None:
+            return sdpa_attention(q, k, v, None, is_causal=t_q > 1, dropout_p=p_drop, enable_gqa=gqa,
+                                  scale=scale), None
+        if cache is not None and causal and t_q == 1 and attn_mask is None and padding_mask is not None:
             # a decode step's one query sees every cached key but the padded ones; the new token is never
             # padded, so no row is empty: the kernel alone, (B, 1, 1, T_k) True = attend
             mask = ~padding_mask[:, None, None, :]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, enable_gqa=gqa), None
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, enable_gqa=gqa,
+                                                  scale=scale), None
         mask = build_ignore_mask(
             t_q, t_k, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask, device=q.device
         )
-        return sdpa_attention(q, k, v, mask, dropout_p=p_drop, enable_gqa=gqa), None
+        return sdpa_attention(q, k, v, mask, dropout_p=p_drop, enable_gqa=gqa, scale=scale), None
 
     def forward(
         self,
@@ -370,7 +424,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._queries_keys_values(x, kv, positions, cache)
         p_drop = self.dropout if self.training else 0.0
         y, weights = self._attend(q, k, v, causal=causal, padding_mask=padding_mask, attn_mask=attn_mask,
-                                  p_drop=p_drop, return_weights=return_weights, cached=cache is not None)
+                                  p_drop=p_drop, return_weights=return_weights, cache=cache)
         if self.hooks is not None:
             y = self.hooks.heads("hook_z", y)
         y = y.transpose(1, 2).reshape(y.size(0), q.size(2), self.q_size).to(x.dtype)  # (a no-op unless upcast)
@@ -402,12 +456,21 @@ class LayerKVCache:
     and no Python number that changes, so a compiled decode step runs one graph for the whole context
     (:meth:`KVCache.step_mask` hides the columns not written yet) -- or, with the owner's ``window`` set (the
     AOT step's symbolic length), the first ``window`` columns. Prefills (T_new > 1) write as above.
+
+    ``ring``: W for a sliding-window layer in a cache that is not static: the buffers hold W columns, column c in
+    slot c mod W, so the cache keeps only the keys a later query can see. A step before the ring wraps reads
+    slots 0 .. length in order; a one-token step after writes over the key W columns back (outside every later
+    query's window) and reads the whole ring, unordered (``key_start`` None; :meth:`slot_columns` gives each
+    slot's column, for the padding); a prefill reads the held keys in order, then its own, and keeps the last W.
+    ``key_start``: the column of the first key the last ``update`` returned, when they are in order.
     """
 
-    def __init__(self, owner: "KVCache"):
+    def __init__(self, owner: "KVCache", ring: int | None = None):
         self.owner = owner
+        self.ring = ring
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.key_start: int | None = 0
 
     def _allocate(self, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
         b, h, _, d = k_new.shape
@@ -417,6 +480,8 @@ class LayerKVCache:
         # away from the full length (the prefix's contiguity differs there)
         make = torch.zeros if self.owner.static and self.owner.zero_unwritten else torch.empty
         cols = self.owner.capacity + (1 if self.owner.static else 0)
+        if self.ring is not None:
+            cols = min(self.ring, self.owner.capacity)
         self.k = make(b, h, cols, d, dtype=k_new.dtype, device=k_new.device)
         self.v = make(b, h, cols, d, dtype=v_new.dtype, device=v_new.device)
         if self.owner.static:  # fixed addresses, so that CUDA graphs can replay over them
@@ -427,6 +492,9 @@ class LayerKVCache:
         o = self.owner
         if self.k is None or self.k.size(0) != k_new.size(0) or self.k.dtype != k_new.dtype:
             self._allocate(k_new, v_new)
+        if self.ring is not None and o.length + k_new.size(2) > self.ring:
+            return self._ring_update(k_new, v_new)
+        self.key_start = 0
         if o.static and k_new.size(2) == 1:  # a static step (the model masks the unwritten columns)
             self.k.index_copy_(2, o.column, k_new)
             self.v.index_copy_(2, o.column, v_new)
@@ -439,6 +507,32 @@ class LayerKVCache:
         self.k[:, :, start:end] = k_new
         self.v[:, :, start:end] = v_new
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _ring_update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update of a ring past its W columns (see the class docstring)."""
+        w, start, t = self.ring, self.owner.length, k_new.size(2)
+        if start + t > self.owner.capacity:
+            raise ValueError(f"KV cache is full: {start + t} tokens would exceed its capacity of {self.owner.capacity}")
+        if t == 1 and start >= w:  # a step: the new key over the one W back, the whole ring read
+            self.k[:, :, start % w] = k_new[:, :, 0]
+            self.v[:, :, start % w] = v_new[:, :, 0]
+            self.key_start = None
+            return self.k, self.v
+        held = min(start, w)  # columns start - held .. start - 1, in order, then this call's
+        order = torch.arange(start - held, start, device=k_new.device) % w
+        k = torch.cat((self.k.index_select(2, order), k_new), dim=2)
+        v = torch.cat((self.v.index_select(2, order), v_new), dim=2)
+        kept = min(w, held + t)
+        slots = torch.arange(start + t - kept, start + t, device=k_new.device) % w
+        self.k.index_copy_(2, slots, k[:, :, -kept:])
+        self.v.index_copy_(2, slots, v[:, :, -kept:])
+        self.key_start = start - held
+        return k, v
+
+    def slot_columns(self, device) -> torch.Tensor:
+        """(W,) the column each slot of a wrapped ring holds after the last step (the newest at column length)."""
+        w, last = self.ring, self.owner.length
+        return last - (last - torch.arange(w, device=device)) % w
 
 
 class KVCache:
@@ -457,6 +551,8 @@ class KVCache:
             ones only (the AOT step's window), which then skips zeroing the buffers at every call (at GPT-2's
             shape 75 MB, 6% of a 64-token generation).
         device: where a static cache keeps ``column`` (the model's device).
+        windows: each layer's sliding window (None: full attention), for a cache that is not static: such a
+            layer keeps its last W keys only (a ring, :class:`LayerKVCache`). None: every layer keeps every key.
 
     ``length`` is the number of positions already cached; the model's forward pass reads it (new tokens get
     positions length .. length+T-1) and then calls ``advance(T)``; ``model.decode`` leaves the advance to its
@@ -465,12 +561,13 @@ class KVCache:
     """
 
     def __init__(self, n_layer: int, capacity: int, *, static: bool = False,
-                 device: torch.device | str | None = None, zero_unwritten: bool = True):
+                 device: torch.device | str | None = None, zero_unwritten: bool = True, windows=None):
         self.capacity = capacity
         self.zero_unwritten = zero_unwritten
         self.length = 0
         self.static = static
-        self.layers = [LayerKVCache(self) for _ in range(n_layer)]
+        rings = windows if windows is not None and not static else [None] * n_layer
+        self.layers = [LayerKVCache(self, ring) for ring in rings]
         self.window = None
         if static:
             self.column = torch.zeros(1, dtype=torch.long, device=device)
@@ -480,8 +577,9 @@ class KVCache:
     @classmethod
     def for_model(cls, model, *, static: bool = False, zero_unwritten: bool = True) -> "KVCache":
         p = next(model.parameters(), None)
-        return cls(model.config.n_layer, model.config.max_len, static=static,
-                   device=p.device if p is not None else None, zero_unwritten=zero_unwritten)
+        cfg = model.config
+        return cls(cfg.n_layer, cfg.max_len, static=static, device=p.device if p is not None else None,
+                   zero_unwritten=zero_unwritten, windows=[cfg.window_of(i) for i in range(cfg.n_layer)])
 
     def step_columns(self):
         """How many leading columns a static one-token step reads: the ``window`` when one is set (symbolic in

@@ -69,6 +69,13 @@ def hooked_norm(norm: nn.Module, x: torch.Tensor, hooks, point: str) -> torch.Te
     return y + norm.bias if getattr(norm, "bias", None) is not None else y
 
 
+def embed_scale(d_model: int, like: torch.Tensor) -> torch.Tensor:
+    """sqrt(d_model) as a 0-dim tensor of ``like``'s dtype and device (Gemma's embedding scale): float32 first,
+    then rounded to the dtype, as transformers makes it (25.298 becomes 25.25 in bfloat16), so that the product
+    is transformers' in every dtype."""
+    return torch.tensor(math.sqrt(d_model), dtype=torch.float32, device=like.device).to(like.dtype)
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """The norm the config asks for, over the last dimension (d_model): LayerNorm (Ba et al. 2016), RMSNorm,
     or an identity for norm='none' (the lesson)."""
@@ -82,15 +89,18 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class MLP(nn.Module):
     """The fully connected sublayer, (..., d_model) -> (..., d_model): ``proj(act(fc(x)))`` with GELU (tanh
     approximation) or relu(x)^2 (mlp="relu2"); for mlp="swiglu" the gated ``proj(silu(gate(x)) * fc(x))``
-    (Llama's down(silu(gate(x)) * up(x)): ``fc`` is the up projection); then dropout.
+    (Llama's down(silu(gate(x)) * up(x)): ``fc`` is the up projection), for mlp="geglu" the same gate through
+    GELU's tanh approximation (Gemma's); then dropout.
 
     Hook points (TransformerLens's, (B, T, d_ff)): ``hook_pre`` the activation's input (the gate's output for
-    SwiGLU), ``hook_pre_linear`` the up projection (SwiGLU only), ``hook_post`` what ``proj`` reads."""
+    a gated MLP), ``hook_pre_linear`` the up projection (gated only), ``hook_post`` what ``proj`` reads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias)
-        self.gate = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        gated = cfg.mlp in ("swiglu", "geglu")
+        self.gate = nn.Linear(cfg.d_model, cfg.ff_size, bias=cfg.bias) if gated else None
+        self.gelu_gate = cfg.mlp == "geglu"
         self.proj = nn.Linear(cfg.ff_size, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.mlp == "relu2"
@@ -103,7 +113,7 @@ class MLP(nn.Module):
             g = linear(self.gate, x)
             if hooks is not None:
                 g, h = hooks("hook_pre", g), hooks("hook_pre_linear", h)
-            a = F.silu(g) * h
+            a = (F.gelu(g, approximate="tanh") if self.gelu_gate else F.silu(g)) * h
         else:
             if hooks is not None:
                 h = hooks("hook_pre", h)
@@ -115,27 +125,34 @@ class MLP(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """One decoder block: x = x + attention(norm_1(x)); x = x + mlp(norm_2(x)) (pre-norm; no MLP if mlp='none').
+    """One decoder block: x = x + attention(norm_1(x)); x = x + mlp(norm_2(x)) (pre-norm; no MLP if mlp='none');
+    with ``sandwich_norm`` x = x + norm_1_post(attention(norm_1(x))) and x = x + norm_2_post(mlp(norm_2(x)))
+    (Gemma 2/3's norms before and after).
 
     With norm='none' and mlp='none' this is the lesson's "masked self-attention -> residual connection".
-    Shapes: (B, T, d_model) -> (B, T, d_model). Hook points (TransformerLens's names, all (B, T, d_model)
-    but the scales (B, T, 1); :mod:`decoderlab.hooks`): ``hook_resid_pre``, ``ln1.hook_scale`` /
-    ``ln1.hook_normalized``, ``hook_attn_out``, ``hook_resid_mid`` (with an MLP), ``ln2.*``, ``hook_mlp_out``,
-    ``hook_resid_post``. ``self.hooks`` is None unless the glass box installed some.
+    ``layer``: its index, which gives its sliding window (``cfg.window_of``) and its rotary base (``rope``, the
+    embedding of its layer kind). Shapes: (B, T, d_model) -> (B, T, d_model). Hook points (TransformerLens's
+    names, all (B, T, d_model) but the scales (B, T, 1); :mod:`decoderlab.hooks`): ``hook_resid_pre``,
+    ``ln1.hook_scale`` / ``ln1.hook_normalized``, ``ln1_post.*`` (sandwich), ``hook_attn_out`` (after
+    ``norm_1_post``: what the residual stream adds), ``hook_resid_mid`` (with an MLP), ``ln2.*``, ``ln2_post.*``,
+    ``hook_mlp_out``, ``hook_resid_post``. ``self.hooks`` is None unless the glass box installed some.
     """
 
-    def __init__(self, cfg: ModelConfig, rope: nn.Module | None = None):
+    def __init__(self, cfg: ModelConfig, rope: nn.Module | None = None, layer: int = 0):
         super().__init__()
         self.norm_1 = make_norm(cfg)
         self.attention = MultiHeadAttention(
             cfg.d_model, cfg.n_head, n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim, bias=cfg.bias,
             qkv_bias=cfg.qkv_bias, dropout=cfg.dropout, kernel=cfg.attention, out_proj=cfg.attn_out_proj, rope=rope,
             qk_norm=cfg.qk_norm, qk_norm_eps=cfg.norm_eps, qk_norm_gain=cfg.qk_norm_gain,
+            sliding_window=cfg.window_of(layer), scale=cfg.attn_scale if cfg.query_pre_attn_scalar else None,
         )
+        self.norm_1_post = make_norm(cfg) if cfg.sandwich_norm else None
         self.has_mlp = cfg.mlp != "none"
         if self.has_mlp:
             self.norm_2 = make_norm(cfg)
             self.mlp = MLP(cfg)
+            self.norm_2_post = make_norm(cfg) if cfg.sandwich_norm else None
         self.hooks = None  # decoderlab.hooks installs a dispatcher here; None = no hook points, the hot path
 
     def forward(self, x, *, padding_mask=None, positions=None, cache=None):
@@ -144,6 +161,8 @@ class DecoderBlock(nn.Module):
             x = hooks("hook_resid_pre", x)
         h = self.norm_1(x) if hooks is None else hooked_norm(self.norm_1, x, hooks, "ln1")
         a = self.attention(h, padding_mask=padding_mask, positions=positions, cache=cache)
+        if self.norm_1_post is not None:
+            a = self.norm_1_post(a) if hooks is None else hooked_norm(self.norm_1_post, a, hooks, "ln1_post")
         if hooks is not None:
             a = hooks("hook_attn_out", a)
         out = x + a
@@ -152,6 +171,8 @@ class DecoderBlock(nn.Module):
                 out = hooks("hook_resid_mid", out)
             h2 = self.norm_2(out) if hooks is None else hooked_norm(self.norm_2, out, hooks, "ln2")
             m = self.mlp(h2)
+            if self.norm_2_post is not None:
+                m = self.norm_2_post(m) if hooks is None else hooked_norm(self.norm_2_post, m, hooks, "ln2_post")
             if hooks is not None:
                 m = hooks("hook_mlp_out", m)
             out = out + m
@@ -224,8 +245,13 @@ class DecoderOnlyTransformer(nn.Module):
             self.pe = None
             if cfg.position == "rope":
                 rope = RotaryEmbedding(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_layout)
+        # the sliding layers' own rotary base (Gemma 3: 10,000 there, 1,000,000 on the full layers), one table each
+        local = cfg.rope_theta_of(next((i for i in range(cfg.n_layer) if cfg.window_of(i)), 0))
+        rope_local = rope if rope is None or local == cfg.rope_theta else RotaryEmbedding(
+            cfg.d_head, cfg.max_len, local, cfg.rope_layout)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([DecoderBlock(cfg, rope) for _ in range(cfg.n_layer)])
+        self.blocks = nn.ModuleList([DecoderBlock(cfg, rope_local if cfg.window_of(i) else rope, i)
+                                     for i in range(cfg.n_layer)])
         self.norm_f = make_norm(cfg)
         self.fc_layer = nn.Linear(in_features=cfg.d_model, out_features=cfg.num_tokens, bias=cfg.lm_head_bias)
         self.tie_weights()
@@ -477,6 +503,8 @@ class DecoderOnlyTransformer(nn.Module):
         Positions are taken as given (``forward`` checked them; ``decode``'s caller made them)."""
         hooks = self.hooks
         x = self.we(token_ids)  # (B, T, d_model)
+        if self.config.embed_scale:  # sqrt(d_model) rounded to the embedding's dtype first, as transformers does
+            x = x * embed_scale(self.config.d_model, x)
         if hooks is not None:
             x = hooks("hook_embed", x)
         if self.pe is not None and hooks is None:

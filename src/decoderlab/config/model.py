@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .names import INITS, KERNELS, MLPS, NORMS, POSITIONS, ROPE_LAYOUTS
+from .names import INITS, KERNELS, LAYER_TYPES, MLPS, NORMS, POSITIONS, ROPE_LAYOUTS
 from .presets import PRESETS
 from .settings import Settings
 
@@ -37,7 +37,8 @@ class ModelConfig(Settings):
         mlp: "none" | "gelu" (GELU with the tanh approximation, as GPT-2) | "relu2" (ReLU squared,
             relu(x)^2, So et al. 2021 "Primer"; as in the modded-nanogpt speedrun) | "swiglu" (the gated
             MLP of Llama: down(silu(gate(x)) * up(x)), Shazeer 2020 "GLU Variants Improve Transformer"; d_ff is
-            the gate's and up's width).
+            the gate's and up's width) | "geglu" (the same gate through GELU's tanh approximation,
+            down(gelu(gate(x)) * up(x)): Gemma's).
         bias: biases in the attention projections, the MLP and the norms.
         tie_weights: ``fc_layer.weight`` is the word embedding matrix.
         attention: the attention kernel, "sdpa" | "explicit".
@@ -56,6 +57,23 @@ class ModelConfig(Settings):
             keys, shared by the heads (Qwen3's q_norm / k_norm).
         zero_init: initialise the residual output projections (``attention.proj``, ``mlp.proj``) to zero, so
             every block starts as the identity (as in modded-nanogpt and nanochat).
+        sliding_window: the positions a sliding layer sees (0: none): query i sees key j when 0 <= i - j <
+            sliding_window (transformers' ``sliding_window``, llama.cpp's ``n_swa``: itself and the W - 1 before).
+        layer_types: one of "full_attention" / "sliding_attention" per layer (transformers' ``layer_types``);
+            empty means every layer slides when ``sliding_window`` is set (Mistral), else none. Gemma 3: five
+            sliding layers to one full. Resolved: :meth:`window_of`.
+        rope_local_theta: the rotary base of the sliding layers (rope only; 0: ``rope_theta``). Gemma 3: 10,000
+            locally, 1,000,000 (``rope_theta``) on its full layers.
+        sandwich_norm: a norm after attention and after the MLP too, before each is added to the residual
+            stream (``norm_1_post``, ``norm_2_post``: Gemma 2/3's post_attention / post_feedforward norms),
+            beside the usual pre-norms.
+        embed_scale: the word embeddings multiplied by sqrt(d_model), rounded to their dtype first (Gemma's, as
+            transformers rounds it).
+        query_pre_attn_scalar: the attention scores are Q Kᵀ / sqrt(query_pre_attn_scalar) (Gemma's; 0:
+            d_head, the usual 1 / sqrt(d_head)).
+
+    Gemma's RMSNorm multiplies by (1 + weight): decoderlab holds that gain itself, 1 + weight, as llama.cpp's
+    converter stores it, so one RMSNorm serves every family (:mod:`decoderlab.hf.gemma` adds and subtracts the 1).
     """
 
     num_tokens: int = 4
@@ -83,8 +101,16 @@ class ModelConfig(Settings):
     rope_layout: str = "interleaved"
     qkv_bias: bool = False
     qk_norm_gain: bool = False
+    sliding_window: int = 0
+    layer_types: tuple = ()
+    rope_local_theta: float = 0.0
+    sandwich_norm: bool = False
+    embed_scale: bool = False
+    query_pre_attn_scalar: float = 0.0
 
     def __post_init__(self):
+        if isinstance(self.layer_types, list):  # (as JSON holds it)
+            self.layer_types = tuple(self.layer_types)
         self.validate()
 
     def validate(self) -> "ModelConfig":
@@ -102,10 +128,14 @@ class ModelConfig(Settings):
             if value not in allowed:
                 raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
         for name in ("bias", "tie_weights", "attn_out_proj", "lm_head_bias", "qk_norm", "zero_init", "qkv_bias",
-                     "qk_norm_gain"):
+                     "qk_norm_gain", "sandwich_norm", "embed_scale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_heads()
+        self._check_layers()
+        if self.sandwich_norm and self.norm != "rmsnorm":
+            raise ValueError(f"sandwich_norm=True puts an RMSNorm after attention and the MLP (Gemma's), which needs "
+                             f"norm='rmsnorm', got norm={self.norm!r}; set norm='rmsnorm' or sandwich_norm=False")
         if self.qk_norm_gain and not self.qk_norm:
             raise ValueError("qk_norm_gain=True is the gain of the QK-norm, which needs qk_norm=True; "
                              "set qk_norm=True or qk_norm_gain=False")
@@ -126,6 +156,24 @@ class ModelConfig(Settings):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name, zero in (("rope_local_theta", "rope_theta"), ("query_pre_attn_scalar", "d_head")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise ValueError(f"{name} must be a finite number >= 0 (0 means {zero}), got {value!r}")
+        value = self.sliding_window
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"sliding_window must be an integer >= 0 (0 means no window), got {value!r}")
+
+    def _check_layers(self) -> None:
+        """``layer_types``: empty, or one known type per layer; a sliding layer needs a window."""
+        types = self.layer_types
+        if not isinstance(types, tuple) or (types and (len(types) != self.n_layer
+                                                       or any(t not in LAYER_TYPES for t in types))):
+            raise ValueError(f"layer_types must be empty or one of {', '.join(LAYER_TYPES)} per layer (n_layer "
+                             f"{self.n_layer}), got {types!r}")
+        if "sliding_attention" in types and not self.sliding_window:
+            raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is 0 (no window); set "
+                             "sliding_window to the positions they see")
 
     def _check_heads(self) -> None:
         """The head sizes: d_model splits into n_head heads (or head_dim is given), the key/value heads divide
@@ -161,6 +209,24 @@ class ModelConfig(Settings):
     def kv_heads(self) -> int:
         """Key/value heads: ``n_kv_head``, or n_head when it is 0."""
         return self.n_kv_head or self.n_head
+
+    def window_of(self, layer: int) -> int | None:
+        """The positions layer ``layer`` sees (its sliding window), or None for full attention."""
+        if not self.sliding_window:
+            return None
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The rotary base of layer ``layer``: ``rope_local_theta`` for a sliding layer when set, else
+        ``rope_theta``."""
+        return self.rope_local_theta if self.rope_local_theta and self.window_of(layer) else self.rope_theta
+
+    @property
+    def attn_scale(self) -> float:
+        """What the attention scores Q Kᵀ are multiplied by: 1 / sqrt(query_pre_attn_scalar or d_head)."""
+        return (self.query_pre_attn_scalar or self.d_head) ** -0.5
 
     @property
     def ff_size(self) -> int:

@@ -9,8 +9,11 @@ POSITIONS = ("sinusoidal", "learned", "rope", "none")
 #: Sennrich 2019)
 NORMS = ("none", "layernorm", "rmsnorm")
 #: MLP sublayers (``ModelConfig.mlp``): none (the lesson), GELU (GPT-2), ReLU² (So et al. 2021, "Primer"), SwiGLU
-#: (the gated MLP of Llama, Shazeer 2020)
-MLPS = ("none", "gelu", "relu2", "swiglu")
+#: (the gated MLP of Llama, Shazeer 2020), GeGLU (the same gate through GELU's tanh approximation: Gemma's)
+MLPS = ("none", "gelu", "relu2", "swiglu", "geglu")
+#: what attention a layer runs (``ModelConfig.layer_types``, transformers' ``layer_types``): every earlier position,
+#: or the last ``sliding_window`` positions only
+LAYER_TYPES = ("full_attention", "sliding_attention")
 #: rotary layouts (``ModelConfig.rope_layout``): RoFormer's interleaved pairs (x[2i], x[2i+1]), or Hugging Face's
 #: Llama family's halves (x[i], x[i + d_head/2])
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
@@ -97,4 +100,8 @@ GPT2_SHAPE = (
     ("n_kv_head", 0, None, "GPT-2 has a key/value head per query head (n_kv_head 0 = n_head)"),
     ("head_dim", 0, None, "GPT-2's heads split d_model (head_dim 0 = d_model // n_head)"),
     ("qkv_bias", False, None, "GPT-2's biases are all or none (bias)"),
+    ("sandwich_norm", False, None, "GPT-2 has no norms after attention and the MLP"),
+    ("embed_scale", False, None, "GPT-2 does not scale its embeddings"),
+    ("sliding_window", 0, None, "GPT-2 attends to every earlier position"),
+    ("query_pre_attn_scalar", 0, None, "GPT-2 scales attention scores by 1 / sqrt(d_head)"),
 )
