@@ -31,7 +31,8 @@ def test_every_point_fires_once_in_the_order_hook_names_gives(variant):
     # TransformerLens's shapes for grouped-query attention: the key/value points have the n_kv_head heads
     kv_points = [p for p in ("k", "v", "k_normed", "rot_k") if f"blocks.0.attn.hook_{p}" in names]
     assert all(shapes[f"blocks.0.attn.hook_{p}"] == (b, t, cfg.kv_heads, cfg.d_head) for p in kv_points)
-    assert ("blocks.0.mlp.hook_pre_linear" in names) == (cfg.mlp == "swiglu")
+    assert ("blocks.0.mlp.hook_pre_linear" in names) == (cfg.mlp in ("swiglu", "geglu"))
+    assert ("blocks.0.ln1_post.hook_scale" in names) == ("blocks.0.ln2_post.hook_normalized" in names) == cfg.sandwich_norm
     if cfg.mlp == "swiglu":
         assert shapes["blocks.0.mlp.hook_pre"] == shapes["blocks.0.mlp.hook_pre_linear"] == (b, t, cfg.ff_size)
     assert shapes[f"blocks.{cfg.n_layer - 1}.hook_resid_post"] == (b, t, cfg.d_model)

@@ -24,19 +24,22 @@ The names, in forward order (B batch, T tokens, H heads; L a layer index)::
     blocks.L.attn.hook_attn_scores        (B, H, T, T)       Q Kᵀ / sqrt(d_head), masked with -inf
     blocks.L.attn.hook_pattern            (B, H, T, T)       attention percents (rows sum to 1)
     blocks.L.attn.hook_z                  (B, T, H, d_head)  each head's output, pattern @ V
-    blocks.L.hook_attn_out                (B, T, d_model)    after the output projection
+    blocks.L.ln1_post.hook_scale / ln1_post.hook_normalized  the norm after attention (sandwich_norm: Gemma's)
+    blocks.L.hook_attn_out                (B, T, d_model)    after the output projection (and ln1_post)
     blocks.L.hook_resid_mid               (B, T, d_model)    resid_pre + attn_out (only with an MLP)
     blocks.L.ln2.hook_scale / ln2.hook_normalized
     blocks.L.mlp.hook_pre / mlp.hook_post (B, T, d_ff)       before / after the activation (SwiGLU: the gate's
                                                              output / silu(gate) * up)
-    blocks.L.mlp.hook_pre_linear          (B, T, d_ff)       SwiGLU's up projection
-    blocks.L.hook_mlp_out                 (B, T, d_model)
+    blocks.L.mlp.hook_pre_linear          (B, T, d_ff)       a gated MLP's up projection (SwiGLU, GeGLU)
+    blocks.L.ln2_post.hook_scale / ln2_post.hook_normalized  the norm after the MLP (sandwich_norm)
+    blocks.L.hook_mlp_out                 (B, T, d_model)    (after ln2_post)
     blocks.L.hook_resid_post              (B, T, d_model)    the block's output
     ln_final.hook_scale / ln_final.hook_normalized
 
 Norm points exist only with a norm, ``hook_pos_embed`` only with learned or sinusoidal positions (rope acts
 inside attention), ``hook_rot_*`` only with rope, ``hook_*_normed`` only with QK-norm, the MLP's points and
-``hook_resid_mid`` only with an MLP, ``mlp.hook_pre_linear`` only with SwiGLU. With grouped-query attention (n_kv_head
+``hook_resid_mid`` only with an MLP, ``mlp.hook_pre_linear`` only with a gated MLP, ``ln1_post`` / ``ln2_post``
+only with ``sandwich_norm``. With grouped-query attention (n_kv_head
 < n_head) the key and value points have the n_kv_head heads the model computes and caches, as TransformerLens's;
 query head j reads key/value head j // (n_head / n_kv_head). :func:`hook_names` lists a model's own.
 
@@ -83,7 +86,10 @@ _NEEDS = {
     "qk_norm": (lambda m, b: b.attention.qk_norm, "qk_norm=True"),
     "rope": (lambda m, b: b.attention.rope is not None, "rope positions"),
     "mlp": (lambda m, b: b.has_mlp, "an MLP"),
-    "swiglu": (lambda m, b: b.has_mlp and b.mlp.gate is not None, "mlp='swiglu'"),
+    "swiglu": (lambda m, b: b.has_mlp and b.mlp.gate is not None, "a gated MLP (mlp='swiglu' or 'geglu')"),
+    "norm_1_post": (lambda m, b: b.norm_1_post is not None, "norms after attention (sandwich_norm=True)"),
+    "norm_2_post": (lambda m, b: b.has_mlp and b.norm_2_post is not None, "an MLP and norms after it "
+                                                                          "(sandwich_norm=True)"),
 }
 _TOP_POINTS = (("hook_embed", None), ("hook_pos_embed", "positions"))
 _FINAL_POINTS = (("ln_final.hook_scale", "norm_f"), ("ln_final.hook_normalized", "norm_f"))
@@ -92,9 +98,12 @@ _BLOCK_POINTS = (
     ("attn.hook_q", None), ("attn.hook_k", None), ("attn.hook_v", None),
     ("attn.hook_q_normed", "qk_norm"), ("attn.hook_k_normed", "qk_norm"),
     ("attn.hook_rot_q", "rope"), ("attn.hook_rot_k", "rope"),
-    ("attn.hook_attn_scores", None), ("attn.hook_pattern", None), ("attn.hook_z", None), ("hook_attn_out", None),
+    ("attn.hook_attn_scores", None), ("attn.hook_pattern", None), ("attn.hook_z", None),
+    ("ln1_post.hook_scale", "norm_1_post"), ("ln1_post.hook_normalized", "norm_1_post"), ("hook_attn_out", None),
     ("hook_resid_mid", "mlp"), ("ln2.hook_scale", "norm_2"), ("ln2.hook_normalized", "norm_2"),
-    ("mlp.hook_pre", "mlp"), ("mlp.hook_pre_linear", "swiglu"), ("mlp.hook_post", "mlp"), ("hook_mlp_out", "mlp"), ("hook_resid_post", None),
+    ("mlp.hook_pre", "mlp"), ("mlp.hook_pre_linear", "swiglu"), ("mlp.hook_post", "mlp"),
+    ("ln2_post.hook_scale", "norm_2_post"), ("ln2_post.hook_normalized", "norm_2_post"), ("hook_mlp_out", "mlp"),
+    ("hook_resid_post", None),
 )
 _NEED_OF = dict(_TOP_POINTS + _FINAL_POINTS + _BLOCK_POINTS)
 

@@ -73,6 +73,14 @@ VARIANT_CONFIGS = {
     "qwen-mqa-biases-gains": dict(position="rope", rope_layout="rotate_half", rope_theta=1000.0, norm="rmsnorm",
                                   mlp="swiglu", n_kv_head=1, head_dim=6, qkv_bias=True, qk_norm=True,
                                   qk_norm_gain=True, tie_weights=True, lm_head_bias=False),
+    # Gemma 3's: a sliding layer (window 3 of the 9 tokens) with its own rope base beside a full one, norms after
+    # attention and the MLP, GeGLU, a scaled embedding, 1 / sqrt(5) attention, MQA with heads of 8 (4 x 8 != 16)
+    "gemma-sliding-sandwich": dict(position="rope", rope_layout="rotate_half", rope_theta=1000.0,
+                                   rope_local_theta=10.0, sliding_window=3,
+                                   layer_types=("sliding_attention", "full_attention"), norm="rmsnorm",
+                                   sandwich_norm=True, mlp="geglu", embed_scale=True, query_pre_attn_scalar=5.0,
+                                   n_kv_head=1, head_dim=8, qk_norm=True, qk_norm_gain=True, tie_weights=True,
+                                   lm_head_bias=False),
     "statquest": None,  # the lesson's 37-parameter model: d_model 2, one head, no norm, no MLP, no projection
 }
 
@@ -86,10 +94,10 @@ def exact_tables(model):
 
         model.pe.pe = torch.from_numpy(np_sinusoidal(cfg.max_len, cfg.d_model)).to(model.pe.pe.dtype)
     if cfg.position == "rope":
-        rope = model.blocks[0].attention.rope
-        inv_freq = rope.base ** (-torch.arange(0, rope.d_head, 2, dtype=torch.float64) / rope.d_head)
-        angles = torch.arange(rope.max_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        rope.cos, rope.sin = angles.cos().to(rope.cos.dtype), angles.sin().to(rope.sin.dtype)
+        for rope in {id(b.attention.rope): b.attention.rope for b in model.blocks}.values():  # (a base per kind)
+            inv_freq = rope.base ** (-torch.arange(0, rope.d_head, 2, dtype=torch.float64) / rope.d_head)
+            angles = torch.arange(rope.max_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            rope.cos, rope.sin = angles.cos().to(rope.cos.dtype), angles.sin().to(rope.sin.dtype)
     return model
 
 

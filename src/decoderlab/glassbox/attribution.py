@@ -39,7 +39,7 @@ def decompose_names(model: DecoderOnlyTransformer) -> list[str]:
     """The hook names :func:`residual_parts` and :func:`decompose` read (a ``names_filter``)."""
     names = ["hook_embed", "hook_pos_embed"]
     for i in range(model.config.n_layer):
-        names += [f"blocks.{i}.attn.hook_z", f"blocks.{i}.hook_mlp_out"]
+        names += [f"blocks.{i}.attn.hook_z", f"blocks.{i}.ln1_post.hook_scale", f"blocks.{i}.hook_mlp_out"]
     return [name for name in names + ["ln_final.hook_scale"] if has_point(model, name)]
 
 

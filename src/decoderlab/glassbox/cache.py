@@ -102,15 +102,23 @@ class ActivationCache(Mapping):
     def head_results(self, layer: int) -> torch.Tensor:
         """(B, T, H, d_model) what each head of ``layer`` writes into the residual stream: its ``hook_z``
         through its d_head columns of the output projection (``attn.proj``; the identity placement without
-        one). ``hook_attn_out`` is their sum plus the projection's bias. Source: TransformerLens's
+        one). ``hook_attn_out`` is their sum plus the projection's bias. With a norm after attention
+        (``sandwich_norm``: Gemma's) each is taken through it with the cached scale of their sum
+        (``ln1_post.hook_scale``) frozen -- linear, so they still add up to ``hook_attn_out``, as the final norm's
+        parts do in :func:`~decoderlab.glassbox.attribution.frozen_final_norm`. Source: TransformerLens's
         ``compute_head_results`` (z @ W_O per head).
 
-        Raises ``KeyError`` when ``hook_z`` of the layer was not cached; ``ValueError`` for a cache of a head
-        subset."""
+        Raises ``KeyError`` when ``hook_z`` (or ``ln1_post.hook_scale``) of the layer was not cached;
+        ``ValueError`` for a cache of a head subset."""
         if self.heads is not None:
             raise ValueError(f"this cache kept heads {self.heads} only; head results need all of them")
         z = self[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
-        return head_results(self.model, layer, z)
+        out = head_results(self.model, layer, z)
+        post = self.model.blocks[layer].norm_1_post
+        if post is not None:
+            scale = self[f"blocks.{layer}.ln1_post.hook_scale"]  # (B, T, 1)
+            out = out / scale.unsqueeze(-1) * post.weight.detach().to(out.dtype)
+        return out
 
 
 def plain_linear(module, name: str):

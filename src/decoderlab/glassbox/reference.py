@@ -83,10 +83,13 @@ def _np_relu2(x: np.ndarray) -> np.ndarray:
 
 
 def _np_mlp(cfg, w: dict, p: str, x: np.ndarray) -> np.ndarray:
-    """One block's MLP in float64: proj(act(fc(x))), or SwiGLU's proj(silu(gate(x)) * fc(x))."""
+    """One block's MLP in float64: proj(act(fc(x))), or SwiGLU's proj(silu(gate(x)) * fc(x)), or GeGLU's
+    proj(gelu_tanh(gate(x)) * fc(x))."""
     if cfg.mlp == "swiglu":
         g = _np_linear(x, w, p + "mlp.gate")
         hidden = g / (1.0 + np.exp(-g)) * _np_linear(x, w, p + "mlp.fc")
+    elif cfg.mlp == "geglu":
+        hidden = _np_gelu_tanh(_np_linear(x, w, p + "mlp.gate")) * _np_linear(x, w, p + "mlp.fc")
     else:
         hidden = (_np_relu2 if cfg.mlp == "relu2" else _np_gelu_tanh)(_np_linear(x, w, p + "mlp.fc"))
     return _np_linear(hidden, w, p + "mlp.proj")
@@ -106,11 +109,11 @@ def numpy_forward(model, token_ids) -> list[tuple[str, np.ndarray]]:
     return _np_pass(model, token_ids)[0]
 
 
-def _np_attention(cfg, w: dict, p: str, n1: np.ndarray, mask: np.ndarray) -> tuple:
+def _np_attention(cfg, w: dict, p: str, n1: np.ndarray, mask: np.ndarray, layer: int = 0) -> tuple:
     """One block's self-attention in float64 on its normed input ``n1`` (B, T, d_model): ``(q, k, v, sims,
-    scaled sims, percents, head out)``, each (B, H, T, .) -- q, k and v after the qk-norm and rope when the
-    model has them; k and v of query head j are key/value head j // (n_head / n_kv_head)'s. ``mask`` (T, T):
-    True = a later key, ignored."""
+    scaled sims, percents, head out)``, each (B, H, T, .) -- q, k and v after the qk-norm and rope (the
+    layer's own base) when the model has them; k and v of query head j are key/value head j // (n_head /
+    n_kv_head)'s. ``mask`` (T, T): True = a later key (or one outside the layer's window), ignored."""
     b, t, _ = n1.shape
     h, kv, dh = cfg.n_head, cfg.kv_heads, cfg.d_head
     qkv = _np_linear(n1, w, p + "attention.qkv")  # (B, T, (H + 2 H_kv) d_head): [q heads | k heads | v heads]
@@ -126,11 +129,12 @@ def _np_attention(cfg, w: dict, p: str, n1: np.ndarray, mask: np.ndarray) -> tup
         if cfg.qk_norm_gain:
             q, k = q * w[p + "attention.q_norm.weight"], k * w[p + "attention.k_norm.weight"]
     if cfg.position == "rope":
-        q, k = _np_rope(q, cfg.rope_theta, cfg.rope_layout), _np_rope(k, cfg.rope_theta, cfg.rope_layout)
+        base = cfg.rope_theta_of(layer)
+        q, k = _np_rope(q, base, cfg.rope_layout), _np_rope(k, base, cfg.rope_layout)
     group = [j * kv // h for j in range(h)]  # each query head's key/value head
     k, v = k[:, group], v[:, group]
     sims = q @ k.transpose(0, 1, 3, 2)
-    scaled = sims / math.sqrt(dh)
+    scaled = sims / math.sqrt(cfg.query_pre_attn_scalar or dh)
     masked = np.where(mask, -np.inf, scaled)
     e = np.exp(masked - masked.max(axis=-1, keepdims=True))
     percents = e / e.sum(axis=-1, keepdims=True)
@@ -154,6 +158,8 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
     normed = cfg.norm != "none"  # a model without norms has no norm steps to list
 
     x = w["we.weight"][ids]  # (B, T, d)
+    if cfg.embed_scale:
+        x = x * math.sqrt(d)
     steps.append(("word embeddings", x))
     parts: dict = {"embed": x, "pos": None, "layers": []}
     if cfg.position == "sinusoidal":
@@ -162,15 +168,24 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
         parts["pos"] = np.broadcast_to(w["pe.weight"][:t], x.shape)
     x = x + parts["pos"] if parts["pos"] is not None else x
     steps.append(("+ positions", x))
-    mask = np.arange(t)[None, :] > np.arange(t)[:, None]  # (T, T) True = a later key: ignored
+    later = np.arange(t)[None, :] > np.arange(t)[:, None]  # (T, T) True = a later key: ignored
 
     for i in range(cfg.n_layer):
         p = f"blocks.{i}."
+        window = cfg.window_of(i)  # a key W or more positions back is outside a sliding layer's window
+        mask = later if window is None else later | (np.arange(t)[:, None] - np.arange(t)[None, :] >= window)
         n1 = _np_norm(cfg.norm, x, w, p + "norm_1", cfg.norm_eps)
-        q, k, v, sims, scaled, percents, head_out = _np_attention(cfg, w, p, n1, mask)
+        q, k, v, sims, scaled, percents, head_out = _np_attention(cfg, w, p, n1, mask, i)
         concat = head_out.transpose(0, 2, 1, 3).reshape(b, t, cfg.n_head * cfg.d_head)
         attn = _np_linear(concat, w, p + "attention.proj") if cfg.attn_out_proj else concat
-        parts["layers"].append(dict(heads=_np_head_results(head_out, w, p, cfg), mlp=None,
+        post = None  # a norm after attention: each head's part through it with the scale of the whole frozen
+        if cfg.sandwich_norm:
+            post = np.sqrt((attn**2).mean(axis=-1, keepdims=True) + cfg.norm_eps)[:, :, None]  # (B, T, 1, 1)
+            attn = _np_norm(cfg.norm, attn, w, p + "norm_1_post", cfg.norm_eps)
+        heads = _np_head_results(head_out, w, p, cfg)
+        if post is not None:
+            heads = heads / post * w[p + "norm_1_post.weight"]
+        parts["layers"].append(dict(heads=heads, mlp=None,
                                     attn_bias=w.get(p + "attention.proj.bias") if cfg.attn_out_proj else None))
         r1 = x + attn
         steps += [(f"layer {i} norm_1", n1)] if normed else []
@@ -183,6 +198,8 @@ def _np_pass(model, token_ids) -> tuple[list[tuple[str, np.ndarray]], dict]:
         if cfg.mlp != "none":
             n2 = _np_norm(cfg.norm, r1, w, p + "norm_2", cfg.norm_eps)
             m = _np_mlp(cfg, w, p, n2)
+            if cfg.sandwich_norm:
+                m = _np_norm(cfg.norm, m, w, p + "norm_2_post", cfg.norm_eps)
             x = r1 + m
             parts["layers"][-1]["mlp"] = m
             steps += [(f"layer {i} norm_2", n2)] if normed else []

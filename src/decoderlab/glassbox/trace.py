@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ..attention import build_ignore_mask
+from ..attention import build_ignore_mask, window_mask
 from ..hooks import has_point, hook_model
 from .cache import ActivationCache, as_ids, record
 
@@ -38,8 +38,9 @@ class LayerTrace:
         q, k, v: (B, h, T, d_head) queries, keys and values (after QK-norm and rotary positions, if any); with
             grouped-query attention a head's keys and values are those of its group's key/value head.
         sims: (B, h, T, T) similarities Q Kᵀ, queries down, keys across, before masking.
-        scaled_sims: (B, h, T, T) sims / sqrt(d_head), before masking.
-        mask: (T, T) bool, True = ignored (None when nothing is masked).
+        scaled_sims: (B, h, T, T) sims / sqrt(d_head) (Gemma's: / sqrt(query_pre_attn_scalar)), before masking.
+        mask: (T, T) bool, True = ignored: a later key, or one outside a sliding layer's window (None when
+            nothing is masked).
         percents: (B, h, T, T) attention percents: softmax of the masked scaled similarities; rows sum to 1.
         head_out: (B, h, T, d_head) each head's output, percents @ V.
         attn_out: (B, T, d_model) the heads concatenated (all heads) and, if the model has one, passed through
@@ -254,12 +255,16 @@ def _layer_view(cache: ActivationCache, i: int, heads: list[int]) -> LayerTrace:
     t = q.size(2)
     x = get("hook_resid_pre")
     block = model.blocks[i]
+    att = block.attention
+    scaled = sims / math.sqrt(q.size(-1)) if att.scale is None else sims * att.scale
+    mask = build_ignore_mask(t, t, causal=True, device=q.device)
+    window = window_mask(t, t, att.sliding_window, q.device)
     resid_1 = get("hook_resid_mid") if block.has_mlp else get("hook_resid_post")
     with torch.no_grad():  # the norms' outputs, by the norms themselves (TransformerLens's points stop before the gain)
         normed, normed_2 = block.norm_1(x), block.norm_2(resid_1) if block.has_mlp else None
     return LayerTrace(
         index=i, heads=list(heads), input=x, normed=normed, q=q, k=k, v=v, sims=sims,
-        scaled_sims=sims / math.sqrt(q.size(-1)), mask=build_ignore_mask(t, t, causal=True, device=q.device),
+        scaled_sims=scaled, mask=mask if window is None else mask | window,
         percents=get("attn.hook_pattern"), head_out=get("attn.hook_z").transpose(1, 2),
         attn_out=get("hook_attn_out"), resid_1=resid_1,
         normed_2=normed_2, mlp_out=get("hook_mlp_out"), resid_2=get("hook_resid_post") if block.has_mlp else None,
