@@ -70,6 +70,8 @@ def hf_model(arch: str, vocab_size: int, seed: int = 0, **overrides):
         cfg = tf.GPT2Config(**{**dict(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=1024),
                                **overrides})
         return tf.GPT2LMHeadModel(cfg).eval()
+    if arch == "gemma3":
+        return _gemma3_model(vocab_size, **overrides)
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                   rope_theta=50000.0, tie_word_embeddings=True)
@@ -86,6 +88,32 @@ def hf_model(arch: str, vocab_size: int, seed: int = 0, **overrides):
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.05)
     return model
+
+
+def _gemma3_model(vocab_size: int, **overrides):
+    """A tiny Gemma 3 text model as llama.cpp's gemma3 computes it: six layers in its fixed pattern (five sliding,
+    window 4, rope base 10,000; one full, base 1,000,000), multi-query heads of 256 (llama.cpp's attention scale
+    is 1 / sqrt(head size), transformers' 1 / sqrt(query_pre_attn_scalar) = 256 by default), norms off zero."""
+    import transformers as tf
+
+    cfg = tf.Gemma3TextConfig(**{**dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=256, max_position_embeddings=64, sliding_window=4, rms_norm_eps=1e-6,
+        query_pre_attn_scalar=256, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+        **overrides})
+    model = tf.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # Gemma's norms store weight for a gain of 1 + weight: away from 0, so each matters
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+_GEMMA3_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+                 "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
 def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -127,6 +155,8 @@ def gguf_tensors(arch: str, model) -> dict[str, np.ndarray]:
             if not cfg.tie_word_embeddings:
                 out["output.weight"] = a
             continue
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            a = a + 1  # the converter's norm shift: Gemma3RMSNorm computes with 1 + weight
         if name == "model.embed_tokens.weight":
             out["token_embd.weight"] = a
         elif name == "model.norm.weight":
@@ -137,7 +167,7 @@ def gguf_tensors(arch: str, model) -> dict[str, np.ndarray]:
             if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
                 heads = cfg.num_attention_heads if rest.endswith("q_proj") else cfg.num_key_value_heads
                 a = llama_permute(a, heads)
-            out[f"blk.{i}.{_LLAMA_NAMES[rest]}.{kind}"] = a
+            out[f"blk.{i}.{(_GEMMA3_NAMES if arch == 'gemma3' else _LLAMA_NAMES)[rest]}.{kind}"] = a
     return out
 
 
@@ -240,15 +270,18 @@ def _shape_metadata(arch: str, cfg) -> dict:
             f"{arch}.feed_forward_length": cfg.intermediate_size, f"{arch}.block_count": cfg.num_hidden_layers,
             f"{arch}.attention.head_count": cfg.num_attention_heads,
             f"{arch}.attention.head_count_kv": cfg.num_key_value_heads,
-            f"{arch}.rope.freq_base": float(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters")
-                                            else cfg.rope_theta),
+            f"{arch}.rope.freq_base": float(cfg.rope_parameters.get("rope_theta", 0.0)
+                                            if hasattr(cfg, "rope_parameters") else cfg.rope_theta),
             f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps)}
     if arch == "llama":
         meta[f"{arch}.rope.dimension_count"] = head_dim
         meta[f"{arch}.vocab_size"] = cfg.vocab_size
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         meta[f"{arch}.attention.key_length"] = head_dim
         meta[f"{arch}.attention.value_length"] = head_dim
+    if arch == "gemma3":  # the full layers' base; llama.cpp fixes the sliding ones' (10,000) and their pattern
+        meta[f"{arch}.rope.freq_base"] = float(cfg.rope_parameters["full_attention"]["rope_theta"])
+        meta[f"{arch}.attention.sliding_window"] = cfg.sliding_window
     return meta
 
 
@@ -281,10 +314,33 @@ def sentencepiece_vocab(texts, vocab_size: int = 800) -> dict:
     return {"tokens": tokens, "scores": scores, "types": types}
 
 
+def gemma_sentencepiece_vocab(texts, vocab_size: int = 800) -> dict:
+    """A SentencePiece-style BPE vocabulary laid out as Gemma 3's GGUF file holds it: ``<pad>`` ``<eos>``
+    ``<bos>`` ``<unk>`` ``<mask>`` (0 .. 4), ``<start_of_turn>`` ``<end_of_turn>`` (control), the 256 byte tokens,
+    then pieces (spaces as ``▁``, none added before a text) scored by their merge order; its ids and flags
+    (``ids``): bos 2, eos 1, unk 3, pad 0, bos first, no space prefix."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    pieces = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    scores = [-1000.0] * len(specials) + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    types = [3, 3, 3, 2, 3, 3, 3] + [6] * 256 + [1] * len(pieces)
+    ids = {"tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3,
+           "tokenizer.ggml.padding_token_id": 0, "tokenizer.ggml.add_bos_token": True,
+           "tokenizer.ggml.add_eos_token": False, "tokenizer.ggml.add_space_prefix": False}
+    return {"tokens": tokens, "scores": scores, "types": types, "ids": ids}
+
+
 def _special_keys(tokenizer, eos, bos) -> dict:
     """The tokenizer's ids and flags as llama.cpp's converter states them: Llama 2's for a SentencePiece
-    vocabulary (<unk> <s> </s> = 0 1 2, bos first, a space before the text), else ``eos`` / ``bos`` (token texts)
-    and no bos first, as SmolLM2's file."""
+    vocabulary (<unk> <s> </s> = 0 1 2, bos first, a space before the text) unless it states its own (``ids``:
+    Gemma's), else ``eos`` / ``bos`` (token texts) and no bos first, as SmolLM2's file."""
+    if isinstance(tokenizer, dict) and "ids" in tokenizer:
+        return dict(tokenizer["ids"])
     if isinstance(tokenizer, dict):
         return {"tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_space_prefix": True}

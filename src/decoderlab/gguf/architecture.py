@@ -1,25 +1,25 @@
 """llama.cpp's architectures decoderlab carries, over one table of families (:data:`FAMILIES`: :mod:`.llama`,
-:mod:`.gpt2`): a file's metadata -> ``ModelConfig`` fields and the tensors that shape has (what every file is
+:mod:`.gpt2`, :mod:`.gemma3`): a file's metadata -> ``ModelConfig`` fields and the tensors that shape has (what every file is
 checked against before a weight is read), and a model -> the architecture that computes it exactly (what every
 file is written as).
 
 Architectures (``general.architecture``): ``gpt2`` (GPT-2's shape), ``llama``, ``qwen2`` and ``qwen3`` (the llama
-family). Metadata every one has (``<arch>.`` prefix): ``context_length`` -> max_len, ``embedding_length`` ->
+family), ``gemma3`` (Gemma 3's text model: sliding windows, sandwich norms). Metadata every one has (``<arch>.`` prefix): ``context_length`` -> max_len, ``embedding_length`` ->
 d_model, ``block_count`` -> n_layer, ``feed_forward_length`` -> d_ff, ``attention.head_count`` -> n_head;
 ``tokenizer.ggml.tokens``' length -> num_tokens; the output layer tied when the file has no ``output.weight``.
 What the model class does not carry -- rotary scaling, partial rotary dimensions, sliding windows, experts, an
-architecture not listed -- is refused, named.
+architecture not listed -- is refused, named (a family lists the keys it carries: gemma3 its sliding window).
 
 Source: llama.cpp's ``llama-arch.cpp`` (the names) and ``convert_hf_to_gguf.py`` (what each key holds).
 """
 
 from __future__ import annotations
 
-from . import gpt2, llama
+from . import gemma3, gpt2, llama
 from .metadata import positive
 
 #: the families, each a module: its ARCHITECTURES, their metadata and tensors both ways, the models it computes
-FAMILIES = (llama, gpt2)
+FAMILIES = (llama, gpt2, gemma3)
 #: llama.cpp's architectures decoderlab's model class carries (``general.architecture``)
 ARCHITECTURES = tuple(a for f in FAMILIES for a in f.ARCHITECTURES)
 #: metadata keys (after ``<arch>.``) naming a feature the model class does not carry, and what it is
@@ -55,7 +55,10 @@ def check_architecture(meta: dict, path="") -> str:
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not one decoderlab's model carries; allowed: "
                          f"{', '.join(ARCHITECTURES)}")
+    carried = getattr(family_of(arch), "CARRIED", ())
     for key, what in _NOT_CARRIED.items():
+        if key in carried:
+            continue
         value = meta.get(f"{arch}.{key}")
         if value not in (None, 0, "none", 1.0):  # absent, or stated as off
             raise ValueError(f"{path}: GGUF metadata {arch}.{key} = {value!r} asks for {what}, which decoderlab's "
@@ -136,9 +139,9 @@ def gguf_architecture(config) -> str:
     for family, bad in faults.items():
         if not bad:
             return family.architecture(config)
-    gpt2_bad, llama_bad = faults[gpt2], faults[llama]
-    gpt2_nearest = len(gpt2_bad) < len(llama_bad)
-    bad, nearest = (gpt2_bad, "gpt2") if gpt2_nearest else (llama_bad, "llama / qwen2 / qwen3")
+    family = min(FAMILIES, key=lambda f: len(faults[f]))  # (llama's before gpt2's and gemma3's on a tie)
+    gpt2_nearest = family is gpt2
+    bad, nearest = faults[family], " / ".join(family.ARCHITECTURES)
     has = ", ".join(f"{f}={getattr(config, f)!r} ({f'{opt} {getattr(config, f)}' if opt else 'ModelConfig.' + f})"
                     for f, _, opt, _ in bad)
     how = f"; train with {gpt2.how(bad)} to export it" if gpt2_nearest else ""

@@ -48,6 +48,10 @@ LLAMA_SHAPE = (
     ("bias", False, "--bias", "they have no biases but qwen2's on q/k/v"),
     ("attn_out_proj", True, None, "they have an attention output projection"),
     ("lm_head_bias", False, None, "their output layer has no bias"),
+    ("sandwich_norm", False, None, "they have no norms after attention and the MLP (gemma3 has)"),
+    ("embed_scale", False, None, "they do not scale the embedding (gemma3 does)"),
+    ("sliding_window", 0, None, "they attend to every earlier position (gemma3 has sliding windows)"),
+    ("query_pre_attn_scalar", 0, None, "they scale attention scores by 1 / sqrt(d_head)"),
 )
 
 

@@ -17,7 +17,10 @@ llama.cpp's default for its kind of vocabulary (:data:`VOCAB_DEFAULTS`: a Senten
 
 Out (:func:`write_tokenizer`): byte-level BPE (``model = "gpt2"``) with the pre-tokenizer llama.cpp names, every
 token's text in the byte-level alphabet, the merges in order, control tokens typed CONTROL and added ordinary
-tokens USER_DEFINED, every id and flag stated (no default relied on). A character vocabulary becomes one token per
+tokens USER_DEFINED, every id and flag stated (no default relied on). A SentencePiece-style BPE (byte fallback,
+spaces as ``▁``: Gemma's, Llama 2's) is written as llama.cpp's SentencePiece vocabulary (``model = "llama"``):
+the pieces as they are, a score per piece from the rank of the merge that makes it (earlier merges score higher,
+so the merges read back rank as they did), ``<0xNN>`` typed BYTE, ``add_space_prefix`` from its normalizer. A character vocabulary becomes one token per
 character and merges that join the UTF-8 bytes of each multi-byte character (so "é" is one token, as in
 decoderlab; a character outside the vocabulary is lost in llama.cpp, where decoderlab raises or gives ``<unk>``);
 a word vocabulary has no form llama.cpp reads: refused. Control ids written: ``eos`` (``tokenizer.eos_id``),
@@ -29,9 +32,13 @@ Source: llama.cpp's ``llama-vocab.cpp`` (``llama_vocab::impl::load``: the keys a
 
 from __future__ import annotations
 
+import json
+import re
+
 from .pretokenizers import PRE_TOKENIZERS, pre_tokenizer, pre_tokenizer_name
 
 _UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
 
 #: llama.cpp's defaults where a file states no key, as its vocabulary loader sets them (``llama_vocab::impl::load``
 #: in llama.cpp's src/llama-vocab.cpp): by ``tokenizer.ggml.model`` the special ids and the flags (SentencePiece's
@@ -264,16 +271,68 @@ def _char_merges(tokenizer) -> list[str]:
     return merges
 
 
+def sentencepiece_spec(tokenizer) -> dict | None:
+    """The ``tokenizer.json`` of a SentencePiece-style BPE (byte fallback, a normalizer writing spaces as ``▁``:
+    Gemma's, Llama 2's), else None."""
+    if getattr(tokenizer, "kind", None) != "bpe" or tokenizer.byte_level:
+        return None
+    spec = tokenizer.to_dict()
+    model = spec.get("model") or {}
+    norm = json.dumps(spec.get("normalizer"), ensure_ascii=False)
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or '"content": "▁"' not in norm:
+        return None
+    return spec
+
+
+def sentencepiece_pieces(tokenizer, spec: dict) -> tuple[list[str], list[float], list[int], bool]:
+    """``(pieces, scores, token types, add_space_prefix)`` of a SentencePiece-style BPE in llama.cpp's form: a
+    piece made by merge r scores -(r + 1) (the first merge highest; :func:`score_merges` ranks them back), the
+    others 0 (bytes, single characters) or -1000 (control and added tokens, as Gemma's converter writes them)."""
+    import gguf
+
+    score: dict[str, float] = {}
+    for rank, m in enumerate(spec["model"]["merges"]):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        score.setdefault(a + b, -float(rank + 1))
+    special, added = tokenizer.special_ids, _added_tokens(tokenizer)
+    unk = tokenizer.token_to_id.get(spec["model"].get("unk_token") or "")
+    pieces, scores, types = [], [], []
+    for i in range(tokenizer.vocab_size):
+        piece = tokenizer.id_to_token[i]
+        kind = (gguf.TokenType.UNKNOWN if i == unk else gguf.TokenType.CONTROL if i in special else
+                gguf.TokenType.USER_DEFINED if i in added else
+                gguf.TokenType.BYTE if _BYTE_PIECE.fullmatch(piece) else gguf.TokenType.NORMAL)
+        pieces.append(piece)
+        types.append(int(kind))
+        scores.append(-1000.0 if kind in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED,
+                                          gguf.TokenType.UNKNOWN) else score.get(piece, 0.0))
+    prefix = '"Prepend"' in json.dumps(spec.get("normalizer"))
+    return pieces, scores, types, prefix
+
+
 def write_tokenizer(writer, tokenizer, end_of_turn: int | None = None, chat_template: str | None = None) -> None:
     """``tokenizer.ggml.*`` (and ``tokenizer.chat_template``) of ``tokenizer`` into a ``gguf.GGUFWriter``:
     every id and both flags stated, so that llama.cpp applies none of its defaults; ``end_of_turn``: the chat
     template's end-of-turn id (``tokenizer.ggml.eot_token_id`` where it is not the eos)."""
-    pre, tokens, types, merges = token_pieces(tokenizer)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    spec = sentencepiece_spec(tokenizer)
+    if spec is not None:
+        tokens, scores, types, prefix = sentencepiece_pieces(tokenizer, spec)
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_add_space_prefix(prefix)
+        unk = next((i for i, t in enumerate(types) if t == 2), None)
+        if unk is not None:
+            writer.add_unk_token_id(unk)
+    else:
+        pre, tokens, types, merges = token_pieces(tokenizer)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
     eos, bos = tokenizer.eos_id, getattr(tokenizer, "bos_id", None)
     if eos is not None:
         writer.add_eos_token_id(eos)

@@ -22,6 +22,7 @@ Tensor mapping (llama.cpp <-> ours; shapes (rows, cols) as PyTorch's ``nn.Linear
     blk.{i}.ffn_gate.weight  (d_ff, d_model)           -> blocks.{i}.mlp.gate.weight
     blk.{i}.ffn_up.*         (d_ff, d_model)           -> blocks.{i}.mlp.fc.*
     blk.{i}.ffn_down.*       (d_model, d_ff)           -> blocks.{i}.mlp.proj.*
+    blk.{i}.post_attention_norm / post_ffw_norm.weight -> blocks.{i}.norm_1_post / norm_2_post.weight  (gemma3)
     output_norm.*                                      -> norm_f.*
     output.weight            (num_tokens, d_model)     -> fc_layer.weight  (absent: tied to we.weight)
 
@@ -44,7 +45,8 @@ import torch
 #: llama.cpp's tensor names -> ours: in a block (``blk.{i}.<name>``), and outside the blocks
 BLOCK_NAMES = {"attn_norm": "norm_1", "attn_output": "attention.proj", "attn_q_norm": "attention.q_norm",
                "attn_k_norm": "attention.k_norm", "ffn_norm": "norm_2", "ffn_gate": "mlp.gate", "ffn_up": "mlp.fc",
-               "ffn_down": "mlp.proj", "attn_qkv": "attention.qkv"}
+               "ffn_down": "mlp.proj", "attn_qkv": "attention.qkv", "post_attention_norm": "norm_1_post",
+               "post_ffw_norm": "norm_2_post"}
 TOP_NAMES = {"token_embd": "we", "position_embd": "pe", "output_norm": "norm_f", "output": "fc_layer"}
 
 
