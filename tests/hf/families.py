@@ -68,6 +68,30 @@ def llama_tokenizer():
     return transformers.LlamaTokenizer(vocab=full, merges=merges, add_bos_token=True)
 
 
+#: Gemma's control tokens, first in its vocabulary (pad, eos, bos, unk, mask), then its chat turns'
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def gemma_vocab() -> tuple[dict, list]:
+    """A tiny SentencePiece-style BPE as Gemma's is laid out: the control tokens, the 256 byte-fallback tokens
+    ``<0x00>`` .., then pieces trained on :data:`CORPUS` with spaces as "▁" (no space before the text)."""
+    vocab, merges = train_bpe(pre_tokenizers.Metaspace(prepend_scheme="never"), decoders.Metaspace(), special=())
+    full = {t: i for i, t in enumerate(GEMMA_SPECIALS)}
+    full.update({f"<0x{b:02X}>": len(GEMMA_SPECIALS) + b for b in range(256)})
+    for token in sorted(vocab, key=vocab.get):
+        full.setdefault(token, len(full))
+    return full, merges
+
+
+def gemma_tokenizer():
+    """Gemma 3's tokenizer class (``GemmaTokenizer``: BPE with byte fallback, spaces as "▁", <bos> first) over
+    :func:`gemma_vocab`, its turn tokens special."""
+    vocab, merges = gemma_vocab()
+    tok = transformers.GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    return tok
+
+
 def llama3_tokenizer():
     """Llama 3's: a byte-level BPE whose post-processor template puts <|begin_of_text|> first (no add_bos_token)."""
     vocab, merges = byte_level()
@@ -99,6 +123,18 @@ CLASSES = {
     "apertus": ("ApertusConfig", "ApertusForCausalLM", dict(_SIZE, hidden_act="relu2", **_ROPE), llama3_tokenizer),
     "arcee": ("ArceeConfig", "ArceeForCausalLM", dict(_SIZE, mlp_bias=True, **_ROPE), llama3_tokenizer),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64), gpt2_tokenizer),
+    # sliding windows shorter than the prompt and its 20 new tokens: every layer (Mistral), the last one (Qwen2)
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(_SIZE, sliding_window=5), llama_tokenizer),
+    "qwen2-window": ("Qwen2Config", "Qwen2ForCausalLM", dict(_SIZE, use_sliding_window=True, sliding_window=6,
+                                                          max_window_layers=1), qwen2_tokenizer),
+    # Gemma 3: two sliding layers (window 4, rope base 100) then a full one (base 10,000), multi-query heads of 32
+    # (4 x 32 != 64), query_pre_attn_scalar 24, norms after attention and the MLP, GeGLU, a scaled embedding
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(_SIZE, num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_window=4,
+                    query_pre_attn_scalar=24, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+               gemma_tokenizer),
 }
 
 

@@ -160,16 +160,31 @@ def test_a_sliding_window_on_no_layer_loads_with_transformers_logits(tmp_path, s
 
 
 @pytest.mark.parametrize("saved_layer_types", [True, False])
-def test_a_layer_that_slides_is_refused_naming_it_and_the_window(tmp_path, capsys, saved_layer_types):
-    hf_directory(tmp_path, "qwen2")
-    edit_config(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                layer_types=["full_attention", "sliding_attention"] if saved_layer_types else None)
-    assert transformers.AutoConfig.from_pretrained(tmp_path).layer_types == ["full_attention", "sliding_attention"]
-    err = one_error_line(tmp_path, capsys)
-    why = ("'sliding_attention' in layer_types, use_sliding_window true" if saved_layer_types else
-           "use_sliding_window true, from max_window_layers 1 on")
-    assert (f"{tmp_path / 'config.json'}: layer 1 of 2 slides over sliding_window 4 positions ({why}), shorter than "
-            "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: ") in err, err
+def test_a_layer_that_slides_attends_through_its_window_as_transformers_does(tmp_path, saved_layer_types):
+    """Layer 1 of 2 slides over 4 positions, from layer_types or from max_window_layers: transformers' logits on
+    a prompt longer than the window (they differ without it: test_the_window_matters)."""
+    ref, ours, hf = edited_logits(tmp_path, "qwen2", delete=() if saved_layer_types else ("layer_types",),
+                                  use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                  layer_types=["full_attention", "sliding_attention"])
+    assert hf.config.layer_types == ["full_attention", "sliding_attention"]
+    model = dl.load(tmp_path).model
+    assert model.config.layer_types == ("full_attention", "sliding_attention") and model.config.sliding_window == 4
+    assert (ours - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["mistral-window", "qwen2-window", "gemma3"])
+def test_the_window_matters(tmp_path, name):
+    """The tiny windowed classes' prompts are longer than their windows: the same model seeing every position
+    gives other logits (so the parity tests above would fail without the window)."""
+    hf, auto = hf_directory(tmp_path, name)
+    model = dl.load(tmp_path).model
+    x = torch.tensor([prompt_ids(auto)])
+    assert x.size(1) > model.config.sliding_window
+    with torch.no_grad():
+        ref = hf(x).logits
+        for block in model.blocks:
+            block.attention.sliding_window = None
+        assert (model(x) - ref).abs().max() > 1e-3
 
 
 def test_a_window_as_long_as_the_context_loads(tmp_path):
@@ -208,7 +223,7 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
     err = one_error_line(tmp_path, capsys)
     assert (f"{tmp_path / 'config.json'}: architectures ['GPTNeoXForCausalLM'] is not a class decoderlab reads; "
             "allowed: GPT2LMHeadModel, Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-            "ApertusForCausalLM, ArceeForCausalLM") in err
+            "ApertusForCausalLM, ArceeForCausalLM, Gemma3ForCausalLM") in err
 
 
 @pytest.mark.parametrize("name,fields,words", [
@@ -221,14 +236,7 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
     ("qwen2", dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
      "rope_scaling of rope_type 'yarn' (read over rope_parameters, as transformers does) is not implemented; "
      "allowed: rope_type 'default'"),
-    ("mistral", dict(sliding_window=16),
-     "layers 0-1 of 2 slide over sliding_window 16 positions (MistralForCausalLM slides every layer), shorter than "
-     "the context (max_position_embeddings 64): a sliding window is not implemented; allowed: sliding_window null, "
-     "or >= max_position_embeddings"),
     ("mistral", dict(sliding_window=0), "sliding_window is 0; allowed: null or a positive integer"),
-    ("qwen3", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0, layer_types=None),
-     "layers 0-1 of 2 slide over sliding_window 32 positions (use_sliding_window true, from max_window_layers 0 "
-     "on), shorter than the context (max_position_embeddings 64)"),
     ("qwen2", dict(use_sliding_window=True, layer_types=["full_attention", "chunked_attention"]),
      "layer_types ['full_attention', 'chunked_attention'] is not one type per layer; allowed: a list of "
      "num_hidden_layers 2 of 'full_attention', 'sliding_attention'"),
@@ -239,6 +247,20 @@ def test_an_architecture_not_accepted(tmp_path, capsys):
      "attention_bias false or absent"),
     ("llama", dict(hidden_act="gelu"), "hidden_act 'gelu' is not implemented for LlamaForCausalLM; allowed: 'silu'"),
     ("apertus", dict(hidden_act="xielu"), "hidden_act 'xielu' is not implemented; allowed: 'relu2'"),
+    # a Gemma variant decoderlab does not compute, named by its field
+    ("gemma3", dict(final_logit_softcapping=30.0), "final_logit_softcapping is 30.0; soft-capped logits are not "
+     "implemented; allowed: null"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping is 50.0; soft-capped logits"),
+    ("gemma3", dict(use_bidirectional_attention=True), "use_bidirectional_attention is true"),
+    ("gemma3", dict(hidden_activation="gelu"), "hidden_activation 'gelu' is not implemented; allowed: "
+     "'gelu_pytorch_tanh'"),
+    ("gemma3", dict(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     "rope_parameters.full_attention of rope_type 'linear' is not implemented; allowed: rope_type 'default'"),
+    ("gemma3", dict(architectures=["Gemma3ForConditionalGeneration"], vision_config={"model_type": "siglip"}),
+     "Gemma3ForConditionalGeneration (vision_config {'model_type': 'siglip'}): Gemma 3's vision tower (SigLIP)"),
+    ("gemma3", dict(architectures=["Gemma3nForCausalLM"], model_type="gemma3n_text"),
+     "Gemma3nForCausalLM (model_type 'gemma3n_text'): Gemma 3n's per-layer embeddings"),
 ])
 def test_a_config_field_the_class_cannot_honour(tmp_path, capsys, name, fields, words):
     hf_directory(tmp_path, name)

@@ -51,11 +51,13 @@ class Entry:
     ``parts``: (Hugging Face name, rows, rope) for each, stacked along dim 0 in this order (one part: the whole
     tensor); rope = its rows are heads of ``d_head`` rows that rope turns (permuted between layouts). No parts:
     the class has no such tensor, and ours is zeros (a bias of ours the class lacks). ``transpose``: stored
-    (in, out) (GPT-2's ``Conv1D``)."""
+    (in, out) (GPT-2's ``Conv1D``). ``offset``: ours is theirs + offset (Gemma's norms store weight for a gain
+    of 1 + weight; ours holds the gain)."""
 
     ours: str
     parts: tuple[tuple[str, int, bool], ...]
     transpose: bool = False
+    offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Names:
     """A family's names in one config: ``top`` and ``block`` map our module names to theirs (a tuple of theirs
     stacks them: q, k, v); ``bias(theirs)`` says whether that module of theirs has a bias in this config;
     ``gains`` are our QK-norm modules the class always has a gain for; ``prefix`` the name of block ``i``'s
-    module of theirs; ``transposed`` their modules stored (in, out)."""
+    module of theirs; ``transposed`` their modules stored (in, out); ``norms`` our norm modules whose gain the
+    class stores minus ``norm_offset`` (Gemma's 1 + weight)."""
 
     top: Mapping[str, str]
     block: Mapping[str, str | tuple[str, ...]]
@@ -81,6 +84,8 @@ class Names:
     bias: Callable[[str], bool]
     gains: tuple[str, ...] = ()
     transposed: tuple[str, ...] = ()
+    norm_offset: float = 0.0
+    norms: tuple[str, ...] = ()
 
 
 def head_order(cfg: ModelConfig) -> torch.Tensor | None:
@@ -118,7 +123,7 @@ def table(cfg: ModelConfig, own: Mapping[str, torch.Tensor], names: Names) -> It
             if key not in own:
                 if not has_theirs or (kind == "weight" and not ours.endswith(names.gains)):
                     continue  # (a module neither has, or ours ties it: fc_layer to we)
-                value = 1.0 if kind == "weight" else 0.0
+                value = 1.0 - _offset(names, ours) if kind == "weight" else 0.0
                 for name, n, _ in _parts(theirs, rows, cfg, own, ours):
                     yield Fill(f"{name}.{kind}", (n,), value)
                 continue
@@ -128,7 +133,12 @@ def table(cfg: ModelConfig, own: Mapping[str, torch.Tensor], names: Names) -> It
             t = own[key]
             parts = tuple((f"{name}.{kind}", n if len(theirs) > 1 else t.shape[0], rope)
                           for name, n, rope in _parts(theirs, rows, cfg, own, ours))
-            yield Entry(key, parts, transpose=kind == "weight" and any(t_.endswith(names.transposed) for t_ in theirs))
+            yield Entry(key, parts, transpose=kind == "weight" and any(t_.endswith(names.transposed) for t_ in theirs),
+                        offset=_offset(names, ours) if kind == "weight" else 0.0)
+
+
+def _offset(names: Names, ours: str) -> float:
+    return names.norm_offset if names.norms and ours.endswith(names.norms) else 0.0
 
 
 def _tuple(x) -> tuple[str, ...]:
@@ -186,6 +196,8 @@ def read_state(files: WeightFiles, entries: list[Entry | Fill], own: Mapping[str
             v = v.t() if e.transpose else v
             if rope and order is not None:
                 v = _heads(v, order, cfg.d_head, inverse=True)
+            if e.offset:  # (in float32, as the class adds it at run time, then into our dtype)
+                v = v.float() + e.offset
             out[at:at + n].copy_(v)
             files.release(stored)
             at += n
@@ -251,6 +263,8 @@ def write_state(state: Mapping[str, torch.Tensor], entries: list[Entry | Fill], 
             part = t[at:at + n]
             if rope and order is not None:
                 part = _heads(part, order, cfg.d_head, inverse=False)
+            if e.offset:
+                part = (part.float() - e.offset).to(part.dtype)
             out[name] = (part.t() if e.transpose else part).contiguous().clone()
             at += n
     return out
@@ -355,26 +369,6 @@ def window_of(hf: dict, default: int | None, where: str) -> int | None:
     return window
 
 
-def no_sliding_window(where: str, layers: list[int], window: int | None, cfg: dict, *, why: str,
-                      allowed: str) -> None:
-    """Refuse ``layers`` (indices of the layers the class makes slide, ``why`` says how) over ``window``
-    positions when the window is shorter than the context ``cfg["max_len"]`` (max_position_embeddings):
-    decoderlab's attention sees every earlier position. A window of W positions -- key j seen from query i when
-    i - j < W, transformers' ``sliding_window_overlay`` -- changes nothing in a sequence of at most W tokens, and
-    decoderlab runs none longer than max_position_embeddings, so a window that long is no window and loads.
-
-    Raises:
-        ConfigError (field ``sliding_window``): the layers, the window, how they came to slide and ``allowed``.
-    """
-    context = cfg["max_len"]
-    if not layers or window is None or window >= context:
-        return
-    verb = "slides" if len(layers) == 1 else "slide"
-    raise ConfigError(f"{where}: {layer_list(layers)} of {cfg['n_layer']} {verb} over sliding_window {window} "
-                      f"positions ({why}), shorter than the context (max_position_embeddings {context}): a sliding "
-                      f"window is not implemented; allowed: {allowed}", "sliding_window")
-
-
 def layer_list(layers: list[int]) -> str:
     """``layers`` as "layer 3" / "layers 0-27" / "layers 0, 2-5" (runs of consecutive indices joined)."""
     runs: list[list[int]] = []
@@ -407,9 +401,29 @@ def rotary_mismatches(cfg: ModelConfig, mlp, class_name: str) -> list[tuple[str,
             ("lm_head_bias", False, f"{class_name}'s lm_head has no bias")]
     out = [(f, getattr(cfg, f), v, why) for f, v, why in want
            if getattr(cfg, f) not in (v if isinstance(v, tuple) else (v,))]
+    out += plain_faults(cfg, class_name)
     if cfg.norm != "rmsnorm" and not (cfg.norm == "layernorm" and not cfg.bias):
         out.append(("norm", cfg.norm, "rmsnorm", f"{class_name} uses RMSNorm (a LayerNorm without a bias is carried "
                                                   "too: its centring is folded into the weights)"))
+    return out
+
+
+def plain_faults(cfg: ModelConfig, class_name: str, *, windows: bool = False) -> list[tuple[str, object, object, str]]:
+    """(field, value, needed, why) of Gemma's options a class without them cannot carry: norms after attention
+    and the MLP, a scaled embedding, another attention scale, a rotary base of the sliding layers -- and sliding
+    windows unless ``windows`` (the class has them)."""
+    out = []
+    for field, plain, what in (("sandwich_norm", False, "norms after attention and the MLP"),
+                               ("embed_scale", False, "an embedding scaled by sqrt(d_model)")):
+        if getattr(cfg, field) != plain:
+            out.append((field, getattr(cfg, field), plain, f"{class_name} has no {what}"))
+    if cfg.query_pre_attn_scalar not in (0, cfg.d_head):
+        out.append(("query_pre_attn_scalar", cfg.query_pre_attn_scalar, 0,
+                    f"{class_name} scales attention scores by 1 / sqrt(head_dim)"))
+    if cfg.rope_local_theta not in (0, cfg.rope_theta):
+        out.append(("rope_local_theta", cfg.rope_local_theta, 0, f"{class_name} has one rotary base"))
+    if cfg.sliding_window and not windows and any(cfg.window_of(i) for i in range(cfg.n_layer)):
+        out.append(("sliding_window", cfg.sliding_window, 0, f"{class_name} has no sliding window"))
     return out
 
 

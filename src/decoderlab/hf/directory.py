@@ -29,7 +29,7 @@ from ..devices import resolve_device
 from ..dtypes import check_dtype, to_inference_dtype
 from ..files import replace_directory, temporary_directory, usual_mode
 from ..model import DecoderOnlyTransformer
-from . import gpt2, llama, qwen, recipe
+from . import gemma, gpt2, llama, qwen, recipe
 from .convert import ConfigError, read_state, stored_names, table, write_state
 from .generation_config import GENERATION_CONFIG, eos_token_id_of, read_eos_ids, with_eos_ids
 from .tokenizer import TOKENIZER_FILES, read_tokenizer, special_ids_of, write_tokenizer
@@ -37,7 +37,7 @@ from .weights import INDEX_FILE, PICKLE_FILE, SINGLE_FILE, WeightFiles, write_sa
 
 #: the families, in the order an export tries them (Qwen before Llama: a model with q/k/v biases or a QK-norm
 #: goes to the class that has them)
-FAMILIES = (gpt2, qwen, llama, recipe)
+FAMILIES = (gpt2, qwen, llama, recipe, gemma)
 #: the classes decoderlab reads and writes
 ARCHITECTURES = tuple(a for f in FAMILIES for a in f.ARCHITECTURES)
 #: the files a Hugging Face directory written here holds (a directory holding only these may be replaced)
@@ -76,13 +76,16 @@ def family_of(hf: dict, where: str):
     if isinstance(names, list) and names:
         name = names[0]
     else:
-        types = {t: a for f in FAMILIES for t, a in f.MODEL_TYPES.items()}
+        types = {t: a for f in FAMILIES for t, a in (*f.MODEL_TYPES.items(), *getattr(f, "REFUSED_TYPES", {}).items())}
         legacy = "GPT2LMHeadModel" if "n_embd" in hf and "model_type" not in hf else None  # an old GPT-2 config
         name = types.get(hf.get("model_type"), legacy)
         names = hf.get("model_type")
     for family in FAMILIES:
         if name in family.ARCHITECTURES:
             return family, name
+        refused = getattr(family, "refusal", lambda *a: None)(name, hf, where)
+        if refused is not None:  # a class of a family read, adding what decoderlab does not compute: named
+            raise refused
     field = "architectures" if hf.get("architectures") else "model_type"
     raise ConfigError(f"{where}: {field} {names!r} is not a class decoderlab reads; allowed: "
                       f"{', '.join(ARCHITECTURES)}", field)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from ..config.model import ModelConfig, preset
-from .convert import ConfigError, Names
+from .convert import ConfigError, Names, plain_faults
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 MODEL_TYPES = {"gpt2": "GPT2LMHeadModel"}
@@ -80,7 +80,7 @@ def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
             ("n_kv_head", (0, cfg.n_head), "GPT-2 has a key/value head per query head"),
             ("head_dim", (0, cfg.d_model // cfg.n_head), "GPT-2's heads split d_model")]
     return [(f, getattr(cfg, f), v, why) for f, v, why in want
-            if getattr(cfg, f) not in (v if isinstance(v, tuple) else (v,))]
+            if getattr(cfg, f) not in (v if isinstance(v, tuple) else (v,))] + plain_faults(cfg, "GPT2LMHeadModel")
 
 
 def architecture(cfg: ModelConfig) -> str:

@@ -1,6 +1,7 @@
 """Llama (``LlamaForCausalLM``: SmolLM2, TinyLlama, Llama 3.2 without its rope scaling) and Mistral
-(``MistralForCausalLM`` without a sliding window shorter than the context): rotary positions (rotate-half),
-RMSNorm with a gain, grouped-query attention, a SwiGLU MLP.
+(``MistralForCausalLM``: every layer slides over ``sliding_window`` positions, 4096 when config.json does not say,
+none when null): rotary positions (rotate-half), RMSNorm with a gain, grouped-query attention, a SwiGLU MLP. A
+model of ours whose every layer slides is written as Mistral, one without a window as Llama.
 
 Names (q, k and v stack, in this order, into our one fused projection)::
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 
 from ..config.model import ModelConfig
-from .convert import (ConfigError, Names, no_sliding_window, prepare_norm, rotary_config, rotary_mismatches,
+from .convert import (ConfigError, Names, prepare_norm, rotary_config, rotary_mismatches,
                       rotary_theirs, window_of)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -50,9 +51,8 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
     """Our config of a Llama or Mistral config.json (:func:`.convert.rotary_config`, ``mlp="swiglu"``).
 
     Raises:
-        ConfigError: hidden_act other than silu; rope scaling of any kind; a sliding window shorter than the
-            context (Mistral's default is 4096 when config.json does not say); attention_bias or mlp_bias in a
-            Mistral config (the class has no biases).
+        ConfigError: hidden_act other than silu; rope scaling of any kind; a sliding window that is neither null
+            nor a positive integer; attention_bias or mlp_bias in a Mistral config (the class has no biases).
     """
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -66,29 +66,38 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
                                   key)
     fields = rotary_config(hf, where)
     if architecture == "MistralForCausalLM":  # one window for every layer (MistralConfig has no layer_types)
-        window = window_of(hf, 4096, where)
-        no_sliding_window(where, list(range(fields["n_layer"])), window, fields,
-                          why="MistralForCausalLM slides every layer", allowed="sliding_window null, or >= "
-                          "max_position_embeddings")
+        fields["sliding_window"] = window_of(hf, 4096, where) or 0
     bias = bool(hf.get("attention_bias") or hf.get("mlp_bias"))
     return ModelConfig(**fields, mlp="swiglu", bias=bias)
 
 
+def _mistral(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` is Mistral's: every layer slides over one window."""
+    return bool(cfg.sliding_window) and all(cfg.window_of(i) for i in range(cfg.n_layer))
+
+
 def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
-    """What Llama cannot carry (:func:`.convert.rotary_mismatches` with SwiGLU; no QK-norm)."""
-    out = rotary_mismatches(cfg, "swiglu", "LlamaForCausalLM")
+    """What Llama cannot carry (:func:`.convert.rotary_mismatches` with SwiGLU; no QK-norm; a sliding window on
+    some layers only -- every layer's is Mistral's, without biases)."""
+    name = architecture(cfg)
+    out = [f for f in rotary_mismatches(cfg, "swiglu", name) if f[0] != "sliding_window" or not _mistral(cfg)]
     if cfg.qk_norm:
-        out.append(("qk_norm", True, False, "LlamaForCausalLM has no query/key norm (Qwen3ForCausalLM has)"))
+        out.append(("qk_norm", True, False, f"{name} has no query/key norm (Qwen3ForCausalLM has)"))
+    if name == "MistralForCausalLM" and (cfg.bias or cfg.qkv_bias):
+        out.append(("bias" if cfg.bias else "qkv_bias", True, False, "MistralForCausalLM has no biases"))
     return out
 
 
 def architecture(cfg: ModelConfig) -> str:
-    return "LlamaForCausalLM"
+    return "MistralForCausalLM" if _mistral(cfg) else "LlamaForCausalLM"
 
 
 def to_theirs(cfg: ModelConfig) -> dict:
     """Llama's config.json fields for ``cfg``: attention_bias when any of ours has q/k/v/o biases, mlp_bias with
-    ``bias``."""
+    ``bias``; Mistral's with its window."""
+    if _mistral(cfg):
+        return dict(rotary_theirs(cfg, "MistralForCausalLM", "mistral"), hidden_act="silu",
+                    sliding_window=cfg.sliding_window)
     return dict(rotary_theirs(cfg, "LlamaForCausalLM", "llama"), hidden_act="silu",
                 attention_bias=cfg.bias or cfg.qkv_bias, mlp_bias=cfg.bias)
 

@@ -7,8 +7,9 @@ Names: Llama's (:mod:`.llama`), and for Qwen3::
     model.layers.{i}.self_attn.q_norm / k_norm    -> blocks.{i}.attention.q_norm / k_norm
 
 A model of ours with ``qkv_bias`` exports to Qwen2; with ``qk_norm`` to Qwen3 (a QK-norm without a gain is
-written with unit gains). A layer that slides (``use_sliding_window`` from ``max_window_layers`` on, or
-``layer_types``) over a window shorter than the context is refused. transformers 5 rebuilds
+written with unit gains). The layers that slide (``use_sliding_window`` from ``max_window_layers`` on, or
+``layer_types``) attend through their window, as transformers' do; a model of ours with sliding layers is
+written with its ``layer_types``. transformers 5 rebuilds
 the tokenizer of every ``qwen2`` directory as Qwen's own (``Qwen2Tokenizer``: NFC, Qwen's split, single digits),
 whatever its tokenizer.json says, so a model whose tokenizer is not Qwen's goes to Llama's class instead (the same
 forward: q/k/v biases and a zero o_proj bias), where ``AutoTokenizer`` reads the tokenizer.json written. Source: Qwen2 /
@@ -20,8 +21,8 @@ from __future__ import annotations
 import re
 
 from ..config.model import ModelConfig
-from .convert import (ConfigError, Names, layer_list, no_sliding_window, prepare_norm, rotary_config,
-                      rotary_mismatches, rotary_theirs, window_of)
+from .convert import (ConfigError, Names, layer_list, prepare_norm, rotary_config, rotary_mismatches, rotary_theirs,
+                      window_of)
 
 ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 #: the split of transformers' ``Qwen2Tokenizer`` (``PRETOKENIZE_REGEX``), which AutoTokenizer imposes on qwen2
@@ -55,16 +56,19 @@ def to_ours(hf: dict, architecture: str, where: str) -> ModelConfig:
     or ``qk_norm`` with its gain (Qwen3; ``attention_bias`` gives ``bias=True``, the MLP's biases zero).
 
     Raises:
-        ConfigError: hidden_act other than silu, rope scaling, a layer that slides (:func:`sliding_layers`) over
-            a window shorter than the context.
+        ConfigError: hidden_act other than silu, rope scaling, layer types transformers cannot run
+            (:func:`sliding_layers`).
     """
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{where}: hidden_act {act!r} is not implemented for {architecture}; allowed: 'silu' (SwiGLU)",
                           "hidden_act")
     fields = rotary_config(hf, where)
-    layers, window, how = sliding_layers(hf, fields["n_layer"], where)
-    no_sliding_window(where, layers, window, fields, **how)
+    layers, window = sliding_layers(hf, fields["n_layer"], where)
+    if layers:
+        fields["sliding_window"] = window
+        fields["layer_types"] = tuple("sliding_attention" if i in layers else "full_attention"
+                                      for i in range(fields["n_layer"]))
     if architecture == "Qwen3ForCausalLM":
         if "head_dim" not in hf:  # Qwen3Config's default, not d_model // n_head
             fields["head_dim"] = 0 if 128 * fields["n_head"] == fields["d_model"] else 128
@@ -77,9 +81,8 @@ LAYER_TYPES = {"full_attention": "full_attention", "attention": "full_attention"
                "sliding_attention": "sliding_attention"}
 
 
-def sliding_layers(hf: dict, n_layer: int, where: str) -> tuple[list[int], int | None, dict]:
-    """``(the layers Qwen2Config / Qwen3Config make slide, their window, how)`` (how: the ``why`` and ``allowed``
-    of :func:`.convert.no_sliding_window`'s message), as transformers derives them: a
+def sliding_layers(hf: dict, n_layer: int, where: str) -> tuple[list[int], int | None]:
+    """``(the layers Qwen2Config / Qwen3Config make slide, their window)``, as transformers derives them: a
     window (``sliding_window``, 4096 when absent) only with ``use_sliding_window``; the ``layer_types`` of
     config.json where it lists them, else "sliding_attention" for the layers from ``max_window_layers`` (28 when
     absent) on, when there is a window -- so a ``max_window_layers`` that covers every layer leaves every layer
@@ -96,10 +99,7 @@ def sliding_layers(hf: dict, n_layer: int, where: str) -> tuple[list[int], int |
         if not isinstance(start, int) or isinstance(start, bool):
             raise ConfigError(f"{where}: max_window_layers is {start!r}; allowed: an integer (the first layer "
                               "that slides)", "max_window_layers")
-        layers = list(range(max(start, 0), n_layer)) if window is not None else []
-        return layers, window, dict(why=f"use_sliding_window true, from max_window_layers {start} on", allowed=(
-            f"use_sliding_window false, max_window_layers >= num_hidden_layers {n_layer} (every layer full "
-            "attention), or sliding_window >= max_position_embeddings"))
+        return (list(range(max(start, 0), n_layer)) if window is not None else []), window
     if (not isinstance(types, list) or len(types) != n_layer
             or not all(isinstance(t, str) and t in LAYER_TYPES for t in types)):
         raise ConfigError(f"{where}: layer_types {types!r} is not one type per layer; allowed: a list of "
@@ -109,8 +109,7 @@ def sliding_layers(hf: dict, n_layer: int, where: str) -> tuple[list[int], int |
         raise ConfigError(f"{where}: layer_types makes {layer_list(layers)} 'sliding_attention', but "
                           "use_sliding_window is false, which gives them no window (transformers cannot run them); "
                           "allowed: 'full_attention' layers, or use_sliding_window true", "layer_types")
-    return layers, window, dict(why="'sliding_attention' in layer_types, use_sliding_window true",
-                                allowed="'full_attention' layer_types, or sliding_window >= max_position_embeddings")
+    return layers, window
 
 
 def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
@@ -118,7 +117,7 @@ def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
     (Qwen2 biases q, k and v only; Qwen3 q, k, v and o but never the MLP: a model of ours with ``bias`` goes
     to Qwen3 when its MLP biases are zero, else the writer refuses it naming the tensor)."""
     name = architecture(cfg)
-    out = rotary_mismatches(cfg, "swiglu", name)
+    out = [f for f in rotary_mismatches(cfg, "swiglu", name) if f[0] != "sliding_window"]  # (layer_types carry it)
     if not cfg.qk_norm and not cfg.qkv_bias:
         out.append(("qkv_bias", False, True, "Qwen2ForCausalLM has q/k/v biases (a model without them is Llama's)"))
     if cfg.bias and not cfg.qk_norm:
@@ -144,10 +143,13 @@ def carries_tokenizer(cfg: ModelConfig, tokenizer) -> bool:
 
 
 def to_theirs(cfg: ModelConfig) -> dict:
-    """Qwen2's or Qwen3's config.json fields for ``cfg`` (no sliding window)."""
+    """Qwen2's or Qwen3's config.json fields for ``cfg``: the sliding layers as ``layer_types`` when any."""
     name = architecture(cfg)
+    types = [("sliding_attention" if cfg.window_of(i) else "full_attention") for i in range(cfg.n_layer)]
+    slides = "sliding_attention" in types
     out = dict(rotary_theirs(cfg, name, "qwen3" if cfg.qk_norm else "qwen2"), hidden_act="silu",
-               use_sliding_window=False, sliding_window=None)
+               use_sliding_window=slides, sliding_window=cfg.sliding_window if slides else None,
+               max_window_layers=cfg.n_layer, layer_types=types)
     if cfg.qk_norm:
         out["attention_bias"] = cfg.bias or cfg.qkv_bias
     return out
