@@ -42,6 +42,17 @@ DESIGNS = [
     ("recipe-rmsnorm-gqa-gain", dict(preset="baby-shakespeare-speedrun", norm="rmsnorm", n_kv_head=2,
                                      qk_norm_gain=True), "ApertusForCausalLM"),
     ("arcee-gelu", dict(preset="baby-shakespeare", position="rope"), "ArceeForCausalLM"),
+    # sliding windows shorter than the text: every layer's (Mistral), some layers' (Qwen3's layer_types)
+    ("mistral-window", dict(preset="baby-shakespeare", position="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2,
+                            sliding_window=5), "MistralForCausalLM"),
+    ("qwen3-window", dict(preset="baby-shakespeare", position="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True,
+                          sliding_window=5, layer_types=("full_attention", "sliding_attention")), "Qwen3ForCausalLM"),
+    # Gemma 3's options: a sliding layer with its own rope base, sandwich norms, GeGLU, a scaled embedding, MQA with
+    # heads of 24, query_pre_attn_scalar, a QK-norm without a gain (written as Gemma's 0 = a gain of 1)
+    ("gemma3", dict(preset="baby-shakespeare", position="rope", norm="rmsnorm", mlp="geglu", sandwich_norm=True,
+                    embed_scale=True, qk_norm=True, n_kv_head=1, head_dim=24, query_pre_attn_scalar=10.0,
+                    sliding_window=4, layer_types=("sliding_attention", "full_attention"), rope_local_theta=100.0),
+     "Gemma3ForCausalLM"),
 ]
 
 

@@ -195,6 +195,9 @@ def mismatches(cfg: ModelConfig) -> list[tuple[str, object, object, str]]:
             ("lm_head_bias", False, f"{name}'s lm_head has no bias"),
             ("qkv_bias", False, f"{name}'s biases are on q, k, v and o together (attention_bias)")]
     out = [(f, getattr(cfg, f), v, why) for f, v, why in want if getattr(cfg, f) != v]
+    if not float(cfg.query_pre_attn_scalar).is_integer():
+        out.append(("query_pre_attn_scalar", cfg.query_pre_attn_scalar, round(cfg.query_pre_attn_scalar),
+                    f"{name}'s query_pre_attn_scalar is an integer"))
     return out  # (with bias: its MLP biases must be zero, as an import of attention_bias makes them)
 
 
@@ -214,7 +217,7 @@ def to_theirs(cfg: ModelConfig) -> dict:
                 sliding_window=cfg.sliding_window or cfg.max_len,
                 rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
                                  "sliding_attention": {"rope_type": "default", "rope_theta": local}},
-                query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.d_head, hidden_activation="gelu_pytorch_tanh",
+                query_pre_attn_scalar=int(cfg.query_pre_attn_scalar or cfg.d_head), hidden_activation="gelu_pytorch_tanh",
                 attention_bias=cfg.bias, final_logit_softcapping=None, attn_logit_softcapping=None,
                 use_bidirectional_attention=False, tie_word_embeddings=cfg.tie_weights, attention_dropout=0.0)
 
