@@ -106,7 +106,7 @@ def test_the_mask_covers_the_calls_and_answers_not_the_results():
 
 def test_chatml_tools_is_stored_and_read_back_by_name():
     template = get_template("chatml-tools")
-    assert list(JINJA_TEMPLATES) == ["chatml-tools"] and template.name == "chatml-tools"
+    assert list(JINJA_TEMPLATES) == ["chatml-tools", "gemma"] and template.name == "chatml-tools"
     assert template_from_meta({"chat_template": template.to_dict()}) == template
     with pytest.raises(ValueError, match="known templates: decoderlab, lesson, tools, chatml-tools"):
         get_template("chatml")

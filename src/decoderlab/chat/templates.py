@@ -37,6 +37,7 @@ from ..config.defaults import DEFAULT_TEMPERATURE
 from ..config.names import DEFAULT_TEMPLATE
 from ..lesson import LESSON_TEMPLATE
 from ..tokenizers import EOS, Tokenizer
+from .gemma import GEMMA_CHAT, GEMMA_NAME, GEMMA_TOKENS
 from .hermes import CHATML_TOOLS, CHATML_TOOLS_NAME
 from .jinja import JinjaChatTemplate
 from .messages import check_messages
@@ -255,8 +256,11 @@ def parse_tool_call(text: str) -> tuple[str, str]:
 
 
 #: decoderlab's templates written in Hugging Face's format (Jinja), by name: ``"chatml-tools"``, SmolLM2's ChatML
-#: with tool calls (:data:`decoderlab.chat.hermes.CHATML_TOOLS`)
-JINJA_TEMPLATES: dict[str, str] = {CHATML_TOOLS_NAME: CHATML_TOOLS}
+#: with tool calls (:data:`decoderlab.chat.hermes.CHATML_TOOLS`); ``"gemma"``, Gemma's turns
+#: (:data:`decoderlab.chat.gemma.GEMMA_CHAT`)
+JINJA_TEMPLATES: dict[str, str] = {CHATML_TOOLS_NAME: CHATML_TOOLS, GEMMA_NAME: GEMMA_CHAT}
+#: the named tokens a built-in Jinja template writes (``bos_token`` ...), by name
+JINJA_TOKENS: dict[str, dict] = {GEMMA_NAME: GEMMA_TOKENS}
 
 
 def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate | None = None
@@ -273,7 +277,7 @@ def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate 
     if isinstance(template, (ChatTemplate, JinjaChatTemplate)):
         return template
     if isinstance(template, str) and template in JINJA_TEMPLATES:
-        return JinjaChatTemplate(JINJA_TEMPLATES[template], name=template)
+        return JinjaChatTemplate(JINJA_TEMPLATES[template], name=template, tokens=JINJA_TOKENS.get(template))
     if isinstance(template, (str, os.PathLike)) and str(template) not in TEMPLATES:
         path = Path(template)
         if path.is_file() and path.suffix == ".jinja":
