@@ -257,7 +257,7 @@ def test_generate_verify_and_chat_read_a_gguf_file(gguf_file, capsys):
 
 @pytest.mark.parametrize("damage, line", [
     ("truncate", "is truncated or corrupt"),
-    ("arch", "GGUF architecture 'phi3' is not one decoderlab's model carries; allowed: llama, qwen2, qwen3, gpt2"),
+    ("arch", "GGUF architecture 'phi3' is not one decoderlab's model carries; allowed: llama, qwen2, qwen3, gpt2, gemma3"),
     ("missing", "bad.gguf does not exist; a checkpoint is"),  # the one message of a path that is no checkpoint
 ])
 def test_a_gguf_file_it_cannot_read_is_one_line(gguf_file, tmp_path, capsys, damage, line):

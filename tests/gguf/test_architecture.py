@@ -90,6 +90,6 @@ def test_a_model_no_architecture_computes_is_refused_naming_the_field(overrides,
     from decoderlab.gguf import ExportError, gguf_architecture
 
     with pytest.raises(ExportError, match="--format gguf writes the models a llama.cpp architecture computes exactly "
-                                          r"\(llama, qwen2, qwen3, gpt2\); the nearest is gpt2") as e:
+                                          r"\(llama, qwen2, qwen3, gpt2, gemma3\); the nearest is gpt2") as e:
         gguf_architecture(dl.preset("gpt2", **overrides))
     assert option in str(e.value) and e.value.field == next(iter(overrides)) and "\n" not in str(e.value)

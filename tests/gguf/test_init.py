@@ -30,5 +30,6 @@ def test_the_public_names():
     import decoderlab.gguf as ours
 
     assert dl.gguf is ours and set(ours.__all__) <= set(dir(ours))
-    assert ours.ARCHITECTURES == ("llama", "qwen2", "qwen3", "gpt2")
-    assert [f.__name__ for f in ours.FAMILIES] == ["decoderlab.gguf.llama", "decoderlab.gguf.gpt2"]
+    assert ours.ARCHITECTURES == ("llama", "qwen2", "qwen3", "gpt2", "gemma3")
+    assert [f.__name__ for f in ours.FAMILIES] == ["decoderlab.gguf.llama", "decoderlab.gguf.gpt2",
+                                                   "decoderlab.gguf.gemma3"]
