@@ -36,12 +36,19 @@ FAMILIES = {
     "llama-gqa": dict(d_model=16, n_layer=2, n_head=4, n_kv_head=2, head_dim=6, max_len=12, position="rope",
                       rope_layout="rotate_half", rope_theta=500.0, norm="rmsnorm", mlp="swiglu", d_ff=24,
                       tie_weights=False, qkv_bias=True, qk_norm=True, qk_norm_gain=True),
+    # Gemma 3's shape: two sliding layers (window 3 of max_len 12, their own rope base) around a full one, norms
+    # after attention and the MLP, GeGLU, a scaled embedding, 1 / sqrt(6) attention, multi-query heads of 8
+    "gemma-sliding": dict(d_model=16, n_layer=3, n_head=4, n_kv_head=1, head_dim=8, max_len=12, position="rope",
+                          rope_layout="rotate_half", rope_theta=500.0, rope_local_theta=50.0, sliding_window=3,
+                          layer_types=("sliding_attention", "full_attention", "sliding_attention"), norm="rmsnorm",
+                          sandwich_norm=True, mlp="geglu", d_ff=24, embed_scale=True, query_pre_attn_scalar=6.0,
+                          qk_norm=True, qk_norm_gain=True, tie_weights=True, lm_head_bias=False),
 }
 
 
 def make_model(family: str, kernel: str, seed: int = 0) -> dl.DecoderOnlyTransformer:
     torch.manual_seed(seed)
-    base = "baby-shakespeare" if family in ("rope-rmsnorm", "no-positions", "llama-gqa") else family
+    base = "baby-shakespeare" if family in ("rope-rmsnorm", "no-positions", "llama-gqa", "gemma-sliding") else family
     m = dl.DecoderOnlyTransformer(dl.preset(base, **FAMILIES[family], attention=kernel)).double()
     if m.config.init == "gpt2":  # random weights far from uniform logits, so greedy paths vary
         with torch.no_grad():

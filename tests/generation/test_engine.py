@@ -122,7 +122,8 @@ def test_generation_leaves_training_mode_and_global_rng_alone():
 
 @pytest.mark.parametrize("family,kernel", [("baby-shakespeare", "sdpa"), ("rope-rmsnorm", "explicit"),
                                            ("statquest", "explicit"), ("gpt2", "sdpa"), ("llama-gqa", "sdpa"),
-                                           ("llama-gqa", "explicit")])
+                                           ("llama-gqa", "explicit"), ("gemma-sliding", "sdpa"),
+                                           ("gemma-sliding", "explicit")])
 def test_batch_equals_each_prompt_alone(family, kernel):
     model = make_model(family, kernel, seed=3)
     cfg = model.config
@@ -298,7 +299,7 @@ def _dynamo_counts():
     return dict(counters["stats"]), sum(counters["recompiles"].values()), dict(counters["graph_break"])
 
 
-@pytest.mark.parametrize("family", ["gpt2", "rope-rmsnorm", "llama-gqa"])
+@pytest.mark.parametrize("family", ["gpt2", "rope-rmsnorm", "llama-gqa", "gemma-sliding"])
 def test_the_decode_step_compiles_to_one_graph_for_the_whole_context(family):
     """``model.compile_decode`` (``torch.compile(model.decode, fullgraph=True)``) with the static KV cache the
     engine then keeps: 40 tokens -- greedy and sampled, a one-token prompt (its prefill is a step too), a longer
