@@ -96,11 +96,13 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
 
 
 @pytest.mark.slow
-def test_a_llama_shaped_package_decodes_eagers_tokens(tmp_path):
+@pytest.mark.parametrize("family", ["llama-gqa", "gemma-sliding"])
+def test_a_llama_shaped_package_decodes_eagers_tokens(tmp_path, family):
     """The Llama family's shape (grouped-query attention over a static cache of n_kv_head heads, SwiGLU,
-    rotate-half rope, q/k/v biases, QK-norm with a gain, heads narrower than d_model / n_head): both packages
-    (batch 1; the padded batch of 3) decode eager's tokens. Two tiny graphs compiled: ~20 s each."""
-    model = make_model("llama-gqa", "sdpa", seed=5)
+    rotate-half rope, q/k/v biases, QK-norm with a gain, heads narrower than d_model / n_head), and Gemma 3's
+    (sliding layers masked by column in the static cache, their own rope base, sandwich norms, GeGLU): both
+    packages (batch 1; the padded batch of 3) decode eager's tokens. Two tiny graphs compiled: ~20 s each."""
+    model = make_model(family, "sdpa", seed=5)
     want = _decode_all(model)
     try:
         step = model.compile_decode(mode="aot", cache_dir=tmp_path)

@@ -187,6 +187,27 @@ def test_the_window_matters(tmp_path, name):
         assert (model(x) - ref).abs().max() > 1e-3
 
 
+def test_a_gemma_directory_goes_back_out_with_its_logits_and_its_tokenizer(tmp_path):
+    """Gemma 3 in and out: the written directory is Gemma3ForCausalLM again, with the first one's logits and its
+    SentencePiece tokenizer's ids on 200 strings (norm weights stored minus 1 both ways)."""
+    from decoderlab.export import to_hf
+
+    from .families import strings
+
+    hf, auto = hf_directory(tmp_path / "in", "gemma3")
+    m = dl.load(tmp_path / "in")
+    assert to_hf(m.model, m.tokenizer, tmp_path / "out")["architecture"] == "Gemma3ForCausalLM"
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    auto_back = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    x = torch.tensor([prompt_ids(auto)])
+    with torch.no_grad():
+        assert (back(x).logits - hf(x).logits).abs().max().item() < 1e-5
+    for name, p in hf.named_parameters():  # the stored weights themselves, the 1 of each gain subtracted again
+        torch.testing.assert_close(back.get_parameter(name), p, rtol=0, atol=1e-7)
+    texts = strings(["<start_of_turn>", "<end_of_turn>", "<bos>"])
+    assert [auto_back(t)["input_ids"] for t in texts] == [auto(t)["input_ids"] for t in texts]
+
+
 def test_a_window_as_long_as_the_context_loads(tmp_path):
     """A layer that slides over max_position_embeddings positions sees every position of every sequence decoderlab
     runs: no window, so no refusal, and transformers' logits."""
@@ -320,7 +341,7 @@ def test_a_damaged_weight_file_and_a_weight_of_another_dtype(tmp_path, capsys):
     assert "model.safetensors: tensor 'lm_head.weight' has dtype F64; allowed: F32, BF16, F16" in err
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "apertus"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "apertus", "gemma3"])
 def test_commands_take_the_directory_as_their_checkpoint(tmp_path, capsys, name):
     """generate, verify (the float64 reference of the whole pass) and explain read it as any checkpoint."""
     hf_directory(tmp_path, name)
