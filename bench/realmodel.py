@@ -23,7 +23,7 @@ base model, no chat template) in decoderlab (``decoderlab.gguf``), in llama.cpp 
 Every llama.cpp call runs in a child process (:func:`worker`): a crash is a line of the report, not its end.
 
     python bench/realmodel.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--threads 1] [--tokens 1000]
-                              [--new-tokens 32] [--repeats 3] [--no-transformers] [--skip-speed]
+                              [--new-tokens 32] [--repeats 3] [--no-transformers] [--skip-speed] [--llama-batch 512]
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def worker() -> None:
     faulthandler.enable()
     cfg = json.loads(sys.stdin.readline())
     kv = {"type_k": 0, "type_v": 0} if cfg["kv_f32"] else {}  # GGML_TYPE_F32 keys and values (default: f16)
-    llm = llama_cpp.Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=512, n_threads=cfg["threads"],
-                          n_threads_batch=cfg["threads"], logits_all=True, verbose=False, **kv)
+    batch = cfg.get("n_batch", 512)
+    llm = llama_cpp.Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=batch, n_ubatch=batch,
+                          n_threads=cfg["threads"], n_threads_batch=cfg["threads"], logits_all=True, verbose=False, **kv)
     print(json.dumps({"ok": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -106,11 +107,12 @@ class LlamaCpp:
     """llama.cpp on one GGUF file in a process of its own: calls return the answer, or None once it died
     (:attr:`crash` says how)."""
 
-    def __init__(self, name: str, path: Path, threads: int, n_ctx: int, kv_f32: bool = False):
+    def __init__(self, name: str, path: Path, threads: int, n_ctx: int, kv_f32: bool = False, n_batch: int = 512):
         self.name, self.crash = name, None
         self.proc = subprocess.Popen([sys.executable, "-u", __file__, "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._call({"path": str(path), "threads": threads, "n_ctx": n_ctx, "kv_f32": kv_f32}, "loading")
+        self._call({"path": str(path), "threads": threads, "n_ctx": n_ctx, "kv_f32": kv_f32, "n_batch": n_batch},
+                   "loading")
 
     def _call(self, obj: dict, doing: str):
         if self.crash is not None:
@@ -319,11 +321,12 @@ def references(path: Path, tmp: str, args) -> list[LlamaCpp]:
     f32 = os.path.join(tmp, "f32.gguf")
     export(path, f32, dtype="float32")
     n_ctx = max(args.tokens + 8, 512)
-    kind = file_type(path)
-    return [LlamaCpp(f"llama.cpp {kind} (defaults: f16 KV cache)", path, args.threads, n_ctx),
-            LlamaCpp(f"llama.cpp {kind}, f32 KV cache", path, args.threads, n_ctx, kv_f32=True),
-            LlamaCpp("llama.cpp F32 of the same dequantized weights, f32 KV cache", Path(f32), args.threads, n_ctx,
-                     kv_f32=True)]
+    kind, b = file_type(path), args.llama_batch
+    batch = "" if b == 512 else f", batches of {b} token{'s' * (b > 1)}"
+    return [LlamaCpp(f"llama.cpp {kind} (defaults: f16 KV cache{batch})", path, args.threads, n_ctx, n_batch=b),
+            LlamaCpp(f"llama.cpp {kind}, f32 KV cache{batch}", path, args.threads, n_ctx, kv_f32=True, n_batch=b),
+            LlamaCpp(f"llama.cpp F32 of the same dequantized weights, f32 KV cache{batch}", Path(f32), args.threads,
+                     n_ctx, kv_f32=True, n_batch=b)]
 
 
 def file_type(path: Path) -> str:
@@ -404,6 +407,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ours", default="eager:float32,eager:bfloat16,aot:float32,aot:bfloat16")
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers' GGUF loader (40-120 s)")
+    ap.add_argument("--llama-batch", type=int, default=512,
+                    help="llama.cpp's n_batch / n_ubatch (1: a token per decode -- llama-cpp-python 0.3.36 crashes on "
+                         "Gemma 3's Q4_K_M file in batches on an AMX Xeon)")
     ap.add_argument("--skip-speed", action="store_true", help="only the comparisons 1-5")
     ap.add_argument("--skip-accuracy", action="store_true", help="only the speed table (6)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -313,7 +313,7 @@ def test_checkpoint_help_names_every_family_and_a_file_that_is_no_checkpoint_say
     from decoderlab.hf import ARCHITECTURES
 
     families = {re.sub(r"(LMHead|ForCausalLM).*", "", a).replace("GPT2", "GPT-2") for a in ARCHITECTURES}
-    assert families == {"GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Apertus", "Arcee"}
+    assert families == {"GPT-2", "Llama", "Mistral", "Qwen2", "Qwen3", "Apertus", "Arcee", "Gemma3"}
     assert all(f in CHECKPOINT_HELP for f in families), CHECKPOINT_HELP
     assert "GGUF file" in CHECKPOINT_HELP
     for command in ("generate", "verify", "serve"):

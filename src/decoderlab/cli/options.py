@@ -85,10 +85,10 @@ def flag(field: str) -> str:
 
 #: the Hugging Face families are decoderlab.hf.ARCHITECTURES' (tests/cli/test_options.py checks each is named)
 CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging Face directory of a GPT-2, Llama, "
-                   "Mistral, Qwen2, Qwen3, Apertus or Arcee model (config.json, model.safetensors or "
+                   "Mistral, Qwen2, Qwen3, Apertus, Arcee or Gemma3 model (config.json, model.safetensors or "
                    "pytorch_model.bin, tokenizer.json or vocab.json + merges.txt), or a GGUF file of llama.cpp / "
-                   "ollama (FILE.gguf: llama, qwen2, qwen3 or gpt2; its weights dequantized, its tokenizer and chat "
-                   "template used)")
+                   "ollama (FILE.gguf: llama, qwen2, qwen3, gemma3 or gpt2; its weights dequantized, its tokenizer "
+                   "and chat template used)")
 
 #: checked by load_checkpoint (one error line listing the choices), not by argparse's choices
 DTYPE_OPTIONS = (
