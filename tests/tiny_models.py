@@ -147,10 +147,12 @@ CHARS = "abcdefghijklmnopqrstuvwxyz ,.:!?\n"
 def tiny_model(family: str = "baby-shakespeare"):
     """The server tests' model: a random float32 character model, sharpened a little, <EOS> rare (long
     replies); ``family="llama-gqa"`` the Llama family's shape (grouped-query attention, SwiGLU, rotate-half rope,
-    q/k/v biases, QK-norm gains)."""
+    q/k/v biases, QK-norm gains), ``"gemma-sliding"`` Gemma's (a sliding layer of window 3, then a full one)."""
     torch.manual_seed(0)
     tok = dl.CharTokenizer.from_text(CHARS)
     shape = {} if family == "baby-shakespeare" else {**FAMILIES[family], "d_model": 32, "max_len": 32}
+    if shape.get("layer_types"):  # (two layers: a sliding one, then a full one)
+        shape["layer_types"] = ("sliding_attention", "full_attention")
     cfg = dl.preset("baby-shakespeare", **{**shape, "n_layer": 2, "n_head": shape.get("n_head", 2), "d_model": 32,
                                            "max_len": 32, "num_tokens": tok.vocab_size})
     cfg.lm_head_bias = True

@@ -14,10 +14,11 @@ from decoderlab.generation import SamplingParams, generate, stream_text
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler
 
 
-@pytest.fixture(scope="module", params=["baby-shakespeare", "llama-gqa"])
+@pytest.fixture(scope="module", params=["baby-shakespeare", "llama-gqa", "gemma-sliding"])
 def mt(request):
     """The server's model (float32: batched matmuls may round differently from one row's; the tokens must not
-    change), and the Llama family's shape (its batch cache holds n_kv_head heads)."""
+    change), the Llama family's shape (its batch cache holds n_kv_head heads) and Gemma's (its sliding layer
+    masks the batch cache's columns outside its window; its own generate reads a ring)."""
     return tiny_model(request.param)
 
 
