@@ -79,20 +79,23 @@ def test_numpy_recomputes_what_each_head_writes(variant):
         assert np.abs(heads - ours).max() < 1e-12
 
 
-LLAMA_VARIANTS = ["llama-gqa-swiglu", "qwen-mqa-biases-gains"]
+LLAMA_VARIANTS = ["llama-gqa-swiglu", "qwen-mqa-biases-gains", "gemma-sliding-sandwich"]
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)], ids=["float32", "float64"])
 @pytest.mark.parametrize("variant", LLAMA_VARIANTS)
 def test_verify_recomputes_the_llama_family(variant, dtype, tol):
-    """Grouped-query attention, SwiGLU, rotate-half rope with its base, q/k/v biases and the QK-norm's gains,
-    recomputed in float64 NumPy: every step agrees (float64 to 1e-12, with the rope table made in float64)."""
+    """Grouped-query attention, SwiGLU, rotate-half rope with its base, q/k/v biases and the QK-norm's gains --
+    and Gemma's sliding window, second rope base, sandwich norms, GeGLU, scaled embedding and attention scale --
+    recomputed in float64 NumPy: every step agrees (float64 to 1e-12, with the rope tables made in float64)."""
     m = variant_model(variant, dtype=dtype)
     rep = dl.verify(m, variant_ids(m), tol=tol)
     assert rep.ok, rep.table()
     cfg = m.config
     assert rep.step("layer 0 k").shape == (2, cfg.n_head, 9, cfg.d_head)  # each query head's keys
     assert rep.step("layer 0 head out").shape == (2, cfg.n_head, 9, cfg.d_head)
+    if cfg.sliding_window:  # the sliding layer's mask hides the keys W or more positions back: the window matters
+        assert rep.step("layer 0 mask").max_abs_ref == 1 and cfg.sliding_window < 9
 
 
 def _perturbed(key: str, rows=slice(None)):
