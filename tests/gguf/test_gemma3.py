@@ -118,3 +118,24 @@ def test_a_gemma3_file_we_do_not_compute_is_refused_naming_the_key(tmp_path, key
                       chat_template=None, extra={key: value})
     with pytest.raises(ValueError, match=words):
         load_gguf(path)
+
+
+def test_a_gemma3_file_goes_out_as_a_hugging_face_directory_with_its_logits_and_its_start_token(gemma3_file, tmp_path,
+                                                                                              shared_dir):
+    """GGUF in, Hugging Face out: Gemma3ForCausalLM with the file's logits, and AutoTokenizer's ids are ours with
+    <bos> first -- the file says add_bos_token and its tokenizer has no post-processor, so the written
+    tokenizer.json gets one (transformers 5 reads no add_bos_token of a PreTrainedTokenizerFast)."""
+    from support.gguf_files import sample_strings
+
+    from decoderlab.export import to_hf
+
+    path, hf = gemma3_file
+    model, tok, _ = load_gguf(path)
+    assert to_hf(model, tok, tmp_path / "out")["architecture"] == "Gemma3ForCausalLM"
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(0, tok.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(logits(back, ids), logits(hf, ids), rtol=0, atol=1e-5)
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    texts = sample_strings(shared_dir, 200, seed=6)
+    assert [auto(t)["input_ids"] for t in texts] == [tok.with_special_tokens(tok.encode(t)) for t in texts]
+    assert auto("hi")["input_ids"][0] == 2

@@ -158,9 +158,12 @@ def _template_specials(post: dict, named: dict) -> dict:
 
 def hf_tokenizer_json(tokenizer: Tokenizer) -> str:
     """``tokenizer`` as a Hugging Face ``tokenizer.json`` (module docstring: a character vocabulary as a BPE
-    without merges, a word vocabulary as a word-level model)."""
+    without merges, a word vocabulary as a word-level model). A BPE that puts a start (end) token around a text
+    but has no post-processor to say so -- a GGUF file's SentencePiece vocabulary with ``add_bos_token``, Gemma's
+    and Llama 2's -- gets one (a ``TemplateProcessing``): transformers 5 reads no ``add_bos_token`` of a
+    ``PreTrainedTokenizerFast``, its post-processor puts the tokens there."""
     if isinstance(tokenizer, BPETokenizer):
-        return tokenizer.hf_json()
+        return _with_template(tokenizer)
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -177,6 +180,27 @@ def hf_tokenizer_json(tokenizer: Tokenizer) -> str:
     specials = [t for t in (PAD, EOS, UNK, *tokenizer.added_special_tokens) if t in vocab]
     hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return hf.to_str()
+
+
+def _with_template(tokenizer: BPETokenizer) -> str:
+    """The BPE's ``tokenizer.json``, with a post-processor putting its start / end tokens around a text where it
+    adds them and has none (:func:`hf_tokenizer_json`)."""
+    text = tokenizer.hf_json()
+    hf = tokenizer.hf_tokenizer
+    bos = tokenizer.bos_id if tokenizer.add_bos_token else None
+    eos = tokenizer.eos_id if tokenizer.add_eos_token else None
+    if hf.post_processor is not None or (bos is None and eos is None):
+        return text
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    ends = [(tokenizer.id_to_token[i], i) for i in (bos, eos) if i is not None]
+    first = f"{tokenizer.id_to_token[bos]} " if bos is not None else ""
+    last = f" {tokenizer.id_to_token[eos]}" if eos is not None else ""
+    out = HFTokenizer.from_str(text)
+    out.post_processor = processors.TemplateProcessing(single=f"{first}$A{last}", pair=f"{first}$A{last} {first}$B{last}",
+                                                       special_tokens=list(dict(ends).items()))
+    return out.to_str()
 
 
 def _own_kind(data: dict) -> Tokenizer | None:
