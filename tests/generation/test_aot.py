@@ -96,12 +96,15 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama-gqa", "gemma-sliding"])
+@pytest.mark.parametrize("family", ["llama-gqa", pytest.param("gemma-sliding", marks=pytest.mark.skipif(
+    "not config.getoption('-m') or 'slow' not in config.getoption('-m')",
+    reason="Gemma's AOT packages: 100 s of compiling on a loaded 2-core machine; run with -m slow"))])
 def test_a_llama_shaped_package_decodes_eagers_tokens(tmp_path, family):
     """The Llama family's shape (grouped-query attention over a static cache of n_kv_head heads, SwiGLU,
     rotate-half rope, q/k/v biases, QK-norm with a gain, heads narrower than d_model / n_head), and Gemma 3's
-    (sliding layers masked by column in the static cache, their own rope base, sandwich norms, GeGLU): both
-    packages (batch 1; the padded batch of 3) decode eager's tokens. Two tiny graphs compiled: ~20 s each."""
+    (sliding layers masked by column in the static cache, their own rope base, sandwich norms, GeGLU; only when
+    the slow tests are asked for by name, ``-m slow``): both packages (batch 1; the padded batch of 3) decode
+    eager's tokens. Two tiny graphs compiled: ~20 s each."""
     model = make_model(family, "sdpa", seed=5)
     want = _decode_all(model)
     try:
