@@ -1,16 +1,21 @@
 """The decoder-only transformer: ``ModelConfig``, named presets, ``DecoderBlock`` and ``DecoderOnlyTransformer``.
 
 One class spans the StatQuest lesson's 37-parameter model (d_model 2, one head, no norm, no MLP), GPT-2
-small (124,439,808 parameters) and the Llama family (grouped-query attention, SwiGLU, rotate-half rope: SmolLM2,
-Llama, Qwen2/Qwen3, Mistral; the ``smollm2-135m`` preset is SmolLM2-135M's shape). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
+small (124,439,808 parameters), the Llama family (grouped-query attention, SwiGLU, rotate-half rope: SmolLM2,
+Llama, Qwen2/Qwen3, Mistral; the ``smollm2-135m`` preset is SmolLM2-135M's shape) and Gemma 3 (sliding-window and
+full layers with a rope base each, norms before and after attention and the MLP, GeGLU, a scaled embedding: the
+options ``sliding_window``, ``layer_types``, ``rope_local_theta``, ``sandwich_norm``, ``embed_scale``,
+``query_pre_attn_scalar``). Data flow, read top to bottom in ``DecoderOnlyTransformer.forward``:
 
-    token ids (B, T) -> word embedding ``we`` (B, T, d_model) -> + positions ``pe``
-    -> n_layer x DecoderBlock:  x = x + attention(norm_1(x));  x = x + mlp(norm_2(x))
+    token ids (B, T) -> word embedding ``we`` (B, T, d_model) (x sqrt(d_model) with embed_scale) -> + positions ``pe``
+    -> n_layer x DecoderBlock:  x = x + attention(norm_1(x));  x = x + mlp(norm_2(x))   (sandwich_norm: each
+                                sublayer's output normed again, norm_1_post / norm_2_post, before it is added)
     -> final norm ``norm_f`` -> fully connected layer ``fc_layer`` -> logits (B, T, num_tokens)
 
 Sources: the StatQuest lesson (decoder-only transformer in PyTorch + Lightning); Radford et al. 2019 (GPT-2,
 pre-LayerNorm blocks, initialisation scaled by 1/sqrt(2 n_layer)); Touvron et al. 2023 (Llama: RMSNorm, SwiGLU,
-rotary positions) and Ainslie et al. 2023 (grouped-query attention), as Hugging Face's ``LlamaForCausalLM``.
+rotary positions) and Ainslie et al. 2023 (grouped-query attention), as Hugging Face's ``LlamaForCausalLM``;
+Gemma Team 2025 ("Gemma 3 Technical Report"), as ``Gemma3ForCausalLM``.
 """
 
 from __future__ import annotations

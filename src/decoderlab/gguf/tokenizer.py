@@ -19,8 +19,9 @@ Out (:func:`write_tokenizer`): byte-level BPE (``model = "gpt2"``) with the pre-
 token's text in the byte-level alphabet, the merges in order, control tokens typed CONTROL and added ordinary
 tokens USER_DEFINED, every id and flag stated (no default relied on). A SentencePiece-style BPE (byte fallback,
 spaces as ``▁``: Gemma's, Llama 2's) is written as llama.cpp's SentencePiece vocabulary (``model = "llama"``):
-the pieces as they are, a score per piece from the rank of the merge that makes it (earlier merges score higher,
-so the merges read back rank as they did), ``<0xNN>`` typed BYTE, ``add_space_prefix`` from its normalizer. A character vocabulary becomes one token per
+the pieces as they are, a score per piece from the rank of the merge that makes it (earlier merges score
+higher, so the merges read back rank as they did), ``<0xNN>`` typed BYTE, ``add_space_prefix`` from its
+normalizer. A character vocabulary becomes one token per
 character and merges that join the UTF-8 bytes of each multi-byte character (so "é" is one token, as in
 decoderlab; a character outside the vocabulary is lost in llama.cpp, where decoderlab raises or gives ``<unk>``);
 a word vocabulary has no form llama.cpp reads: refused. Control ids written: ``eos`` (``tokenizer.eos_id``),

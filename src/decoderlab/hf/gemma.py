@@ -217,7 +217,8 @@ def to_theirs(cfg: ModelConfig) -> dict:
                 sliding_window=cfg.sliding_window or cfg.max_len,
                 rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
                                  "sliding_attention": {"rope_type": "default", "rope_theta": local}},
-                query_pre_attn_scalar=int(cfg.query_pre_attn_scalar or cfg.d_head), hidden_activation="gelu_pytorch_tanh",
+                query_pre_attn_scalar=int(cfg.query_pre_attn_scalar or cfg.d_head),
+                hidden_activation="gelu_pytorch_tanh",
                 attention_bias=cfg.bias, final_logit_softcapping=None, attn_logit_softcapping=None,
                 use_bidirectional_attention=False, tie_word_embeddings=cfg.tie_weights, attention_dropout=0.0)
 

@@ -198,7 +198,8 @@ def _with_template(tokenizer: BPETokenizer) -> str:
     first = f"{tokenizer.id_to_token[bos]} " if bos is not None else ""
     last = f" {tokenizer.id_to_token[eos]}" if eos is not None else ""
     out = HFTokenizer.from_str(text)
-    out.post_processor = processors.TemplateProcessing(single=f"{first}$A{last}", pair=f"{first}$A{last} {first}$B{last}",
+    out.post_processor = processors.TemplateProcessing(single=f"{first}$A{last}",
+                                                       pair=f"{first}$A{last} {first}$B{last}",
                                                        special_tokens=list(dict(ends).items()))
     return out.to_str()
 
