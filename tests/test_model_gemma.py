@@ -44,7 +44,8 @@ def test_prefills_in_chunks_over_a_wrapped_ring_equal_the_forward(chunks):
         for n in chunks:
             out.append(model(ids[:, at:at + n], cache=cache))
             at += n
-    torch.testing.assert_close(torch.cat(out, dim=1), full, rtol=1e-9, atol=1e-9)  # (the ring sums its keys in another order)
+    # (the ring sums its keys in another order)
+    torch.testing.assert_close(torch.cat(out, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
 def test_left_padded_rows_decode_over_the_ring_as_each_alone():
