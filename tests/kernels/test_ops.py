@@ -140,7 +140,7 @@ _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 def _many_weights(rng, kinds, inp):
     """(packed or dense weights, their kinds, their out_features) of several types sharing one input width."""
-    outs = [48, 16, 32][:len(kinds)]
+    outs = [40, 16, 24][:len(kinds)]  # 40 and 24: a group padded to 16 rows
     ws = []
     for kind, out in zip(kinds, outs):
         if kind in _DTYPES:

@@ -123,42 +123,40 @@ inline void k_scales(const uint8_t* planes, VI* sc, VI* mn2) {
 
 // q4_k (HIGH = false): d[16] | dmin[16] | 12 scale planes | 32 chunks (pair p of sub-blocks, chunk c: low
 // nibbles sub-block 2p, high 2p+1); q5_k (HIGH = true) puts 8 chunks of qh (bit j = sub-block j's fifth bit)
-// before the 32
+// before the 32. A sub-block at a time (its pair's chunks read twice, from L1): a row holds one sum and the
+// super-block's, so that 8 rows fit the registers
 template <bool HIGH>
 struct QK45 {
   static constexpr int64_t kBytes = HIGH ? 16 * 176 : 16 * 144;
   static constexpr int kMax = kTileK;
+  template <int NB, bool TOP>
+  static void sub_block(const uint8_t* qs, const uint8_t* qh, int j, const int8_t* const* x, VI* acc) {
+    const VI m0f = vi_set1_8(0x0F), v16 = vi_set1_8(16);
+    for (int a = 0; a < NB; ++a) acc[a] = vi_zero();
+    for (int c = 0; c < 8; ++c) {
+      const VI v = vi_load(qs + 64 * (8 * (j / 2) + c));
+      VI w = TOP ? vi_and(vi_srl16<4>(v), m0f) : vi_and(v, m0f);
+      if (HIGH) w = vi_or(w, vi_bit(vi_load(qh + 64 * c), vi_set1_8(static_cast<char>(1 << j)), v16));
+      for (int a = 0; a < NB; ++a) acc[a] = vi_dot(acc[a], w, x[a] + 32 * j + 4 * c);
+    }
+  }
   template <int NB>
   static void run(const uint8_t* g, int64_t nsb, const dlk::Act* act, float* y, int64_t ldy) {
-    const VI m0f = vi_set1_8(0x0F), v16 = vi_set1_8(16);
     VF facc[NB];
     for (int a = 0; a < NB; ++a) facc[a] = vf_zero();
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* p = g + sb * kBytes;
       const uint8_t* qh = p + 256;
       const uint8_t* qs = p + (HIGH ? 256 + 512 : 256);
-      VI sc[8], mn2[4], isum[NB];
+      const int8_t* x[NB];
+      for (int a = 0; a < NB; ++a) x[a] = act[a].qs + 256 * sb;
+      VI sc[8], mn2[4], isum[NB], acc[NB];
       k_scales(p + 64, sc, mn2);
       for (int a = 0; a < NB; ++a) isum[a] = vi_zero();
-      for (int pr = 0; pr < 4; ++pr) {
-        VI lo_acc[NB], hi_acc[NB];
-        for (int a = 0; a < NB; ++a) lo_acc[a] = hi_acc[a] = vi_zero();
-        for (int c = 0; c < 8; ++c) {
-          const VI v = vi_load(qs + 64 * (8 * pr + c));
-          VI lo = vi_and(v, m0f), hi = vi_and(vi_srl16<4>(v), m0f);
-          if (HIGH) {
-            const VI h = vi_load(qh + 64 * c);
-            lo = vi_or(lo, vi_bit(h, vi_set1_8(1 << (2 * pr)), v16));
-            hi = vi_or(hi, vi_bit(h, vi_set1_8(1 << (2 * pr + 1)), v16));
-          }
-          for (int a = 0; a < NB; ++a) {
-            const int8_t* x = act[a].qs + 256 * sb + 64 * pr + 4 * c;
-            lo_acc[a] = vi_dot(lo_acc[a], lo, x);
-            hi_acc[a] = vi_dot(hi_acc[a], hi, x + 32);
-          }
-        }
-        for (int a = 0; a < NB; ++a)
-          isum[a] = vi_add(isum[a], vi_add(vi_mul(lo_acc[a], sc[2 * pr]), vi_mul(hi_acc[a], sc[2 * pr + 1])));
+      for (int j = 0; j < 8; ++j) {
+        if (j % 2) sub_block<NB, true>(qs, qh, j, x, acc);
+        else sub_block<NB, false>(qs, qh, j, x, acc);
+        for (int a = 0; a < NB; ++a) isum[a] = vi_add(isum[a], vi_mul(acc[a], sc[j]));
       }
       const VF dw = vf_half(p), dmin = vf_half(p + 32);
       for (int a = 0; a < NB; ++a) {
@@ -175,43 +173,54 @@ struct QK45 {
 
 // q6_k: d[16] | 16 planes of int8 scales (sub-block s of the 16 rows) | per half n, chunk c: ql[64n + 4c..],
 // ql[64n + 32 + 4c..], qh[32n + 4c..] of the 16 rows. Quant k (0..3) of a chunk is weight 128n + 32k + 4c..
-// of sub-block 8n + 2k + c / 4; q - 32 is summed as q minus 32 times the activation's sum of 16
+// of sub-block 8n + 2k + c / 4; q - 32 is summed as q minus 32 times the activation's sum of 16. A sub-block at a
+// time (its chunks read once for each k, from L1), so that 8 rows fit the registers
 struct Q6K {
   static constexpr int64_t kBytes = 16 * 210;
   static constexpr int kMax = kTileK;
+  template <int K>
+  static VI quant(const uint8_t* q) {  // quant K of a chunk's 16 rows, 6 bits
+    const VI m0f = vi_set1_8(0x0F);
+    const VI H = vi_load(q + 128);
+    if (K == 0) return vi_or(vi_and(vi_load(q), m0f), vi_sll16<4>(vi_and(H, vi_set1_8(0x03))));
+    if (K == 1) return vi_or(vi_and(vi_load(q + 64), m0f), vi_sll16<2>(vi_and(H, vi_set1_8(0x0C))));
+    if (K == 2) return vi_or(vi_and(vi_srl16<4>(vi_load(q)), m0f), vi_and(H, vi_set1_8(0x30)));
+    return vi_or(vi_and(vi_srl16<4>(vi_load(q + 64)), m0f), vi_srl16<2>(vi_and(H, vi_set1_8(static_cast<char>(0xC0)))));
+  }
+  template <int NB, int K>
+  static void sub_block(const uint8_t* p, int n, int cq, const int8_t* const* x, VI* acc) {
+    for (int a = 0; a < NB; ++a) acc[a] = vi_zero();
+    for (int c = 4 * cq; c < 4 * cq + 4; ++c) {
+      const VI w = quant<K>(p + 288 + 192 * (8 * n + c));
+      for (int a = 0; a < NB; ++a) acc[a] = vi_dot(acc[a], w, x[a] + 128 * n + 32 * K + 4 * c);
+    }
+  }
+  template <int NB, int K>
+  static void add(const uint8_t* p, int64_t sb, int n, int cq, const dlk::Act* act, const int8_t* const* x,
+                  VI* isum) {
+    VI acc[NB];
+    sub_block<NB, K>(p, n, cq, x, acc);
+    const int s = 8 * n + 2 * K + cq;
+    const VI scale = vi_s8x(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * s)));
+    for (int a = 0; a < NB; ++a)
+      isum[a] = vi_add(isum[a], vi_mul(vi_sub_at(acc[a], act[a].bs16x32 + 16 * sb + s), scale));
+  }
   template <int NB>
   static void run(const uint8_t* g, int64_t nsb, const dlk::Act* act, float* y, int64_t ldy) {
-    const VI m0f = vi_set1_8(0x0F), m03 = vi_set1_8(0x03), m0c = vi_set1_8(0x0C), m30 = vi_set1_8(0x30),
-             mc0 = vi_set1_8(static_cast<char>(0xC0));
     VF facc[NB];
     for (int a = 0; a < NB; ++a) facc[a] = vf_zero();
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* p = g + sb * kBytes;
+      const int8_t* x[NB];
+      for (int a = 0; a < NB; ++a) x[a] = act[a].qs + 256 * sb;
       VI isum[NB];
       for (int a = 0; a < NB; ++a) isum[a] = vi_zero();
       for (int n = 0; n < 2; ++n) {
         for (int cq = 0; cq < 2; ++cq) {
-          VI acc[4][NB];
-          for (int k = 0; k < 4; ++k)
-            for (int a = 0; a < NB; ++a) acc[k][a] = vi_zero();
-          for (int c = 4 * cq; c < 4 * cq + 4; ++c) {
-            const uint8_t* q = p + 288 + 192 * (8 * n + c);
-            const VI A = vi_load(q), B = vi_load(q + 64), H = vi_load(q + 128);
-            const VI w[4] = {vi_or(vi_and(A, m0f), vi_sll16<4>(vi_and(H, m03))),
-                             vi_or(vi_and(B, m0f), vi_sll16<2>(vi_and(H, m0c))),
-                             vi_or(vi_and(vi_srl16<4>(A), m0f), vi_and(H, m30)),
-                             vi_or(vi_and(vi_srl16<4>(B), m0f), vi_srl16<2>(vi_and(H, mc0)))};
-            for (int a = 0; a < NB; ++a) {
-              const int8_t* x = act[a].qs + 256 * sb + 128 * n + 4 * c;
-              for (int k = 0; k < 4; ++k) acc[k][a] = vi_dot(acc[k][a], w[k], x + 32 * k);
-            }
-          }
-          for (int k = 0; k < 4; ++k) {
-            const int s = 8 * n + 2 * k + cq;
-            const VI scale = vi_s8x(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * s)));
-            for (int a = 0; a < NB; ++a)
-              isum[a] = vi_add(isum[a], vi_mul(vi_sub_at(acc[k][a], act[a].bs16x32 + 16 * sb + s), scale));
-          }
+          add<NB, 0>(p, sb, n, cq, act, x, isum);
+          add<NB, 1>(p, sb, n, cq, act, x, isum);
+          add<NB, 2>(p, sb, n, cq, act, x, isum);
+          add<NB, 3>(p, sb, n, cq, act, x, isum);
         }
       }
       const VF dw = vf_half(p);

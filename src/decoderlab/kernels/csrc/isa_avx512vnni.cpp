@@ -18,7 +18,7 @@ inline int32_t ld32(const void* p) {
 struct VI { __m512i v; };
 struct VF { __m512 v; };
 constexpr int kTile = 8;   // 32-weight blocks: 8 rows' sums and accumulators, the chunks of a block, in 32 registers
-constexpr int kTileK = 4;  // super-blocks: two sub-blocks' sums a row, the scales
+constexpr int kTileK = 8;  // super-blocks: a sub-block's sums and the super-block's, the scales
 constexpr bool kQ8Biased = true;  // vpdpbusd multiplies unsigned weights: q + 128, then 128 * sum(x) taken off
 
 inline VI vi_load(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
