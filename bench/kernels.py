@@ -1,27 +1,34 @@
-"""decoderlab's CPU kernels (``decoderlab.kernels``) on SmolLM2-135M's products, one thread: our op against
-``F.linear`` on the dequantized float32 weight and against a plain read of the op's weight bytes (the memory floor).
+"""decoderlab's CPU kernels (``decoderlab.kernels``) on SmolLM2-135M's products, one thread: our op against llama.cpp's
+own CPU products on the same bytes (ggml), ``F.linear`` on the dequantized float32 weight, and a plain read of the
+op's weight bytes (the memory floor).
 
 Shapes (SmolLM2-135M: d_model 576, d_ff 1536, 9 query heads and 3 key/value heads of 64, vocabulary 49152): q and o
-(576 x 576), k and v (192 x 576), gate and up (1536 x 576), down (576 x 1536), the output layer (49152 x 576); and
-"step", one token's products with a distinct weight each -- 30 layers of q, k, v, o, gate, up, down and the output
-layer (134M weights) -- as a decode step reads them. Each at 1, 8 and 16 rows of float32 activations. A K-quant
-(256-weight blocks) fits only the 1536-wide down projection: the others (576 wide) are left out of its single
-products, and its step holds what llama.cpp's quantizer writes there instead (q4_k -> q5_0, q5_k -> q5_1, q6_k ->
-q8_0), as a Q4_K_M file of SmolLM2 does.
+(576 x 576), k and v (192 x 576), gate and up (1536 x 576), down (576 x 1536), the output layer (49152 x 576; a
+prompt wants its last row's logits only: not at prompt rows), each at ``--rows`` and ``--prompt-rows`` rows of
+float32 activations (a batch's decode step, a prompt); and "step", one token's products with a distinct weight each
+-- 30 layers of q, k, v, o, gate, up, down and the output layer (134M weights) -- as a decode step reads them, at
+``--rows``: once as 211 calls, once as 121 (a layer's q, k, v in one ``block_linear_many`` / ``dense_linear_many``
+call, its gate and up in another). A K-quant (256-weight blocks) fits only the 1536-wide down projection: the others
+(576 wide) are left out of its single products, and its step holds what llama.cpp's quantizer writes there instead
+(q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0), as a Q4_K_M file of SmolLM2 does.
 
-Types: GGUF's q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (``torch.ops.decoderlab.block_linear`` on ``kernels.pack``'s
-layout of random valid blocks: random bytes, float16 scales of about 1e-3) and bf16, f16, f32
-(``torch.ops.decoderlab.dense_linear``). ``F.linear``: the float32 weight (gguf.quants' dequantization of the same
-blocks for a single product; for the step, random float32 weights of the same shapes -- its time does not depend on
-the values). The read: the float32 sum of the op's weight bytes (denormals flushed), the rate one core streams them.
+Types: GGUF's q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (``torch.ops.decoderlab.block_linear`` on
+``kernels.pack``'s layout of random valid blocks: random bytes, float16 scales of about 1e-3) and bf16, f16, f32
+(``torch.ops.decoderlab.dense_linear``). ggml: ``ggml_mul_mat`` in llama-cpp-python's ``libggml-cpu`` (the build
+llama.cpp runs; without its repacked buffer types, as ``use_extra_bufts=False``), on a one-thread pool, the GGUF bytes
+of the same blocks: it quantizes the activations to the type's vec_dot_type as ours do; left out when
+llama-cpp-python is absent. ``F.linear``: the float32 weight (gguf.quants' dequantization of the same blocks for a
+single product; for the step, random float32 weights of the same shapes -- its time does not depend on the values).
+The read: the float32 sum of the op's weight bytes (denormals flushed), the rate one core streams them.
 
 Every alternative of a row runs in turn, ``--repeats`` rounds (each call repeated to ~5 ms), medians; ratios:
-F.linear / ours (> 1: ours is faster) and ours / read (1 = at the memory floor) of the medians, and again of each
-alternative's least round (on a shared, loaded machine the least is the nearest to the uncontended cost). The single products' weights sit
-in cache between calls (each is under 2 MB but the output layer's); the step's 134M weights come from memory (or a
-large last-level cache), as in decoding.
+ggml / ours and F.linear / ours (> 1: ours is faster), ours / read (1 = at the memory floor) of the medians, and
+again of each alternative's least round (on a shared, loaded machine the least is the nearest to the uncontended
+cost). The single products' weights sit in cache between calls (each is under 2 MB but the output layer's); the
+step's 134M weights come from memory (or a large last-level cache), as in decoding.
 
-    python bench/kernels.py [--types q4_k,bf16,...] [--rows 1,8,16] [--repeats 5] [--isa avx2] [--no-step]
+    python bench/kernels.py [--types q4_k,bf16,...] [--rows 1,8,16] [--prompt-rows 128] [--repeats 5]
+                            [--isa avx2] [--no-step] [--no-ggml]
 """
 
 from __future__ import annotations
@@ -247,6 +254,8 @@ def single_products(name: str, rows_list, repeats: int, rng, ggml) -> list[str]:
             continue
         w = weight(name, out, inp, rng, dequantize=True)
         for rows in rows_list:
+            if label == "output" and rows > 16:  # a prompt's logits: only the last row's are wanted
+                continue
             x = torch.randn(rows, inp)
             fns = {"ours": lambda: w.call(x), "F.linear": lambda: F.linear(x, w.f32), "read": _read(w.buf)}
             if ggml is not None:
@@ -295,7 +304,8 @@ def step(name: str, rows_list, repeats: int, rng, f32s: list[torch.Tensor], ggml
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", default=TYPES)
-    p.add_argument("--rows", default="1,8,16")
+    p.add_argument("--rows", default="1,8,16", help="rows of a decode step (single products and the step)")
+    p.add_argument("--prompt-rows", default="128", help="rows of a prompt (single products only); '' for none")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--isa", default=None, help="an instruction set (avx2, avx-vnni, avx512-vnni); default the best")
     p.add_argument("--no-step", action="store_true", help="leave out the whole step's products")
@@ -315,7 +325,8 @@ def main(argv=None) -> None:
     print(HEADER)
     f32s = None if args.no_step else step_weights(rng)
     for name in args.types.split(","):
-        for line in single_products(name, rows_list, args.repeats, rng, ggml):
+        prompt = [int(r) for r in args.prompt_rows.split(",") if r]
+        for line in single_products(name, rows_list + prompt, args.repeats, rng, ggml):
             print(line, flush=True)
         if f32s is not None:
             for line in step(name, rows_list, args.repeats, rng, f32s, ggml):
