@@ -116,14 +116,15 @@ def test_the_dense_bound_sees_an_unrounded_activation():
 @pytest.mark.parametrize("name", [*BLOCK_TYPES, "f32", "f16", "bf16"])
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(name, path):
     """19 rows take every tile of the kernels (8 + 8 + 2 + 1 for a 32-weight block, 4 x 4 + 3 for a dense
-    weight): each row's product is bit for bit that row's alone -- a batch decodes as its sequences would one by
-    one. (The portable path's dense product is torch's F.linear, whose order may follow the batch: not claimed.)"""
+    weight), 300 their blocks of a prompt's rows (256 and 64): each row's product is bit for bit that row's alone or
+    in another batch -- a batch decodes as its sequences would one by one. (The portable path's dense product is
+    torch's F.linear, whose order may follow the batch: not claimed.)"""
     if path == "portable" and name in kernels.FLOAT_TYPES.values():
         pytest.skip("the portable dense product is F.linear's, not batch-invariant")
     rng = np.random.default_rng(11)
     block = kernels.TYPES[name].block
     out, inp = 48, 2 * max(block, 256 if name in kernels.FLOAT_TYPES.values() else block)
-    x = _x(19, inp, 11)
+    x = _x(300, inp, 11)
     if name in kernels.FLOAT_TYPES.values():
         w = torch.from_numpy(rng.standard_normal((out, inp)).astype(np.float32)).to(_DTYPES[name])
         run = lambda rows: kernels.dense_linear(rows, w, isa=path)  # noqa: E731
@@ -131,8 +132,8 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(name, path):
         packed = kernels.pack(weight(name, out, inp, rng), name, (out, inp))
         run = lambda rows: kernels.block_linear(rows, packed, name, out, isa=path)  # noqa: E731
     together = run(x)
-    alone = torch.cat([run(x[i:i + 1]) for i in range(len(x))])
-    assert torch.equal(together, alone)
+    apart = torch.cat([run(x[i:i + 1]) for i in range(19)] + [run(x[i:i + 37]) for i in range(19, len(x), 37)])
+    assert torch.equal(together, apart)
 
 
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

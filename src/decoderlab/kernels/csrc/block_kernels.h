@@ -231,22 +231,28 @@ struct Q6K {
 };
 
 // the driver: packed groups [g0, g1), the activation rows in passes of K::kMax, then halves of it for what is left
-// (each group's bytes are read once from memory, again from cache for the next pass)
+// (each group's bytes are read once from memory, again from cache for the next pass). A prompt's rows go in blocks
+// of kRowBlock, so that a block's quantized rows stay in L2 while the groups pass over them
+constexpr int kRowBlock = 256;
+
 template <typename K, int NB>
-void passes(const uint8_t* gp, int64_t nblk, const dlk::Act* act, int& a0, int n_act, float* y, int64_t ldy) {
-  for (; n_act - a0 >= NB; a0 += NB) K::template run<NB>(gp, nblk, act + a0, y + a0 * ldy, ldy);
+void passes(const uint8_t* gp, int64_t nblk, const dlk::Act* act, int& a0, int a1, float* y, int64_t ldy) {
+  for (; a1 - a0 >= NB; a0 += NB) K::template run<NB>(gp, nblk, act + a0, y + a0 * ldy, ldy);
 }
 
 template <typename K>
 void block_product(const uint8_t* packed, int64_t nblk, int64_t g0, int64_t g1, const dlk::Act* act, int n_act,
                    float* y, int64_t ldy) {
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* gp = packed + g * nblk * K::kBytes;
-    float* out = y + g * dlk::kRows;
-    int a0 = 0;
-    if constexpr (K::kMax >= 8) passes<K, 8>(gp, nblk, act, a0, n_act, out, ldy);
-    if constexpr (K::kMax >= 4) passes<K, 4>(gp, nblk, act, a0, n_act, out, ldy);
-    if constexpr (K::kMax >= 2) passes<K, 2>(gp, nblk, act, a0, n_act, out, ldy);
-    passes<K, 1>(gp, nblk, act, a0, n_act, out, ldy);
+  for (int r0 = 0; r0 < n_act; r0 += kRowBlock) {
+    const int r1 = n_act - r0 < kRowBlock ? n_act : r0 + kRowBlock;
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* gp = packed + g * nblk * K::kBytes;
+      float* out = y + g * dlk::kRows;
+      int a0 = r0;
+      if constexpr (K::kMax >= 8) passes<K, 8>(gp, nblk, act, a0, r1, out, ldy);
+      if constexpr (K::kMax >= 4) passes<K, 4>(gp, nblk, act, a0, r1, out, ldy);
+      if constexpr (K::kMax >= 2) passes<K, 2>(gp, nblk, act, a0, r1, out, ldy);
+      passes<K, 1>(gp, nblk, act, a0, r1, out, ldy);
+    }
   }
 }

@@ -64,14 +64,21 @@ void dense_rows(const T* w, int64_t in, const X* x, int64_t ldx, int n_act, floa
   }
 }
 
-// weight rows [r0, r1): four at a time, then one at a time; a bfloat16 weight's activations come as bfloat16
+// weight rows [r0, r1): four at a time, then one at a time; a bfloat16 weight's activations come as bfloat16. A
+// prompt's rows go in blocks of kDenseRowBlock, so that a block stays in L2 while the weight rows pass over it
+constexpr int kDenseRowBlock = 64;
+
 template <typename T>
 void dense_product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void* xv, int64_t ldx, int n_act,
                    float* y, int64_t ldy) {
   using X = std::conditional_t<std::is_same_v<T, dlk::bf16_t>, dlk::bf16_t, float>;
   const T* w = static_cast<const T*>(weight);
-  const X* x = static_cast<const X*>(xv);
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) dense_rows<T, X, 4>(w + r * in, in, x, ldx, n_act, y + r, ldy);
-  for (; r < r1; ++r) dense_rows<T, X, 1>(w + r * in, in, x, ldx, n_act, y + r, ldy);
+  for (int a0 = 0; a0 < n_act; a0 += kDenseRowBlock) {
+    const int n = n_act - a0 < kDenseRowBlock ? n_act - a0 : kDenseRowBlock;
+    const X* x = static_cast<const X*>(xv) + a0 * ldx;
+    float* ya = y + a0 * ldy;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) dense_rows<T, X, 4>(w + r * in, in, x, ldx, n, ya + r, ldy);
+    for (; r < r1; ++r) dense_rows<T, X, 1>(w + r * in, in, x, ldx, n, ya + r, ldy);
+  }
 }

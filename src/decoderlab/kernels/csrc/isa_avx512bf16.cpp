@@ -50,13 +50,17 @@ void rows(const dlk::bf16_t* w, int64_t in, const dlk::bf16_t* x, int64_t ldx, i
   if (n_act - a0 == 1) tile<RW, 1>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
 }
 
+// a prompt's rows in blocks that stay in L2 while the weight rows pass over them
 void product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void* xv, int64_t ldx, int n_act,
              float* y, int64_t ldy) {
   const auto* w = static_cast<const dlk::bf16_t*>(weight);
-  const auto* x = static_cast<const dlk::bf16_t*>(xv);
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) rows<4>(w + r * in, in, x, ldx, n_act, y + r, ldy);
-  for (; r < r1; ++r) rows<1>(w + r * in, in, x, ldx, n_act, y + r, ldy);
+  for (int a0 = 0; a0 < n_act; a0 += 64) {
+    const int n = n_act - a0 < 64 ? n_act - a0 : 64;
+    const auto* x = static_cast<const dlk::bf16_t*>(xv) + a0 * ldx;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows<4>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
+    for (; r < r1; ++r) rows<1>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
+  }
 }
 
 }  // namespace
