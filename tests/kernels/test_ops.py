@@ -274,7 +274,8 @@ def test_a_compiled_graph_calls_the_op():
     kernels.load()
 
     def step(x):
-        return torch.ops.decoderlab.block_linear(torch.relu(x), packed, 8, 32) * 2
+        q, k = torch.ops.decoderlab.block_linear_many(x, [packed, packed], [8, 8], [32, 32])
+        return torch.ops.decoderlab.block_linear(torch.relu(x), packed, 8, 32) * 2 + q - k
 
     x = torch.randn(2, 64)
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
