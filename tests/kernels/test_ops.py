@@ -123,7 +123,7 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(name, path):
         pytest.skip("the portable dense product is F.linear's, not batch-invariant")
     rng = np.random.default_rng(11)
     block = kernels.TYPES[name].block
-    out, inp = 48, 2 * max(block, 256 if name in kernels.FLOAT_TYPES.values() else block)
+    out, inp = 46, 2 * max(block, 256 if name in kernels.FLOAT_TYPES.values() else block)  # 46: rows 4 and 1 at a time
     x = _x(300, inp, 11)
     if name in kernels.FLOAT_TYPES.values():
         w = torch.from_numpy(rng.standard_normal((out, inp)).astype(np.float32)).to(_DTYPES[name])

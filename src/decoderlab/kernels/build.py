@@ -38,7 +38,7 @@ SOURCES = {
     "isa_avx512bf16.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"),
                            "DLK_NO_AVX512BF16"),
 }
-HEADERS = ("common.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "ymm_backend.h")
+HEADERS = ("common.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "sums512.h", "ymm_backend.h")
 #: an instruction set file's name -> the set's name
 SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512vnni.cpp": "avx512-vnni",
              "isa_avx512bf16.cpp": "avx512-bf16"}

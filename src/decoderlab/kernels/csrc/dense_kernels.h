@@ -1,7 +1,8 @@
 // The 16- and 32-bit weight products, written once over the float vector interface each instruction set's file
 // defines before including this one (inside its anonymous namespace):
 //
-//   VW (kLanes floats)  vw_zero()  vw_fmadd(a, b, c) = a b + c  vw_sum(v) (the lanes' sum)
+//   VW (kLanes floats)  vw_zero()  vw_fmadd(a, b, c) = a b + c
+//   vw_sums<N>(v, out)  the lane sums of N vectors, each by the same tree of additions whatever N
 //   vw_w(const float*) vw_w(const dlk::f16_t*) vw_w(const dlk::bf16_t*): kLanes weights (or activations) widened
 //   exactly to float32
 //   kDenseTile: activation rows a pass keeps in registers
@@ -43,8 +44,10 @@ void dense_tile(const T* w, int64_t in, const X* x, int64_t ldx, float* y, int64
       for (int r = 0; r < RW; ++r) acc[r][a] = vw_fmadd(wv[r], xv, acc[r][a]);
     }
   }
+  float sums[RW * NB];
+  vw_sums<RW * NB>(&acc[0][0], sums);
   for (int r = 0; r < RW; ++r)
-    for (int a = 0; a < NB; ++a) y[a * ldy + r] = vw_sum(acc[r][a]);
+    for (int a = 0; a < NB; ++a) y[a * ldy + r] = sums[r * NB + a];
 }
 
 template <typename T, typename X, int RW>

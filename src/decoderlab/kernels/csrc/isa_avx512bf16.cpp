@@ -9,6 +9,7 @@
 
 namespace {
 
+#include "sums512.h"
 
 inline __m512bh load_bh(const dlk::bf16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 inline __m512bh load_bh(const dlk::bf16_t* p, int64_t n) {  // n < 32 values, the rest zero
@@ -37,8 +38,10 @@ void tile(const dlk::bf16_t* w, int64_t in, const dlk::bf16_t* x, int64_t ldx, f
       for (int r = 0; r < RW; ++r) acc[r][a] = _mm512_dpbf16_ps(acc[r][a], wv[r], xv);
     }
   }
+  float sums[RW * NB];
+  sums16<RW * NB>(&acc[0][0], sums);
   for (int r = 0; r < RW; ++r)
-    for (int a = 0; a < NB; ++a) y[a * ldy + r] = _mm512_reduce_add_ps(acc[r][a]);
+    for (int a = 0; a < NB; ++a) y[a * ldy + r] = sums[r * NB + a];
 }
 
 template <int RW>

@@ -64,7 +64,9 @@ constexpr int kLanes = 16;
 constexpr int kDenseTile = 4;
 inline VW vw_zero() { return _mm512_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vw_sum(VW v) { return _mm512_reduce_add_ps(v); }
+#include "sums512.h"
+template <int N>
+inline void vw_sums(const VW* v, float* out) { sums16<N>(v, out); }
 inline VW vw_w(const float* p) { return _mm512_loadu_ps(p); }
 inline VW vw_w(const dlk::f16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

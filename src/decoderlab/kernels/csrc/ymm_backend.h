@@ -115,6 +115,10 @@ inline float vw_sum(VW v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+template <int N>
+inline void vw_sums(const VW* v, float* out) {
+  for (int n = 0; n < N; ++n) out[n] = vw_sum(v[n]);
+}
 inline VW vw_w(const float* p) { return _mm256_loadu_ps(p); }
 inline VW vw_w(const dlk::f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline VW vw_w(const dlk::bf16_t* p) {
