@@ -24,7 +24,10 @@ void tile(const dlk::bf16_t* w, int64_t in, const dlk::bf16_t* x, int64_t ldx, f
   int64_t k = 0;
   for (; k + 32 <= in; k += 32) {
     __m512bh wv[RW];
-    for (int r = 0; r < RW; ++r) wv[r] = load_bh(w + r * in + k);
+    for (int r = 0; r < RW; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * in + k) + 512, _MM_HINT_T0);  // as dense_kernels.h
+      wv[r] = load_bh(w + r * in + k);
+    }
     for (int a = 0; a < NB; ++a) {
       const __m512bh xv = load_bh(x + a * ldx + k);
       for (int r = 0; r < RW; ++r) acc[r][a] = _mm512_dpbf16_ps(acc[r][a], wv[r], xv);
