@@ -1,7 +1,12 @@
 """Our own CPU kernels for the decode step's products: ``y = x @ W.T`` for a few rows of float32 ``x`` and a weight
 held as GGUF holds it -- the block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K in their bytes (no float
 copy), or BF16, F16 and F32 -- with ggml's arithmetic: the activations quantized to 8-bit blocks (Q8_0 / Q8_1 /
-Q8_K) and multiplied in integers (AVX-512 VNNI, AVX-VNNI, else AVX2), the 16-bit weights widened exactly to float32.
+Q8_K) and multiplied in integers (AVX-512 VNNI, AVX-VNNI, else AVX2); a BF16 weight's activations rounded to
+bfloat16 and multiplied exactly into float32 (vdpbf16ps where the CPU has AVX512-BF16), F16 and F32 weights widened
+exactly to float32 and multiplied by float32 activations (ggml rounds them to float16 for an F16 weight).
+Several weights that share an input (q, k, v; gate, up) multiply in one call, the input quantized once
+(``block_linear_many``, ``dense_linear_many``). A row's product is the same bits whatever rows are beside it and
+whatever the threads.
 
 One difference from ggml, on purpose: a q4_1 / q5_1 block's minimum multiplies d * sum(q) of the activation block
 in float32 (exact: an 11-bit d times a 12-bit sum), where ggml reads q8_1's float16 s = float16(d * sum(q)); the
@@ -20,17 +25,18 @@ Use::
     from decoderlab import kernels
     packed = kernels.pack(reader_tensor.data, "q4_k", (out, in), name=reader_tensor.name)
     y = kernels.block_linear(x, packed, "q4_k", out)          # (..., in) float32 -> (..., out)
+    q, k, v = kernels.block_linear_many(x, [pq, pk, pv], ["q5_0", "q5_0", "q8_0"], [576, 192, 192])
     y = kernels.dense_linear(x, weight_bf16)
 
 Measured in ``bench/kernels.py``; exactness in ``tests/kernels`` (each path against float64 of ``gguf.quants``'
 dequantized weights times the dequantized quantized activations).
 """
 
-from .ops import (ENV, ISAS, PATHS, available_isas, block_linear, dense_linear, isa, load, quantize_activation,
-                  set_isa)
+from .ops import (ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
+                  isa, load, quantize_activation, set_isa)
 from .pack import ROWS, check_shape, pack, unpack
 from .types import ACTIVATION_TYPES, FLOAT_TYPES, TYPES, WEIGHT_BLOCK_TYPES, GGMLType, ggml_type
 
 __all__ = ["ACTIVATION_TYPES", "ENV", "FLOAT_TYPES", "GGMLType", "ISAS", "PATHS", "ROWS", "TYPES",
-           "WEIGHT_BLOCK_TYPES", "available_isas", "block_linear", "check_shape", "dense_linear", "ggml_type", "isa",
-           "load", "pack", "quantize_activation", "set_isa", "unpack"]
+           "WEIGHT_BLOCK_TYPES", "available_isas", "block_linear", "block_linear_many", "check_shape", "dense_linear",
+           "dense_linear_many", "ggml_type", "isa", "load", "pack", "quantize_activation", "set_isa", "unpack"]

@@ -1,7 +1,7 @@
 """The C++ kernels compiled once, cached, and found again: ``python -m decoderlab.kernels.build`` (``make install``
 runs it), or on the first product that needs them.
 
-The four files of ``csrc/`` compile side by side, each instruction set's file with its own flags (``-mavx2``...,
+The files of ``csrc/`` compile side by side, each instruction set's file with its own flags (``-mavx2``...,
 ``-mavx512vnni``), the dispatching ``ops.cpp`` with the baseline's, and link into one shared library of
 ``torch.library`` ops (no Python module: ``torch.ops.load_library`` loads it). Everything is keyed: the library
 lives in ``<cache>/kernels/<key>/`` where the key hashes the sources, the flags, the torch version and the
@@ -35,8 +35,13 @@ SOURCES = {
     "isa_avxvnni.cpp": (("-mavx2", "-mfma", "-mf16c", "-mavxvnni"), "DLK_NO_AVXVNNI"),
     "isa_avx512vnni.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma",
                             "-mf16c"), "DLK_NO_AVX512VNNI"),
+    "isa_avx512bf16.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"),
+                           "DLK_NO_AVX512BF16"),
 }
-HEADERS = ("common.h", "block_kernels.h", "dense_kernels.h", "ymm_backend.h")
+HEADERS = ("common.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "sums512.h", "ymm_backend.h")
+#: an instruction set file's name -> the set's name
+SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512vnni.cpp": "avx512-vnni",
+             "isa_avx512bf16.cpp": "avx512-bf16"}
 #: every file's flags: no contraction of a multiply and an add into an FMA that ggml's quantizers do not make
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-DNDEBUG", "-w")
 LIBRARY = "decoderlab_kernels.so"
@@ -153,8 +158,7 @@ def _build(cxx: str, target: Path) -> None:
         work = Path(tmp)
         compiled = _compile(cxx, work, log)
         os.replace(_link(cxx, work, compiled, log), target)
-    sets = [n[4:-4].replace("avx512vnni", "avx512-vnni").replace("avxvnni", "avx-vnni")
-            for n in compiled if n.startswith("isa_")]
+    sets = [SET_NAMES[n] for n in compiled if n in SET_NAMES]
     print(f"decoderlab: compiled the CPU kernels ({', '.join(sets)}) in {time.perf_counter() - start:.1f} s; "
           f"cached in {target.parent}", file=sys.stderr)
 

@@ -6,15 +6,23 @@ The ops (schemas as ``torch.library`` states them; fake implementations register
 ``torch.compile``, ``torch.export`` and AOTInductor trace and call them as any op):
 
     decoderlab::block_linear(Tensor x, Tensor packed, int ggml_type, int out_features) -> Tensor
+    decoderlab::block_linear_many(Tensor x, Tensor[] packed, int[] ggml_types, int[] out_features) -> Tensor[]
     decoderlab::dense_linear(Tensor x, Tensor weight) -> Tensor
+    decoderlab::dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]
     decoderlab::quantize_activation(Tensor x, int ggml_type) -> Tensor
     decoderlab::kernels_isa(str request) -> str        (the C++ library only)
     decoderlab::kernels_isas() -> str[]                (the C++ library only)
 
+The ``_many`` ops are the products of several weights that share an input (a layer's q, k and v; its gate and up
+projections): one call, the input quantized (or rounded to bfloat16) once, the weights' rows split over the
+threads together; each output is bit for bit the single op's. A Python call of an op costs microseconds (torch's
+dispatch), as much as a small product's arithmetic: the fastest eager call is the bound overload,
+``torch.ops.decoderlab.block_linear.default(...)``, or the functions here, which go straight to it.
+
 Which path: ``$DECODERLAB_KERNELS`` = ``auto`` (the default: the best instruction set this CPU runs), ``portable``,
-``avx2``, ``avx-vnni`` or ``avx512-vnni``; :func:`set_isa` changes it in a running process, and each function's
-``isa=`` argument for one call (the tests' and benchmarks' way to compare paths). The portable path is said once
-on standard error, with why.
+``avx512-bf16`` (AVX512-VNNI with the bfloat16 product by vdpbf16ps), ``avx512-vnni``, ``avx-vnni`` or ``avx2``;
+:func:`set_isa` changes it in a running process, and each function's ``isa=`` argument for one call (the tests'
+and benchmarks' way to compare paths). The portable path is said once on standard error, with why.
 """
 
 from __future__ import annotations
@@ -32,22 +40,33 @@ from .types import TYPES, ggml_type
 #: the environment variable that picks the path
 ENV = "DECODERLAB_KERNELS"
 #: the C++ kernels' instruction sets, best first
-ISAS = ("avx512-vnni", "avx-vnni", "avx2")
+ISAS = ("avx512-bf16", "avx512-vnni", "avx-vnni", "avx2")
 PATHS = ("auto", "portable", *ISAS)
 
 _lock = threading.Lock()
 _state: dict = {}
 _SCHEMAS = {
     "block_linear": "block_linear(Tensor x, Tensor packed, int ggml_type, int out_features) -> Tensor",
+    "block_linear_many": "block_linear_many(Tensor x, Tensor[] packed, int[] ggml_types, int[] out_features) "
+                         "-> Tensor[]",
     "dense_linear": "dense_linear(Tensor x, Tensor weight) -> Tensor",
+    "dense_linear_many": "dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]",
     "quantize_activation": "quantize_activation(Tensor x, int ggml_type) -> Tensor",
 }
+#: every way of naming a weight type (lower and upper case names, GGML's numbers) -> GGML's number
+_NUMBERS = {**{k: t.number for k, t in TYPES.items()}, **{k.upper(): t.number for k, t in TYPES.items()},
+            **{t.number: t.number for t in TYPES.values()}}
+#: the bound overloads, once the ops exist
+_BOUND: dict = {}
 
 
 def _portable_ops() -> dict:
     return {
         "block_linear": lambda x, packed, kind, out: portable.block_linear(x, packed, kind, out),
+        "block_linear_many": lambda x, packed, kinds, outs: [portable.block_linear(x, p, k, o)
+                                                             for p, k, o in zip(packed, kinds, outs, strict=True)],
         "dense_linear": portable.dense_linear,
+        "dense_linear_many": lambda x, weights: [portable.dense_linear(x, w) for w in weights],
         "quantize_activation": portable.quantize_activation,
     }
 
@@ -74,7 +93,14 @@ def _register_fakes() -> None:
         t = ggml_type(kind)
         return x.new_empty(*x.shape[:-1], x.shape[-1] // t.block * t.bytes, dtype=torch.uint8)
 
-    for name, fn in (("block_linear", block_fake), ("dense_linear", dense_fake),
+    def block_many_fake(x, packed, kinds, outs):
+        return [x.new_empty(*x.shape[:-1], out) for out in outs]
+
+    def dense_many_fake(x, weights):
+        return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in weights]
+
+    for name, fn in (("block_linear", block_fake), ("block_linear_many", block_many_fake),
+                     ("dense_linear", dense_fake), ("dense_linear_many", dense_many_fake),
                      ("quantize_activation", quantize_fake)):
         torch.library.register_fake(f"decoderlab::{name}", fn)
 
@@ -110,6 +136,7 @@ def _load() -> None:
         _say_portable(why)
     elif choice != "auto":
         torch.ops.decoderlab.kernels_isa(choice)  # ValueError for a set this CPU does not run
+    _BOUND.update({name: getattr(torch.ops.decoderlab, name).default for name in _SCHEMAS})
 
 
 def load() -> str:
@@ -173,12 +200,15 @@ def block_linear(x: torch.Tensor, packed: torch.Tensor, kind, out_features: int,
     q8_k) as ggml does, the blocks multiplied in integers, then scaled.
 
     Args:
-        kind: q8_0, q4_0, q4_1, q4_k, q5_k or q6_k (name or GGML number).
+        kind: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k (name or GGML number).
         isa: this call's path (``"portable"``, ``"avx2"`` ...); None = the process's.
 
     Raises:
         ValueError: an unknown type, a width that is not whole blocks, a packed tensor of another size, a path
             this CPU does not run."""
+    op, number = _BOUND.get("block_linear"), _NUMBERS.get(kind)
+    if isa is None and op is not None and number is not None:  # the hot path: no Python work but the call
+        return op(x, packed, number, out_features)
     t = ggml_type(kind)
     if isa == "portable":
         return portable.block_linear(x, packed, t, out_features)
@@ -187,18 +217,66 @@ def block_linear(x: torch.Tensor, packed: torch.Tensor, kind, out_features: int,
         return torch.ops.decoderlab.block_linear(x, packed, t.number, out_features)
 
 
+def block_linear_many(x: torch.Tensor, packed, kinds, out_features, *, isa: str | None = None) -> list:
+    """``[x @ W.T for each W]`` for block weights that share the input ``x`` (q, k and v; gate and up): one call,
+    ``x`` quantized once per activation type, each output equal to :func:`block_linear`'s bit for bit.
+
+    Args:
+        packed: the weights in the kernels' layout, a sequence.
+        kinds: each weight's type (name or GGML number), a sequence as long.
+        out_features: each weight's out, a sequence as long.
+        isa: as for :func:`block_linear`.
+
+    Raises:
+        ValueError: sequences of different lengths, or as :func:`block_linear` for any weight."""
+    op = _BOUND.get("block_linear_many")
+    numbers = [_NUMBERS.get(k) for k in kinds]
+    if isa is None and op is not None and None not in numbers:
+        return op(x, list(packed), numbers, list(out_features))
+    numbers = [ggml_type(k).number for k in kinds]
+    if not len(packed) == len(numbers) == len(out_features):
+        raise ValueError(f"block_linear_many: one type and one out_features per weight; got {len(packed)} weights, "
+                         f"{len(numbers)} types, {len(out_features)} out_features")
+    if isa == "portable":
+        return [portable.block_linear(x, p, k, o) for p, k, o in zip(packed, numbers, out_features)]
+    load()
+    with _using(isa):
+        return torch.ops.decoderlab.block_linear_many(x, list(packed), numbers, list(out_features))
+
+
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, *, isa: str | None = None):
     """``x @ W.T`` for a float32 / float16 / bfloat16 weight (out, in), float32 ``x`` (..., in) -> float32
-    (..., out); the weight is widened to float32 exactly, the products accumulated in float32 (no activation
-    quantization). ``isa`` as for :func:`block_linear`.
+    (..., out); the weight is widened to float32 exactly, the products accumulated in float32. A bfloat16 weight
+    multiplies ``x`` rounded to bfloat16 (to nearest, ties to even), as ggml's (its vec_dot_type for BF16 is
+    BF16); a float16 or float32 weight multiplies ``x`` as it is (ggml rounds it to float16 for a float16 weight).
+    ``isa`` as for :func:`block_linear`.
 
     Raises:
         ValueError: another dtype or a weight whose width is not x's."""
+    op = _BOUND.get("dense_linear")
+    if isa is None and op is not None:
+        return op(x, weight)
     if isa == "portable":
         return portable.dense_linear(x, weight)
     load()
     with _using(isa):
         return torch.ops.decoderlab.dense_linear(x, weight)
+
+
+def dense_linear_many(x: torch.Tensor, weights, *, isa: str | None = None) -> list:
+    """``[x @ W.T for each W]`` for 16/32-bit weights that share the input ``x``: one call, each output equal to
+    :func:`dense_linear`'s bit for bit. ``isa`` as for :func:`block_linear`.
+
+    Raises:
+        ValueError: no weights, or as :func:`dense_linear` for any weight."""
+    op = _BOUND.get("dense_linear_many")
+    if isa is None and op is not None:
+        return op(x, list(weights))
+    if isa == "portable":
+        return [portable.dense_linear(x, w) for w in weights]
+    load()
+    with _using(isa):
+        return torch.ops.decoderlab.dense_linear_many(x, list(weights))
 
 
 def quantize_activation(x: torch.Tensor, kind, *, isa: str | None = None):
@@ -217,5 +295,5 @@ def quantize_activation(x: torch.Tensor, kind, *, isa: str | None = None):
         return torch.ops.decoderlab.quantize_activation(x, t.number)
 
 
-__all__ = ["ENV", "ISAS", "PATHS", "TYPES", "available_isas", "block_linear", "dense_linear", "isa", "load",
-           "quantize_activation", "set_isa"]
+__all__ = ["ENV", "ISAS", "PATHS", "TYPES", "available_isas", "block_linear", "block_linear_many", "dense_linear",
+           "dense_linear_many", "isa", "load", "quantize_activation", "set_isa"]

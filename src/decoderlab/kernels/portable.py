@@ -177,5 +177,8 @@ def block_linear(x: torch.Tensor, packed: torch.Tensor, kind, out_features: int,
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for a float32 / float16 / bfloat16 weight (out, in) and float32 ``x``: ``F.linear`` on the
-    weight widened to float32 (exactly), accumulated in float32."""
+    weight widened to float32 (exactly), accumulated in float32; a bfloat16 weight's ``x`` rounded to bfloat16 first
+    (to nearest, ties to even), as the C++ kernels and ggml do."""
+    if weight.dtype == torch.bfloat16:
+        x = x.to(torch.bfloat16).to(torch.float32)
     return F.linear(x, weight.to(torch.float32))

@@ -4,7 +4,7 @@ type ggml quantizes a product's activations to for each (its ``vec_dot_type``).
     type   number  block  bytes  activations   a weight
     f32         0      1      4  (float32)     the float itself
     f16         1      1      2  (float32)     IEEE half
-    bf16       30      1      2  (float32)     the top 16 bits of a float32
+    bf16       30      1      2  (bfloat16)    the top 16 bits of a float32
     q4_0        2     32     18  q8_0          d * (q - 8), q a nibble
     q4_1        3     32     20  q8_1          d * q + m
     q5_0        6     32     22  q8_0          d * (q - 16), q 5 bits: a nibble and a bit of qh
@@ -20,8 +20,9 @@ q5_0 and q5_1 are here because llama.cpp's quantizer writes them in a K-quant fi
 not a multiple of 256 (Q4_K's fallback is Q5_0, Q5_K's Q5_1, Q6_K's Q8_0: ``llama-quant.cpp``): SmolLM2-135M's
 width 576 is one, so its Q4_K_M file holds K-quants only in its 1536-wide down projections.
 
-The 16- and 32-bit weights multiply float32 activations as they are (no activation quantization; ggml rounds
-them to its weight's 16-bit type, the kernels here do not). Plain data, no torch.
+The 16- and 32-bit weights take no activation blocks: a bf16 weight multiplies the activations rounded to bfloat16
+(ggml's vec_dot_type for BF16), f16 and f32 weights the float32 activations as they are (ggml rounds them to
+float16 for an F16 weight; the kernels do not, since it buys no speed there). Plain data, no torch.
 
 Source: ggml's ``ggml-common.h`` (the block structs) and ``ggml-cpu.c``'s ``type_traits_cpu`` (each type's
 ``vec_dot_type``), github.com/ggml-org/ggml; ``gguf.constants.GGML_QUANT_SIZES`` holds the same sizes.

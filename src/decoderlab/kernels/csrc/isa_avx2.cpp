@@ -2,6 +2,8 @@
 // called only where cpuid says the CPU has them (ops.cpp). Bytes multiply by maddubs, then pairs add by madd.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "common.h"
 
 #define DLK_YMM_VNNI 0

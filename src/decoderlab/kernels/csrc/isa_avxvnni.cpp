@@ -3,6 +3,8 @@
 // where cpuid says the CPU has them (ops.cpp).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "common.h"
 
 #define DLK_YMM_VNNI 1

@@ -1,9 +1,10 @@
-// The torch.library ops of namespace decoderlab: the activation quantizers (ggml's, exactly), the dispatch to the
-// instruction set's kernels by what cpuid reports, and the rows split over the intra-op threads. Compiled with
-// the baseline flags: nothing here runs an instruction the CPU may lack.
+// The torch.library ops of namespace decoderlab: the activations quantized once per call (each instruction set's
+// quantizers, ggml's exactly), the dispatch to the instruction set's kernels by what cpuid reports, and the
+// weights' rows split over the intra-op threads. Compiled with the baseline flags: nothing here runs an
+// instruction the CPU may lack.
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -29,6 +30,19 @@ struct Isa {
   const KernelSet* (*table)();
 };
 
+#if !defined(DLK_NO_AVX512VNNI) && !defined(DLK_NO_AVX512BF16)
+// AVX512-VNNI's table with the bfloat16 product by vdpbf16ps
+const KernelSet* kernels_avx512bf16() {
+  static const KernelSet set = [] {
+    KernelSet s = *kernels_avx512vnni();
+    s.name = "avx512-bf16";
+    s.bf16 = dense_bf16_avx512bf16();
+    return s;
+  }();
+  return &set;
+}
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
 uint64_t xcr0() {
   uint32_t eax, edx;
@@ -51,9 +65,12 @@ std::vector<Isa> detect() {
   const bool avx512vnni = avx512 && (c & (1u << 11));
   unsigned a1 = 0, b1, c1, d1;
   __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-  const bool avxvnni = avx2 && (a1 & (1u << 4));
+  const bool avxvnni = avx2 && (a1 & (1u << 4)), avx512bf16 = avx512vnni && (a1 & (1u << 5));
   if (!avx2) return found;
 #ifndef DLK_NO_AVX512VNNI
+#ifndef DLK_NO_AVX512BF16
+  if (avx512bf16) found.push_back({"avx512-bf16", kernels_avx512bf16});
+#endif
   if (avx512vnni) found.push_back({"avx512-vnni", kernels_avx512vnni});
 #endif
 #ifndef DLK_NO_AVXVNNI
@@ -81,92 +98,58 @@ const KernelSet* current() {
   return g_set;
 }
 
-// ---- activations, quantized as ggml's x86 CPU backend does -----------------------------------------------------
+// ---- activations -------------------------------------------------------------------------------------------------
 
-// round to nearest, ties to even, for |v| < 2^22: ggml's nearest_int (the float addition rounds)
-inline int nearest_int(float v) {
-  float t = v + 12582912.f;
-  int32_t i;
-  std::memcpy(&i, &t, 4);
-  return (i & 0x007fffff) - 0x00400000;
+// a thread's buffers, kept between calls: they only grow, so that a product allocates nothing but its output
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
 }
 
-// q8_0 / q8_1, one block of 32: ggml-cpu's x86 quantize_row_q8_0 / _q8_1 (d = amax / 127 kept as float16,
-// q = round-half-even(x * (127 / amax)), q8_1's s = float16(d * sum(q)) with d unrounded)
-void quant32(const float* x, int8_t* q, c10::Half* dh, int32_t* sum, c10::Half* sh) {
-  float amax = 0.f;
-  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float d = amax / 127.f;
-  const float id = amax != 0.f ? 127.f / amax : 0.f;
-  int32_t s = 0;
-  for (int j = 0; j < 32; ++j) {
-    q[j] = static_cast<int8_t>(nearest_int(x[j] * id));
-    s += q[j];
-  }
-  *dh = c10::Half(d);
-  *sum = s;
-  if (sh) *sh = c10::Half(d * static_cast<float>(s));
-}
-
-// q8_K, one block of 256: ggml's quantize_row_q8_K_ref (the x86 backend's q8_K): the scale from the signed value
-// of largest magnitude (the first), q = min(127, nearest(-127 / max * x)), d = 1 / that, the sums of 16
-void quant256(const float* x, int8_t* q, float* d, int32_t* bsums) {
-  float amax = 0.f, max = 0.f;
-  for (int j = 0; j < 256; ++j) {
-    const float ax = std::fabs(x[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[j];
-    }
-  }
-  if (amax == 0.f) {
-    std::memset(q, 0, 256);
-    std::fill(bsums, bsums + 16, 0);
-    *d = 0.f;
-    return;
-  }
-  const float iscale = -127.f / max;
-  for (int j = 0; j < 256; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
-  for (int i = 0; i < 16; ++i) {
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += q[16 * i + j];
-    bsums[i] = s;
-  }
-  *d = 1.f / iscale;
-}
-
-// n rows of width k quantized for a product: the quants, the scales, the sums (common.h's Act)
+// n rows of width k quantized for a product by the instruction set's quantizer (quant_kernels.h): the quants, the
+// scales and the per-block terms of common.h's Act
 struct Acts {
   std::vector<int8_t> qs;
-  std::vector<float> d;
-  std::vector<int32_t> s;
+  std::vector<float> d, ds;
+  std::vector<int32_t> sums, s8, s16, s128, bs16x32, bs32;
   std::vector<Act> rows;
 };
 
-void quantize_rows(const float* x, int64_t n, int64_t k, int block, Acts& out) {
-  const int64_t nblk = k / block, nsum = block == 256 ? 24 : 1;
-  out.qs.resize(n * k);
-  out.d.resize(n * nblk);
-  out.s.resize(n * nblk * nsum);
-  out.rows.resize(n);
-  for (int64_t r = 0; r < n; ++r) {
-    int8_t* q = out.qs.data() + r * k;
-    float* d = out.d.data() + r * nblk;
-    int32_t* s = out.s.data() + r * nblk * nsum;
-    for (int64_t b = 0; b < nblk; ++b) {
-      const float* xb = x + r * k + b * block;
-      if (block == 32) {
-        c10::Half dh;
-        quant32(xb, q + 32 * b, &dh, s + b, nullptr);
-        d[b] = static_cast<float>(dh);
-      } else {
-        int32_t* sb = s + 24 * b;
-        quant256(xb, q + 256 * b, d + b, sb);
-        for (int j = 0; j < 8; ++j) sb[16 + j] = sb[2 * j] + sb[2 * j + 1];
+const Act* quantize_rows(const KernelSet* set, const float* x, int64_t n, int64_t k, int block, Acts& a) {
+  const int64_t nblk = k / block, nsum = block == 256 ? 16 : 1;
+  int8_t* qs = grow(a.qs, n * k);
+  float* d = grow(a.d, n * nblk);
+  int32_t* sums = grow(a.sums, n * nblk * nsum);
+  Act* rows = grow(a.rows, n);
+  if (block == 32) {
+    float* ds = grow(a.ds, n * nblk);
+    int32_t *s8 = grow(a.s8, n * nblk), *s16 = grow(a.s16, n * nblk), *s128 = grow(a.s128, n * nblk);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t o = r * nblk;
+      set->quantize32(x + r * k, k, qs + r * k, d + o, sums + o);
+      for (int64_t b = o; b < o + nblk; ++b) {
+        s8[b] = 8 * sums[b], s16[b] = 16 * sums[b], s128[b] = 128 * sums[b];
+        ds[b] = d[b] * static_cast<float>(sums[b]);
       }
+      rows[r] = {qs + r * k, d + o, s8 + o, s16 + o, s128 + o, ds + o, nullptr, nullptr};
     }
-    out.rows[r] = {q, d, s};
+  } else {
+    int32_t *bs16x32 = grow(a.bs16x32, n * nblk * 16), *bs32 = grow(a.bs32, n * nblk * 4);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t o = r * nblk;
+      int32_t* s = sums + 16 * o;
+      set->quantize256(x + r * k, k, qs + r * k, d + o, s);
+      for (int64_t j = 0; j < 16 * nblk; ++j) bs16x32[16 * o + j] = 32 * s[j];
+      for (int64_t j = 0; j < 4 * nblk; ++j) {  // sums of 32 (at most 4064 in magnitude) as int16 pairs
+        const uint32_t lo = static_cast<uint32_t>(s[4 * j] + s[4 * j + 1]) & 0xffffu;
+        const uint32_t hi = static_cast<uint32_t>(s[4 * j + 2] + s[4 * j + 3]);
+        bs32[4 * o + j] = static_cast<int32_t>((hi << 16) | lo);
+      }
+      rows[r] = {qs + r * k, d + o, nullptr, nullptr, nullptr, nullptr, bs16x32 + 16 * o, bs32 + 4 * o};
+    }
   }
+  return rows;
 }
 
 // ---- the types ---------------------------------------------------------------------------------------------------
@@ -204,10 +187,23 @@ std::vector<int64_t> out_shape(const at::Tensor& x, int64_t last) {
   return shape;
 }
 
-// ---- the ops -------------------------------------------------------------------------------------------------------
+// a float32 output, allocated without a trip through the dispatcher
+at::Tensor new_output(const std::vector<int64_t>& shape) { return at::detail::empty_cpu(shape, at::kFloat); }
 
-at::Tensor block_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ggml_type, int64_t out_features) {
-  check_input(x, "block_linear");
+// ---- block products ----------------------------------------------------------------------------------------------
+
+// one block weight of a call: checked, its kernel, where its output goes
+struct BlockJob {
+  BlockKernel kernel;
+  const uint8_t* w;
+  int64_t nblk, groups, width, out;
+  int block;
+  float* y;
+  at::Tensor t;
+};
+
+BlockJob block_job(const KernelSet* set, const at::Tensor& x, const at::Tensor& packed, int64_t ggml_type,
+                   int64_t out_features) {
   const BlockType t = block_type(ggml_type);
   const int64_t k = x.size(-1), n = k ? x.numel() / k : 0;
   TORCH_CHECK_VALUE(k > 0 && k % t.block == 0, "decoderlab::block_linear: the width of x (", k,
@@ -218,48 +214,135 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& packed, int64_t g
                     "decoderlab::block_linear: packed must be the contiguous uint8 CPU tensor of pack() for (",
                     out_features, ", ", k, "): ", groups * kRows * nblk * t.bytes, " bytes; got ", packed.numel(),
                     " ", packed.scalar_type());
-  const BlockKernel kernel = current()->*t.kernel;
-  const at::Tensor xc = x.contiguous();
-  thread_local Acts acts;  // the buffers kept between calls of this thread: no allocation per product
-  quantize_rows(xc.data_ptr<float>(), n, k, t.block, acts);
   const int64_t width = groups * kRows;
-  at::Tensor y = at::empty(width == out_features ? out_shape(x, width) : std::vector<int64_t>{n, width}, x.options());
-  float* yp = y.data_ptr<float>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  // (a pointer, not the name: inside the lambda a pool thread's `acts` would be its own thread_local)
-  const Act* act_rows = acts.rows.data();
-  const int64_t grain = std::max<int64_t>(1, 32768 / (kRows * k));  // ~32k weights a task at least
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    kernel(wp, nblk, g0, g1, act_rows, static_cast<int>(n), yp, width);
-  });
-  if (width == out_features) return y;
-  return y.narrow(1, 0, out_features).contiguous().view(out_shape(x, out_features));
+  at::Tensor y = new_output(width == out_features ? out_shape(x, width) : std::vector<int64_t>{n, width});
+  return {set->*t.kernel, packed.data_ptr<uint8_t>(), nblk, groups, width, out_features, t.block,
+          y.data_ptr<float>(), y};
 }
 
-at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight) {
+at::Tensor finished(const BlockJob& j, const at::Tensor& x) {
+  if (j.width == j.out) return j.t;
+  return j.t.narrow(1, 0, j.out).contiguous().view(out_shape(x, j.out));
+}
+
+// the jobs' groups as one range split over the threads: each group is computed by one thread, the same way
+// whatever the split (~32k weights a task at least)
+void run_blocks(std::vector<BlockJob>& jobs, const Act* act32, const Act* act256, int64_t n, int64_t k) {
+  int64_t total = 0;
+  for (const BlockJob& j : jobs) total += j.groups;
+  const int64_t grain = std::max<int64_t>(1, 32768 / (kRows * k));
+  BlockJob* js = jobs.data();
+  const size_t nj = jobs.size();
+  at::parallel_for(0, total, grain, [&](int64_t g0, int64_t g1) {
+    int64_t base = 0;
+    for (size_t i = 0; i < nj && base < g1; base += js[i].groups, ++i) {
+      const int64_t lo = std::max(g0, base) - base, hi = std::min(g1, base + js[i].groups) - base;
+      if (lo < hi)
+        js[i].kernel(js[i].w, js[i].nblk, lo, hi, js[i].block == 32 ? act32 : act256, static_cast<int>(n), js[i].y,
+                     js[i].width);
+    }
+  });
+}
+
+thread_local Acts t_acts32, t_acts256;
+
+std::vector<at::Tensor> block_products(const at::Tensor& x, const at::Tensor* packed, const int64_t* types,
+                                       const int64_t* outs, size_t count) {
+  check_input(x, "block_linear");
+  const KernelSet* set = current();
+  std::vector<BlockJob> jobs;
+  jobs.reserve(count);
+  bool b32 = false, b256 = false;
+  for (size_t i = 0; i < count; ++i) {
+    jobs.push_back(block_job(set, x, packed[i], types[i], outs[i]));
+    (jobs.back().block == 32 ? b32 : b256) = true;
+  }
+  const int64_t k = x.size(-1), n = x.numel() / k;
+  const at::Tensor xc = x.contiguous();
+  const float* xp = xc.data_ptr<float>();
+  // (pointers, not the names: inside the lambda a pool thread's buffers would be its own thread_locals)
+  const Act* act32 = b32 && n ? quantize_rows(set, xp, n, k, 32, t_acts32) : nullptr;
+  const Act* act256 = b256 && n ? quantize_rows(set, xp, n, k, 256, t_acts256) : nullptr;
+  if (n) run_blocks(jobs, act32, act256, n, k);
+  std::vector<at::Tensor> ys;
+  ys.reserve(count);
+  for (const BlockJob& j : jobs) ys.push_back(finished(j, x));
+  return ys;
+}
+
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ggml_type, int64_t out_features) {
+  return block_products(x, &packed, &ggml_type, &out_features, 1)[0];
+}
+
+std::vector<at::Tensor> block_linear_many(const at::Tensor& x, at::TensorList packed, at::IntArrayRef types,
+                                          at::IntArrayRef outs) {
+  TORCH_CHECK_VALUE(packed.size() == types.size() && packed.size() == outs.size() && !packed.empty(),
+                    "decoderlab::block_linear_many: one GGML type and one out_features per packed weight (and at "
+                    "least one weight); got ", packed.size(), " weights, ", types.size(), " types, ", outs.size(),
+                    " out_features");
+  return block_products(x, packed.data(), types.data(), outs.data(), packed.size());
+}
+
+// ---- 16- and 32-bit products ---------------------------------------------------------------------------------------
+
+thread_local std::vector<bf16_t> t_xbf16;
+
+std::vector<at::Tensor> dense_products(const at::Tensor& x, const at::Tensor* weights, size_t count) {
   check_input(x, "dense_linear");
   const int64_t k = x.size(-1), n = k ? x.numel() / k : 0;
-  const auto st = weight.scalar_type();
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == k && weight.is_contiguous() && weight.device().is_cpu() &&
-                        (st == at::kFloat || st == at::kHalf || st == at::kBFloat16),
-                    "decoderlab::dense_linear: weight must be a contiguous (out, ", k,
-                    ") float32 / float16 / bfloat16 CPU tensor; got ", weight.sizes(), " ", st);
   const KernelSet* set = current();
-  const DenseKernel kernel = st == at::kFloat ? set->f32 : st == at::kHalf ? set->f16 : set->bf16;
-  const int64_t out = weight.size(0);
+  bool bf16 = false;
+  for (size_t i = 0; i < count; ++i) {
+    const at::Tensor& w = weights[i];
+    const auto st = w.scalar_type();
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == k && w.is_contiguous() && w.device().is_cpu() &&
+                          (st == at::kFloat || st == at::kHalf || st == at::kBFloat16),
+                      "decoderlab::dense_linear: weight must be a contiguous (out, ", k,
+                      ") float32 / float16 / bfloat16 CPU tensor; got ", w.sizes(), " ", st);
+    bf16 = bf16 || st == at::kBFloat16;
+  }
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty(out_shape(x, out), x.options());
   const float* xp = xc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const void* wp = weight.data_ptr();
-  const int64_t quads = (out + 3) / 4, grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, k));
-  at::parallel_for(0, quads, grain, [&](int64_t q0, int64_t q1) {
-    kernel(wp, k, 4 * q0, std::min(4 * q1, out), xp, k, static_cast<int>(n), yp, out);
+  const bf16_t* xb = nullptr;
+  if (bf16 && n) {  // a bfloat16 weight multiplies the activations rounded to bfloat16, as ggml's
+    bf16_t* buf = grow(t_xbf16, n * k);
+    set->to_bf16(xp, n * k, buf);
+    xb = buf;
+  }
+  std::vector<at::Tensor> ys;
+  ys.reserve(count);
+  std::vector<int64_t> quads(count + 1, 0);  // weight i's rows are quads [quads[i], quads[i + 1]) of the range
+  for (size_t i = 0; i < count; ++i) {
+    ys.push_back(new_output(out_shape(x, weights[i].size(0))));
+    quads[i + 1] = quads[i] + (weights[i].size(0) + 3) / 4;
+  }
+  if (n == 0) return ys;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, k));
+  at::parallel_for(0, quads[count], grain, [&](int64_t q0, int64_t q1) {
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(q0, quads[i]) - quads[i], hi = std::min(q1, quads[i + 1]) - quads[i];
+      if (lo >= hi) continue;
+      const at::Tensor& w = weights[i];
+      const auto st = w.scalar_type();
+      const DenseKernel kernel = st == at::kFloat ? set->f32 : st == at::kHalf ? set->f16 : set->bf16;
+      const int64_t out = w.size(0);
+      kernel(w.data_ptr(), k, 4 * lo, std::min(4 * hi, out), st == at::kBFloat16 ? static_cast<const void*>(xb) : xp,
+             k, static_cast<int>(n), ys[i].data_ptr<float>(), out);
+    }
   });
-  return y;
+  return ys;
 }
 
-// ggml's block bytes of x's rows quantized to q8_0 (8), q8_1 (9) or q8_K (15)
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& weight) { return dense_products(x, &weight, 1)[0]; }
+
+std::vector<at::Tensor> dense_linear_many(const at::Tensor& x, at::TensorList weights) {
+  TORCH_CHECK_VALUE(!weights.empty(), "decoderlab::dense_linear_many: no weights");
+  return dense_products(x, weights.data(), weights.size());
+}
+
+// ---- activation bytes -----------------------------------------------------------------------------------------------
+
+// ggml's block bytes of x's rows quantized to q8_0 (8), q8_1 (9) or q8_K (15), by the instruction set's quantizer
 at::Tensor quantize_activation(const at::Tensor& x, int64_t ggml_type) {
   check_input(x, "quantize_activation");
   TORCH_CHECK_VALUE(ggml_type == 8 || ggml_type == 9 || ggml_type == 15, "decoderlab::quantize_activation: GGML type ",
@@ -269,24 +352,33 @@ at::Tensor quantize_activation(const at::Tensor& x, int64_t ggml_type) {
   TORCH_CHECK_VALUE(k > 0 && k % block == 0, "decoderlab::quantize_activation: the width of x (", k,
                     ") is not a positive multiple of the block size ", block);
   const at::Tensor xc = x.contiguous();
-  const float* xp = xc.data_ptr<float>();
-  at::Tensor out = at::empty({n, k / block * bytes}, x.options().dtype(at::kByte));
+  const int64_t nblk = n * (k / block), nsum = block == 256 ? 16 : 1;
+  std::vector<int8_t> qs(n * k);
+  std::vector<float> d(nblk);
+  std::vector<int32_t> sums(nblk * nsum);
+  const Quantizer quantize = block == 32 ? current()->quantize32 : current()->quantize256;
+  for (int64_t r = 0; r < n; ++r)
+    quantize(xc.data_ptr<float>() + r * k, k, qs.data() + r * k, d.data() + r * (k / block),
+             sums.data() + r * (k / block) * nsum);
+  at::Tensor out = at::detail::empty_cpu({n, k / block * bytes}, at::kByte);
   uint8_t* o = out.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < n * (k / block); ++i, o += bytes) {
-    const float* xb = xp + i * block;
+  for (int64_t i = 0; i < nblk; ++i, o += bytes) {
+    const int8_t* q = qs.data() + i * block;
     if (block == 32) {
-      c10::Half dh, sh;
-      int32_t sum;
-      quant32(xb, reinterpret_cast<int8_t*>(o + (ggml_type == 9 ? 4 : 2)), &dh, &sum, ggml_type == 9 ? &sh : nullptr);
+      const c10::Half dh(d[i]);  // exact: d is a float16's value
       std::memcpy(o, &dh.x, 2);
-      if (ggml_type == 9) std::memcpy(o + 2, &sh.x, 2);
+      if (ggml_type == 9) {  // s = float16(d * sum(q)) with d before its rounding, as ggml's: amax / 127
+        float amax = 0.f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xc.data_ptr<float>()[i * 32 + j]));
+        const c10::Half sh(amax / 127.f * static_cast<float>(sums[i]));
+        std::memcpy(o + 2, &sh.x, 2);
+      }
+      std::memcpy(o + (ggml_type == 9 ? 4 : 2), q, 32);
     } else {
-      float d;
-      int32_t bsums[16];
-      quant256(xb, reinterpret_cast<int8_t*>(o + 4), &d, bsums);
-      std::memcpy(o, &d, 4);
+      std::memcpy(o, &d[i], 4);
+      std::memcpy(o + 4, q, 256);
       for (int j = 0; j < 16; ++j) {
-        const int16_t s = static_cast<int16_t>(bsums[j]);
+        const int16_t s = static_cast<int16_t>(sums[i * 16 + j]);
         std::memcpy(o + 260 + 2 * j, &s, 2);
       }
     }
@@ -324,7 +416,9 @@ std::vector<std::string> kernels_isas() {
 
 TORCH_LIBRARY(decoderlab, m) {
   m.def("block_linear(Tensor x, Tensor packed, int ggml_type, int out_features) -> Tensor");
+  m.def("block_linear_many(Tensor x, Tensor[] packed, int[] ggml_types, int[] out_features) -> Tensor[]");
   m.def("dense_linear(Tensor x, Tensor weight) -> Tensor");
+  m.def("dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]");
   m.def("quantize_activation(Tensor x, int ggml_type) -> Tensor");
   m.def("kernels_isa(str request) -> str", &dlk::kernels_isa);
   m.def("kernels_isas() -> str[]", &dlk::kernels_isas);
@@ -334,6 +428,8 @@ TORCH_LIBRARY(decoderlab, m) {
 TORCH_LIBRARY_IMPL(decoderlab, CPU, m) {
   if (dlk::isas().empty()) return;
   m.impl("block_linear", &dlk::block_linear);
+  m.impl("block_linear_many", &dlk::block_linear_many);
   m.impl("dense_linear", &dlk::dense_linear);
+  m.impl("dense_linear_many", &dlk::dense_linear_many);
   m.impl("quantize_activation", &dlk::quantize_activation);
 }
