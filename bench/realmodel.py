@@ -42,8 +42,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# bench/ itself off the import path: its kernels.py would shadow the `kernels` package transformers looks for
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 DATA = ROOT.parent / "shared" / "data"
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "What is 12 + 7?",

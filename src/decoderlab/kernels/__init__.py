@@ -28,7 +28,7 @@ Use::
     q, k, v = kernels.block_linear_many(x, [pq, pk, pv], ["q5_0", "q5_0", "q8_0"], [576, 192, 192])
     y = kernels.dense_linear(x, weight_bf16)
 
-Measured in ``bench/kernels.py``; exactness in ``tests/kernels`` (each path against float64 of ``gguf.quants``'
+Measured in ``bench/cpu_kernels.py``; exactness in ``tests/kernels`` (each path against float64 of ``gguf.quants``'
 dequantized weights times the dequantized quantized activations).
 """
 

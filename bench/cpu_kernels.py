@@ -27,7 +27,7 @@ again of each alternative's least round (on a shared, loaded machine the least i
 cost). The single products' weights sit in cache between calls (each is under 2 MB but the output layer's); the
 step's 134M weights come from memory (or a large last-level cache), as in decoding.
 
-    python bench/kernels.py [--types q4_k,bf16,...] [--rows 1,8,16] [--prompt-rows 128] [--repeats 5]
+    python bench/cpu_kernels.py [--types q4_k,bf16,...] [--rows 1,8,16] [--prompt-rows 128] [--repeats 5]
                             [--isa avx2] [--no-step] [--no-ggml]
 """
 
