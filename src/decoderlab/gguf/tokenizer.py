@@ -177,13 +177,19 @@ def score_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[
     """A SentencePiece vocabulary's merges: every split of a piece into two pieces of the vocabulary, ranked by
     the score of the piece they make (higher first; then the longer left part; a piece's splits in the order
     of their parts' ids) -- the order SentencePiece's BPE merges in, and transformers' ``generate_merges``."""
-    found = []
+    # ids instead of strings and no key function per piece: Gemma 3's 262,144 pieces, 1.9 -> 1.5 CPU-s
+    get, pieces, found = vocab.get, {i: t for t, i in vocab.items()}, []
     for piece, score in scores.items():
-        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
-                 if piece[:i] in vocab and piece[i:] in vocab]
-        found += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
-    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(a, b) for a, b, _ in found]
+        local = []
+        for i in range(1, len(piece)):
+            a = get(piece[:i])
+            b = None if a is None else get(piece[i:])
+            if b is not None:
+                local.append((a, b, i))
+        local.sort()
+        found += [(score, i, len(piece) - i, a, b) for a, b, i in local]
+    found.sort(key=lambda m: m[:3], reverse=True)  # stable: a piece's splits keep their id order
+    return [(pieces[a], pieces[b]) for _, _, _, a, b in found]
 
 
 def sentencepiece_tokenizer(meta: dict, path=""):
