@@ -76,9 +76,31 @@ def test_what_chatml_tools_writes():
                     '<|im_start|>assistant\nLet me check.\n'
                     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                     '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call><|im_end|>\n'
-                    '<|im_start|>tool\n<tool_response>\nsunny\n</tool_response><|im_end|>\n'
-                    '<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n'
+                    '<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n'  # both results: one user turn
+                    '<tool_response>\n4\n</tool_response><|im_end|>\n'
                     '<|im_start|>assistant\nSunny, and 4.<|im_end|>\n')
+
+
+#: the default system messages of Qwen2.5-Instruct's template and of SmolLM2-Instruct's
+QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def test_chatml_tools_is_qwen25s_template_with_smollm2s_default_system_message():
+    """Qwen2.5-Instruct's real template, rendered by transformers, for every conversation (tools offered or not,
+    calls, several results, the generation prompt): the same text, but for the default system message."""
+    template, _, _ = pair()
+    _, qwen = bpe_pair(CHATML_TOKENS, (), {"eos_token": "<|im_end|>"}, chat_template=QWEN25)
+    for what, conv in CONVERSATIONS.items():
+        conv = arguments_as_objects(conv)  # (Qwen2.5 quotes arguments given as text; chatml-tools writes them)
+        for tools in (None, TOOLS):
+            for prompt in (False, True):
+                messages = conv[:-1] if prompt else conv
+                args = dict(tools=tools, add_generation_prompt=prompt)
+                want = qwen.apply_chat_template(messages, tokenize=False, **args)
+                assert template.render_text(messages, **args) == want.replace(QWEN25_SYSTEM, SMOLLM2_SYSTEM), \
+                    (what, tools, prompt)
+                assert (QWEN25_SYSTEM in want) == (messages[0]["role"] != "system")  # the one difference was there
 
 
 def test_without_tools_chatml_tools_is_smollm2s_own_template():

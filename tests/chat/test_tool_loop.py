@@ -153,7 +153,8 @@ def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_pr
         assert call.name == "add" and set(args) == {"a", "b"} and call.result == str(args["a"] + args["b"])
     assert [m["role"] for m in turn.messages] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert turn.messages[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": turn.calls[0].arguments}
-    # the second step's prompt: the tools offered, the call as the template writes it, its result as a tool turn
+    # the second step's prompt: the tools offered, the call as the template writes it, its result in a user turn
+    # (Qwen2.5's layout)
     from decoderlab.chat import arguments_as_objects
 
     ids, _ = get_template("chatml-tools").render(arguments_as_objects(ASK + turn.messages[:2]), tok,
@@ -161,7 +162,7 @@ def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_pr
     text = tok.decode(ids)
     assert "<tools>\n" in text and text.endswith(
         f'<|im_start|>assistant\n<tool_call>\n{{"name": "add", "arguments": {turn.calls[0].arguments}}}\n'
-        f'</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n{turn.calls[0].result}\n</tool_response>'
+        f'</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{turn.calls[0].result}\n</tool_response>'
         f'<|im_end|>\n<|im_start|>assistant\n')
 
 
