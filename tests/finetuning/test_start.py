@@ -103,7 +103,8 @@ def test_a_smollm2_base_fine_tuned_on_tool_calls_is_given_chatml_tools_which_its
 
     call = {"id": "call_0", "type": "function", "function": {"name": "calculator",
                                                              "arguments": {"expression": "2 + 3"}}}
-    calling = [{"role": "user", "content": "what is 2 + 3?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+    calling = [{"role": "user", "content": "what is 2 + 3?"},
+               {"role": "assistant", "content": "", "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "call_0", "content": "5"}, {"role": "assistant", "content": "5"}]
     bpe = byte_level_bpe(300, texts=[" ".join(m["content"] for c in CONVS for m in c) * 3])
     model = hf_model("llama", bpe.get_vocab_size(), max_position_embeddings=512)  # (SmolLM2's system message)
