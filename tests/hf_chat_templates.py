@@ -290,12 +290,13 @@ CORPUS = ("You are a helpful assistant. The weather in Paris is sunny; it is 22 
           "city unit celsius\n") * 20
 
 
-def bpe_pair(specials, plain=(), tokens=None, chat_template=None, vocab_size=380):
-    """``(decoderlab's BPETokenizer, transformers' tokenizer)`` of one small byte-level BPE with ``specials``
-    as special added tokens and ``plain`` as ordinary added tokens (as Qwen's <think>)."""
+def bpe_pair(specials, plain=(), tokens=None, chat_template=None, vocab_size=380, corpus=CORPUS):
+    """``(decoderlab's BPETokenizer, transformers' tokenizer)`` of one small byte-level BPE (trained on
+    ``corpus``) with ``specials`` as special added tokens and ``plain`` as ordinary added tokens (as Qwen's
+    <think>)."""
     from transformers import PreTrainedTokenizerFast
 
-    base = BPETokenizer.train([CORPUS], vocab_size).hf_tokenizer
+    base = BPETokenizer.train([corpus], vocab_size).hf_tokenizer
     hf = HFTokenizer.from_str(base.to_str())
     hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])

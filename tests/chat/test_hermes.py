@@ -1,7 +1,9 @@
 """Tool calls as text between <tool_call> and </tool_call> (decoderlab.chat.hermes): the chatml-tools template
 renders as transformers' apply_chat_template renders it (text and ids, tools offered, calls, results), is
-SmolLM2-Instruct's own text without tools, stores and reads back as itself; a reply's calls parse back (one,
-several, malformed, not an object, unclosed), as the template wrote them; which templates write calls so."""
+Qwen2.5-Instruct's template text but for SmolLM2's default system message, is SmolLM2-Instruct's own text without
+tools (and so stands in for SmolLM2's template where tools come in), stores and reads back as itself; a reply's
+calls parse back (one, several, malformed, not an object, unclosed), as the template wrote them; which templates
+write calls so."""
 
 import json
 
@@ -10,7 +12,8 @@ from hf_chat_templates import CHATML_TOKENS, LLAMA32, QWEN3, QWEN25, SMOLLM2, bp
 from tiny_runs import one_thread  # noqa: F401  (an autouse fixture)
 
 from decoderlab.chat import (CHATML_TOOLS, JINJA_TEMPLATES, TEMPLATES, JinjaChatTemplate, ParsedCall,
-                             arguments_as_objects, get_template, parse_hermes_calls, template_from_meta)
+                             arguments_as_objects, get_template, parse_hermes_calls, template_from_meta,
+                             tools_template)
 from decoderlab.chat.hermes import call_json
 
 pytest.importorskip("transformers")
@@ -76,9 +79,31 @@ def test_what_chatml_tools_writes():
                     '<|im_start|>assistant\nLet me check.\n'
                     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                     '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call><|im_end|>\n'
-                    '<|im_start|>tool\n<tool_response>\nsunny\n</tool_response><|im_end|>\n'
-                    '<|im_start|>tool\n<tool_response>\n4\n</tool_response><|im_end|>\n'
+                    '<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n'  # both results: one user turn
+                    '<tool_response>\n4\n</tool_response><|im_end|>\n'
                     '<|im_start|>assistant\nSunny, and 4.<|im_end|>\n')
+
+
+#: the default system messages of Qwen2.5-Instruct's template and of SmolLM2-Instruct's
+QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def test_chatml_tools_is_qwen25s_template_with_smollm2s_default_system_message():
+    """Qwen2.5-Instruct's real template, rendered by transformers, for every conversation (tools offered or not,
+    calls, several results, the generation prompt): the same text, but for the default system message."""
+    template, _, _ = pair()
+    _, qwen = bpe_pair(CHATML_TOKENS, (), {"eos_token": "<|im_end|>"}, chat_template=QWEN25)
+    for what, conv in CONVERSATIONS.items():
+        conv = arguments_as_objects(conv)  # (Qwen2.5 quotes arguments given as text; chatml-tools writes them)
+        for tools in (None, TOOLS):
+            for prompt in (False, True):
+                messages = conv[:-1] if prompt else conv
+                args = dict(tools=tools, add_generation_prompt=prompt)
+                want = qwen.apply_chat_template(messages, tokenize=False, **args)
+                assert template.render_text(messages, **args) == want.replace(QWEN25_SYSTEM, SMOLLM2_SYSTEM), \
+                    (what, tools, prompt)
+                assert (QWEN25_SYSTEM in want) == (messages[0]["role"] != "system")  # the one difference was there
 
 
 def test_without_tools_chatml_tools_is_smollm2s_own_template():
@@ -89,6 +114,23 @@ def test_without_tools_chatml_tools_is_smollm2s_own_template():
             conv = CONVERSATIONS[what][:-1] if prompt else CONVERSATIONS[what]
             assert (template.render_text(conv, add_generation_prompt=prompt)
                     == smollm2.render_text(conv, add_generation_prompt=prompt)), (what, prompt)
+
+
+def test_chatml_tools_stands_in_for_smollm2s_template_only_where_tools_come_in():
+    """SmolLM2's ChatML (as the test data writes it, and as its GGUF file does: line breaks in the text) is given
+    chatml-tools; a template that writes calls keeps its own; one that writes none and that chatml-tools would
+    change -- a ChatML without SmolLM2's default system message, Llama 3.2's, Gemma's, decoderlab's -- is kept,
+    to be refused by name."""
+    chatml_tools = get_template("chatml-tools")
+    for source in (SMOLLM2, SMOLLM2.replace("\\n", "\n")):
+        assert tools_template(JinjaChatTemplate(source, name="gguf:smollm2")) == chatml_tools
+    plain_chatml = SMOLLM2.replace("{% if loop.first and messages[0]['role'] != 'system' %}", "{% if false %}")
+    assert plain_chatml != SMOLLM2
+    kept = [JinjaChatTemplate(s) for s in (QWEN25, QWEN3, LLAMA32, plain_chatml)]
+    kept += [get_template("gemma"), TEMPLATES["decoderlab"], TEMPLATES["tools"], chatml_tools]
+    for template in kept:
+        assert tools_template(template) is template, template.name
+    assert tools_template(None) is None
 
 
 def test_the_mask_covers_the_calls_and_answers_not_the_results():

@@ -153,7 +153,8 @@ def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_pr
         assert call.name == "add" and set(args) == {"a", "b"} and call.result == str(args["a"] + args["b"])
     assert [m["role"] for m in turn.messages] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert turn.messages[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": turn.calls[0].arguments}
-    # the second step's prompt: the tools offered, the call as the template writes it, its result as a tool turn
+    # the second step's prompt: the tools offered, the call as the template writes it, its result in a user turn
+    # (Qwen2.5's layout)
     from decoderlab.chat import arguments_as_objects
 
     ids, _ = get_template("chatml-tools").render(arguments_as_objects(ASK + turn.messages[:2]), tok,
@@ -161,7 +162,7 @@ def test_a_call_in_the_models_own_template_runs_and_its_result_is_in_the_next_pr
     text = tok.decode(ids)
     assert "<tools>\n" in text and text.endswith(
         f'<|im_start|>assistant\n<tool_call>\n{{"name": "add", "arguments": {turn.calls[0].arguments}}}\n'
-        f'</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n{turn.calls[0].result}\n</tool_response>'
+        f'</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{turn.calls[0].result}\n</tool_response>'
         f'<|im_end|>\n<|im_start|>assistant\n')
 
 
@@ -192,3 +193,26 @@ def test_calls_written_freely_are_read_back_and_bad_ones_answered_with_errors():
     assert [m["role"] for m in turn.messages] == ["assistant", "tool", "tool", "tool", "assistant"]
     # the second step wrote the same three calls: beyond max_calls, so the turn ended there
     assert turn.finish_reason == "max_tool_calls"
+
+
+def test_smollm2s_own_template_is_given_chatml_tools_and_its_call_runs_the_calculator():
+    """SmolLM2-Instruct's ChatML writes no calls: the loop renders with chatml-tools (the same text without
+    tools), the model -- made to write a call in its tokenizer's pieces, as SmolLM2 spells <tool_call> -- calls
+    the calculator, whose result is in the next prompt as Qwen2.5's layout writes it."""
+    from hf_chat_templates import SMOLLM2
+
+    from decoderlab.chat import JinjaChatTemplate, arguments_as_objects, tools_template
+
+    smollm2 = JinjaChatTemplate(SMOLLM2, name="smollm2")
+    assert smollm2.tool_call_format is None and tools_template(smollm2) == get_template("chatml-tools")
+    model, tok = hermes_model()
+    reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "4821 * 377"}}\n</tool_call>'
+    turn = run_tool_turn(model, tok, ASK, smollm2, TOOLS, temperature=0, max_new_tokens=120, max_calls=1,
+                         constrain=False, grammar=forced(reply))
+    (call,) = turn.calls
+    assert (call.name, call.result) == ("calculator", str(4821 * 377))
+    assert call.result == calculate('{"expression": "4821 * 377"}')
+    ids, _ = get_template("chatml-tools").render(arguments_as_objects(ASK + turn.messages[:2]), tok,
+                                                 add_generation_prompt=True, tools=[TOOLS["calculator"].definition])
+    assert tok.decode(ids).endswith("<|im_start|>user\n<tool_response>\n1817517\n</tool_response><|im_end|>\n"
+                                    "<|im_start|>assistant\n")

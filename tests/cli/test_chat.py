@@ -297,19 +297,44 @@ def test_chat_tools_calculator_on_a_checkpoint_with_the_chatml_tools_template(tm
     assert captured.err.splitlines() == ["(the turn reached 1 tool calls, the most per turn)"]
 
 
-def test_chat_tools_on_a_template_without_calls_is_one_error_line_and_template_chooses_one(tmp_path, capsys,
-                                                                                          monkeypatch):
-    """SmolLM2-Instruct's own template writes no calls: --tools is refused by name, and --template chatml-tools
-    renders the conversation with the template that writes them."""
+#: ChatML without SmolLM2's default system message: a template chatml-tools does not extend
+PLAIN_CHATML = (r"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+                r"'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                r"{% endif %}")
+
+
+def test_chat_tools_on_smollm2s_own_template_is_given_chatml_tools_and_calls_the_calculator(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """SmolLM2-Instruct's own template writes no calls: --tools renders the conversation with chatml-tools (said
+    once), so the model's call is read back, run and shown -- as with --template chatml-tools."""
     from hf_chat_templates import SMOLLM2
 
     from decoderlab.chat import JinjaChatTemplate
 
     ckpt = calling_checkpoint(tmp_path / "ck", JinjaChatTemplate(SMOLLM2, name="smollm2"))
+    for flags in ([], ["--template", "chatml-tools"]):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))
+        assert cli_main(["chat", "--checkpoint", str(ckpt), "--tools", "calculator", "--max-tool-calls", "1",
+                         "--temperature", "0", *flags]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.splitlines() == ['[calculator {"expression": "12+7"} -> 19]', ""]
+        note = ([f"({ckpt}'s chat template 'smollm2' writes no tool calls: --tools renders the conversation with "
+                 "'chatml-tools', the same ChatML with Qwen2.5's tool calls)"] if not flags else [])
+        assert captured.err.splitlines() == note + ["(the turn reached 1 tool calls, the most per turn)"]
+
+
+def test_chat_tools_on_a_template_without_calls_is_one_error_line_and_template_chooses_one(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A ChatML template that is not SmolLM2's (no default system message) writes no calls and chatml-tools would
+    change its prompts: --tools is refused by name, and --template chatml-tools renders the conversation with the
+    template that writes them."""
+    from decoderlab.chat import JinjaChatTemplate
+
+    ckpt = calling_checkpoint(tmp_path / "ck", JinjaChatTemplate(PLAIN_CHATML, name="chatml"))
     monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))
     assert cli_main(["chat", "--checkpoint", str(ckpt), "--tools", "calculator"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"decoderlab: error: --tools: {ckpt}: the 'smollm2' chat template writes no tool calls decoderlab reads; "
+        f"decoderlab: error: --tools: {ckpt}: the 'chatml' chat template writes no tool calls decoderlab reads; "
         "tools need the \"tools\" or \"chatml-tools\" template, or a Hugging Face template that writes each call as "
         "JSON between <tool_call> and </tool_call> (as Qwen2.5's does)"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("What is 12 + 7?\n"))

@@ -88,3 +88,34 @@ def test_a_gguf_file_is_a_base_with_its_own_template(tmp_path):
     assert s.steps == 2 and s.template == "gguf:base" and s.added_tokens == []
     loaded = load_model(tmp_path / "run")
     assert loaded.template.source == CHATML and loaded.model.config.mlp == "swiglu"
+
+
+def test_a_smollm2_base_fine_tuned_on_tool_calls_is_given_chatml_tools_which_its_exports_carry(tmp_path):
+    """SmolLM2-Instruct's ChatML writes no tool calls (it would drop them from the text trained on): a run whose
+    conversations hold calls takes chatml-tools (the same text for the others), stores it, and its GGUF and
+    Hugging Face exports carry it as tokenizer.chat_template / tokenizer_config.json's chat_template."""
+    pytest.importorskip("gguf")
+    from hf_chat_templates import SMOLLM2
+    from support.gguf_files import byte_level_bpe, field, hf_model, read_back, write_gguf
+
+    from decoderlab.chat import CHATML_TOOLS
+    from decoderlab.export import export
+
+    call = {"id": "call_0", "type": "function", "function": {"name": "calculator",
+                                                             "arguments": {"expression": "2 + 3"}}}
+    calling = [{"role": "user", "content": "what is 2 + 3?"},
+               {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "5"}, {"role": "assistant", "content": "5"}]
+    bpe = byte_level_bpe(300, texts=[" ".join(m["content"] for c in CONVS for m in c) * 3])
+    model = hf_model("llama", bpe.get_vocab_size(), max_position_embeddings=512)  # (SmolLM2's system message)
+    path = write_gguf(tmp_path / "base.gguf", "llama", model, bpe, chat_template=SMOLLM2)
+    _, _, s = finetune(CONVS + [calling], out=tmp_path / "run", checkpoint=path, train_config=tiny_cfg(max_steps=1),
+                       val_fraction=0, eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu")
+    assert s.template == "chatml-tools" and s.added_tokens == []  # (its tokens are SmolLM2's)
+    loaded = load_model(tmp_path / "run")
+    assert loaded.template.source == CHATML_TOOLS and loaded.template.tool_call_format == "hermes"
+    export(tmp_path / "run", tmp_path / "out.gguf", format="gguf")
+    assert field(read_back(tmp_path / "out.gguf")[1], "tokenizer.chat_template") == CHATML_TOOLS
+    export(tmp_path / "run", tmp_path / "hf", format="hf")
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["chat_template"] == CHATML_TOOLS

@@ -1,7 +1,8 @@
 """Fixtures of the server's tests: a real uvicorn on a free port serving the tiny model (``server``: a base
 model; ``chat_server``: with a chat template, an API key and CORS; ``tools_server``: an untrained model with the
 "tools" chat template and a printable-character vocabulary, for tool calls and structured output;
-``hermes_server``: an untrained model with a Hugging Face template that writes calls as <tool_call> blocks)."""
+``hermes_server``: an untrained model with a Hugging Face template that writes calls as <tool_call> blocks;
+``smollm2_server``: SmolLM2-Instruct's template, which writes none, and a model that calls the calculator)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,38 @@ def hermes_server(request):
     app = create_app(model, tok, model_id=MODEL_ID, template=template, limits=Limits(max_tokens=200))
     with ServerThread(app) as url:
         yield url, model, tok, template, theirs
+
+
+@pytest.fixture(scope="module")
+def smollm2_server():
+    """SmolLM2-Instruct's own template, which writes no tool calls, on a byte-level BPE with ChatML's control tokens
+    only (as SmolLM2's: <tool_call> is spelled in pieces), and a bigram model that opens a calculator call in
+    those pieces after the generation prompt and, under the call's grammar, writes the expression "12+7":
+    ``(url, model, tokenizer, transformers' tokenizer of the same vocabulary with SmolLM2's template)``."""
+    import warnings
+
+    from hf_chat_templates import CHATML_TOKENS, CORPUS, SMOLLM2, bpe_pair
+    from tiny_models import bigram_model
+
+    from decoderlab.chat import TOOLS, JinjaChatTemplate
+
+    with warnings.catch_warnings():  # (the text offers fewer merges than asked for: said, and wanted)
+        warnings.simplefilter("ignore", UserWarning)
+        # all the merges of a corpus that holds the opener: "<", "tool", "_", "call", ">", five distinct pieces
+        tok, theirs = bpe_pair(CHATML_TOKENS, chat_template=SMOLLM2, vocab_size=420, corpus=CORPUS + "<tool_call>\n")
+    ids, _ = get_template("chatml-tools").render([{"role": "user", "content": "What is 12 + 7?"}], tok,
+                                                 add_generation_prompt=True, tools=[TOOLS["calculator"].definition])
+    opener = tok.encode("<tool_call>")
+    assert len(set(opener)) == len(opener) > 1 and ids[-1] not in opener
+    one, two, plus, seven, quote = (tok.token_to_id[c] for c in '12+7"')
+    next_of = {i: one for i in range(tok.vocab_size) if tok.decode([i]).endswith('"')}
+    next_of.update({one: two, two: plus, plus: seven, seven: quote})
+    next_of.update(zip([ids[-1], *opener[:-1]], opener))  # the opener, piece by piece, after the prompt
+    model = bigram_model(tok.vocab_size, next_of, max_len=2048)
+    app = create_app(model, tok, model_id=MODEL_ID, template=JinjaChatTemplate(SMOLLM2, name="smollm2"),
+                     limits=Limits(max_tokens=200))
+    with ServerThread(app) as url:
+        yield url, model, tok, theirs
 
 
 @pytest.fixture(scope="module")

@@ -265,3 +265,48 @@ def test_a_call_and_its_result_are_rendered_as_transformers_renders_them(hermes_
     want = theirs.apply_chat_template(as_objects, tools=TOOLS, add_generation_prompt=True, return_dict=False)
     assert r.usage.prompt_tokens == len(want) == len(hermes_prompt(template, tok, messages))
     assert '"arguments": {"a": 17, "b": 25}}' in tok.decode(want)
+
+
+# -- SmolLM2-Instruct's own template, which writes no calls: served with chatml-tools when tools come ---------------
+
+def test_smollm2s_template_answers_tools_with_the_calculator_call_its_model_writes(smollm2_server):
+    """The 400 is gone for SmolLM2's ChatML: "auto" -- the model opens <tool_call> in its tokenizer's pieces --
+    answers with the call and finish_reason "tool_calls", streamed as the same call in OpenAI's pieces; the
+    client runs the calculator and sends the result back, rendered as transformers renders chatml-tools (the
+    result in a user turn, Qwen2.5's layout); a request without tools is rendered by SmolLM2's own template."""
+    from decoderlab.chat import TOOLS, calculate, get_template
+
+    url, _, tok, theirs = smollm2_server
+    c = client(url)
+    calculator = [TOOLS["calculator"].definition]
+    messages = [{"role": "user", "content": "What is 12 + 7?"}]
+    kw = dict(model=MODEL_ID, messages=messages, tools=calculator, temperature=0, max_tokens=100)
+    choice = c.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("calculator", {"expression": "12+7"})
+    deltas, finish = [], None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            deltas += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and deltas[0].function.name == "calculator"
+    assert "".join(d.function.arguments for d in deltas) == call.function.arguments
+    result = calculate(call.function.arguments)  # client-side, as an application runs its tools
+    assert result == "19"
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+                 {"role": "tool", "tool_call_id": call.id, "content": result}]
+    r = c.chat.completions.create(model=MODEL_ID, messages=messages, tools=calculator, tool_choice="none",
+                                  temperature=0, max_tokens=5)
+    as_objects = messages[:1] + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "calculator", "arguments": {"expression": "12+7"}}}]},
+        messages[-1]]
+    want = theirs.apply_chat_template(as_objects, tools=calculator, add_generation_prompt=True, return_dict=False,
+                                      chat_template=get_template("chatml-tools").source)  # transformers' rendering
+    assert r.usage.prompt_tokens == len(want)
+    assert tok.decode(want).endswith(
+        "<|im_start|>user\n<tool_response>\n19\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    plain = c.chat.completions.create(model=MODEL_ID, messages=messages[:1], temperature=0, max_tokens=1)
+    assert plain.usage.prompt_tokens == len(theirs.apply_chat_template(messages[:1], add_generation_prompt=True,
+                                                                       return_dict=False))
+    assert c.models.retrieve(MODEL_ID).model_extra["chat_template"] == "smollm2"  # the model's own, as served

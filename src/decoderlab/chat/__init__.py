@@ -8,7 +8,8 @@ layout it was trained on.
 
 - :mod:`.messages`: a conversation's shape (roles, order) and its check;
 - :mod:`.templates`: ``ChatTemplate``, ``TEMPLATES`` ("decoderlab", "lesson", "tools"), ``JINJA_TEMPLATES``
-  ("chatml-tools"), the stored template, the template's special tokens in a tokenizer and a model;
+  ("chatml-tools"), the stored template, the template's special tokens in a tokenizer and a model, and
+  ``tools_template`` (SmolLM2's ChatML given ``chatml-tools`` when tools are asked for);
 - :mod:`.jinja`: ``JinjaChatTemplate``, a Hugging Face ``chat_template`` rendered as ``transformers`` renders it,
   behind the same interface;
 - :mod:`.hermes`: tool calls as text between ``<tool_call>`` and ``</tool_call>`` (Qwen2.5's, Hermes'): the
@@ -34,7 +35,8 @@ from .loading import LoadedModel, checkpoint_kind, checkpoint_template, load_bas
 from .messages import ROLES, check_messages
 from .replies import TemplateChatSession, chat_reply, fit_messages, stream_chat_reply
 from .templates import (JINJA_TEMPLATES, TEMPLATES, ChatTemplate, add_chat_tokens, encode_text, get_template,
-                        parse_tool_call, render_chat, template_from_meta, tool_call_text, tools_text)
+                        parse_tool_call, render_chat, template_from_meta, tool_call_text, tools_template,
+                        tools_text)
 from .hermes import CHATML_TOOLS, ParsedCall, arguments_as_objects, parse_hermes_calls
 from .jinja import JinjaChatTemplate
 from .hf_templates import chat_template_jinja, read_chat_template
@@ -47,7 +49,8 @@ __all__ = [
     "LoadedModel", "load_model", "load_base", "weights_dtype", "checkpoint_kind", "checkpoint_template", "ROLES", "check_messages", "TemplateChatSession", "chat_reply",
     "fit_messages",
     "stream_chat_reply", "TEMPLATES", "ChatTemplate", "add_chat_tokens", "encode_text", "get_template",
-    "render_chat", "template_from_meta", "tool_call_text", "tools_text", "parse_tool_call", "ToolSet", "message_text",
+    "render_chat", "template_from_meta", "tool_call_text", "tools_text", "tools_template", "parse_tool_call",
+    "ToolSet", "message_text",
     "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
     "run_tool_turn", "JinjaChatTemplate", "chat_template_jinja", "read_chat_template", "JINJA_TEMPLATES",
     "CHATML_TOOLS", "ParsedCall", "arguments_as_objects", "parse_hermes_calls", "check_tool_template",

@@ -32,12 +32,15 @@ CHATML_TOOLS_NAME = "chatml-tools"
 #: SmolLM2-Instruct's default system message (its chat template writes it when the conversation has none)
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
-#: ``chatml-tools``: SmolLM2-Instruct's ChatML, the same text for a conversation without tools; with tools, the
-#: system turn lists them (one JSON schema a line between <tools> and </tools>) and says how to call one; an
-#: assistant turn writes its text, then each call as a JSON object between <tool_call> and </tool_call> (the
-#: arguments an object, or given as JSON text: written as they are); each tool result is a turn of its own, the
-#: ``tool`` role, between <tool_response> and </tool_response>.
-CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2's ChatML, with tool calls as Qwen2.5 and Hermes write them -#}
+#: ``chatml-tools``: SmolLM2-Instruct's ChatML with Qwen2.5-Instruct's tool calls -- Qwen2.5's template text
+#: (Qwen/Qwen2.5-*-Instruct's ``tokenizer_config.json``) with SmolLM2's default system message, so a conversation
+#: without tools renders as SmolLM2's own template renders it. With tools, the system turn lists them (one JSON
+#: schema a line between <tools> and </tools>) and says how to call one; an assistant turn writes its text, then
+#: each call as ``{"name": ..., "arguments": {...}}`` between <tool_call> and </tool_call>; the tool results that
+#: answer one assistant turn are one user turn, each between <tool_response> and </tool_response>. Beyond Qwen2.5's:
+#: arguments given as JSON text (OpenAI's form) are written as they are (Qwen2.5's would quote them), a missing or
+#: null content is empty text, and an empty conversation without tools renders nothing (as SmolLM2's).
+CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2's ChatML with Qwen2.5's tool calls -#}
 {%- if messages and messages[0]['role'] == 'system' %}
     {%- set system = messages[0]['content'] if messages[0]['content'] is string else '' %}
     {%- set turns = messages[1:] %}
@@ -45,29 +48,28 @@ CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2's ChatML, with tool ca
     {%- set system = '""" + SMOLLM2_SYSTEM + r"""' %}
     {%- set turns = messages %}
 {%- endif %}
-{%- if messages or tools %}
-    {{- '<|im_start|>system\n' + system }}
-    {%- if tools %}
-        {{- '\n\n# Tools\n\nYou can call the functions below to help with the request. Each is given as a JSON '
-            + 'schema, one a line, between <tools> and </tools>:\n<tools>' }}
-        {%- for tool in tools %}
-            {{- '\n' + (tool | tojson) }}
-        {%- endfor %}
-        {{- '\n</tools>\n\nTo call one, write its name and arguments as a JSON object between <tool_call> and '
-            + '</tool_call>:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' }}
-    {%- endif %}
-    {{- '<|im_end|>\n' }}
+{%- if tools %}
+    {{- '<|im_start|>system\n' + system + '\n\n# Tools\n\nYou may call one or more functions to assist with the '
+        + 'user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within '
+        + '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+        + '<args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages %}
+    {{- '<|im_start|>system\n' + system + '<|im_end|>\n' }}
 {%- endif %}
 {%- for message in turns %}
     {%- set content = message['content'] if message['content'] is string else '' %}
-    {%- if message['role'] == 'assistant' %}
-        {{- '<|im_start|>assistant\n' + content }}
-        {%- for call in message['tool_calls'] or [] %}
+    {%- if message['role'] == 'assistant' and message['tool_calls'] %}
+        {{- '<|im_start|>assistant' }}
+        {%- if content %}
+            {{- '\n' + content }}
+        {%- endif %}
+        {%- for call in message['tool_calls'] %}
             {%- set fn = call['function'] if call['function'] is defined else call %}
-            {%- if content or not loop.first %}
-                {{- '\n' }}
-            {%- endif %}
-            {{- '<tool_call>\n{"name": ' + (fn['name'] | tojson) + ', "arguments": ' }}
+            {{- '\n<tool_call>\n{"name": ' + (fn['name'] | tojson) + ', "arguments": ' }}
             {%- if fn['arguments'] is string %}
                 {{- fn['arguments'] if fn['arguments'] | trim else '{}' }}
             {%- elif fn['arguments'] is defined %}
@@ -79,7 +81,13 @@ CHATML_TOOLS = r"""{#- decoderlab's chatml-tools: SmolLM2's ChatML, with tool ca
         {%- endfor %}
         {{- '<|im_end|>\n' }}
     {%- elif message['role'] == 'tool' %}
-        {{- '<|im_start|>tool\n<tool_response>\n' + content + '\n</tool_response><|im_end|>\n' }}
+        {%- if loop.first or turns[loop.index0 - 1]['role'] != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + content + '\n</tool_response>' }}
+        {%- if loop.last or turns[loop.index0 + 1]['role'] != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
     {%- else %}
         {{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}
     {%- endif %}

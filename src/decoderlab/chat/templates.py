@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -286,6 +287,41 @@ def get_template(template: str | os.PathLike | ChatTemplate | JinjaChatTemplate 
         raise ValueError(f"unknown chat template {template!r}; known templates: "
                          f"{', '.join([*TEMPLATES, *JINJA_TEMPLATES])} (or a *.jinja file)")
     return TEMPLATES[template]
+
+
+#: the conversations a template must render as ``chatml-tools`` renders them (with and without the generation
+#: prompt) for ``chatml-tools`` to stand in for it when tools are asked for: no system message (the template's
+#: default one, if any), a system message, several turns, text over lines
+_STAND_IN_PROBES = (
+    ({"role": "user", "content": "What is 12 + 7?"},),
+    ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello.\nHow can I help?"}, {"role": "user", "content": "2 + 2 = ?"}),
+)
+
+
+@lru_cache(maxsize=16)
+def _is_chatml_tools_without_tools(template: JinjaChatTemplate) -> bool:
+    chatml = get_template(CHATML_TOOLS_NAME)
+    try:
+        return all(template.render_text(list(c), add_generation_prompt=p)
+                   == chatml.render_text(list(c), add_generation_prompt=p)
+                   for c in _STAND_IN_PROBES for p in (False, True))
+    except ValueError:  # a template that raises on a probe is no ChatML that chatml-tools extends
+        return False
+
+
+def tools_template(template: ChatTemplate | JinjaChatTemplate | None):
+    """The template a conversation with tools is rendered with, for a model whose chat template is ``template``:
+    ``chatml-tools`` when ``template`` writes no tool calls and is SmolLM2-Instruct's ChatML -- which
+    ``chatml-tools`` extends: a conversation without tools renders to the same text (checked by rendering
+    ``_STAND_IN_PROBES``), so the switch changes no prompt without tools --, else ``template`` itself (one that
+    writes tool calls; or one that writes none, which :func:`~decoderlab.chat.check_tool_template` then refuses
+    by name). ``decoderlab chat --tools``, the tool loop (``Model.chat(tools=...)``) and the server's ``tools``
+    take it, as llama.cpp's server gives a template without tool calls a generic tool-call format."""
+    if (isinstance(template, JinjaChatTemplate) and template.tool_call_format is None
+            and template.name != CHATML_TOOLS_NAME and _is_chatml_tools_without_tools(template)):
+        return get_template(CHATML_TOOLS_NAME)
+    return template
 
 
 def render_chat(messages: Sequence[dict], tokenizer: Tokenizer,

@@ -5,7 +5,9 @@ reach ``max_calls``.
 Calls are read in the template's format (its ``tool_call_format``): ``"tokens"``, decoderlab's ``"tools"``
 template (``<|tool_call|>`` then ``NAME {ARGUMENTS}``); ``"hermes"``, a Hugging Face template that writes each
 call as JSON between ``<tool_call>`` and ``</tool_call>`` (decoderlab's ``chatml-tools``, Qwen2.5, Qwen3:
-:mod:`decoderlab.chat.hermes`). Constrained (the default, when every tool has a definition), a call is written
+:mod:`decoderlab.chat.hermes`). A model whose template is SmolLM2-Instruct's ChatML, which writes no calls, is
+given ``chatml-tools`` for its tool turns: the same text without tools (:func:`~decoderlab.chat.tools_template`).
+Constrained (the default, when every tool has a definition), a call is written
 under the grammar of a call to one of the tools once the model opens it (the token, or the text ``<tool_call>``);
 else the reply is read back as written, several calls in one reply included.
 
@@ -27,7 +29,7 @@ from ..generation.text import EMPTY_REPLY
 from .hermes import CALL_BREAK, HERMES, OPENER, ParsedCall, arguments_as_objects, parse_hermes_calls
 from .jinja import JinjaChatTemplate, encode_with_offsets
 from .replies import TemplateChatSession
-from .templates import TOOL_TOKENS, ChatTemplate, encode_text, get_template, parse_tool_call
+from .templates import TOOL_TOKENS, ChatTemplate, encode_text, get_template, parse_tool_call, tools_template
 from .tools import ToolSet
 
 #: how many tool calls a turn may make before the loop stops it
@@ -209,7 +211,8 @@ def run_tool_turn(model, tokenizer: Tokenizer, messages: Sequence[dict], templat
     Args:
         model, tokenizer, template: a chat checkpoint whose template writes tool calls (its
             ``tool_call_format``: the ``"tools"`` template, ``"chatml-tools"``, a Hugging Face template that
-            writes ``<tool_call>`` blocks).
+            writes ``<tool_call>`` blocks), or SmolLM2-Instruct's ChatML, rendered with ``chatml-tools``
+            (:func:`~decoderlab.chat.tools_template`).
         tools: name -> a :class:`~decoderlab.chat.calculator.Tool` or a function ``run(arguments_json) -> str``
             (``decoderlab.chat.calculator.TOOLS`` holds the built-ins).
         params, **sampling: the sampling settings (as :func:`decoderlab.generation.stream`); ``max_new_tokens``
@@ -230,7 +233,7 @@ def run_tool_turn(model, tokenizer: Tokenizer, messages: Sequence[dict], templat
     Raises:
         ValueError: bad messages, a template that writes no tool calls, ``max_calls`` < 0, bad sampling values.
     """
-    template = get_template(template)
+    template = tools_template(get_template(template))  # SmolLM2's ChatML: chatml-tools, its tool-call extension
     if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
         raise ValueError(f"max_calls must be an integer >= 0, got {max_calls!r}")
     params = SamplingParams.of(params, **sampling)
@@ -294,6 +297,7 @@ class ToolChatSession(TemplateChatSession):
     def __init__(self, model, tokenizer, template: ChatTemplate, tools: Mapping[str, Tool], params=None, *,
                  system: str | None = None, max_calls: int = DEFAULT_MAX_CALLS, **sampling):
         super().__init__(model, tokenizer, template, params, system=system, **sampling)
+        self.template = tools_template(self.template)  # (the same text as before for a turn without tools)
         check_tool_template(self.template, tokenizer)
         self.tools, self.max_calls = dict(tools), max_calls
 

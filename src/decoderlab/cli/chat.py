@@ -52,7 +52,7 @@ def add_chat(p) -> None:
                    help="built-in tools the model may call, comma-separated (calculator); each call and its result "
                         "is shown before the answer; needs a chat template that writes tool calls: the tools or "
                         "chatml-tools template, or a Hugging Face one that writes <tool_call> blocks, as Qwen2.5's "
-                        "(default: none)")
+                        "(SmolLM2-Instruct's ChatML is given chatml-tools) (default: none)")
     p.add_argument("--max-tool-calls", type=number(int, 0), default=3, metavar="N",
                    help="the most tool calls in one turn (default 3)")
     add_options(p, THREADS_OPTIONS)
@@ -202,6 +202,7 @@ def _session(args):
         if template is None:
             raise ValueError(f"--tools needs a chat template that writes tool calls; {args.checkpoint} has no chat "
                              f"template (give --template chatml-tools, or fine-tune it with that template)")
+        template = _tools_template(template, args.checkpoint)
         try:
             check_tool_template(template, tok)
         except ValueError as e:
@@ -221,6 +222,19 @@ def _session(args):
     print(f"({args.checkpoint} has no chat template: each line continues the text so far, as a base model does; "
           f"`decoderlab finetune` makes a chat checkpoint)", file=sys.stderr, flush=True)
     return ChatSession(model, tok, **options)
+
+
+def _tools_template(template, checkpoint):
+    """The template ``--tools`` renders with: SmolLM2-Instruct's ChatML (no tool calls) is given chatml-tools, its
+    tool-call extension, which is said once; any other template as it is."""
+    from ..chat import tools_template
+
+    chosen = tools_template(template)
+    if chosen is not template:
+        print(f"({checkpoint}'s chat template {template.name!r} writes no tool calls: --tools renders the "
+              f"conversation with {chosen.name!r}, the same ChatML with Qwen2.5's tool calls)", file=sys.stderr,
+              flush=True)
+    return chosen
 
 
 def _read_line(interactive: bool) -> str | None:

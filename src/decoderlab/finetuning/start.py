@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..chat import (ChatTemplate, JinjaChatTemplate, add_chat_tokens, as_conversations, check_representable,
-                    checkpoint_template, get_template, load_base, load_model, message_text, template_from_meta)
+                    checkpoint_template, get_template, load_base, load_model, message_text, template_from_meta,
+                    tools_template)
 from ..checkpoint import TOKENIZER_FILE, read_config, read_meta
 from ..config.names import DEFAULT_TEMPLATE, DEFAULT_TOKENIZER
 from ..model import DecoderOnlyTransformer
@@ -38,12 +39,18 @@ def base_template(checkpoint) -> ChatTemplate | JinjaChatTemplate | None:
     return None if checkpoint is None else checkpoint_template(checkpoint)
 
 
-def run_template(run: Run, template, checkpoint=None) -> ChatTemplate:
+def run_template(run: Run, template, checkpoint=None, convs=()) -> ChatTemplate:
     """The run's chat template: the one given; else the base checkpoint's own (a chat model keeps the layout it
-    learned), else "decoderlab"; on a resume the stored one, refusing another."""
+    learned) -- SmolLM2-Instruct's ChatML, which writes no tool calls, given ``chatml-tools`` when ``convs`` (the
+    conversations) hold tool calls (:func:`decoderlab.chat.tools_template`: the same text without them) --, else
+    "decoderlab"; on a resume the stored one, refusing another."""
     given = None if template is None else get_template(template)  # an unknown name lists the known ones
     if not run.resumed:
-        return given or base_template(checkpoint) or get_template(DEFAULT_TEMPLATE)
+        own = base_template(checkpoint)
+        if given is None and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
+                                 for c in convs for m in c):
+            own = tools_template(own)
+        return given or own or get_template(DEFAULT_TEMPLATE)
     stored = (template_from_meta(read_meta(run.run_dir)) or template_from_meta(run.info)
               or get_template(run.info.get("template")))
     run.keep("template", None if given is None else given.name, why="the model learned its tokens and layout")
@@ -84,7 +91,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     decoderlab checkpoint or run, a Hugging Face directory, a GGUF file, a LoRA run). A resume builds the run's own
     model and tokenizer (:func:`_resumed_model`), refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
     text must be representable in the tokenizer)."""
-    template = run_template(run, template, checkpoint)
+    template = run_template(run, template, checkpoint, convs)
     checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
     if run.resumed:
         return (*_resumed_model(run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides),

@@ -90,20 +90,20 @@ def _check_tool_results(messages: list[ChatMessage]) -> None:
 def render_messages(state: AppState, messages: list[ChatMessage], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:
     """The messages' token ids through the chat template (at most ``--max-messages`` of them; ``tools``: the
-    functions offered, rendered by a template that writes tool calls). A Hugging Face template reads each call's
-    arguments as an object, as vLLM gives them (OpenAI's JSON text would be written quoted). Not checked against
-    the context length."""
+    functions offered, rendered by a template that writes tool calls: :meth:`AppState.chat_template`). A Hugging
+    Face template reads each call's arguments as an object, as vLLM gives them (OpenAI's JSON text would be
+    written quoted). Not checked against the context length."""
     if len(messages) > state.limits.max_messages:
         raise bad("messages", f"messages has {len(messages)} entries; this server's limit is "
                               f"{state.limits.max_messages} (--max-messages)", "messages_limit")
     _check_tool_results(messages)
     clean = merged_system([_message(m) for m in messages])
-    if isinstance(state.template, JinjaChatTemplate):
+    template = state.chat_template(bool(tools) or any(m.role == "tool" or m.tool_calls for m in messages))
+    if isinstance(template, JinjaChatTemplate):
         clean = arguments_as_objects(clean)
     more = {"tools": tools} if tools else {}
     try:
-        ids, _mask = state.template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt,
-                                           **more)
+        ids, _mask = template.render(clean, state.tokenizer, add_generation_prompt=add_generation_prompt, **more)
     except (KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise bad("messages", f"the messages cannot be rendered with this model's chat template: {msg}",

@@ -15,7 +15,7 @@ from ..generation.scheduler import Scheduler
 from ..generation.stops import text_decoder
 from .errors import APIError
 
-from ..chat import template_from_meta
+from ..chat import template_from_meta, tools_template
 
 
 @dataclass
@@ -57,6 +57,12 @@ class AppState:
             template = template_from_meta(meta)
         return cls(model, tokenizer, template, limits,
                    model_id or str(meta.get("name") or "decoderlab"), meta)
+
+    def chat_template(self, tools: bool = False):
+        """The template a request's messages are rendered with: ``template``; with ``tools`` (offered, or calls
+        and results in the messages) the one that writes them for it (:func:`decoderlab.chat.tools_template`:
+        SmolLM2-Instruct's ChatML is served with chatml-tools, the same text without tools)."""
+        return tools_template(self.template) if tools else self.template
 
     @property
     def max_len(self) -> int:

@@ -3,7 +3,8 @@
 Any chat template that writes tool calls decoderlab reads (its ``tool_call_format``): decoderlab's ``"tools"``
 template (a ``<|tool_call|>`` token, then ``NAME {ARGUMENTS}``), or a Hugging Face template that writes each call
 as JSON between ``<tool_call>`` and ``</tool_call>`` (decoderlab's ``"chatml-tools"``, Qwen2.5's, Qwen3's:
-:mod:`decoderlab.chat.hermes`); any other template answers ``tools`` with a 400.
+:mod:`decoderlab.chat.hermes`) -- SmolLM2-Instruct's ChatML is served with ``"chatml-tools"`` when a request
+brings tools (:meth:`AppState.chat_template`); any other template answers ``tools`` with a 400.
 
 A turn runs in up to two generations on the scheduler. With ``tool_choice: "auto"`` the model first writes as
 usual; the call's opener -- the ``<|tool_call|>`` token (an end-of-text token), or the text ``<tool_call>``
@@ -70,7 +71,7 @@ def check_tools(state: AppState, tools: list[dict] | None) -> ToolSet | None:
     ``/tokenize``."""
     if not tools:
         return None
-    if getattr(state.template, "tool_call_format", None) is None:
+    if getattr(state.chat_template(True), "tool_call_format", None) is None:
         raise bad("tools", f"the model {state.model_id!r} has a chat template that writes no tool calls "
                            f"decoderlab reads ({getattr(state.template, 'name', '?')!r}); fine-tune it with the "
                            f"\"tools\" or \"chatml-tools\" template, or serve a template that writes each call "
@@ -105,7 +106,8 @@ def tool_turn(state: AppState, body: ChatCompletionRequest, settings: Settings) 
             if given:
                 raise bad(field, f"{field} cannot be combined with tools (tool_choice {mode!r}); this server "
                                  f"calls one tool per turn, in one choice, without logprobs")
-    tok, fmt = state.tokenizer, state.template.tool_call_format
+    template = state.chat_template(True)  # (SmolLM2's ChatML: chatml-tools)
+    tok, fmt = state.tokenizer, template.tool_call_format
     if mode != "none":  # a call this vocabulary cannot write is refused now, not mid-stream
         try:
             settings.params.replace(grammar=tools.grammar(name, format=fmt)).bind(state.model.config.num_tokens, tok)
@@ -114,8 +116,8 @@ def tool_turn(state: AppState, body: ChatCompletionRequest, settings: Settings) 
         except (KeyError, ValueError) as e:
             raise bad("tools", f"tools: a call cannot be written with this model's vocabulary: {e}",
                       "invalid_grammar") from None
-    opener = state.template.tool_call_id(tok) if fmt == TOOL_TOKENS else tok.token_to_id.get(OPENER)
-    return ToolTurn(tools, mode, name, fmt, int(state.template.end_of_turn_id(tok)),
+    opener = template.tool_call_id(tok) if fmt == TOOL_TOKENS else tok.token_to_id.get(OPENER)
+    return ToolTurn(tools, mode, name, fmt, int(template.end_of_turn_id(tok)),
                     None if opener is None else int(opener))
 
 
