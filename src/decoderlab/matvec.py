@@ -14,7 +14,8 @@ Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear`
 ``torch.compile`` or ``torch.export`` traces the call (the compiled and ahead-of-time decode steps,
 :meth:`decoderlab.model.DecoderOnlyTransformer.compile_decode`) and only for a fixed number of rows, at most
 :data:`MAX_ROWS` (:data:`MAX_ROWS_HALF` for half-precision weights), of a plain ``nn.Linear``; everywhere else it
-is ``layer(x)``. Block-quantized layers (:mod:`decoderlab.quant`) take the same form over their blocks. Measured in
+is ``layer(x)``. Block-quantized layers (:mod:`decoderlab.quant`) are ``layer(x)`` too: their few-row products are the
+kernels' op (:mod:`decoderlab.kernels`), which Inductor calls as it is. Measured in
 ``bench/generate.py --only-linears``.
 
 Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,
@@ -29,7 +30,6 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .quant import BlockLinear, block_matvec
 
 #: the most rows (batch x tokens) taken as a reduction with float32 weights; above it the product is
 #: compute-bound and a GEMM's blocking wins (``bench/generate.py --only-linears``: the 24 products of the
@@ -54,16 +54,11 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     :data:`MAX_ROWS` rows (:data:`MAX_ROWS_HALF` in half precision), computed as the reduction of the module
     docstring (the same sums, in another order: float32 results agree with ``F.linear`` to rounding).
 
-    A :class:`decoderlab.quant.BlockLinear` (GGUF's blocks) takes :func:`decoderlab.quant.block_matvec`, the same
-    reduction over its integers and scales, at any number of rows (symbolic ones too: each block is read once for
-    all rows, and dequantizing into a float weight at every step would cost more than the rows).
-
-    Anything else -- eager calls, PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is
-    ``layer(x)`` unchanged. Raises what ``layer(x)`` raises."""
+    Anything else -- eager calls, a :class:`decoderlab.quant.BlockLinear` (GGUF's blocks: its kernels' op),
+    PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is ``layer(x)`` unchanged. Raises what
+    ``layer(x)`` raises."""
     if not torch.compiler.is_compiling():
         return layer(x)
-    if type(layer) is BlockLinear:
-        return block_matvec(x, layer)
     if type(layer) is not nn.Linear:
         return layer(x)
     w = layer.weight

@@ -94,9 +94,9 @@ CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging
 DTYPE_OPTIONS = (
     option("--dtype", metavar="DTYPE",
            help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
-                "halve the bytes read per token; q8_0, q4_0 and q4_1 are GGUF's blocks of 32 weights with a float16 "
-                "scale -- 8.5, 4.5 and 5 bits a weight -- for every linear layer and the output layer, fast with a "
-                "compiled step)"),
+                "halve the bytes read per token; q8_0 ... q6_k are GGUF's blocks -- 4.5 to 8.5 bits a weight -- for "
+                "every linear layer and the output layer, multiplied by decoderlab's CPU kernels; the K-quants "
+                "q4_k, q5_k, q6_k only as a GGUF file holds them)"),
 )
 
 CHECKPOINT_OPTIONS = (

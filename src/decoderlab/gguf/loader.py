@@ -211,7 +211,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     state = dict(contents.state)
     if contents.blocks:  # their planes are the layers' own buffers: put in place, then loaded as they are
         use_block_weights(model, contents.blocks)
-        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in ("qs", "d", "m")})
+        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("packed_")})
     state = {k: v.to(target) for k, v in state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()

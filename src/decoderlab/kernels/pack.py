@@ -22,6 +22,8 @@ Pure torch (byte reshapes and permutes), the same for every kernel path; :func:`
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -67,7 +69,9 @@ def _as_bytes(raw, t: GGMLType, out: int, inp: int, name: str) -> torch.Tensor:
     if isinstance(raw, torch.Tensor):
         data = raw.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     else:
-        data = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
+        with warnings.catch_warnings():  # a read-only memmap of a GGUF file: read here, never written
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
     want = out * (inp // t.block) * t.bytes
     if data.numel() != want:
         raise ValueError(f"{name}: a {t.name} matrix of shape ({out}, {inp}) is {want} bytes; got {data.numel()}")
