@@ -86,8 +86,8 @@ def test_dtype_names_and_errors(trained_checkpoint, monkeypatch):
     assert [dtype_name(d) for d in (None, torch.float32, torch.bfloat16, torch.float16, "q4_1")] == \
         ["float32", "float32", "bfloat16", "float16", "q4_1"]
     for bad in ("fp16", torch.float64, 16, "int8", torch.int8):
-        with pytest.raises(ValueError, match=r"unknown dtype .*; allowed: float32, bfloat16, float16, q8_0, q4_0, "
-                                             r"q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"):
+        with pytest.raises(ValueError, match=r"unknown dtype .*; allowed: auto, float32, bfloat16, float16, q8_0, "
+                                             r"q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"):
             dl.load_checkpoint(trained_checkpoint, dtype=bad)
 
 
@@ -151,5 +151,5 @@ def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint):
         r = subprocess.run([exe, command, "--checkpoint", str(trained_checkpoint), "--dtype", "float8"],
                            capture_output=True, text=True, timeout=300, env=os.environ, stdin=subprocess.DEVNULL)
         assert r.returncode == 2, (command, r.stderr)
-        assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: float32, bfloat16, "
+        assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, "
                                          "float16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"], command

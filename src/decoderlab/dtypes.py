@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .config.names import BLOCK_DTYPES, DTYPES
+from .config.names import AUTO_DTYPE, BLOCK_DTYPES, DTYPES
 from .quant import block_dtype, quantize_model
 
 _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -34,18 +34,19 @@ _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 
 def dtype_name(dtype) -> str:
     """The name in ``DTYPES`` of ``dtype``: one of those names (``q8_0``, ``q4_k`` ...: GGUF's blocks), or
-    ``torch.float32`` / ``torch.bfloat16`` / ``torch.float16``. None means float32.
+    ``torch.float32`` / ``torch.bfloat16`` / ``torch.float16``. None and ``"auto"`` mean float32 (a GGUF file's
+    loader reads ``"auto"`` itself: the file's own types).
 
     Raises:
         ValueError: anything else, naming the value and the allowed names.
     """
-    if dtype is None:
+    if dtype is None or dtype == AUTO_DTYPE:  # (auto: a GGUF file's own types, decided by its loader)
         return "float32"
     if isinstance(dtype, torch.dtype) and dtype in _TORCH:
         return _TORCH[dtype]
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
-    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    raise ValueError(f"unknown dtype {dtype!r}; allowed: {AUTO_DTYPE}, {', '.join(DTYPES)}")
 
 
 def check_dtype(dtype, device=None) -> str:

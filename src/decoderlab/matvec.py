@@ -16,8 +16,8 @@ Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear`
 :data:`MAX_ROWS` (:data:`MAX_ROWS_HALF` for half-precision weights), of a plain ``nn.Linear``; everywhere else it
 is ``layer(x)`` -- but for an eager decode product (no gradient, at most :data:`KERNEL_ROWS` rows on the CPU) of a
 plain ``nn.Linear`` without hooks, which takes the kernels' ``dense_linear`` (:mod:`decoderlab.kernels`, measured
-faster than F.linear: :data:`KERNEL_ROWS`). Block-quantized layers (:mod:`decoderlab.quant`) are ``layer(x)`` too: their few-row products are the
-kernels' op (:mod:`decoderlab.kernels`), which Inductor calls as it is. Measured in
+faster than F.linear: :data:`KERNEL_ROWS`). Block-quantized layers (:mod:`decoderlab.quant`) are ``layer(x)`` too:
+their products are the kernels' op (:mod:`decoderlab.kernels`), which Inductor calls as it is. Measured in
 ``bench/generate.py --only-linears``.
 
 Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,

@@ -22,13 +22,12 @@ call. :func:`quantize_model` turns every ``nn.Linear`` of a model -- the output 
 embedding when the two are tied -- into them; :func:`use_block_weights` puts given weights (a GGUF file's) in place
 of named layers.
 
-How they multiply, on the CPU with float32 activations: a few rows (at most :data:`KERNEL_ROWS`: the decode step,
-batches of a few sequences) through the kernels' op ``torch.ops.decoderlab.block_linear(_many)`` -- the
-activations quantized to 8-bit blocks and multiplied in integers, as ggml does --, eagerly and inside a compiled or
-AOT-compiled step alike (the op has a fake implementation, so Inductor traces it as any op); more rows (a prompt)
-dequantize the weight a slice of rows at a time and call ``F.linear`` (the kernels are built for few rows: at 128
-rows ggml's products took 0.3-0.8x of theirs, docs/benchmarks.md, bench/cpu_kernels.py). Another device or dtype
-(a CUDA GPU, a float64 reference) dequantizes too. Gradients flow to ``x`` (LoRA trains over a frozen block layer:
+How they multiply, on the CPU with float32 activations: through the kernels' op
+``torch.ops.decoderlab.block_linear(_many)`` -- the activations quantized to 8-bit blocks and multiplied in
+integers, as ggml does --, eagerly and inside a compiled or AOT-compiled step alike (the op has a fake
+implementation, so Inductor traces it as any op), a decode step's rows and a prompt's alike (measured faster than
+dequantizing at every row count: :data:`KERNEL_ROWS`). Another device or dtype (a CUDA GPU, a float64 reference)
+dequantizes the weight a slice of rows at a time and calls ``F.linear``. Gradients flow to ``x`` (LoRA trains over a frozen block layer:
 ``grad_x = grad_y @ W``, ``W`` dequantized); the weight itself takes none. Measured in ``bench/llamacpp.py``.
 
 Source: ggml's block formats (github.com/ggml-org/llama.cpp, ``ggml/src/ggml-common.h``, ``ggml-quants.c``);
@@ -37,6 +36,7 @@ the GGUF specification (github.com/ggml-org/ggml, ``docs/gguf.md``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,10 +55,12 @@ BLOCK = 32
 GGML_TYPES = {k: kernels.TYPES[k].number for k in BLOCK_DTYPES}
 #: bytes of one block in a GGUF file
 BLOCK_BYTES = {k: kernels.TYPES[k].bytes for k in BLOCK_DTYPES}
-#: the most rows of ``x`` (batch x tokens) a block layer multiplies through the kernels; more take dequantized
-#: slices and ``F.linear``. The kernels compute 1-16 rows per pass over the weight (bench/cpu_kernels.py: 16 rows
-#: cost 1.5-2.2x one row's step); at 128 rows ggml's GEMM-like products beat them 1.2-7x, and so does F.linear
-KERNEL_ROWS = 16
+#: the most rows of ``x`` (batch x tokens) a block layer multiplies through the kernels (None: any); more would
+#: take dequantized slices and ``F.linear``. Measured, a 1536 x 576 q4_1 weight, 1 thread, AMD EPYC AVX2 only
+#: (2026-12-06): the kernels' op 0.55 / 1.11 / 2.74 ms at 17 / 32 / 128 rows, dequantized slices + F.linear
+#: 13.2 / 13.9 / 16.9 ms, F.linear of the float32 weight itself 1.29 / 1.93 / 5.48 ms -- the kernels win at
+#: every row count (ggml's own GEMM-like products are 1.2-7x faster still at 128 rows: bench/cpu_kernels.py)
+KERNEL_ROWS = None
 #: Inductor's C++ options for a step over block weights: the compiler may fuse a multiply and an add into one FMA
 #: (``-ffp-contract=fast``); it measured 1.16x faster in the earlier reduction form of the block products, and
 #: changes nothing for the kernels' op (compiled apart)
@@ -277,12 +279,35 @@ def _kernel_products(x: torch.Tensor, packed, kinds, outs) -> torch.Tensor:
     return torch.cat(kernels.block_linear_many(x, list(packed), list(kinds), list(outs)), dim=-1)
 
 
+_DEQUANTIZED = {"depth": 0}
+
+
+@contextmanager
+def dequantized_products():
+    """Within it, every block layer multiplies its dequantized weight by ``F.linear`` (no activation quantization):
+    the arithmetic ``decoderlab verify`` holds to its float64 recomputation from the dequantized weights."""
+    _DEQUANTIZED["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEQUANTIZED["depth"] -= 1
+
+
+def activation_types(model: nn.Module) -> list[str]:
+    """The 8-bit block types the kernels quantize ``model``'s block products' activations to (``"q8_1"`` for a
+    q4_1 weight, ...), each once, in the order met; empty for a model without block layers."""
+    kinds = [kernels.TYPES[k].activation for m in model.modules() if isinstance(m, _Blocks) for k in m.kinds]
+    return list(dict.fromkeys(kinds))
+
+
 def _few_rows(x: torch.Tensor) -> bool:
-    """Whether ``x``'s rows go through the kernels: float32 on the CPU, at most :data:`KERNEL_ROWS` rows -- or a
-    symbolic row count inside a compiled graph (a server's dynamic batch: a comparison would guard on it and
-    recompile for every batch size on its other side; decode batches are small)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
+    """Whether ``x``'s rows go through the kernels: float32 on the CPU, at most :data:`KERNEL_ROWS` rows (None:
+    any) -- or a symbolic row count inside a compiled graph (a server's dynamic batch: a comparison would guard on
+    it and recompile for every batch size on its other side)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or _DEQUANTIZED["depth"]:
         return False
+    if KERNEL_ROWS is None:
+        return True
     rows = x.shape[:-1].numel()
     if isinstance(rows, int):
         return rows <= KERNEL_ROWS
@@ -359,8 +384,8 @@ class _Blocks(nn.Module):
 
 class BlockLinear(_Blocks):
     """``nn.Linear`` over :class:`BlockWeight` s stacked along the rows: (..., in_features) -> (...,
-    out_features), ``x W^T + b``. A few float32 rows on the CPU go through the kernels' op (one call for all the
-    weights); more rows, another dtype or device through ``F.linear`` on dequantized slices (module docstring).
+    out_features), ``x W^T + b``. Float32 rows on the CPU go through the kernels' op (one call for all the
+    weights); another dtype or device through ``F.linear`` on dequantized slices (module docstring).
     ``bias`` is an ordinary float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
 
     def __init__(self, weight, bias: torch.Tensor | None = None):
@@ -468,7 +493,8 @@ def quantize_model(model: nn.Module, kind) -> nn.Module:
 def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.Module:
     """Put block weights in place of named layers of ``model``, in place; returns the model: ``{"blocks.0.
     attention.qkv": w, ..., "we": w_embed}``, each value a :class:`BlockWeight` or, for a linear layer, a list of
-    them stacked along the rows (q | k | v of different types) -- an ``nn.Linear`` becomes a :class:`BlockLinear` (keeping its bias
+    them stacked along the rows (q | k | v of different types) -- an ``nn.Linear`` becomes a :class:`BlockLinear`
+    (keeping its bias
     parameter, which may still be on the meta device for ``load_state_dict(..., assign=True)`` to fill), an
     ``nn.Embedding`` a :class:`BlockEmbedding`. A tied ``DecoderOnlyTransformer`` given either its word embedding
     or its output layer gets both over the one weight.

@@ -108,7 +108,7 @@ def _parts_k(name: str, raw: torch.Tensor) -> dict:
     q = torch.stack([qs & 15, qs >> 4], dim=-2).reshape(*raw.shape[:-1], 8, 32)
     if name == "q5_k":
         qh = raw[..., 16:48].unsqueeze(-2)  # (..., 1, 32): bit j is sub-block j's fifth bit
-        shifts = torch.arange(8, dtype=torch.uint8).reshape(8, 1)
+        shifts = torch.arange(8, dtype=torch.uint8, device=raw.device).reshape(8, 1)
         q = q | (((qh >> shifts) & 1) << 4)
     return {"q": q, "sc": sc, "mn": mn, "d": _f16(raw, 0), "dmin": _f16(raw, 2)}
 
