@@ -297,13 +297,14 @@ _HEADROOM = {"float16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
 
 def array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
     """A weight as the writer takes it: a float32 NumPy copy; a block layer's :class:`~decoderlab.quant.
-    BlockWeight` as it is (written as it is where the dtype is its own); None -> ``like`` zeros."""
+    BlockWeight` as it is (written as it is where the dtype is its own; a layer of several block types
+    dequantized); None -> ``like`` zeros."""
     from ..quant import is_block_layer
 
     if t is None:
         return np.zeros(like, dtype=np.float32)
-    if is_block_layer(t):
-        return t.blocks
+    if is_block_layer(t):  # (weights of several types in one layer -- a K-quant file's q | k | v -- as floats)
+        return t.blocks if len(set(t.kinds)) == 1 else t.dequantize().numpy()
     return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 
