@@ -61,6 +61,9 @@ BLOCK_BYTES = {k: kernels.TYPES[k].bytes for k in BLOCK_DTYPES}
 #: 13.2 / 13.9 / 16.9 ms, F.linear of the float32 weight itself 1.29 / 1.93 / 5.48 ms -- the kernels win at
 #: every row count (ggml's own GEMM-like products are 1.2-7x faster still at 128 rows: bench/cpu_kernels.py)
 KERNEL_ROWS = None
+# (an MLP's gate and up projections in one block_linear_many call, the input quantized once, measured no faster:
+# SmolLM2-135M's Q4_1 file, eager decode, 5 alternating rounds, 1 thread, AVX2 EPYC: 22.4 vs 22.8 tok/s; float32
+# by dense_linear_many 9.4 vs 9.4 -- so each projection is its own call)
 #: Inductor's C++ options for a step over block weights: the compiler may fuse a multiply and an add into one FMA
 #: (``-ffp-contract=fast``); it measured 1.16x faster in the earlier reduction form of the block products, and
 #: changes nothing for the kernels' op (compiled apart)
@@ -276,6 +279,11 @@ class _KernelProduct(torch.autograd.Function):
 def _kernel_products(x: torch.Tensor, packed, kinds, outs) -> torch.Tensor:
     if len(packed) == 1:
         return kernels.block_linear(x, packed[0], kinds[0], outs[0])
+    if torch.compiler.is_compiling():
+        # one op per weight in a compiled graph: an AOT package over block_linear_many (a list-returning op)
+        # decoded other greedy tokens than eager on SmolLM2's Q4_K_M file (14% equal, 2026-12-06; the cause not
+        # found), the single op the same tokens
+        return torch.cat([kernels.block_linear(x, p, k, o) for p, k, o in zip(packed, kinds, outs)], dim=-1)
     return torch.cat(kernels.block_linear_many(x, list(packed), list(kinds), list(outs)), dim=-1)
 
 
