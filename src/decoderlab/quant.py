@@ -537,8 +537,14 @@ def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.M
 
 
 def block_dtype(model: nn.Module) -> str | None:
-    """The block type of ``model``'s quantized layers (the first found), None when it has none."""
-    return next((m.kind for m in model.modules() if isinstance(m, _Blocks)), None)
+    """The block type most of ``model``'s block weights are in (a GGUF file's Q4_1 matrices beside its Q8_0
+    embedding: q4_1), None when it has none."""
+    held: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, _Blocks):
+            for kind, out in zip(m.kinds, m.outs):
+                held[kind] = held.get(kind, 0) + out * m.in_width
+    return max(held, key=held.get) if held else None
 
 
 def block_weights(model: nn.Module) -> int:
