@@ -529,6 +529,203 @@ def accuracy(source: str, args, tmp: str) -> None:
         print(f"| {k} | {v:.4f} | {v / ppl['ours float32'] - 1:+.2%} | {agree} |")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# the table of issue 46: each variant in a fresh process per round -- load time, peak memory, decode, prompt
+# ---------------------------------------------------------------------------------------------------------
+
+#: the kinds of GGUF file of the table, by the --dtype decoderlab's exporter writes each with (Q4_K_M: llama.cpp's
+#: quantizer, when llama-cpp-python is there)
+TABLE_FILES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "q8_0": "q8_0"}
+
+
+def run_one() -> None:
+    """The child process of one variant and round (``--run-one JSON``): load the file, decode, read a prompt;
+    prints one JSON line: load seconds, decode tokens/s, prompt tokens/s, peak resident bytes, the tokens."""
+    spec = json.loads(sys.argv[sys.argv.index("--run-one") + 1])
+    n, prompt, long_prompt = spec["new_tokens"], spec["prompt"], spec["long_prompt"]
+    t = time.perf_counter()
+    if spec["who"] == "llama.cpp":
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=spec["path"], n_ctx=len(long_prompt) + n + 16, n_batch=512, n_threads=spec["threads"],
+                    n_threads_batch=spec["threads"], verbose=False)
+        load = time.perf_counter() - t
+
+        def decode(count):
+            out = []
+            for tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+                out.append(int(tok))
+                if len(out) == count:
+                    return out
+
+        def prefill():
+            llm.reset()
+            llm.eval(long_prompt)
+    else:
+        torch.set_num_threads(spec["threads"])
+        from decoderlab.gguf import load_gguf
+
+        model = load_gguf(spec["path"], dtype=spec["dtype"])[0]
+        if spec["mode"] == "aot":
+            model.compile_decode(mode="aot", cache_dir=spec["cache"])
+        load = time.perf_counter() - t
+
+        def decode(count):
+            return generate(model, prompt, count, temperature=0, stop_at_eos=False)[-count:]
+
+        def prefill():
+            with torch.inference_mode():
+                model(torch.tensor([long_prompt]), cache=KVCache.for_model(model), last_only=True, check_ids=False)
+    decode(4)  # warm
+    s, tokens = timed(lambda: decode(n))
+    p, _ = timed(prefill)
+    # VmHWM, not ru_maxrss: Linux keeps the parent's high-water mark in ru_maxrss across the exec
+    peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"load_s": load, "decode": n / s, "prompt": len(long_prompt) / p, "peak": peak,
+                      "tokens": tokens}), flush=True)
+
+
+def _spawn(spec: dict, src: str | None) -> dict | None:
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
+    if src:
+        env["PYTHONPATH"] = src
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-one", json.dumps(spec)], env=env,
+                       capture_output=True, text=True, timeout=3600)
+    lines = [s for s in r.stdout.splitlines() if s.startswith("{")]
+    if r.returncode or not lines:
+        print(f"  {spec['name']}: failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:] or ''}")
+        return None
+    return json.loads(lines[-1])
+
+
+def table_files(path: str, tmp: str, llama: bool) -> dict[str, str]:
+    """{kind: GGUF path}: the file itself, and ours of its float32 weights written as each of
+    :data:`TABLE_FILES` (the same weights in every row); a Q4_K_M by llama.cpp's quantizer where it is."""
+    from decoderlab.gguf import load_gguf
+
+    files = {file_type(path): path}
+    model, tok, _ = load_gguf(path, dtype="float32")
+    for kind, dtype in TABLE_FILES.items():
+        files[kind] = os.path.join(tmp, f"{kind}.gguf")
+        to_gguf(model, tok, files[kind], dtype=dtype, modelfile=False)
+    if llama:
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        files["q4_k_m"] = os.path.join(tmp, "q4_k_m.gguf")
+        if llama_cpp.llama_model_quantize(files["f32"].encode(), files["q4_k_m"].encode(), params) != 0:
+            print("llama.cpp's quantizer failed: no Q4_K_M row")
+            files.pop("q4_k_m")
+    return files
+
+
+def issue_table(path: str, args, tmp: str) -> None:
+    """The issue's table for the GGUF file at ``path``: for each kind of file, llama.cpp and ours (the default
+    load, ``--dtype auto``; and ``--ours-aot``'s AOT step), plus the old path (``--old-src``: another checkout's
+    ``src``, its default load and its block dtype eager); ``--repeats`` rounds, each variant a fresh process in
+    turn; medians."""
+    llama = llama_cpp_available()
+    files = table_files(path, tmp, llama)
+    if args.kinds:
+        files = {k: f for k, f in files.items() if k in args.kinds.split(",")}
+    from decoderlab.gguf import load_gguf
+
+    tok = load_gguf(path)[1]
+    text = dl.read_corpus()
+    ids = tok.encode(text[len(text) // 2:len(text) // 2 + 4000])
+    base = dict(threads=args.threads, new_tokens=args.new_tokens, prompt=ids[:args.prompt_tokens],
+                long_prompt=ids[:args.prefill_tokens], cache=os.path.join(tmp, "aot"))
+    variants = []
+    for kind, f in files.items():
+        if llama:
+            variants.append(({**base, "name": f"llama.cpp {kind}", "who": "llama.cpp", "path": f}, None))
+        variants.append(({**base, "name": f"ours {kind}", "who": "ours", "path": f, "dtype": None,
+                          "mode": "eager"}, None))
+        if kind in args.ours_aot.split(","):
+            variants.append(({**base, "name": f"ours {kind} aot", "who": "ours", "path": f, "dtype": None,
+                              "mode": "aot"}, None))
+        if args.old_src:
+            for dtype in [None]:  # (the old block dtypes eager: 1.2-4.8 tok/s, left out for time)
+                variants.append(({**base, "name": f"old {kind}" + (f" --dtype {dtype}" if dtype else " (default)"),
+                                  "who": "ours", "path": f, "dtype": dtype, "mode": "eager"}, args.old_src))
+    for spec, src in variants:  # an AOT package compiles here, once, timed apart
+        if spec.get("mode") == "aot":
+            got = _spawn(spec, src)
+            print(f"  {spec['name']}: compile + load {got['load_s']:.0f} s" if got else "")
+    runs = {spec["name"]: [] for spec, _ in variants}
+    for r in range(args.repeats):
+        for spec, src in variants:
+            got = _spawn(spec, src)
+            if got:
+                runs[spec["name"]].append(got)
+        print(f"  round {r + 1} of {args.repeats} done", flush=True)
+    print_issue_table(path, files, runs, args)
+
+
+def print_issue_table(path: str, files: dict, runs: dict, args) -> None:
+    def med(name, key):
+        return statistics.median(g[key] for g in runs[name]) if runs.get(name) else None
+
+    print(f"\n{os.path.basename(path)}: decode {args.new_tokens} greedy tokens after {args.prompt_tokens}, prompt "
+          f"{args.prefill_tokens} tokens; each variant a fresh process per round, {args.repeats} interleaved rounds, "
+          f"medians; ratios against llama.cpp on the same file")
+    print("| file | variant | decode tok/s | vs llama.cpp | prompt tok/s | vs llama.cpp | peak MB | vs llama.cpp | "
+          "load s | greedy = llama.cpp |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, f in files.items():
+        ref = f"llama.cpp {kind}"
+        for name in [n for n in runs if n == ref or n.split()[1] == kind]:
+            if not runs[name]:
+                print(f"| {kind} | {name} | (failed) | | | | | | | |")
+                continue
+            d, p, m, ld = (med(name, k) for k in ("decode", "prompt", "peak", "load_s"))
+            rd, rp, rm = (med(ref, k) for k in ("decode", "prompt", "peak"))
+            same = ""
+            if runs.get(ref) and name != ref:
+                a, b = runs[name][0]["tokens"], runs[ref][0]["tokens"]
+                same = f"{sum(x == y for x, y in zip(a, b)) / len(b):.0%}"
+            ratio = lambda x, y: f"{x / y:.2f}x" if y and name != ref else ""  # noqa: E731
+            print(f"| {kind} | {name} | {d:.1f} | {ratio(d, rd)} | {p:.0f} | {ratio(p, rp)} | {m / 1e6:.0f} | "
+                  f"{ratio(m, rm)} | {ld:.1f} | {same} |")
+
+
+def agreement(path: str, args) -> None:
+    """Greedy top-1 agreement over ``--agreement`` teacher-forced tokens of held-out text (the second half of the
+    embedded corpus): ours by default (``--dtype auto``: the decode step's products, one token at a time through
+    the KV cache) against ours float32 (the dequantized weights) and llama.cpp on the same file (its logits of
+    every position)."""
+    from decoderlab.gguf import load_gguf
+
+    text = dl.read_corpus()
+    tok = load_gguf(path)[1]
+    ids = tok.encode(text[len(text) // 2:])[:args.agreement + 1]
+    top = {}
+    for name, dtype in (("ours default", None), ("ours float32", "float32")):
+        model = load_gguf(path, dtype=dtype)[0]
+        cache, picks = KVCache.for_model(model), []
+        with torch.inference_mode():
+            for t in range(len(ids) - 1):
+                out = model(torch.tensor([[ids[t]]]), cache=cache, last_only=True, check_ids=False)
+                picks.append(int(out[0, -1].argmax()))
+        top[name] = picks
+    if llama_cpp_available():
+        import numpy as np
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=path, n_ctx=len(ids) + 8, n_batch=512, n_threads=args.threads,
+                    n_threads_batch=args.threads, logits_all=True, verbose=False)
+        llm.eval(ids[:-1])
+        top["llama.cpp"] = [int(i) for i in np.asarray(llm.scores[:len(ids) - 1]).argmax(-1)]
+    print(f"\ngreedy top-1 agreement, {os.path.basename(path)}, {len(ids) - 1} teacher-forced tokens of held-out "
+          f"text (ours one token a step, as decoding runs)")
+    names = list(top)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            same = sum(x == y for x, y in zip(top[a], top[b]))
+            print(f"  {a} = {b}: {same / len(top[a]):.1%} ({same} of {len(top[a])})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="small,gpt2", help="small, gpt2 and/or paths of GGUF files")
@@ -546,9 +743,29 @@ def main() -> None:
     ap.add_argument("--ppl-len", type=int, default=256)
     ap.add_argument("--skip-speed", action="store_true", help="only the accuracy tables")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--table", default=None, help="a GGUF file: issue 46's table (fresh process per variant and "
+                                                  "round: load time, peak memory, decode, prompt), then exit")
+    ap.add_argument("--kinds", default="", help="--table: only these kinds of file (q4_1,q8_0,...; default all)")
+    ap.add_argument("--ours-aot", default="", help="kinds of file (--table) whose AOT step is measured too")
+    ap.add_argument("--old-src", default=None, help="another checkout's src/ (--table): its default load and block "
+                                                    "dtype eager as the old path")
+    ap.add_argument("--agreement", type=int, default=0, help="with --table: greedy top-1 agreement over this many "
+                                                             "teacher-forced tokens")
+    if "--run-one" in sys.argv:
+        return run_one()
     args = ap.parse_args()
     if args.worker:
         return worker()
+    if args.table:
+        torch.set_num_threads(args.threads)
+        print(machine_line(args.threads))
+        with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
+            if args.repeats:
+                issue_table(args.table, args, tmp)
+            if args.agreement:
+                agreement(args.table, args)
+        print("load average after: %.1f %.1f %.1f" % os.getloadavg())
+        return None
     torch.set_num_threads(args.threads)
     print(machine_line(args.threads))
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:

@@ -57,7 +57,7 @@ def test_each_dtype_loads_and_generates_close_to_float32(trained_checkpoint, dty
     model, _ = dl.load_checkpoint(trained_checkpoint, dtype=dtype)
     if dtype in BLOCK:  # every linear layer and the output layer, the tied embedding reading the same blocks
         assert isinstance(model.blocks[0].mlp.fc, BlockLinear) and model.blocks[0].mlp.fc.kind == dtype
-        assert isinstance(model.fc_layer, BlockLinear) and model.we.qs is model.fc_layer.qs
+        assert isinstance(model.fc_layer, BlockLinear) and model.we.packed_0 is model.fc_layer.packed_0
     else:
         fc = model.blocks[0].mlp.fc.weight
         assert fc.dtype == getattr(torch, dtype) and model.fc_layer.weight is model.we.weight  # still tied
@@ -81,12 +81,13 @@ def test_dtype_names_and_errors(trained_checkpoint, monkeypatch):
     from decoderlab.config import DTYPES as DTYPE_NAMES  # what --dtype's help lists
     from decoderlab.dtypes import DTYPES, dtype_name
 
-    assert DTYPE_NAMES is DTYPES == ("float32", "bfloat16", "float16", "q8_0", "q4_0", "q4_1")
+    assert DTYPE_NAMES is DTYPES == ("float32", "bfloat16", "float16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                                     "q4_k", "q5_k", "q6_k")
     assert [dtype_name(d) for d in (None, torch.float32, torch.bfloat16, torch.float16, "q4_1")] == \
         ["float32", "float32", "bfloat16", "float16", "q4_1"]
     for bad in ("fp16", torch.float64, 16, "int8", torch.int8):
-        with pytest.raises(ValueError, match=r"unknown dtype .*; allowed: float32, bfloat16, float16, q8_0, q4_0, "
-                                             r"q4_1"):
+        with pytest.raises(ValueError, match=r"unknown dtype .*; allowed: auto, float32, bfloat16, float16, q8_0, "
+                                             r"q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"):
             dl.load_checkpoint(trained_checkpoint, dtype=bad)
 
 
@@ -150,5 +151,5 @@ def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint):
         r = subprocess.run([exe, command, "--checkpoint", str(trained_checkpoint), "--dtype", "float8"],
                            capture_output=True, text=True, timeout=300, env=os.environ, stdin=subprocess.DEVNULL)
         assert r.returncode == 2, (command, r.stderr)
-        assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: float32, bfloat16, "
-                                         "float16, q8_0, q4_0, q4_1"], command
+        assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, "
+                                         "float16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"], command

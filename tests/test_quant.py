@@ -1,6 +1,8 @@
-"""decoderlab.quant: GGUF's q8_0 / q4_0 / q4_1 blocks -- quantized and dequantized exactly as ggml (gguf.quants, its
-reference in Python), read from a GGUF file as they are, multiplied eagerly and as the compiled step's reduction,
-and put in place of a model's layers (the output layer and a tied embedding sharing one weight)."""
+"""decoderlab.quant: GGUF's blocks (q8_0, q4_0, q4_1, q5_0, q5_1 quantized here; those and the K-quants read) --
+quantized and dequantized exactly as ggml (gguf.quants, its reference in Python), read from a GGUF file as they are
+(the kernels' packed bytes, no float copy), multiplied by the kernels' op at a few rows (eagerly and traced by
+dynamo alike) and by dequantized slices at more, with a gradient for x, and put in place of a model's layers (the
+output layer and a tied embedding sharing one weight)."""
 
 import numpy as np
 import pytest
@@ -9,13 +11,15 @@ from torch import nn
 from tiny_models import one_thread  # noqa: F401 -- autouse
 
 import decoderlab as dl
-from decoderlab.quant import (BLOCK_BYTES, BlockEmbedding, BlockLinear, BlockWeight, block_dtype, block_matvec,
+from decoderlab import kernels
+from decoderlab.quant import (BLOCK_BYTES, BlockEmbedding, BlockLinear, BlockWeight, block_dtype,
                               dequantized_state_dict, quantize_model, use_block_weights)
 
 gguf = pytest.importorskip("gguf")
-KINDS = ("q8_0", "q4_0", "q4_1")
-GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-        "q4_1": gguf.GGMLQuantizationType.Q4_1}
+#: the types quantized here (gguf.quants quantizes them); the K-quants are only read
+KINDS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+K_KINDS = ("q4_k", "q5_k", "q6_k")
+GGML = {k: gguf.GGMLQuantizationType[k.upper()] for k in (*KINDS, *K_KINDS)}
 
 
 def _matrix(out=40, inp=128, seed=0) -> torch.Tensor:
@@ -38,7 +42,8 @@ def test_quantize_and_dequantize_are_ggmls_bit_for_bit(kind):
     theirs = gguf.quants.quantize(w.numpy(), GGML[kind])
     ours = BlockWeight.quantize(w, kind)
     assert np.array_equal(ours.to_gguf(), theirs)
-    assert ours.nbytes == theirs.nbytes == w.numel() // 32 * BLOCK_BYTES[kind]
+    assert theirs.nbytes == w.numel() // 32 * BLOCK_BYTES[kind]
+    assert ours.nbytes == 48 * 128 // 32 * BLOCK_BYTES[kind]  # 40 rows and 8 zero rows: groups of 16
     want = gguf.quants.dequantize(theirs, GGML[kind])
     assert np.array_equal(ours.dequantize().numpy(), want)
     read = BlockWeight.from_gguf(theirs, GGML[kind], w.shape)
@@ -48,9 +53,29 @@ def test_quantize_and_dequantize_are_ggmls_bit_for_bit(kind):
     # rounding of the scale (2^-11 of up to 127 steps; float16's subnormal spacing 2^-24 for a tiny one) and of
     # q4_1's minimum
     err = (ours.dequantize() - w).abs().reshape(-1, 32).amax(-1)
-    step = ours.d.float().abs().reshape(-1)  # (q4_0's scale has the sign of its largest weight)
-    low = 0 if ours.m is None else ours.m.float().abs().reshape(-1) * 2**-10
-    assert bool((err <= step * (1.0 if kind == "q4_0" else 0.5) * 1.13 + low + 127 * 2**-24).all())
+    blocks = torch.from_numpy(theirs.reshape(-1, BLOCK_BYTES[kind]))
+    step = blocks[:, 0:2].contiguous().view(torch.float16).float().abs().reshape(-1)  # (q4_0's d has a sign)
+    m = kind in ("q4_1", "q5_1")
+    low = blocks[:, 2:4].contiguous().view(torch.float16).float().abs().reshape(-1) * 2**-10 if m else 0
+    assert bool((err <= step * (1.0 if kind in ("q4_0", "q5_0") else 0.5) * 1.13 + low + 127 * 2**-24).all())
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_k_quants_are_read_and_dequantized_as_ggml_does_and_not_quantized(kind):
+    """A K-quant's blocks (random valid ones: gguf.quants has no quantizer for them) are held as they are -- the
+    file's bytes back, as many -- and dequantize to gguf.quants.dequantize's float32 values exactly; quantizing a
+    float matrix to a K-quant is refused by name."""
+    from support.gguf_files import k_quant
+
+    raw = k_quant(gguf, 21, 512, GGML[kind])
+    w = BlockWeight.from_gguf(raw, GGML[kind], (21, 512))
+    assert w.kind == kind and w.shape == (21, 512) and np.array_equal(w.to_gguf(), raw)
+    assert w.nbytes == 32 * 2 * BLOCK_BYTES[kind]  # 21 rows padded to 2 groups of 16 with zero rows
+    assert np.array_equal(w.dequantize().numpy(), gguf.quants.dequantize(raw, GGML[kind]))
+    assert torch.equal(w.rows(slice(3, 9)).dequantize(), w.dequantize()[3:9])
+    with pytest.raises(ValueError, match=f"{kind} cannot be quantized to here .* allowed: q8_0, q4_0, q4_1, q5_0, "
+                                         f"q5_1"):
+        BlockWeight.quantize(torch.zeros(4, 256), kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -68,23 +93,25 @@ def test_a_gguf_files_tensor_becomes_a_weight_without_a_float_copy(kind, tmp_pat
     (t,) = gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors
     bw = BlockWeight.from_gguf(t.data, t.tensor_type, tuple(reversed(t.shape.tolist())))
     assert bw.kind == kind and bw.shape == (48, 96) and bw.nbytes == t.data.nbytes
-    assert {p.dtype for p in (bw.qs, bw.d, bw.m) if p is not None} <= {torch.int8, torch.uint8, torch.float16}
+    assert bw.packed.dtype == torch.uint8 and bw.packed.dim() == 1
     assert np.array_equal(bw.dequantize().numpy(), gguf.quants.dequantize(raw, GGML[kind]))
 
 
 def test_bad_blocks_are_refused_naming_what_was_given():
     raw = gguf.quants.quantize(_matrix(4, 64).numpy(), GGML["q8_0"])
-    with pytest.raises(ValueError, match=r"block type 'Q4_K' is not one decoderlab keeps quantized; allowed: q8_0, "
-                                         r"q4_0, q4_1"):
-        BlockWeight.from_gguf(raw, gguf.GGMLQuantizationType.Q4_K, (4, 64))
-    with pytest.raises(ValueError, match=r"is 8 blocks of 34 bytes = 272 bytes; got 136"):
+    with pytest.raises(ValueError, match=r"block type 'Q2_K' is not one decoderlab keeps quantized; allowed: q8_0, "
+                                         r"q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"):
+        BlockWeight.from_gguf(raw, gguf.GGMLQuantizationType.Q2_K, (4, 64))
+    with pytest.raises(ValueError, match=r"a q8_0 matrix of shape \(4, 64\) is 272 bytes; got 136"):
         BlockWeight.from_gguf(raw[:2], "q8_0", (4, 64))
-    with pytest.raises(ValueError, match=r"shape \(4, 48\) is not whole blocks"):
+    with pytest.raises(ValueError, match=r"width \(inputs\) to be a positive multiple of 32, the type's block size; "
+                                         r"got shape \(4, 48\)"):
         BlockWeight.from_gguf(raw, "q8_0", (4, 48))
     with pytest.raises(ValueError, match=r"in is a multiple of 32; got shape \(4, 40\)"):
         BlockWeight.quantize(torch.zeros(4, 40), "q4_1")
     with pytest.raises(ValueError, match="one block type and one width"):
-        BlockWeight.cat([BlockWeight.quantize(torch.zeros(2, 32), "q8_0"), BlockWeight.quantize(torch.zeros(2, 32), "q4_0")])
+        BlockWeight.cat([BlockWeight.quantize(torch.zeros(2, 32), "q8_0"),
+                         BlockWeight.quantize(torch.zeros(2, 32), "q4_0")])
 
 
 def test_rows_move_whole_and_exactly():
@@ -98,23 +125,66 @@ def test_rows_move_whole_and_exactly():
     assert torch.equal(BlockWeight.cat(parts).dequantize(), full)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [(1, 1), (3, 1), (2, 4), ()])
+def _layer(kind: str, bias: bool, out: int = 24, inp: int = 256) -> BlockLinear:
+    if kind in K_KINDS:
+        from support.gguf_files import k_quant
+
+        weight = BlockWeight.from_gguf(k_quant(gguf, out, inp, GGML[kind]), kind, (out, inp))
+    else:
+        weight = BlockWeight.quantize(_matrix(out, inp), kind)
+    return BlockLinear(weight, torch.randn(out) if bias else None)
+
+
+@pytest.mark.parametrize("kind", (*KINDS, *K_KINDS))
+@pytest.mark.parametrize("rows", [(1, 1), (3, 1), (2, 4), (), (3, 7)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_block_product_equals_the_float64_product_of_the_dequantized_weight(kind, rows, bias):
-    """The compiled step's reduction over the blocks (traced by dynamo, the "eager" backend: exactly what Inductor
-    compiles) and the eager layer (dequantize, F.linear) both give x W^T + b of the dequantized weight, computed in
-    float64, to float32 rounding."""
+def test_the_block_product_is_the_kernels_op_and_in_float64_the_dequantized_weights(kind, rows, bias):
+    """Float32 rows on the CPU are the kernels' op (activations quantized to 8-bit blocks: tests/kernels hold it to
+    float64 exactly), the same bits eagerly and traced by dynamo (what Inductor compiles), within the activations'
+    8-bit rounding of the float product; float64 rows (a reference) are x W^T + b of the dequantized weight."""
     torch.manual_seed(1)
-    layer = BlockLinear(BlockWeight.quantize(_matrix(24, 96), kind), torch.randn(24) if bias else None)
-    x = torch.randn(*rows, 96)
+    layer = _layer(kind, bias)
+    x = torch.randn(*rows, 256)
     want = torch.nn.functional.linear(x.double(), layer.dequantize().double(),
                                       None if layer.bias is None else layer.bias.double())
+    got = layer(x)
+    assert got.shape == (*rows, 24) and got.dtype == torch.float32
+    scale = float(want.abs().max())
+    op = kernels.block_linear(x, layer.packed[0], kind, 24)
+    assert torch.equal(got, op if layer.bias is None else op + layer.bias)
     torch._dynamo.reset()
-    traced = torch.compile(lambda t: block_matvec(t, layer), backend="eager", fullgraph=True)(x)
-    for got in (traced, layer(x)):
-        assert got.shape == (*rows, 24) and got.dtype == torch.float32
-        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4 * float(want.abs().max()))
+    traced = torch.compile(layer, backend="eager", fullgraph=True)(x)
+    assert torch.equal(traced, got)
+    assert torch.allclose(got.double(), want, rtol=0, atol=0.05 * scale)
+    layer.double()
+    assert torch.allclose(layer(x.double()), want, rtol=1e-12, atol=1e-12 * scale)
+
+
+@pytest.mark.parametrize("rows", [(2,), (3, 7)])
+def test_gradients_reach_x_through_a_frozen_block_layer(rows):
+    """LoRA trains over a frozen block layer: grad_x = grad_y @ W with W dequantized (the kernels' op inside an
+    autograd.Function); the weight takes no gradient."""
+    layer = _layer("q4_k", bias=True)
+    x = torch.randn(*rows, 256, requires_grad=True)
+    grad = torch.randn(*rows, 24)
+    layer(x).backward(grad)
+    assert torch.allclose(x.grad, grad @ layer.dequantize(), atol=1e-5)
+    assert not any(p.requires_grad for p in layer.parameters())
+
+
+def test_a_layer_of_stacked_weights_of_different_types_is_one_product():
+    """q | k | v of a K-quant file (q5_0, q5_0, q8_0): one layer, one call of block_linear_many at a few rows, each
+    part's output the single op's, and in float64 the product of the stacked dequantized weights."""
+    parts = [BlockWeight.quantize(_matrix(16, 64, seed=s), k) for s, k in enumerate(("q5_0", "q5_0", "q8_0"))]
+    layer = BlockLinear(parts)
+    assert layer.kinds == ("q5_0", "q5_0", "q8_0") and layer.out_features == 48
+    x = torch.randn(2, 64)
+    want = torch.cat([kernels.block_linear(x, p.packed, p.kind, 16) for p in parts], dim=-1)
+    assert torch.equal(layer(x), want)
+    many = torch.randn(20, 64, dtype=torch.float64)
+    assert torch.allclose(layer.double()(many), many @ layer.dequantize(torch.float64).T, atol=1e-12)
+    with pytest.raises(ValueError, match="one block type and one width"):
+        layer.blocks
 
 
 def _model(tie: bool = True, d_model: int = 32) -> dl.DecoderOnlyTransformer:
@@ -135,17 +205,18 @@ def test_every_linear_layer_and_the_output_layer_are_quantized_a_tied_embedding_
     assert not any(type(m) is nn.Linear for m in model.modules()) and block_dtype(model) == "q8_0"
     assert isinstance(model.we, BlockEmbedding) is tie
     if tie:
-        assert model.we.qs is model.fc_layer.qs and model.we.d is model.fc_layer.d
-    model = model.to("cpu").double().float()  # conversions move planes and never recast the float16 scales
-    assert model.fc_layer.d.dtype == torch.float16 and model.blocks[0].mlp.fc.qs.dtype == torch.int8
+        assert model.we.packed_0 is model.fc_layer.packed_0
+    model = model.to("cpu").double().float()  # conversions move the packed bytes and never recast them
+    assert model.fc_layer.packed_0.dtype == torch.uint8 and model.blocks[0].mlp.fc.packed_0.dtype == torch.uint8
     if tie:
-        assert model.we.qs is model.fc_layer.qs
+        assert model.we.packed_0 is model.fc_layer.packed_0
     state = dequantized_state_dict(model)
-    assert not any(k.endswith((".qs", ".d", ".m")) for k in state)
+    assert not any(".packed_" in k for k in state)
     plain = _model(tie)
     plain.load_state_dict(state)
     ids = torch.tensor([[1, 5, 9, 2]])
-    assert torch.allclose(model(ids), plain(ids), atol=1e-5)
+    assert torch.allclose(model(ids), plain(ids), atol=0.05)  # the kernels' 8-bit activations
+    assert torch.allclose(model.double()(ids), plain.double()(ids), atol=1e-9)  # the dequantized weights
 
 
 def test_a_width_that_is_not_whole_blocks_is_refused_naming_the_layer():
@@ -187,11 +258,12 @@ def test_a_q4_1_gguf_model_loaded_at_its_type_holds_at_most_1_3x_the_files_bytes
     assert not [n for n, t in loaded.state_dict().items() if t.is_meta]
     held = {t.data_ptr(): t.numel() * t.element_size() for t in loaded.state_dict().values()}
     assert sum(held.values()) <= 1.3 * path.stat().st_size
-    assert loaded.fc_layer.qs is loaded.we.qs
+    assert loaded.fc_layer.packed_0 is loaded.we.packed_0
     plain = _model()
     plain.load_state_dict(dequantized_state_dict(loaded))
     ids = torch.tensor([[3, 1, 4, 1, 5]])
-    assert torch.allclose(loaded.eval()(ids), plain(ids), atol=1e-5)
+    assert torch.allclose(loaded.eval()(ids), plain(ids), atol=0.05)  # the kernels' 8-bit activations
+    assert torch.allclose(loaded.double()(ids), plain.double()(ids), atol=1e-9)  # the dequantized weights
     with pytest.raises(ValueError, match=r"block weight for blocks\.0\.mlp\.fc has shape \(50, 32\), the layer "
                                          r"\(128, 32\)"):
         use_block_weights(loaded, {"blocks.0.mlp.fc": blocks["we"]})

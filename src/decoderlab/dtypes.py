@@ -7,11 +7,13 @@ fewer bytes per weight is the lever. ``DTYPES`` are the choices of ``load_checkp
 * ``float32`` (the default): the weights as trained; generation with the KV cache equals the no-cache loop.
 * ``bfloat16`` / ``float16``: every floating parameter and buffer cast (``Module.to``); activations, the KV
   cache and the logits follow (sampling upcasts low-precision logits before its softmax).
-* ``q8_0`` / ``q4_0`` / ``q4_1``: GGUF's block-quantized weights (:mod:`decoderlab.quant`: 32 weights per block
-  with a float16 scale, and a minimum for q4_1; 8.5, 4.5 and 5 bits a weight) for every linear layer and the
-  output layer -- with a tied output layer, the word embedding too (one matrix, as a GGUF file keeps it). Norms,
-  biases, position tables and an untied embedding stay float32, and so do the activations and the KV cache. The
-  compiled and ahead-of-time decode steps multiply the blocks as they are; eagerly each layer dequantizes.
+* ``q8_0`` / ``q4_0`` / ``q4_1`` / ``q5_0`` / ``q5_1``: GGUF's block-quantized weights (:mod:`decoderlab.quant`:
+  32 weights per block with a float16 scale, and a minimum for q4_1 / q5_1; 8.5, 4.5, 5, 5.5 and 6 bits a weight)
+  for every linear layer and the output layer -- with a tied output layer, the word embedding too (one matrix, as
+  a GGUF file keeps it). Norms, biases, position tables and an untied embedding stay float32, and so do the
+  activations and the KV cache. The decode step (eager or compiled) multiplies the blocks as they are through
+  :mod:`decoderlab.kernels`; a prompt's many rows dequantize slices. ``q4_k`` / ``q5_k`` / ``q6_k`` (llama.cpp's
+  K-quants) are read from GGUF files only: a float model is not quantized to them (refused, naming the others).
 
 The measured speed and quality of each (decode tokens/s, full-validation loss, greedy agreement with float32)
 are in docs/benchmarks.md, ``bench/generate.py`` and ``bench/llamacpp.py``. torchao's int8 weight-only
@@ -24,26 +26,27 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .config.names import BLOCK_DTYPES, DTYPES
+from .config.names import AUTO_DTYPE, BLOCK_DTYPES, DTYPES
 from .quant import block_dtype, quantize_model
 
 _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def dtype_name(dtype) -> str:
-    """The name in ``DTYPES`` of ``dtype``: one of those names (``q8_0``, ``q4_0``, ``q4_1``: GGUF's blocks), or
-    ``torch.float32`` / ``torch.bfloat16`` / ``torch.float16``. None means float32.
+    """The name in ``DTYPES`` of ``dtype``: one of those names (``q8_0``, ``q4_k`` ...: GGUF's blocks), or
+    ``torch.float32`` / ``torch.bfloat16`` / ``torch.float16``. None and ``"auto"`` mean float32 (a GGUF file's
+    loader reads ``"auto"`` itself: the file's own types).
 
     Raises:
         ValueError: anything else, naming the value and the allowed names.
     """
-    if dtype is None:
+    if dtype is None or dtype == AUTO_DTYPE:  # (auto: a GGUF file's own types, decided by its loader)
         return "float32"
     if isinstance(dtype, torch.dtype) and dtype in _TORCH:
         return _TORCH[dtype]
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
-    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    raise ValueError(f"unknown dtype {dtype!r}; allowed: {AUTO_DTYPE}, {', '.join(DTYPES)}")
 
 
 def check_dtype(dtype, device=None) -> str:

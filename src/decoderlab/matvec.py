@@ -14,7 +14,10 @@ Eagerly that product would build a (d_out, rows, d_in) tensor, so :func:`linear`
 ``torch.compile`` or ``torch.export`` traces the call (the compiled and ahead-of-time decode steps,
 :meth:`decoderlab.model.DecoderOnlyTransformer.compile_decode`) and only for a fixed number of rows, at most
 :data:`MAX_ROWS` (:data:`MAX_ROWS_HALF` for half-precision weights), of a plain ``nn.Linear``; everywhere else it
-is ``layer(x)``. Block-quantized layers (:mod:`decoderlab.quant`) take the same form over their blocks. Measured in
+is ``layer(x)`` -- but for an eager decode product (no gradient, at most :data:`KERNEL_ROWS` rows on the CPU) of a
+plain ``nn.Linear`` without hooks, which takes the kernels' ``dense_linear`` (:mod:`decoderlab.kernels`, measured
+faster than F.linear: :data:`KERNEL_ROWS`). Block-quantized layers (:mod:`decoderlab.quant`) are ``layer(x)`` too:
+their products are the kernels' op (:mod:`decoderlab.kernels`), which Inductor calls as it is. Measured in
 ``bench/generate.py --only-linears``.
 
 Source: the memory-bound GEMV argument of "Roofline: an insightful visual performance model" (Williams,
@@ -29,7 +32,8 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .quant import BlockLinear, block_matvec
+from .kernels import dense_linear
+
 
 #: the most rows (batch x tokens) taken as a reduction with float32 weights; above it the product is
 #: compute-bound and a GEMM's blocking wins (``bench/generate.py --only-linears``: the 24 products of the
@@ -39,6 +43,15 @@ MAX_ROWS = 8
 #: the same for bfloat16 / float16 weights, whose GEMM (oneDNN, with the CPU's bfloat16 dot products) catches up
 #: sooner: the reduction took 0.41x of its time at 1 row, 0.66x at 2, 1.20x at 4
 MAX_ROWS_HALF = 2
+#: the most rows an eager decode product of a plain ``nn.Linear`` takes through the kernels' ``dense_linear``
+#: (:mod:`decoderlab.kernels`: rows split 1-16 a pass, x rounded to bfloat16 for a bfloat16 weight, as that
+#: weight's F.linear does); more rows take F.linear (a GEMM's blocking). Measured on SmolLM2-135M's 121 products of
+#: a token, 1 thread, AMD EPYC AVX2 only, 2026-12-06 (``F.linear`` time / ``dense_linear`` time): float32 0.99x at
+#: 1 row, 1.87x at 4, 1.27x at 16; bfloat16 1.07x at 1 row, 2.65x at 4, 3.48x at 16 (ggml's own products on an
+#: AVX-512 Xeon: bench/cpu_kernels.py). One row of float32 is a tie here, taken for the CPUs where MKL's GEMV
+#: streams below the read rate (module docstring)
+KERNEL_ROWS = 16
+_DENSE = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _plain(w: torch.Tensor) -> bool:
@@ -49,21 +62,30 @@ def _plain(w: torch.Tensor) -> bool:
     return torch.compiler.is_exporting() and not is_traceable_wrapper_subclass(w)
 
 
+def _kernel_rows(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether an eager product of ``x`` and a plain float weight goes through the kernels' ``dense_linear``: on
+    the CPU, no gradient asked, at most :data:`KERNEL_ROWS` rows, a float32 / bfloat16 / float16 weight of a plain
+    tensor, ``x`` float32 or the weight's dtype."""
+    return (x.device.type == "cpu" and not torch.is_grad_enabled() and w.dtype in _DENSE and type(w) in
+            (nn.Parameter, torch.Tensor) and x.dtype in (torch.float32, w.dtype) and x.dim() >= 1
+            and x.shape[:-1].numel() <= KERNEL_ROWS)
+
+
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``: (..., d_in) -> (..., d_out); inside a compiled graph, for a plain ``nn.Linear`` on at most
     :data:`MAX_ROWS` rows (:data:`MAX_ROWS_HALF` in half precision), computed as the reduction of the module
     docstring (the same sums, in another order: float32 results agree with ``F.linear`` to rounding).
 
-    A :class:`decoderlab.quant.BlockLinear` (GGUF's blocks) takes :func:`decoderlab.quant.block_matvec`, the same
-    reduction over its integers and scales, at any number of rows (symbolic ones too: each block is read once for
-    all rows, and dequantizing into a float weight at every step would cost more than the rows).
-
-    Anything else -- eager calls, PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is
-    ``layer(x)`` unchanged. Raises what ``layer(x)`` raises."""
+    Anything else -- eager calls (a few rows of a plain ``nn.Linear``: the kernels' ``dense_linear``), a
+    :class:`decoderlab.quant.BlockLinear` (GGUF's blocks: its kernels' op),
+    PEFT's LoRA layers, quantized (tensor-subclass) weights, many rows -- is ``layer(x)`` unchanged. Raises what
+    ``layer(x)`` raises."""
     if not torch.compiler.is_compiling():
+        if type(layer) is nn.Linear and _kernel_rows(x, layer.weight) and not (layer._forward_hooks or
+                                                                              layer._forward_pre_hooks):
+            y = dense_linear(x.float(), layer.weight).to(x.dtype)
+            return y if layer.bias is None else y + layer.bias
         return layer(x)
-    if type(layer) is BlockLinear:
-        return block_matvec(x, layer)
     if type(layer) is not nn.Linear:
         return layer(x)
     w = layer.weight

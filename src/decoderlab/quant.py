@@ -1,34 +1,34 @@
-"""Block-quantized weights: GGUF's Q8_0, Q4_0 and Q4_1, kept in their bytes and multiplied as they are.
+"""Block-quantized weights: GGUF's blocks -- Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K -- kept in their bytes
+and multiplied as they are, by decoderlab's CPU kernels (:mod:`decoderlab.kernels`).
 
-A weight matrix (out, in) is cut along its input dimension into blocks of 32 weights (:data:`BLOCK`); each block
-keeps small integers and a float16 scale ``d`` (and for q4_1 a float16 minimum ``m``), the layouts of llama.cpp's
-ggml (``ggml-common.h``) and of the GGUF files it reads:
+A weight matrix (out, in) is cut along its input dimension into blocks of 32 weights (256 for the K-quants), each
+block small integers and float16 scales (and minimums), the layouts of llama.cpp's ggml (``ggml-common.h``) and of
+the GGUF files it reads (:mod:`decoderlab.kernels.types` lists them: 4.5 to 8.5 bits a weight). At batch 1
+decoding reads every weight once per token and is bound by those bytes and the arithmetic on them.
 
-    q8_0  w = d * q,        q an int8 in -127 .. 127           8.5 bits a weight  (34 bytes / 32 weights)
-    q4_0  w = d * (q - 8),  q a nibble 0 .. 15                 4.5 bits a weight  (18 bytes / 32 weights)
-    q4_1  w = d * q + m,    q a nibble 0 .. 15                 5 bits a weight    (20 bytes / 32 weights)
+:class:`BlockWeight` holds one matrix as the kernels' packed bytes (:func:`decoderlab.kernels.pack`: the file's
+bytes regrouped 16 rows at a time, as many bytes as the file holds; no float copy). It is made from a GGUF file's
+blocks (:meth:`BlockWeight.from_gguf`, the GGUF loader's constructor) or by quantizing a float matrix
+(:meth:`BlockWeight.quantize`: llama.cpp's reference quantizers, whose bytes ``gguf.quants`` reproduces -- q8_0,
+q4_0, q4_1 in torch here, q5_0 / q5_1 by ``gguf.quants``; the K-quants have no quantizer there and are refused), and
+gives the float matrix back exactly as ``gguf.quants`` dequantizes it (:meth:`BlockWeight.dequantize`, float32,
+bit for bit).
 
-(a q4 block's byte j holds weight j in its low nibble and weight j + 16 in its high one). At batch 1 decoding
-reads every weight once per token and is bound by those bytes: q8_0 reads 0.27x float32's, q4_1 0.16x.
+:class:`BlockLinear` and :class:`BlockEmbedding` are the model's ``nn.Linear`` / ``nn.Embedding`` over such weights
+(their packed bytes are uint8 buffers ``packed_0``, ``packed_1``...: ``state_dict``, ``.to(device)`` and an AOT
+package's constants see plain tensors, and a cast to another float dtype leaves them be). A linear layer may stack
+several weights of different types along its rows (q | k | v of a K-quant file: q5_0, q5_0, q8_0), multiplied in one
+call. :func:`quantize_model` turns every ``nn.Linear`` of a model -- the output layer included, and with it the word
+embedding when the two are tied -- into them; :func:`use_block_weights` puts given weights (a GGUF file's) in place
+of named layers.
 
-:class:`BlockWeight` holds one matrix as three planes -- the integers (out, in) int8 for q8_0 or (out, in / 2)
-uint8 nibble pairs for q4, the scales (out, in / 32) float16, the minimums likewise (q4_1) -- the file's bytes
-regrouped, so that a product reads each plane in order. It is made from a GGUF file's blocks
-(:meth:`BlockWeight.from_gguf`, the GGUF loader's constructor: no float copy) or by quantizing a float matrix
-(:meth:`BlockWeight.quantize`: llama.cpp's reference quantizers, ``quantize_row_q8_0_ref`` & co, whose bytes
-``gguf.quants`` reproduces; tested equal byte for byte), and gives the float matrix back exactly as ggml and
-``gguf.quants`` dequantize it (:meth:`BlockWeight.dequantize`, float32, bit for bit).
-
-:class:`BlockLinear` and :class:`BlockEmbedding` are the model's ``nn.Linear`` / ``nn.Embedding`` over such a
-weight (its planes are their buffers, so that ``state_dict``, ``.to(device)`` and an AOT package's constants see
-plain tensors by name). :func:`quantize_model` turns every ``nn.Linear`` of a model -- the output layer included,
-and with it the word embedding when the two are tied -- into them; :func:`use_block_weights` puts given
-weights (a GGUF file's) in place of named layers.
-
-How they multiply: eagerly (prefill, the eager decode step) a layer dequantizes its weight and calls ``F.linear``;
-inside a compiled or exported decode step (``torch.compile`` / AOTInductor) :func:`block_matvec` writes the
-product as a reduction over the blocks that Inductor compiles into one pass over the integers and scales
-(:mod:`decoderlab.matvec`). Measured in ``bench/generate.py --only-linears`` and ``bench/llamacpp.py``.
+How they multiply, on the CPU with float32 activations: through the kernels' op
+``torch.ops.decoderlab.block_linear(_many)`` -- the activations quantized to 8-bit blocks and multiplied in
+integers, as ggml does --, eagerly and inside a compiled or AOT-compiled step alike (the op has a fake
+implementation, so Inductor traces it as any op), a decode step's rows and a prompt's alike (measured faster than
+dequantizing at every row count: :data:`KERNEL_ROWS`). Another device or dtype (a CUDA GPU, a float64 reference)
+dequantizes the weight a slice of rows at a time and calls ``F.linear``. Gradients flow to ``x`` (LoRA trains over a frozen block layer:
+``grad_x = grad_y @ W``, ``W`` dequantized); the weight itself takes none. Measured in ``bench/llamacpp.py``.
 
 Source: ggml's block formats (github.com/ggml-org/llama.cpp, ``ggml/src/ggml-common.h``, ``ggml-quants.c``);
 the GGUF specification (github.com/ggml-org/ggml, ``docs/gguf.md``).
@@ -36,30 +36,42 @@ the GGUF specification (github.com/ggml-org/ggml, ``docs/gguf.md``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .config.names import BLOCK_DTYPES
+from . import kernels
+from .config.names import BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
+from .kernels.portable import dequantize as _dequantize_packed
 
-#: weights per block, every block type here (ggml's QK8_0 = QK4_0 = QK4_1 = 32)
+#: weights per block of the 32-weight types (ggml's QK8_0 = QK4_0 = ... = 32; the K-quants' QK_K is 256)
 BLOCK = 32
 #: GGML's type number of each block type (``gguf.GGMLQuantizationType``)
-GGML_TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}
-#: bytes of one block in a GGUF file: float16 scale (+ float16 minimum) + the integers
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-#: Inductor's C++ options for a step over block weights: the compiler may fuse the multiply by a scale and the add
-#: into one FMA instruction (``-ffp-contract=fast``; Inductor's default keeps them apart). The block products are
-#: bound by their arithmetic on the CPUs measured, not their bytes: 1.16-1.17x faster products at GPT-2's
-#: vocabulary x 384 (q8_0 5.84 -> 4.98 ms, q4_1 8.64 -> 7.44 ms; bfloat16's unchanged), one thread, same run
+GGML_TYPES = {k: kernels.TYPES[k].number for k in BLOCK_DTYPES}
+#: bytes of one block in a GGUF file
+BLOCK_BYTES = {k: kernels.TYPES[k].bytes for k in BLOCK_DTYPES}
+#: the most rows of ``x`` (batch x tokens) a block layer multiplies through the kernels (None: any); more would
+#: take dequantized slices and ``F.linear``. Measured, a 1536 x 576 q4_1 weight, 1 thread, AMD EPYC AVX2 only
+#: (2026-12-06): the kernels' op 0.55 / 1.11 / 2.74 ms at 17 / 32 / 128 rows, dequantized slices + F.linear
+#: 13.2 / 13.9 / 16.9 ms, F.linear of the float32 weight itself 1.29 / 1.93 / 5.48 ms -- the kernels win at
+#: every row count (ggml's own GEMM-like products are 1.2-7x faster still at 128 rows: bench/cpu_kernels.py)
+KERNEL_ROWS = None
+# (an MLP's gate and up projections in one block_linear_many call, the input quantized once, measured no faster:
+# SmolLM2-135M's Q4_1 file, eager decode, 5 alternating rounds, 1 thread, AVX2 EPYC: 22.4 vs 22.8 tok/s; float32
+# by dense_linear_many 9.4 vs 9.4 -- so each projection is its own call)
+#: Inductor's C++ options for a step over block weights: the compiler may fuse a multiply and an add into one FMA
+#: (``-ffp-contract=fast``); it measured 1.16x faster in the earlier reduction form of the block products, and
+#: changes nothing for the kernels' op (compiled apart)
 FAST_CONTRACT = {"cpp.enable_floating_point_contract_flag": "fast"}
 
 
 def block_kind(kind) -> str:
-    """The name in :data:`BLOCK_DTYPES` of ``kind``: a name (any case: ``"Q8_0"``), or GGML's type number /
+    """The name in :data:`BLOCK_DTYPES` of ``kind``: a name (any case: ``"Q4_K"``), or GGML's type number /
     ``gguf.GGMLQuantizationType`` member. Raises ``ValueError`` naming it and the block types kept."""
     if isinstance(kind, str) and kind.lower() in BLOCK_DTYPES:
         return kind.lower()
@@ -83,132 +95,120 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d == 0, torch.zeros_like(d), 1 / d)
 
 
+def _f16_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.half().contiguous().view(torch.uint8).reshape(t.shape[0], -1)
+
+
+def _quantize_bytes(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """GGUF bytes (out, row bytes) of ``weight`` (out, in) quantized to q8_0 / q4_0 / q4_1 by llama.cpp's reference
+    quantizers (``quantize_row_q8_0_ref`` & co; rounding in float32 as they do), or q5_0 / q5_1 by
+    ``gguf.quants`` (the same quantizers in numpy)."""
+    out = weight.shape[0]
+    x = weight.detach().to(device="cpu", dtype=torch.float32).reshape(-1, BLOCK)  # (blocks, 32)
+    if kind in ("q5_0", "q5_1"):
+        import gguf
+
+        raw = gguf.quants.quantize(x.reshape(out, -1).numpy(), gguf.GGMLQuantizationType[kind.upper()])
+        return torch.from_numpy(np.ascontiguousarray(raw))
+    if kind == "q8_0":
+        d = x.abs().amax(-1, keepdim=True) / 127
+        qs = _roundf(x * _inverse(d)).to(torch.int8).view(torch.uint8)
+        return torch.cat([_f16_bytes(d), qs], dim=1).reshape(out, -1)
+    if kind == "q4_0":
+        peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # the signed value of largest magnitude
+        d = peak / -8
+        q = (x * _inverse(d) + 8.5).trunc()
+        head = [_f16_bytes(d)]
+    else:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        d = (hi - lo) / 15
+        q = ((x - lo) * _inverse(d) + 0.5).trunc()
+        head = [_f16_bytes(d), _f16_bytes(lo)]
+    q = q.to(torch.uint8).clamp_(0, 15).reshape(-1, 2, BLOCK // 2)
+    return torch.cat([*head, q[:, 0] | (q[:, 1] << 4)], dim=1).reshape(out, -1)
+
+
 @dataclass(frozen=True)
 class BlockWeight:
-    """One (out, in) weight matrix in GGUF blocks of 32 along ``in`` (module docstring).
+    """One (out, in) weight matrix in GGUF blocks along ``in``, held as the kernels' packed bytes (module
+    docstring).
 
     Attributes:
-        kind: ``"q8_0"``, ``"q4_0"`` or ``"q4_1"``.
-        qs: the integers: (out, in) int8 for q8_0; (out, in / 2) uint8 for q4 (per block of 32 weights, 16 bytes:
-            byte j = weight j in the low nibble, weight j + 16 in the high one).
-        d: (out, in / 32) float16 scales.
-        m: (out, in / 32) float16 minimums for q4_1, else None.
+        kind: a name of :data:`BLOCK_DTYPES` (``"q4_k"``).
+        packed: 1-D uint8, :func:`decoderlab.kernels.pack`'s layout of the file's blocks.
+        shape: (out, in), the logical matrix's.
     """
 
     kind: str
-    qs: torch.Tensor
-    d: torch.Tensor
-    m: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out, in): the logical matrix's shape."""
-        return (self.d.shape[0], self.d.shape[1] * BLOCK)
+    packed: torch.Tensor
+    shape: tuple[int, int]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the planes' (a GGUF file holds the same bytes for this matrix)."""
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        """Bytes held: the file's bytes for this matrix (and zero rows up to a multiple of 16 rows, if any)."""
+        return self.packed.numel()
 
     # -- construction ------------------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, data, kind, shape) -> BlockWeight:
-        """The weight of a GGUF tensor of type Q8_0, Q4_0 or Q4_1, from its blocks as they are in the file.
-
-        The GGUF loader's constructor: no float copy is made -- the file's bytes are regrouped into the three
-        planes (one pass; the same number of bytes).
+        """The weight of a GGUF block tensor, from its bytes as they are in the file -- the GGUF loader's
+        constructor: no float copy is made (the bytes regrouped once, :func:`decoderlab.kernels.pack`).
 
         Args:
             data: the tensor's bytes, a numpy uint8 array as ``gguf.GGUFReader`` gives them (``ReaderTensor.data``:
-                (out, bytes per row), or flat), or anything ``np.asarray`` makes one of; out * in / 32 blocks.
-            kind: the block type: ``"q8_0"`` / ``"q4_0"`` / ``"q4_1"`` (any case) or GGML's type number
-                (``ReaderTensor.tensor_type``, a ``gguf.GGMLQuantizationType``).
+                (out, bytes per row), or flat), or a torch uint8 tensor.
+            kind: the block type, a name of :data:`BLOCK_DTYPES` (any case) or GGML's type number
+                (``ReaderTensor.tensor_type``).
             shape: the logical (out, in) of the matrix -- our ``nn.Linear`` layout; GGUF lists ggml's
                 (in, out), so a loader passes ``tuple(reversed(tensor.shape))``.
 
         Raises:
-            ValueError: a block type not kept (named, with the allowed ones), an ``in`` that is not a multiple of
-                32, or a byte count that is not out * in / 32 blocks of the type (both counts named).
+            ValueError: a block type not kept (named, with the allowed ones), an ``in`` that is not whole blocks of
+                the type, or a byte count that is not the shape's (both counts named).
         """
         kind = block_kind(kind)
         out, inp = (int(s) for s in shape)
-        if inp % BLOCK or out < 1 or inp < 1:
-            raise ValueError(f"a {kind} matrix of shape ({out}, {inp}) is not whole blocks: its second dimension "
-                             f"(inputs) must be a positive multiple of {BLOCK}")
-        raw = np.asarray(data)
-        if raw.dtype != np.uint8:
-            raw = raw.view(np.uint8)
-        n = out * (inp // BLOCK)
-        if raw.size != n * BLOCK_BYTES[kind]:
-            raise ValueError(f"a {kind} matrix of shape ({out}, {inp}) is {n} blocks of {BLOCK_BYTES[kind]} bytes = "
-                             f"{n * BLOCK_BYTES[kind]} bytes; got {raw.size}")
-        blocks = raw.reshape(n, BLOCK_BYTES[kind])
-        head = 4 if kind == "q4_1" else 2
-
-        def plane(lo, hi, dtype):  # one field of every block, copied out contiguous
-            return torch.from_numpy(np.ascontiguousarray(blocks[:, lo:hi]).view(dtype))
-
-        qs = plane(head, BLOCK_BYTES[kind], np.int8 if kind == "q8_0" else np.uint8).reshape(out, -1)
-        d = plane(0, 2, np.float16).reshape(out, -1)
-        m = plane(2, 4, np.float16).reshape(out, -1) if kind == "q4_1" else None
-        return cls(kind, qs, d, m)
+        if isinstance(data, np.ndarray) and data.dtype != np.uint8:
+            data = data.view(np.uint8)
+        return cls(kind, kernels.pack(data, kind, (out, inp)), (out, inp))
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, kind) -> BlockWeight:
-        """``weight`` (out, in), any float dtype, quantized to ``kind`` with llama.cpp's reference quantizers
-        (``quantize_row_q8_0_ref``, ``_q4_0_ref``, ``_q4_1_ref``; rounding in float32 as they do). The bytes equal
-        ``gguf.quants.quantize``'s for the same float32 matrix.
+        """``weight`` (out, in), any float dtype, quantized to ``kind`` with llama.cpp's reference quantizers; the
+        bytes equal ``gguf.quants.quantize``'s for the same float32 matrix.
 
         Raises:
-            ValueError: an unknown ``kind``, a matrix that is not 2-D, or ``in`` not a multiple of 32.
+            ValueError: an unknown ``kind``, a K-quant (no reference quantizer here or in ``gguf.quants``: named,
+                with the types that quantize), a matrix that is not 2-D, or ``in`` not a multiple of 32.
         """
         kind = block_kind(kind)
+        if kind not in QUANTIZABLE_BLOCK_DTYPES:
+            raise ValueError(f"{kind} cannot be quantized to here (gguf.quants has no quantizer for it: llama.cpp's "
+                             f"llama-quantize writes it); allowed: {', '.join(QUANTIZABLE_BLOCK_DTYPES)}")
         if weight.dim() != 2 or weight.shape[1] % BLOCK:
             raise ValueError(f"{kind} quantizes (out, in) matrices whose in is a multiple of {BLOCK}; got shape "
                              f"{tuple(weight.shape)}")
-        out = weight.shape[0]
         with torch.no_grad():
-            x = weight.detach().to(torch.float32).reshape(-1, BLOCK)  # (blocks, 32)
-            if kind == "q8_0":
-                d = x.abs().amax(-1, keepdim=True) / 127
-                qs = _roundf(x * _inverse(d)).to(torch.int8)
-                return cls(kind, qs.reshape(out, -1), d.half().reshape(out, -1))
-            if kind == "q4_0":
-                peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # the signed value of largest magnitude
-                d = peak / -8
-                q = (x * _inverse(d) + 8.5).trunc()
-                m = None
-            else:
-                lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-                d = (hi - lo) / 15
-                q = ((x - lo) * _inverse(d) + 0.5).trunc()
-                m = lo.half().reshape(out, -1)
-            q = q.to(torch.uint8).clamp_(0, 15).reshape(-1, 2, BLOCK // 2)
-            qs = q[:, 0] | (q[:, 1] << 4)
-            return cls(kind, qs.reshape(out, -1), d.half().reshape(out, -1), m)
+            raw = _quantize_bytes(weight, kind)
+        return cls.from_gguf(raw, kind, tuple(weight.shape))
 
     # -- reading it back ---------------------------------------------------------------------------------------
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The float matrix (out, in), computed in float32 as ggml and ``gguf.quants`` do (bit for bit), then cast
-        to ``dtype``."""
-        return dequantize_rows(self.kind, self.qs, self.d, self.m).to(dtype)
+        """The float matrix (out, in), computed in float32 as ``gguf.quants`` does (bit for bit), then cast to
+        ``dtype``."""
+        return _dequantize_packed(self.packed, self.kind, self.shape).to(dtype)
 
     def to_gguf(self) -> np.ndarray:
-        """The GGUF bytes of this matrix: a uint8 array (out, in / 32 * block bytes), as a GGUF writer takes a
-        quantized tensor (``gguf.GGUFWriter.add_tensor(..., raw_dtype=...)``). The inverse of :meth:`from_gguf`."""
-        out, inp = self.shape
-        n = out * (inp // BLOCK)
-        parts = [self.d.reshape(n, 1).cpu().contiguous().numpy().view(np.uint8)]
-        if self.m is not None:
-            parts.append(self.m.reshape(n, 1).cpu().contiguous().numpy().view(np.uint8))
-        parts.append(self.qs.reshape(n, -1).cpu().contiguous().numpy().view(np.uint8))
-        return np.concatenate(parts, axis=1).reshape(out, -1)
+        """The GGUF bytes of this matrix: a uint8 array (out, bytes per row), as a GGUF writer takes a quantized
+        tensor (``gguf.GGUFWriter.add_tensor(..., raw_dtype=...)``). The inverse of :meth:`from_gguf`."""
+        return kernels.unpack(self.packed.cpu(), self.kind, self.shape).numpy()
 
     # -- rows: a fused projection's parts, a permutation of heads ------------------------------------------
     def rows(self, index) -> BlockWeight:
         """The matrix's rows ``index`` (a slice, or a tensor / list of row numbers: a selection or a
         permutation), as a weight of the same kind (blocks run along a row, so rows move whole and exactly)."""
-        return BlockWeight(self.kind, self.qs[index], self.d[index], None if self.m is None else self.m[index])
+        raw = kernels.unpack(self.packed.cpu(), self.kind, self.shape)[index]
+        return BlockWeight.from_gguf(raw, self.kind, (raw.shape[0], self.shape[1]))
 
     @classmethod
     def cat(cls, weights) -> BlockWeight:
@@ -225,74 +225,101 @@ class BlockWeight:
         if len(kinds) > 1 or len(widths) > 1:
             raise ValueError(f"BlockWeight.cat stacks weights of one block type and one width; got types "
                              f"{sorted(kinds)} and widths {sorted(widths)}")
-        m = None if weights[0].m is None else torch.cat([w.m for w in weights])
-        return cls(weights[0].kind, torch.cat([w.qs for w in weights]), torch.cat([w.d for w in weights]), m)
-
-
-def dequantize_rows(kind: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """Float32 weights (..., in) of block planes (..., in) int8 or (..., in / 2) uint8 and (..., in / 32) scales
-    (and minimums): ggml's dequantization, product and sum rounded apart as ``gguf.quants`` computes them."""
-    lead = d.shape[:-1]
-    scale = d.float().unsqueeze(-1)  # (..., blocks, 1)
-    if kind == "q8_0":
-        return (qs.reshape(*lead, -1, BLOCK).float() * scale).reshape(*lead, -1)
-    q = qs.reshape(*lead, -1, BLOCK // 2)
-    low = None if m is None else m.float().unsqueeze(-1)
-    if torch.compiler.is_compiling():  # (a compiler fuses the stack; it takes no out= into a strided half)
-        q = torch.stack([q & 15, q >> 4], dim=-2).reshape(*lead, -1, BLOCK).float()
-        w = (q - 8) * scale if kind == "q4_0" else q * scale + low
-        return w.reshape(*lead, -1)
-    out = torch.empty(*q.shape[:-1], 2, BLOCK // 2, device=qs.device)
-    # low nibbles are weights 0..15 of a block, high ones 16..31, each written into its half (eagerly a cat or a
-    # broadcast shift of the two measured 2-15x slower than the rest of the dequantization)
-    for half, nibbles in enumerate((q & 15, q >> 4)):
-        w = out[..., half, :]
-        if kind == "q4_0":
-            torch.mul(nibbles.float() - 8, scale, out=w)
-        else:
-            torch.mul(nibbles.float(), scale, out=w)
-            w.add_(low)
-    return out.reshape(*lead, -1)
+        raw = torch.cat([kernels.unpack(w.packed.cpu(), w.kind, w.shape) for w in weights])
+        return cls.from_gguf(raw, weights[0].kind, (raw.shape[0], weights[0].shape[1]))
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the product inside a compiled step
+# the products
 # ---------------------------------------------------------------------------------------------------------
 
 
-def block_matvec(x: torch.Tensor, layer: "BlockLinear") -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for a block weight as a reduction over its blocks, for a compiled or exported graph:
-    (..., in) -> (..., out), accumulated in float32 (float64 for float64 ``x``), the result in ``x``'s dtype.
+def _dequantized_rows(packed: torch.Tensor, kind: str, shape: tuple[int, int], start: int, stop: int):
+    """Rows [start, stop) of a packed weight as float32 (``start`` a multiple of 16): their groups' bytes alone."""
+    out, inp = shape
+    group = packed.numel() // -(-out // kernels.ROWS)
+    part = packed[start // kernels.ROWS * group:-(-stop // kernels.ROWS) * group]
+    return _dequantize_packed(part, kind, (stop - start, inp))
 
-    Written as multiplies and one sum over every (block, weight-in-block) pair of a row, with the output index
-    outermost, so that Inductor compiles it into a loop that reads each row's integers and scales once for all of
-    ``x``'s rows and converts them to float in registers (:mod:`decoderlab.matvec`). Eagerly this would build a
-    (out, rows, in) tensor: call it only where ``torch.compile`` or ``torch.export`` traces."""
+
+def _dequantized_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: tuple[int, int]) -> torch.Tensor:
+    """``x @ W.T`` by ``F.linear`` on the weight dequantized a slice of rows at a time, each slice small enough to
+    stay in cache while F.linear reads it (the whole float weight at once measured 7x slower than float32's
+    F.linear at one row: written to memory and read back; slices of ~128k weights 1.5x)."""
+    out, inp = shape
+    rows = max(1, (1 << 17) // inp // kernels.ROWS) * kernels.ROWS
+    y = x.new_empty(*x.shape[:-1], out)
+    for s in range(0, out, rows):
+        e = min(s + rows, out)
+        y[..., s:e] = F.linear(x, _dequantized_rows(packed, kind, shape, s, e).to(device=x.device, dtype=x.dtype))
+    return y
+
+
+class _KernelProduct(torch.autograd.Function):
+    """The kernels' products with a gradient for ``x``: ``grad_x = grad_y @ W`` with ``W`` dequantized (the
+    forward's activation quantization is treated as the identity, as a straight-through estimator; a frozen
+    weight takes no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, kinds, outs, inp, *packed):
+        ctx.parts = (kinds, outs, inp)
+        ctx.save_for_backward(*packed)
+        return _kernel_products(x, packed, kinds, outs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        kinds, outs, inp = ctx.parts
+        grads, at = [], 0
+        for p, kind, out in zip(ctx.saved_tensors, kinds, outs):
+            grads.append(grad[..., at:at + out] @ _dequantize_packed(p, kind, (out, inp)))
+            at += out
+        return (sum(grads), None, None, None, *[None] * len(ctx.saved_tensors))
+
+
+def _kernel_products(x: torch.Tensor, packed, kinds, outs) -> torch.Tensor:
+    if len(packed) == 1:
+        return kernels.block_linear(x, packed[0], kinds[0], outs[0])
+    if torch.compiler.is_compiling():
+        # one op per weight in a compiled graph: an AOT package over block_linear_many (a list-returning op)
+        # decoded other greedy tokens than eager on SmolLM2's Q4_K_M file (14% equal, 2026-12-06; the cause not
+        # found), the single op the same tokens
+        return torch.cat([kernels.block_linear(x, p, k, o) for p, k, o in zip(packed, kinds, outs)], dim=-1)
+    return torch.cat(kernels.block_linear_many(x, list(packed), list(kinds), list(outs)), dim=-1)
+
+
+_DEQUANTIZED = {"depth": 0}
+
+
+@contextmanager
+def dequantized_products():
+    """Within it, every block layer multiplies its dequantized weight by ``F.linear`` (no activation quantization):
+    the arithmetic ``decoderlab verify`` holds to its float64 recomputation from the dequantized weights."""
+    _DEQUANTIZED["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEQUANTIZED["depth"] -= 1
+
+
+def activation_types(model: nn.Module) -> list[str]:
+    """The 8-bit block types the kernels quantize ``model``'s block products' activations to (``"q8_1"`` for a
+    q4_1 weight, ...), each once, in the order met; empty for a model without block layers."""
+    kinds = [kernels.TYPES[k].activation for m in model.modules() if isinstance(m, _Blocks) for k in m.kinds]
+    return list(dict.fromkeys(kinds))
+
+
+def _few_rows(x: torch.Tensor) -> bool:
+    """Whether ``x``'s rows go through the kernels: float32 on the CPU, at most :data:`KERNEL_ROWS` rows (None:
+    any) -- or a symbolic row count inside a compiled graph (a server's dynamic batch: a comparison would guard on
+    it and recompile for every batch size on its other side)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or _DEQUANTIZED["depth"]:
+        return False
+    if KERNEL_ROWS is None:
+        return True
     rows = x.shape[:-1].numel()
-    acc = torch.promote_types(x.dtype, torch.float32)
-    flat = x.reshape(rows, x.shape[-1]).to(acc)
-    # a view onto itself: the op that made x runs once into a buffer instead of being inlined into the reduction
-    # and redone for every output row (matvec.linear says why)
-    flat = torch.as_strided(flat, flat.shape, flat.stride())
-    scale = layer.d.to(acc)[:, None, :, None]  # (out, 1, blocks, 1)
-    if layer.kind == "q8_0":
-        xb = flat.reshape(1, rows, -1, BLOCK)  # (1, rows, blocks, 32)
-        w = layer.qs.reshape(layer.out_features, 1, -1, BLOCK).to(acc) * scale
-        y = (xb * w).sum((-1, -2))
-    else:
-        xb = flat.reshape(1, rows, -1, 2, BLOCK // 2)  # weights 0..15 and 16..31 of each block apart
-        q = layer.qs.reshape(layer.out_features, 1, -1, BLOCK // 2)
-        lo, hi = (q & 15).to(acc), (q >> 4).to(acc)
-        if layer.kind == "q4_0":
-            lo, hi = (lo - 8) * scale, (hi - 8) * scale
-        else:
-            low = layer.m.to(acc)[:, None, :, None]
-            lo, hi = lo * scale + low, hi * scale + low
-        y = (xb[..., 0, :] * lo + xb[..., 1, :] * hi).sum((-1, -2))  # (out, rows)
-    y = y.t()
-    if layer.bias is not None:
-        y = y + layer.bias.to(acc)
-    return y.reshape(*x.shape[:-1], layer.out_features).to(x.dtype)
+    if isinstance(rows, int):
+        return rows <= KERNEL_ROWS
+    return not statically_known_true(rows > KERNEL_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,25 +328,50 @@ def block_matvec(x: torch.Tensor, layer: "BlockLinear") -> torch.Tensor:
 
 
 class _Blocks(nn.Module):
-    """What a block layer shares: its planes as buffers ``qs``, ``d`` (and ``m``), the kind, and conversions
-    that move the planes but never recast them (``model.to(torch.bfloat16)`` would otherwise turn the float16
-    scales into bfloat16: a different weight)."""
+    """What a block layer shares: its weights' packed bytes as uint8 buffers ``packed_0``, ``packed_1``... (rows
+    stacked in that order), each one's kind and out; conversions move them and never recast them (uint8: a cast
+    to another float dtype passes them by)."""
 
-    def _set_blocks(self, weight: BlockWeight) -> None:
-        self.kind = weight.kind
+    def _set_blocks(self, weights) -> None:
+        weights = [weights] if isinstance(weights, BlockWeight) else list(weights)
+        if not weights or len({w.shape[1] for w in weights}) != 1:
+            raise ValueError(f"a block layer stacks one or more weights of one width; got shapes "
+                             f"{[tuple(w.shape) for w in weights]}")
+        self.kinds = tuple(w.kind for w in weights)
+        self.outs = tuple(w.shape[0] for w in weights)
+        self.in_width = weights[0].shape[1]
         self.out_dtype = torch.float32  # what the float parts of the model are (follows .to(dtype), .double() ...)
-        self.register_buffer("qs", weight.qs)
-        self.register_buffer("d", weight.d)
-        self.register_buffer("m", weight.m)
+        for i, w in enumerate(weights):
+            self.register_buffer(f"packed_{i}", w.packed)
+
+    @property
+    def kind(self) -> str:
+        """The block type of the layer's first weight (``"mixed"`` readers look at :attr:`kinds`)."""
+        return self.kinds[0]
+
+    @property
+    def packed(self) -> list[torch.Tensor]:
+        """The layer's packed weights, in row order (its own buffers)."""
+        return [self._buffers[f"packed_{i}"] for i in range(len(self.kinds))]
+
+    @property
+    def parts(self) -> list[BlockWeight]:
+        """The layer's weights, in row order (over its own buffers, not copies)."""
+        return [BlockWeight(k, p, (o, self.in_width)) for k, p, o in zip(self.kinds, self.packed, self.outs)]
 
     @property
     def blocks(self) -> BlockWeight:
-        """The layer's weight (its own buffers, not a copy)."""
-        return BlockWeight(self.kind, self.qs, self.d, self.m)
+        """The layer's weight as one :class:`BlockWeight` (its own buffers when it holds one; a stack of weights of
+        one type re-packed together).
+
+        Raises:
+            ValueError: weights of different types (a K-quant file's q | k | v), named."""
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else BlockWeight.cat(parts)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight (out, in) (:meth:`BlockWeight.dequantize`)."""
-        return dequantize_rows(self.kind, self.qs, self.d, self.m).to(dtype)
+        return torch.cat([w.dequantize(dtype) for w in self.parts])
 
     @property
     def weight(self) -> torch.Tensor:
@@ -329,48 +381,38 @@ class _Blocks(nn.Module):
         return self.dequantize()
 
     def _apply(self, fn, recurse=True):
-        # the float16 planes pass through as int16 views: Module.to / half / float cast floating tensors only
-        planes = [k for k in ("d", "m") if self._buffers.get(k) is not None]
-        for k in planes:
-            self._buffers[k] = self._buffers[k].view(torch.int16)
         probe = fn(torch.empty(0, dtype=self.out_dtype))
         if probe.dtype.is_floating_point:
             self.out_dtype = probe.dtype
-        try:
-            return super()._apply(fn, recurse)
-        finally:
-            for k in planes:
-                self._buffers[k] = self._buffers[k].view(torch.float16)
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
-        out, inp = self.d.shape[0], self.d.shape[1] * BLOCK
-        return f"{inp}, {out}, {self.kind}"
+        return f"{self.in_width}, {sum(self.outs)}, {' | '.join(self.kinds)}"
 
 
 class BlockLinear(_Blocks):
-    """``nn.Linear`` over a :class:`BlockWeight`: (..., in_features) -> (..., out_features), ``x W^T + b``.
+    """``nn.Linear`` over :class:`BlockWeight` s stacked along the rows: (..., in_features) -> (...,
+    out_features), ``x W^T + b``. Float32 rows on the CPU go through the kernels' op (one call for all the
+    weights); another dtype or device through ``F.linear`` on dequantized slices (module docstring).
+    ``bias`` is an ordinary float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
 
-    Eagerly the weight is dequantized (float32, then ``x``'s dtype) a slice of rows at a time and ``F.linear``
-    runs on each slice; inside a compiled decode step :func:`decoderlab.matvec.linear` takes :func:`block_matvec`
-    instead. ``bias`` is an ordinary float parameter (state-dict key ``bias``, as ``nn.Linear``'s)."""
-
-    def __init__(self, weight: BlockWeight, bias: torch.Tensor | None = None):
+    def __init__(self, weight, bias: torch.Tensor | None = None):
         super().__init__()
         self._set_blocks(weight)
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = sum(self.outs), self.in_width
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # dequantized a slice of rows at a time, each slice small enough to stay in cache while F.linear reads it:
-        # the whole float weight at once measured 7x slower than float32's F.linear at one row (written to memory
-        # and read back), slices of ~128k weights 1.5x (bench/llamacpp.py: eager block dtypes)
-        rows = max(16, (1 << 17) // self.in_features)
-        out = x.new_empty(*x.shape[:-1], self.out_features)
-        for s in range(0, self.out_features, rows):
-            e = min(s + rows, self.out_features)
-            w = dequantize_rows(self.kind, self.qs[s:e], self.d[s:e], None if self.m is None else self.m[s:e])
-            out[..., s:e] = F.linear(x, w.to(x.dtype), None if self.bias is None else self.bias[s:e].to(x.dtype))
-        return out
+        packed = self.packed
+        if _few_rows(x):
+            if torch.is_grad_enabled() and x.requires_grad:
+                y = _KernelProduct.apply(x, self.kinds, self.outs, self.in_width, *packed)
+            else:
+                y = _kernel_products(x, packed, self.kinds, self.outs)
+        else:
+            y = torch.cat([_dequantized_linear(x, p, k, (o, self.in_width))
+                           for p, k, o in zip(packed, self.kinds, self.outs)], dim=-1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
 class BlockEmbedding(_Blocks):
@@ -384,8 +426,16 @@ class BlockEmbedding(_Blocks):
         self.num_embeddings, self.embedding_dim = weight.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = dequantize_rows(self.kind, self.qs[ids], self.d[ids], None if self.m is None else self.m[ids])
-        return rows.to(self.out_dtype)
+        # the packed bytes keep 16 rows together: each id's group of 16 is dequantized and its row picked (no
+        # unique(): its data-dependent size would not compile; a prompt's groups are few MB at most)
+        (packed,), kind, width = self.packed, self.kinds[0], self.in_width
+        groups = packed.view(-(-self.num_embeddings // kernels.ROWS), -1)
+        flat = ids.reshape(-1)
+        chosen = groups[flat // kernels.ROWS].reshape(-1)
+        rows = _dequantize_packed(chosen, kind, (flat.numel() * kernels.ROWS, width))
+        picked = rows.view(flat.numel(), kernels.ROWS, width)[torch.arange(flat.numel(), device=ids.device),
+                                                                flat % kernels.ROWS]
+        return picked.reshape(*ids.shape, width).to(self.out_dtype)
 
 
 def is_block_layer(module) -> bool:
@@ -406,15 +456,15 @@ def tie_block_weights(model) -> None:
     elif isinstance(we, BlockEmbedding) and not isinstance(head, BlockLinear):
         model.fc_layer = BlockLinear(we.blocks, None if head.bias is None else head.bias)
     elif isinstance(head, BlockLinear):
-        for k in ("qs", "d", "m"):
-            head._buffers[k] = we._buffers[k]
-        head.kind = we.kind
+        head._buffers["packed_0"] = we._buffers["packed_0"]
+        head.kinds = we.kinds
 
 
 def _check_width(name: str, module: nn.Module, kind: str) -> None:
     width = module.in_features if isinstance(module, nn.Linear) else module.embedding_dim
-    if width % BLOCK:
-        raise ValueError(f"--dtype {kind}: layer {name} has {width} inputs, not a multiple of {BLOCK} (the block "
+    block = kernels.TYPES[kind].block
+    if width % block:
+        raise ValueError(f"--dtype {kind}: layer {name} has {width} inputs, not a multiple of {block} (the block "
                          f"size); block types need every linear layer's width to be one (use float32, bfloat16 or "
                          f"float16 for this model)")
 
@@ -430,6 +480,8 @@ def quantize_model(model: nn.Module, kind) -> nn.Module:
             is changed then).
     """
     kind = block_kind(kind)
+    if kind not in QUANTIZABLE_BLOCK_DTYPES:
+        BlockWeight.quantize(torch.zeros(1, BLOCK), kind)  # the one error naming the types that quantize
     linears = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
     for name, mod in linears:
         _check_width(name, mod, kind)
@@ -448,7 +500,9 @@ def quantize_model(model: nn.Module, kind) -> nn.Module:
 
 def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.Module:
     """Put block weights in place of named layers of ``model``, in place; returns the model: ``{"blocks.0.
-    attention.qkv": w, ..., "we": w_embed}`` -- an ``nn.Linear`` becomes a :class:`BlockLinear` (keeping its bias
+    attention.qkv": w, ..., "we": w_embed}``, each value a :class:`BlockWeight` or, for a linear layer, a list of
+    them stacked along the rows (q | k | v of different types) -- an ``nn.Linear`` becomes a :class:`BlockLinear`
+    (keeping its bias
     parameter, which may still be on the meta device for ``load_state_dict(..., assign=True)`` to fill), an
     ``nn.Embedding`` a :class:`BlockEmbedding`. A tied ``DecoderOnlyTransformer`` given either its word embedding
     or its output layer gets both over the one weight.
@@ -462,18 +516,20 @@ def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.M
             mod = model.get_submodule(name)
         except AttributeError:
             raise ValueError(f"the model has no layer {name!r} for a block weight") from None
+        parts = [w] if isinstance(w, BlockWeight) else list(w)
         if isinstance(mod, (nn.Linear, BlockLinear)):
             want = (mod.out_features, mod.in_features)
-            new = BlockLinear(w, None)
+            new = BlockLinear(parts, None)
             new.bias = mod.bias
-        elif isinstance(mod, (nn.Embedding, BlockEmbedding)):
+        elif isinstance(mod, (nn.Embedding, BlockEmbedding)) and len(parts) == 1:
             want = (mod.num_embeddings, mod.embedding_dim)
             new = BlockEmbedding(w)
         else:
             raise ValueError(f"layer {name} is a {type(mod).__name__}; block weights go in nn.Linear or nn.Embedding "
                              f"layers")
-        if tuple(w.shape) != tuple(want):
-            raise ValueError(f"block weight for {name} has shape {tuple(w.shape)}, the layer {tuple(want)}")
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        if shape != tuple(want):
+            raise ValueError(f"block weight for {name} has shape {shape}, the layer {tuple(want)}")
         model.set_submodule(name, new)
     if getattr(getattr(model, "config", None), "tie_weights", False) and hasattr(model, "fc_layer"):
         tie_block_weights(model)
@@ -481,15 +537,21 @@ def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.M
 
 
 def block_dtype(model: nn.Module) -> str | None:
-    """The block type of ``model``'s quantized layers (the first found), None when it has none."""
-    return next((m.kind for m in model.modules() if isinstance(m, _Blocks)), None)
+    """The block type most of ``model``'s block weights are in (a GGUF file's Q4_1 matrices beside its Q8_0
+    embedding: q4_1), None when it has none."""
+    held: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, _Blocks):
+            for kind, out in zip(m.kinds, m.outs):
+                held[kind] = held.get(kind, 0) + out * m.in_width
+    return max(held, key=held.get) if held else None
 
 
 def block_weights(model: nn.Module) -> int:
     """The weights ``model``'s block layers hold, out x in each (their buffers hold them as integers and scales,
     not parameters); planes shared by a tied embedding and output layer counted once."""
-    held = {m.qs.data_ptr() or id(m.qs): m.d.shape[0] * m.d.shape[1] * BLOCK for m in model.modules()
-            if isinstance(m, _Blocks)}
+    held = {p.data_ptr() or id(p): o * m.in_width for m in model.modules() if isinstance(m, _Blocks)
+            for p, o in zip(m.packed, m.outs)}
     return sum(held.values())
 
 
@@ -501,8 +563,8 @@ def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     for key, value in model.state_dict().items():
         prefix, _, leaf = key.rpartition(".")
         owner = model.get_submodule(prefix) if prefix else model
-        if isinstance(owner, _Blocks) and leaf in ("qs", "d", "m"):
-            if leaf == "qs":
+        if isinstance(owner, _Blocks) and leaf.startswith("packed_"):
+            if leaf == "packed_0":
                 state[f"{prefix}.weight"] = owner.dequantize()
             continue
         state[key] = value

@@ -56,7 +56,7 @@ def test_a_gguf_file_loads_with_its_own_chat_template(tmp_path):
     assert template.end_of_turn_id(tok) == tok.token_to_id["<|im_end|>"]
     reply = chat_reply(model, messages, tok, template, temperature=0, max_new_tokens=5)
     assert isinstance(reply, str)
-    assert meta["gguf"]["architecture"] == "qwen2" and meta["gguf"]["dequantized"]["types"]["Q8_0"] > 0
+    assert meta["gguf"]["architecture"] == "qwen2" and meta["gguf"]["dequantized"]["kept"]["Q8_0"] > 0
 
 
 def test_a_directory_s_own_jinja_template_is_its_template(statquest_checkpoint, tmp_path):

@@ -33,7 +33,8 @@ def test_generate_help_shows_the_config_defaults():
         h = helps(command)
         assert h["--max-new-tokens"].startswith(f"longest continuation in tokens (default {DEFAULT_MAX_NEW_TOKENS};")
         assert h["--temperature"] == f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})"
-        assert h["--dtype"].startswith(f"weights for inference: {', '.join(DTYPES)} (default float32")
+        assert h["--dtype"].startswith(f"weights for inference: auto, {', '.join(DTYPES)} (default auto: a GGUF "
+                                     f"file's own types")
     assert helps("generate").keys() == helps("sample").keys()
 
 

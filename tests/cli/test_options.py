@@ -249,8 +249,11 @@ def test_generate_verify_and_chat_read_a_gguf_file(gguf_file, capsys):
     assert cli_main(["generate", "--checkpoint", str(gguf_file), "The quick", "--max-new-tokens", "4",
                      "--temperature", "0"]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() and f"decoderlab: read {gguf_file} (llama): dequantized" in err
-    assert "Q4_1" in err and "MB of float32" in err
+    assert out.strip() and f"decoderlab: read {gguf_file} (llama): weights as in the file: q4_1 (15 matrices)" in err
+    assert cli_main(["generate", "--checkpoint", str(gguf_file), "The quick", "--max-new-tokens", "4",
+                     "--temperature", "0", "--dtype", "float32"]) == 0
+    err = capsys.readouterr().err
+    assert f"decoderlab: read {gguf_file} (llama): dequantized" in err and "Q4_1" in err and "MB of float32" in err
     assert cli_main(["verify", "--checkpoint", str(gguf_file), "The quick brown fox"]) == 0
     assert "all ok" in capsys.readouterr().out
 

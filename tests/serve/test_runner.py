@@ -77,8 +77,8 @@ def test_cli_serve_runs_a_gguf_file_with_its_chat_template(tmp_path):
                                          (["--checkpoint", ".", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
                                          (["--checkpoint", ".", "--prefill-chunk", "-3"], "got -3"),
                                          (["--checkpoint", ".", "--threads", "0"], "--threads must be >= 1"),
-                                         (["--checkpoint", ".", "--dtype", "q5_0"], "unknown dtype 'q5_0'; allowed: "
-                                                                                    "float32, bfloat16")])
+                                         (["--checkpoint", ".", "--dtype", "q2_k"], "unknown dtype 'q2_k'; allowed: "
+                                                                                    "auto, float32, bfloat16")])
 def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     from decoderlab.cli import main as cli_main
 

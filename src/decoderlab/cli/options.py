@@ -93,10 +93,11 @@ CHECKPOINT_HELP = ("a decoderlab checkpoint or training run directory, a Hugging
 #: checked by load_checkpoint (one error line listing the choices), not by argparse's choices
 DTYPE_OPTIONS = (
     option("--dtype", metavar="DTYPE",
-           help=f"weights for inference: {', '.join(DTYPES)} (default float32, as trained; bfloat16 and float16 "
-                "halve the bytes read per token; q8_0, q4_0 and q4_1 are GGUF's blocks of 32 weights with a float16 "
-                "scale -- 8.5, 4.5 and 5 bits a weight -- for every linear layer and the output layer, fast with a "
-                "compiled step)"),
+           help=f"weights for inference: auto, {', '.join(DTYPES)} (default auto: a GGUF file's own types on the "
+                "CPU -- its blocks kept, as much memory as the file --, any other checkpoint float32, as trained; "
+                "bfloat16 and float16 halve the bytes read per token; q8_0 ... q6_k are GGUF's blocks -- 4.5 to 8.5 "
+                "bits a weight -- for every linear layer and the output layer, multiplied by decoderlab's CPU "
+                "kernels; the K-quants q4_k, q5_k, q6_k only as a GGUF file holds them)"),
 )
 
 CHECKPOINT_OPTIONS = (

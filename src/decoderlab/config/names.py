@@ -32,12 +32,19 @@ DEFAULT_BPE_VOCAB_SIZE = 1024
 TEMPLATES = ("decoderlab", "lesson", "tools")
 DEFAULT_TEMPLATE = "decoderlab"
 
-#: GGUF's block-quantized weight types that decoderlab keeps and multiplies as they are (``decoderlab.quant``):
-#: 32 weights per block with a float16 scale -- int8 (q8_0), or 4-bit with an offset of 8 (q4_0) or a float16
-#: minimum (q4_1)
-BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1")
+#: GGUF's block-quantized weight types that decoderlab keeps and multiplies as they are (``decoderlab.quant`` over
+#: ``decoderlab.kernels``, whose ``WEIGHT_BLOCK_TYPES`` these are): blocks of 32 weights with a float16 scale --
+#: int8 (q8_0), 4- or 5-bit with an offset (q4_0, q5_0) or a float16 minimum (q4_1, q5_1) -- and llama.cpp's
+#: K-quants, blocks of 256 with 6- or 8-bit sub-block scales (q4_k, q5_k, q6_k)
+BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+#: the block types a float matrix can be quantized to (llama.cpp's reference quantizers, as ``gguf.quants`` has
+#: them); the K-quants are only read from files (llama.cpp's ``llama-quantize`` writes them)
+QUANTIZABLE_BLOCK_DTYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 #: inference dtypes (``decoderlab.dtypes``): float weights, or GGUF's blocks
 DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
+#: ``--dtype auto``: a GGUF file's weights in their own types (its blocks kept, its float matrices as float32);
+#: any other checkpoint's as stored (float32)
+AUTO_DTYPE = "auto"
 
 #: training precisions (``TrainConfig.precision``): "auto" picks one for the machine (bf16-mixed on a CUDA GPU
 #: with bfloat16, 16-mixed with a gradient scaler on older GPUs, 32 on the CPU and Apple MPS; see
@@ -87,7 +94,7 @@ DEFAULT_LORA_TARGETS = ("attn", "mlp")
 EXPORT_FORMATS = ("hf", "gguf")
 #: GGUF weight types, spelled as ``DTYPES`` (one vocabulary for every --dtype): float32, bfloat16, float16, and llama.cpp's blocks of 32 weights with a float16 scale (``BLOCK_DTYPES``:
 #: 8-bit q8_0, 4-bit q4_0, 4-bit with a float16 minimum q4_1)
-GGUF_DTYPES = ("float32", "bfloat16", "float16", *BLOCK_DTYPES)
+GGUF_DTYPES = ("float32", "bfloat16", "float16", "q8_0", "q4_0", "q4_1")
 #: the model shape both formats carry, GPT-2's: (ModelConfig field, the value it must have, the train option
 #: that sets it or None, why). ``decoderlab.export.to_gguf`` refuses any other.
 GPT2_SHAPE = (

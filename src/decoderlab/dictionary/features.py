@@ -47,7 +47,7 @@ def open_sae_run(run_dir, checkpoint=None, model=None, tokenizer=None) -> Opened
                              "`decoderlab sae`")
         from ..chat import load_model
 
-        loaded = load_model(checkpoint)
+        loaded = load_model(checkpoint, dtype="float32")  # the activations its SAE was trained on
         model, tokenizer = loaded.model.eval(), loaded.tokenizer
     hook = check_sae_hook(model, sae_hook(sae, run_dir))
     from ..glassbox.features import hook_activations

@@ -215,7 +215,7 @@ def train_sae(checkpoint, cfg: SAETrainConfig | None = None, *, out, data=None, 
     cfg = SAETrainConfig(**settings["config"])
     steps = _check_settings(cfg)
     corpus = run_corpus(checkpoint, settings["data"])
-    loaded = load_model(checkpoint)
+    loaded = load_model(checkpoint, dtype="float32")  # the float activations an SAE is trained on, as before
     model = loaded.model.eval()
     if cfg.hook is None:
         cfg = cfg.replace(hook=default_hook(model.config))

@@ -99,7 +99,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
     if base_model is not None:
         model, tok = base_model
     elif checkpoint is not None:  # any kind the one loader reads: GGUF dequantized to float32, a LoRA run merged
-        model, tok = load_model(checkpoint)[:2]
+        model, tok = load_model(checkpoint, dtype="float32")[:2]  # trained: a GGUF file's blocks dequantized
     else:
         text = "\n".join(message_text(m) for c in convs for m in c)
         if (tokenizer or DEFAULT_TOKENIZER) == "char":  # the template's own characters, as its special tokens

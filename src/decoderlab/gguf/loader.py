@@ -181,17 +181,27 @@ def _initialisers_skipped():
 
 def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
               device: str | torch.device | None = None):
-    """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode with the file's
-    weights dequantized (then cast to ``dtype``, :mod:`decoderlab.dtypes`), on ``device`` (None:
-    ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
-    :class:`GGUFInfo`. A block ``dtype`` (``q8_0``, ``q4_0``, ``q4_1``) is what every linear layer then holds: the
-    file's matrices of that type kept in their blocks as they are, with no float copy; every other matrix --
-    float, or blocks of another type -- dequantized and quantized to ``dtype``
-    (:func:`decoderlab.quant.quantize_model`), which the read line says (``info.report.requantized``).
+    """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode, on ``device``
+    (None: ``map_location``); its tokenizer as a :class:`~decoderlab.tokenizers.BPETokenizer`; ``info`` as
+    :class:`GGUFInfo`. The weights, by ``dtype``:
+
+    * ``None`` or ``"auto"`` (the default): the file's own types -- every matrix of a block type the kernels
+      multiply (Q8_0 ... Q6_K, :mod:`decoderlab.kernels`) kept in its blocks, no float copy (memory close to the
+      file's size); a matrix of another block type (Q2_K, IQ...) dequantized to float32. The read line starts
+      "weights as in the file". A file of float matrices (F16, BF16, F32) is read as float32: a model held in
+      16 bits computes its activations in 16 bits, which a CPU without AVX512-BF16 / FP16 emulates -- measured
+      slower than float32 here (SmolLM2-135M's F16 file, 1 thread, AMD EPYC AVX2: decode 4.9 vs 8.0 tok/s,
+      prompt 15 vs 108 tok/s); the read line says so. On a device other than the CPU (where the kernels are not): float32, as ``"float32"``.
+    * a float dtype: every weight dequantized, then cast to it (:mod:`decoderlab.dtypes`).
+    * a block dtype (``q8_0`` ... ``q6_k``): what every linear layer then holds: the file's matrices of that type
+      kept as they are; every other matrix dequantized and quantized to ``dtype``
+      (:func:`decoderlab.quant.quantize_model`), which the read line says (``info.report.requantized``) -- for
+      the types quantized here (q8_0, q4_0, q4_1, q5_0, q5_1); a K-quant the file's matrices are not all in is
+      refused, naming the file's types.
 
     Raises:
         as :func:`read_gguf`; ValueError: an unknown dtype or a device this machine lacks, before the file is
-        read.
+        read; a K-quant dtype the file cannot be held in (its types named).
     """
     from ..checkpoint import load_weights
     from ..devices import resolve_device
@@ -199,26 +209,51 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     from ..model import DecoderOnlyTransformer, ModelConfig
     from ..tokenizers import BPETokenizer
 
-    from ..config.names import BLOCK_DTYPES
+    from ..config.names import AUTO_DTYPE, BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
     from ..quant import use_block_weights
+    from .weights import KEEP_ALL
 
-    name = dtype_name(dtype)
+    auto = dtype is None or dtype == AUTO_DTYPE
+    name = AUTO_DTYPE if auto else dtype_name(dtype)
     target = torch.device(map_location) if device is None else resolve_device(device)
-    contents = read_gguf(path, keep=name if name in BLOCK_DTYPES else None)
+    if auto and target.type != "cpu":  # the kernels are the CPU's: elsewhere the file's weights dequantized
+        auto, name = False, "float32"
+    contents = read_gguf(path, keep=KEEP_ALL if auto else name if name in BLOCK_DTYPES else None)
     config = ModelConfig.from_dict(contents.fields)
     with _initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
     state = dict(contents.state)
     if contents.blocks:  # their planes are the layers' own buffers: put in place, then loaded as they are
         use_block_weights(model, contents.blocks)
-        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] in ("qs", "d", "m")})
+        state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("packed_")})
     state = {k: v.to(target) for k, v in state.items()}
     load_weights(model, state, source=str(contents.info.path), assign=True)
     model.to(target).eval()
-    if name in BLOCK_DTYPES and any(type(m) is torch.nn.Linear for m in model.modules()):
-        contents.info.report.requantized = name  # said on the read line: these are not the file's own blocks
-    to_inference_dtype(model, dtype)
+    report = contents.info.report
+    floats = any(type(m) is torch.nn.Linear for m in model.modules())
+    if auto:
+        report.own = True
+        if not contents.blocks:  # a file of float matrices: float32 (docstring), said
+            report.own_float = _float_type(path)
+    elif name in BLOCK_DTYPES and floats:
+        if name not in QUANTIZABLE_BLOCK_DTYPES:
+            raise ValueError(f"{path}: --dtype {name} needs every matrix in {name} blocks, and this file's are "
+                             f"{', '.join(sorted(report.types))}: {name} has no quantizer here (llama.cpp's "
+                             f"llama-quantize writes it); use --dtype auto (the file's own types) or one of "
+                             f"{', '.join(QUANTIZABLE_BLOCK_DTYPES)}")
+        report.requantized = name  # said on the read line: these are not the file's own blocks
+        to_inference_dtype(model, dtype)
+    elif name not in BLOCK_DTYPES:
+        to_inference_dtype(model, dtype)
     return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
+
+
+def _float_type(path) -> str:
+    """The GGML type of most of a float file's matrices, lower case (``"f16"``)."""
+    import collections
+
+    counts = collections.Counter(t.type.name for t in GGUFFile(path).tensors.values() if len(t.shape) == 2)
+    return (counts.most_common(1)[0][0] if counts else "F32").lower()
 
 
 def _named_tokens(info: GGUFInfo) -> dict:

@@ -1,9 +1,11 @@
 """A GGUF file's tensors <-> decoderlab's weights, both ways, by llama.cpp's names (:data:`BLOCK_NAMES`).
 
 In: each tensor dequantized by the ``gguf`` package (``gguf.quants``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1, the K-quants, ...) to float32 -- or, for a block dtype, a Q8_0 / Q4_0 / Q4_1 matrix of that very type kept in
-its blocks (:class:`decoderlab.quant.BlockWeight`) --, q / k / v stacked into our one projection in the row order
-the model computes with (:func:`unpermute`: llama's rows back in rotate-half order), renamed (:func:`state_dict`).
+Q5_1, the K-quants, ...) to float32 -- or a linear layer's matrix kept in its blocks
+(:class:`decoderlab.quant.BlockWeight`): every matrix of a type the kernels multiply (``keep="auto"``, the default
+load: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), or those of one asked type --, q / k / v stacked into our one
+projection in the row order the model computes with (:func:`unpermute`: llama's rows back in rotate-half order; of
+different block types, three weights of one layer), renamed (:func:`state_dict`).
 
 Out: each layer's arrays under llama.cpp's names (:func:`layer_tensors`), each encoded in the GGML type of the
 asked dtype (:func:`encode`: f32 / bf16 / f16 by ``gguf.quants``, q8_0 / q4_0 / q4_1 by :mod:`decoderlab.quant`,
@@ -105,6 +107,10 @@ class DequantReport:
     #: the block type the matrices not kept were quantized to afterwards (``load_gguf(dtype="q8_0")`` of a file
     #: whose matrices are float, or blocks of another type), or None
     requantized: str | None = None
+    #: the load kept the file's own types (``--dtype auto``): the line starts "weights as in the file"; for a file of
+    #: float matrices (read as float32), their GGML type (``"f16"``...), else None
+    own: bool = False
+    own_float: str | None = None
 
     def __str__(self) -> str:
         def counts(types: dict) -> str:
@@ -112,6 +118,8 @@ class DequantReport:
 
         quantized = {k: n for k, n in self.types.items() if k != "F32"}
         parts = []
+        if self.own:
+            return self._own_line(quantized)
         if self.kept:
             parts.append(f"kept {sum(self.kept.values())} tensors in their blocks ({counts(self.kept)}, "
                          f"{self.kept_bytes / 1e6:.1f} MB)")
@@ -125,10 +133,28 @@ class DequantReport:
             parts.append(f"{'the other' if self.kept else 'the'} matrices then quantized to {self.requantized}")
         return "; ".join(parts or ["no tensors"]) + f" ({self.seconds:.1f} s)"
 
+    def _own_line(self, dequantized: dict) -> str:
+        """``--dtype auto``'s line: "weights as in the file: q4_1 (210 matrices), q8_0 (1) (96.5 MB); f32 norms
+        and vectors (61)" -- and what was not its own (a type the kernels do not multiply, dequantized; a float
+        file's matrices, read as float32)."""
+        kept = ", ".join(f"{k.lower()} ({n}{' matrices' if i == 0 else ''})"
+                         for i, (k, n) in enumerate(sorted(self.kept.items(), key=lambda kv: -kv[1])))
+        head = f"weights as in the file: {kept} ({self.kept_bytes / 1e6:.1f} MB)" if kept else \
+            f"weights: the file's {self.own_float or 'f32'} matrices as float32 (16-bit activations are slower)"
+        parts = [head]
+        if dequantized:
+            held = "" if not kept else " (no kernel for them)"
+            parts.append(f"dequantized {sum(dequantized.values())} tensors ({', '.join(sorted(dequantized))})"
+                         f"{held}: {self.file_bytes / 1e6:.1f} MB in the file -> {self.float_bytes / 1e6:.1f} MB of "
+                         f"float32")
+        if "F32" in self.types:
+            parts.append(f"f32 norms and vectors ({self.types['F32']})")
+        return "; ".join(parts) + f" ({self.seconds:.1f} s)"
+
     def to_dict(self) -> dict:
         return dict(types=dict(self.types), file_bytes=self.file_bytes, float_bytes=self.float_bytes,
                     seconds=round(self.seconds, 3), kept=dict(self.kept), kept_bytes=self.kept_bytes,
-                    requantized=self.requantized)
+                    requantized=self.requantized, own=self.own, own_float=self.own_float)
 
 
 #: values dequantized per call of a type's block dequantizer (16 MB of float32)
@@ -176,8 +202,10 @@ def dequantize(gf, name: str, report: DequantReport | None = None) -> np.ndarray
     return out.reshape(t.shape)
 
 
-#: GGML types a block dtype keeps as they are, each as its dtype (decoderlab.quant's kinds)
-BLOCK_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+#: GGML types kept as they are in a block layer, each as its dtype (decoderlab.quant's kinds: the kernels' types)
+BLOCK_TYPES = {k.upper(): k for k in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+#: ``keep`` for every type of :data:`BLOCK_TYPES` (``--dtype auto``)
+KEEP_ALL = "auto"
 #: our layers that can hold block weights (a linear layer; the word embedding when tied to the output layer)
 _BLOCK_LAYERS = ("attention.qkv", "attention.proj", "mlp.gate", "mlp.fc", "mlp.proj", "fc_layer")
 
@@ -196,9 +224,11 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
     (float32 tensors by our names), the layers kept as block weights (layer name ->
     ``decoderlab.quant.BlockWeight``; empty unless ``keep``) and what it cost.
 
-    ``keep``: a block dtype (``q8_0``, ``q4_0``, ``q4_1``): a matrix of a linear layer (and the word embedding when
-    tied) stored in that very type is kept in its blocks, no float copy made (q | k | v fused when the three are);
-    every other tensor -- a matrix of another block type included -- is dequantized. ``qkv_orders``: for an
+    ``keep``: a block dtype (``q8_0`` ... ``q6_k``): a matrix of a linear layer (and the word embedding when tied)
+    stored in that very type is kept in its blocks, no float copy made (q | k | v fused when the three are); every
+    other tensor -- a matrix of another block type included -- is dequantized. ``"auto"`` (:data:`KEEP_ALL`):
+    every matrix of a type of :data:`BLOCK_TYPES` is kept (q | k | v of different types as three weights of the
+    one layer). ``qkv_orders``: for an
     architecture whose q, k and v are three tensors, the row order of each in the model (None: as written);
     None for one fused ``attn_qkv``."""
     report, start = DequantReport(), time.perf_counter()
@@ -229,21 +259,32 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
     return state, blocks, report
 
 
+def _keeps(type_name: str, keep: str) -> bool:
+    kind = BLOCK_TYPES.get(type_name)
+    return kind is not None and (keep == KEEP_ALL or kind == keep)
+
+
 def _blocks(gf, names: list[str], report: DequantReport, keep: str, orders=None):
-    """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight``, None unless
-    they are all of the block type ``keep``."""
+    """The tensors ``names`` (rows stacked, each reordered by ``orders``) as one ``BlockWeight`` -- or, of
+    different types, a list of them --, None unless they are all kept (:func:`_keeps`). The rows are reordered and
+    stacked as the file's bytes, then packed once."""
     from ..quant import BlockWeight
 
-    if any(BLOCK_TYPES.get(gf.tensors[n].type.name) != keep for n in names):
+    if any(not _keeps(gf.tensors[n].type.name, keep) for n in names):
         return None
-    parts = []
+    raws, kinds = [], []
     for n, order in zip(names, orders or [None] * len(names)):
         t = gf.tensors[n]
-        w = BlockWeight.from_gguf(gf.data(n), keep, t.shape)
-        parts.append(w if order is None else w.rows(order))
+        raw = gf.data(n)
+        raws.append(raw if order is None else raw[np.asarray(order)])
+        kinds.append(BLOCK_TYPES[t.type.name])
         report.kept[t.type.name] = report.kept.get(t.type.name, 0) + 1
         report.kept_bytes += t.nbytes
-    return parts[0] if len(parts) == 1 else BlockWeight.cat(parts)
+    width = gf.tensors[names[0]].shape[1]
+    if len(set(kinds)) == 1:
+        raw = raws[0] if len(raws) == 1 else np.concatenate([np.asarray(r) for r in raws])
+        return BlockWeight.from_gguf(raw, kinds[0], (raw.shape[0], width))
+    return [BlockWeight.from_gguf(r, k, (r.shape[0], width)) for r, k in zip(raws, kinds)]
 
 
 # -- out ----------------------------------------------------------------------------------------------------------
@@ -256,13 +297,14 @@ _HEADROOM = {"float16": 1, "q8_0": 127, "q4_0": 8, "q4_1": 1}
 
 def array(t: torch.Tensor | None, like: int = 0) -> np.ndarray:
     """A weight as the writer takes it: a float32 NumPy copy; a block layer's :class:`~decoderlab.quant.
-    BlockWeight` as it is (written as it is where the dtype is its own); None -> ``like`` zeros."""
+    BlockWeight` as it is (written as it is where the dtype is its own; a layer of several block types
+    dequantized); None -> ``like`` zeros."""
     from ..quant import is_block_layer
 
     if t is None:
         return np.zeros(like, dtype=np.float32)
-    if is_block_layer(t):
-        return t.blocks
+    if is_block_layer(t):  # (weights of several types in one layer -- a K-quant file's q | k | v -- as floats)
+        return t.blocks if len(set(t.kinds)) == 1 else t.dequantize().numpy()
     return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..dtypes import model_dtype
-from ..quant import dequantized_state_dict
+from ..quant import activation_types, dequantized_products, dequantized_state_dict
 from .trace import Trace, trace, unwrap
 
 
@@ -316,6 +316,8 @@ class VerifyReport:
     steps: list[VerifyStep]
     tol: float
     dtype: str = "float32"
+    #: a line after the table (a block model: how its products ran here and how they run when decoding)
+    note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -344,7 +346,7 @@ class VerifyReport:
             f"{len(self.steps)} steps, {self.dtype} model vs float64 NumPy, tolerance {self.tol:g} "
             f"(x max(1, max |ref|)): " + ("all ok" if not bad else f"{len(bad)} FAILED: {', '.join(bad)}")
         )
-        return "\n".join(lines)
+        return "\n".join(lines + [self.note] * bool(self.note))
 
     def __str__(self) -> str:
         return self.table()
@@ -354,9 +356,10 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     """Recompute the whole forward pass in float64 NumPy from the extracted weights and compare every step.
 
     Args:
-        model: a ``DecoderOnlyTransformer``; with block-quantized weights (``q8_0``, ``q4_0``, ``q4_1``) the
+        model: a ``DecoderOnlyTransformer``; with block-quantized weights (``q8_0`` ... ``q6_k``) the
             reference takes their dequantized values (the quantization changed the weights; what is checked is
-            the arithmetic done with them).
+            the arithmetic done with them: the block products run on the dequantized weights here, and the report's
+            note says which activation blocks the kernels quantize to when decoding).
         token_ids: ids (T,) or (B, T) (tensor or list), or a text when ``tokenizer`` is given.
         tol: tolerance; a step passes when max |diff| <= tol * max(1, max |NumPy value|).
 
@@ -369,7 +372,8 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     model = unwrap(model)
-    tr = trace(model, token_ids, tokenizer=tokenizer)
+    with dequantized_products():  # the arithmetic with the dequantized weights, as the reference computes it
+        tr = trace(model, token_ids, tokenizer=tokenizer)
     ref = numpy_forward(model, tr.token_ids)
     ours = _torch_steps(tr)
     assert [n for n, _ in ref] == [n for n, _ in ours], "step lists differ"  # same recipe on both sides
@@ -381,6 +385,9 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
         diff = float(np.abs(o64 - r).max()) if r.size else 0.0
         scale = float(np.abs(r).max()) if r.size else 0.0
         steps.append(VerifyStep(name, tuple(r.shape), diff, scale, diff <= tol * max(1.0, scale)))
-    return VerifyReport(steps=steps, tol=float(tol), dtype=model_dtype(model))
+    quantized = activation_types(model)
+    note = (f"block products here: F.linear on the dequantized weights; when decoding, decoderlab.kernels quantize "
+            f"their activations to {' / '.join(quantized)} blocks as ggml does (not checked here)") if quantized else ""
+    return VerifyReport(steps=steps, tol=float(tol), dtype=model_dtype(model), note=note)
 
 

@@ -22,6 +22,8 @@ Pure torch (byte reshapes and permutes), the same for every kernel path; :func:`
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -67,7 +69,9 @@ def _as_bytes(raw, t: GGMLType, out: int, inp: int, name: str) -> torch.Tensor:
     if isinstance(raw, torch.Tensor):
         data = raw.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     else:
-        data = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
+        with warnings.catch_warnings():  # a read-only memmap of a GGUF file: read here, never written
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
     want = out * (inp // t.block) * t.bytes
     if data.numel() != want:
         raise ValueError(f"{name}: a {t.name} matrix of shape ({out}, {inp}) is {want} bytes; got {data.numel()}")
@@ -81,11 +85,12 @@ _QH = {"q5_0": 2, "q5_1": 4}
 def _transpose_qh(blocks: torch.Tensor, at: int, inverse: bool = False) -> torch.Tensor:
     """A copy of ``blocks`` whose 4 qh bytes at ``at`` have bit j = 4c + i moved to bit c of byte i (or back)."""
     qh = blocks[..., at:at + 4]
-    bits = (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (..., byte, bit)
+    shifts = torch.arange(8, dtype=torch.uint8, device=blocks.device)
+    bits = (qh.unsqueeze(-1) >> shifts) & 1  # (..., byte, bit)
     pairs = (4, 8) if inverse else (8, 4)  # bit j = 4c + i as (c, i) -> (i, c); or back
     moved = bits.reshape(*qh.shape[:-1], *pairs).transpose(-1, -2).reshape(*qh.shape[:-1], 4, 8)
     out = blocks.clone()
-    out[..., at:at + 4] = (moved << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    out[..., at:at + 4] = (moved << shifts).sum(-1, dtype=torch.uint8)
     return out
 
 
@@ -147,7 +152,7 @@ def unpack(packed: torch.Tensor, kind, shape) -> torch.Tensor:
     packed = packed.reshape(g, nb, ROWS * t.bytes).clone()
     if t.name == "q8_0":
         packed[..., 2 * ROWS:] ^= 0x80
-    blocks = torch.empty(g, ROWS, nb, t.bytes, dtype=torch.uint8)
+    blocks = torch.empty(g, ROWS, nb, t.bytes, dtype=torch.uint8, device=packed.device)
     at = 0
     for s, n, w in _FIELDS[t.name]:
         blocks[..., s:s + n] = packed[..., at:at + ROWS * n].reshape(g, nb, n // w, ROWS, w).permute(0, 3, 1, 2, 4) \

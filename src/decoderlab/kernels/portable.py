@@ -108,7 +108,7 @@ def _parts_k(name: str, raw: torch.Tensor) -> dict:
     q = torch.stack([qs & 15, qs >> 4], dim=-2).reshape(*raw.shape[:-1], 8, 32)
     if name == "q5_k":
         qh = raw[..., 16:48].unsqueeze(-2)  # (..., 1, 32): bit j is sub-block j's fifth bit
-        shifts = torch.arange(8, dtype=torch.uint8).reshape(8, 1)
+        shifts = torch.arange(8, dtype=torch.uint8, device=raw.device).reshape(8, 1)
         q = q | (((qh >> shifts) & 1) << 4)
     return {"q": q, "sc": sc, "mn": mn, "d": _f16(raw, 0), "dmin": _f16(raw, 2)}
 
@@ -182,3 +182,57 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype == torch.bfloat16:
         x = x.to(torch.bfloat16).to(torch.float32)
     return F.linear(x, weight.to(torch.float32))
+
+
+# ---- weights back to float: gguf.quants' dequantization -----------------------------------------------------------
+
+
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """q5_0 / q5_1's 4 qh bytes (..., 4) -> (..., 32): bit j of the little-endian word is weight j's fifth bit."""
+    return ((qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=qh.device)) & 1).reshape(
+        *qh.shape[:-1], 32)
+
+
+def _dequantize32(name: str, raw: torch.Tensor) -> torch.Tensor:
+    """(..., bytes) blocks of 32 -> float32 (..., 32)."""
+    d = _f16(raw, 0).float().unsqueeze(-1)
+    if name == "q8_0":
+        return d * raw[..., 2:34].contiguous().view(torch.int8).float()
+    q = _nibbles(raw[..., -16:])
+    if name in ("q5_0", "q5_1"):
+        at = 4 if name == "q5_1" else 2
+        q = q | (_fifth_bits(raw[..., at:at + 4]) << 4)
+    if name in ("q4_0", "q5_0"):
+        return d * (q.to(torch.int16) - (8 if name == "q4_0" else 16)).float()
+    return d * q.float() + _f16(raw, 2).float().unsqueeze(-1)
+
+
+def dequantize_bytes(raw: torch.Tensor, kind) -> torch.Tensor:
+    """A block weight's GGUF bytes, uint8 (rows, bytes per row), as float32 (rows, in): ``gguf.quants.dequantize``'s
+    numbers bit for bit (the same float32 products and sums, each rounded as numpy rounds it: a K-quant's
+    ``d * sc`` is exact in float32, then ``(d * sc) * q - dmin * m``).
+
+    Raises:
+        ValueError: a type that is not a weight block type, or a row that is not whole blocks."""
+    t = ggml_type(kind)
+    if not t.quantized or t.activation is None or raw.dtype != torch.uint8 or raw.dim() != 2 or \
+            raw.shape[1] % t.bytes:
+        raise ValueError(f"dequantize_bytes takes uint8 rows of whole {t.name} blocks ({t.bytes} bytes); got "
+                         f"{raw.dtype} of shape {tuple(raw.shape)}")
+    rows, nb = raw.shape[0], raw.shape[1] // t.bytes
+    blocks = raw.reshape(rows, nb, t.bytes)
+    if t.block == 32:
+        return _dequantize32(t.name, blocks).reshape(rows, -1)
+    parts = _parts_k(t.name, blocks)
+    if t.name == "q6_k":  # (rows, nb, 16 sub-blocks, 16)
+        scale = (parts["d"].unsqueeze(-1) * parts["sc"].double()).float().unsqueeze(-1)
+        return (scale * (parts["q"].to(torch.int16) - 32).float()).reshape(rows, -1)
+    scale = (parts["d"].unsqueeze(-1) * parts["sc"].double()).float().unsqueeze(-1)  # exact: 11 x 6 bits
+    low = (parts["dmin"].unsqueeze(-1) * parts["mn"].double()).float().unsqueeze(-1)
+    return (scale * parts["q"].float() - low).reshape(rows, -1)
+
+
+def dequantize(packed: torch.Tensor, kind, shape) -> torch.Tensor:
+    """A packed weight (:func:`decoderlab.kernels.pack.pack`) of logical ``shape`` (out, in) as float32 (out, in),
+    as :func:`dequantize_bytes` dequantizes its GGUF bytes."""
+    return dequantize_bytes(unpack(packed, kind, shape), kind)

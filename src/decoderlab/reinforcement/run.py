@@ -118,7 +118,7 @@ def _start(run: Run, checkpoint, base_model):
         if base_model is None and stored is None:
             raise ValueError(f"cannot resume {run.run_dir} without base_model: it started from a model in memory, "
                              f"which is the KL's reference; give the same base_model")
-        reference = base_model[0] if base_model is not None else load_model(stored).model
+        reference = base_model[0] if base_model is not None else load_model(stored, dtype="float32").model
         template = template_from_meta({CHAT_TEMPLATE_KEY: run.info[CHAT_TEMPLATE_KEY]})
         model = DecoderOnlyTransformer(read_config(run.run_dir))
         tok = Tokenizer.load(run.run_dir / TOKENIZER_FILE)
@@ -129,7 +129,7 @@ def _start(run: Run, checkpoint, base_model):
         model, tok, template = base_model
         where = "the base model"
     else:
-        model, tok, template, _ = load_model(checkpoint)
+        model, tok, template, _ = load_model(checkpoint, dtype="float32")  # trained: a GGUF file dequantized
         where = str(checkpoint)
     template = require_chat_template(template, where)
     start = {"checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve())}
