@@ -56,9 +56,10 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None, d
         path: the directory or ``.gguf`` file.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device`` (None: the CPU);
             see :func:`decoderlab.devices.resolve_device`.
-        dtype: the weights for inference: None (float32, as trained), ``torch.bfloat16`` / ``"bfloat16"``,
-            ``torch.float16``, or GGUF's blocks ``"q8_0"`` / ``"q4_0"`` / ``"q4_1"``; see
-            :mod:`decoderlab.dtypes`.
+        dtype: the weights for inference: None (float32, as trained; a GGUF file's own block types, ``"auto"``),
+            ``"float32"``, ``torch.bfloat16`` / ``"bfloat16"``, ``torch.float16``, or GGUF's blocks ``"q8_0"`` ...
+            ``"q6_k"``; see :mod:`decoderlab.dtypes`. The glass box reads float weights: a GGUF file for it is
+            loaded with ``dtype="float32"``.
 
     This is :func:`decoderlab.chat.load_model` (the one loader of the command line, chat and the server)
     wrapped in a :class:`Model`.

@@ -119,3 +119,21 @@ def test_a_smollm2_base_fine_tuned_on_tool_calls_is_given_chatml_tools_which_its
     export(tmp_path / "run", tmp_path / "hf", format="hf")
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["chat_template"] == CHATML_TOOLS
+
+
+def test_a_lora_run_on_a_block_file_loads_back_over_its_float_base(tmp_path):
+    """A LoRA run's base read again to load the run: a GGUF file of blocks, which the loader keeps in its blocks by
+    default, comes back as float32 for the adapter to join (its blocks have no weight to add to)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("peft")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+
+    from decoderlab.quant import is_block_layer
+
+    bpe = byte_level_bpe(300, texts=[" ".join(m["content"] for c in CONVS for m in c) * 3])
+    path = write_gguf(tmp_path / "base.gguf", "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q8_0")
+    finetune(CONVS, out=tmp_path / "run", checkpoint=path, train_config=tiny_cfg(max_steps=1), val_fraction=0,
+             eval_prompts=0, progress_bar=False, logger=False, accelerator="cpu",
+             lora={"rank": 2, "alpha": 4, "dropout": 0.0, "targets": ["attn"]})
+    model = load_model(tmp_path / "run").model
+    assert not any(is_block_layer(m) for m in model.modules())

@@ -156,7 +156,8 @@ def load_base(run_dir: str | os.PathLike, pointer: dict, *, map_location: str | 
             run's ``config.json`` (named).
     """
     base = check_base(run_dir, pointer)
-    model = load_model(base, map_location=map_location, device=device).model
+    # float32 by name: a GGUF base would otherwise keep its blocks, which have no weight for an adapter to join
+    model = load_model(base, map_location=map_location, dtype="float32", device=device).model
     config = read_config(run_dir)
     if model.config.num_tokens < config.num_tokens:
         model.resize_token_embeddings(config.num_tokens)

@@ -192,14 +192,22 @@ def decode_mode(args) -> str:
 def load_model(args):
     """``(model, tokenizer, template, meta)`` of ``--checkpoint`` through the one loader
     (``decoderlab.chat.load_model``: a decoderlab checkpoint or a Hugging Face GPT-2 directory; the template is
-    the stored one, None for a base model), its weights in ``--dtype`` where the command has it, on
+    the stored one, None for a base model), its weights in ``--dtype`` where the command has it (float32 for a
+    GGUF file where it has not: those commands read the weights), on
     ``--device`` (the CPU for a command without it), decoding as :func:`decode_mode` says where the command has
     those flags (:func:`use_decode_step`)."""
     from ..chat import load_model as load
 
+    from ..chat import checkpoint_kind
+
     mode = decode_mode(args)
     where = device(args) if hasattr(args, "device") else "cpu"
-    loaded = load(args.checkpoint, dtype=getattr(args, "dtype", None), device=where)
+    dtype = getattr(args, "dtype", None)
+    if not hasattr(args, "dtype") and checkpoint_kind(args.checkpoint) == "gguf":
+        # a command without --dtype reads the weights (the glass box's maps, its float64 reference): a GGUF
+        # file's blocks dequantized, not multiplied through 8-bit activations as the decoding commands' default
+        dtype = "float32"
+    loaded = load(args.checkpoint, dtype=dtype, device=where)
     say_gguf(loaded.meta)
     if any(hasattr(args, f) for f in ("eager", "compile", "aot")):
         use_decode_step(loaded.model, mode)

@@ -18,6 +18,7 @@ import torch
 
 from ..hooks import HEAD_AXIS, KV_POINTS, hook_model, hook_names, resolve_names, split_name, unknown_name, use_hooks
 from ..model import DecoderOnlyTransformer
+from ..quant import is_block_layer
 from ..tokenizers import encode_with_special_tokens
 
 #: TransformerLens's short names (``cache["pattern", 0]``): short -> the point inside ``blocks.L.``
@@ -124,6 +125,9 @@ class ActivationCache(Mapping):
 def plain_linear(module, name: str):
     """``module`` when it is an ``nn.Linear`` whose weight is the whole map; ``ValueError`` for a layer with
     LoRA adapters (PEFT's), whose weight is not."""
+    if module is not None and is_block_layer(module):
+        raise ValueError(f"{name} holds {module.kind} blocks (a GGUF file loaded in its own types): the glass box "
+                         "reads float weights; load it with dtype='float32'")
     if module is not None and not isinstance(module, torch.nn.Linear):
         raise ValueError(f"{name} is a {type(module).__name__}, not an nn.Linear (LoRA adapters?): merge them first "
                          "(decoderlab.lora.merge_lora(model)); the glass box reads the weights")
