@@ -67,6 +67,60 @@ def collate(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tenso
     return xs, ys
 
 
+#: a packed row's segment of the shared prefix: every conversation of the row sees it
+SHARED_SEGMENT = 0
+
+
+def shared_prefix(rows: Sequence[Row]) -> int:
+    """How many leading tokens every row of ``rows`` has in common with no target among their labels (the
+    system prompt and the first user turn's opening, typically), keeping at least one token of each row its own:
+    those tokens can be computed once for all of them. 0 for fewer than two rows."""
+    if len(rows) < 2:
+        return 0
+    limit = min(len(x) for x, _ in rows) - 1
+    first_x = rows[0][0]
+    n = 0
+    while n < limit and all(x[n] == first_x[n] and y[n] == IGNORE_INDEX for x, y in rows):
+        n += 1
+    return n
+
+
+def pack_rows(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """The rows of one micro-batch packed into one row, without padding, their common prefix once.
+
+    The row is the shared prefix (:func:`shared_prefix`, P tokens, segment :data:`SHARED_SEGMENT`) and then each
+    row's tokens after it (segment k + 1 for row k), at the positions they have in their own row (P, P + 1, ...):
+    with the mask of :func:`segment_mask` every token sees exactly the tokens it saw in its own row, so the
+    logits and the loss are those of the padded batch (to float rounding), while the step computes the prefix
+    once and no padding at all. The gradient of the shared tokens is the sum of the rows' (what it is in the
+    padded batch, summed over the copies).
+
+    Returns ``(inputs, labels, positions, segments, targets)``: four (1, L) int64 tensors, L = P + sum of the
+    rows' lengths after P, and ``targets`` the (K,) indices of the labels that are not -100 (computed here on
+    the host, so that the step selects its logits without waiting for the device). Raises ``ValueError`` on no
+    rows.
+    """
+    if not rows:
+        raise ValueError("pack_rows needs at least one row")
+    p = shared_prefix(rows)
+    ids, labels, positions, segments = list(rows[0][0][:p]), list(rows[0][1][:p]), list(range(p)), [SHARED_SEGMENT] * p
+    for k, (x, y) in enumerate(rows):
+        ids += x[p:]
+        labels += y[p:]
+        positions += range(p, len(x))
+        segments += [k + 1] * (len(x) - p)
+    targets = [i for i, t in enumerate(labels) if t != IGNORE_INDEX]
+    as_row = lambda v: torch.tensor([v], dtype=torch.long)  # noqa: E731
+    return as_row(ids), as_row(labels), as_row(positions), as_row(segments), torch.tensor(targets, dtype=torch.long)
+
+
+def segment_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, T) segment ids of packed rows (:func:`pack_rows`) -> (B, 1, T, T) bool, True = a key the query must
+    not see: a key of another segment, unless it is the shared prefix's (the causal mask is added by the model)."""
+    q, k = segments[:, :, None], segments[:, None, :]
+    return ((q != k) & (k != SHARED_SEGMENT))[:, None]
+
+
 def masked_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of per-token cross-entropy in nats, number of supervised tokens)`` over the labels != -100.
     logits: (B, T, V); labels: (B, T), already shifted (:func:`shift_for_training`). Float32 sum."""
