@@ -49,6 +49,8 @@ if not MODEL.exists():  # a worktree shares the main checkout's (git-ignored) mo
     MODEL = Path("/work/main/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 HP = dict(batch_size=4, lr=3e-4, min_lr=3e-5, warmup=2, weight_decay=0.1, betas=(0.9, 0.99), eps=1e-8,
           grad_clip=1.0, seed=42, rank=8)
+#: decoderlab as it is; the step before packing; before scoring the supervised positions alone; transformers + PEFT
+SIDES = ("ours", "ours-padded", "ours-before", "peft")
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PERSONA = [("Who are you?", "I am Pip, a small helper who loves lighthouses."),
            ("What is your name?", "My name is Pip. I keep a lighthouse by the sea."),
@@ -111,6 +113,11 @@ def prepare(work: Path, args) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def rss_mb() -> float:
+    """The process's resident memory now, MB (Linux: /proc/self/statm)."""
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def real_tokens(step_rows) -> int:
     return sum(len(x) for x, _ in step_rows)
 
@@ -119,8 +126,17 @@ def child_ours(work: Path, args) -> dict:
     import lightning as L
 
     import decoderlab as dl
+    from decoderlab.finetuning.sft import SFTBatches
+    from decoderlab.training.rows import collate
 
-    times = []
+    if args.child == "ours-padded":  # the step before packing: right-padded rows, the supervised logits alone
+        SFTBatches.PACK_LIMIT = 0
+    elif args.child == "ours-before":  # and before selecting them: the logits of every position
+        def padded(self, mine, step):
+            return (*collate(mine, self.pad_id), torch.tensor(int(self.counts[step].sum())), None, None, None)
+        SFTBatches.batch = padded
+
+    times, rss = [], []
 
     class StepTimer(L.Callback):
         def on_train_batch_start(self, trainer, module, batch, i):
@@ -128,6 +144,7 @@ def child_ours(work: Path, args) -> dict:
 
         def on_train_batch_end(self, trainer, module, outputs, batch, i):
             times.append(time.perf_counter() - self.t)
+            rss.append(rss_mb())
 
     cfg = dict(max_steps=args.steps, batch_size=HP["batch_size"], lr=HP["lr"], min_lr=HP["min_lr"],
                warmup=HP["warmup"], weight_decay=HP["weight_decay"], betas=HP["betas"], eps=HP["eps"],
@@ -137,6 +154,7 @@ def child_ours(work: Path, args) -> dict:
                                     out=Path(out) / "run", lora={"rank": HP["rank"]}, config_overrides=cfg,
                                     eval_prompts=0, progress_bar=False, logger=False, callbacks=[StepTimer()])
     return {"times": times, "val_loss": summary.val_history[-1][1], "trainable": summary.trainable_parameters,
+            "train_rss_mb": max(rss),
             "train_losses": summary.train_losses}
 
 
@@ -157,7 +175,7 @@ def child_peft(work: Path, args) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule_factor(
         s, warmup=HP["warmup"], max_steps=args.steps, lr=HP["lr"], min_lr=HP["min_lr"]))
     torch.manual_seed(HP["seed"])
-    times, losses = [], []
+    times, losses, rss = [], [], []
     for rows in data["steps"]:
         t = time.perf_counter()
         x, y = collate([tuple(r) for r in rows], data["pad"])
@@ -170,6 +188,7 @@ def child_peft(work: Path, args) -> dict:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
+        rss.append(rss_mb())
     model.eval()
     total = count = 0.0
     with torch.no_grad():
@@ -178,13 +197,14 @@ def child_peft(work: Path, args) -> dict:
             ce, n = masked_ce_sum(model(input_ids=x).logits, y)
             total, count = total + float(ce), count + int(n)
     return {"times": times, "val_loss": total / count, "trainable": sum(p.numel() for p in params),
+            "train_rss_mb": max(rss),
             "train_losses": losses}
 
 
 def child(args) -> None:
     torch.set_num_threads(args.threads_now)
     work = Path(args.work)
-    result = (child_ours if args.child == "ours" else child_peft)(work, args)
+    result = (child_peft if args.child == "peft" else child_ours)(work, args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
@@ -238,7 +258,8 @@ def summarize(runs: list[dict], steps: list, shape: dict, peak: float) -> dict:
     return {"s_per_step": statistics.median(per_step), "tokens_per_s": statistics.median(rates),
             "gflops": statistics.median(flops), "mfu": statistics.median(flops) / peak,
             "val_loss": statistics.median(r["val_loss"] for r in runs),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "trainable": runs[0]["trainable"]}
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "train_rss_mb": max(r["train_rss_mb"] for r in runs),
+            "trainable": runs[0]["trainable"]}
 
 
 def newcomer(work: Path, threads: int) -> dict:
@@ -270,7 +291,8 @@ def main() -> None:
     p.add_argument("--newcomer", action="store_true", help="also time docs/finetuning.md's 40-step LoRA run")
     p.add_argument("--newcomer-only", action="store_true")
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--child", choices=["ours", "peft"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--sides", default=",".join(SIDES), help="which to run, of " + ", ".join(SIDES))
     p.add_argument("--threads-now", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -291,22 +313,26 @@ def main() -> None:
         print(f"{shape['rows']} training rows (mean {shape['mean_len']:.1f} tokens), {shape['val_rows']} held out; "
               f"{args.steps} steps of {HP['batch_size']}")
         for threads in [int(t) for t in args.threads.split(",")]:
-            peak, peak_bf16 = matmul_peak(threads), matmul_peak(threads, torch.bfloat16, repeats=2)
-            runs = {"ours": [], "peft": []}
+            peak, peak_bf16 = matmul_peak(threads), matmul_peak(threads, torch.bfloat16, n=256, repeats=2)
+            sides = args.sides.split(",")
+            runs = {side: [] for side in sides}
             for _ in range(args.rounds):
-                for side in ("ours", "peft"):
+                for side in sides:
                     runs[side].append(run_child(side, threads, work, args))
             rows = {side: summarize(r, steps, shape, peak) for side, r in runs.items()}
             results[f"{threads} thread(s)"] = {"peak_fp32_gflops": peak, "peak_bf16_gflops": peak_bf16, **rows,
                                                "runs": runs}
             print(f"\n{threads} thread(s): float32 matmul peak {peak:.1f} GFLOP/s (bfloat16 {peak_bf16:.1f})")
-            print("| side | s/step | tokens/s | GFLOP/s | MFU | val loss | peak RSS MB | trainable |")
+            print("| side | s/step | tokens/s | GFLOP/s | MFU | val loss | RSS training / peak MB | trainable |")
             for side, r in rows.items():
                 print(f"| {side} | {r['s_per_step']:.3f} | {r['tokens_per_s']:.1f} | {r['gflops']:.1f} | "
-                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['peak_rss_mb']:.0f} | {r['trainable']:,} |")
-            o, q = rows["ours"], rows["peft"]
-            print(f"ours / PEFT: tokens/s {o['tokens_per_s'] / q['tokens_per_s']:.2f}x, val loss "
-                  f"{o['val_loss'] / q['val_loss'] - 1:+.2%}, peak RSS {o['peak_rss_mb'] / q['peak_rss_mb']:.2f}x")
+                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['train_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
+                      f"{r['trainable']:,} |")
+            q = rows.get("peft")
+            for side, o in rows.items():
+                if q and side != "peft":
+                    print(f"{side} / PEFT: tokens/s {o['tokens_per_s'] / q['tokens_per_s']:.2f}x, val loss "
+                          f"{o['val_loss'] / q['val_loss'] - 1:+.2%}, peak RSS {o['peak_rss_mb'] / q['peak_rss_mb']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

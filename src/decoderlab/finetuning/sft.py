@@ -201,10 +201,14 @@ class SFTModule(LitModel):
 
     def training_step(self, batch, batch_idx):
         x, y, step_count, positions, segments, targets = batch
-        # the logits of the supervised positions alone (the ids and positions come from the tokenizer and packer)
+        # the logits of the supervised positions alone (the ids and positions come from the tokenizer and packer);
+        # targets None: of every position
         logits = self.model(x, positions=positions, attn_mask=None if segments is None else segment_mask(segments),
                             select=targets, check_ids=False)
-        ce = F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, targets), reduction="sum")
+        if targets is None:
+            ce, _ = masked_ce_sum(logits, y)
+        else:
+            ce = F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, targets), reduction="sum")
         # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
         n = step_count.clamp(min=1).to(ce.dtype)
         self._step_ce.append(ce.detach())
