@@ -129,11 +129,11 @@ def child_ours(work: Path, args) -> dict:
     from decoderlab.finetuning.sft import SFTBatches
     from decoderlab.training.rows import collate
 
-    if args.child == "ours-padded":  # the step before packing: right-padded rows, the supervised logits alone
-        SFTBatches.PACK_LIMIT = 0
-    elif args.child == "ours-before":  # and before selecting them: the logits of every position
+    if args.child in ("ours-padded", "ours-before"):  # the step before packing; and before selecting the logits
         def padded(self, mine, step):
-            return (*collate(mine, self.pad_id), torch.tensor(int(self.counts[step].sum())), None, None, None)
+            x, y = collate(mine, self.pad_id)
+            targets = (y.reshape(-1) != -100).nonzero().reshape(-1) if args.child == "ours-padded" else None
+            return x, y, torch.tensor(int(self.counts[step].sum())), None, None, targets
         SFTBatches.batch = padded
 
     times, rss = [], []
@@ -262,22 +262,25 @@ def summarize(runs: list[dict], steps: list, shape: dict, peak: float) -> dict:
             "trainable": runs[0]["trainable"]}
 
 
-def newcomer(work: Path, threads: int) -> dict:
-    """docs/finetuning.md's LoRA run as a new user types it: the CLI on 14 conversations, 40 steps of 4."""
+def newcomer(work: Path, threads: int, src: str | None = None) -> dict:
+    """docs/finetuning.md's LoRA run as a new user types it: the CLI on 14 conversations, 40 steps of 4, the whole
+    command timed (loading the file, training, the held-out evaluation, writing the run); ``src``: another
+    checkout's ``src`` to run instead (the code before, for a ratio)."""
     data = work / "pip.jsonl"
     with open(data, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
                      + "\n" for q, a in PERSONA)
-    out = work / "pip"
+    out = Path(tempfile.mkdtemp(dir=work)) / "pip"
+    env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
     cmd = [sys.executable, "-m", "decoderlab.cli", "finetune", "--checkpoint", str(MODEL), "--data", str(data),
            "--out", str(out), "--lora-rank", "8", "--max-steps", "40", "--batch-size", "4", "--threads", str(threads)]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t
     if proc.returncode:
         raise RuntimeError(f"newcomer run failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"seconds": seconds, "threads": threads, "train_loss": summary.get("train_loss"),
+    return {"seconds": seconds, "threads": threads, "src": src, "train_loss": summary.get("train_loss"),
             "first_loss": (summary.get("train_losses") or [None])[0]}
 
 
@@ -290,6 +293,7 @@ def main() -> None:
     p.add_argument("--val", type=int, default=48)
     p.add_argument("--newcomer", action="store_true", help="also time docs/finetuning.md's 40-step LoRA run")
     p.add_argument("--newcomer-only", action="store_true")
+    p.add_argument("--newcomer-before", metavar="SRC", help="also time the newcomer's run on this checkout's src/")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--sides", default=",".join(SIDES), help="which to run, of " + ", ".join(SIDES))
@@ -304,8 +308,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_finetune.") as tmp:
         work = Path(tmp)
         if args.newcomer or args.newcomer_only:
-            results["newcomer"] = newcomer(work, 2)
-            print("newcomer run (CLI, 14 conversations, 40 steps of 4, 2 threads):", results["newcomer"])
+            results["newcomer"] = [newcomer(work, 2)]
+            if args.newcomer_before:
+                results["newcomer"].append(newcomer(work, 2, args.newcomer_before))
+            for r in results["newcomer"]:
+                print("newcomer run (CLI, 14 conversations, 40 steps of 4, 2 threads):", r)
         if args.newcomer_only:
             return
         shape = prepare(work, args)

@@ -105,13 +105,15 @@ def test_a_packed_micro_batch_scores_and_trains_as_the_padded_one():
     padded = model(x)[y != IGNORE_INDEX]
     padded_ce = torch.nn.functional.cross_entropy(padded, y[y != IGNORE_INDEX], reduction="sum")
     grads = torch.autograd.grad(padded_ce, [p for p in model.parameters() if p.requires_grad])
-    px, py, positions, segments, targets = pack_rows(rows, 0)
-    assert px.shape == (1, 5 + sum(len(r[0]) - 5 for r in rows)) and len(targets) == int((y != IGNORE_INDEX).sum())
-    packed = model(px, positions=positions, attn_mask=segment_mask(segments), select=targets)
-    torch.testing.assert_close(packed, padded, rtol=1e-10, atol=1e-10)
-    ce = torch.nn.functional.cross_entropy(packed, py.reshape(-1)[targets], reduction="sum")
-    for g, h in zip(torch.autograd.grad(ce, [p for p in model.parameters() if p.requires_grad]), grads):
-        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+    # one packed row of the 5 shared tokens and the rest; two: the rows of 10 (6 in common) and the row of 8
+    for capacity, shape in ((64, (1, 5 + sum(len(r[0]) - 5 for r in rows))), (22, (2, 6 + 4 + 4))):
+        px, py, positions, segments, targets = pack_rows(rows, 0, capacity)
+        assert px.shape == shape and len(targets) == int((y != IGNORE_INDEX).sum())
+        packed = model(px, positions=positions, attn_mask=segment_mask(segments), select=targets)
+        ce = torch.nn.functional.cross_entropy(packed, py.reshape(-1)[targets], reduction="sum")
+        torch.testing.assert_close(ce, padded_ce, rtol=1e-12, atol=0)
+        for g, h in zip(torch.autograd.grad(ce, [p for p in model.parameters() if p.requires_grad]), grads):
+            torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
 
 
 def test_no_prefix_is_shared_over_a_target_or_a_whole_row():

@@ -40,7 +40,7 @@ from ..config.defaults import FINETUNE_VAL_FRACTION
 from ..tokenizers import Tokenizer
 from ..training import LitModel, Run, Summary, TrainConfig, mean_of_last
 from ..training.rows import (IGNORE_INDEX, StepBatches, StepDataModule, collate, masked_ce_sum, pack_rows,
-                             segment_mask, shared_prefix, shift_for_training, supervised_count)
+                             segment_mask, shift_for_training, supervised_count)
 from ..training.strategy import on_training_device
 from ..training.sums import host_column_sums, sum_over_ranks
 from .method import Job, Method, merged
@@ -150,22 +150,16 @@ class SFTBatches(StepBatches):
         super().__init__(rows, batch_size, accumulate, seed, pad_id, rank, world_size, shuffle, group_by_length)
         self.counts = np.array([supervised_count(y) for _, y in rows], dtype=np.int64)
 
-    #: a micro-batch is packed into one row (:func:`~decoderlab.training.rows.pack_rows`) up to this many tokens;
-    #: beyond, one row's attention over all the others' keys (masked, but computed) would cost more than the
-    #: padding it saves, and the rows are right-padded instead
-    PACK_LIMIT = 1024
+    #: the length of a packed row (:func:`~decoderlab.training.rows.pack_rows`; a longer conversation sets its own)
+    PACK_ROW = 256
 
     def batch(self, mine: list, step: np.ndarray):
-        """``(inputs, labels, step_supervised, positions, segments, targets)``: packed (positions and segments
-        (1, L)) when the rows fit :data:`PACK_LIMIT`, else right-padded (positions and segments None);
-        ``targets`` the flat indices of the supervised labels."""
+        """``(inputs, labels, step_supervised, positions, segments, targets)``: the rows packed
+        (:func:`~decoderlab.training.rows.pack_rows`: (R, L) tensors and the flat indices of the supervised
+        labels)."""
         count = torch.tensor(int(self.counts[step].sum()), dtype=torch.long)
-        p = shared_prefix(mine)
-        if p + sum(len(x) - p for x, _ in mine) <= self.PACK_LIMIT:
-            x, y, positions, segments, targets = pack_rows(mine, self.pad_id)
-            return x, y, count, positions, segments, targets
-        x, y = collate(mine, self.pad_id)
-        return x, y, count, None, None, (y.reshape(-1) != IGNORE_INDEX).nonzero().reshape(-1)
+        x, y, positions, segments, targets = pack_rows(mine, self.pad_id, self.PACK_ROW)
+        return x, y, count, positions, segments, targets
 
 
 class SFTDataModule(StepDataModule):

@@ -85,23 +85,44 @@ def shared_prefix(rows: Sequence[Row]) -> int:
     return n
 
 
-def pack_rows(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """The rows of one micro-batch packed into one row, without padding, their common prefix once.
+#: the segment of a packed row's padding (after every real token, so no real token sees it)
+PAD_SEGMENT = -1
 
-    The row is the shared prefix (:func:`shared_prefix`, P tokens, segment :data:`SHARED_SEGMENT`) and then each
-    row's tokens after it (segment k + 1 for row k), at the positions they have in their own row (P, P + 1, ...):
-    with the mask of :func:`segment_mask` every token sees exactly the tokens it saw in its own row, so the
-    logits and the loss are those of the padded batch (to float rounding), while the step computes the prefix
-    once and no padding at all. The gradient of the shared tokens is the sum of the rows' (what it is in the
-    padded batch, summed over the copies).
 
-    Returns ``(inputs, labels, positions, segments, targets)``: four (1, L) int64 tensors, L = P + sum of the
-    rows' lengths after P, and ``targets`` the (K,) indices of the labels that are not -100 (computed here on
-    the host, so that the step selects its logits without waiting for the device). Raises ``ValueError`` on no
-    rows.
+def pack_rows(rows: Sequence[Row], pad_id: int, capacity: int = 256) -> tuple[torch.Tensor, ...]:
+    """The rows of one micro-batch packed into as few rows as fit, without padding, a common prefix once.
+
+    The rows go first-fit, longest first, into packed rows of ``max(capacity, the longest row)`` tokens (so
+    a packed row is never longer than the padded batch's, and its attention -- one mask over all its tokens --
+    costs at most what the padded batch's does per row). A packed row is the prefix its rows share
+    (:func:`shared_prefix`, P tokens, segment :data:`SHARED_SEGMENT`), then each row's tokens after it (segment
+    k + 1 for its k-th row), at the positions they have in their own row (P, P + 1, ...): with
+    :func:`segment_mask` every token sees exactly the tokens it saw in its own row, so the logits and the loss
+    are the padded batch's (to float rounding) while the step computes the prefix once and little padding. The
+    shared tokens' gradient is the sum of their copies' in the padded batch. The packed rows are right-padded to
+    the longest (``pad_id``, labels -100, segment :data:`PAD_SEGMENT`).
+
+    Returns ``(inputs, labels, positions, segments, targets)``: four (R, L) int64 tensors and ``targets``, the
+    (K,) indices into the flattened (R * L) labels of those that are not -100 (found here on the host, so that
+    the step selects its logits without waiting for the device). Raises ``ValueError`` on no rows.
     """
     if not rows:
         raise ValueError("pack_rows needs at least one row")
+    size = max(capacity, max(len(x) for x, _ in rows))
+    bins: list[list[Row]] = []
+    for row in sorted(rows, key=lambda r: -len(r[0])):
+        fit = next((b for b in bins if sum(len(x) for x, _ in b) + len(row[0]) <= size), None)
+        bins.append([row]) if fit is None else fit.append(row)
+    packed = [_pack_one(b) for b in bins]
+    width = max(len(p[0]) for p in packed)
+    out = [torch.tensor([p[i] + [fill] * (width - len(p[i])) for p in packed], dtype=torch.long)
+           for i, fill in enumerate((pad_id, IGNORE_INDEX, 0, PAD_SEGMENT))]
+    targets = (out[1].reshape(-1) != IGNORE_INDEX).nonzero().reshape(-1)  # (a CPU tensor: no device wait)
+    return (*out, targets)
+
+
+def _pack_one(rows: Sequence[Row]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """``(ids, labels, positions, segments)`` of one packed row (see :func:`pack_rows`)."""
     p = shared_prefix(rows)
     ids, labels, positions, segments = list(rows[0][0][:p]), list(rows[0][1][:p]), list(range(p)), [SHARED_SEGMENT] * p
     for k, (x, y) in enumerate(rows):
@@ -109,9 +130,7 @@ def pack_rows(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, ...]:
         labels += y[p:]
         positions += range(p, len(x))
         segments += [k + 1] * (len(x) - p)
-    targets = [i for i, t in enumerate(labels) if t != IGNORE_INDEX]
-    as_row = lambda v: torch.tensor([v], dtype=torch.long)  # noqa: E731
-    return as_row(ids), as_row(labels), as_row(positions), as_row(segments), torch.tensor(targets, dtype=torch.long)
+    return ids, labels, positions, segments
 
 
 def segment_mask(segments: torch.Tensor) -> torch.Tensor:
