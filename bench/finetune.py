@@ -15,15 +15,16 @@ the loss the mean cross-entropy over the step's assistant tokens.
 - PEFT: ``AutoModelForCausalLM`` (sdpa attention) + ``peft.get_peft_model`` in a plain PyTorch loop (no Trainer:
   the fastest a PEFT user gets), the step timed the same way, the batch right-padded as transformers' collators do.
 
-Each run is a child process (its peak RSS is its own), the two sides alternating, ``--rounds`` times per thread
-count; per-step figures are medians over the steps after the first two. Tokens/s counts real tokens (not the
-padding). MFU: nominal FLOPs per step / seconds per step / the processor's float32 matrix-multiply peak, measured
-here (the best of 5 float32 2048 x 2048 x 2048 products at the same thread count; bfloat16 too, to show whether
-autocast could help). The nominal FLOPs of a LoRA step over the real tokens: 4 x (the weights of every matrix
-product, the tied output layer included) per token (forward, and the gradient of the inputs: the frozen weights
-get none) + 6 x the adapters' parameters per token + 6 x T^2 x d_attn per row and layer (causal attention,
-forward and backward). ``--newcomer`` also times docs/finetuning.md's first LoRA run as a new user types it
-(the CLI, 14 conversations, 40 steps of batch 4).
+Each run is a child process (its peak RSS is its own), the sides alternating, ``--rounds`` times per thread count;
+per-step figures are medians over the steps after the first two. The cores are shared with other jobs, so a
+step's cost is its process's CPU time per thread (wall seconds are printed too). Tokens/s counts real tokens (not
+the padding) per CPU-second. MFU: nominal FLOPs per step / CPU seconds per step / the processor's float32
+matrix-multiply peak, measured here the same way (the best of 5 float32 2048 x 2048 x 2048 products at the same
+thread count; bfloat16 too, to show whether autocast could help). The nominal FLOPs of a LoRA step over the real
+tokens: 4 x (the weights of every matrix product, the tied output layer included) per token (forward, and the
+gradient of the inputs: the frozen weights get none) + 6 x the adapters' parameters per token + 6 x T^2 x d_attn
+per row and layer (causal attention, forward and backward). ``--newcomer`` also times docs/finetuning.md's LoRA run
+as a new user types it (the CLI, 14 conversations, 40 steps of batch 4, 2 threads).
 
     PYTHONPATH=src python bench/finetune.py [--steps 24] [--rounds 2] [--threads 1,2] [--newcomer]
 """
@@ -136,14 +137,15 @@ def child_ours(work: Path, args) -> dict:
             return x, y, torch.tensor(int(self.counts[step].sum())), None, None, targets
         SFTBatches.batch = padded
 
-    times, rss = [], []
+    times, cpu, rss = [], [], []
 
     class StepTimer(L.Callback):
         def on_train_batch_start(self, trainer, module, batch, i):
-            self.t = time.perf_counter()
+            self.t, self.c = time.perf_counter(), time.process_time()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, i):
             times.append(time.perf_counter() - self.t)
+            cpu.append(time.process_time() - self.c)
             rss.append(rss_mb())
 
     cfg = dict(max_steps=args.steps, batch_size=HP["batch_size"], lr=HP["lr"], min_lr=HP["min_lr"],
@@ -153,7 +155,8 @@ def child_ours(work: Path, args) -> dict:
         _, _, summary = dl.finetune(str(work / "train.jsonl"), val_data=str(work / "val.jsonl"), checkpoint=str(MODEL),
                                     out=Path(out) / "run", lora={"rank": HP["rank"]}, config_overrides=cfg,
                                     eval_prompts=0, progress_bar=False, logger=False, callbacks=[StepTimer()])
-    return {"times": times, "val_loss": summary.val_history[-1][1], "trainable": summary.trainable_parameters,
+    return {"times": times, "cpu": cpu, "val_loss": summary.val_history[-1][1],
+            "trainable": summary.trainable_parameters,
             "train_rss_mb": max(rss),
             "train_losses": summary.train_losses}
 
@@ -175,9 +178,9 @@ def child_peft(work: Path, args) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule_factor(
         s, warmup=HP["warmup"], max_steps=args.steps, lr=HP["lr"], min_lr=HP["min_lr"]))
     torch.manual_seed(HP["seed"])
-    times, losses, rss = [], [], []
+    times, cpu, losses, rss = [], [], [], []
     for rows in data["steps"]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         x, y = collate([tuple(r) for r in rows], data["pad"])
         ce, n = masked_ce_sum(model(input_ids=x).logits, y)
         loss = ce / n.clamp(min=1)
@@ -187,6 +190,7 @@ def child_peft(work: Path, args) -> dict:
         sched.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         losses.append(loss.item())
         rss.append(rss_mb())
     model.eval()
@@ -196,7 +200,7 @@ def child_peft(work: Path, args) -> dict:
             x, y = collate([tuple(r) for r in data["val"][i:i + 16]], data["pad"])
             ce, n = masked_ce_sum(model(input_ids=x).logits, y)
             total, count = total + float(ce), count + int(n)
-    return {"times": times, "val_loss": total / count, "trainable": sum(p.numel() for p in params),
+    return {"times": times, "cpu": cpu, "val_loss": total / count, "trainable": sum(p.numel() for p in params),
             "train_rss_mb": max(rss),
             "train_losses": losses}
 
@@ -226,7 +230,8 @@ def run_child(side: str, threads: int, work: Path, args) -> dict:
 
 
 def matmul_peak(threads: int, dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of the best of ``repeats`` n x n x n products in ``dtype`` at ``threads`` threads."""
+    """GFLOP/s of the best of ``repeats`` n x n x n products in ``dtype`` at ``threads`` threads, per second of
+    this process's CPU time (other jobs on the cores take wall time, not CPU time) divided by the threads."""
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     a @ b
@@ -235,9 +240,9 @@ def matmul_peak(threads: int, dtype=torch.float32, n: int = 2048, repeats: int =
 
 
 def _timed(fn) -> float:
-    t = time.perf_counter()
+    t = time.process_time()
     fn()
-    return time.perf_counter() - t
+    return (time.process_time() - t) / torch.get_num_threads()
 
 
 def step_flops(step_rows, shape: dict, trainable: int) -> float:
@@ -248,14 +253,19 @@ def step_flops(step_rows, shape: dict, trainable: int) -> float:
 
 
 def summarize(runs: list[dict], steps: list, shape: dict, peak: float) -> dict:
-    """Medians over the steps after the first two, of every run of one side at one thread count."""
-    per_step, rates, flops = [], [], []
+    """Medians over the steps after the first two, of every run of one side at one thread count: wall seconds
+    per step; tokens/s and FLOP/s per second of CPU time per thread (robust to other jobs on shared cores)."""
+    per_step, cpu_step, rates, flops = [], [], [], []
+    threads = shape["threads"]
     for r in runs:
-        for s, t in list(enumerate(r["times"]))[2:]:
+        for s, (t, c) in list(enumerate(zip(r["times"], r["cpu"])))[2:]:
+            c = c / threads
             per_step.append(t)
-            rates.append(real_tokens(steps[s]) / t)
-            flops.append(step_flops(steps[s], shape, r["trainable"]) / t / 1e9)
-    return {"s_per_step": statistics.median(per_step), "tokens_per_s": statistics.median(rates),
+            cpu_step.append(c)
+            rates.append(real_tokens(steps[s]) / c)
+            flops.append(step_flops(steps[s], shape, r["trainable"]) / c / 1e9)
+    return {"s_per_step": statistics.median(per_step), "cpu_s_per_step": statistics.median(cpu_step),
+            "tokens_per_s": statistics.median(rates),
             "gflops": statistics.median(flops), "mfu": statistics.median(flops) / peak,
             "val_loss": statistics.median(r["val_loss"] for r in runs),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "train_rss_mb": max(r["train_rss_mb"] for r in runs),
@@ -274,13 +284,14 @@ def newcomer(work: Path, threads: int, src: str | None = None) -> dict:
     env = {**os.environ, **({"PYTHONPATH": src} if src else {})}
     cmd = [sys.executable, "-m", "decoderlab.cli", "finetune", "--checkpoint", str(MODEL), "--data", str(data),
            "--out", str(out), "--lora-rank", "8", "--max-steps", "40", "--batch-size", "4", "--threads", str(threads)]
-    t = time.perf_counter()
+    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - t
+    seconds, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode:
         raise RuntimeError(f"newcomer run failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"seconds": seconds, "threads": threads, "src": src, "train_loss": summary.get("train_loss"),
+    return {"seconds": seconds, "cpu_seconds": cpu, "load": os.getloadavg()[0], "threads": threads, "src": src, "train_loss": summary.get("train_loss"),
             "first_loss": (summary.get("train_losses") or [None])[0]}
 
 
@@ -326,13 +337,14 @@ def main() -> None:
             for _ in range(args.rounds):
                 for side in sides:
                     runs[side].append(run_child(side, threads, work, args))
-            rows = {side: summarize(r, steps, shape, peak) for side, r in runs.items()}
+            rows = {side: summarize(r, steps, {**shape, "threads": threads}, peak) for side, r in runs.items()}
             results[f"{threads} thread(s)"] = {"peak_fp32_gflops": peak, "peak_bf16_gflops": peak_bf16, **rows,
                                                "runs": runs}
             print(f"\n{threads} thread(s): float32 matmul peak {peak:.1f} GFLOP/s (bfloat16 {peak_bf16:.1f})")
-            print("| side | s/step | tokens/s | GFLOP/s | MFU | val loss | RSS training / peak MB | trainable |")
+            print("| side | s/step wall | CPU s/step | tokens/CPU-s | GFLOP/s | MFU | val loss | RSS training / peak MB "
+                  "| trainable |")
             for side, r in rows.items():
-                print(f"| {side} | {r['s_per_step']:.3f} | {r['tokens_per_s']:.1f} | {r['gflops']:.1f} | "
+                print(f"| {side} | {r['s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | {r['tokens_per_s']:.1f} | {r['gflops']:.1f} | "
                       f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['train_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
                       f"{r['trainable']:,} |")
             q = rows.get("peft")
