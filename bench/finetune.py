@@ -97,7 +97,8 @@ def prepare(work: Path, args) -> dict:
         with open(work / f"{name}.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
     max_len = model.config.max_len
-    rows, val_rows = build_examples(train, tok, template, max_len).rows, build_examples(val, tok, template, max_len).rows
+    rows = build_examples(train, tok, template, max_len).rows
+    val_rows = build_examples(val, tok, template, max_len).rows
     pad = pad_id_for(tok, template)
     batches = SFTBatches(rows, HP["batch_size"], 1, HP["seed"], pad)
     steps = [[rows[i] for i in batches.step_rows(s)] for s in range(args.steps)]
@@ -291,7 +292,8 @@ def newcomer(work: Path, threads: int, src: str | None = None) -> dict:
     if proc.returncode:
         raise RuntimeError(f"newcomer run failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"seconds": seconds, "cpu_seconds": cpu, "load": os.getloadavg()[0], "threads": threads, "src": src, "train_loss": summary.get("train_loss"),
+    return {"seconds": seconds, "cpu_seconds": cpu, "load": os.getloadavg()[0], "threads": threads, "src": src,
+            "train_loss": summary.get("train_loss"),
             "first_loss": (summary.get("train_losses") or [None])[0]}
 
 
@@ -341,17 +343,20 @@ def main() -> None:
             results[f"{threads} thread(s)"] = {"peak_fp32_gflops": peak, "peak_bf16_gflops": peak_bf16, **rows,
                                                "runs": runs}
             print(f"\n{threads} thread(s): float32 matmul peak {peak:.1f} GFLOP/s (bfloat16 {peak_bf16:.1f})")
-            print("| side | s/step wall | CPU s/step | tokens/CPU-s | GFLOP/s | MFU | val loss | RSS training / peak MB "
+            print("| side | s/step wall | CPU s/step | tokens/CPU-s | GFLOP/s | MFU | val loss "
+                  "| RSS training / peak MB "
                   "| trainable |")
             for side, r in rows.items():
-                print(f"| {side} | {r['s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | {r['tokens_per_s']:.1f} | {r['gflops']:.1f} | "
+                print(f"| {side} | {r['s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | {r['tokens_per_s']:.1f} | "
+                      f"{r['gflops']:.1f} | "
                       f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['train_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
                       f"{r['trainable']:,} |")
             q = rows.get("peft")
             for side, o in rows.items():
                 if q and side != "peft":
                     print(f"{side} / PEFT: tokens/s {o['tokens_per_s'] / q['tokens_per_s']:.2f}x, val loss "
-                          f"{o['val_loss'] / q['val_loss'] - 1:+.2%}, peak RSS {o['peak_rss_mb'] / q['peak_rss_mb']:.2f}x")
+                          f"{o['val_loss'] / q['val_loss'] - 1:+.2%}, "
+                          f"peak RSS {o['peak_rss_mb'] / q['peak_rss_mb']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
