@@ -24,7 +24,7 @@ thread count; bfloat16 too, to show whether autocast could help). The nominal FL
 tokens: 4 x (the weights of every matrix product, the tied output layer included) per token (forward, and the
 gradient of the inputs: the frozen weights get none) + 6 x the adapters' parameters per token + 6 x T^2 x d_attn
 per row and layer (causal attention, forward and backward). ``--newcomer`` also times docs/finetuning.md's LoRA run
-as a new user types it (the CLI, 14 conversations, 40 steps of batch 4, 2 threads).
+as a new user types it (the CLI, 14 conversations, 40 steps of batch 4, ``--newcomer-threads``, default 2).
 
     PYTHONPATH=src python bench/finetune.py [--steps 24] [--rounds 2] [--threads 1,2] [--newcomer]
 """
@@ -306,6 +306,7 @@ def main() -> None:
     p.add_argument("--val", type=int, default=48)
     p.add_argument("--newcomer", action="store_true", help="also time docs/finetuning.md's 40-step LoRA run")
     p.add_argument("--newcomer-only", action="store_true")
+    p.add_argument("--newcomer-threads", type=int, default=2, help="the newcomer's --threads (default 2)")
     p.add_argument("--newcomer-before", metavar="SRC", help="also time the newcomer's run on this checkout's src/")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -321,11 +322,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_finetune.") as tmp:
         work = Path(tmp)
         if args.newcomer or args.newcomer_only:
-            results["newcomer"] = [newcomer(work, 2)]
+            results["newcomer"] = [newcomer(work, args.newcomer_threads)]
             if args.newcomer_before:
-                results["newcomer"].append(newcomer(work, 2, args.newcomer_before))
+                results["newcomer"].append(newcomer(work, args.newcomer_threads, args.newcomer_before))
             for r in results["newcomer"]:
-                print("newcomer run (CLI, 14 conversations, 40 steps of 4, 2 threads):", r)
+                print("newcomer run (CLI, 14 conversations, 40 steps of 4):", r, flush=True)
         if args.newcomer_only:
             return
         shape = prepare(work, args)
