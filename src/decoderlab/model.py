@@ -160,12 +160,12 @@ class DecoderBlock(nn.Module):
             self.norm_2_post = make_norm(cfg) if cfg.sandwich_norm else None
         self.hooks = None  # decoderlab.hooks installs a dispatcher here; None = no hook points, the hot path
 
-    def forward(self, x, *, padding_mask=None, positions=None, cache=None):
+    def forward(self, x, *, padding_mask=None, positions=None, cache=None, attn_mask=None):
         hooks = self.hooks
         if hooks is not None:
             x = hooks("hook_resid_pre", x)
         h = self.norm_1(x) if hooks is None else hooked_norm(self.norm_1, x, hooks, "ln1")
-        a = self.attention(h, padding_mask=padding_mask, positions=positions, cache=cache)
+        a = self.attention(h, padding_mask=padding_mask, positions=positions, cache=cache, attn_mask=attn_mask)
         if self.norm_1_post is not None:
             a = self.norm_1_post(a) if hooks is None else hooked_norm(self.norm_1_post, a, hooks, "ln1_post")
         if hooks is not None:
@@ -390,14 +390,24 @@ class DecoderOnlyTransformer(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None, last_only: bool = False,
-                check_ids: bool = True) -> torch.Tensor:
+                check_ids: bool = True, attn_mask: torch.Tensor | None = None,
+                select: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every position: (T,) -> (T, num_tokens), or (B, T) -> (B, T, num_tokens).
 
         ``last_only=True`` runs the final norm and ``fc_layer`` on the last position alone and returns its
         logits as (1, num_tokens) (or (B, 1, num_tokens)): the generation engine's prefill needs no others,
         and the output layer then costs one position instead of T. The last row equals the full forward's.
         ``check_ids=False`` skips the range check of the ids (not their dtype and shape), for callers that
-        checked them once on the host (training, evaluation): it would wait for the device every forward.
+        checked them once on the host (training, evaluation): it would wait for the device every forward; it
+        skips the range check of given ``positions`` too.
+
+        Packed rows (several conversations in one row, :func:`decoderlab.training.rows.pack_rows`) take
+        ``positions`` (B, T) and ``attn_mask``: a bool mask broadcastable to (B, n_head, T, T), True = a key the
+        query must not see, added to the causal mask in every layer. ``select``: a 1-D int64 tensor of indices
+        into the flattened (B * T) positions; the final norm and the output layer then run on those positions
+        alone and the logits are (len(select), num_tokens) -- a fine-tuning step needs the logits of its
+        supervised tokens only, and over a 49,152-token vocabulary the output layer and the float32
+        log-softmax of every position cost a quarter of the step.
         """
         self.check_token_ids(token_ids, values=check_ids)
         unbatched = token_ids.dim() == 1
@@ -409,7 +419,8 @@ class DecoderOnlyTransformer(nn.Module):
         elif positions is not None:
             if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
                 raise TypeError(f"positions must be a tensor of integer positions, got {positions!r:.80}")
-            check_positions(positions, self.config.max_len)
+            if check_ids:
+                check_positions(positions, self.config.max_len)
         if positions is None:
             start = cache.length if cache is not None else 0
             if start + t > self.config.max_len:
@@ -419,10 +430,10 @@ class DecoderOnlyTransformer(nn.Module):
                 )
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
-        logits = self._logits(token_ids, padding_mask, positions, cache, last_only)
+        logits = self._logits(token_ids, padding_mask, positions, cache, last_only, attn_mask, select)
         if cache is not None:
             cache.advance(t)
-        return logits[0] if unbatched else logits
+        return logits[0] if unbatched and select is None else logits
 
     @staticmethod
     def positions_from_mask(padding_mask: torch.Tensor, t: int) -> torch.Tensor:
@@ -503,7 +514,8 @@ class DecoderOnlyTransformer(nn.Module):
         self.compiled_decode = torch.compile(self.decode, fullgraph=True, **options)
         return self.compiled_decode
 
-    def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False) -> torch.Tensor:
+    def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False, attn_mask=None,
+                select=None) -> torch.Tensor:
         """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only).
         Positions are taken as given (``forward`` checked them; ``decode``'s caller made them)."""
         hooks = self.hooks
@@ -521,9 +533,11 @@ class DecoderOnlyTransformer(nn.Module):
             padding_mask = cache.step_mask(padding_mask, token_ids.size(0))  # and hides the unwritten ones
         for i, block in enumerate(self.blocks):  # (B, T, d_model) -> (B, T, d_model)
             x = block(x, padding_mask=padding_mask, positions=positions,
-                      cache=None if cache is None else cache.layers[i])
+                      cache=None if cache is None else cache.layers[i], attn_mask=attn_mask)
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model): the output layer only where the next token is predicted
+        elif select is not None:  # (K, d_model): the output layer only where a target is scored
+            x = x.reshape(-1, x.size(-1)).index_select(0, select)
         x = self.norm_f(x) if hooks is None else hooked_norm(self.norm_f, x, hooks, "ln_final")
         return linear(self.fc_layer, x)  # (B, T, num_tokens)
 

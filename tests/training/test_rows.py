@@ -74,3 +74,51 @@ def test_group_by_length_must_be_a_bool():
 
     with pytest.raises(ValueError, match="group_by_length must be True or False, got 'yes'"):
         TrainConfig(group_by_length="yes")
+
+
+def _packable_rows():
+    """Three rows with a common system-prompt prefix (no targets in it) and different lengths and targets."""
+    prefix = [1, 2, 3, 4, 5]
+    rows = []
+    for k, (body, answer) in enumerate((([6, 7], [8, 9, 10]), ([7], [11, 12]), ([6, 9, 9, 8], [13]))):
+        ids = prefix + body + answer + [14]
+        mask = [False] * (len(prefix) + len(body)) + [True] * (len(answer) + 1)
+        rows.append(shift_for_training(ids, mask, 64))
+    return rows
+
+
+def test_a_packed_micro_batch_scores_and_trains_as_the_padded_one():
+    """pack_rows + segment_mask + select: the logits of every target and the gradients equal the padded batch's
+    (float64, a rope + GQA model: positions and the shared prefix must be right for this to hold)."""
+    from decoderlab.lora import apply_lora
+    from decoderlab.model import DecoderOnlyTransformer, preset
+    from decoderlab.training.rows import IGNORE_INDEX, collate, pack_rows, segment_mask, shared_prefix
+
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=16, d_model=32, n_layer=2, n_head=4,
+                                          n_kv_head=2, max_len=64, position="rope", mlp="swiglu", norm="rmsnorm",
+                                          dropout=0.0)).double()
+    apply_lora(model, 2, init=False)
+    rows = _packable_rows()
+    assert shared_prefix(rows) == 5
+    x, y = collate(rows, 0)
+    padded = model(x)[y != IGNORE_INDEX]
+    padded_ce = torch.nn.functional.cross_entropy(padded, y[y != IGNORE_INDEX], reduction="sum")
+    grads = torch.autograd.grad(padded_ce, [p for p in model.parameters() if p.requires_grad])
+    # one packed row of the 5 shared tokens and the rest; two: the rows of 10 (6 in common) and the row of 8
+    for capacity, shape in ((64, (1, 5 + sum(len(r[0]) - 5 for r in rows))), (22, (2, 6 + 4 + 4))):
+        px, py, positions, segments, targets = pack_rows(rows, 0, capacity)
+        assert px.shape == shape and len(targets) == int((y != IGNORE_INDEX).sum())
+        packed = model(px, positions=positions, attn_mask=segment_mask(segments), select=targets)
+        ce = torch.nn.functional.cross_entropy(packed, py.reshape(-1)[targets], reduction="sum")
+        torch.testing.assert_close(ce, padded_ce, rtol=1e-12, atol=0)
+        for g, h in zip(torch.autograd.grad(ce, [p for p in model.parameters() if p.requires_grad]), grads):
+            torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+
+
+def test_no_prefix_is_shared_over_a_target_or_a_whole_row():
+    from decoderlab.training.rows import IGNORE_INDEX, shared_prefix
+
+    assert shared_prefix([([1, 2, 3], [IGNORE_INDEX, 5, 6])]) == 0  # one row: nothing to share
+    assert shared_prefix([([1, 2, 3], [IGNORE_INDEX, 5, 6]), ([1, 2, 3], [IGNORE_INDEX, 5, 6])]) == 1  # a target
+    assert shared_prefix([([1, 2], [IGNORE_INDEX] * 2), ([1, 2, 4], [IGNORE_INDEX] * 3)]) == 1  # a row kept its own

@@ -32,14 +32,15 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..chat import ChatTemplate, as_conversations, fit_messages, stream_chat_reply
 from ..checkpoint import unwrap_model
 from ..config.defaults import FINETUNE_VAL_FRACTION
 from ..tokenizers import Tokenizer
 from ..training import LitModel, Run, Summary, TrainConfig, mean_of_last
-from ..training.rows import (IGNORE_INDEX, StepBatches, StepDataModule, collate, masked_ce_sum, shift_for_training,
-                             supervised_count)
+from ..training.rows import (IGNORE_INDEX, StepBatches, StepDataModule, collate, masked_ce_sum, pack_rows,
+                             segment_mask, shift_for_training, supervised_count)
 from ..training.strategy import on_training_device
 from ..training.sums import host_column_sums, sum_over_ranks
 from .method import Job, Method, merged
@@ -149,9 +150,16 @@ class SFTBatches(StepBatches):
         super().__init__(rows, batch_size, accumulate, seed, pad_id, rank, world_size, shuffle, group_by_length)
         self.counts = np.array([supervised_count(y) for _, y in rows], dtype=np.int64)
 
+    #: the length of a packed row (:func:`~decoderlab.training.rows.pack_rows`; a longer conversation sets its own)
+    PACK_ROW = 256
+
     def batch(self, mine: list, step: np.ndarray):
-        x, y = collate(mine, self.pad_id)
-        return x, y, torch.tensor(int(self.counts[step].sum()), dtype=torch.long)
+        """``(inputs, labels, step_supervised, positions, segments, targets)``: the rows packed
+        (:func:`~decoderlab.training.rows.pack_rows`: (R, L) tensors and the flat indices of the supervised
+        labels)."""
+        count = torch.tensor(int(self.counts[step].sum()), dtype=torch.long)
+        x, y, positions, segments, targets = pack_rows(mine, self.pad_id, self.PACK_ROW)
+        return x, y, count, positions, segments, targets
 
 
 class SFTDataModule(StepDataModule):
@@ -186,8 +194,15 @@ class SFTModule(LitModel):
         self._val: list[list[torch.Tensor]] = []
 
     def training_step(self, batch, batch_idx):
-        x, y, step_count = batch
-        ce, _ = masked_ce_sum(self.model(x, check_ids=False), y)  # (the ids come from the tokenizer)
+        x, y, step_count, positions, segments, targets = batch
+        # the logits of the supervised positions alone (the ids and positions come from the tokenizer and packer);
+        # targets None: of every position
+        logits = self.model(x, positions=positions, attn_mask=None if segments is None else segment_mask(segments),
+                            select=targets, check_ids=False)
+        if targets is None:
+            ce, _ = masked_ce_sum(logits, y)
+        else:
+            ce = F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, targets), reduction="sum")
         # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
         n = step_count.clamp(min=1).to(ce.dtype)
         self._step_ce.append(ce.detach())

@@ -67,6 +67,79 @@ def collate(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tenso
     return xs, ys
 
 
+#: a packed row's segment of the shared prefix: every conversation of the row sees it
+SHARED_SEGMENT = 0
+
+
+def shared_prefix(rows: Sequence[Row]) -> int:
+    """How many leading tokens every row of ``rows`` has in common with no target among their labels (the
+    system prompt and the first user turn's opening, typically), keeping at least one token of each row its own:
+    those tokens can be computed once for all of them. 0 for fewer than two rows."""
+    if len(rows) < 2:
+        return 0
+    limit = min(len(x) for x, _ in rows) - 1
+    first_x = rows[0][0]
+    n = 0
+    while n < limit and all(x[n] == first_x[n] and y[n] == IGNORE_INDEX for x, y in rows):
+        n += 1
+    return n
+
+
+#: the segment of a packed row's padding (after every real token, so no real token sees it)
+PAD_SEGMENT = -1
+
+
+def pack_rows(rows: Sequence[Row], pad_id: int, capacity: int = 256) -> tuple[torch.Tensor, ...]:
+    """The rows of one micro-batch packed into as few rows as fit, without padding, a common prefix once.
+
+    The rows go first-fit, longest first, into packed rows of ``max(capacity, the longest row)`` tokens (so
+    a packed row is never longer than the padded batch's, and its attention -- one mask over all its tokens --
+    costs at most what the padded batch's does per row). A packed row is the prefix its rows share
+    (:func:`shared_prefix`, P tokens, segment :data:`SHARED_SEGMENT`), then each row's tokens after it (segment
+    k + 1 for its k-th row), at the positions they have in their own row (P, P + 1, ...): with
+    :func:`segment_mask` every token sees exactly the tokens it saw in its own row, so the logits and the loss
+    are the padded batch's (to float rounding) while the step computes the prefix once and little padding. The
+    shared tokens' gradient is the sum of their copies' in the padded batch. The packed rows are right-padded to
+    the longest (``pad_id``, labels -100, segment :data:`PAD_SEGMENT`).
+
+    Returns ``(inputs, labels, positions, segments, targets)``: four (R, L) int64 tensors and ``targets``, the
+    (K,) indices into the flattened (R * L) labels of those that are not -100 (found here on the host, so that
+    the step selects its logits without waiting for the device). Raises ``ValueError`` on no rows.
+    """
+    if not rows:
+        raise ValueError("pack_rows needs at least one row")
+    size = max(capacity, max(len(x) for x, _ in rows))
+    bins: list[list[Row]] = []
+    for row in sorted(rows, key=lambda r: -len(r[0])):
+        fit = next((b for b in bins if sum(len(x) for x, _ in b) + len(row[0]) <= size), None)
+        bins.append([row]) if fit is None else fit.append(row)
+    packed = [_pack_one(b) for b in bins]
+    width = max(len(p[0]) for p in packed)
+    out = [torch.tensor([p[i] + [fill] * (width - len(p[i])) for p in packed], dtype=torch.long)
+           for i, fill in enumerate((pad_id, IGNORE_INDEX, 0, PAD_SEGMENT))]
+    targets = (out[1].reshape(-1) != IGNORE_INDEX).nonzero().reshape(-1)  # (a CPU tensor: no device wait)
+    return (*out, targets)
+
+
+def _pack_one(rows: Sequence[Row]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """``(ids, labels, positions, segments)`` of one packed row (see :func:`pack_rows`)."""
+    p = shared_prefix(rows)
+    ids, labels, positions, segments = list(rows[0][0][:p]), list(rows[0][1][:p]), list(range(p)), [SHARED_SEGMENT] * p
+    for k, (x, y) in enumerate(rows):
+        ids += x[p:]
+        labels += y[p:]
+        positions += range(p, len(x))
+        segments += [k + 1] * (len(x) - p)
+    return ids, labels, positions, segments
+
+
+def segment_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, T) segment ids of packed rows (:func:`pack_rows`) -> (B, 1, T, T) bool, True = a key the query must
+    not see: a key of another segment, unless it is the shared prefix's (the causal mask is added by the model)."""
+    q, k = segments[:, :, None], segments[:, None, :]
+    return ((q != k) & (k != SHARED_SEGMENT))[:, None]
+
+
 def masked_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum of per-token cross-entropy in nats, number of supervised tokens)`` over the labels != -100.
     logits: (B, T, V); labels: (B, T), already shifted (:func:`shift_for_training`). Float32 sum."""
