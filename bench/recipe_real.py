@@ -137,16 +137,74 @@ def sft_conversations(n: int, system: str, replies: dict[str, str], seed: int = 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[tuple[str, bool]]:
-    """``(text, ended)`` of each prompt's greedy reply, at most ``cap`` tokens, stopped at the end of turn
-    (``generate_batch``, ``BATCH`` rows a call)."""
-    from decoderlab.generation import SamplingParams, generate_batch
+def common_prefix(prompts: list[list[int]]) -> int:
+    """The length of the token prefix every prompt shares (all but each prompt's last token at most)."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
 
-    params, out = SamplingParams(max_new_tokens=cap, stop=(stop,), temperature=0), []
-    for i in range(0, len(prompts), BATCH):
-        for ids in generate_batch(model, prompts[i:i + BATCH], params, tokenizer=tok):
-            out.append((tok.decode(ids), len(ids) < cap))
+
+def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[tuple[str, bool]]:
+    """``(text, ended)`` of each prompt's greedy reply, at most ``cap`` tokens, stopped at ``stop`` (the end of
+    turn; not in the text).
+
+    The prompts share a long prefix -- the system turn, with the calculator offered ~180 tokens of the ~220 --
+    so it is prefilled once and its keys and values copied into the cache of each batch; a batch holds prompts
+    whose rest has one length (no padding), at most ``BATCH``. Greedy, so each reply is the one
+    ``generate_batch`` gives, but for float rounding (tests/tasks/test_tool_sft.py holds them equal)."""
+    import torch
+
+    from decoderlab.attention import KVCache
+
+    shared = common_prefix(prompts)
+    n_layer, out = model.config.n_layer, [None] * len(prompts)
+    head = KVCache(n_layer, max(shared, 1))
+    if shared:
+        model(torch.tensor([prompts[0][:shared]]), cache=head)
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p) - shared, []).append(i)
+    for rest, members in sorted(groups.items()):
+        for k in range(0, len(members), BATCH):
+            chunk = members[k:k + BATCH]
+            cache = KVCache(n_layer, shared + rest + cap)
+            if shared:
+                for mine, theirs in zip(cache.layers, head.layers):
+                    b, h, _, d = theirs.k.shape
+                    mine.k = theirs.k.new_zeros(len(chunk), h, cache.capacity, d)
+                    mine.v = theirs.v.new_zeros(len(chunk), h, cache.capacity, d)
+                    mine.k[:, :, :shared] = theirs.k[:, :, :shared]
+                    mine.v[:, :, :shared] = theirs.v[:, :, :shared]
+                cache.length = shared
+            logits = model(torch.tensor([prompts[i][shared:] for i in chunk]), cache=cache, last_only=True)
+            for i, (ids, ended) in zip(chunk, _decode(model, cache, logits, cap, stop)):
+                out[i] = (tok.decode(ids), ended)
     return out
+
+
+def _decode(model, cache, logits, cap: int, stop: int) -> list[tuple[list[int], bool]]:
+    """Greedy steps from the prefill's ``logits`` (B, 1, V) until every row has met ``stop`` or ``cap`` tokens."""
+    import torch
+
+    rows = [[] for _ in range(logits.size(0))]
+    ended = [False] * len(rows)
+    for step in range(cap):
+        nxt = logits[:, -1].argmax(-1)
+        for r, t in enumerate(nxt.tolist()):
+            if not ended[r] and len(rows[r]) < cap:
+                if t == stop:
+                    ended[r] = True
+                else:
+                    rows[r].append(t)
+        if all(ended) or step == cap - 1:
+            break
+        logits = model(nxt[:, None], cache=cache)
+    return list(zip(rows, ended))
 
 
 def run_calls(calls) -> list[str]:
@@ -343,7 +401,7 @@ def markdown(scores: dict, chat: dict, record: dict) -> str:
     s = record["sft"]
     lines += ["", f"SFT: {s['steps']} steps of {record['args']['batch']} conversations ({s['conversations']} seen), "
                   f"{s['cpu_s_per_step']:.0f} CPU-s a step; LoRA rank {record['args']['lora_rank']}, lr "
-                  f"{record['args']['lr']:g}; {record['args']['threads']} thread(s)"]
+                  f"{record['args']['lr']:g}; {record['args']['threads']} thread(s); scoring on {record['args']['eval_threads']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -361,15 +419,16 @@ def parse(argv=None):
                     help=f"held-out questions per row (at least {MIN_QUESTIONS})")
     ap.add_argument("--train-conversations", type=int, default=1200, help="conversations generated for SFT (more "
                                                                          "than the budget sees; the rest unused)")
-    ap.add_argument("--sft-minutes", type=float, default=10.0, help="SFT's CPU-time budget in minutes")
+    ap.add_argument("--sft-minutes", type=float, default=7.0, help="SFT's CPU-time budget in minutes")
     ap.add_argument("--max-steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=6)
     ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=8e-4)
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="PyTorch threads of SFT")
+    ap.add_argument("--eval-threads", type=int, default=2, help="PyTorch threads of the scoring (greedy replies)")
     args = ap.parse_args(argv)
     if args.questions < MIN_QUESTIONS:
         ap.error(f"--questions {args.questions} is under {MIN_QUESTIONS}: a row's 95% interval on so few held-out "
@@ -395,7 +454,7 @@ def main(argv=None) -> int:
     from decoderlab.reportcard import row_label
 
     args = parse(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.eval_threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     clock, scores, chat = Clock(), {}, {}
@@ -410,7 +469,9 @@ def main(argv=None) -> int:
     convs = sft_conversations(args.train_conversations, system, replies_, seed=0)
     val = sft_conversations(4, system, replies_, seed=1)
     del model
+    torch.set_num_threads(args.threads)
     record = {"args": vars(args), "sft": clock.run("sft", sft, args, args.base, out / "sft", convs, val)}
+    torch.set_num_threads(args.eval_threads)
     model, tok, template, _ = load_model(out / "sft")
     with torch.no_grad():
         scores["sft"] = clock.run("sft card", score_rows, model.eval(), tok, template, items, system)
