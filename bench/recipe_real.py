@@ -401,7 +401,8 @@ def markdown(scores: dict, chat: dict, record: dict) -> str:
     s = record["sft"]
     lines += ["", f"SFT: {s['steps']} steps of {record['args']['batch']} conversations ({s['conversations']} seen), "
                   f"{s['cpu_s_per_step']:.0f} CPU-s a step; LoRA rank {record['args']['lora_rank']}, lr "
-                  f"{record['args']['lr']:g}; {record['args']['threads']} thread(s); scoring on {record['args']['eval_threads']}"]
+                  f"{record['args']['lr']:g}; {record['args']['threads']} thread(s); scoring on "
+                  f"{record['args']['eval_threads']}"]
     return "\n".join(lines) + "\n"
 
 

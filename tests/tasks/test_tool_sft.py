@@ -88,3 +88,25 @@ def test_a_card_of_fewer_than_100_questions_and_a_base_without_a_chat_template_a
     save_checkpoint(tmp_path / "lm", model, tok)
     with pytest.raises(SystemExit, match="is not a chat model"):
         recipe_real.load_chat_base(tmp_path / "lm")
+
+
+def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real, smollm2_gguf):
+    """The card's replies prefill the prompts' shared system turn once and batch the rests by length: the same
+    tokens as generate_batch on the whole prompts (greedy; a stop at the end of turn, or the cap)."""
+    import torch
+
+    from decoderlab.generation import SamplingParams, generate_batch
+
+    model, tok, template, _ = load_model(smollm2_gguf)
+    system, t = recipe_real.tool_system(template), tools_template(template)
+    questions = [i.question for i in generate("word_problem", "held-out", 5, seed=0)] + ["What is 12 + 7?"]
+    prompts = [t.render([{"role": "system", "content": system}, {"role": "user", "content": q}], tok,
+                        add_generation_prompt=True)[0] for q in questions]
+    assert recipe_real.common_prefix(prompts) > len(tok.encode(system))
+    eot = t.end_of_turn_id(tok)
+    with torch.no_grad():
+        ours = recipe_real.replies(model.eval(), tok, prompts, 12, eot)
+        theirs = generate_batch(model, prompts, SamplingParams(max_new_tokens=12, stop=(eot,), temperature=0),
+                                tokenizer=tok)
+    assert [text for text, _ in ours] == [tok.decode(ids) for ids in theirs]
+    assert [ended for _, ended in ours] == [len(ids) < 12 for ids in theirs]

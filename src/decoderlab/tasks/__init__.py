@@ -17,10 +17,10 @@ multiplication, answered through the ``calculator`` tool), ``words`` (word probl
     ('number', True)
 """
 
-from .make import (CALCULATOR, FORMATS, HELD_OUT_SHARE, SPLITS, Item, calculator_call, conversation, generate,
-                   expression_of, row, skills_of, split_of, task_names, write_rows)
+from .make import (CALCULATOR, FORMATS, HELD_OUT_SHARE, SPLITS, Item, calculator_call, conversation, expression_of,
+                   generate, row, skills_of, split_of, task_names, write_rows)
 from .skills import FAMILIES, SKILLS, Skill, corpus_words
 
 __all__ = ["CALCULATOR", "FAMILIES", "FORMATS", "HELD_OUT_SHARE", "SKILLS", "SPLITS", "Item", "Skill",
-           "calculator_call", "conversation", "corpus_words", "expression_of", "generate", "row", "skills_of", "split_of",
-           "task_names", "write_rows"]
+           "calculator_call", "conversation", "corpus_words", "expression_of", "generate", "row", "skills_of",
+           "split_of", "task_names", "write_rows"]

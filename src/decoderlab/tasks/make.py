@@ -6,9 +6,9 @@ The split is a property of the problem a question asks, not of the seed: a quest
 the order of a sum's or a product's terms, of the numbers to compare or to make a countdown target from, and
 " Show your work." -- so ``What is 3 + 5?`` and ``What is 5 + 3? Show your work.`` are one problem, in one
 split; a word problem is its numbers whatever the story (:func:`decoderlab.tasks.words.problem_key`), so
-"A box holds 24 pens; how many pens are in 17 boxes?" and ``What is 17 * 24?`` are one problem too. A generator draws questions from its seeded ``random.Random`` and keeps those of the split asked for, so
-no held-out problem is ever trained on, in any of its forms, whatever the seeds of the two files. Pure Python
-(no torch).
+"A box holds 24 pens; how many pens are in 17 boxes?" and ``What is 17 * 24?`` are one problem too. A generator
+draws questions from its seeded ``random.Random`` and keeps those of the split asked for, so no held-out problem
+is ever trained on, in any of its forms, whatever the seeds of the two files. Pure Python (no torch).
 """
 
 from __future__ import annotations
