@@ -416,6 +416,8 @@ def parse(argv=None):
     ap.add_argument("--base", required=True, help="a chat model: SmolLM2-135M-Instruct's GGUF file (or any "
                                                   "checkpoint whose template is SmolLM2's ChatML)")
     ap.add_argument("--out", default="runs/real")
+    ap.add_argument("--stage", choices=("all", "base", "sft", "card"), default="all",
+                    help="base / sft: one stage (its JSON in --out; the two may run at once); card: join them")
     ap.add_argument("--questions", type=int, default=MIN_QUESTIONS,
                     help=f"held-out questions per row (at least {MIN_QUESTIONS})")
     ap.add_argument("--train-conversations", type=int, default=1200, help="conversations generated for SFT (more "
@@ -448,37 +450,76 @@ def load_chat_base(path):
     return model.eval(), tok, template
 
 
-def main(argv=None) -> int:
+def base_stage(args, out: Path, items: dict) -> dict:
+    """The base's card and France replies (``out/base.json``)."""
+    import torch
+
+    clock = Clock()
+    model, tok, template = load_chat_base(args.base)
+    system = tool_system(template)
+    with torch.no_grad():
+        scores = clock.run("base card", score_rows, model, tok, template, items, system)
+        france_ = france(model, tok, template)
+    print(f"France, base: {france_}", flush=True)
+    record = {"scores": scores, "france": france_, "stages": clock.stages}
+    (out / "base.json").write_text(json.dumps(record))
+    return record
+
+
+def sft_stage(args, out: Path, items: dict) -> dict:
+    """LoRA SFT from the base (the base's chat replies: ``out/chat.json``, made when absent), then the SFT model's
+    card and France replies (``out/sft.json``)."""
     import torch
 
     from decoderlab.chat import load_model
+
+    clock = Clock()
+    model, tok, template = load_chat_base(args.base)
+    system = tool_system(template)
+    if (out / "chat.json").is_file():
+        replies_ = json.loads((out / "chat.json").read_text())
+    else:
+        with torch.no_grad():
+            replies_ = clock.run("chat replies", chat_replies, model, tok, template)
+        (out / "chat.json").write_text(json.dumps(replies_))
+    del model
+    convs = sft_conversations(args.train_conversations, system, replies_, seed=0)
+    val = sft_conversations(4, system, replies_, seed=1)
+    torch.set_num_threads(args.threads)
+    trained = clock.run("sft", sft, args, args.base, out / "sft", convs, val)
+    torch.set_num_threads(args.eval_threads)
+    model, tok, template, _ = load_model(out / "sft")
+    with torch.no_grad():
+        scores = clock.run("sft card", score_rows, model.eval(), tok, template, items, system)
+        france_ = france(model, tok, template)
+    print(f"France, SFT: {france_}", flush=True)
+    record = {"scores": scores, "france": france_, "stages": clock.stages, "sft": trained}
+    (out / "sft.json").write_text(json.dumps(record))
+    return record
+
+
+def main(argv=None) -> int:
+    """``--stage all`` (default): base, then SFT, then the card. ``base`` / ``sft`` run one (each writes its
+    JSON; they may run at once, as two processes) and ``card`` joins them."""
+    import torch
+
     from decoderlab.reportcard import row_label
 
     args = parse(argv)
     torch.set_num_threads(args.eval_threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    clock, scores, chat = Clock(), {}, {}
-    model, tok, template = load_chat_base(args.base)
-    system = tool_system(template)
     items = {row_label(s, d): generate(s, "held-out", args.questions, seed=0, difficulty=d) for s, d in ROWS}
-    with torch.no_grad():
-        scores["base"] = clock.run("base card", score_rows, model, tok, template, items, system)
-        chat["base"] = france(model, tok, template)
-        replies_ = clock.run("chat replies", chat_replies, model, tok, template)
-    print(f"France, base: {chat['base']}", flush=True)
-    convs = sft_conversations(args.train_conversations, system, replies_, seed=0)
-    val = sft_conversations(4, system, replies_, seed=1)
-    del model
-    torch.set_num_threads(args.threads)
-    record = {"args": vars(args), "sft": clock.run("sft", sft, args, args.base, out / "sft", convs, val)}
-    torch.set_num_threads(args.eval_threads)
-    model, tok, template, _ = load_model(out / "sft")
-    with torch.no_grad():
-        scores["sft"] = clock.run("sft card", score_rows, model.eval(), tok, template, items, system)
-        chat["sft"] = france(model, tok, template)
-    print(f"France, SFT: {chat['sft']}", flush=True)
-    record["stages"] = clock.stages
+    if args.stage in ("all", "base"):
+        base_stage(args, out, items)
+    if args.stage in ("all", "sft"):
+        sft_stage(args, out, items)
+    if args.stage not in ("all", "card"):
+        return 0
+    base, tuned = (json.loads((out / f"{s}.json").read_text()) for s in ("base", "sft"))
+    stages = {**base["stages"], **tuned["stages"]}
+    record = {"args": vars(args), "sft": tuned["sft"], "stages": stages}
+    scores, chat = {"base": base["scores"], "sft": tuned["scores"]}, {"base": base["france"], "sft": tuned["france"]}
     text = markdown(scores, chat, record)
     (out / "card.md").write_text(text, encoding="utf-8")
     (out / "card.json").write_text(json.dumps({**record, "scores": scores, "france": chat,
