@@ -51,6 +51,8 @@ CHAT_PROMPTS = (
 FRANCE = "What is the capital of France?"
 #: reply caps in tokens: the first step (an answer or a call: ~30 tokens), and the answer after a result
 CAP, ANSWER_CAP, CHAT_CAP = 48, 32, 96
+#: the prompts a batch of one rest length should hold on average for the shared-prefix path to pay
+MIN_GROUP = 8
 #: generate_batch rows per call (the KV cache of 128 rows of ~300 positions, 30 layers: ~0.6 GB)
 BATCH = 128
 
@@ -163,12 +165,14 @@ def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[t
 
     shared = common_prefix(prompts)
     n_layer, out = model.config.n_layer, [None] * len(prompts)
-    head = KVCache(n_layer, max(shared, 1))
-    if shared:
-        model(torch.tensor([prompts[0][:shared]]), cache=head)
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(len(p) - shared, []).append(i)
+    if len(groups) * MIN_GROUP > len(prompts):  # rests of many lengths: small batches would cost more than the
+        return _replies_padded(model, tok, prompts, cap, stop)  # prefix saves (a decode step reads every weight)
+    head = KVCache(n_layer, max(shared, 1))
+    if shared:
+        model(torch.tensor([prompts[0][:shared]]), cache=head)
     for rest, members in sorted(groups.items()):
         for k in range(0, len(members), BATCH):
             chunk = members[k:k + BATCH]
@@ -184,6 +188,17 @@ def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[t
             logits = model(torch.tensor([prompts[i][shared:] for i in chunk]), cache=cache, last_only=True)
             for i, (ids, ended) in zip(chunk, _decode(model, cache, logits, cap, stop)):
                 out[i] = (tok.decode(ids), ended)
+    return out
+
+
+def _replies_padded(model, tok, prompts, cap: int, stop: int) -> list[tuple[str, bool]]:
+    """:func:`replies` through ``generate_batch`` (left-padded, every prompt whole)."""
+    from decoderlab.generation import SamplingParams, generate_batch
+
+    params, out = SamplingParams(max_new_tokens=cap, stop=(stop,), temperature=0), []
+    for i in range(0, len(prompts), BATCH):
+        out += [(tok.decode(ids), len(ids) < cap)
+                for ids in generate_batch(model, prompts[i:i + BATCH], params, tokenizer=tok)]
     return out
 
 

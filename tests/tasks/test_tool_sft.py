@@ -90,7 +90,7 @@ def test_a_card_of_fewer_than_100_questions_and_a_base_without_a_chat_template_a
         recipe_real.load_chat_base(tmp_path / "lm")
 
 
-def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real, smollm2_gguf):
+def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real, smollm2_gguf, monkeypatch):
     """The card's replies prefill the prompts' shared system turn once and batch the rests by length: the same
     tokens as generate_batch on the whole prompts (greedy; a stop at the end of turn, or the cap)."""
     import torch
@@ -104,6 +104,7 @@ def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real,
                         add_generation_prompt=True)[0] for q in questions]
     assert recipe_real.common_prefix(prompts) > len(tok.encode(system))
     eot = t.end_of_turn_id(tok)
+    monkeypatch.setattr(recipe_real, "MIN_GROUP", 1)  # the shared-prefix path, however few prompts a length has
     with torch.no_grad():
         ours = recipe_real.replies(model.eval(), tok, prompts, 12, eot)
         theirs = generate_batch(model, prompts, SamplingParams(max_new_tokens=12, stop=(eot,), temperature=0),
