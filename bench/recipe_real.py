@@ -34,8 +34,8 @@ ROWS = (("multiplication", 3), ("word_problem", 2))
 MIN_QUESTIONS = 100
 #: the tool conversations of the SFT mix: (skill, difficulty, share); the rest is plain chat (CHAT_SHARE)
 TOOL_MIX = (("multiplication", 3, .24), ("word_problem", 2, .2), ("word_problem", 1, .12), ("multiplication", 2, .04),
-            ("addition", 3, .04), ("addition", 4, .03), ("subtraction", 3, .04), ("subtraction", 4, .03),
-            ("big_multiplication", 3, .04))
+            ("addition", 2, .03), ("addition", 3, .02), ("addition", 4, .02), ("subtraction", 2, .03),
+            ("subtraction", 3, .02), ("big_multiplication", 3, .04))
 CHAT_SHARE = 0.22
 #: everyday prompts the base answers greedily; its replies are the plain chat of the mix (never the France question)
 CHAT_PROMPTS = (
@@ -431,7 +431,8 @@ def parse(argv=None):
     ap.add_argument("--base", required=True, help="a chat model: SmolLM2-135M-Instruct's GGUF file (or any "
                                                   "checkpoint whose template is SmolLM2's ChatML)")
     ap.add_argument("--out", default="runs/real")
-    ap.add_argument("--stage", choices=("all", "base", "sft", "card"), default="all",
+    ap.add_argument("--sft-record", default="{}", help="with --stage sft-card: the SFT run's costs (JSON)")
+    ap.add_argument("--stage", choices=("all", "base", "sft", "sft-card", "card"), default="all",
                     help="base / sft: one stage (its JSON in --out; the two may run at once); card: join them")
     ap.add_argument("--questions", type=int, default=MIN_QUESTIONS,
                     help=f"held-out questions per row (at least {MIN_QUESTIONS})")
@@ -502,6 +503,16 @@ def sft_stage(args, out: Path, items: dict) -> dict:
     val = sft_conversations(4, system, replies_, seed=1)
     torch.set_num_threads(args.threads)
     trained = clock.run("sft", sft, args, args.base, out / "sft", convs, val)
+    return sft_card(args, out, items, system, clock, trained)
+
+
+def sft_card(args, out: Path, items: dict, system: str, clock, trained: dict) -> dict:
+    """The SFT model's (``out/sft``) card and France replies, written to ``out/sft.json`` with ``trained`` (the
+    SFT run's steps and costs)."""
+    import torch
+
+    from decoderlab.chat import load_model
+
     torch.set_num_threads(args.eval_threads)
     model, tok, template, _ = load_model(out / "sft")
     with torch.no_grad():
@@ -529,6 +540,13 @@ def main(argv=None) -> int:
         base_stage(args, out, items)
     if args.stage in ("all", "sft"):
         sft_stage(args, out, items)
+    if args.stage == "sft-card":  # an SFT run stopped by hand: its last export, the costs its log gave
+        template = load_chat_base(args.base)[2]
+        meta = json.loads((out / "sft" / "meta.json").read_text())
+        given, clock = json.loads(args.sft_record), Clock()
+        clock.stages.update(given.pop("stages", {}))
+        trained = {"steps": meta["step"], "conversations": meta["step"] * args.batch, **given}
+        sft_card(args, out, items, tool_system(template), clock, trained)
     if args.stage not in ("all", "card"):
         return 0
     base, tuned = (json.loads((out / f"{s}.json").read_text()) for s in ("base", "sft"))
