@@ -34,6 +34,10 @@ def reference(question: str) -> str:
         return str(max(int(m[1]), int(m[2])))
     if m := re.fullmatch(r"What is the smallest of ([\d, ]+)\?", question):
         return str(min(int(x) for x in m[1].split(", ")))
+    if question.startswith(("A ", "Each ")):  # a word problem: a group's size, the groups, then loose ones
+        n = [int(x) for x in re.findall(NUM, question)]
+        away = any(w in question for w in ("gives away", "sells"))
+        return str(n[0] * n[1] + (0 if len(n) == 2 else -n[2] if away else n[2]))
     raise AssertionError(f"no reference for {question!r}")
 
 

@@ -8,7 +8,8 @@ hash of the question, written as chat JSONL for ``finetune`` or as prompts for `
 Families (``--task``): ``arithmetic`` (addition and subtraction of 1-4 digit numbers, multiplication up to 2x2
 digits), ``spelling`` (letter counts, a word backwards, its first/last letter; words of the embedded corpus),
 ``comparison`` (the larger of two numbers, the smallest of a short list), ``tool`` (3- and 4-digit
-multiplication, answered through the ``calculator`` tool). Pure Python: no torch, nothing downloaded.
+multiplication, answered through the ``calculator`` tool), ``words`` (word problems of one or two steps,
+:mod:`.words`, answered through the calculator too). Pure Python: no torch, nothing downloaded.
 
     >>> from decoderlab.tasks import generate
     >>> item = generate("addition", "held-out", 1, difficulty=3)[0]
@@ -16,10 +17,10 @@ multiplication, answered through the ``calculator`` tool). Pure Python: no torch
     ('number', True)
 """
 
-from .make import (CALCULATOR, FORMATS, HELD_OUT_SHARE, SPLITS, Item, calculator_call, conversation, generate,
-                   row, skills_of, split_of, task_names, write_rows)
+from .make import (CALCULATOR, FORMATS, HELD_OUT_SHARE, SPLITS, Item, calculator_call, conversation, expression_of,
+                   generate, row, skills_of, split_of, task_names, write_rows)
 from .skills import FAMILIES, SKILLS, Skill, corpus_words
 
 __all__ = ["CALCULATOR", "FAMILIES", "FORMATS", "HELD_OUT_SHARE", "SKILLS", "SPLITS", "Item", "Skill",
-           "calculator_call", "conversation", "corpus_words", "generate", "row", "skills_of", "split_of",
-           "task_names", "write_rows"]
+           "calculator_call", "conversation", "corpus_words", "expression_of", "generate", "row", "skills_of",
+           "split_of", "task_names", "write_rows"]

@@ -5,9 +5,10 @@ The split is a property of the problem a question asks, not of the seed: a quest
 ``HELD_OUT_SHARE`` of their range. The problem is the question with what does not change its answer taken out --
 the order of a sum's or a product's terms, of the numbers to compare or to make a countdown target from, and
 " Show your work." -- so ``What is 3 + 5?`` and ``What is 5 + 3? Show your work.`` are one problem, in one
-split. A generator draws questions from its seeded ``random.Random`` and keeps those of the split asked for, so
-no held-out problem is ever trained on, in any of its forms, whatever the seeds of the two files. Pure Python
-(no torch).
+split; a word problem is its numbers whatever the story (:func:`decoderlab.tasks.words.problem_key`), so
+"A box holds 24 pens; how many pens are in 17 boxes?" and ``What is 17 * 24?`` are one problem too. A generator
+draws questions from its seeded ``random.Random`` and keeps those of the split asked for, so no held-out problem
+is ever trained on, in any of its forms, whatever the seeds of the two files. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+from . import words
 from .skills import FAMILIES, SKILLS, Skill
 from .work import WORK_SUFFIX
 
@@ -68,6 +70,8 @@ def problem_of(question: str) -> str:
     """The problem ``question`` asks: without " Show your work." and with the numbers whose order does not
     matter sorted (``What is 5 + 3?`` -> ``3 + 5``); any other question is its own problem."""
     q = question.removesuffix(WORK_SUFFIX)
+    if (story := words.problem_key(q)) is not None:  # a word problem: its numbers, whatever the story
+        return story
     for pattern, key in _TWINS:
         m = pattern.fullmatch(q)
         if m is not None:
@@ -150,9 +154,17 @@ def generate(task: str, split: str = "train", n: int = 100, *, seed: int = 0, di
     return out
 
 
+def expression_of(question: str) -> str:
+    """The calculator expression a question asks for: a word problem's (:func:`decoderlab.tasks.words.expression_of`:
+    ``"24 * 17 - 35"``), else the arithmetic of ``What is EXPRESSION?``."""
+    story = words.expression_of(question)
+    return story if story is not None else question.removeprefix("What is ").rstrip("?")
+
+
 def calculator_call(item: Item, call_id: str = "call_0") -> dict:
-    """The assistant message that answers ``item`` by calling the calculator (OpenAI's ``tool_calls`` shape)."""
-    expression = item.question.removeprefix("What is ").rstrip("?")
+    """The assistant message that answers ``item`` by calling the calculator (OpenAI's ``tool_calls`` shape) on
+    :func:`expression_of` its question."""
+    expression = expression_of(item.question)
     return {"role": "assistant", "content": "", "tool_calls": [{
         "id": call_id, "type": "function",
         "function": {"name": CALCULATOR, "arguments": json.dumps({"expression": expression})}}]}

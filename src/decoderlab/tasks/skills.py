@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from . import words
 from .work import WORK_SUFFIX, countdown_chance, countdown_of, draw_countdown, multiplication_work, spelled_count
 
 #: the embedded corpus the spelling words come from (the file ``decoderlab.data`` trains on by default)
@@ -154,6 +155,16 @@ def _letter_count_work(rng, d):
     return q + WORK_SUFFIX, spelled_count(word, letter)
 
 
+def _word_problem(rng, d):
+    return words.draw(rng, d)
+
+
+def _word_chance(q):  # a guess anywhere between the smallest and the largest answer of such a story
+    _, _, op, _ = words.parse(q)
+    low, high = {"": (100, 9801), "+": (110, 9900), "-": (1, 9791)}[op]
+    return 1 / (high - low + 1)
+
+
 #: countdown difficulty -> how many numbers (each 1-9; the target 10-100)
 COUNTDOWN_NUMBERS = {1: 3, 2: 4}
 
@@ -254,6 +265,8 @@ SKILLS: dict[str, Skill] = {s.name: s for s in (
     Skill("smallest", "comparison", "number", (1, 2, 3, 4), 2, _smallest, _digits, chance=_pick_chance),
     Skill("big_multiplication", "tool", "number", (3, 4), 4, _big_multiplication,
           lambda d: f"{d}x3-{d}-digit", needs_tool=True, chance=_big_product_chance),
+    Skill("word_problem", "words", "number", words.STEPS, 2, _word_problem, lambda d: f"{d}-step",
+          needs_tool=True, chance=_word_chance),
     Skill("multiplication_work", "scratchpad", "number", (1, 2, 3), 2, _multiplication_work, _factors,
           chance=_product_chance, work=True),
     Skill("letter_count_work", "scratchpad", "number", (1, 2, 3), 3, _letter_count_work, _letters,
