@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from decoderlab.tasks import calculator_call, expression_of, generate  # noqa: E402
+from recipe import Clock  # noqa: E402  (bench/recipe.py: each stage's wall and CPU seconds)
 
 #: the card's rows: (skill, difficulty) -- 2x2-digit products and two-step word problems
 ROWS = (("multiplication", 3), ("word_problem", 2))
@@ -55,21 +56,6 @@ CAP, ANSWER_CAP, CHAT_CAP = 48, 32, 96
 MIN_GROUP = 8
 #: generate_batch rows per call (the KV cache of 128 rows of ~300 positions, 30 layers: ~0.6 GB)
 BATCH = 128
-
-
-class Clock:
-    """Wall and CPU seconds of each stage (``time.process_time``: this process, all threads)."""
-
-    def __init__(self):
-        self.stages: dict[str, dict] = {}
-
-    def run(self, name: str, fn, *args, **kwargs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = fn(*args, **kwargs)
-        self.stages[name] = {"wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)}
-        print(f"[{name}] {self.stages[name]['wall_s']:.0f} s wall, {self.stages[name]['cpu_s'] / 60:.1f} CPU-min",
-              flush=True)
-        return out
 
 
 # ---------------------------------------------------------------------------------------------------------
