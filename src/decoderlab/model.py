@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fastdecode
 from .attention import MultiHeadAttention
 from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
@@ -469,6 +470,10 @@ class DecoderOnlyTransformer(nn.Module):
 
         Returns the logits of the new tokens, (B, num_tokens).
         """
+        if not torch.compiler.is_compiling():  # eager: one C++ call for the step, where the model takes it
+            fused = fastdecode.step(self, tokens, positions, padding_mask, cache)
+            if fused is not None:
+                return fused
         if isinstance(positions, int):
             positions = torch.full((1,), positions, dtype=torch.long, device=tokens.device)
         return self._logits(tokens, padding_mask, positions, cache)[:, -1]

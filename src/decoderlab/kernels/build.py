@@ -2,7 +2,7 @@
 runs it), or on the first product that needs them.
 
 The files of ``csrc/`` compile side by side, each instruction set's file with its own flags (``-mavx2``...,
-``-mavx512vnni``), the dispatching ``ops.cpp`` with the baseline's, and link into one shared library of
+``-mavx512vnni``), the dispatching ``ops.cpp`` and the fused decode step ``decode.cpp`` with the baseline's, and link into one shared library of
 ``torch.library`` ops (no Python module: ``torch.ops.load_library`` loads it). Everything is keyed: the library
 lives in ``<cache>/kernels/<key>/`` where the key hashes the sources, the flags, the torch version and the
 compiler's ``--version`` -- an edited source or another torch builds afresh, never a stale one. ``<cache>`` is
@@ -31,6 +31,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 #: each source and its own flags; an instruction set's file, and the macro that leaves it out of ops.cpp
 SOURCES = {
     "ops.cpp": ((), None),
+    "decode.cpp": ((), None),
     "isa_avx2.cpp": (("-mavx2", "-mfma", "-mf16c"), None),
     "isa_avxvnni.cpp": (("-mavx2", "-mfma", "-mf16c", "-mavxvnni"), "DLK_NO_AVXVNNI"),
     "isa_avx512vnni.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma",
@@ -38,13 +39,15 @@ SOURCES = {
     "isa_avx512bf16.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"),
                            "DLK_NO_AVX512BF16"),
 }
-HEADERS = ("common.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "sums512.h", "ymm_backend.h")
+HEADERS = ("common.h", "products.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "sums512.h", "ymm_backend.h")
 #: an instruction set file's name -> the set's name
 SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512vnni.cpp": "avx512-vnni",
              "isa_avx512bf16.cpp": "avx512-bf16"}
 #: every file's flags: no contraction of a multiply and an add into an FMA that ggml's quantizers do not make
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-DNDEBUG", "-w")
 LIBRARY = "decoderlab_kernels.so"
+#: the files that include torch (the ops and their dispatch, at the baseline's flags)
+TORCH_SOURCES = ("ops.cpp", "decode.cpp")
 #: the most seconds a process waits for another's build
 LOCK_TIMEOUT = 900
 
@@ -100,7 +103,7 @@ def _compile_commands(cxx: str, out: Path, left_out: tuple[str, ...], openmp: bo
         if name in left_out:
             continue
         extra = [*includes, *(["-fopenmp"] if openmp else []),
-                 *(f"-D{SOURCES[n][1]}" for n in left_out)] if name == "ops.cpp" else []
+                 *(f"-D{SOURCES[n][1]}" for n in left_out)] if name in TORCH_SOURCES else []
         commands[name] = [cxx, *FLAGS, *flags, *extra, "-c", str(CSRC / name), "-o", str(out / f"{name}.o")]
     return commands
 
@@ -123,8 +126,9 @@ def _compile(cxx: str, work: Path, log) -> list[str]:
     that did not). Raises RuntimeError when ops.cpp or the AVX2 file does not compile."""
     failed = _run_all(_compile_commands(cxx, work, ()), log)
     left_out = tuple(n for n in failed if SOURCES[n][1])
-    if failed - set(left_out) - {"ops.cpp"}:
-        raise RuntimeError("isa_avx2.cpp did not compile")
+    broken = sorted(failed - set(left_out) - {"ops.cpp"})  # the AVX2 file or the fused decode step
+    if broken:
+        raise RuntimeError(f"{', '.join(broken)} did not compile")
     if left_out or "ops.cpp" in failed:
         # again without the files left out; then without OpenMP (ops.cpp's rows would run on one thread)
         tries = (True, False) if left_out else (False,)

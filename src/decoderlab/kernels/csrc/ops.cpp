@@ -19,6 +19,7 @@
 #endif
 
 #include "common.h"
+#include "products.h"
 
 namespace dlk {
 namespace {
@@ -412,6 +413,18 @@ std::vector<std::string> kernels_isas() {
 }
 
 }  // namespace
+
+const KernelSet* kernel_set() { return current(); }
+
+std::vector<at::Tensor> products_of_blocks(const at::Tensor& x, const at::Tensor* packed, const int64_t* types,
+                                           const int64_t* outs, size_t count) {
+  return block_products(x, packed, types, outs, count);
+}
+
+std::vector<at::Tensor> products_of_dense(const at::Tensor& x, const at::Tensor* weights, size_t count) {
+  return dense_products(x, weights, count);
+}
+
 }  // namespace dlk
 
 TORCH_LIBRARY(decoderlab, m) {
@@ -420,6 +433,8 @@ TORCH_LIBRARY(decoderlab, m) {
   m.def("dense_linear(Tensor x, Tensor weight) -> Tensor");
   m.def("dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]");
   m.def("quantize_activation(Tensor x, int ggml_type) -> Tensor");
+  m.def("decode_step(Tensor x, Tensor positions, int column, Tensor? padding_mask, Tensor[] tensors, int[] ints, "
+        "float[] floats, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache) -> Tensor");
   m.def("kernels_isa(str request) -> str", &dlk::kernels_isa);
   m.def("kernels_isas() -> str[]", &dlk::kernels_isas);
 }
