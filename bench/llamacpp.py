@@ -579,10 +579,16 @@ def run_one() -> None:
     decode(4)  # warm
     s, tokens = timed(lambda: decode(n))
     p, _ = timed(prefill)
+    batch = None
+    if spec["who"] == "ours" and spec["mode"] == "eager":  # a step of 8 rows (the server's, the rollouts') vs 1
+        from decoderlab.generation import generate_batch
+
+        b8, _ = timed(lambda: generate_batch(model, [prompt] * 8, n, temperature=0, stop_at_eos=False))
+        batch = b8 / s
     # VmHWM, not ru_maxrss: Linux keeps the parent's high-water mark in ru_maxrss across the exec
     peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(json.dumps({"load_s": load, "decode": n / s, "prompt": len(long_prompt) / p, "peak": peak,
-                      "tokens": tokens}), flush=True)
+                      "tokens": tokens, "batch8": batch}), flush=True)
 
 
 def _spawn(spec: dict, src: str | None) -> dict | None:
@@ -688,13 +694,18 @@ def print_issue_table(path: str, files: dict, runs: dict, args) -> None:
             ratio = lambda x, y: f"{x / y:.2f}x" if y and name != ref else ""  # noqa: E731
             print(f"| {kind} | {name} | {d:.1f} | {ratio(d, rd)} | {p:.0f} | {ratio(p, rp)} | {m / 1e6:.0f} | "
                   f"{ratio(m, rm)} | {ld:.1f} | {same} |")
+    steps = [(n, statistics.median(g["batch8"] for g in got)) for n, got in runs.items()
+             if got and got[0].get("batch8")]
+    if steps:
+        print("a decode step of 8 rows over one of 1 row (target <= 2.5x): "
+              + ", ".join(f"{n} {r:.2f}x" for n, r in steps))
 
 
 def agreement(path: str, args) -> None:
     """Greedy top-1 agreement over ``--agreement`` teacher-forced tokens of held-out text (the second half of the
     embedded corpus): ours by default (``--dtype auto``: the decode step's products, one token at a time through
     the KV cache) against ours float32 (the dequantized weights) and llama.cpp on the same file (its logits of
-    every position)."""
+    every position from one batched evaluation, and from one token a step)."""
     from decoderlab.gguf import load_gguf
 
     text = dl.read_corpus()
@@ -705,9 +716,10 @@ def agreement(path: str, args) -> None:
         model = load_gguf(path, dtype=dtype)[0]
         cache, picks = KVCache.for_model(model), []
         with torch.inference_mode():
-            for t in range(len(ids) - 1):
-                out = model(torch.tensor([[ids[t]]]), cache=cache, last_only=True, check_ids=False)
-                picks.append(int(out[0, -1].argmax()))
+            for t in range(len(ids) - 1):  # the engine's step (model.decode: the fused C++ step where it applies)
+                out = model.decode(torch.tensor([[ids[t]]]), cache.length, None, cache)
+                cache.advance(1)
+                picks.append(int(out[0].argmax()))
         top[name] = picks
     if llama_cpp_available():
         import numpy as np
@@ -717,6 +729,10 @@ def agreement(path: str, args) -> None:
                     n_threads_batch=args.threads, logits_all=True, verbose=False)
         llm.eval(ids[:-1])
         top["llama.cpp"] = [int(i) for i in np.asarray(llm.scores[:len(ids) - 1]).argmax(-1)]
+        llm.reset()  # and a token a step, as its decoding runs: its own two paths differ in the last bits too
+        for i in ids[:-1]:
+            llm.eval([i])
+        top["llama.cpp a token a step"] = [int(i) for i in np.asarray(llm.scores[:len(ids) - 1]).argmax(-1)]
     print(f"\ngreedy top-1 agreement, {os.path.basename(path)}, {len(ids) - 1} teacher-forced tokens of held-out "
           f"text (ours one token a step, as decoding runs)")
     names = list(top)
