@@ -111,7 +111,8 @@ def test_generation_decodes_the_same_tokens_fused_or_not(family, kind, monkeypat
 
 
 def test_the_steps_it_leaves_to_the_blocks_say_why():
-    """Hook points, grad, a static cache, float64 and GPT-2's shape take the blocks; program() says why."""
+    """Hook points, grad, a static cache, float64 and GPT-2's shape take the blocks; program() says why (why_not()
+    of the model alone, for the command line)."""
     model = _model("llama-gqa")
     cache = KVCache.for_model(model)
     with torch.no_grad():
@@ -123,6 +124,8 @@ def test_the_steps_it_leaves_to_the_blocks_say_why():
             assert "hook points" in fastdecode.program(model, cache)
         assert "static" in fastdecode.program(model, KVCache.for_model(model, static=True))
     assert "grad" in fastdecode.program(model, cache)
+    assert fastdecode.why_not(model) is None and "positions" in fastdecode.why_not(dl.DecoderOnlyTransformer(
+        dl.preset("gpt2", num_tokens=50, d_model=32, n_layer=1, n_head=2, max_len=8)))
     gpt2 = dl.DecoderOnlyTransformer(dl.preset("gpt2", num_tokens=50, d_model=32, n_layer=1, n_head=2,
                                                max_len=8)).eval()
     cache = KVCache.for_model(gpt2)

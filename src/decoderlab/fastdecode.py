@@ -135,6 +135,26 @@ def program(model, cache) -> tuple[list, list, list] | str:
     return why or (tensors, ints, floats)
 
 
+class _AnyCache:
+    ring = None
+
+
+def why_not(model) -> str | None:
+    """None when the model's eager decode steps take the fused step (over a float32 cache it prefilled, no hook
+    points, no grad), else why not -- for the command line, which then suggests a compiled step."""
+    if ops.load() == "portable":
+        return "the portable kernel path"
+    head = _header(model)
+    if isinstance(head, str):
+        return head
+    ints, tensors = head[0], []
+    for block in model.blocks:
+        why = _layer(block, _AnyCache, ints, tensors, ints[:8])
+        if why:
+            return why
+    return _norm(model.norm_f, tensors) or _linear(model.fc_layer, ints, tensors)
+
+
 def step(model, tokens: torch.Tensor, positions, padding_mask, cache) -> torch.Tensor | None:
     """The logits (B, num_tokens) of one decode step as ``model.decode`` computes them (same arguments: tokens
     (B, 1), positions an int, (1,) or (B, 1), padding_mask None or (B, T_k)), the keys and values written into

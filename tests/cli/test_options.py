@@ -171,6 +171,11 @@ def test_without_a_cached_package_a_terminal_is_told_once_how_to_decode_faster(l
                            "and dtype; run once with --aot to compile one")
     assert cli_main(argv + ["--eager"]) == 0
     assert capsys.readouterr().err == ""
+    from decoderlab import fastdecode
+
+    monkeypatch.setattr(fastdecode, "why_not", lambda model: None)  # an eager step of one C++ call: nothing to gain
+    assert cli_main(argv) == 0
+    assert capsys.readouterr().err == ""
     assert not list(tmp_path.glob("**/*.pt2"))  # nothing was compiled
 
 

@@ -227,13 +227,15 @@ def use_decode_step(model, mode: str) -> None:
         return
     from ..aot import AOTDecodeStep
 
+    from .. import fastdecode
     from ..quant import block_dtype
 
     step = AOTDecodeStep(model, compile_missing=mode == "aot", notify=say)
     if mode == "aot" or step.has_package((1, False)):
         model.compiled_decode = step
-    elif compile_pays(model) and (sys.stderr.isatty() or block_dtype(model)):  # (eager block weights are slow:
-        # said wherever stderr goes; a model too small for a compile to pay -- the lesson's 37 parameters -- never)
+    elif compile_pays(model) and fastdecode.why_not(model) and (sys.stderr.isatty() or block_dtype(model)):
+        # (eager block weights are slow: said wherever stderr goes; never for a model too small for a compile to
+        # pay -- the lesson's 37 parameters -- nor one whose eager step is one C++ call, as fast as the AOT step)
         say("decoding eagerly: no compiled decode step is cached for this model's shape and dtype; run once with "
             "--aot to compile one (once: its time is said) that every later run loads (--eager: no compiled step "
             "and no note)")

@@ -18,7 +18,8 @@ off by up to 2^-11 of that term).
     ops.py       torch.ops.decoderlab.* (C++, else the portable path) and the functions that call them
     portable.py  the same products in plain torch (Apple silicon, no compiler): exact integer sums, then scales
     build.py     csrc/ compiled once per source hash, torch and compiler into the cache, under a file lock
-    csrc/        the C++: ops.cpp (quantizers, dispatch, threads) and one file per instruction set
+    csrc/        the C++: ops.cpp (quantizers, dispatch, threads), one file per instruction set, and decode.cpp
+                 (``decode_step``: a whole one-token step in one call, decoderlab.fastdecode's)
 
 Use::
 
