@@ -1,4 +1,5 @@
 import os
+import signal
 import warnings
 from pathlib import Path
 
@@ -10,6 +11,11 @@ import torch
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+# a shell without job control starts background commands (`make test &`) with SIGINT ignored, and an ignored signal
+# stays ignored across exec: the Ctrl-C tests' commands would never see theirs and wait forever. Caught here, it is
+# reset to the default in every process the tests start, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 if not SHARED.is_dir():  # a clone next to shared/
