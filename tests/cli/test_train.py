@@ -266,13 +266,28 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
                               "has 3 tokens, but each split needs at least --max-len+1 = 65 tokens (train 25, validation "
                               "3 tokens); use a longer corpus or a smaller --max-len"),
 ])
-def test_cli_train_errors_name_the_flags(argv, line, tmp_path, decoderlab_cli):
+def test_cli_train_errors_name_the_flags(argv, line, tmp_path, monkeypatch, capsys):
+    """Each bad flag: exit 2, nothing on standard output, one line naming it (in this process: the console
+    script's own path is the test below -- a process each took ~10 s of the suite's time)."""
     (tmp_path / "notes.txt").write_text("my notes\n")
     (tmp_path / "weights.bin").write_bytes(b"PK\x03\x00\x14\x00 binary")
     (tmp_path / "model.pt").write_bytes(b"\x80\x02\x00\x8a\nlz")  # a pickle's first bytes
     (tmp_path / "short.txt").write_text("To be, or not to be, that is")
-    r = decoderlab_cli("train", *argv, cwd=tmp_path, env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: {line}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
+    try:
+        code = cli.main(["train", *argv])
+    except SystemExit as e:  # argparse's own refusals exit, as they do from the console script
+        code = e.code
+    out = capsys.readouterr()
+    assert (code, out.out, out.err) == (2, "", f"decoderlab: error: {line}\n")
+
+
+def test_a_train_error_from_the_console_script_is_one_line(tmp_path, decoderlab_cli):
+    r = decoderlab_cli("train", "--n-head", "3", "--d-model", "16", cwd=tmp_path,
+                       env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: --d-model (16) must be divisible by "
+                                                  "--n-head (3); allowed --n-head for --d-model 16: 1, 2, 4, 8, 16\n")
 
 
 def test_resume_refuses_settings_it_cannot_change(tmp_path, text, cache, capsys, monkeypatch):
