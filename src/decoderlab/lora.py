@@ -146,7 +146,7 @@ def describe_lora(model: torch.nn.Module, settings: dict) -> str:
     total = sum({id(p): p.numel() for p in model.parameters()}.values()) + held
     n = trainable_parameters(model)
     kind = block_dtype(model)
-    over = (f"over the base's {kind} blocks, as the file holds them (--dtype float32: a float32 base)" if held
+    over = (f"over the base's {kind} blocks, as the file holds them (--dtype float32 dequantizes them)" if held
             else f"over a {next(model.parameters()).dtype} base".replace("torch.", ""))
     return (f"LoRA rank {settings['rank']} (alpha {settings['alpha']:g}, dropout {settings['dropout']:g}) on "
             f"{','.join(settings['targets'])} {over}: {n:,} trainable parameters of {total:,} "
