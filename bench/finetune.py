@@ -108,7 +108,9 @@ def prepare(work: Path, args) -> dict:
     batches = SFTBatches(rows, HP["batch_size"], 1, HP["seed"], pad)
     steps = [[rows[i] for i in batches.step_rows(s)] for s in range(args.steps)]
     (work / "rows.json").write_text(json.dumps({"steps": steps, "val": val_rows, "pad": pad}))
-    lin = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    from decoderlab.quant import BlockLinear
+
+    lin = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, BlockLinear))]  # (the file keeps blocks)
     attn = model.blocks[0].attention
     return {"matmul_weights": sum(m.in_features * m.out_features for m in lin), "n_layer": model.config.n_layer,
             "d_attn": attn.q_size,
