@@ -166,11 +166,12 @@ def child_ours(work: Path, args) -> dict:
             return x, y, torch.tensor(int(self.counts[step].sum())), None, None, targets
         SFTBatches.batch = padded
 
-    times, cpu, rss, hwm = [], [], [], []
+    times, cpu, rss, hwm, start = [], [], [], [], []
 
     class StepTimer(L.Callback):
         def on_train_start(self, trainer, module):
             reset_peak()
+            start.append(rss_mb())  # (the model loaded, with its adapters: before any activation)
 
         def on_train_batch_start(self, trainer, module, batch, i):
             self.t, self.c = time.perf_counter(), time.process_time()
@@ -195,7 +196,7 @@ def child_ours(work: Path, args) -> dict:
                                     dtype=dtype)
     return {"times": times, "cpu": cpu, "val_loss": summary.val_history[-1][1], "libs_rss_mb": libs,
             "trainable": summary.trainable_parameters,
-            "train_rss_mb": max(rss), "train_peak_mb": max(hwm),
+            "train_rss_mb": max(rss), "train_peak_mb": max(hwm), "start_rss_mb": start[0],
             "train_losses": summary.train_losses}
 
 
@@ -219,6 +220,7 @@ def child_peft(work: Path, args) -> dict:
     torch.manual_seed(HP["seed"])
     times, cpu, losses, rss = [], [], [], []
     reset_peak()
+    start = rss_mb()
     for rows in data["steps"]:
         t, c = time.perf_counter(), time.process_time()
         x, y = collate([tuple(r) for r in rows], data["pad"])
@@ -242,7 +244,7 @@ def child_peft(work: Path, args) -> dict:
             total, count = total + float(ce), count + int(n)
     return {"times": times, "cpu": cpu, "val_loss": total / count, "trainable": sum(p.numel() for p in params),
             "libs_rss_mb": libs,
-            "train_rss_mb": max(rss), "train_peak_mb": hwm_mb(),
+            "train_rss_mb": max(rss), "train_peak_mb": hwm_mb(), "start_rss_mb": start,
             "train_losses": losses}
 
 
@@ -312,6 +314,7 @@ def summarize(runs: list[dict], steps: list, shape: dict, peak: float) -> dict:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "train_rss_mb": max(r["train_rss_mb"] for r in runs),
             "libs_rss_mb": statistics.median(r["libs_rss_mb"] for r in runs),
             "train_peak_mb": max(r["train_peak_mb"] for r in runs),
+            "start_rss_mb": statistics.median(r["start_rss_mb"] for r in runs),
             "trainable": runs[0]["trainable"]}
 
 
@@ -387,12 +390,13 @@ def main() -> None:
                                                "runs": runs}
             print(f"\n{threads} thread(s): float32 matmul peak {peak:.1f} GFLOP/s (bfloat16 {peak_bf16:.1f})")
             print("| side | s/step wall | CPU s/step | tokens/CPU-s | GFLOP/s | MFU | val loss "
-                  "| RSS MB libs / training / training's peak / process peak "
+                  "| RSS MB libs / model loaded / training / training's peak / process peak "
                   "| trainable |")
             for side, r in rows.items():
                 print(f"| {side} | {r['s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | {r['tokens_per_s']:.1f} | "
                       f"{r['gflops']:.1f} | "
-                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['libs_rss_mb']:.0f} / {r['train_rss_mb']:.0f} / "
+                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['libs_rss_mb']:.0f} / {r['start_rss_mb']:.0f} / "
+                      f"{r['train_rss_mb']:.0f} / "
                       f"{r['train_peak_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
                       f"{r['trainable']:,} |")
             q = rows.get("peft")
