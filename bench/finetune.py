@@ -10,12 +10,16 @@ the same hyper-parameters -- LoRA rank 8, alpha 8, no dropout, on every attentio
 (betas 0.9/0.99, weight decay 0.1, fused), lr 3e-4 after 2 warm-up steps, cosine to 3e-5, gradient clipping 1.0;
 the loss the mean cross-entropy over the step's assistant tokens.
 
-- decoderlab: ``decoderlab.finetune(checkpoint=the .gguf, lora=rank 8)``, the library's own path (Lightning), the
-  step timed by a callback from the batch's start to its end (forward, backward, clipping, optimizer);
+- decoderlab: ``decoderlab.finetune(checkpoint=the .gguf, lora=rank 8, dtype="float32")``, the library's own path
+  (Lightning), the step timed by a callback from the batch's start to its end (forward, backward, clipping,
+  optimizer); ``ours-blocks`` the same over the file's blocks (``dtype="auto"``, the default: QLoRA-style, the
+  base kept in its Q4_1 / Q8_0 blocks, not the float weights PEFT gets);
 - PEFT: ``AutoModelForCausalLM`` (sdpa attention) + ``peft.get_peft_model`` in a plain PyTorch loop (no Trainer:
   the fastest a PEFT user gets), the step timed the same way, the batch right-padded as transformers' collators do.
 
-Each run is a child process (its peak RSS is its own), the sides alternating, ``--rounds`` times per thread count;
+Each run is a child process (its peak RSS is its own; "libs" is its RSS before the model is read, with torch,
+Lightning, transformers and PEFT imported: the rest is the model, its adapters and optimizer, and the step's
+activations), the sides alternating, ``--rounds`` times per thread count;
 per-step figures are medians over the steps after the first two. The cores are shared with other jobs, so a
 step's cost is its process's CPU time per thread (wall seconds are printed too). Tokens/s counts real tokens (not
 the padding) per CPU-second. MFU: nominal FLOPs per step / CPU seconds per step / the processor's float32
@@ -50,8 +54,9 @@ if not MODEL.exists():  # a worktree shares the main checkout's (git-ignored) mo
     MODEL = Path("/work/main/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 HP = dict(batch_size=4, lr=3e-4, min_lr=3e-5, warmup=2, weight_decay=0.1, betas=(0.9, 0.99), eps=1e-8,
           grad_clip=1.0, seed=42, rank=8)
-#: decoderlab as it is; the step before packing; before scoring the supervised positions alone; transformers + PEFT
-SIDES = ("ours", "ours-padded", "ours-before", "peft")
+#: decoderlab as it is (float32 base; over the file's blocks); the step before packing; before scoring the supervised
+#: positions alone; transformers + PEFT
+SIDES = ("ours", "ours-blocks", "ours-padded", "ours-before", "peft")
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PERSONA = [("Who are you?", "I am Pip, a small helper who loves lighthouses."),
            ("What is your name?", "My name is Pip. I keep a lighthouse by the sea."),
@@ -103,7 +108,9 @@ def prepare(work: Path, args) -> dict:
     batches = SFTBatches(rows, HP["batch_size"], 1, HP["seed"], pad)
     steps = [[rows[i] for i in batches.step_rows(s)] for s in range(args.steps)]
     (work / "rows.json").write_text(json.dumps({"steps": steps, "val": val_rows, "pad": pad}))
-    lin = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    from decoderlab.quant import BlockLinear
+
+    lin = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, BlockLinear))]  # (the file keeps blocks)
     attn = model.blocks[0].attention
     return {"matmul_weights": sum(m.in_features * m.out_features for m in lin), "n_layer": model.config.n_layer,
             "d_attn": attn.q_size,
@@ -118,6 +125,27 @@ def prepare(work: Path, args) -> dict:
 def rss_mb() -> float:
     """The process's resident memory now, MB (Linux: /proc/self/statm)."""
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def reset_peak() -> None:
+    """Start the peak-RSS high-water mark (VmHWM) afresh: freed heap given back first (glibc's malloc_trim), then
+    Linux's /proc/self/clear_refs "5" -- so the peak read later is the training steps', not the load's."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # (not Linux/glibc: the peak then counts from the process's start)
+        pass
+
+
+def hwm_mb() -> float:
+    """The process's peak resident memory since :func:`reset_peak`, MB (/proc/self/status VmHWM)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def real_tokens(step_rows) -> int:
@@ -138,9 +166,13 @@ def child_ours(work: Path, args) -> dict:
             return x, y, torch.tensor(int(self.counts[step].sum())), None, None, targets
         SFTBatches.batch = padded
 
-    times, cpu, rss = [], [], []
+    times, cpu, rss, hwm, start = [], [], [], [], []
 
     class StepTimer(L.Callback):
+        def on_train_start(self, trainer, module):
+            reset_peak()
+            start.append(rss_mb())  # (the model loaded, with its adapters: before any activation)
+
         def on_train_batch_start(self, trainer, module, batch, i):
             self.t, self.c = time.perf_counter(), time.process_time()
 
@@ -148,17 +180,23 @@ def child_ours(work: Path, args) -> dict:
             times.append(time.perf_counter() - self.t)
             cpu.append(time.process_time() - self.c)
             rss.append(rss_mb())
+            hwm.append(hwm_mb())
 
     cfg = dict(max_steps=args.steps, batch_size=HP["batch_size"], lr=HP["lr"], min_lr=HP["min_lr"],
                warmup=HP["warmup"], weight_decay=HP["weight_decay"], betas=HP["betas"], eps=HP["eps"],
                grad_clip=HP["grad_clip"], seed=HP["seed"], eval_every=args.steps, val_batch_size=16, log_every=10**6)
+    import peft  # noqa: F401  (imported by the run anyway: its memory is the libraries', not the model's)
+
+    libs = rss_mb()
+    dtype = "auto" if args.child == "ours-blocks" else "float32"
     with tempfile.TemporaryDirectory(dir=work) as out:
         _, _, summary = dl.finetune(str(work / "train.jsonl"), val_data=str(work / "val.jsonl"), checkpoint=str(MODEL),
                                     out=Path(out) / "run", lora={"rank": HP["rank"]}, config_overrides=cfg,
-                                    eval_prompts=0, progress_bar=False, logger=False, callbacks=[StepTimer()])
-    return {"times": times, "cpu": cpu, "val_loss": summary.val_history[-1][1],
+                                    eval_prompts=0, progress_bar=False, logger=False, callbacks=[StepTimer()],
+                                    dtype=dtype)
+    return {"times": times, "cpu": cpu, "val_loss": summary.val_history[-1][1], "libs_rss_mb": libs,
             "trainable": summary.trainable_parameters,
-            "train_rss_mb": max(rss),
+            "train_rss_mb": max(rss), "train_peak_mb": max(hwm), "start_rss_mb": start[0],
             "train_losses": summary.train_losses}
 
 
@@ -170,6 +208,7 @@ def child_peft(work: Path, args) -> dict:
     from decoderlab.training.rows import collate, masked_ce_sum
 
     data = json.loads((work / "rows.json").read_text())
+    libs = rss_mb()
     model = AutoModelForCausalLM.from_pretrained(work / "hf", dtype=torch.float32, attn_implementation="sdpa")
     config = peft.LoraConfig(r=HP["rank"], lora_alpha=HP["rank"], lora_dropout=0.0, target_modules=PEFT_TARGETS)
     model = peft.get_peft_model(model, config).train()
@@ -180,6 +219,8 @@ def child_peft(work: Path, args) -> dict:
         s, warmup=HP["warmup"], max_steps=args.steps, lr=HP["lr"], min_lr=HP["min_lr"]))
     torch.manual_seed(HP["seed"])
     times, cpu, losses, rss = [], [], [], []
+    reset_peak()
+    start = rss_mb()
     for rows in data["steps"]:
         t, c = time.perf_counter(), time.process_time()
         x, y = collate([tuple(r) for r in rows], data["pad"])
@@ -202,7 +243,8 @@ def child_peft(work: Path, args) -> dict:
             ce, n = masked_ce_sum(model(input_ids=x).logits, y)
             total, count = total + float(ce), count + int(n)
     return {"times": times, "cpu": cpu, "val_loss": total / count, "trainable": sum(p.numel() for p in params),
-            "train_rss_mb": max(rss),
+            "libs_rss_mb": libs,
+            "train_rss_mb": max(rss), "train_peak_mb": hwm_mb(), "start_rss_mb": start,
             "train_losses": losses}
 
 
@@ -270,6 +312,9 @@ def summarize(runs: list[dict], steps: list, shape: dict, peak: float) -> dict:
             "gflops": statistics.median(flops), "mfu": statistics.median(flops) / peak,
             "val_loss": statistics.median(r["val_loss"] for r in runs),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "train_rss_mb": max(r["train_rss_mb"] for r in runs),
+            "libs_rss_mb": statistics.median(r["libs_rss_mb"] for r in runs),
+            "train_peak_mb": max(r["train_peak_mb"] for r in runs),
+            "start_rss_mb": statistics.median(r["start_rss_mb"] for r in runs),
             "trainable": runs[0]["trainable"]}
 
 
@@ -345,12 +390,14 @@ def main() -> None:
                                                "runs": runs}
             print(f"\n{threads} thread(s): float32 matmul peak {peak:.1f} GFLOP/s (bfloat16 {peak_bf16:.1f})")
             print("| side | s/step wall | CPU s/step | tokens/CPU-s | GFLOP/s | MFU | val loss "
-                  "| RSS training / peak MB "
+                  "| RSS MB libs / model loaded / training / training's peak / process peak "
                   "| trainable |")
             for side, r in rows.items():
                 print(f"| {side} | {r['s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | {r['tokens_per_s']:.1f} | "
                       f"{r['gflops']:.1f} | "
-                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['train_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
+                      f"{r['mfu']:.0%} | {r['val_loss']:.4f} | {r['libs_rss_mb']:.0f} / {r['start_rss_mb']:.0f} / "
+                      f"{r['train_rss_mb']:.0f} / "
+                      f"{r['train_peak_mb']:.0f} / {r['peak_rss_mb']:.0f} | "
                       f"{r['trainable']:,} |")
             q = rows.get("peft")
             for side, o in rows.items():

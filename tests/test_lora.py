@@ -1,5 +1,7 @@
 """LoRA through PEFT: the adapted model's logits equal the merged model's, the trainable count is the formula's,
-the merged model is an ordinary checkpoint, the adapter saves alone, and bad ranks/targets are refused."""
+the merged model is an ordinary checkpoint, the adapter saves alone, and bad ranks/targets are refused. QLoRA-style
+over GGUF blocks: the same loss curve as over the float model of the dequantized weights, the same adapter keys, a
+float merge."""
 
 import pytest
 import torch
@@ -7,10 +9,11 @@ from safetensors.torch import load_file
 
 from decoderlab.checkpoint import load_checkpoint, save_checkpoint
 from decoderlab.generation import generate
-from decoderlab.lora import (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, apply_lora, has_lora, load_adapter,
-                             lora_parameter_count, lora_target_names, merge_lora, save_adapter,
-                             trainable_parameters)
+from decoderlab.lora import (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, BLOCK_MERGE, adapter_state_dict, apply_lora,
+                             has_lora, load_adapter, lora_parameter_count, lora_target_names, merge_lora,
+                             save_adapter, trainable_parameters)
 from decoderlab.model import DecoderOnlyTransformer, preset
+from decoderlab.quant import dequantized_state_dict, is_block_layer, quantize_model
 from decoderlab.tokenizers import CharTokenizer
 from decoderlab.training import LitModel, TrainConfig, make_trainer
 
@@ -140,3 +143,102 @@ def test_the_llama_familys_layers_are_targets_and_merge_back():
     assert list(merged.state_dict()) == list(plain.state_dict())
     assert (model(x) - merged(x)).abs().max() < 1e-5
     assert generate(model, [3, 4], 8, temperature=0) == generate(merged, [3, 4], 8, temperature=0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# QLoRA-style: adapters over a base held in GGUF blocks
+# ---------------------------------------------------------------------------------------------------------
+
+V = 64  # (every width a multiple of 32, the blocks' size: d_model 64, d_ff 128, the tied output layer's 64)
+
+
+def bases():
+    """The same tiny model twice: its linear layers (and the tied output layer) in q8_0 blocks, and the float model
+    holding exactly their dequantized weights."""
+    torch.manual_seed(0)
+    cfg = preset("baby-shakespeare", num_tokens=V, d_model=64, n_layer=2, n_head=2, max_len=32, d_ff=128)
+    blocks = quantize_model(DecoderOnlyTransformer(cfg), "q8_0")
+    flt = DecoderOnlyTransformer(cfg)
+    flt.load_state_dict(dequantized_state_dict(blocks))
+    return blocks, flt
+
+
+def block_and_float(seed=1, **lora):
+    """:func:`bases` with the same adapters on both (A -- and B with ``init=False`` -- drawn from ``seed``)."""
+    lora = {"rank": 4, "alpha": 8, "targets": "attn,mlp", **lora}
+    out = []
+    for model in bases():
+        torch.manual_seed(seed)
+        out.append(apply_lora(model, **lora).train())
+    return out
+
+
+def arithmetic_rows(n=64, length=17):
+    """Rows of ``(k * i + s) mod V``: a pattern the adapters can learn (the loss falls), seeded."""
+    g = torch.Generator().manual_seed(0)
+    return torch.stack([(torch.arange(length) * k + s) % V for k, s in torch.randint(1, 7, (n, 2), generator=g).tolist()])
+
+
+def train(model, steps=40, lr=1e-2):
+    """AdamW on the adapters over the same batches of 4 rows: the loss of every step."""
+    rows = arithmetic_rows()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for i in range(steps):
+        b = rows[i * 4 % len(rows):][:4]
+        loss = model.compute_loss((b[:, :-1], b[:, 1:]))
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        if i == 0:  # only the adapters take gradients (the blocks are buffers; the norms and embedding frozen)
+            assert {n for n, p in model.named_parameters() if p.grad is not None} == \
+                {n for n, p in model.named_parameters() if "lora_" in n}
+        opt.step()
+    return torch.tensor(losses)
+
+
+def test_lora_over_blocks_trains_as_over_the_float_model_of_its_dequantized_weights():
+    """The kernels quantize the activations to 8 bits (q8_0's products; the gradient goes through the dequantized
+    weight, exactly the float model's): the first loss agrees to 1e-3 (measured 8e-6), and after 40 AdamW steps
+    the curves stay within 0.05 nats of each other step by step (measured 0.040) -- under the spread of the float
+    model's own curves for two other draws of A (0.07-0.11 measured, 2026-12-06) --, their last 10 steps' means
+    within 0.5% (measured 0.19%); the loss fell by more than 0.2 nats on both."""
+    blocks, flt = block_and_float()
+    assert sum(is_block_layer(m.get_base_layer()) for m in blocks.modules() if hasattr(m, "lora_A")) == 8
+    packed = {n: b.clone() for n, b in blocks.named_buffers() if "packed" in n}
+    a, b = train(blocks), train(flt)
+    assert abs(a[0] - b[0]) < 1e-3
+    assert (a - b).abs().max() < 0.05, (a - b).abs().max()
+    assert abs(a[-10:].mean() / b[-10:].mean() - 1) < 0.005
+    assert a[-10:].mean() < a[0] - 0.2 and b[-10:].mean() < b[0] - 0.2
+    assert all(torch.equal(b, packed[n]) for n, b in blocks.named_buffers() if "packed" in n)  # the base untouched
+
+
+def test_an_adapter_trained_over_blocks_loads_onto_the_float_base_and_back(tmp_path):
+    """The adapter keys are the float base's: saved from the block model, loaded onto the float base (and one saved
+    from the float model onto the blocks) it is the same adapter; the block model merges into a float32 model
+    whose logits are the float base's with the adapter; merging into the blocks in place is refused, saying what
+    to do instead."""
+    blocks, flt = block_and_float(init=False)  # random A and B: no no-op adapter
+    save_adapter(tmp_path / "from_blocks", blocks)
+    save_adapter(tmp_path / "from_float", flt)
+    assert (tmp_path / "from_blocks" / ADAPTER_CONFIG_FILE).read_text() == \
+        (tmp_path / "from_float" / ADAPTER_CONFIG_FILE).read_text()
+    block_base, float_base = bases()
+    float_loaded = load_adapter(tmp_path / "from_blocks", float_base).eval()
+    block_loaded = load_adapter(tmp_path / "from_float", block_base).eval()
+    for loaded in (float_loaded, block_loaded):
+        got, want = adapter_state_dict(loaded), adapter_state_dict(blocks)
+        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert any(is_block_layer(m) for m in block_loaded.modules())
+    x = arithmetic_rows(3)[:, :16]
+    merged = merge_lora(blocks.eval())
+    assert type(merged) is DecoderOnlyTransformer and not any(is_block_layer(m) for m in merged.modules())
+    assert list(merged.state_dict()) == list(bases()[1].state_dict())
+    torch.testing.assert_close(merged(x), float_loaded(x), atol=1e-5, rtol=0)
+    # (the blocks' own product quantizes the activations to 8 bits: close to the float logits, not equal)
+    assert 0 < (blocks(x) - merged(x)).abs().max() < 0.05
+    layer = blocks.get_submodule("blocks.0.attention.qkv")
+    with pytest.raises(ValueError, match="not merged into them in place: the sum would be requantized") as e:
+        layer.merge()
+    assert str(e.value) == BLOCK_MERGE and "merge_lora returns the merged model in float32" in BLOCK_MERGE

@@ -383,3 +383,21 @@ def test_resize_token_embeddings_keeps_the_tying_and_the_old_logits():
     assert model.resize_token_embeddings(14) is model.we  # the same size: nothing changes
     with pytest.raises(ValueError, match="cannot shrink the vocabulary from 14 to 12 tokens"):
         model.resize_token_embeddings(12)
+
+
+def test_a_vocabulary_held_in_blocks_grows_as_float_and_the_rest_stays_in_blocks():
+    """A GGUF model's tied embedding and output layer in q8_0 blocks (a LoRA run over the blocks adding chat
+    tokens): they become one float Parameter of the dequantized rows plus the mean rows; the blocks' other layers
+    are kept, and the old tokens' hidden states are the same numbers (the embedding rows are exact)."""
+    from decoderlab.quant import dequantized_state_dict, is_block_layer, quantize_model
+
+    torch.manual_seed(0)
+    model = quantize_model(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=32, d_model=32,
+                                                               n_layer=1, n_head=2, max_len=16)), "q8_0")
+    rows = dequantized_state_dict(model)["we.weight"]
+    model.resize_token_embeddings(34)
+    assert not is_block_layer(model.we) and not is_block_layer(model.fc_layer)
+    assert model.fc_layer.weight is model.we.weight and model.we.weight.shape == (34, 32)
+    torch.testing.assert_close(model.we.weight[:32], rows, rtol=0, atol=0)
+    torch.testing.assert_close(model.we.weight[32:], rows.mean(0).expand(2, -1))
+    assert is_block_layer(model.blocks[0].attention.qkv)

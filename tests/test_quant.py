@@ -172,6 +172,20 @@ def test_gradients_reach_x_through_a_frozen_block_layer(rows):
     assert not any(p.requires_grad for p in layer.parameters())
 
 
+
+def test_the_gradient_through_stacked_weights_of_many_slices_is_the_dequantized_products():
+    """The backward dequantizes ~128k weights at a time (512 rows of 256 here): q8_0 (1040 rows: three slices, the
+    last short) stacked on q4_1 (16 rows) gives x the float64 product with the whole dequantized weight."""
+    torch.manual_seed(0)
+    layer = BlockLinear([BlockWeight.quantize(torch.randn(1040, 256), "q8_0"),
+                         BlockWeight.quantize(torch.randn(16, 256), "q4_1")])
+    x = torch.randn(3, 5, 256, requires_grad=True)
+    grad = torch.randn(3, 5, 1056)
+    layer(x).backward(grad)
+    want = (grad.double() @ layer.dequantize().double()).float()
+    torch.testing.assert_close(x.grad, want, atol=1e-4, rtol=1e-5)
+
+
 def test_a_layer_of_stacked_weights_of_different_types_is_one_product():
     """q | k | v of a K-quant file (q5_0, q5_0, q8_0): one layer, one call of block_linear_many at a few rows, each
     part's output the single op's, and in float64 the product of the stacked dequantized weights."""

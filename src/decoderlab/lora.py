@@ -16,6 +16,17 @@ Targets (``decoderlab.config.LORA_TARGETS``): ``attn`` -> every block's ``attent
 ``attention.proj`` when the model has an output projection), ``mlp`` -> ``mlp.fc`` and ``mlp.proj``. The
 word embedding and the (often tied) output layer are never adapted.
 
+QLoRA-style, over a base held in GGUF blocks (Dettmers et al. 2023, with llama.cpp's blocks in place of NF4): a
+targeted :class:`decoderlab.quant.BlockLinear` (a GGUF file's matrix in its packed bytes) gets PEFT's LoRA layer
+too -- registered with PEFT as a custom module type (``LoraConfig._register_custom_module``), its forward PEFT's
+own, ``base(x) + scale * B(A(dropout(x)))`` --, so the frozen base trains in about the memory of its file: the
+base's product goes through the block kernels (activations quantized to 8 bits, as ggml does), its gradient to
+``x`` through the dequantized weight (``decoderlab.quant``), and only A and B take gradients. The adapter's keys
+are the float base's (``blocks.0.attention.qkv.lora_A.weight``), so an adapter trained over blocks loads onto the
+float base and back. Merging never writes into blocks (that would requantize, losing most of a small update):
+:func:`merge_lora` returns a float32 model, the dequantized weight plus the update, as QLoRA does (PEFT's
+bitsandbytes layers dequantize to merge); PEFT's in-place ``merge`` on a block layer is refused, saying so.
+
 ``peft`` (and through it ``transformers``) is imported only when an adapter is made or saved: install
 ``decoderlab[lora]``.
 """
@@ -23,6 +34,7 @@ word embedding and the (often tied) output layer are never adapted.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -36,6 +48,7 @@ from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer
 from .output import quiet_imports
+from .quant import BlockLinear, block_dtype, block_weights, dequantized_state_dict, is_block_layer
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -49,6 +62,41 @@ def _peft():
     except ImportError:  # pragma: no cover - dev installs have it
         raise ImportError("LoRA needs the peft package: pip install 'decoderlab[lora]'") from None
     return peft
+
+
+#: why merging an adapter into a block layer in place is refused, and what to do instead
+BLOCK_MERGE = ("a LoRA adapter over GGUF blocks is not merged into them in place: the sum would be requantized, "
+               "losing most of a small update; decoderlab.lora.merge_lora returns the merged model in float32 (the "
+               "dequantized weight plus the update, as QLoRA merges), and a run's --merge writes that")
+
+
+@functools.cache
+def _block_lora_layer() -> type:
+    """PEFT's LoRA ``Linear`` over a :class:`~decoderlab.quant.BlockLinear` (the class made once, PEFT imported)."""
+    from peft.tuners.lora.layer import Linear
+
+    class BlockLoraLinear(Linear):
+        """PEFT's LoRA layer over a frozen block layer: the forward is PEFT's, ``base(x) + scale * B(A(dropout(
+        x)))``; ``merge`` in place raises ``ValueError`` (:data:`BLOCK_MERGE`: :func:`merge_lora` makes a float
+        model)."""
+
+        def merge(self, safe_merge: bool = False, adapter_names=None) -> None:
+            raise ValueError(BLOCK_MERGE)
+
+        def _get_in_out_features(self, module) -> tuple[int, int]:
+            # (PEFT's guess for a layer type it does not know warns "proceed at your own risk")
+            return module.in_features, module.out_features
+
+    BlockLoraLinear.__module__ = __name__
+    return BlockLoraLinear
+
+
+def _lora_config(**settings):
+    """``peft.LoraConfig(**settings)`` with :class:`~decoderlab.quant.BlockLinear` registered as a layer PEFT's
+    LoRA may wrap (PEFT's custom-module API; every other layer type as PEFT handles it)."""
+    config = _peft().LoraConfig(**settings)
+    config._register_custom_module({BlockLinear: _block_lora_layer()})
+    return config
 
 
 def parse_targets(targets: str | Sequence[str]) -> tuple[str, ...]:
@@ -94,21 +142,27 @@ def lora_settings(rank: int, alpha: float | None = None, dropout: float = 0.0,
 
 def describe_lora(model: torch.nn.Module, settings: dict) -> str:
     """One line for the terminal: the adapters' settings and the trainable parameter count of ``model``."""
-    total = sum({id(p): p.numel() for p in model.parameters()}.values())
+    held = block_weights(model)  # (a block base's weights are buffers, not parameters)
+    total = sum({id(p): p.numel() for p in model.parameters()}.values()) + held
     n = trainable_parameters(model)
+    kind = block_dtype(model)
+    over = (f"over the base's {kind} blocks, as the file holds them (--dtype float32 dequantizes them)" if held
+            else f"over a {next(model.parameters()).dtype} base".replace("torch.", ""))
     return (f"LoRA rank {settings['rank']} (alpha {settings['alpha']:g}, dropout {settings['dropout']:g}) on "
-            f"{','.join(settings['targets'])}: {n:,} trainable parameters of {total:,} ({n / max(total, 1):.2%})")
+            f"{','.join(settings['targets'])} {over}: {n:,} trainable parameters of {total:,} "
+            f"({n / max(total, 1):.2%})")
 
 
 def lora_target_names(model: torch.nn.Module, targets: str | Sequence[str] = DEFAULT_LORA_TARGETS) -> list[str]:
-    """The full names of the ``nn.Linear`` layers the target groups select (``blocks.0.attention.qkv``, ...).
+    """The full names of the linear layers the target groups select (``blocks.0.attention.qkv``, ...): ``nn.Linear``
+    or a :class:`~decoderlab.quant.BlockLinear` over GGUF blocks.
 
     Raises:
         ValueError: a bad target (see :func:`parse_targets`), or a group that names no layer of this model
             (``mlp`` on a model built with ``mlp='none'``).
     """
     groups = parse_targets(targets)
-    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, BlockLinear))]
     names = []
     for g in groups:
         found = [n for n in linear if n.startswith("blocks.") and n.split(".", 2)[2] in LORA_TARGETS[g]]
@@ -144,7 +198,8 @@ def lora_parameter_count(model: torch.nn.Module, rank: int,
 def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = None, dropout: float = 0.0,
                targets: str | Sequence[str] = DEFAULT_LORA_TARGETS, *, init: bool = True) -> DecoderOnlyTransformer:
     """Put LoRA adapters on ``model`` in place and return it (still a ``DecoderOnlyTransformer``); only the
-    adapters keep ``requires_grad``.
+    adapters keep ``requires_grad``. A targeted layer held in GGUF blocks stays in them (QLoRA-style: module
+    docstring).
 
     Args:
         rank: r, between 1 and the smaller side of every targeted layer.
@@ -163,10 +218,9 @@ def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = N
     settings = lora_settings(rank, alpha, dropout, targets)
     names = lora_target_names(model, settings["targets"])
     rank, alpha, dropout = _check_rank(model, names, rank), settings["alpha"], settings["dropout"]
-    peft = _peft()
-    config = peft.LoraConfig(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
-                             bias="none", init_lora_weights=bool(init))
-    peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    config = _lora_config(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
+                          bias="none", init_lora_weights=bool(init))
+    _peft().inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     return model
 
 
@@ -189,22 +243,51 @@ def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
     A``, PEFT's ``merge``); ``model`` itself is left as it is. Every parameter of the result trains. A model
     without adapters is returned as a copy.
 
+    A base held in GGUF blocks gives a float model (the dtype of the model's float parameters, float32 as
+    trained): each adapted layer's weight dequantized plus its update, every other block layer dequantized --
+    QLoRA's merge (PEFT's bitsandbytes layers dequantize to merge); nothing is requantized (quantize the result
+    again, ``--dtype q8_0`` or a GGUF export, if blocks are wanted).
+
     The result has exactly the keys of a model built from ``model.config``, so ``save_checkpoint`` writes an
     ordinary checkpoint.
     """
     work = copy.deepcopy(model)
     layers = [(n, m) for n, m in work.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
     for name, layer in layers:
-        layer.merge(safe_merge=True)
+        base = layer.get_base_layer()
+        if is_block_layer(base):
+            base = _merged_linear(layer, base)
+        else:
+            layer.merge(safe_merge=True)
         parent_name, _, child = name.rpartition(".")
-        setattr(work.get_submodule(parent_name) if parent_name else work, child, layer.get_base_layer())
+        setattr(work.get_submodule(parent_name) if parent_name else work, child, base)
     out = DecoderOnlyTransformer(model.config)
     out.lr = getattr(model, "lr", out.lr)
     p = next(model.parameters())
     out = out.to(device=p.device, dtype=p.dtype)
-    out.load_state_dict(work.state_dict(), strict=True)
+    out.load_state_dict(dequantized_state_dict(work), strict=True)
     out.train(model.training)
     return out
+
+
+def _merged_linear(layer, base: BlockLinear) -> torch.nn.Linear:
+    """An ``nn.Linear`` (float32) holding the block layer ``base``'s dequantized weight plus ``layer``'s active
+    adapters' updates (PEFT's ``get_delta_weight``), its bias ``base``'s.
+
+    Raises:
+        ValueError: an update that is not finite (PEFT's safe merge's check)."""
+    weight = base.dequantize(torch.float32)
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            weight = weight + layer.get_delta_weight(adapter).to(device=weight.device, dtype=torch.float32)
+    if not torch.isfinite(weight).all():
+        raise ValueError("NaNs or infinities in the merged weights: the adapter is broken")
+    linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
+                             device=weight.device)
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    if base.bias is not None:
+        linear.bias = torch.nn.Parameter(base.bias.detach().float(), requires_grad=False)
+    return linear
 
 
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -243,7 +326,8 @@ def save_adapter(directory: str | os.PathLike, model: torch.nn.Module) -> Path:
 
 
 def load_adapter(directory: str | os.PathLike, model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
-    """Put the adapter saved by :func:`save_adapter` on ``model`` (its base) in place and return it.
+    """Put the adapter saved by :func:`save_adapter` on ``model`` (its base) in place and return it; the base may
+    be float or held in GGUF blocks, whichever the adapter was trained over (the keys are the same).
 
     Raises:
         FileNotFoundError: a missing adapter file.  ValueError: weights that do not fit the model.
@@ -256,8 +340,8 @@ def load_adapter(directory: str | os.PathLike, model: DecoderOnlyTransformer) ->
             raise FileNotFoundError(f"no {name} in {directory} (an adapter directory written by save_adapter)")
     d = json.loads((directory / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
     peft = _peft()
-    config = peft.LoraConfig(r=d["r"], lora_alpha=d["lora_alpha"], lora_dropout=d["lora_dropout"],
-                             target_modules=list(d["target_modules"]), bias="none")
+    config = _lora_config(r=d["r"], lora_alpha=d["lora_alpha"], lora_dropout=d["lora_dropout"],
+                          target_modules=list(d["target_modules"]), bias="none")
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     result = peft.set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_WEIGHTS_FILE)),
                                             adapter_name=ADAPTER_NAME)

@@ -313,7 +313,9 @@ class DecoderOnlyTransformer(nn.Module):
         The new rows of the embedding -- and of an untied ``fc_layer`` (weight rows and bias entries) -- start
         at the mean of the old rows, so a new token begins as an "average" token rather than at random (as
         Hugging Face's mean resizing, without its sampled noise); the old rows are kept exactly. A tied head
-        stays tied (one ``Parameter``). ``config.num_tokens`` follows. Unchanged size: nothing changes.
+        stays tied (one ``Parameter``). ``config.num_tokens`` follows. Unchanged size: nothing changes. A word
+        embedding or output layer held in GGUF blocks becomes float first (its dequantized weight): the mean row
+        is no row of blocks; the other block layers stay as they are.
 
         Raises:
             ValueError: ``num_tokens`` is not an integer or smaller than the current vocabulary.
@@ -331,6 +333,7 @@ class DecoderOnlyTransformer(nn.Module):
             return nn.Parameter(torch.cat([t, mean.expand(num_tokens - old, *t.shape[1:])], dim=0),
                                 requires_grad=t.requires_grad)
 
+        self._float_vocabulary()
         self.config = self.config.replace(num_tokens=int(num_tokens))
         self.we.weight = grown(self.we.weight)
         self.we.num_embeddings = num_tokens
@@ -341,6 +344,22 @@ class DecoderOnlyTransformer(nn.Module):
         self.fc_layer.out_features = num_tokens
         self.tie_weights()
         return self.we
+
+    def _float_vocabulary(self) -> None:
+        """The word embedding and output layer as ordinary float layers (the dtype of the model's float parts)
+        where they hold GGUF blocks: their dequantized weights (a tied pair sharing one ``Parameter`` again)."""
+        we, head = self.we, self.fc_layer
+        if is_block_layer(we):
+            w = we.dequantize(we.out_dtype)
+            self.we = nn.Embedding(*w.shape, device=w.device, dtype=w.dtype)
+            self.we.weight = nn.Parameter(w)
+        if is_block_layer(head):
+            w = head.dequantize(head.out_dtype)
+            bias = head.bias
+            self.fc_layer = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+            self.fc_layer.weight = self.we.weight if self.config.tie_weights else nn.Parameter(w)
+            self.fc_layer.bias = bias
+        self.tie_weights()
 
     # -- sizes ------------------------------------------------------------------------------------------------
     @property

@@ -247,7 +247,7 @@ def _dequantized_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape:
     stay in cache while F.linear reads it (the whole float weight at once measured 7x slower than float32's
     F.linear at one row: written to memory and read back; slices of ~128k weights 1.5x)."""
     out, inp = shape
-    rows = max(1, (1 << 17) // inp // kernels.ROWS) * kernels.ROWS
+    rows = _slice_rows(inp)
     y = x.new_empty(*x.shape[:-1], out)
     for s in range(0, out, rows):
         e = min(s + rows, out)
@@ -255,10 +255,18 @@ def _dequantized_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape:
     return y
 
 
+def _slice_rows(inp: int) -> int:
+    """Rows of an (out, in) weight dequantized at a time: ~128k weights, a multiple of 16 (cache-sized slices)."""
+    return max(1, (1 << 17) // inp // kernels.ROWS) * kernels.ROWS
+
+
 class _KernelProduct(torch.autograd.Function):
-    """The kernels' products with a gradient for ``x``: ``grad_x = grad_y @ W`` with ``W`` dequantized (the
-    forward's activation quantization is treated as the identity, as a straight-through estimator; a frozen
-    weight takes no gradient)."""
+    """The kernels' products with a gradient for ``x``: ``grad_x = grad_y @ W`` with ``W`` dequantized a slice of
+    rows at a time (the forward's activation quantization is treated as the identity, as a straight-through
+    estimator; a frozen weight takes no gradient). Slices, not the whole weight: a LoRA step over a 49152-row
+    output layer held no 113 MB float32 copy, and the slices, dequantized in cache, measured 1.5-2x faster (1 thread,
+    AMD EPYC AVX2, 220 rows: 1536 x 576 q4_1 15.3 -> 9.5 ms, 49152 x 576 601 -> 299 ms; float32's own product 4.9 /
+    163 ms -- the dequantization is the rest)."""
 
     @staticmethod
     def forward(ctx, x, kinds, outs, inp, *packed):
@@ -269,11 +277,14 @@ class _KernelProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         kinds, outs, inp = ctx.parts
-        grads, at = [], 0
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_x, at, rows = flat.new_zeros(flat.shape[0], inp), 0, _slice_rows(inp)
         for p, kind, out in zip(ctx.saved_tensors, kinds, outs):
-            grads.append(grad[..., at:at + out] @ _dequantize_packed(p, kind, (out, inp)))
+            for s in range(0, out, rows):
+                e = min(s + rows, out)
+                grad_x.addmm_(flat[:, at + s:at + e], _dequantized_rows(p, kind, (out, inp), s, e))
             at += out
-        return (sum(grads), None, None, None, *[None] * len(ctx.saved_tensors))
+        return (grad_x.reshape(*grad.shape[:-1], inp), None, None, None, *[None] * len(ctx.saved_tensors))
 
 
 def _kernel_products(x: torch.Tensor, packed, kinds, outs) -> torch.Tensor:

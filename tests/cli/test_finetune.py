@@ -184,3 +184,28 @@ def test_a_new_run_still_needs_its_data_and_out(argv, says, capsys, tmp_path, mo
     assert cli.main(["finetune", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("decoderlab: error: ") and says in err and err.count("\n") == 1, err
+
+
+def test_dtype_float32_keeps_a_lora_runs_gguf_base_in_float_and_the_line_says_which(tmp_path, capsys):
+    """`finetune --checkpoint FILE.gguf --lora-rank R` trains over the file's blocks (the default, `--dtype auto`);
+    `--dtype float32` over the dequantized float base, as run.json records and the LoRA line says; a dtype that is
+    no base's is refused by argparse (exit 2)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("peft")
+    from support.gguf_files import byte_level_bpe, hf_model, write_gguf
+    from tiny_runs import CONVS
+
+    bpe = byte_level_bpe(300, texts=[" ".join(m["content"] for c in CONVS for m in c) * 3])
+    path = write_gguf(tmp_path / "base.gguf", "llama", hf_model("llama", bpe.get_vocab_size()), bpe, qtype="Q8_0")
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVS), encoding="utf-8")
+    argv = ["finetune", "--checkpoint", str(path), "--data", str(data), "--max-steps", "1", "--lora-rank", "2",
+            "--eval-prompts", "0", "--no-progress-bar"]
+    assert cli.main([*argv, "--out", str(tmp_path / "float"), "--dtype", "float32"]) == 0
+    assert "over a float32 base" in capsys.readouterr().err
+    assert json.loads((tmp_path / "float" / "run.json").read_text())["base_dtype"] == "float32"
+    assert cli.main([*argv, "--out", str(tmp_path / "blocks")]) == 0
+    assert "over the base's q8_0 blocks" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--out", str(tmp_path / "q8"), "--dtype", "q8_0"])
+    assert e.value.code == 2 and "invalid choice: 'q8_0'" in capsys.readouterr().err

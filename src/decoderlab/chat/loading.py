@@ -144,20 +144,22 @@ def load_model(directory: str | os.PathLike, *, map_location: str | torch.device
 
 
 def load_base(run_dir: str | os.PathLike, pointer: dict, *, map_location: str | torch.device = "cpu",
-              device: str | torch.device | None = None) -> torch.nn.Module:
-    """The float32 base model a LoRA run ``run_dir`` adapts, as its adapter was put on it: the base ``pointer``
+              device: str | torch.device | None = None, dtype: str = "float32") -> torch.nn.Module:
+    """The base model a LoRA run ``run_dir`` adapts, as its adapter was put on it: the base ``pointer``
     names (its ``meta.json`` or ``run.json``; checked by :func:`decoderlab.checkpoint.check_base`) read by
     :func:`load_model` -- any kind it reads, another LoRA run too --, with the rows of the chat tokens the run added
     to its vocabulary (at the mean of the others, as :func:`~decoderlab.chat.add_chat_tokens` made them). In train
-    mode.
+    mode. ``dtype``: ``"float32"`` (every weight float32, what an adapter is merged into) or ``"auto"`` (a GGUF
+    file's blocks kept, the run trained over them: ``decoderlab.lora``'s QLoRA-style layers).
 
     Raises:
         FileNotFoundError, ValueError: as :func:`~decoderlab.checkpoint.check_base`; a base whose shape is not the
             run's ``config.json`` (named).
     """
     base = check_base(run_dir, pointer)
-    # float32 by name: a GGUF base would otherwise keep its blocks, which have no weight for an adapter to join
-    model = load_model(base, map_location=map_location, dtype="float32", device=device).model
+    if dtype not in ("float32", "auto"):
+        raise ValueError(f"a LoRA run's base loads as float32 or auto (a GGUF file's blocks kept), got {dtype!r}")
+    model = load_model(base, map_location=map_location, dtype=dtype, device=device).model
     config = read_config(run_dir)
     if model.config.num_tokens < config.num_tokens:
         model.resize_token_embeddings(config.num_tokens)
@@ -175,6 +177,7 @@ def _load_adapted(directory, *, map_location, dtype, device) -> LoadedModel:
 
     check_dtype(dtype, torch.device(map_location) if device is None else resolve_device(device))
     meta = read_meta(directory)
+    # (float32 even for a run trained over a GGUF file's blocks: merge_lora would dequantize them to the same sums)
     model = load_base(directory, meta, map_location=map_location, device=device)
     tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_FILE))
     model = merge_lora(load_adapter(os.path.join(directory, ADAPTER_DIR), model)).eval()

@@ -50,7 +50,12 @@ def add_finetune(p) -> None:
     add_options(g, RUN_OPTIONS)
     add_options(g, THREADS_OPTIONS)
     add_model_shape_options(p)
-    add_options(p.add_argument_group("LoRA adapters"), LORA_OPTIONS)
+    lora = p.add_argument_group("LoRA adapters")
+    add_options(lora, LORA_OPTIONS)
+    lora.add_argument("--dtype", default=None, choices=("auto", "float32"),
+                      help="the frozen base of a LoRA run: auto keeps a GGUF file's block weights in their blocks "
+                           "under the adapters (QLoRA-style: memory close to the file's), float32 dequantizes them "
+                           "(a float32 copy); a full fine-tune trains float32 weights (default auto)")
     p.set_defaults(func=cmd_finetune)
 
 
@@ -136,7 +141,7 @@ def _finetune(args) -> int:
                            model_overrides=shape or None, config_overrides=_overrides(args),
                            resume=args.resume, devices=args.devices, strategy=args.strategy,
                            num_nodes=args.num_nodes, progress_bar=progress_mode(args), method=args.method,
-                           beta=args.beta, lora=lora, merge=args.merge or None,
+                           beta=args.beta, lora=lora, merge=args.merge or None, dtype=args.dtype,
                            eval_prompts=args.eval_prompts, callbacks=[record_options(args)])
     except NonFiniteLossError as e:
         print_error(e)

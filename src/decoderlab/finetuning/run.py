@@ -24,7 +24,7 @@ from ..training.trainer import check_run_options
 from .dpo import DPO
 from .method import Job, Method
 from .sft import SFT
-from .start import base_template, starting_point
+from .start import base_template, run_base_dtype, starting_point
 
 #: the fine-tuning methods by name: each one's parts (its room ends with them)
 METHODS: dict[str, Method] = {m.name: m for m in (SFT, DPO)}
@@ -39,7 +39,8 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
              devices: int | str = 1, strategy: str = "auto", num_nodes: int = 1, accelerator: str = "auto",
              eval_max_new_tokens: int = 64, eval_prompts: int | None = 100, callbacks: Sequence[L.Callback] = (),
              progress_bar: bool | str = True, logger: bool = True, base_model=None, method: str | None = None,
-             beta: float | None = None, lora: dict | None = None, merge: bool | None = None):
+             beta: float | None = None, lora: dict | None = None, merge: bool | None = None,
+             dtype: str | None = None):
     """Fine-tune a model on conversations (``method="sft"``, the default) or on preference pairs (``"dpo"``);
     return ``(model, tokenizer, summary)`` (:class:`FinetuneSummary` / :class:`PreferenceSummary`).
 
@@ -61,7 +62,10 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     adapter (``out/adapter``), the optimizer's state of the adapters and a pointer to the base (its path and
     sha256, checked on every load and resume; a base with no file of its own is kept once in ``out/base``) -- no
     copy of the base; :func:`decoderlab.chat.load_model` puts the adapter on it. With ``merge`` the merged model
-    is written once at the end too, in the base's dtype, in ``out/merged``. ``out`` becomes the run
+    is written once at the end too, in the base's dtype, in ``out/merged``. ``dtype``: the frozen base of a LoRA run
+    from a GGUF file -- ``"auto"`` (default) keeps its block weights in their blocks, QLoRA-style (memory close to
+    the file's; :mod:`decoderlab.lora`), ``"float32"`` dequantizes them (a full fine-tune is always float32:
+    :func:`~.start.run_base_dtype`). ``out`` becomes the run
     directory (:mod:`decoderlab.training.run`) and a chat checkpoint storing the template; at the end the
     held-out evaluation is printed. ``resume`` (a run directory, a ``.ckpt``, or True for ``out``) continues the
     run with its own model, tokenizer, template, data, method, beta, adapters and settings: train settings
@@ -79,8 +83,10 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
                                  preset=preset, base_model=base_model, method=method, options={"beta": beta},
                                  strategy=strategy, accelerator=accelerator, lora=lora)
     data_info, train_items, val_items = chosen.read_data(run, data, val_data, val_fraction)
+    base_dtype = run_base_dtype(run, dtype, bool(lora or run.info.get("lora")))
     model, tok, template, start = starting_point(run, checkpoint, preset, base_model, tokenizer, vocab_size,
-                                                 model_overrides, template, chosen.texts(train_items + val_items))
+                                                 model_overrides, template, chosen.texts(train_items + val_items),
+                                                 base_dtype)
     reference = _adapters(run, chosen, model, start, lora, merge)
     run.announce()  # every refusal is behind us
     if start["lora"]:  # (written now: a base without a file is kept in the run directory)
@@ -95,7 +101,7 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     run.record(trainer, model.config, tok, launch, task="chat", method=chosen.name, template=template.name,
                **{CHAT_TEMPLATE_KEY: template.to_dict()}, **options, **data_info, checkpoint=start["checkpoint"],
                preset=start["preset"], added_tokens=start["added_tokens"], lora=start["lora"], merge=start["merge"],
-               **_pointer(start))
+               base_dtype=base_dtype if start["lora"] else None, **_pointer(start))
     model, summary = chosen.summarize(job, trainer, exporter, fit_run(trainer, module, run, datamodule=dm))
     _closing_line(trainer, chosen, summary, progress_bar or logger)
     return model.eval(), tok, summary

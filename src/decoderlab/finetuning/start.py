@@ -84,22 +84,24 @@ def split_held_out(items, fraction: float, seed: int, what: str = "conversations
 
 
 def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
-                   template: str | ChatTemplate | None, convs: list) -> tuple:
+                   template: str | ChatTemplate | None, convs: list, base_dtype: str = "float32") -> tuple:
     """``(model, tokenizer, template, start)``: the run's chat template (:func:`run_template`), the model and
     tokenizer with its tokens added; ``start`` is what run.json records: the base ``checkpoint`` (resolved), the
     ``preset`` and the ``added_tokens``. ``checkpoint`` is any kind :func:`decoderlab.chat.load_model` reads (a
     decoderlab checkpoint or run, a Hugging Face directory, a GGUF file, a LoRA run). A resume builds the run's own
     model and tokenizer (:func:`_resumed_model`), refusing another starting point, tokenizer or shape. ``convs``: the conversations the run trains on (their
-    text must be representable in the tokenizer)."""
+    text must be representable in the tokenizer). ``base_dtype``: how a ``checkpoint`` (or a resume's base) loads --
+    ``"float32"``, or ``"auto"`` for a LoRA run (:func:`run_base_dtype`: a GGUF file's blocks kept)."""
     template = run_template(run, template, checkpoint, convs)
     checkpoint = None if checkpoint is None else str(Path(checkpoint).resolve())
     if run.resumed:
-        return (*_resumed_model(run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides),
+        return (*_resumed_model(run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
+                                base_dtype),
                 template, _resumed_start(run, checkpoint, preset))
     if base_model is not None:
         model, tok = base_model
-    elif checkpoint is not None:  # any kind the one loader reads: GGUF dequantized to float32, a LoRA run merged
-        model, tok = load_model(checkpoint, dtype="float32")[:2]  # trained: a GGUF file's blocks dequantized
+    elif checkpoint is not None:  # any kind the one loader reads: a GGUF file (its blocks kept under LoRA adapters
+        model, tok = load_model(checkpoint, dtype=base_dtype)[:2]  # by "auto", else dequantized), a LoRA run merged
     else:
         text = "\n".join(message_text(m) for c in convs for m in c)
         if (tokenizer or DEFAULT_TOKENIZER) == "char":  # the template's own characters, as its special tokens
@@ -116,7 +118,8 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
 _KEEP = "a resumed run keeps its model and tokenizer"
 
 
-def _resumed_model(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides) -> tuple:
+def _resumed_model(run: Run, checkpoint, preset, base_model, tokenizer, vocab_size, model_overrides,
+                   base_dtype: str) -> tuple:
     """``(model, tokenizer)`` of a resume, refusing another: the run's config.json and tokenizer, its weights
     from the Lightning checkpoint -- a LoRA run's frozen base from its base, checked (:func:`decoderlab.chat.load_base`;
     the checkpoint holds the adapters alone)."""
@@ -127,13 +130,39 @@ def _resumed_model(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         raise ValueError(f"cannot resume {run.run_dir} with {named}: {_KEEP}; resume without it, or start a new run")
     tok = Tokenizer.load(run.run_dir / TOKENIZER_FILE)
     if run.info.get("base_sha256"):
-        return load_base(run.run_dir, run.info), tok
+        return load_base(run.run_dir, run.info, dtype=base_dtype), tok
     return DecoderOnlyTransformer(read_config(run.run_dir)), tok
 
 
 def _resumed_start(run: Run, checkpoint, preset) -> dict:
     return {"checkpoint": run.keep("checkpoint", checkpoint, why=_KEEP), "preset": run.keep("preset", preset, why=_KEEP),
             "added_tokens": run.info.get("added_tokens", [])}
+
+
+#: how a fine-tuning run's base loads: a LoRA run's ``auto`` keeps a GGUF file's blocks (QLoRA-style)
+BASE_DTYPES = ("auto", "float32")
+
+
+def run_base_dtype(run: Run, dtype: str | None, lora: bool) -> str:
+    """How the run's base loads (``run.json``'s ``base_dtype``): ``"float32"`` for a full fine-tune (every weight
+    trains); for a LoRA run ``dtype`` (None: ``"auto"``: a GGUF file's block weights stay in their blocks under
+    the adapters, as decoding keeps them; ``"float32"``: dequantized, the memory of a float32 copy) -- a resume
+    keeps its own (float32 for a run recorded before blocks could train), refusing another.
+
+    Raises:
+        ValueError: a dtype other than :data:`BASE_DTYPES` (named), or another one than a resumed run's.
+    """
+    if dtype is not None and dtype not in BASE_DTYPES:
+        raise ValueError(f"a fine-tuning run's base dtype is one of {', '.join(BASE_DTYPES)} (auto: a GGUF file's "
+                         f"blocks kept under LoRA adapters), got {dtype!r}")
+    if not lora:
+        return "float32"
+    if run.resumed and run.info.get("base_dtype") is None:  # (recorded before blocks could train: float32)
+        run.info["base_dtype"] = "float32"
+    return run.keep("base_dtype", dtype, default="auto", why=_BASE_KEPT)
+
+
+_BASE_KEPT = "its adapters trained over this form of the base"
 
 
 def pad_id_for(tokenizer: Tokenizer, template: ChatTemplate) -> int:
