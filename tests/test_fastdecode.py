@@ -120,8 +120,11 @@ def test_the_steps_it_leaves_to_the_blocks_say_why():
         assert isinstance(fastdecode.program(model, cache), tuple)
         from decoderlab.hooks import use_hooks
 
+        token = torch.tensor([[4]])
+        assert fastdecode.step(model, token, 3, None, cache) is not None  # (its program now kept on the cache)
         with use_hooks(model, [("blocks.1.hook_resid_pre", lambda x: x)]):
             assert "hook points" in fastdecode.program(model, cache)
+            assert fastdecode.step(model, token, 3, None, cache) is None  # hooks installed since: the blocks
         assert "static" in fastdecode.program(model, KVCache.for_model(model, static=True))
     assert "grad" in fastdecode.program(model, cache)
     assert fastdecode.why_not(model) is None and "positions" in fastdecode.why_not(dl.DecoderOnlyTransformer(
