@@ -8,6 +8,8 @@ out a special id or flag, llama.cpp's defaults apply: a text's ids as a prompt a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from decoderlab.gguf import PRE_TOKENIZERS, read_gguf
@@ -166,6 +168,28 @@ def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
     text = "Hello there, café 東京! 12 + 7"
     assert tok.decode(tok.encode(text)) == text and tok.bos_id == 1 and tok.eos_id == 2 and tok.add_bos_token
     assert b"".join(tok.token_bytes(i) for i in tok.encode(text)).decode("utf-8").strip() == text
+
+
+def test_a_sentencepiece_files_tokenizer_is_kept_in_the_cache_and_read_back_equal(spm_file, strings, tmp_path,
+                                                                                  monkeypatch):
+    """The converted SentencePiece tokenizer is written to the cache at the first load and read from it at the next
+    (Gemma 3's merges took ~2.9 s to derive): the same ids on every string; a damaged entry is converted again and
+    replaced; another file (path, size or time) gets its own entry."""
+    from decoderlab.gguf.loader import _tokenizer
+
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
+    meta = GGUFFile(spm_file).metadata
+    built = _tokenizer(meta, spm_file)
+    (kept,) = (tmp_path / "gguf-tokenizers").glob("*.json")
+    read = _tokenizer(meta, spm_file)
+    assert ids(read, strings) == ids(built, strings) and read.to_str() == built.to_str()
+    kept.write_text("{not json")
+    assert ids(_tokenizer(meta, spm_file), strings) == ids(built, strings)
+    assert kept.read_text() == built.to_str()  # replaced by the converted one
+    other = tmp_path / "other.gguf"
+    other.write_bytes(Path(spm_file).read_bytes())
+    _tokenizer(meta, other)
+    assert len(list((tmp_path / "gguf-tokenizers").glob("*.json"))) == 2
 
 
 def test_a_sentencepiece_file_reads_a_text_prompt_with_the_start_token_as_llama_cpp(spm_file):
