@@ -604,17 +604,22 @@ def _spawn(spec: dict, src: str | None) -> dict | None:
     return json.loads(lines[-1])
 
 
-def table_files(path: str, tmp: str, llama: bool) -> dict[str, str]:
+def table_files(path: str, tmp: str, llama: bool, kinds: str = "") -> dict[str, str]:
     """{kind: GGUF path}: the file itself, and ours of its float32 weights written as each of
-    :data:`TABLE_FILES` (the same weights in every row); a Q4_K_M by llama.cpp's quantizer where it is."""
+    :data:`TABLE_FILES` (the same weights in every row); a Q4_K_M by llama.cpp's quantizer where it is. ``kinds``
+    (comma-separated): only those written (``--kinds``; "the file's own type" alone writes none)."""
     from decoderlab.gguf import load_gguf
 
     files = {file_type(path): path}
+    wanted = set(kinds.split(",")) if kinds else set(TABLE_FILES) | {"q4_k_m"}
+    wanted |= {"f32"} if "q4_k_m" in wanted else set()  # (llama.cpp quantizes the F32 file)
+    if not wanted - set(files):
+        return files
     model, tok, _ = load_gguf(path, dtype="float32")
-    for kind, dtype in TABLE_FILES.items():
+    for kind, dtype in ((k, d) for k, d in TABLE_FILES.items() if k in wanted):
         files[kind] = os.path.join(tmp, f"{kind}.gguf")
         to_gguf(model, tok, files[kind], dtype=dtype, modelfile=False)
-    if llama:
+    if llama and "q4_k_m" in wanted and "f32" in files:
         import llama_cpp
 
         params = llama_cpp.llama_model_quantize_default_params()
@@ -632,7 +637,7 @@ def issue_table(path: str, args, tmp: str) -> None:
     ``src``, its default load and its block dtype eager); ``--repeats`` rounds, each variant a fresh process in
     turn; medians."""
     llama = llama_cpp_available()
-    files = table_files(path, tmp, llama)
+    files = table_files(path, tmp, llama, args.kinds)
     if args.kinds:
         files = {k: f for k, f in files.items() if k in args.kinds.split(",")}
     from decoderlab.gguf import load_gguf

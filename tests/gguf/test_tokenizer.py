@@ -172,24 +172,25 @@ def test_a_sentencepiece_file_loads_with_a_tokenizer_that_round_trips(spm_file):
 
 def test_a_sentencepiece_files_tokenizer_is_kept_in_the_cache_and_read_back_equal(spm_file, strings, tmp_path,
                                                                                   monkeypatch):
-    """The converted SentencePiece tokenizer is written to the cache at the first load and read from it at the next
-    (Gemma 3's merges took ~2.9 s to derive): the same ids on every string; a damaged entry is converted again and
-    replaced; another file (path, size or time) gets its own entry."""
+    """A SentencePiece file's merges are written to the cache at the first load and read from it at the next
+    (Gemma 3's took ~2 s to derive): the same tokenizer, the same ids on every string; a damaged entry is derived
+    again and replaced; another file (path, size or time) gets its own entry."""
     from decoderlab.gguf.loader import _tokenizer
 
     monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path))
     meta = GGUFFile(spm_file).metadata
     built = _tokenizer(meta, spm_file)
-    (kept,) = (tmp_path / "gguf-tokenizers").glob("*.json")
+    (kept,) = (tmp_path / "gguf-tokenizers").glob("*.npy")
     read = _tokenizer(meta, spm_file)
     assert ids(read, strings) == ids(built, strings) and read.to_str() == built.to_str()
-    kept.write_text("{not json")
+    good = kept.read_bytes()
+    kept.write_bytes(b"not an array")
     assert ids(_tokenizer(meta, spm_file), strings) == ids(built, strings)
-    assert kept.read_text() == built.to_str()  # replaced by the converted one
+    assert kept.read_bytes() == good  # replaced by the derived one
     other = tmp_path / "other.gguf"
     other.write_bytes(Path(spm_file).read_bytes())
     _tokenizer(meta, other)
-    assert len(list((tmp_path / "gguf-tokenizers").glob("*.json"))) == 2
+    assert len(list((tmp_path / "gguf-tokenizers").glob("*.npy"))) == 2
 
 
 def test_a_sentencepiece_file_reads_a_text_prompt_with_the_start_token_as_llama_cpp(spm_file):

@@ -118,35 +118,37 @@ def open_checked(path: str | os.PathLike) -> tuple[GGUFFile, str, dict]:
 
 
 def _tokenizer(meta: dict, path):
-    """:func:`hf_tokenizer` of the file; a SentencePiece vocabulary's kept in the cache as ``tokenizer.json``
-    (``<cache>/gguf-tokenizers/``, keyed by the file's path, size and modification time and by the converter's own
-    source): its merges are derived from the pieces' scores, which took ~2.9 s of Gemma 3's 262,144 pieces and
-    most of the file's load, where reading the kept one takes ~1.2 s. A cache that cannot be written or a damaged
-    entry: built, as without one."""
+    """:func:`hf_tokenizer` of the file; a SentencePiece vocabulary's merges kept in the cache once derived
+    (``<cache>/gguf-tokenizers/``, an int32 (merges, 2) array of token ids, keyed by the file's path, size and
+    modification time and by the converter's source): deriving them from the pieces' scores took ~2 s of Gemma 3's
+    262,144 pieces, most of the file's load. A cache that cannot be written or a damaged entry: derived, as
+    without one."""
     if meta.get("tokenizer.ggml.model") != "llama":
         return hf_tokenizer(meta, path)
-    from tokenizers import Tokenizer
+    import numpy as np
 
-    from ..files import atomic_write_text
     from ..waiting import cache_root
     from . import tokenizer as converter
 
     st = os.stat(path)
     key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|".encode()
                          + Path(converter.__file__).read_bytes()).hexdigest()[:24]
-    kept = cache_root() / "gguf-tokenizers" / f"{key}.json"
-    if kept.is_file():
-        try:
-            return Tokenizer.from_file(str(kept))
-        except Exception:  # noqa: BLE001 (tokenizers' own exception type: a damaged entry is built again)
-            pass
-    tok = hf_tokenizer(meta, path)
+    kept, tokens = cache_root() / "gguf-tokenizers" / f"{key}.npy", meta["tokenizer.ggml.tokens"]
+    try:
+        pairs = np.load(kept, allow_pickle=False).tolist()
+        return hf_tokenizer(meta, path, [(tokens[a], tokens[b]) for a, b in pairs])
+    except (OSError, ValueError, IndexError, TypeError):  # not kept yet, or damaged: derived again
+        pass
+    index = {t: i for i, t in enumerate(tokens)}
+    merges = converter.score_merges(index, dict(zip(tokens, meta["tokenizer.ggml.scores"])))
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, tok.to_str())
+        tmp = kept.with_name(f"{kept.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, np.array([(index[a], index[b]) for a, b in merges], dtype=np.int32).reshape(-1, 2))
+        os.replace(tmp, kept)  # whole or not at all
     except OSError:
         pass
-    return tok
+    return hf_tokenizer(meta, path, merges)
 
 
 def read_gguf(path: str | os.PathLike, *, keep: str | None = None) -> GGUFContents:

@@ -124,15 +124,15 @@ def check_tokenizer(meta: dict, path="") -> None:
                              f"{len(meta['tokenizer.ggml.tokens'])} tokens), as llama.cpp refuses too")
 
 
-def hf_tokenizer(meta: dict, path=""):
+def hf_tokenizer(meta: dict, path="", merges=None):
     """The ``tokenizers.Tokenizer`` of a checked file (:func:`check_tokenizer`): BPE with the file's vocabulary
     and merges, its pre-tokenizer's splits then byte-level bytes, the byte-level decoder (a SentencePiece
     vocabulary: :func:`sentencepiece_tokenizer`); control tokens added as special tokens, user-defined ones as
-    whole tokens."""
+    whole tokens. ``merges``: a SentencePiece vocabulary's merges when already derived (:func:`score_merges`)."""
     from tokenizers import Tokenizer, decoders, models
 
     if meta.get("tokenizer.ggml.model") == "llama":
-        return _added(sentencepiece_tokenizer(meta, path), meta, unknown_special=True)
+        return _added(sentencepiece_tokenizer(meta, path, merges), meta, unknown_special=True)
     vocab = _vocabulary(meta, path)
     merges = []
     for m in meta["tokenizer.ggml.merges"]:
@@ -192,7 +192,7 @@ def score_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[
     return [(pieces[a], pieces[b]) for _, _, _, a, b in found]
 
 
-def sentencepiece_tokenizer(meta: dict, path=""):
+def sentencepiece_tokenizer(meta: dict, path="", merges=None):
     """A SentencePiece BPE vocabulary (``tokenizer.ggml.model`` ``llama``) as a ``tokenizers.Tokenizer``: BPE
     with :func:`score_merges`, byte fallback (``<0x0A>``) and fused unknowns; ``▁`` for spaces and one before
     the text when ``tokenizer.ggml.add_space_prefix`` (default true), the decoder undoing both -- Llama 2's own
@@ -201,7 +201,8 @@ def sentencepiece_tokenizer(meta: dict, path=""):
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     vocab = _vocabulary(meta, path)
-    merges = score_merges(vocab, dict(zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"])))
+    if merges is None:
+        merges = score_merges(vocab, dict(zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"])))
     tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     # a space before the text, always (as SentencePiece's add_dummy_prefix and llama.cpp: " hi" is "▁▁hi"), not
