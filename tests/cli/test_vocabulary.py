@@ -27,7 +27,7 @@ import re
 import pytest
 
 from decoderlab.cli.options import THREADS_OPTIONS
-from decoderlab.config.names import DTYPES
+from decoderlab.config.names import AUTO_DTYPE, DTYPES
 from decoderlab.cli.parser import build_parser
 
 #: the one spelling of an option -> the spellings of the same thing that must not appear beside it
@@ -70,7 +70,7 @@ DISTINCT = {
 KINDS_MAY_DIFFER: dict[str, str] = {}
 
 #: the names an option takes where some command checks them outside argparse (no ``choices`` to compare)
-VALUES = {"--dtype": DTYPES}
+VALUES = {"--dtype": (AUTO_DTYPE, *DTYPES)}  # (auto: the shared --dtype takes it too, its default)
 
 #: spellings whose values are different things in different commands (why, each)
 VALUES_MAY_DIFFER = {"--format": "export: a file format (hf, gguf), vs tasks make: a question's layout (chat, ...)"}
