@@ -25,10 +25,11 @@ $(STAMP): pyproject.toml
 browsers:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium chromium-driver)
 
-# one pytest worker per core (pytest-xdist; each computes on one thread, see tests/conftest.py)
+# one pytest worker per core (pytest-xdist; each computes on one thread, see tests/conftest.py); an idle worker takes
+# tests queued for the other (worksteal), so the long compile tests at the end do not leave one core waiting
 test: $(STAMP) browsers
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 # the suite without the training runs marked slow (which `make test` runs too)
 test-fast: $(STAMP)

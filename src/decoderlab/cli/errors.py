@@ -69,7 +69,10 @@ def error_message(e: BaseException) -> str:
 
 
 def print_error(message) -> None:
-    print(f"decoderlab: error: {message}", file=sys.stderr, flush=True)
+    # a lone surrogate (command-line bytes that were not UTF-8) written as Python's own standard error writes it,
+    # \udcff, whatever stream stands in for it (a strict one would raise instead of saying the error)
+    line = f"decoderlab: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    print(line, file=sys.stderr, flush=True)
 
 
 class warnings_as_lines:
