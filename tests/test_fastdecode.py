@@ -4,6 +4,12 @@ biases, QK-norm gains, rotate-half rope, head_dim != d_model / n_head) and Gemma
 sandwich norms, GeGLU, a scaled embedding, multi-query heads) -- in float32 and over GGUF's blocks; the same greedy
 tokens through ``generate`` and ``generate_batch`` (left padding); and the steps it leaves to the blocks."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -161,3 +167,24 @@ def test_a_malformed_program_is_refused_by_name():
             op(x, pos, 3, None, tensors, ints, floats, [k[:, :1] for k in ks], vs)
         with pytest.raises(ValueError, match="position 99 is outside the rotary table"):
             op(x, torch.tensor([99]), 3, None, tensors, ints, floats, ks, vs)
+
+
+def test_the_portable_path_decodes_the_fused_steps_tokens():
+    """Where the C++ kernels are not loaded (DECODERLAB_KERNELS=portable: Apple silicon, no compiler) no step is
+    fused -- program() says so -- and the blocks decode the same greedy tokens as the fused step here (float32
+    weights: the products are float32 sums either way)."""
+    code = (
+        "import json, sys, torch; sys.path.insert(0, {tests!r}); torch.set_num_threads(1)\n"
+        "from test_fastdecode import _model\n"
+        "from decoderlab import fastdecode\n"
+        "from decoderlab.generation import generate\n"
+        "m = _model('llama-gqa')\n"
+        "print(json.dumps([generate(m, [5, 1, 7], 25, temperature=0), fastdecode.why_not(m)]))\n"
+    ).format(tests=str(Path(__file__).resolve().parent))
+    env = {**os.environ, "DECODERLAB_KERNELS": "portable",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    tokens, why = json.loads(r.stdout.strip().splitlines()[-1])
+    assert why == "the portable kernel path"
+    assert tokens == generate(_model("llama-gqa"), [5, 1, 7], 25, temperature=0)
