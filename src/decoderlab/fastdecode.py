@@ -113,6 +113,21 @@ def _layer(block, layer_cache, ints: list, tensors: list, shape: list) -> str | 
     return why
 
 
+def _walk(model, layer_caches) -> tuple[list, list, list] | str:
+    """The program over the layers' caches (their ``ring`` is what it reads), or why the model's shape cannot
+    take the step."""
+    head = _header(model)
+    if isinstance(head, str):
+        return head
+    (ints, floats), tensors = head, []
+    for block, layer_cache in zip(model.blocks, layer_caches):
+        why = _layer(block, layer_cache, ints, tensors, ints[:8])
+        if why:
+            return why
+    why = _norm(model.norm_f, tensors) or _linear(model.fc_layer, ints, tensors)
+    return why or (tensors, ints, floats)
+
+
 def program(model, cache) -> tuple[list, list, list] | str:
     """``(tensors, ints, floats)`` of the model's step over ``cache`` (a :class:`decoderlab.attention.KVCache`
     prefilled by the model), or why the step cannot take it (a short reason; ``step`` then returns None)."""
@@ -120,19 +135,9 @@ def program(model, cache) -> tuple[list, list, list] | str:
         return "the portable kernel path"
     if model.training or torch.is_grad_enabled() or model.hooks is not None or cache is None or cache.static:
         return "training, grad, hook points or a static cache"
-    head = _header(model)
-    if isinstance(head, str):
-        return head
-    ints, floats = head
-    tensors: list = []
-    for block, layer_cache in zip(model.blocks, cache.layers):
-        if layer_cache.k is None or layer_cache.k.dtype != torch.float32 or layer_cache.k.device.type != "cpu":
-            return "a cache not prefilled in float32"
-        why = _layer(block, layer_cache, ints, tensors, ints[:8])
-        if why:
-            return why
-    why = _norm(model.norm_f, tensors) or _linear(model.fc_layer, ints, tensors)
-    return why or (tensors, ints, floats)
+    if any(c.k is None or c.k.dtype != torch.float32 or c.k.device.type != "cpu" for c in cache.layers):
+        return "a cache not prefilled in float32"
+    return _walk(model, cache.layers)
 
 
 def _cached_program(model, cache):
@@ -162,15 +167,8 @@ def why_not(model) -> str | None:
     points, no grad), else why not -- for the command line, which then suggests a compiled step."""
     if ops.load() == "portable":
         return "the portable kernel path"
-    head = _header(model)
-    if isinstance(head, str):
-        return head
-    ints, tensors = head[0], []
-    for block in model.blocks:
-        why = _layer(block, _AnyCache, ints, tensors, ints[:8])
-        if why:
-            return why
-    return _norm(model.norm_f, tensors) or _linear(model.fc_layer, ints, tensors)
+    made = _walk(model, [_AnyCache] * len(model.blocks))
+    return made if isinstance(made, str) else None
 
 
 def step(model, tokens: torch.Tensor, positions, padding_mask, cache) -> torch.Tensor | None:
