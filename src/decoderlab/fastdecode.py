@@ -9,7 +9,8 @@ write and attention in float32 itself: its logits equal the model's own blocks' 
 
 Which steps take it (:func:`plan` says why not, :func:`step` then returns None and the model runs its blocks): the
 C++ kernels loaded (not the portable path); no grad; no hook points installed (the glass box reads the blocks);
-every linear a :class:`decoderlab.quant.BlockLinear` or a plain float32 ``nn.Linear`` without torch hooks (PEFT's
+every linear a :class:`decoderlab.quant.BlockLinear`, a :class:`decoderlab.half.HalfLinear` (16-bit weights) or a
+plain float32 ``nn.Linear`` without torch hooks (PEFT's
 LoRA layers and other wrappers take the blocks); RMSNorm everywhere, a gated MLP (SwiGLU or GELU-tanh, Gemma's),
 rotary or no positions inside attention (no added position table), an output projection; optional q/k/v biases,
 QK-norm, sandwich norms, sliding windows (a ring cache); float32 activations; the cache not static (a compiled
@@ -33,6 +34,7 @@ from torch import nn
 
 from . import kernels
 from .kernels import ops
+from .half import HALF, HalfLinear
 from .quant import BlockLinear
 
 _LAYOUTS = {"interleaved": 1, "rotate_half": 2}
@@ -47,9 +49,10 @@ def _linear(layer, ints: list, tensors: list) -> str | None:
         for kind, out, packed in zip(layer.kinds, layer.outs, layer.packed):
             ints += [kernels.ggml_type(kind).number, out]
             tensors.append(packed)
-    elif type(layer) is nn.Linear:
+    elif type(layer) in (nn.Linear, HalfLinear):
         w = layer.weight
-        if w.dtype != torch.float32 or not w.is_contiguous() or layer._forward_hooks or layer._forward_pre_hooks:
+        allowed = (torch.float32, *HALF) if type(layer) is HalfLinear else (torch.float32,)
+        if w.dtype not in allowed or not w.is_contiguous() or layer._forward_hooks or layer._forward_pre_hooks:
             return f"a {w.dtype} or hooked linear layer"
         ints += [1, -1, w.size(0)]
         tensors.append(w)

@@ -48,6 +48,7 @@ from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer
 from .output import quiet_imports
+from .half import HalfLinear, half_dtype
 from .quant import BlockLinear, block_dtype, block_weights, dequantized_state_dict, is_block_layer
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -221,6 +222,10 @@ def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = N
     config = _lora_config(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
                           bias="none", init_lora_weights=bool(init))
     _peft().inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    if half_dtype(model):  # PEFT gives adapters their base weight's dtype: over 16-bit matrices, train float32 ones
+        for name, p in model.named_parameters():
+            if "lora_" in name and p.dtype != torch.float32:
+                p.data = p.data.float()
     return model
 
 
@@ -243,8 +248,7 @@ def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
     A``, PEFT's ``merge``); ``model`` itself is left as it is. Every parameter of the result trains. A model
     without adapters is returned as a copy.
 
-    A base held in GGUF blocks gives a float model (the dtype of the model's float parameters, float32 as
-    trained): each adapted layer's weight dequantized plus its update, every other block layer dequantized --
+    A base held in GGUF blocks or in 16-bit matrices (:mod:`decoderlab.half`) gives a float32 model: each adapted layer's weight dequantized plus its update, every other block layer dequantized --
     QLoRA's merge (PEFT's bitsandbytes layers dequantize to merge); nothing is requantized (quantize the result
     again, ``--dtype q8_0`` or a GGUF export, if blocks are wanted).
 
@@ -255,7 +259,7 @@ def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
     layers = [(n, m) for n, m in work.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
     for name, layer in layers:
         base = layer.get_base_layer()
-        if is_block_layer(base):
+        if is_block_layer(base) or isinstance(base, HalfLinear):
             base = _merged_linear(layer, base)
         else:
             layer.merge(safe_merge=True)
@@ -264,19 +268,20 @@ def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
     out = DecoderOnlyTransformer(model.config)
     out.lr = getattr(model, "lr", out.lr)
     p = next(model.parameters())
-    out = out.to(device=p.device, dtype=p.dtype)
+    out = out.to(device=p.device, dtype=torch.float32 if half_dtype(model) else p.dtype)
     out.load_state_dict(dequantized_state_dict(work), strict=True)
     out.train(model.training)
     return out
 
 
-def _merged_linear(layer, base: BlockLinear) -> torch.nn.Linear:
-    """An ``nn.Linear`` (float32) holding the block layer ``base``'s dequantized weight plus ``layer``'s active
-    adapters' updates (PEFT's ``get_delta_weight``), its bias ``base``'s.
+def _merged_linear(layer, base) -> torch.nn.Linear:
+    """An ``nn.Linear`` (float32) holding the block layer ``base``'s dequantized weight (a 16-bit
+    :class:`~decoderlab.half.HalfLinear`'s widened) plus ``layer``'s active adapters' updates (PEFT's
+    ``get_delta_weight``), its bias ``base``'s: the update is not rounded to 16 bits.
 
     Raises:
         ValueError: an update that is not finite (PEFT's safe merge's check)."""
-    weight = base.dequantize(torch.float32)
+    weight = base.weight.detach().float() if isinstance(base, HalfLinear) else base.dequantize(torch.float32)
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
             weight = weight + layer.get_delta_weight(adapter).to(device=weight.device, dtype=torch.float32)

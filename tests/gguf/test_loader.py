@@ -174,13 +174,20 @@ def test_the_default_keeps_the_file_s_own_types_and_says_so(tiny_gguf):
     assert {type(m) for m in model.modules()} >= {BlockLinear, BlockEmbedding}
 
 
-def test_a_float_file_is_read_as_float32_by_default_and_said(tiny_gguf):
-    """F16 matrices: float32 by default (16-bit activations are slower on a CPU without 16-bit arithmetic)."""
+def test_a_16_bit_file_keeps_its_matrices_in_16_bits_by_default_and_says_so(tiny_gguf):
+    """F16 matrices: kept in 16 bits by default (decoderlab.half: float32 activations), norms float32; the same
+    logits as the file read as float32 (an F16 weight multiplies float32 activations, widened exactly)."""
+    from decoderlab.half import HalfLinear
+
     path, _ = tiny_gguf("llama", "F16")
     model, _, info = load_gguf(path)
-    assert model.blocks[0].mlp.fc.weight.dtype == torch.float32 and info.report.own_float == "f16"
-    assert str(info.report).startswith("weights: the file's f16 matrices as float32 (16-bit activations are "
-                                       "slower); dequantized")
+    fc = model.blocks[0].mlp.fc
+    assert type(fc) is HalfLinear and fc.weight.dtype == torch.float16 and info.report.own_float is None
+    assert model.blocks[0].norm_1.weight.dtype == torch.float32
+    assert str(info.report).startswith("weights as in the file: f16 (")
+    floats, _, _ = load_gguf(path, dtype="float32")
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(logits(model, ids), logits(floats, ids), rtol=0, atol=1e-5)
 
 
 def test_a_k_quant_dtype_the_file_does_not_hold_is_refused_naming_the_file_s_types(tiny_gguf):

@@ -223,10 +223,9 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     * ``None`` or ``"auto"`` (the default): the file's own types -- every matrix of a block type the kernels
       multiply (Q8_0 ... Q6_K, :mod:`decoderlab.kernels`) kept in its blocks, no float copy (memory close to the
       file's size); a matrix of another block type (Q2_K, IQ...) dequantized to float32. The read line starts
-      "weights as in the file". A file of float matrices (F16, BF16, F32) is read as float32: a model held in
-      16 bits computes its activations in 16 bits, which a CPU without AVX512-BF16 / FP16 emulates -- measured
-      slower than float32 here (SmolLM2-135M's F16 file, 1 thread, AMD EPYC AVX2: decode 4.9 vs 8.0 tok/s,
-      prompt 15 vs 108 tok/s); the read line says so. On a device other than the CPU (where the kernels are not): float32, as ``"float32"``.
+      "weights as in the file". An F16 or BF16 matrix stays in its 16 bits (:mod:`decoderlab.half`: the model's
+      activations float32, as llama.cpp's, not 16-bit ones a CPU without AVX512-BF16 / FP16 emulates). On a
+      device other than the CPU (where the kernels are not): float32, as ``"float32"``.
     * a float dtype: every weight dequantized, then cast to it (:mod:`decoderlab.dtypes`).
     * a block dtype (``q8_0`` ... ``q6_k``): what every linear layer then holds: the file's matrices of that type
       kept as they are; every other matrix dequantized and quantized to ``dtype``
@@ -245,6 +244,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     from ..tokenizers import BPETokenizer
 
     from ..config.names import AUTO_DTYPE, BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
+    from ..half import HALF, use_half_weights
     from ..quant import use_block_weights
     from .weights import KEEP_ALL
 
@@ -262,13 +262,18 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
         use_block_weights(model, contents.blocks)
         state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("packed_")})
     state = {k: v.to(target) for k, v in state.items()}
+    halves = [k for k, t in state.items() if t.dtype in HALF]  # a float file's 16-bit matrices, kept as they are
+    for k in halves:  # (load_weights casts to the parameter's dtype)
+        model.get_parameter(k).data = torch.empty(state[k].shape, dtype=state[k].dtype)
     load_weights(model, state, source=str(contents.info.path), assign=True)
+    if halves:
+        use_half_weights(model)
     model.to(target).eval()
     report = contents.info.report
     floats = any(type(m) is torch.nn.Linear for m in model.modules())
     if auto:
         report.own = True
-        if not contents.blocks:  # a file of float matrices: float32 (docstring), said
+        if not contents.blocks and not report.kept:  # a file of float32 matrices, said
             report.own_float = _float_type(path)
     elif name in BLOCK_DTYPES and floats:
         if name not in QUANTIZABLE_BLOCK_DTYPES:

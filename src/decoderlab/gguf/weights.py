@@ -108,7 +108,7 @@ class DequantReport:
     #: whose matrices are float, or blocks of another type), or None
     requantized: str | None = None
     #: the load kept the file's own types (``--dtype auto``): the line starts "weights as in the file"; for a file of
-    #: float matrices (read as float32), their GGML type (``"f16"``...), else None
+    #: float32 matrices, their GGML type (``"f32"``), else None
     own: bool = False
     own_float: str | None = None
 
@@ -135,12 +135,12 @@ class DequantReport:
 
     def _own_line(self, dequantized: dict) -> str:
         """``--dtype auto``'s line: "weights as in the file: q4_1 (210 matrices), q8_0 (1) (96.5 MB); f32 norms
-        and vectors (61)" -- and what was not its own (a type the kernels do not multiply, dequantized; a float
-        file's matrices, read as float32)."""
+        and vectors (61)" -- and what was not its own (a type the kernels do not multiply, dequantized). An F16 /
+        BF16 matrix is kept as it is (``kept``: decoderlab.half)."""
         kept = ", ".join(f"{k.lower()} ({n}{' matrices' if i == 0 else ''})"
                          for i, (k, n) in enumerate(sorted(self.kept.items(), key=lambda kv: -kv[1])))
         head = f"weights as in the file: {kept} ({self.kept_bytes / 1e6:.1f} MB)" if kept else \
-            f"weights: the file's {self.own_float or 'f32'} matrices as float32 (16-bit activations are slower)"
+            f"weights as in the file: {self.own_float or 'f32'} matrices"
         parts = [head]
         if dequantized:
             held = "" if not kept else " (no kernel for them)"
@@ -240,8 +240,12 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
         layer = ours.rsplit(".", 1)[0]
         can_keep = layer.endswith(_BLOCK_LAYERS) or (layer == "we" and fields["tie_weights"])
         kept = _blocks(gf, [name], report, keep) if keep and ours.endswith(".weight") and can_keep else None
+        half = _half(gf, [name], report, keep) if ours.endswith(".weight") and (can_keep or layer == "we") \
+            else None
         if kept is not None:
             blocks[layer] = kept
+        elif half is not None:
+            state[ours] = half
         else:
             state[ours] = torch.from_numpy(dequantize(gf, name, report))
     for i in range(fields["n_layer"] if qkv_orders is not None else 0):
@@ -249,8 +253,11 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
         kept = _blocks(gf, names, report, keep, qkv_orders) if keep else None
         if kept is not None:
             blocks[f"blocks.{i}.attention.qkv"] = kept
+        half = _half(gf, names, report, keep, qkv_orders) if kept is None else None
+        if half is not None:
+            state[f"blocks.{i}.attention.qkv.weight"] = half
         for param in ("weight", "bias") if fields["qkv_bias"] else ("weight",):
-            if param == "weight" and kept is not None:
+            if param == "weight" and (kept is not None or half is not None):
                 continue
             parts = [dequantize(gf, f"blk.{i}.attn_{x}.{param}", report) for x in "qkv"]
             parts = [p if order is None else p[order.numpy()] for p, order in zip(parts, qkv_orders)]
@@ -285,6 +292,26 @@ def _blocks(gf, names: list[str], report: DequantReport, keep: str, orders=None)
         raw = raws[0] if len(raws) == 1 else np.concatenate([np.asarray(r) for r in raws])
         return BlockWeight.from_gguf(raw, kinds[0], (raw.shape[0], width))
     return [BlockWeight.from_gguf(r, k, (r.shape[0], width)) for r, k in zip(raws, kinds)]
+
+
+#: the 16-bit float types a matrix keeps under ``keep="auto"`` (decoderlab.half: float32 activations)
+HALF_TYPES = {"F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _half(gf, names: list[str], report: DequantReport, keep: str | None, orders=None) -> torch.Tensor | None:
+    """The matrices ``names`` (rows stacked, each reordered by ``orders``) as one float16 / bfloat16 tensor copied
+    off the map -- under ``keep="auto"``, when all are of one 16-bit type --, else None."""
+    types = {gf.tensors[n].type.name for n in names}
+    if keep != KEEP_ALL or len(types) != 1 or next(iter(types)) not in HALF_TYPES:
+        return None
+    dtype, parts = HALF_TYPES[next(iter(types))], []
+    for n, order in zip(names, orders or [None] * len(names)):
+        t = gf.tensors[n]
+        rows = torch.from_numpy(np.array(gf.data(n).view(np.int16))).view(dtype)
+        parts.append(rows if order is None else rows[order])
+        report.kept[t.type.name] = report.kept.get(t.type.name, 0) + 1
+        report.kept_bytes += t.nbytes
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 # -- out ----------------------------------------------------------------------------------------------------------
