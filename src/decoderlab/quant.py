@@ -47,7 +47,6 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import kernels
 from .config.names import BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
-from .kernels.portable import dequantize as _dequantize_packed
 
 #: weights per block of the 32-weight types (ggml's QK8_0 = QK4_0 = ... = 32; the K-quants' QK_K is 256)
 BLOCK = 32
@@ -196,7 +195,7 @@ class BlockWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float matrix (out, in), computed in float32 as ``gguf.quants`` does (bit for bit), then cast to
         ``dtype``."""
-        return _dequantize_packed(self.packed, self.kind, self.shape).to(dtype)
+        return kernels.dequantize(self.packed, self.kind, self.shape).to(dtype)
 
     def to_gguf(self) -> np.ndarray:
         """The GGUF bytes of this matrix: a uint8 array (out, bytes per row), as a GGUF writer takes a quantized
@@ -235,11 +234,9 @@ class BlockWeight:
 
 
 def _dequantized_rows(packed: torch.Tensor, kind: str, shape: tuple[int, int], start: int, stop: int):
-    """Rows [start, stop) of a packed weight as float32 (``start`` a multiple of 16): their groups' bytes alone."""
-    out, inp = shape
-    group = packed.numel() // -(-out // kernels.ROWS)
-    part = packed[start // kernels.ROWS * group:-(-stop // kernels.ROWS) * group]
-    return _dequantize_packed(part, kind, (stop - start, inp))
+    """Rows [start, stop) of a packed weight as float32 (``start`` a multiple of 16), read from their groups' bytes by
+    the kernels' ``decoderlab::dequantize`` (the torch path off the CPU)."""
+    return kernels.dequantize(packed, kind, shape, start, stop)
 
 
 def _dequantized_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: tuple[int, int]) -> torch.Tensor:
@@ -443,7 +440,7 @@ class BlockEmbedding(_Blocks):
         groups = packed.view(-(-self.num_embeddings // kernels.ROWS), -1)
         flat = ids.reshape(-1)
         chosen = groups[flat // kernels.ROWS].reshape(-1)
-        rows = _dequantize_packed(chosen, kind, (flat.numel() * kernels.ROWS, width))
+        rows = kernels.dequantize(chosen, kind, (flat.numel() * kernels.ROWS, width))
         picked = rows.view(flat.numel(), kernels.ROWS, width)[torch.arange(flat.numel(), device=ids.device),
                                                                 flat % kernels.ROWS]
         return picked.reshape(*ids.shape, width).to(self.out_dtype)

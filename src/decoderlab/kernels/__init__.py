@@ -34,10 +34,11 @@ dequantized weights times the dequantized quantized activations).
 """
 
 from .ops import (ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
-                  isa, load, quantize_activation, set_isa)
+                  dequantize, isa, load, quantize_activation, set_isa)
 from .pack import ROWS, check_shape, pack, unpack
 from .types import ACTIVATION_TYPES, FLOAT_TYPES, TYPES, WEIGHT_BLOCK_TYPES, GGMLType, ggml_type
 
 __all__ = ["ACTIVATION_TYPES", "ENV", "FLOAT_TYPES", "GGMLType", "ISAS", "PATHS", "ROWS", "TYPES",
            "WEIGHT_BLOCK_TYPES", "available_isas", "block_linear", "block_linear_many", "check_shape", "dense_linear",
-           "dense_linear_many", "ggml_type", "isa", "load", "pack", "quantize_activation", "set_isa", "unpack"]
+           "dense_linear_many", "dequantize", "ggml_type", "isa", "load", "pack", "quantize_activation", "set_isa",
+           "unpack"]

@@ -2,7 +2,7 @@
 runs it), or on the first product that needs them.
 
 The files of ``csrc/`` compile side by side, each instruction set's file with its own flags (``-mavx2``...,
-``-mavx512vnni``), the dispatching ``ops.cpp`` and the fused decode step ``decode.cpp`` with the baseline's, and link into one shared library of
+``-mavx512vnni``), the dispatching ``ops.cpp``, the fused decode step ``decode.cpp`` and the dequantizer ``dequant.cpp`` with the baseline's, and link into one shared library of
 ``torch.library`` ops (no Python module: ``torch.ops.load_library`` loads it). Everything is keyed: the library
 lives in ``<cache>/kernels/<key>/`` where the key hashes the sources, the flags, the torch version and the
 compiler's ``--version`` -- an edited source or another torch builds afresh, never a stale one. ``<cache>`` is
@@ -32,6 +32,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = {
     "ops.cpp": ((), None),
     "decode.cpp": ((), None),
+    "dequant.cpp": ((), None),
     "isa_avx2.cpp": (("-mavx2", "-mfma", "-mf16c"), None),
     "isa_avxvnni.cpp": (("-mavx2", "-mfma", "-mf16c", "-mavxvnni"), "DLK_NO_AVXVNNI"),
     "isa_avx512vnni.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma",
@@ -47,7 +48,7 @@ SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512v
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-DNDEBUG", "-w")
 LIBRARY = "decoderlab_kernels.so"
 #: the files that include torch (the ops and their dispatch, at the baseline's flags)
-TORCH_SOURCES = ("ops.cpp", "decode.cpp")
+TORCH_SOURCES = ("ops.cpp", "decode.cpp", "dequant.cpp")
 #: the most seconds a process waits for another's build
 LOCK_TIMEOUT = 900
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .pack import check_shape, unpack
+from .pack import ROWS, check_shape, unpack
 from .types import ggml_type
 
 # ---- activations ------------------------------------------------------------------------------------------------
@@ -236,3 +236,24 @@ def dequantize(packed: torch.Tensor, kind, shape) -> torch.Tensor:
     """A packed weight (:func:`decoderlab.kernels.pack.pack`) of logical ``shape`` (out, in) as float32 (out, in),
     as :func:`dequantize_bytes` dequantizes its GGUF bytes."""
     return dequantize_bytes(unpack(packed, kind, shape), kind)
+
+
+def dequantize_rows(packed: torch.Tensor, kind, out_features: int, in_features: int, start: int,
+                    stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a packed (out_features, in_features) weight as float32 (stop - start, in_features),
+    :func:`dequantize`'s numbers: only the groups of 16 rows that hold them are unpacked (the op
+    ``decoderlab::dequantize`` on this path).
+
+    Raises:
+        ValueError: a type that is not a weight block type, a width that is not whole blocks, a packed tensor of
+            another size, or rows outside [0, out_features] / a start that is not a multiple of 16 (named)."""
+    t, out, inp = check_shape(kind, (out_features, in_features), "packed")
+    group = -(-in_features // t.block) * ROWS * t.bytes
+    if packed.dtype != torch.uint8 or packed.numel() != -(-out // ROWS) * group:
+        raise ValueError(f"a packed {t.name} matrix of shape ({out}, {inp}) is {-(-out // ROWS) * group} uint8 bytes; "
+                         f"got {packed.numel()} {packed.dtype}")
+    if not (0 <= start <= stop <= out and start % ROWS == 0):
+        raise ValueError(f"rows [start, stop) = [{start}, {stop}) must lie in [0, {out}] with start a multiple of "
+                         f"{ROWS}")
+    part = packed.reshape(-1)[start // ROWS * group:-(-stop // ROWS) * group]
+    return dequantize(part, t, (stop - start, inp)) if stop > start else torch.empty(0, inp)

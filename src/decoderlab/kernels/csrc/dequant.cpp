@@ -1,0 +1,195 @@
+// decoderlab::dequantize: rows [start, stop) of a packed block weight (pack.py's layout, read as it is: no unpack)
+// as float32 -- gguf.quants' numbers bit for bit, as portable.py's dequantize_bytes computes them. What a LoRA
+// step's backward multiplies (grad_x = grad_y @ W, a cache-sized slice of W at a time) and a block embedding's rows.
+//
+// Every value is one float32 rounding at most, so no instruction set changes a bit: the scale products are exact
+// (a float16 d of 11 significant bits times a 6-bit scale, or q6_k's int8 one, times a quant of 4 to 6 bits: at
+// most 24 bits), and the one rounding is q4_1 / q5_1's + m and the K-quants' - dmin * mn (itself exact). Portable
+// C++ at the baseline's flags (-ffp-contract=off: no FMA where numpy rounds twice); the loops run over a row's
+// weights of one chunk (4 bytes of one row, 64 bytes apart per chunk) into contiguous floats.
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common.h"
+
+namespace dlk {
+namespace {
+
+// the 16 rows' float16 at p as float32 (exact)
+inline void halves(const uint8_t* p, float* f) {
+  for (int r = 0; r < kRows; ++r) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * r, 2);
+    f[r] = c10::detail::fp16_ieee_to_fp32_value(h);
+  }
+}
+
+// One block of the 16 rows of a group: p its packed bytes, `rows` of them wanted (the last group's may be fewer),
+// written to y[r * ld + 0 .. block)
+typedef void (*BlockDequant)(const uint8_t* p, int rows, float* y, int64_t ld);
+
+// q8_0: d[16] | 8 chunks of 16 rows x 4 quants stored + 128
+void q8_0(const uint8_t* p, int rows, float* y, int64_t ld) {
+  float d[kRows];
+  halves(p, d);
+  const uint8_t* q = p + 32;
+  for (int r = 0; r < rows; ++r) {
+    float* o = y + r * ld;
+    for (int c = 0; c < 8; ++c)
+      for (int i = 0; i < 4; ++i) o[4 * c + i] = d[r] * static_cast<float>(static_cast<int8_t>(q[64 * c + 4 * r + i] ^ 0x80));
+  }
+}
+
+// q4_0 / q5_0: d (q - 8 or 16); q4_1 / q5_1 (MIN): d q + m. d[16] | (m[16]) | (qh: 16 rows x 4 bytes, bit c of
+// byte i weight 4c + i's fifth bit) | 4 chunks: low nibbles weights 4c.., high nibbles 16 + 4c..
+template <bool MIN, bool FIVE>
+void q32(const uint8_t* p, int rows, float* y, int64_t ld) {
+  constexpr int kOffset = MIN ? 0 : FIVE ? 16 : 8;
+  float d[kRows], m[kRows];
+  halves(p, d);
+  if (MIN) halves(p + 32, m);
+  const uint8_t* qh = p + (MIN ? 64 : 32);
+  const uint8_t* q = qh + (FIVE ? 64 : 0);
+  for (int r = 0; r < rows; ++r) {
+    float* o = y + r * ld;
+    int lo[32];
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const int v = q[64 * c + 4 * r + i];
+        lo[4 * c + i] = v & 15;
+        lo[16 + 4 * c + i] = v >> 4;
+      }
+    if (FIVE) {
+      for (int c = 0; c < 8; ++c)
+        for (int i = 0; i < 4; ++i) lo[4 * c + i] |= ((qh[4 * r + i] >> c) & 1) << 4;
+    }
+    for (int j = 0; j < 32; ++j) {
+      if (MIN) o[j] = d[r] * static_cast<float>(lo[j]) + m[r];
+      else o[j] = d[r] * static_cast<float>(lo[j] - kOffset);
+    }
+  }
+}
+
+// q4_k / q5_k (HIGH): d[16] | dmin[16] | 12 scale planes (byte k of the 16 rows) | (8 chunks of qh: bit j of
+// weight l's byte, sub-block j's fifth bit) | 32 chunks (pair p of sub-blocks, chunk c: low nibbles sub-block 2p,
+// high 2p + 1, weights 4c..). Each weight (d sc) q - dmin mn, both products exact
+template <bool HIGH>
+void qk45(const uint8_t* p, int rows, float* y, int64_t ld) {
+  float d[kRows], dmin[kRows];
+  halves(p, d);
+  halves(p + 32, dmin);
+  const uint8_t* planes = p + 64;
+  const uint8_t* qh = p + 256;
+  const uint8_t* qs = p + (HIGH ? 256 + 512 : 256);
+  for (int r = 0; r < rows; ++r) {
+    float* o = y + r * ld;
+    uint8_t s[12];
+    for (int k = 0; k < 12; ++k) s[k] = planes[16 * k + r];
+    for (int j = 0; j < 8; ++j) {  // ggml's get_scale_min_k4
+      const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      const float scale = d[r] * static_cast<float>(sc), low = dmin[r] * static_cast<float>(mn);
+      const int shift = j % 2 ? 4 : 0;
+      int q[32];
+      for (int c = 0; c < 8; ++c)
+        for (int i = 0; i < 4; ++i) {
+          q[4 * c + i] = (qs[64 * (8 * (j / 2) + c) + 4 * r + i] >> shift) & 15;
+          if (HIGH) q[4 * c + i] |= ((qh[64 * c + 4 * r + i] >> j) & 1) << 4;
+        }
+      for (int l = 0; l < 32; ++l) o[32 * j + l] = scale * static_cast<float>(q[l]) - low;
+    }
+  }
+}
+
+// q6_k: d[16] | 16 planes of int8 scales | per half n, chunk c: ql[64n + 4c..], ql[64n + 32 + 4c..], qh[32n +
+// 4c..] of the 16 rows; quant k (0..3) of a chunk is weight 128n + 32k + 4c.., of sub-block 8n + 2k + c / 4
+void q6_k(const uint8_t* p, int rows, float* y, int64_t ld) {
+  float d[kRows];
+  halves(p, d);
+  for (int r = 0; r < rows; ++r) {
+    float* o = y + r * ld;
+    float scale[16];
+    for (int s = 0; s < 16; ++s) scale[s] = d[r] * static_cast<float>(static_cast<int8_t>(p[32 + 16 * s + r]));
+    for (int n = 0; n < 2; ++n) {
+      int q[128];
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t* ch = p + 288 + 192 * (8 * n + c) + 4 * r;
+        for (int i = 0; i < 4; ++i) {
+          const int a = ch[i], b = ch[64 + i], h = ch[128 + i];
+          q[4 * c + i] = (a & 15) | ((h & 3) << 4);
+          q[32 + 4 * c + i] = (b & 15) | (((h >> 2) & 3) << 4);
+          q[64 + 4 * c + i] = (a >> 4) | (((h >> 4) & 3) << 4);
+          q[96 + 4 * c + i] = (b >> 4) | (((h >> 6) & 3) << 4);
+        }
+      }
+      for (int l = 0; l < 128; ++l) o[128 * n + l] = scale[8 * n + l / 16] * static_cast<float>(q[l] - 32);
+    }
+  }
+}
+
+struct DequantType {
+  const char* name;
+  int block, bytes;
+  BlockDequant fn;
+};
+
+DequantType dequant_type(int64_t ggml_type) {
+  switch (ggml_type) {
+    case 8: return {"q8_0", 32, 34, q8_0};
+    case 2: return {"q4_0", 32, 18, q32<false, false>};
+    case 3: return {"q4_1", 32, 20, q32<true, false>};
+    case 6: return {"q5_0", 32, 22, q32<false, true>};
+    case 7: return {"q5_1", 32, 24, q32<true, true>};
+    case 12: return {"q4_k", 256, 144, qk45<false>};
+    case 13: return {"q5_k", 256, 176, qk45<true>};
+    case 14: return {"q6_k", 256, 210, q6_k};
+  }
+  TORCH_CHECK_VALUE(false, "decoderlab::dequantize: GGML type ", ggml_type,
+                    " is not a block type the kernels hold (q8_0 = 8, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, "
+                    "q4_k = 12, q5_k = 13, q6_k = 14)");
+}
+
+at::Tensor dequantize(const at::Tensor& packed, int64_t ggml_type, int64_t out_features, int64_t in_features,
+                      int64_t start, int64_t stop) {
+  const DequantType t = dequant_type(ggml_type);
+  TORCH_CHECK_VALUE(out_features > 0 && in_features > 0 && in_features % t.block == 0,
+                    "decoderlab::dequantize: a ", t.name, " matrix needs out_features > 0 and in_features a positive "
+                    "multiple of ", t.block, "; got (", out_features, ", ", in_features, ")");
+  const int64_t nblk = in_features / t.block, groups = (out_features + kRows - 1) / kRows;
+  const int64_t group_bytes = nblk * kRows * t.bytes;
+  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.device().is_cpu() &&
+                        packed.numel() == groups * group_bytes,
+                    "decoderlab::dequantize: packed must be the contiguous uint8 CPU tensor of pack() for (",
+                    out_features, ", ", in_features, "): ", groups * group_bytes, " bytes; got ", packed.numel(),
+                    " ", packed.scalar_type(), " on ", packed.device());
+  TORCH_CHECK_VALUE(0 <= start && start <= stop && stop <= out_features && start % kRows == 0,
+                    "decoderlab::dequantize: rows [start, stop) = [", start, ", ", stop, ") must lie in [0, ",
+                    out_features, "] with start a multiple of ", kRows);
+  at::Tensor out = at::detail::empty_cpu({stop - start, in_features}, at::kFloat);
+  if (stop == start) return out;
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  const int64_t g0 = start / kRows, g1 = (stop + kRows - 1) / kRows;
+  const int64_t grain = std::max<int64_t>(1, 32768 / (kRows * in_features));
+  at::parallel_for(g0, g1, grain, [&](int64_t a, int64_t b) {
+    for (int64_t g = a; g < b; ++g) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, stop - g * kRows));
+      const uint8_t* gp = w + g * group_bytes;
+      float* yg = y + (g * kRows - start) * in_features;
+      for (int64_t k = 0; k < nblk; ++k) t.fn(gp + k * kRows * t.bytes, rows, yg + k * t.block, in_features);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace dlk
+
+// plain C++ that every x86-64 CPU runs: registered whatever instruction sets the CPU has
+TORCH_LIBRARY_IMPL(decoderlab, CPU, m) { m.impl("dequantize", &dlk::dequantize); }
