@@ -10,7 +10,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -21,14 +20,38 @@
 namespace dlk {
 namespace {
 
-// the 16 rows' float16 at p as float32 (exact)
+// the 16 rows' float16 at p as float32, exactly (normal, subnormal, zero, inf, NaN): the branch-free conversion of
+// c10's fp16_ieee_to_fp32_value (the FP16 library's), written as one loop the compiler vectorizes
 inline void halves(const uint8_t* p, float* f) {
+  uint16_t h[kRows];
+  std::memcpy(h, p, sizeof h);
   for (int r = 0; r < kRows; ++r) {
-    uint16_t h;
-    std::memcpy(&h, p + 2 * r, 2);
-    f[r] = c10::detail::fp16_ieee_to_fp32_value(h);
+    const uint32_t w = static_cast<uint32_t>(h[r]) << 16, two_w = w + w;
+    const uint32_t nb = (two_w >> 4) + (0xE0u << 23), db = (two_w >> 17) | (126u << 23);
+    float normal, denormal;
+    std::memcpy(&normal, &nb, 4);
+    std::memcpy(&denormal, &db, 4);
+    normal *= 0x1.0p-112f;  // rebias the exponent (inf and NaN stay so)
+    denormal -= 0.5f;       // a subnormal half's mantissa, exactly
+    uint32_t nbits, dbits;
+    std::memcpy(&nbits, &normal, 4);
+    std::memcpy(&dbits, &denormal, 4);
+    const uint32_t bits = (w & 0x80000000u) | (two_w < (1u << 27) ? dbits : nbits);
+    std::memcpy(f + r, &bits, 4);
   }
 }
+
+// 4 bytes of a row's chunk as one word (the bytes' order kept), so that a chunk's fields come out in a few word
+// operations (SWAR); the weights' quants then land in a contiguous byte row that one loop widens to floats
+inline uint32_t word(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+inline void put(uint8_t* q, uint32_t w) { std::memcpy(q, &w, 4); }
+
+constexpr uint32_t kLow4 = 0x0F0F0F0Fu, kBit0 = 0x01010101u;
 
 // One block of the 16 rows of a group: p its packed bytes, `rows` of them wanted (the last group's may be fewer),
 // written to y[r * ld + 0 .. block)
@@ -38,11 +61,11 @@ typedef void (*BlockDequant)(const uint8_t* p, int rows, float* y, int64_t ld);
 void q8_0(const uint8_t* p, int rows, float* y, int64_t ld) {
   float d[kRows];
   halves(p, d);
-  const uint8_t* q = p + 32;
   for (int r = 0; r < rows; ++r) {
+    uint8_t q[32];
+    for (int c = 0; c < 8; ++c) put(q + 4 * c, word(p + 32 + 64 * c + 4 * r) ^ 0x80808080u);
     float* o = y + r * ld;
-    for (int c = 0; c < 8; ++c)
-      for (int i = 0; i < 4; ++i) o[4 * c + i] = d[r] * static_cast<float>(static_cast<int8_t>(q[64 * c + 4 * r + i] ^ 0x80));
+    for (int l = 0; l < 32; ++l) o[l] = d[r] * static_cast<float>(static_cast<int8_t>(q[l]));
   }
 }
 
@@ -55,23 +78,19 @@ void q32(const uint8_t* p, int rows, float* y, int64_t ld) {
   halves(p, d);
   if (MIN) halves(p + 32, m);
   const uint8_t* qh = p + (MIN ? 64 : 32);
-  const uint8_t* q = qh + (FIVE ? 64 : 0);
+  const uint8_t* qs = qh + (FIVE ? 64 : 0);
   for (int r = 0; r < rows; ++r) {
-    float* o = y + r * ld;
-    int lo[32];
-    for (int c = 0; c < 4; ++c)
-      for (int i = 0; i < 4; ++i) {
-        const int v = q[64 * c + 4 * r + i];
-        lo[4 * c + i] = v & 15;
-        lo[16 + 4 * c + i] = v >> 4;
-      }
-    if (FIVE) {
-      for (int c = 0; c < 8; ++c)
-        for (int i = 0; i < 4; ++i) lo[4 * c + i] |= ((qh[4 * r + i] >> c) & 1) << 4;
+    const uint32_t h = FIVE ? word(qh + 4 * r) : 0;
+    uint8_t q[32];
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t v = word(qs + 64 * c + 4 * r);
+      put(q + 4 * c, (v & kLow4) | (((h >> c) & kBit0) << 4));
+      put(q + 16 + 4 * c, ((v >> 4) & kLow4) | (((h >> (c + 4)) & kBit0) << 4));
     }
-    for (int j = 0; j < 32; ++j) {
-      if (MIN) o[j] = d[r] * static_cast<float>(lo[j]) + m[r];
-      else o[j] = d[r] * static_cast<float>(lo[j] - kOffset);
+    float* o = y + r * ld;
+    for (int l = 0; l < 32; ++l) {
+      if (MIN) o[l] = d[r] * static_cast<float>(q[l]) + m[r];
+      else o[l] = d[r] * static_cast<float>(q[l] - kOffset);
     }
   }
 }
@@ -91,17 +110,16 @@ void qk45(const uint8_t* p, int rows, float* y, int64_t ld) {
     float* o = y + r * ld;
     uint8_t s[12];
     for (int k = 0; k < 12; ++k) s[k] = planes[16 * k + r];
+    uint32_t h[8];
+    for (int c = 0; c < 8; ++c) h[c] = HIGH ? word(qh + 64 * c + 4 * r) : 0;
     for (int j = 0; j < 8; ++j) {  // ggml's get_scale_min_k4
       const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
       const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
       const float scale = d[r] * static_cast<float>(sc), low = dmin[r] * static_cast<float>(mn);
-      const int shift = j % 2 ? 4 : 0;
-      int q[32];
+      uint8_t q[32];
       for (int c = 0; c < 8; ++c)
-        for (int i = 0; i < 4; ++i) {
-          q[4 * c + i] = (qs[64 * (8 * (j / 2) + c) + 4 * r + i] >> shift) & 15;
-          if (HIGH) q[4 * c + i] |= ((qh[64 * c + 4 * r + i] >> j) & 1) << 4;
-        }
+        put(q + 4 * c, ((word(qs + 64 * (8 * (j / 2) + c) + 4 * r) >> (4 * (j % 2))) & kLow4) |
+                           (((h[c] >> j) & kBit0) << 4));
       for (int l = 0; l < 32; ++l) o[32 * j + l] = scale * static_cast<float>(q[l]) - low;
     }
   }
@@ -114,21 +132,20 @@ void q6_k(const uint8_t* p, int rows, float* y, int64_t ld) {
   halves(p, d);
   for (int r = 0; r < rows; ++r) {
     float* o = y + r * ld;
-    float scale[16];
-    for (int s = 0; s < 16; ++s) scale[s] = d[r] * static_cast<float>(static_cast<int8_t>(p[32 + 16 * s + r]));
     for (int n = 0; n < 2; ++n) {
-      int q[128];
+      uint8_t q[128];
       for (int c = 0; c < 8; ++c) {
         const uint8_t* ch = p + 288 + 192 * (8 * n + c) + 4 * r;
-        for (int i = 0; i < 4; ++i) {
-          const int a = ch[i], b = ch[64 + i], h = ch[128 + i];
-          q[4 * c + i] = (a & 15) | ((h & 3) << 4);
-          q[32 + 4 * c + i] = (b & 15) | (((h >> 2) & 3) << 4);
-          q[64 + 4 * c + i] = (a >> 4) | (((h >> 4) & 3) << 4);
-          q[96 + 4 * c + i] = (b >> 4) | (((h >> 6) & 3) << 4);
-        }
+        const uint32_t a = word(ch), b = word(ch + 64), h = word(ch + 128);
+        put(q + 4 * c, (a & kLow4) | ((h & 0x03030303u) << 4));
+        put(q + 32 + 4 * c, (b & kLow4) | ((h & 0x0C0C0C0Cu) << 2));
+        put(q + 64 + 4 * c, ((a >> 4) & kLow4) | (h & 0x30303030u));
+        put(q + 96 + 4 * c, ((b >> 4) & kLow4) | ((h >> 2) & 0x30303030u));
       }
-      for (int l = 0; l < 128; ++l) o[128 * n + l] = scale[8 * n + l / 16] * static_cast<float>(q[l] - 32);
+      for (int s = 0; s < 8; ++s) {
+        const float scale = d[r] * static_cast<float>(static_cast<int8_t>(p[32 + 16 * (8 * n + s) + r]));
+        for (int l = 16 * s; l < 16 * s + 16; ++l) o[128 * n + l] = scale * static_cast<float>(q[l] - 32);
+      }
     }
   }
 }
