@@ -28,7 +28,8 @@ integers, as ggml does --, eagerly and inside a compiled or AOT-compiled step al
 implementation, so Inductor traces it as any op), a decode step's rows and a prompt's alike (measured faster than
 dequantizing at every row count: :data:`KERNEL_ROWS`). Another device or dtype (a CUDA GPU, a float64 reference)
 dequantizes the weight a slice of rows at a time and calls ``F.linear``. Gradients flow to ``x`` (LoRA trains over a frozen block layer:
-``grad_x = grad_y @ W``, ``W`` dequantized); the weight itself takes none. Measured in ``bench/llamacpp.py``.
+``grad_x = grad_y @ W``, ``W`` dequantized a cache-sized slice at a time by the kernels' C++
+``decoderlab::dequantize``); the weight itself takes none. Measured in ``bench/llamacpp.py``.
 
 Source: ggml's block formats (github.com/ggml-org/llama.cpp, ``ggml/src/ggml-common.h``, ``ggml-quants.c``);
 the GGUF specification (github.com/ggml-org/ggml, ``docs/gguf.md``).
@@ -56,9 +57,11 @@ GGML_TYPES = {k: kernels.TYPES[k].number for k in BLOCK_DTYPES}
 BLOCK_BYTES = {k: kernels.TYPES[k].bytes for k in BLOCK_DTYPES}
 #: the most rows of ``x`` (batch x tokens) a block layer multiplies through the kernels (None: any); more would
 #: take dequantized slices and ``F.linear``. Measured, a 1536 x 576 q4_1 weight, 1 thread, AMD EPYC AVX2 only
-#: (2026-12-06): the kernels' op 0.55 / 1.11 / 2.74 ms at 17 / 32 / 128 rows, dequantized slices + F.linear
-#: 13.2 / 13.9 / 16.9 ms, F.linear of the float32 weight itself 1.29 / 1.93 / 5.48 ms -- the kernels win at
-#: every row count (ggml's own GEMM-like products are 1.2-7x faster still at 128 rows: bench/cpu_kernels.py)
+#: (2026-12-06): the kernels' op 0.55 / 1.11 / 2.74 ms at 17 / 32 / 128 rows, F.linear of the float32 weight
+#: itself 1.29 / 1.93 / 5.48 ms; again with the C++ dequantizer (2026-12-07, load ~6, 17 / 128 / 220 rows):
+#: kernels 0.29 / 2.22 / 3.55 ms, dequantized slices + F.linear 1.23 / 6.83 / 9.83, F.linear 0.83 / 5.02 / 8.83
+#: -- the kernels win at every row count (ggml's own GEMM-like products are 1.2-7x faster still at 128 rows:
+#: bench/cpu_kernels.py)
 KERNEL_ROWS = None
 # (an MLP's gate and up projections in one block_linear_many call, the input quantized once, measured no faster:
 # SmolLM2-135M's Q4_1 file, eager decode, 5 alternating rounds, 1 thread, AVX2 EPYC: 22.4 vs 22.8 tok/s; float32
@@ -242,7 +245,8 @@ def _dequantized_rows(packed: torch.Tensor, kind: str, shape: tuple[int, int], s
 def _dequantized_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: tuple[int, int]) -> torch.Tensor:
     """``x @ W.T`` by ``F.linear`` on the weight dequantized a slice of rows at a time, each slice small enough to
     stay in cache while F.linear reads it (the whole float weight at once measured 7x slower than float32's
-    F.linear at one row: written to memory and read back; slices of ~128k weights 1.5x)."""
+    F.linear at one row: written to memory and read back; slices of ~128k weights 1.5x, by the torch dequantizer;
+    by the C++ one 1.5x at 17 rows, 1.1x at 220: :data:`KERNEL_ROWS`)."""
     out, inp = shape
     rows = _slice_rows(inp)
     y = x.new_empty(*x.shape[:-1], out)
@@ -261,9 +265,11 @@ class _KernelProduct(torch.autograd.Function):
     """The kernels' products with a gradient for ``x``: ``grad_x = grad_y @ W`` with ``W`` dequantized a slice of
     rows at a time (the forward's activation quantization is treated as the identity, as a straight-through
     estimator; a frozen weight takes no gradient). Slices, not the whole weight: a LoRA step over a 49152-row
-    output layer held no 113 MB float32 copy, and the slices, dequantized in cache, measured 1.5-2x faster (1 thread,
-    AMD EPYC AVX2, 220 rows: 1536 x 576 q4_1 15.3 -> 9.5 ms, 49152 x 576 601 -> 299 ms; float32's own product 4.9 /
-    163 ms -- the dequantization is the rest)."""
+    output layer holds no 113 MB float32 copy, and the slices, dequantized in cache, measured 1.5-2x faster. Each
+    slice is read from the packed bytes by ``decoderlab::dequantize`` (C++, ~0.3-0.5 ns a weight), which put the
+    backward at float32's own product: 1 thread, AMD EPYC AVX2 only, 220 rows, alternating medians, load ~6
+    (2026-12-07): 1536 x 576 q4_1 18.9 ms by the torch dequantizer -> 9.5 (float32's grad @ W 9.2), 49152 x 576
+    467 -> 255 ms (float32 228)."""
 
     @staticmethod
     def forward(ctx, x, kinds, outs, inp, *packed):

@@ -18,8 +18,9 @@ off by up to 2^-11 of that term).
     ops.py       torch.ops.decoderlab.* (C++, else the portable path) and the functions that call them
     portable.py  the same products in plain torch (Apple silicon, no compiler): exact integer sums, then scales
     build.py     csrc/ compiled once per source hash, torch and compiler into the cache, under a file lock
-    csrc/        the C++: ops.cpp (quantizers, dispatch, threads), one file per instruction set, and decode.cpp
-                 (``decode_step``: a whole one-token step in one call, decoderlab.fastdecode's)
+    csrc/        the C++: ops.cpp (quantizers, dispatch, threads), one file per instruction set, decode.cpp
+                 (``decode_step``: a whole one-token step in one call, decoderlab.fastdecode's) and dequant.cpp
+                 (``dequantize``: a packed weight's rows as float32, gguf.quants' bits -- LoRA's backward over blocks)
 
 Use::
 
@@ -28,6 +29,7 @@ Use::
     y = kernels.block_linear(x, packed, "q4_k", out)          # (..., in) float32 -> (..., out)
     q, k, v = kernels.block_linear_many(x, [pq, pk, pv], ["q5_0", "q5_0", "q8_0"], [576, 192, 192])
     y = kernels.dense_linear(x, weight_bf16)
+    w = kernels.dequantize(packed, "q4_k", (out, in), 0, 64)  # rows 0..63 as float32 (64, in)
 
 Measured in ``bench/cpu_kernels.py``; exactness in ``tests/kernels`` (each path against float64 of ``gguf.quants``'
 dequantized weights times the dequantized quantized activations).

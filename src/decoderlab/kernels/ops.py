@@ -114,7 +114,8 @@ def _register_fakes() -> None:
     def dequantize_fake(packed, kind, out, inp, start, stop):
         return packed.new_empty(stop - start, inp, dtype=torch.float32)
 
-    for name, fn in (("dequantize", dequantize_fake), ("block_linear", block_fake), ("block_linear_many", block_many_fake),
+    for name, fn in (("dequantize", dequantize_fake), ("block_linear", block_fake),
+                     ("block_linear_many", block_many_fake),
                      ("dense_linear", dense_fake), ("dense_linear_many", dense_many_fake),
                      ("quantize_activation", quantize_fake)):
         torch.library.register_fake(f"decoderlab::{name}", fn)
