@@ -6,7 +6,8 @@ The files of ``csrc/`` compile side by side, each instruction set's file with it
 ``dequant.cpp`` with the baseline's, and link into one shared library of ``torch.library`` ops (no Python
 module: ``torch.ops.load_library`` loads it). Everything is keyed: the library lives in ``<cache>/kernels/<key>/``
 where the key hashes the sources, the flags, the torch version and the compiler's ``--version`` -- an edited
-source or another torch builds afresh, never a stale one. ``<cache>`` is ``$DECODERLAB_CACHE``, else ``$XDG_CACHE_HOME/decoderlab`` (``~/.cache/decoderlab``).
+source or another torch builds afresh, never a stale one. ``<cache>`` is ``$DECODERLAB_CACHE``, else
+``$XDG_CACHE_HOME/decoderlab`` (``~/.cache/decoderlab``).
 
 Two processes (pytest-xdist's workers, say) never compile at once: the build holds a file lock, and whoever waited
 finds the library built. The build says on standard error what it did and how long it took. A failure (no
