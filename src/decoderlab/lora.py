@@ -46,10 +46,11 @@ import torch
 
 from .config.names import DEFAULT_LORA_TARGETS, LORA_TARGETS
 from .files import replace_directory, usual_mode
-from .model import DecoderOnlyTransformer
+from .model import DecoderOnlyTransformer, initialisers_skipped
 from .output import quiet_imports
 from .half import HalfLinear, half_dtype
-from .quant import BlockLinear, block_dtype, block_weights, dequantized_state_dict, is_block_layer
+from .quant import (BlockLinear, block_dtype, block_weights, dequantized_state_dict, is_block_layer,
+                    weights_read_once)
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -221,7 +222,8 @@ def apply_lora(model: DecoderOnlyTransformer, rank: int, alpha: float | None = N
     rank, alpha, dropout = _check_rank(model, names, rank), settings["alpha"], settings["dropout"]
     config = _lora_config(r=rank, lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
                           bias="none", init_lora_weights=bool(init))
-    _peft().inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    with weights_read_once():  # PEFT reads a block layer's dequantized weight ~19 times (its device, dtype)
+        _peft().inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     if half_dtype(model):  # PEFT gives adapters their base weight's dtype: over 16-bit matrices, train float32 ones
         for name, p in model.named_parameters():
             if "lora_" in name and p.dtype != torch.float32:
@@ -265,7 +267,8 @@ def merge_lora(model: DecoderOnlyTransformer) -> DecoderOnlyTransformer:
             layer.merge(safe_merge=True)
         parent_name, _, child = name.rpartition(".")
         setattr(work.get_submodule(parent_name) if parent_name else work, child, base)
-    out = DecoderOnlyTransformer(model.config)
+    with initialisers_skipped():  # every parameter is loaded below (strict): 135M random numbers not drawn
+        out = DecoderOnlyTransformer(model.config)
     out.lr = getattr(model, "lr", out.lr)
     p = next(model.parameters())
     out = out.to(device=p.device, dtype=torch.float32 if half_dtype(model) else p.dtype)
@@ -287,8 +290,9 @@ def _merged_linear(layer, base) -> torch.nn.Linear:
             weight = weight + layer.get_delta_weight(adapter).to(device=weight.device, dtype=torch.float32)
     if not torch.isfinite(weight).all():
         raise ValueError("NaNs or infinities in the merged weights: the adapter is broken")
-    linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
-                             device=weight.device)
+    with initialisers_skipped():  # its weight and bias are set just below
+        linear = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
+                                 device=weight.device)
     linear.weight = torch.nn.Parameter(weight, requires_grad=False)
     if base.bias is not None:
         linear.bias = torch.nn.Parameter(base.bias.detach().float(), requires_grad=False)

@@ -20,6 +20,7 @@ Gemma Team 2025 ("Gemma 3 Technical Report"), as ``Gemma3ForCausalLM``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -37,6 +38,24 @@ from .quant import FAST_CONTRACT, block_dtype, block_weights, is_block_layer, ti
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
 # ----------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def initialisers_skipped():
+    """``torch.nn.init``'s initialisers as no-ops while a model whose every weight is then replaced is built on
+    the CPU (as transformers' ``no_init_weights``; the GGUF loader's, LoRA's merge): its parameters are allocated,
+    never filled. Not the meta device: the first op there imports torch._dynamo (4-6 s on a loaded 2-core
+    machine), which nothing else of loading or generating needs."""
+    import torch.nn.init as init
+
+    saved = {name: getattr(init, name) for name in dir(init) if name.endswith("_") and not name.startswith("_")}
+    try:
+        for name in saved:
+            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(init, name, function)
 
 
 class RMSNorm(nn.Module):

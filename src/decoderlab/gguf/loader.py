@@ -24,7 +24,6 @@ Source: ggml's GGUF format; llama.cpp's converter and vocabulary code for what e
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -196,24 +195,6 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
     return _info(gf, arch)
 
 
-@contextlib.contextmanager
-def _initialisers_skipped():
-    """``torch.nn.init``'s initialisers as no-ops while a model whose every weight is then replaced is built on
-    the CPU (as transformers' ``no_init_weights``): its parameters are allocated, never filled. Not the meta
-    device: the first op there imports torch._dynamo (4-6 s on a loaded 2-core machine), which nothing else
-    of loading or generating needs."""
-    import torch.nn.init as init
-
-    saved = {name: getattr(init, name) for name in dir(init) if name.endswith("_") and not name.startswith("_")}
-    try:
-        for name in saved:
-            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(init, name, function)
-
-
 def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype=None, *,
               device: str | torch.device | None = None):
     """``(model, tokenizer, info)`` of a GGUF file: the ``DecoderOnlyTransformer`` in eval mode, on ``device``
@@ -240,7 +221,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     from ..checkpoint import load_weights
     from ..devices import resolve_device
     from ..dtypes import dtype_name, to_inference_dtype
-    from ..model import DecoderOnlyTransformer, ModelConfig
+    from ..model import DecoderOnlyTransformer, ModelConfig, initialisers_skipped
     from ..tokenizers import BPETokenizer
 
     from ..config.names import AUTO_DTYPE, BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
@@ -255,7 +236,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
         auto, name = False, "float32"
     contents = read_gguf(path, keep=KEEP_ALL if auto else name if name in BLOCK_DTYPES else None)
     config = ModelConfig.from_dict(contents.fields)
-    with _initialisers_skipped():  # every weight comes from the file
+    with initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)
     state = dict(contents.state)
     if contents.blocks:  # their planes are the layers' own buffers: put in place, then loaded as they are
