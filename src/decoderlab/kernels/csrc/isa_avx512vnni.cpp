@@ -64,6 +64,7 @@ constexpr int kLanes = 16;
 constexpr int kDenseTile = 4;
 inline VW vw_zero() { return _mm512_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm512_fmadd_ps(a, b, c); }
+inline VW vw_add(VW a, VW b) { return _mm512_add_ps(a, b); }
 #include "sums512.h"
 template <int N>
 inline void vw_sums(const VW* v, float* out) { sums16<N>(v, out); }

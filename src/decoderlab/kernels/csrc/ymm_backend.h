@@ -109,9 +109,10 @@ inline void vf_store(float* p, VF v) {
 typedef __m256 VW;
 typedef __m256i VQ;
 constexpr int kLanes = 8;
-constexpr int kDenseTile = 2;
+constexpr int kDenseTile = 3;
 inline VW vw_zero() { return _mm256_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm256_fmadd_ps(a, b, c); }
+inline VW vw_add(VW a, VW b) { return _mm256_add_ps(a, b); }
 inline float vw_sum(VW v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
