@@ -43,7 +43,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import kernels
 from .config.names import BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
@@ -330,6 +329,8 @@ def _few_rows(x: torch.Tensor) -> bool:
     rows = x.shape[:-1].numel()
     if isinstance(rows, int):
         return rows <= KERNEL_ROWS
+    from torch.fx.experimental.symbolic_shapes import statically_known_true  # (sympy: only a compile's rows)
+
     return not statically_known_true(rows > KERNEL_ROWS)
 
 
