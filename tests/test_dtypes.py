@@ -153,3 +153,19 @@ def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint):
         assert r.returncode == 2, (command, r.stderr)
         assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, "
                                          "float16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"], command
+
+
+def test_a_model_of_several_block_types_is_said_by_all_of_them_most_held_first():
+    """verify and generate's lines named a K-quant file's model by its most-held type alone ("q8_0 model" for
+    Gemma 3's Q4_K_M file, whose embedding is q8_0): now every type, the one holding most weights first."""
+    import decoderlab as dl
+    from decoderlab.dtypes import model_dtype, weights_said
+    from decoderlab.quant import BlockWeight, quantize_model, use_block_weights
+
+    torch.manual_seed(0)
+    model = quantize_model(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", d_model=32, n_layer=1, n_head=2,
+                                                                 max_len=8)), "q4_1")
+    assert weights_said(model) == model_dtype(model) == "q4_1"
+    fc = model.blocks[0].mlp.fc
+    use_block_weights(model, {"blocks.0.mlp.fc": BlockWeight.quantize(fc.weight, "q8_0")})
+    assert weights_said(model) == "q4_1 + q8_0" and model_dtype(model) == "q4_1"

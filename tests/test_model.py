@@ -286,6 +286,30 @@ def test_rope_tables_survive_the_meta_device():
         assert torch.equal(m(ids), src(ids))
 
 
+def test_a_shared_rope_table_is_made_once_per_conversion_that_changes_it(monkeypatch):
+    """The layers share one RotaryEmbedding, which nn.Module._apply visits once per layer: a conversion that
+    leaves the table as it is (``.to("cpu")``) recomputes nothing (Gemma 3's 18 layers recomputed a 32768-position
+    table 18 times, ~1 s of its load); a dtype change makes it once, ``to_empty`` again, right."""
+    from decoderlab.positions import RotaryEmbedding
+
+    cfg = dl.preset("baby-shakespeare", d_model=16, n_layer=4, n_head=2, max_len=8, position="rope")
+    model = dl.DecoderOnlyTransformer(cfg)
+    made = []
+    real = RotaryEmbedding._table
+    monkeypatch.setattr(RotaryEmbedding, "_table", lambda self, *a: made.append(1) or real(self, *a))
+    model.to("cpu")
+    assert made == []
+    rope = model.blocks[0].attention.rope
+    assert all(b.attention.rope is rope for b in model.blocks)
+    model.double()
+    assert len(made) == 1 and rope.cos.dtype == torch.float64
+    torch.testing.assert_close(rope.cos, real(rope, torch.float64)[0], rtol=0, atol=0)
+    model.float()
+    assert len(made) == 2
+    model.to_empty(device="cpu")  # (new memory at every visit: made again each time)
+    assert len(made) > 2 and torch.equal(rope.cos, real(rope)[0]) and torch.equal(rope.sin, real(rope)[1])
+
+
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none"])
 def test_left_padding_gives_the_unpadded_logits(position):
     """model(ids, padding_mask=pm) with left padding: the real tokens get the logits of the unpadded run (the

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from .config.names import AUTO_DTYPE, BLOCK_DTYPES, DTYPES
-from .quant import block_dtype, quantize_model
+from .quant import block_dtype, block_dtypes, quantize_model
 
 _TORCH = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -88,3 +88,10 @@ def model_dtype(model: nn.Module) -> str:
     dtype, but it has a name)."""
     dtype = next(model.parameters()).dtype
     return block_dtype(model) or _TORCH.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def weights_said(model: nn.Module) -> str:
+    """:func:`model_dtype` for the terminal, where a model's layers hold several block types: each of them, the
+    type holding most weights first (``"q8_0 + q4_k + q6_k + q5_0"``, a K-quant file's mix), not the first alone."""
+    kinds = block_dtypes(model)
+    return " + ".join(kinds) if len(kinds) > 1 else model_dtype(model)

@@ -49,7 +49,7 @@ from .files import replace_directory, usual_mode
 from .model import DecoderOnlyTransformer, initialisers_skipped
 from .output import quiet_imports
 from .half import HalfLinear, half_dtype
-from .quant import (BlockLinear, block_dtype, block_weights, dequantized_state_dict, is_block_layer,
+from .quant import (BlockLinear, block_dtypes, block_weights, dequantized_state_dict, is_block_layer,
                     weights_read_once)
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -147,7 +147,7 @@ def describe_lora(model: torch.nn.Module, settings: dict) -> str:
     held = block_weights(model)  # (a block base's weights are buffers, not parameters)
     total = sum({id(p): p.numel() for p in model.parameters()}.values()) + held
     n = trainable_parameters(model)
-    kind = block_dtype(model)
+    kind = " + ".join(block_dtypes(model))  # (a K-quant file's mix: every type, the most-held first)
     over = (f"over the base's {kind} blocks, as the file holds them (--dtype float32 dequantizes them)" if held
             else f"over a {next(model.parameters()).dtype} base".replace("torch.", ""))
     return (f"LoRA rank {settings['rank']} (alpha {settings['alpha']:g}, dropout {settings['dropout']:g}) on "

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .kernels import dense_linear
@@ -93,6 +92,8 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # a symbolic row count (a graph compiled for dynamic batch sizes, as the server's) keeps the GEMM, and is
     # not compared with MAX_ROWS: a comparison would guard on it, and every batch size on the other side of it
     # would compile again (the server hit dynamo's recompile limit so)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true  # (imports sympy: compiling only)
+
     few = statically_known_true(rows <= (MAX_ROWS if w.element_size() >= 4 else MAX_ROWS_HALF))
     if not few or not _plain(w) or not w.dtype.is_floating_point:
         return layer(x)

@@ -130,6 +130,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._table()
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self._made = self._tables()
 
     def _table(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position's angles, (max_len, d_head/2): in float32 as Hugging Face makes them,
@@ -145,16 +146,25 @@ class RotaryEmbedding(nn.Module):
         if self.cos.is_meta:
             cos, sin = self._table()
             self.cos, self.sin = cos.to(device), sin.to(device)
+            self._made = self._tables()
 
     def _apply(self, fn, recurse=True):
         # cos/sin are not in the state dict (computed, not learned): after ``to_empty`` (the meta-device loading
         # pattern) they would hold uninitialised memory, so they are recomputed after every conversion
+        # -- unless the conversion left them as they were (a model's layers share one table: nn.Module._apply visits
+        # it once per layer, 18 recomputations of a 32768-position table for Gemma 3, ~1 s of its load)
         super()._apply(fn, recurse)
-        if self.cos.device.type != "meta":
+        if self.cos.device.type != "meta" and self._tables() != getattr(self, "_made", None):
             cos, sin = self._table(self.cos.dtype)
             self.cos = cos.to(self.cos.device, self.cos.dtype)
             self.sin = sin.to(self.sin.device, self.sin.dtype)
+            self._made = self._tables()
         return self
+
+    def _tables(self) -> tuple:
+        """What identifies the tables held: their storage, dtype and device (a conversion that made new ones, or
+        ``to_empty``'s uninitialised memory, changes it)."""
+        return tuple((t.data_ptr(), t.dtype, t.device) for t in (self.cos, self.sin))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, check: bool = True) -> torch.Tensor:
         if self.cos.is_meta:  # built on the meta device and loaded with assign=True: the table was never made

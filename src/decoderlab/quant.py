@@ -44,7 +44,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import kernels
 from .config.names import BLOCK_DTYPES, QUANTIZABLE_BLOCK_DTYPES
@@ -348,6 +347,8 @@ def _few_rows(x: torch.Tensor) -> bool:
     rows = x.shape[:-1].numel()
     if isinstance(rows, int):
         return rows <= KERNEL_ROWS
+    from torch.fx.experimental.symbolic_shapes import statically_known_true  # (sympy: only a compile's rows)
+
     return not statically_known_true(rows > KERNEL_ROWS)
 
 
@@ -572,15 +573,22 @@ def use_block_weights(model: nn.Module, weights: dict[str, BlockWeight]) -> nn.M
     return model
 
 
-def block_dtype(model: nn.Module) -> str | None:
-    """The block type most of ``model``'s block weights are in (a GGUF file's Q4_1 matrices beside its Q8_0
-    embedding: q4_1), None when it has none."""
+def block_dtypes(model: nn.Module) -> list[str]:
+    """The block types of ``model``'s block weights, the type holding most weights first (Gemma 3's Q4_K_M file:
+    q8_0 (its embedding), q4_k, q6_k, q5_0); empty when it has none."""
     held: dict[str, int] = {}
     for m in model.modules():
         if isinstance(m, _Blocks):
             for kind, out in zip(m.kinds, m.outs):
                 held[kind] = held.get(kind, 0) + out * m.in_width
-    return max(held, key=held.get) if held else None
+    return sorted(held, key=held.get, reverse=True)
+
+
+def block_dtype(model: nn.Module) -> str | None:
+    """The block type most of ``model``'s block weights are in (a GGUF file's Q4_1 matrices beside its Q8_0
+    embedding: q4_1), None when it has none."""
+    kinds = block_dtypes(model)
+    return kinds[0] if kinds else None
 
 
 def block_weights(model: nn.Module) -> int:

@@ -247,12 +247,13 @@ def _block_model(kind: str):
 
 @pytest.mark.slow
 def test_a_package_per_block_dtype_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_path):
-    """q8_0 and q4_1 weights (decoderlab.quant's planes: plain int8 / uint8 / float16 buffers, bound to the
-    package by name like float weights) compile into a package per dtype whose greedy and sampled tokens are
-    eager's, and a new process loads both without compiling and decodes the same tokens. Two tiny graphs
-    are compiled: about a minute each on a loaded 2-core machine."""
-    kinds = ("q8_0", "q4_1")  # (q4_0 is q4_1's op without its minimum: the package's side is the same)
-    want, names = {}, set()
+    """q4_1 weights (decoderlab.quant's packed bytes: plain uint8 buffers, bound to the package by name like float
+    weights) compile into a package whose greedy and sampled tokens are eager's, and a new process loads it
+    without compiling and decodes the same tokens. One tiny graph is compiled: about a minute on a loaded 2-core
+    machine. (Every block type is the one op ``block_linear`` to the package, and each dtype's package name is
+    its own: test_the_package_name_follows_the_shape_and_the_kind_not_the_weights.)"""
+    kinds = ("q4_1",)
+    want = {}
     for kind in kinds:
         model = _block_model(kind)
         eager = [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED)]
@@ -260,8 +261,6 @@ def test_a_package_per_block_dtype_decodes_eagers_tokens_and_reloads_in_a_new_pr
         assert [generate(model, [1], 40, temperature=0), generate(model, [1, 2], 40, **SAMPLED)] == eager, kind
         assert step.compile_seconds[(1, False)] > 0
         want[kind] = eager
-        names |= {p.name for p in step.packages.values()}
-    assert len(names) == len(kinds)  # one package per block dtype (the fingerprint names the dtype)
     here = str(Path(__file__).resolve().parent)
     code = BLOCK_CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path), kinds=kinds,
                               sampled=SAMPLED)

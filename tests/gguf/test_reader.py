@@ -92,3 +92,15 @@ def test_not_gguf_and_bad_version_and_corrupt_count(tiny_gguf, tmp_path):
         GGUFFile(tmp_path / "count.gguf")
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         GGUFFile(tmp_path / "absent.gguf")
+
+
+def test_a_released_tensor_reads_back_the_same_bytes(tiny_gguf):
+    """release() gives the map's pages back once a loader copied a tensor out (a load's peak then holds the file's
+    bytes once); the file is still there, and a later read gets the same bytes."""
+    path, _ = tiny_gguf("llama", "Q8_0")
+    gf = GGUFFile(path)
+    before = {name: np.array(gf.data(name)) for name in gf.tensors}
+    for name in gf.tensors:
+        gf.release(name)
+    for name, data in before.items():
+        assert np.array_equal(gf.data(name), data), name

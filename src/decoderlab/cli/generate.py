@@ -153,14 +153,14 @@ def say_setup(model, threads: int, args) -> None:
     """``--verbose``: one line on standard error naming the device, the weights' dtype, the threads, the CPU's
     instructions (the ones that decide which dtype decodes fast) and the decode step."""
     from ..devices import cpu_summary
-    from ..dtypes import model_dtype
+    from ..dtypes import weights_said
 
     p = next(model.parameters())
     cpu = f"; cpu {cpu_summary()}" if p.device.type == "cpu" else ""
     step = model.compiled_decode
     step = ("eager" if step is None else "ahead of time (torch.export + AOTInductor, static KV cache)"
             if hasattr(step, "packages") else "compiled (torch.compile, static KV cache)")
-    print(f"decoderlab: device {p.device}, weights {model_dtype(model)}, {threads} intra-op thread(s), "
+    print(f"decoderlab: device {p.device}, weights {weights_said(model)}, {threads} intra-op thread(s), "
           f"decode {step}{cpu}", file=sys.stderr, flush=True)
 
 

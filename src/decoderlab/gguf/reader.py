@@ -208,6 +208,23 @@ class GGUFFile:
         rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
         return flat.reshape(rows, t.nbytes // rows)
 
+    def release(self, name: str) -> None:
+        """Give back the resident pages of tensor ``name``'s bytes once they are copied out (``madvise``
+        ``MADV_DONTNEED``: a read-only file map's pages stay in the page cache, but leave this process's resident
+        memory) -- so that a load's peak holds the file's bytes once, not the map and the copies both. A no-op
+        where the platform has no ``madvise``."""
+        import mmap
+
+        t = self.tensors[name]
+        raw = getattr(self._map, "_mmap", None)
+        if raw is None or not hasattr(raw, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-t.offset // page) * page  # whole pages inside the tensor only (its neighbours may be in use)
+        stop = (t.offset + t.nbytes) // page * page
+        if stop > start:
+            raw.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     @property
     def architecture(self) -> str | None:
         """``general.architecture`` (llama.cpp's name: ``llama``, ``qwen2``, ``gpt2``, ...), or None."""

@@ -248,6 +248,7 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
             state[ours] = half
         else:
             state[ours] = torch.from_numpy(dequantize(gf, name, report))
+        gf.release(name)  # copied out: its pages leave the map (the peak holds the file's bytes once)
     for i in range(fields["n_layer"] if qkv_orders is not None else 0):
         names = [f"blk.{i}.attn_{x}.weight" for x in "qkv"]
         kept = _blocks(gf, names, report, keep, qkv_orders) if keep else None
@@ -262,6 +263,9 @@ def state_dict(gf, fields: dict, keep: str | None = None, qkv_orders: list | Non
             parts = [dequantize(gf, f"blk.{i}.attn_{x}.{param}", report) for x in "qkv"]
             parts = [p if order is None else p[order.numpy()] for p, order in zip(parts, qkv_orders)]
             state[f"blocks.{i}.attention.qkv.{param}"] = torch.from_numpy(np.concatenate(parts))
+        for name in (f"blk.{i}.attn_{x}.{p}" for x in "qkv" for p in ("weight", "bias")):
+            if name in gf.tensors:
+                gf.release(name)
     report.seconds = time.perf_counter() - start
     return state, blocks, report
 

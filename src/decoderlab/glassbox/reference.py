@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..dtypes import model_dtype
+from ..dtypes import weights_said
 from ..quant import activation_types, dequantized_products, dequantized_state_dict
 from .trace import Trace, trace, unwrap
 
@@ -388,6 +388,6 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     quantized = activation_types(model)
     note = (f"block products here: F.linear on the dequantized weights; when decoding, decoderlab.kernels quantize "
             f"their activations to {' / '.join(quantized)} blocks as ggml does (not checked here)") if quantized else ""
-    return VerifyReport(steps=steps, tol=float(tol), dtype=model_dtype(model), note=note)
+    return VerifyReport(steps=steps, tol=float(tol), dtype=weights_said(model), note=note)
 
 

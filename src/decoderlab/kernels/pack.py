@@ -100,13 +100,14 @@ def _side_by_side(field: torch.Tensor, width: int) -> torch.Tensor:
     return field.reshape(g, r, nb, n // width, width).permute(0, 2, 3, 1, 4)
 
 
-def _q6_k_quants(blocks: torch.Tensor) -> torch.Tensor:
-    """q6_k's ql / qh chunks of (groups, 16, blocks, 210) as (groups, blocks, 2 halves, 8, 3, 16, 4)."""
+def _q6_k_quants(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """q6_k's ql / qh chunks of (groups, 16, blocks, 210) written into ``out`` (groups, blocks, 2 halves, 8, 3, 16,
+    4): the half's low and high 32 ql bytes, then its qh."""
     g, r, nb, _ = blocks.shape
     ql = blocks[..., :128].reshape(g, r, nb, 2, 2, 8, 4)  # (half, low or high 32 of the half's 64 bytes, c, byte)
     qh = blocks[..., 128:192].reshape(g, r, nb, 2, 1, 8, 4)
-    both = torch.cat([ql, qh], dim=4)  # (g, r, nb, half, 3, c, byte)
-    return both.permute(0, 2, 3, 5, 4, 1, 6)
+    out[:, :, :, :, :2].copy_(ql.permute(0, 2, 3, 5, 4, 1, 6))
+    out[:, :, :, :, 2:].copy_(qh.permute(0, 2, 3, 5, 4, 1, 6))
 
 
 def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
@@ -132,10 +133,15 @@ def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
         blocks = _transpose_qh(blocks, _QH[t.name])
     groups = blocks.reshape(-1, ROWS, *blocks.shape[1:])
     g, nb = groups.shape[0], groups.shape[2]
-    parts = [_side_by_side(groups[..., s:s + n], w).reshape(g, nb, -1) for s, n, w in _FIELDS[t.name]]
+    # each field copied straight into its place: no regrouped copy of the fields and then their concatenation
+    # (Gemma 3's 178 MB embedding passed through two such transients as it loaded)
+    packed = torch.empty(g, nb, ROWS * t.bytes, dtype=torch.uint8, device=groups.device)
+    at = 0
+    for s, n, w in _FIELDS[t.name]:
+        packed[..., at:at + ROWS * n].view(g, nb, n // w, ROWS, w).copy_(_side_by_side(groups[..., s:s + n], w))
+        at += ROWS * n
     if t.name == "q6_k":
-        parts.append(_q6_k_quants(groups).reshape(g, nb, -1))
-    packed = torch.cat(parts, dim=-1)
+        _q6_k_quants(groups, packed[..., at:].view(g, nb, 2, 8, 3, ROWS, 4))
     if t.name == "q8_0":
         packed[..., 2 * ROWS:] ^= 0x80
     return packed.reshape(-1)

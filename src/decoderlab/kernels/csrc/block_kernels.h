@@ -8,6 +8,9 @@
 //   vi_dot(acc, w, x)     acc lane += w's 4 unsigned bytes of the lane times the 4 signed bytes at x
 //   vi_dot_q8(acc, w, x)  the same for q8_0's quants stored + 128; kQ8Biased: whether 128 * sum(x) is left in
 //   vi_dot16(acc, w, x)   acc lane += w's 2 int16 of the lane times the 2 int16 at x
+//   VS vs_zero() vs_dot(s, w, x) vi_add_vs(acc, s): vi_dot's sums kept in VS, added to an int32 VI by vi_add_vs --
+//                         16-bit lanes where the ISA lacks VNNI (maddubs's pairs added without madd), so a VS holds
+//                         at most 8 dots of 4-bit weights (8 x 2 x 15 x 127 = 30480 < 32768)
 //   vi_sub_at(a, p)       a minus the int32 at p in every lane
 //   vi_u8x(m128) vi_s8x(m128)  16 bytes widened to the 16 lanes (unsigned, signed)
 //   vi_pair16(a, b)       lane r: the two int16 a[r], b[r] of two sets of 16 unsigned bytes
@@ -81,17 +84,28 @@ struct Q32 {
       const VI h = FIVE ? vi_load(qh) : vi_zero();
       VI acc[NB];
       for (int a = 0; a < NB; ++a) acc[a] = vi_zero();
-      for (int c = 0; c < 4; ++c) {
-        const VI v = vi_load(q + 64 * c);
-        VI lo = vi_and(v, m0f), hi = vi_and(vi_srl16<4>(v), m0f);
-        if (FIVE) {
-          lo = vi_or(lo, fifth(h, c, m10));
-          hi = vi_or(hi, fifth(h, c + 4, m10));
+      if (FIVE) {
+        for (int c = 0; c < 4; ++c) {
+          const VI v = vi_load(q + 64 * c);
+          const VI lo = vi_or(vi_and(v, m0f), fifth(h, c, m10));
+          const VI hi = vi_or(vi_and(vi_srl16<4>(v), m0f), fifth(h, c + 4, m10));
+          for (int a = 0; a < NB; ++a) {
+            const int8_t* x = act[a].qs + 32 * b + 4 * c;
+            acc[a] = vi_dot(vi_dot(acc[a], lo, x), hi, x + 16);
+          }
         }
-        for (int a = 0; a < NB; ++a) {
-          const int8_t* x = act[a].qs + 32 * b + 4 * c;
-          acc[a] = vi_dot(vi_dot(acc[a], lo, x), hi, x + 16);
+      } else {  // 4-bit weights: the block's 8 dots in one VS
+        VS s[NB];
+        for (int a = 0; a < NB; ++a) s[a] = vs_zero();
+        for (int c = 0; c < 4; ++c) {
+          const VI v = vi_load(q + 64 * c);
+          const VI lo = vi_and(v, m0f), hi = vi_and(vi_srl16<4>(v), m0f);
+          for (int a = 0; a < NB; ++a) {
+            const int8_t* x = act[a].qs + 32 * b + 4 * c;
+            s[a] = vs_dot(vs_dot(s[a], lo, x), hi, x + 16);
+          }
         }
+        for (int a = 0; a < NB; ++a) acc[a] = vi_add_vs(acc[a], s[a]);
       }
       const VF dw = vf_half(p);
       if (MIN) {
@@ -142,12 +156,23 @@ struct QK45 {
   static void sub_block(const uint8_t* qs, const uint8_t* qh, int j, const int8_t* const* x, VI* acc) {
     const VI m0f = vi_set1_8(0x0F), v16 = vi_set1_8(16);
     for (int a = 0; a < NB; ++a) acc[a] = vi_zero();
+    if (HIGH) {
+      for (int c = 0; c < 8; ++c) {
+        const VI v = vi_load(qs + 64 * (8 * (j / 2) + c));
+        VI w = TOP ? vi_and(vi_srl16<4>(v), m0f) : vi_and(v, m0f);
+        w = vi_or(w, vi_bit(vi_load(qh + 64 * c), vi_set1_8(static_cast<char>(1 << j)), v16));
+        for (int a = 0; a < NB; ++a) acc[a] = vi_dot(acc[a], w, x[a] + 32 * j + 4 * c);
+      }
+      return;
+    }
+    VS s[NB];  // 4-bit weights: the sub-block's 8 dots in one VS
+    for (int a = 0; a < NB; ++a) s[a] = vs_zero();
     for (int c = 0; c < 8; ++c) {
       const VI v = vi_load(qs + 64 * (8 * (j / 2) + c));
-      VI w = TOP ? vi_and(vi_srl16<4>(v), m0f) : vi_and(v, m0f);
-      if (HIGH) w = vi_or(w, vi_bit(vi_load(qh + 64 * c), vi_set1_8(static_cast<char>(1 << j)), v16));
-      for (int a = 0; a < NB; ++a) acc[a] = vi_dot(acc[a], w, x[a] + 32 * j + 4 * c);
+      const VI w = TOP ? vi_and(vi_srl16<4>(v), m0f) : vi_and(v, m0f);
+      for (int a = 0; a < NB; ++a) s[a] = vs_dot(s[a], w, x[a] + 32 * j + 4 * c);
     }
+    for (int a = 0; a < NB; ++a) acc[a] = vi_add_vs(acc[a], s[a]);
   }
   template <int NB>
   static void run(const uint8_t* g, int64_t nsb, const dlk::Act* act, float* y, int64_t ldy) {

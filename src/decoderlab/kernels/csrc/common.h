@@ -43,7 +43,8 @@ typedef void (*ToBF16)(const float* x, int64_t n, bf16_t* out);
 typedef void (*BlockKernel)(const uint8_t* packed, int64_t nblk, int64_t g0, int64_t g1, const Act* act,
                             int n_act, float* y, int64_t ldy);
 // y[a * ldy + r] for weight rows r in [r0, r1) of a row-major (out, in) float32 / float16 / bfloat16 weight,
-// times `n_act` rows x[a * ldx + k]: float32 rows, or for a bfloat16 weight the rows already rounded to bfloat16
+// times `n_act` rows x[a * ldx + k]: float32 rows; for a bfloat16 weight the rows already rounded to bfloat16 (as
+// float32 values, or as bfloat16 where the table's bf16_x_float is false)
 typedef void (*DenseKernel)(const void* w, int64_t in, int64_t r0, int64_t r1, const void* x, int64_t ldx,
                             int n_act, float* y, int64_t ldy);
 
@@ -53,6 +54,8 @@ struct KernelSet {
   DenseKernel f32, f16, bf16;
   Quantizer quantize32, quantize256;
   ToBF16 to_bf16;
+  // whether the bf16 kernel takes its activations (rounded to bfloat16) widened to float32, or as bfloat16
+  bool bf16_x_float = true;
 };
 
 // each instruction set's table (isa_*.cpp, compiled with that set's flags)

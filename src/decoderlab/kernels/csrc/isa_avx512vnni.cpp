@@ -39,6 +39,10 @@ inline VI vi_dot(VI acc, VI w, const int8_t* x) {
 }
 inline VI vi_dot_q8(VI acc, VI w, const int8_t* x) { return vi_dot(acc, w, x); }
 inline VI vi_dot16(VI acc, VI w, const int32_t* x) { return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(*x))}; }
+typedef VI VS;  // (vpdpbusd sums into int32: the 16-bit partial sums of ymm_backend.h's AVX2 are these)
+inline VS vs_zero() { return vi_zero(); }
+inline VS vs_dot(VS acc, VI w, const int8_t* x) { return vi_dot(acc, w, x); }
+inline VI vi_add_vs(VI acc, VS s) { return vi_add(acc, s); }
 inline VI vi_u8x(__m128i b) { return {_mm512_cvtepu8_epi32(b)}; }
 inline VI vi_s8x(__m128i b) { return {_mm512_cvtepi8_epi32(b)}; }
 inline VI vi_pair16(__m128i a, __m128i b) {
@@ -64,6 +68,7 @@ constexpr int kLanes = 16;
 constexpr int kDenseTile = 4;
 inline VW vw_zero() { return _mm512_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm512_fmadd_ps(a, b, c); }
+inline VW vw_add(VW a, VW b) { return _mm512_add_ps(a, b); }
 #include "sums512.h"
 template <int N>
 inline void vw_sums(const VW* v, float* out) { sums16<N>(v, out); }

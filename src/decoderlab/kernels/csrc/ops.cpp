@@ -38,6 +38,7 @@ const KernelSet* kernels_avx512bf16() {
     KernelSet s = *kernels_avx512vnni();
     s.name = "avx512-bf16";
     s.bf16 = dense_bf16_avx512bf16();
+    s.bf16_x_float = false;  // vdpbf16ps multiplies bfloat16 pairs
     return s;
   }();
   return &set;
@@ -287,6 +288,7 @@ std::vector<at::Tensor> block_linear_many(const at::Tensor& x, at::TensorList pa
 // ---- 16- and 32-bit products ---------------------------------------------------------------------------------------
 
 thread_local std::vector<bf16_t> t_xbf16;
+thread_local std::vector<float> t_xrounded;
 
 std::vector<at::Tensor> dense_products(const at::Tensor& x, const at::Tensor* weights, size_t count) {
   check_input(x, "dense_linear");
@@ -304,11 +306,20 @@ std::vector<at::Tensor> dense_products(const at::Tensor& x, const at::Tensor* we
   }
   const at::Tensor xc = x.contiguous();
   const float* xp = xc.data_ptr<float>();
-  const bf16_t* xb = nullptr;
+  const void* xb = nullptr;
   if (bf16 && n) {  // a bfloat16 weight multiplies the activations rounded to bfloat16, as ggml's
     bf16_t* buf = grow(t_xbf16, n * k);
     set->to_bf16(xp, n * k, buf);
-    xb = buf;
+    if (set->bf16_x_float) {  // widened back once, not at every weight row (the generic kernels take float32 x)
+      float* wide = grow(t_xrounded, n * k);
+      for (int64_t i = 0; i < n * k; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(buf[i].bits) << 16;
+        std::memcpy(wide + i, &bits, 4);
+      }
+      xb = wide;
+    } else {
+      xb = buf;
+    }
   }
   std::vector<at::Tensor> ys;
   ys.reserve(count);
@@ -327,7 +338,7 @@ std::vector<at::Tensor> dense_products(const at::Tensor& x, const at::Tensor* we
       const auto st = w.scalar_type();
       const DenseKernel kernel = st == at::kFloat ? set->f32 : st == at::kHalf ? set->f16 : set->bf16;
       const int64_t out = w.size(0);
-      kernel(w.data_ptr(), k, 4 * lo, std::min(4 * hi, out), st == at::kBFloat16 ? static_cast<const void*>(xb) : xp,
+      kernel(w.data_ptr(), k, 4 * lo, std::min(4 * hi, out), st == at::kBFloat16 ? xb : static_cast<const void*>(xp),
              k, static_cast<int>(n), ys[i].data_ptr<float>(), out);
     }
   });

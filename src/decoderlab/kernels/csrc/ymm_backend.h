@@ -74,6 +74,25 @@ inline VI vi_dot16(VI acc, VI w, const int32_t* p) {
   const __m256i x = _mm256_set1_epi32(*p);
   return {dot16(acc.lo, w.lo, x), dot16(acc.hi, w.hi, x)};
 }
+// 16-bit partial sums of byte products: without VNNI, maddubs's int16 pairs added in int16 and widened by one madd
+// for several dots (block_kernels.h says how many fit); with VNNI, vpdpbusd's int32 sums themselves
+#if DLK_YMM_VNNI
+typedef VI VS;
+inline VS vs_zero() { return vi_zero(); }
+inline VS vs_dot(VS acc, VI w, const int8_t* p) { return vi_dot(acc, w, p); }
+inline VI vi_add_vs(VI acc, VS s) { return vi_add(acc, s); }
+#else
+struct VS { __m256i lo, hi; };
+inline VS vs_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline VS vs_dot(VS acc, VI w, const int8_t* p) {
+  const __m256i x = _mm256_set1_epi32(ld32(p));
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)), _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+}
+inline VI vi_add_vs(VI acc, VS s) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(s.lo, one)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(s.hi, one))};
+}
+#endif
 inline VI vi_u8x(__m128i b) { return {_mm256_cvtepu8_epi32(b), _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))}; }
 inline VI vi_s8x(__m128i b) { return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))}; }
 inline VI vi_pair16(__m128i a, __m128i b) {
@@ -109,9 +128,10 @@ inline void vf_store(float* p, VF v) {
 typedef __m256 VW;
 typedef __m256i VQ;
 constexpr int kLanes = 8;
-constexpr int kDenseTile = 2;
+constexpr int kDenseTile = 3;
 inline VW vw_zero() { return _mm256_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm256_fmadd_ps(a, b, c); }
+inline VW vw_add(VW a, VW b) { return _mm256_add_ps(a, b); }
 inline float vw_sum(VW v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
