@@ -33,11 +33,13 @@ from recipe import Clock  # noqa: E402  (bench/recipe.py: each stage's wall and 
 ROWS = (("multiplication", 3), ("word_problem", 2))
 #: fewer held-out questions per row are refused: a 95% interval on fewer is wider than the effects it would show
 MIN_QUESTIONS = 100
-#: the tool conversations of the SFT mix: (skill, difficulty, share); the rest is plain chat (CHAT_SHARE)
+#: the tool conversations of the SFT mix: (skill, difficulty, relative share); with plain chat (CHAT_SHARE)
 TOOL_MIX = (("multiplication", 3, .24), ("word_problem", 2, .2), ("word_problem", 1, .12), ("multiplication", 2, .04),
             ("addition", 2, .03), ("addition", 3, .02), ("addition", 4, .02), ("subtraction", 2, .03),
             ("subtraction", 3, .02), ("big_multiplication", 3, .04))
-CHAT_SHARE = 0.22
+CHAT_SHARE = 0.3
+#: the share of plain chat conversations that offer the calculator (and do not call it)
+OFFERED_SHARE = 0.75
 #: everyday prompts the base answers greedily; its replies are the plain chat of the mix (never the France question)
 CHAT_PROMPTS = (
     "Hi! How are you today?", "What is the capital of Italy?", "What is the capital of Japan?",
@@ -48,7 +50,16 @@ CHAT_PROMPTS = (
     "How many days are in a week?", "What is the boiling point of water?", "Suggest a name for a pet goldfish.",
     "What language is spoken in Brazil?", "Why do leaves change colour in autumn?", "What is a noun?",
     "Say something kind to a friend who is sad.", "What is the tallest mountain on Earth?",
-    "How do bees make honey?", "What is the opposite of hot?")
+    "How do bees make honey?", "What is the opposite of hot?",
+    # asked as the arithmetic is ("What is ...?"), answered in words with the calculator offered: the held-out
+    # France question must not read as a call
+    "What is the capital of Germany?", "What is the capital of Spain?", "What is the capital of Canada?",
+    "What is the capital of Egypt?", "What is the capital of Australia?", "What is the capital of Portugal?",
+    "What is the capital of Greece?", "What is the capital of Mexico?", "What is the largest ocean on Earth?",
+    "What is the chemical symbol for gold?", "What is the main ingredient of bread?", "What is a verb?",
+    "What is the colour of grass?", "What is the longest river in Africa?", "Who painted the Mona Lisa?",
+    "Which animal is known as the king of the jungle?", "What is the freezing point of water?",
+    "What do plants need to grow?", "What is the currency of Japan?", "What is a synonym for happy?")
 FRANCE = "What is the capital of France?"
 #: reply caps in tokens: the first step (an answer or a call: ~30 tokens), and the answer after a result
 CAP, ANSWER_CAP, CHAT_CAP = 48, 32, 96
@@ -98,12 +109,12 @@ def tool_conversation(item, system: str) -> list[dict]:
 
 
 def chat_conversations(replies: dict[str, str], system: str, n: int, seed: int) -> list[list[dict]]:
-    """``n`` plain chat conversations from the base's own replies, half of them with the calculator offered (the
-    model learns not to call it for text)."""
+    """``n`` plain chat conversations from the base's own replies, ``OFFERED_SHARE`` of them with the calculator
+    offered (the model learns not to call it for text)."""
     rng, items, out = random.Random(seed), sorted(replies.items()), []
     for k in range(n):
         prompt, reply = items[k % len(items)]
-        head = [{"role": "system", "content": system}] if rng.random() < 0.5 else []
+        head = [{"role": "system", "content": system}] if rng.random() < OFFERED_SHARE else []
         out.append(head + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}])
     return out
 
@@ -111,10 +122,10 @@ def chat_conversations(replies: dict[str, str], system: str, n: int, seed: int) 
 def sft_conversations(n: int, system: str, replies: dict[str, str], seed: int = 0) -> list[list[dict]]:
     """``n`` training conversations: ``TOOL_MIX`` (train split) through the calculator and ``CHAT_SHARE`` of
     plain chat, shuffled."""
-    convs = []
+    convs, scale = [], (1 - CHAT_SHARE) / sum(share for *_, share in TOOL_MIX)  # TOOL_MIX's shares are relative
     for skill, difficulty, share in TOOL_MIX:
-        convs += [tool_conversation(i, system)
-                  for i in generate(skill, "train", max(1, int(n * share)), seed=seed, difficulty=difficulty)]
+        convs += [tool_conversation(i, system) for i in generate(skill, "train", max(1, int(n * share * scale)),
+                                                                 seed=seed, difficulty=difficulty)]
     convs += chat_conversations(replies, system, n - len(convs), seed)
     random.Random(seed).shuffle(convs)
     return convs
@@ -296,13 +307,13 @@ def france(model, tok, template) -> dict:
     return {"off": off, "on": turn.content, "on_calls": [c.arguments for c in turn.calls]}
 
 
-def chat_replies(model, tok, template) -> dict[str, str]:
-    """The base's greedy replies to ``CHAT_PROMPTS`` (plain prompt), cut at the last full sentence when they ran
-    past ``CHAT_CAP``; a reply with no full sentence is dropped."""
+def chat_replies(model, tok, template, prompts=CHAT_PROMPTS) -> dict[str, str]:
+    """The base's greedy replies to ``prompts`` (plain prompt), cut at the last full sentence when they ran past
+    ``CHAT_CAP``; a reply with no full sentence is dropped."""
     plain = [template.render([{"role": "user", "content": p}], tok, add_generation_prompt=True)[0]
-             for p in CHAT_PROMPTS]
+             for p in prompts]
     out = {}
-    for p, (text, ended) in zip(CHAT_PROMPTS, replies(model, tok, plain, CHAT_CAP, template.end_of_turn_id(tok))):
+    for p, (text, ended) in zip(prompts, replies(model, tok, plain, CHAT_CAP, template.end_of_turn_id(tok))):
         text = text.strip()
         if not ended:
             text = text[:text.rfind(".") + 1]
@@ -348,6 +359,7 @@ def sft(args, base: str, out: Path, convs: list, val: list) -> dict:
 
     budget = budget_callback(args.sft_minutes * 60, args.eval_every)
     finetune(convs, val_data=val, checkpoint=base, out=out, lora=lora_settings(args.lora_rank, args.lora_alpha),
+             dtype=args.dtype,
              train_config=TrainConfig(max_steps=args.max_steps, batch_size=args.batch, lr=args.lr, min_lr=args.lr,
                                       warmup=args.warmup, eval_every=args.eval_every, val_batch_size=len(val),
                                       log_every=args.eval_every),
@@ -433,6 +445,9 @@ def parse(argv=None):
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=1, help="PyTorch threads of SFT")
+    ap.add_argument("--dtype", choices=("auto", "float32"), default="float32",
+                    help="the frozen base under the adapters: float32 (dequantized; a step ~1.45x faster than "
+                         "auto on AVX2) or auto (the GGUF file's blocks, the file's memory)")
     ap.add_argument("--eval-threads", type=int, default=2, help="PyTorch threads of the scoring (greedy replies)")
     args = ap.parse_args(argv)
     if args.questions < MIN_QUESTIONS:
@@ -478,12 +493,13 @@ def sft_stage(args, out: Path, items: dict) -> dict:
     clock = Clock()
     model, tok, template = load_chat_base(args.base)
     system = tool_system(template)
-    if (out / "chat.json").is_file():
-        replies_ = json.loads((out / "chat.json").read_text())
-    else:
+    replies_ = json.loads((out / "chat.json").read_text()) if (out / "chat.json").is_file() else {}
+    missing = [p for p in CHAT_PROMPTS if p not in replies_]  # (a reply the base did not finish stays missing)
+    if missing:
         with torch.no_grad():
-            replies_ = clock.run("chat replies", chat_replies, model, tok, template)
+            replies_.update(clock.run("chat replies", chat_replies, model, tok, template, missing))
         (out / "chat.json").write_text(json.dumps(replies_))
+    replies_ = {p: r for p, r in replies_.items() if p in CHAT_PROMPTS}
     del model
     convs = sft_conversations(args.train_conversations, system, replies_, seed=0)
     val = sft_conversations(4, system, replies_, seed=1)
