@@ -604,6 +604,9 @@ def parse(argv=None):
     ap.add_argument("--kl-coef", type=float, default=0.05, help="the KL penalty to the SFT model")
     ap.add_argument("--rl-eval-every", type=int, default=5)
     ap.add_argument("--rl-questions", type=int, default=400, help="held-out questions of the RL row")
+    ap.add_argument("--card-modes", default="off,on", help="the calculator modes the RL and control models are "
+                                                          "scored in on the card's rows (off,on; off alone saves "
+                                                          "the calculator's second round)")
     ap.add_argument("--questions", type=int, default=MIN_QUESTIONS,
                     help=f"held-out questions per row (at least {MIN_QUESTIONS})")
     ap.add_argument("--train-conversations", type=int, default=1200, help="conversations generated for SFT (more "
@@ -762,13 +765,13 @@ def rl_stages(args, out: Path, items: dict) -> int:
         torch.set_num_threads(args.threads)
         if args.stage == "rl":
             trained = clock.run("rl", rl_stage, args, out, system, row)
-        else:
-            spent = json.loads((out / "rl.json").read_text())["trained"]["cpu_s"]
-            trained = clock.run("control", control_stage, args, out, system, row, spent)
-        scores = score_stage(args, out, args.stage, items, system, clock)
-        scores.update(score_stage(args, out, args.stage, rl_items, system, clock, (row["mode"],)))
-        (out / f"{args.stage}.json").write_text(json.dumps({"row": row, "trained": trained, "scores": scores,
-                                                             "stages": clock.stages}))
+        else:  # the same CPU-time budget as RL's (both stop at the first export after it): the two may run at once
+            trained = clock.run("control", control_stage, args, out, system, row, args.rl_minutes * 60)
+        record = {"row": row, "trained": trained, "scores": {}, "stages": clock.stages}
+        for group, modes in ((rl_items, (row["mode"],)), *(({k: v}, args.card_modes.split(",")) for k, v in
+                                                            items.items())):
+            record["scores"].update(score_stage(args, out, args.stage, group, system, clock, modes))
+            (out / f"{args.stage}.json").write_text(json.dumps(record))  # each row as it is scored
         return 0
     if not (out / "rlrow.json").is_file():
         scores = {name: score_stage(args, out, name, rl_items, system, clock, (row["mode"],))
