@@ -604,6 +604,8 @@ def parse(argv=None):
     ap.add_argument("--kl-coef", type=float, default=0.05, help="the KL penalty to the SFT model")
     ap.add_argument("--rl-eval-every", type=int, default=5)
     ap.add_argument("--rl-questions", type=int, default=400, help="held-out questions of the RL row")
+    ap.add_argument("--trained", default="", help="with --stage rl / control: score the run's last export only, "
+                                                   "recording these costs (JSON: a run stopped by hand)")
     ap.add_argument("--card-modes", default="off,on", help="the calculator modes the RL and control models are "
                                                           "scored in on the card's rows (off,on; off alone saves "
                                                           "the calculator's second round)")
@@ -763,7 +765,9 @@ def rl_stages(args, out: Path, items: dict) -> int:
     rl_items = {label: generate(row["skill"], "held-out", args.rl_questions, seed=0, difficulty=row["difficulty"])}
     if args.stage in ("rl", "control"):
         torch.set_num_threads(args.threads)
-        if args.stage == "rl":
+        if args.trained:  # a run stopped by hand: its last export scored, with the costs its log gave
+            trained = json.loads(args.trained)
+        elif args.stage == "rl":
             trained = clock.run("rl", rl_stage, args, out, system, row)
         else:  # the same CPU-time budget as RL's (both stop at the first export after it): the two may run at once
             trained = clock.run("control", control_stage, args, out, system, row, args.rl_minutes * 60)
