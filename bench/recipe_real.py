@@ -5,7 +5,10 @@ the call run and its result read back); then LoRA SFT on generated conversations
 layout -- the question, a call to the calculator, its result, the answer -- mixed with plain chat (the base's
 own greedy replies to everyday prompts, so the model still talks); then the same questions again. Every number
 with its Wilson 95% interval, SFT - base with its paired (Newcombe) interval; the README's France question
-before and after; each stage's wall and CPU time.
+before and after; each stage's wall and CPU time. Then the room after SFT (pass@8 - pass@1 on train questions),
+GRPO with LoRA on the row with the most room (a KL term to the SFT model) and its equal-compute control (more
+LoRA SFT on the references for the same CPU time), both scored on the same held-out questions (``--stage room``,
+``rl``, ``control``, ``rl-card``).
 
     PYTHONPATH=src python bench/recipe_real.py --base models/SmolLM2-135M-Instruct.Q4_1.gguf --out runs/real
 
