@@ -5,7 +5,10 @@ the call run and its result read back); then LoRA SFT on generated conversations
 layout -- the question, a call to the calculator, its result, the answer -- mixed with plain chat (the base's
 own greedy replies to everyday prompts, so the model still talks); then the same questions again. Every number
 with its Wilson 95% interval, SFT - base with its paired (Newcombe) interval; the README's France question
-before and after; each stage's wall and CPU time.
+before and after; each stage's wall and CPU time. Then the room after SFT (pass@8 - pass@1 on train questions),
+GRPO with LoRA on the row with the most room (a KL term to the SFT model) and its equal-compute control (more
+LoRA SFT on the references for the same CPU time), both scored on the same held-out questions (``--stage room``,
+``rl``, ``control``, ``rl-card``).
 
     PYTHONPATH=src python bench/recipe_real.py --base models/SmolLM2-135M-Instruct.Q4_1.gguf --out runs/real
 
@@ -33,11 +36,13 @@ from recipe import Clock  # noqa: E402  (bench/recipe.py: each stage's wall and 
 ROWS = (("multiplication", 3), ("word_problem", 2))
 #: fewer held-out questions per row are refused: a 95% interval on fewer is wider than the effects it would show
 MIN_QUESTIONS = 100
-#: the tool conversations of the SFT mix: (skill, difficulty, share); the rest is plain chat (CHAT_SHARE)
+#: the tool conversations of the SFT mix: (skill, difficulty, relative share); with plain chat (CHAT_SHARE)
 TOOL_MIX = (("multiplication", 3, .24), ("word_problem", 2, .2), ("word_problem", 1, .12), ("multiplication", 2, .04),
             ("addition", 2, .03), ("addition", 3, .02), ("addition", 4, .02), ("subtraction", 2, .03),
             ("subtraction", 3, .02), ("big_multiplication", 3, .04))
-CHAT_SHARE = 0.22
+CHAT_SHARE = 0.3
+#: the share of plain chat conversations that offer the calculator (and do not call it)
+OFFERED_SHARE = 0.75
 #: everyday prompts the base answers greedily; its replies are the plain chat of the mix (never the France question)
 CHAT_PROMPTS = (
     "Hi! How are you today?", "What is the capital of Italy?", "What is the capital of Japan?",
@@ -48,12 +53,25 @@ CHAT_PROMPTS = (
     "How many days are in a week?", "What is the boiling point of water?", "Suggest a name for a pet goldfish.",
     "What language is spoken in Brazil?", "Why do leaves change colour in autumn?", "What is a noun?",
     "Say something kind to a friend who is sad.", "What is the tallest mountain on Earth?",
-    "How do bees make honey?", "What is the opposite of hot?")
+    "How do bees make honey?", "What is the opposite of hot?",
+    # asked as the arithmetic is ("What is ...?"), answered in words with the calculator offered: the held-out
+    # France question must not read as a call
+    "What is the capital of Germany?", "What is the capital of Spain?", "What is the capital of Canada?",
+    "What is the capital of Egypt?", "What is the capital of Australia?", "What is the capital of Portugal?",
+    "What is the capital of Greece?", "What is the capital of Mexico?", "What is the largest ocean on Earth?",
+    "What is the chemical symbol for gold?", "What is the main ingredient of bread?", "What is a verb?",
+    "What is the colour of grass?", "What is the longest river in Africa?", "Who painted the Mona Lisa?",
+    "Which animal is known as the king of the jungle?", "What is the freezing point of water?",
+    "What do plants need to grow?", "What is the currency of Japan?", "What is a synonym for happy?")
 FRANCE = "What is the capital of France?"
 #: reply caps in tokens: the first step (an answer or a call: ~30 tokens), and the answer after a result
 CAP, ANSWER_CAP, CHAT_CAP = 48, 32, 96
 #: the prompts a batch of one rest length should hold on average for the shared-prefix path to pay
 MIN_GROUP = 8
+#: the rows whose room after SFT is measured (skill, difficulty, calculator), the train questions and samples each
+ROOM_ROWS = (("multiplication", 3, "on"), ("word_problem", 2, "on"), ("addition", 2, "off"),
+             ("subtraction", 2, "off"), ("multiplication", 2, "off"), ("addition", 3, "off"))
+ROOM_QUESTIONS, ROOM_K = 24, 8
 #: generate_batch rows per call (the KV cache of 128 rows of ~300 positions, 30 layers: ~0.6 GB)
 BATCH = 128
 
@@ -98,12 +116,12 @@ def tool_conversation(item, system: str) -> list[dict]:
 
 
 def chat_conversations(replies: dict[str, str], system: str, n: int, seed: int) -> list[list[dict]]:
-    """``n`` plain chat conversations from the base's own replies, half of them with the calculator offered (the
-    model learns not to call it for text)."""
+    """``n`` plain chat conversations from the base's own replies, ``OFFERED_SHARE`` of them with the calculator
+    offered (the model learns not to call it for text)."""
     rng, items, out = random.Random(seed), sorted(replies.items()), []
     for k in range(n):
         prompt, reply = items[k % len(items)]
-        head = [{"role": "system", "content": system}] if rng.random() < 0.5 else []
+        head = [{"role": "system", "content": system}] if rng.random() < OFFERED_SHARE else []
         out.append(head + [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}])
     return out
 
@@ -111,10 +129,10 @@ def chat_conversations(replies: dict[str, str], system: str, n: int, seed: int) 
 def sft_conversations(n: int, system: str, replies: dict[str, str], seed: int = 0) -> list[list[dict]]:
     """``n`` training conversations: ``TOOL_MIX`` (train split) through the calculator and ``CHAT_SHARE`` of
     plain chat, shuffled."""
-    convs = []
+    convs, scale = [], (1 - CHAT_SHARE) / sum(share for *_, share in TOOL_MIX)  # TOOL_MIX's shares are relative
     for skill, difficulty, share in TOOL_MIX:
-        convs += [tool_conversation(i, system)
-                  for i in generate(skill, "train", max(1, int(n * share)), seed=seed, difficulty=difficulty)]
+        convs += [tool_conversation(i, system) for i in generate(skill, "train", max(1, int(n * share * scale)),
+                                                                 seed=seed, difficulty=difficulty)]
     convs += chat_conversations(replies, system, n - len(convs), seed)
     random.Random(seed).shuffle(convs)
     return convs
@@ -137,14 +155,16 @@ def common_prefix(prompts: list[list[int]]) -> int:
     return max(n, 0)
 
 
-def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[tuple[str, bool]]:
+def replies(model, tok, prompts: list[list[int]], cap: int, stop: int, temperature: float = 0.0,
+            seed: int = 0) -> list[tuple[str, bool]]:
     """``(text, ended)`` of each prompt's greedy reply, at most ``cap`` tokens, stopped at ``stop`` (the end of
     turn; not in the text).
 
     The prompts share a long prefix -- the system turn, with the calculator offered ~180 tokens of the ~220 --
     so it is prefilled once and its keys and values copied into the cache of each batch; a batch holds prompts
-    whose rest has one length (no padding), at most ``BATCH``. Greedy, so each reply is the one
-    ``generate_batch`` gives, but for float rounding (tests/tasks/test_tool_sft.py holds them equal)."""
+    whose rest has one length (no padding), at most ``BATCH``. Greedy (``temperature`` 0), each reply is the one
+    ``generate_batch`` gives, but for float rounding (tests/tasks/test_tool_sft.py holds them equal); above 0,
+    sampled at ``temperature`` from a generator seeded with ``seed``."""
     import torch
 
     from decoderlab.attention import KVCache
@@ -154,8 +174,9 @@ def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[t
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault(len(p) - shared, []).append(i)
-    if len(groups) * MIN_GROUP > len(prompts):  # rests of many lengths: small batches would cost more than the
-        return _replies_padded(model, tok, prompts, cap, stop)  # prefix saves (a decode step reads every weight)
+    if len(groups) * MIN_GROUP > len(prompts) and not temperature:  # rests of many lengths: small batches would
+        return _replies_padded(model, tok, prompts, cap, stop)  # cost more than the prefix saves
+    generator = torch.Generator().manual_seed(seed)
     head = KVCache(n_layer, max(shared, 1))
     if shared:
         model(torch.tensor([prompts[0][:shared]]), cache=head)
@@ -172,7 +193,7 @@ def replies(model, tok, prompts: list[list[int]], cap: int, stop: int) -> list[t
                     mine.v[:, :, :shared] = theirs.v[:, :, :shared]
                 cache.length = shared
             logits = model(torch.tensor([prompts[i][shared:] for i in chunk]), cache=cache, last_only=True)
-            for i, (ids, ended) in zip(chunk, _decode(model, cache, logits, cap, stop)):
+            for i, (ids, ended) in zip(chunk, _decode(model, cache, logits, cap, stop, temperature, generator)):
                 out[i] = (tok.decode(ids), ended)
     return out
 
@@ -188,14 +209,20 @@ def _replies_padded(model, tok, prompts, cap: int, stop: int) -> list[tuple[str,
     return out
 
 
-def _decode(model, cache, logits, cap: int, stop: int) -> list[tuple[list[int], bool]]:
-    """Greedy steps from the prefill's ``logits`` (B, 1, V) until every row has met ``stop`` or ``cap`` tokens."""
+def _decode(model, cache, logits, cap: int, stop: int, temperature: float = 0.0,
+            generator=None) -> list[tuple[list[int], bool]]:
+    """Steps from the prefill's ``logits`` (B, 1, V) until every row has met ``stop`` or ``cap`` tokens: greedy, or
+    sampled at ``temperature`` (> 0) from ``generator``."""
     import torch
 
     rows = [[] for _ in range(logits.size(0))]
     ended = [False] * len(rows)
     for step in range(cap):
-        nxt = logits[:, -1].argmax(-1)
+        if temperature:
+            probs = torch.softmax(logits[:, -1].float() / temperature, -1)
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            nxt = logits[:, -1].argmax(-1)
         for r, t in enumerate(nxt.tolist()):
             if not ended[r] and len(rows[r]) < cap:
                 if t == stop:
@@ -257,7 +284,7 @@ def calculator_on(model, tok, template, questions: list[str], system: str) -> li
     return out
 
 
-def score_rows(model, tok, template, items: dict, system: str) -> dict:
+def score_rows(model, tok, template, items: dict, system: str, modes=("off", "on")) -> dict:
     """Every row's questions, the calculator off (the plain prompt) and on: ``{label: {"off": {...}, "on":
     {...}}}``, each with per-question ``right`` (the ``number`` reward: the reply's last number is the answer),
     ``replies`` and ``ended``; ``on`` also ``called`` and ``expression_right`` (the first call's result is the
@@ -266,21 +293,25 @@ def score_rows(model, tok, template, items: dict, system: str) -> dict:
 
     number, eot, out = load_reward("number"), template.end_of_turn_id(tok), {}
     for label, its in items.items():
-        plain = [template.render([{"role": "user", "content": i.question}], tok, add_generation_prompt=True)[0]
-                 for i in its]
-        off = [{"reply": r, "ended": e} for r, e in replies(model, tok, plain, CAP, eot)]
-        on = calculator_on(model, tok, template, [i.question for i in its], system)
-        row = {}
-        for mode, got in (("off", off), ("on", on)):
+        got, row = {}, {}
+        if "off" in modes:
+            plain = [template.render([{"role": "user", "content": i.question}], tok, add_generation_prompt=True)[0]
+                     for i in its]
+            got["off"] = [{"reply": r, "ended": e} for r, e in replies(model, tok, plain, CAP, eot)]
+        if "on" in modes:
+            got["on"] = calculator_on(model, tok, template, [i.question for i in its], system)
+        for mode, g_ in got.items():
             row[mode] = {"right": [int(number(g["reply"], {"reference": i.answer}, g["ended"]) == 1)
-                                   for g, i in zip(got, its)],
-                         "replies": [g["reply"] for g in got], "ended": [g["ended"] for g in got]}
-        row["on"]["called"] = [bool(g["calls"]) for g in on]
-        row["on"]["calls"] = [g["calls"] for g in on]
-        row["on"]["expression_right"] = [bool(g["calls"]) and g["calls"][0][1] == i.answer for g, i in zip(on, its)]
+                                   for g, i in zip(g_, its)],
+                         "replies": [g["reply"] for g in g_], "ended": [g["ended"] for g in g_]}
+        if "on" in got:
+            on = got["on"]
+            row["on"]["called"] = [bool(g["calls"]) for g in on]
+            row["on"]["calls"] = [g["calls"] for g in on]
+            row["on"]["expression_right"] = [bool(g["calls"]) and g["calls"][0][1] == i.answer
+                                             for g, i in zip(on, its)]
         out[label] = row
-        print(f"  {label}: off {sum(row['off']['right'])}/{len(its)}, on {sum(row['on']['right'])}/{len(its)} "
-              f"({sum(row['on']['called'])} called)", flush=True)
+        print(f"  {label}: " + ", ".join(f"{m} {sum(r['right'])}/{len(its)}" for m, r in row.items()), flush=True)
     return out
 
 
@@ -296,13 +327,13 @@ def france(model, tok, template) -> dict:
     return {"off": off, "on": turn.content, "on_calls": [c.arguments for c in turn.calls]}
 
 
-def chat_replies(model, tok, template) -> dict[str, str]:
-    """The base's greedy replies to ``CHAT_PROMPTS`` (plain prompt), cut at the last full sentence when they ran
-    past ``CHAT_CAP``; a reply with no full sentence is dropped."""
+def chat_replies(model, tok, template, prompts=CHAT_PROMPTS) -> dict[str, str]:
+    """The base's greedy replies to ``prompts`` (plain prompt), cut at the last full sentence when they ran past
+    ``CHAT_CAP``; a reply with no full sentence is dropped."""
     plain = [template.render([{"role": "user", "content": p}], tok, add_generation_prompt=True)[0]
-             for p in CHAT_PROMPTS]
+             for p in prompts]
     out = {}
-    for p, (text, ended) in zip(CHAT_PROMPTS, replies(model, tok, plain, CHAT_CAP, template.end_of_turn_id(tok))):
+    for p, (text, ended) in zip(prompts, replies(model, tok, plain, CHAT_CAP, template.end_of_turn_id(tok))):
         text = text.strip()
         if not ended:
             text = text[:text.rfind(".") + 1]
@@ -348,12 +379,129 @@ def sft(args, base: str, out: Path, convs: list, val: list) -> dict:
 
     budget = budget_callback(args.sft_minutes * 60, args.eval_every)
     finetune(convs, val_data=val, checkpoint=base, out=out, lora=lora_settings(args.lora_rank, args.lora_alpha),
+             dtype=args.dtype,
              train_config=TrainConfig(max_steps=args.max_steps, batch_size=args.batch, lr=args.lr, min_lr=args.lr,
                                       warmup=args.warmup, eval_every=args.eval_every, val_batch_size=len(val),
                                       log_every=args.eval_every),
              eval_prompts=0, callbacks=[budget], progress_bar="plain", logger=False, accelerator="cpu")
     return {"steps": budget.steps, "cpu_s_per_step": round(budget.cpu_s / max(budget.steps, 1), 1),
             "conversations": budget.steps * args.batch}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RL on the row with the most room, and its equal-compute control
+# ---------------------------------------------------------------------------------------------------------
+
+
+def messages_of(item, mode: str, system: str) -> list[dict]:
+    """``item``'s prompt: the question alone (the calculator ``off``) or after ``system`` (``on``: offered)."""
+    head = [{"role": "system", "content": system}] if mode == "on" else []
+    return head + [{"role": "user", "content": item.question}]
+
+
+def tool_reward(reply: str, row: dict, ended: bool) -> float:
+    """The reward of a first reply, the calculator offered or not: with a call, 1.0 when the first call's result
+    (the calculator run on its arguments) is ``row["reference"]`` -- the answer after the result copies it (the
+    card: every right call but a few misquotes) -- and without one, the ``number`` reward (the reply's last
+    number is the reference). A one-turn rollout thus scores the calculator path without a tool round."""
+    from decoderlab.chat import parse_hermes_calls
+    from decoderlab.reinforcement.rewards import load_reward
+
+    _, calls = parse_hermes_calls(reply)
+    if calls:
+        return float(run_calls(calls[:1])[0] == str(row["reference"]))
+    return load_reward("number")(reply, row, ended)
+
+
+def room(model, tok, template, system: str, seed: int = 7) -> dict:
+    """Each of ``ROOM_ROWS``' pass@1 and pass@k (``ROOM_K`` samples at temperature 1 of ``ROOM_QUESTIONS`` train
+    questions, scored by :func:`tool_reward`) and its room, pass@k - pass@1: what RL can lift by making a right
+    sample the likely one."""
+    from decoderlab.chat import tools_template
+    from decoderlab.reportcard import row_label
+
+    out = {}
+    for skill, d, mode in ROOM_ROWS:
+        its = generate(skill, "train", ROOM_QUESTIONS, seed=seed, difficulty=d)
+        t = tools_template(template) if mode == "on" else template
+        prompts = [t.render(messages_of(i, mode, system), tok, add_generation_prompt=True)[0] for i in its]
+        got = replies(model, tok, [p for p in prompts for _ in range(ROOM_K)], CAP, t.end_of_turn_id(tok),
+                      temperature=1.0, seed=seed)
+        right = [[tool_reward(text, {"reference": i.answer}, ended) for text, ended in got[k * ROOM_K:][:ROOM_K]]
+                 for k, i in enumerate(its)]
+        p1 = sum(sum(r) / ROOM_K for r in right) / len(its)
+        pk = sum(max(r) for r in right) / len(its)
+        out[f"{row_label(skill, d)} | {mode}"] = {"skill": skill, "difficulty": d, "mode": mode, "pass1": p1,
+                                                  "passk": pk, "room": pk - p1}
+        print(f"  room {row_label(skill, d)}, calculator {mode}: pass@1 {p1:.2f}, pass@{ROOM_K} {pk:.2f}", flush=True)
+    return out
+
+
+def rl_row(args, out: Path) -> dict:
+    """The RL row: ``--rl-row skill:difficulty:mode`` or the one of ``out/room.json`` with the most room."""
+    if args.rl_row:
+        skill, d, mode = args.rl_row.split(":")
+        return {"skill": skill, "difficulty": int(d), "mode": mode}
+    rooms = json.loads((out / "room.json").read_text())["rows"]
+    return max(rooms.values(), key=lambda r: r["room"])
+
+
+def rl_stage(args, out: Path, system: str, row: dict) -> dict:
+    """GRPO with LoRA from the SFT run (``out/sft``) on ``--rl-prompts`` train questions of ``row``, rewarded by
+    :func:`tool_reward`, with a KL penalty (``--kl-coef``) to the SFT model so the rows it does not train hold;
+    until ``--rl-minutes`` of CPU time. Returns the steps and CPU seconds."""
+    from decoderlab.config.rl import RLConfig
+    from decoderlab.lora import lora_settings
+    from decoderlab.reinforcement import rl
+    from decoderlab.training import TrainConfig
+
+    its = generate(row["skill"], "train", args.rl_prompts, seed=11, difficulty=row["difficulty"])
+    prompts = [{"messages": messages_of(i, row["mode"], system), "reference": i.answer} for i in its]
+    budget = budget_callback(args.rl_minutes * 60, args.rl_eval_every)
+    rl(prompts, out=out / "rl", checkpoint=out / "sft", reward=tool_reward,
+       rl_config=RLConfig(group_size=ROOM_K, max_new_tokens=CAP, temperature=1.0, kl_coef=args.kl_coef),
+       train_config=TrainConfig(max_steps=args.max_steps, batch_size=args.rl_batch, lr=args.rl_lr, min_lr=args.rl_lr,
+                                warmup=0, eval_every=args.rl_eval_every, log_every=args.rl_eval_every),
+       lora=lora_settings(args.lora_rank, args.lora_alpha), callbacks=[budget], progress_bar="plain", logger=False,
+       accelerator="cpu")
+    return {"steps": budget.steps, "cpu_s": round(budget.cpu_s, 1), "prompts": budget.steps * args.rl_batch}
+
+
+def control_stage(args, out: Path, system: str, row: dict, cpu_s: float) -> dict:
+    """The equal-compute control: more LoRA SFT from ``out/sft`` on the references of the RL row's train
+    questions (the RL run's prompts, answered ``EXPRESSION = RESULT.``, through the calculator when it is on),
+    for ``cpu_s`` of CPU time (the RL run's)."""
+    from decoderlab.finetuning import finetune
+    from decoderlab.lora import lora_settings
+    from decoderlab.training import TrainConfig
+
+    its = generate(row["skill"], "train", args.rl_prompts, seed=11, difficulty=row["difficulty"])
+    convs = [tool_conversation(i, system) if row["mode"] == "on" else messages_of(i, "off", system) + [
+        {"role": "assistant", "content": f"{expression_of(i.question)} = {i.answer}."}] for i in its]
+    budget = budget_callback(cpu_s, args.rl_eval_every)
+    finetune(convs[8:], val_data=convs[:8], checkpoint=out / "sft", out=out / "control",
+             lora=lora_settings(args.lora_rank, args.lora_alpha), dtype=args.dtype,
+             train_config=TrainConfig(max_steps=args.max_steps, batch_size=args.batch, lr=args.lr / 2,
+                                      min_lr=args.lr / 2, warmup=0, eval_every=args.rl_eval_every,
+                                      val_batch_size=8, log_every=args.rl_eval_every),
+             eval_prompts=0, callbacks=[budget], progress_bar="plain", logger=False, accelerator="cpu")
+    return {"steps": budget.steps, "cpu_s": round(budget.cpu_s, 1), "conversations": budget.steps * args.batch}
+
+
+def score_stage(args, out: Path, name: str, items: dict, system: str, clock, modes=("off", "on")) -> dict:
+    """``out/NAME``'s (``sft``, ``rl``, ``control``; ``base``: the GGUF file) greedy scores on ``items``, the
+    calculator in ``modes``."""
+    import torch
+
+    from decoderlab.chat import load_model
+
+    torch.set_num_threads(args.eval_threads)
+    if name == "base":
+        model, tok, template = load_chat_base(args.base)
+    else:
+        model, tok, template, _ = load_model(out / name)
+    with torch.no_grad():
+        return clock.run(f"{name} card", score_rows, model.eval(), tok, template, items, system, modes)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -376,6 +524,34 @@ def difference(first: list[int], second: list[int]) -> str:
                         sum(not a and not b for a, b in zip(first, second)))
     d, lo, hi = paired_interval(table)
     return f"{100 * d:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+
+
+def rl_markdown(out: Path, rl_label: str, row: dict) -> str:
+    """The RL table: every row the SFT, RL and control models were scored on (the card's rows, both modes, and
+    the RL row in its mode), each ``k/n = p% [Wilson]``, RL - SFT, control - SFT and RL - control with their
+    paired 95% intervals; then the room measured and the stages' costs."""
+    sft_, base_row = json.loads((out / "sft.json").read_text()), json.loads((out / "rlrow.json").read_text())
+    rl_, ctl = (json.loads((out / f"{s}.json").read_text()) for s in ("rl", "control"))
+    sft_scores = {**sft_["scores"], rl_label: base_row["scores"]["sft"][rl_label]}
+    lines = ["| held-out row | calculator | SFT | RL | control | RL - SFT | control - SFT | RL - control |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, row_ in rl_["scores"].items():
+        for mode in row_:
+            s, r, c = sft_scores[label][mode]["right"], row_[mode]["right"], ctl["scores"][label][mode]["right"]
+            lines.append(f"| {label} | {mode} | {cell(s)} | {cell(r)} | {cell(c)} | {difference(s, r)} | "
+                         f"{difference(s, c)} | {difference(c, r)} |")
+    b = base_row["scores"]["base"][rl_label][row["mode"]]["right"]
+    lines += ["", f"base on the RL row: {cell(b)}"]
+    if (out / "room.json").is_file():
+        lines += ["", "| row (train questions, SFT model) | calculator | pass@1 | pass@8 | room |", "|---|---|---|---|---|"]
+        lines += [f"| {k.split(' | ')[0]} | {v['mode']} | {v['pass1']:.2f} | {v['passk']:.2f} | {v['room']:.2f} |"
+                  for k, v in json.loads((out / "room.json").read_text())["rows"].items()]
+    lines += ["", f"RL: {rl_['trained']}; control: {ctl['trained']}", "", "| stage | wall s | CPU-min |",
+              "|---|---|---|"]
+    for rec in (json.loads((out / "room.json").read_text()) if (out / "room.json").is_file() else {},
+                rl_, ctl, base_row):
+        lines += [f"| {k} | {v['wall_s']:.0f} | {v['cpu_s'] / 60:.1f} |" for k, v in rec.get("stages", {}).items()]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(scores: dict, chat: dict, record: dict) -> str:
@@ -418,8 +594,24 @@ def parse(argv=None):
                                                   "checkpoint whose template is SmolLM2's ChatML)")
     ap.add_argument("--out", default="runs/real")
     ap.add_argument("--sft-record", default="{}", help="with --stage sft-card: the SFT run's costs (JSON)")
-    ap.add_argument("--stage", choices=("all", "base", "sft", "sft-card", "card"), default="all",
-                    help="base / sft: one stage (its JSON in --out; the two may run at once); card: join them")
+    ap.add_argument("--stage", choices=("all", "base", "sft", "sft-card", "card", "room", "rl", "control",
+                                        "rl-card"), default="all",
+                    help="base / sft: one stage (its JSON in --out; the two may run at once); card: join them; "
+                         "room: the SFT model's pass@1 and pass@8 on train questions; rl / control: GRPO on the "
+                         "row with the most room and the equal-compute SFT, each scored; rl-card: their table")
+    ap.add_argument("--rl-row", default="", help="skill:difficulty:on|off (default: the most room in room.json)")
+    ap.add_argument("--rl-minutes", type=float, default=12.0, help="RL's CPU-time budget (the control's too)")
+    ap.add_argument("--rl-prompts", type=int, default=400, help="train questions of the RL row")
+    ap.add_argument("--rl-batch", type=int, default=4, help="prompts per RL step (each sampled 8 times)")
+    ap.add_argument("--rl-lr", type=float, default=2e-4)
+    ap.add_argument("--kl-coef", type=float, default=0.05, help="the KL penalty to the SFT model")
+    ap.add_argument("--rl-eval-every", type=int, default=5)
+    ap.add_argument("--rl-questions", type=int, default=400, help="held-out questions of the RL row")
+    ap.add_argument("--trained", default="", help="with --stage rl / control: score the run's last export only, "
+                                                   "recording these costs (JSON: a run stopped by hand)")
+    ap.add_argument("--card-modes", default="off,on", help="the calculator modes the RL and control models are "
+                                                          "scored in on the card's rows (off,on; off alone saves "
+                                                          "the calculator's second round)")
     ap.add_argument("--questions", type=int, default=MIN_QUESTIONS,
                     help=f"held-out questions per row (at least {MIN_QUESTIONS})")
     ap.add_argument("--train-conversations", type=int, default=1200, help="conversations generated for SFT (more "
@@ -433,6 +625,9 @@ def parse(argv=None):
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--threads", type=int, default=1, help="PyTorch threads of SFT")
+    ap.add_argument("--dtype", choices=("auto", "float32"), default="float32",
+                    help="the frozen base under the adapters: float32 (dequantized; a step ~1.45x faster than "
+                         "auto on AVX2) or auto (the GGUF file's blocks, the file's memory)")
     ap.add_argument("--eval-threads", type=int, default=2, help="PyTorch threads of the scoring (greedy replies)")
     args = ap.parse_args(argv)
     if args.questions < MIN_QUESTIONS:
@@ -478,12 +673,13 @@ def sft_stage(args, out: Path, items: dict) -> dict:
     clock = Clock()
     model, tok, template = load_chat_base(args.base)
     system = tool_system(template)
-    if (out / "chat.json").is_file():
-        replies_ = json.loads((out / "chat.json").read_text())
-    else:
+    replies_ = json.loads((out / "chat.json").read_text()) if (out / "chat.json").is_file() else {}
+    missing = [p for p in CHAT_PROMPTS if p not in replies_]  # (a reply the base did not finish stays missing)
+    if missing:
         with torch.no_grad():
-            replies_ = clock.run("chat replies", chat_replies, model, tok, template)
+            replies_.update(clock.run("chat replies", chat_replies, model, tok, template, missing))
         (out / "chat.json").write_text(json.dumps(replies_))
+    replies_ = {p: r for p, r in replies_.items() if p in CHAT_PROMPTS}
     del model
     convs = sft_conversations(args.train_conversations, system, replies_, seed=0)
     val = sft_conversations(4, system, replies_, seed=1)
@@ -533,6 +729,8 @@ def main(argv=None) -> int:
         clock.stages.update(given.pop("stages", {}))
         trained = {"steps": meta["step"], "conversations": meta["step"] * args.batch, **given}
         sft_card(args, out, items, tool_system(template), clock, trained)
+    if args.stage in ("room", "rl", "control", "rl-card"):
+        return rl_stages(args, out, items)
     if args.stage not in ("all", "card"):
         return 0
     base, tuned = (json.loads((out / f"{s}.json").read_text()) for s in ("base", "sft"))
@@ -543,6 +741,51 @@ def main(argv=None) -> int:
     (out / "card.md").write_text(text, encoding="utf-8")
     (out / "card.json").write_text(json.dumps({**record, "scores": scores, "france": chat,
                                                "questions": {k: [i.question for i in v] for k, v in items.items()}}))
+    print(text)
+    return 0
+
+
+def rl_stages(args, out: Path, items: dict) -> int:
+    """``--stage room``: ``out/room.json``; ``rl`` / ``control``: train, then score on the card's rows and the RL
+    row (``out/rl.json``, ``out/control.json``); ``rl-card``: the base and SFT on the RL row, and the table
+    (``out/rl-card.md``)."""
+    import torch
+
+    from decoderlab.chat import load_model
+    from decoderlab.reportcard import row_label
+
+    clock = Clock()
+    system = tool_system(load_chat_base(args.base)[2])
+    if args.stage == "room":
+        torch.set_num_threads(args.eval_threads)
+        model, tok, template, _ = load_model(out / "sft")
+        with torch.no_grad():
+            rows = clock.run("room", room, model.eval(), tok, template, system)
+        (out / "room.json").write_text(json.dumps({"rows": rows, "stages": clock.stages}))
+        return 0
+    row = rl_row(args, out)
+    label = f"{row_label(row['skill'], row['difficulty'])} (RL row)"
+    rl_items = {label: generate(row["skill"], "held-out", args.rl_questions, seed=0, difficulty=row["difficulty"])}
+    if args.stage in ("rl", "control"):
+        torch.set_num_threads(args.threads)
+        if args.trained:  # a run stopped by hand: its last export scored, with the costs its log gave
+            trained = json.loads(args.trained)
+        elif args.stage == "rl":
+            trained = clock.run("rl", rl_stage, args, out, system, row)
+        else:  # the same CPU-time budget as RL's (both stop at the first export after it): the two may run at once
+            trained = clock.run("control", control_stage, args, out, system, row, args.rl_minutes * 60)
+        record = {"row": row, "trained": trained, "scores": {}, "stages": clock.stages}
+        for group, modes in ((rl_items, (row["mode"],)), *(({k: v}, args.card_modes.split(",")) for k, v in
+                                                            items.items())):
+            record["scores"].update(score_stage(args, out, args.stage, group, system, clock, modes))
+            (out / f"{args.stage}.json").write_text(json.dumps(record))  # each row as it is scored
+        return 0
+    if not (out / "rlrow.json").is_file():
+        scores = {name: score_stage(args, out, name, rl_items, system, clock, (row["mode"],))
+                  for name in ("base", "sft")}
+        (out / "rlrow.json").write_text(json.dumps({"scores": scores, "stages": clock.stages}))
+    text = rl_markdown(out, label, row)
+    (out / "rl-card.md").write_text(text, encoding="utf-8")
     print(text)
     return 0
 

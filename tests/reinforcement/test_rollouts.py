@@ -166,3 +166,17 @@ def test_a_jinja_template_gives_the_rows_of_the_built_in_template_it_writes():
     assert runs[0].rewards == runs[1].rewards and runs[0].replies == runs[1].replies and runs[0].tokens
     for (x0, y0, a0), (x1, y1, a1) in zip(runs[0].micro_batches, runs[1].micro_batches):
         assert torch.equal(x0, x1) and torch.equal(y0, y1) and torch.equal(a0, a1)
+
+
+def test_a_pad_token_that_is_the_end_of_turn_is_still_sampled(monkeypatch):
+    """SmolLM2's <PAD> and <EOS> are both <|im_end|>, its end of turn: suppressing <PAD> ran every reply to its
+    cap (end of turn 0%). The end of turn stays sampleable; a <PAD> or <EOS> that is another token does not."""
+    model, tok = letter_model(max_len=9)
+    reward = load_reward("regex")
+    eot = DL.end_of_turn_id(tok)
+    plain = RolloutSampler(letter_prompts(reward), tok, DL, reward, RLConfig(group_size=2), max_len=9, batch_size=2)
+    assert eot not in plain.suppress and tok.pad_id in plain.suppress
+    monkeypatch.setattr(type(tok), "pad_id", property(lambda self: eot))
+    smol = RolloutSampler(letter_prompts(reward), tok, DL, reward, RLConfig(group_size=2), max_len=9, batch_size=2)
+    assert eot not in smol.suppress and smol.row_params(4, 0).suppress_tokens == tuple(smol.suppress)
+    assert tok.eos_id in smol.suppress or tok.eos_id == eot

@@ -111,3 +111,45 @@ def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real,
                                 tokenizer=tok)
     assert [text for text, _ in ours] == [tok.decode(ids) for ids in theirs]
     assert [ended for _, ended in ours] == [len(ids) < 12 for ids in theirs]
+
+
+def test_the_tool_reward_scores_the_first_call_or_else_the_last_number(recipe_real):
+    row = {"reference": "373"}
+    call = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+    assert recipe_real.tool_reward(call.format("24 * 17 - 35"), row, True) == 1.0
+    assert recipe_real.tool_reward(call.format("24 * 17 + 35"), row, True) == 0.0  # the call computes 443
+    assert recipe_real.tool_reward(call.format("24 * 17 - 35") + call.format("1 + 1"), row, True) == 1.0
+    assert recipe_real.tool_reward("<tool_call>{not json</tool_call> 373", row, True) == 0.0  # a broken call
+    assert recipe_real.tool_reward("24 * 17 - 35 = 373.", row, True) == 1.0  # answered without the calculator
+    assert recipe_real.tool_reward("It is 372.", row, True) == 0.0
+
+
+def test_sampled_replies_are_seeded_and_rl_and_its_control_start_from_the_lora_sft_run(recipe_real, smollm2_gguf,
+                                                                                       tmp_path):
+    """The room's samples repeat with their seed; GRPO with LoRA and the equal-compute SFT both continue a LoRA
+    SFT run of the GGUF base (one step each here), and each run loads as a chat checkpoint."""
+    import torch
+
+    _, tok, template, _ = load_model(smollm2_gguf)
+    system = recipe_real.tool_system(template)
+    convs = recipe_real.sft_conversations(8, system, {"Hi!": "Hello! How can I help?"}, seed=0)
+    finetune(convs, out=tmp_path / "sft", checkpoint=smollm2_gguf, lora=lora_settings(4), dtype="float32",
+             train_config=tiny_cfg(max_steps=1, batch_size=4), val_fraction=0, eval_prompts=0, progress_bar=False,
+             logger=False, accelerator="cpu")
+    sft = load_model(tmp_path / "sft")
+    prompts = [sft.template.render([{"role": "user", "content": "What is 12 + 7?"}], tok,
+                                   add_generation_prompt=True)[0]] * 3
+    eot = sft.template.end_of_turn_id(tok)
+    with torch.no_grad():
+        first, again = (recipe_real.replies(sft.model.eval(), tok, prompts, 8, eot, temperature=1.0, seed=3)
+                        for _ in range(2))
+    assert first == again and len(set(first)) > 1  # the seed fixes the samples; the rows differ
+    args = recipe_real.parse(["--base", str(smollm2_gguf), "--max-steps", "1", "--rl-eval-every", "1",
+                              "--rl-prompts", "12", "--rl-batch", "2", "--batch", "2", "--lora-rank", "4"])
+    row = {"skill": "addition", "difficulty": 2, "mode": "off"}
+    assert recipe_real.rl_stage(args, tmp_path, system, row)["steps"] == 1
+    assert recipe_real.control_stage(args, tmp_path, system, row, 0.0)["steps"] == 1
+    for name in ("rl", "control"):
+        run = load_model(tmp_path / name)
+        assert run.template.name == "chatml-tools"
+        assert json.loads((tmp_path / name / "run.json").read_text())["base"] == str((tmp_path / "sft").resolve())

@@ -73,7 +73,9 @@ class RolloutSampler:
         self.eot = self.template.end_of_turn_id(tokenizer)
         self.pad = _pad_id(tokenizer, self.eot)
         eos = tokenizer.eos_id
-        self.suppress = sorted({t for t in (tokenizer.pad_id, eos if eos != self.eot else None) if t is not None})
+        # <PAD> and <EOS> are never sampled -- unless one is the end of turn (SmolLM2's pad and eos are <|im_end|>):
+        # suppressing it would run every reply to its cap
+        self.suppress = sorted({t for t in (tokenizer.pad_id, eos) if t is not None and t != self.eot})
         self.prompt_ids, self.caps = [], []
         for p in self.prompts:
             ids, _ = self.template.render(p.messages, tokenizer, add_generation_prompt=True)
