@@ -244,8 +244,8 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
         state.update({k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("packed_")})
     state = {k: v.to(target) for k, v in state.items()}
     halves = [k for k, t in state.items() if t.dtype in HALF]  # a float file's 16-bit matrices, kept as they are
-    for k in halves:  # (load_weights casts to the parameter's dtype)
-        model.get_parameter(k).data = torch.empty(state[k].shape, dtype=state[k].dtype)
+    for k in halves:  # (load_weights casts to the parameter's dtype: give it theirs, as a view of one element)
+        model.get_parameter(k).data = torch.empty((), dtype=state[k].dtype).expand(state[k].shape)
     load_weights(model, state, source=str(contents.info.path), assign=True)
     if halves:
         use_half_weights(model)
