@@ -30,6 +30,35 @@ def test_verify_agrees_to_1e5_on_every_preset_family(name, variant):
     assert rep.step("logits").shape == (2, ids.size(1), m.config.num_tokens)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_model_is_checked_on_its_weights_in_float32_and_its_drift_said(dtype):
+    """``--dtype bfloat16``: the arithmetic on the 16-bit weights passes at float32's tolerance (the 16-bit pass
+    alone fails it: its rounding is the format's, not a fault), the note gives that pass's drift, and the model
+    itself is left in its dtype."""
+    m = small_model("baby-shakespeare")
+    ids = torch.arange(12) % m.config.num_tokens
+    m.to(dtype)
+    rep = dl.verify(m, ids)
+    assert rep.ok and not rep.overflow, rep.table()
+    assert rep.dtype == str(dtype).removeprefix("torch.")
+    assert f"the pass here in float32; the {rep.dtype} pass drifts from float64 by up to" in rep.note
+    assert next(m.parameters()).dtype == dtype
+    drift = float(rep.note.split("by up to ")[1].split(" ")[0])
+    assert 1e-5 < drift < 0.1  # the rounding is there, and it is the format's size
+
+
+def test_a_float16_pass_that_overflows_fails_naming_the_step():
+    m = small_model("baby-shakespeare")
+    ids = torch.arange(12) % m.config.num_tokens
+    with torch.no_grad():
+        m.blocks[0].attention.proj.weight.mul_(1.5e6)  # weights under 65,504 (float16's largest), outputs past it
+    m.to(torch.float16)
+    rep = dl.verify(m, ids)
+    assert all(s.ok for s in rep.steps)  # the float32 arithmetic on these weights is right
+    assert not rep.ok and rep.overflow.startswith("layer 0"), rep.note
+    assert f"overflows on this text (at {rep.overflow})" in rep.note
+
+
 def test_verify_catches_a_wrong_step():
     """A model whose attention output is off by 1e-3 fails at exactly that step (the check can fail)."""
     m = small_model("baby-shakespeare")

@@ -32,7 +32,10 @@ def cmd_verify(args) -> int:
     model, tok, _, _ = load_model(args)
     report = verify(model, args.text, tol=args.tol, tokenizer=tok)
     print(report.table())
-    if not report.ok:
+    if report.overflow:
+        print(f"decoderlab: error: verify failed: the {report.dtype} pass overflows at {report.overflow}; use "
+              f"--dtype bfloat16 or float32", file=sys.stderr)
+    elif not report.ok:
         print(f"decoderlab: error: verify failed: some steps differ from the float64 reference by more than "
               f"--tol {args.tol}", file=sys.stderr)
     return 0 if report.ok else FAILED

@@ -5,6 +5,7 @@ the model's own float32 (or other dtype) numbers from :func:`~decoderlab.glassbo
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -316,12 +317,15 @@ class VerifyReport:
     steps: list[VerifyStep]
     tol: float
     dtype: str = "float32"
-    #: a line after the table (a block model: how its products ran here and how they run when decoding)
+    #: lines after the table (a block model: how its products ran here and how they run when decoding; a 16-bit
+    #: model: the drift of its own pass)
     note: str = ""
+    #: a 16-bit model whose own pass overflows on this text: the first step that does ("" when none; not ok)
+    overflow: str = ""
 
     @property
     def ok(self) -> bool:
-        return all(s.ok for s in self.steps)
+        return all(s.ok for s in self.steps) and not self.overflow
 
     @property
     def max_abs_diff(self) -> float:
@@ -344,12 +348,18 @@ class VerifyReport:
         bad = [s.name for s in self.steps if not s.ok]
         lines.append(
             f"{len(self.steps)} steps, {self.dtype} model vs float64 NumPy, tolerance {self.tol:g} "
-            f"(x max(1, max |ref|)): " + ("all ok" if not bad else f"{len(bad)} FAILED: {', '.join(bad)}")
+            f"(x max(1, max |ref|)): " + ("all ok" if not bad else f"{len(bad)} FAILED: {_first(bad)}")
         )
         return "\n".join(lines + [self.note] * bool(self.note))
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _first(names: list[str], shown: int = 8) -> str:
+    """The failed steps for the summary line: the first ``shown`` (the earliest is where a fault starts; the
+    table above lists every step), then how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyReport:
@@ -359,7 +369,9 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
         model: a ``DecoderOnlyTransformer``; with block-quantized weights (``q8_0`` ... ``q6_k``) the
             reference takes their dequantized values (the quantization changed the weights; what is checked is
             the arithmetic done with them: the block products run on the dequantized weights here, and the report's
-            note says which activation blocks the kernels quantize to when decoding).
+            note says which activation blocks the kernels quantize to when decoding); cast whole to bfloat16 or
+            float16, a float32 copy computes on its 16-bit weights and the note gives the 16-bit pass's own drift
+            (the report is not ok when that pass overflows: ``.overflow`` names the step).
         token_ids: ids (T,) or (B, T) (tensor or list), or a text when ``tokenizer`` is given.
         tol: tolerance; a step passes when max |diff| <= tol * max(1, max |NumPy value|).
 
@@ -372,10 +384,30 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
     if not (isinstance(tol, (int, float)) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     model = unwrap(model)
+    rounding = _rounding_dtype(model)
+    # a model cast whole to 16 bits rounds every activation too: its error grows through the layers (up to a
+    # quarter of a step's largest value in bfloat16, measured on SmolLM2), so no tolerance separates a fault from
+    # the format. What is checked is the arithmetic on its 16-bit weights, in float32, as for block models.
+    checked = copy.deepcopy(model).float() if rounding is not None else model
     with dequantized_products():  # the arithmetic with the dequantized weights, as the reference computes it
-        tr = trace(model, token_ids, tokenizer=tokenizer)
+        tr = trace(checked, token_ids, tokenizer=tokenizer)
     ref = numpy_forward(model, tr.token_ids)
-    ours = _torch_steps(tr)
+    steps = _compare(ref, _torch_steps(tr), tol)
+    notes = []
+    quantized = activation_types(model)
+    if quantized:
+        notes.append(f"block products here: F.linear on the dequantized weights; when decoding, decoderlab.kernels "
+                     f"quantize their activations to {' / '.join(quantized)} blocks as ggml does (not checked here)")
+    overflow = ""
+    if rounding is not None:
+        note, overflow = _rounding_note(model, tr.token_ids, ref, rounding)
+        notes.append(note)
+    return VerifyReport(steps=steps, tol=float(tol), dtype=weights_said(model), note="\n".join(notes),
+                        overflow=overflow)
+
+
+def _compare(ref, ours, tol: float) -> list[VerifyStep]:
+    """One :class:`VerifyStep` per step: ``ref`` and ``ours`` are ``[(name, value)]`` in the same order."""
     assert [n for n, _ in ref] == [n for n, _ in ours], "step lists differ"  # same recipe on both sides
     steps = []
     for (name, r), (_, o) in zip(ref, ours):
@@ -385,9 +417,30 @@ def verify(model, token_ids, tol: float = 1e-5, *, tokenizer=None) -> VerifyRepo
         diff = float(np.abs(o64 - r).max()) if r.size else 0.0
         scale = float(np.abs(r).max()) if r.size else 0.0
         steps.append(VerifyStep(name, tuple(r.shape), diff, scale, diff <= tol * max(1.0, scale)))
-    quantized = activation_types(model)
-    note = (f"block products here: F.linear on the dequantized weights; when decoding, decoderlab.kernels quantize "
-            f"their activations to {' / '.join(quantized)} blocks as ggml does (not checked here)") if quantized else ""
-    return VerifyReport(steps=steps, tol=float(tol), dtype=weights_said(model), note=note)
+    return steps
+
+
+def _rounding_dtype(model) -> torch.dtype | None:
+    """The 16-bit dtype a model was cast to whole (``--dtype bfloat16`` / ``float16``: its plain linear layers
+    hold it), or None. A GGUF file's 16-bit matrices kept by :mod:`decoderlab.half` compute in float32: not this."""
+    linear = next((m for m in model.modules() if type(m) is torch.nn.Linear), None)
+    dtype = linear.weight.dtype if linear is not None else next(model.parameters()).dtype
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
+def _rounding_note(model, token_ids, ref, rounding: torch.dtype) -> tuple[str, str]:
+    """``(note, overflow)``: what the 16-bit pass itself does on this text -- its largest drift from float64
+    (x max(1, max |ref|)) and where, or the first step where it overflows (float16's largest value is 65,504), the
+    step's name then in ``overflow`` ("" when it does not)."""
+    name = str(rounding).removeprefix("torch.")
+    with dequantized_products():
+        drift = _compare(ref, _torch_steps(trace(model, token_ids)), 1.0)
+    worst = max(drift, key=lambda s: s.max_abs_diff / max(1.0, s.max_abs_ref))
+    said = f"weights checked as they are in {name}, the pass here in float32; the {name} pass"
+    if not math.isfinite(worst.max_abs_diff):
+        bad = next(s for s in drift if not math.isfinite(s.max_abs_diff))
+        return f"{said} overflows on this text (at {bad.name}): use bfloat16 or float32", bad.name
+    return (f"{said} drifts from float64 by up to {worst.max_abs_diff / max(1.0, worst.max_abs_ref):.2g} x max(1, "
+            f"max |ref|) on this text (at {worst.name}): {name}'s rounding of every activation, not checked"), ""
 
 
