@@ -59,6 +59,9 @@ def test_dtype_and_report(tiny_gguf):
     r = info.report
     assert r.types["Q8_0"] > 0 and r.types["F32"] > 0 and r.float_bytes > r.file_bytes > 0
     assert "dequantized" in str(r) and "Q8_0" in str(r) and "MB of float32" in str(r)
+    # what is held is bfloat16: said after the float32 the dequantizer wrote
+    assert f"all then cast to bfloat16 ({r.float_bytes / 2e6:.1f} MB of matrices)" in str(r)
+    assert r.to_dict()["cast"] == "bfloat16" and load_gguf(path, dtype="float32")[2].report.cast is None
     with pytest.raises(ValueError, match="unknown dtype"):
         load_gguf(path, dtype="float8")
     assert "quantized to" not in str(r)

@@ -266,6 +266,7 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
         to_inference_dtype(model, dtype)
     elif name not in BLOCK_DTYPES:
         to_inference_dtype(model, dtype)
+        report.cast = name if name != "float32" else None  # the read line's float32 is then not what is held
     return model, BPETokenizer(contents.tokenizer, special_tokens=_named_tokens(contents.info)), contents.info
 
 

@@ -111,6 +111,8 @@ class DequantReport:
     #: float32 matrices, their GGML type (``"f32"``), else None
     own: bool = False
     own_float: str | None = None
+    #: the 16-bit dtype the whole model was cast to after the load (``--dtype bfloat16`` / ``float16``), or None
+    cast: str | None = None
 
     def __str__(self) -> str:
         def counts(types: dict) -> str:
@@ -131,6 +133,8 @@ class DequantReport:
             parts.append(f"{self.types['F32']} F32 tensors as they are")
         if self.requantized:
             parts.append(f"{'the other' if self.kept else 'the'} matrices then quantized to {self.requantized}")
+        if self.cast:
+            parts.append(f"all then cast to {self.cast} ({self.float_bytes / 2e6:.1f} MB of matrices)")
         return "; ".join(parts or ["no tensors"]) + f" ({self.seconds:.1f} s)"
 
     def _own_line(self, dequantized: dict) -> str:
@@ -154,7 +158,7 @@ class DequantReport:
     def to_dict(self) -> dict:
         return dict(types=dict(self.types), file_bytes=self.file_bytes, float_bytes=self.float_bytes,
                     seconds=round(self.seconds, 3), kept=dict(self.kept), kept_bytes=self.kept_bytes,
-                    requantized=self.requantized, own=self.own, own_float=self.own_float)
+                    requantized=self.requantized, own=self.own, own_float=self.own_float, cast=self.cast)
 
 
 #: values dequantized per call of a type's block dequantizer (16 MB of float32)
