@@ -52,6 +52,11 @@ def test_lens_bad_input_is_one_error_line(ckpt, capsys, tmp_path):
     assert one_error_line(capsys, *base, "abc", "--token", "xy") == (
         "--token 'xy' is 2 tokens for this tokenizer; give the text of one token")
     assert one_error_line(capsys, *base, "") == "the text is empty: give at least one token of text"
+    # refused before the model is read: a checkpoint that is not there is not what the error names
+    assert one_error_line(capsys, "lens", "--checkpoint", tmp_path / "absent", "") == (
+        "the text is empty: give at least one token of text")
+    assert one_error_line(capsys, "patch", "--checkpoint", tmp_path / "absent", "--clean", "ab", "--corrupt", "") == (
+        "--corrupt is empty: give at least one token of text")
     assert one_error_line(capsys, *base, "ABC").startswith("the text: character 'A'")
     assert "16" in one_error_line(capsys, *base, "a" * 17)  # longer than max_len
     assert one_error_line(capsys, *base, "abc", "--top-k", "0").startswith("--top-k must be >= 1")

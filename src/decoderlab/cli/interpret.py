@@ -43,12 +43,17 @@ def _draw(args, title: str, text: str, figure) -> None:
         say_wrote(args.html, "html")
 
 
+def _not_empty(text: str | None, what: str) -> None:
+    """An empty text refused before the model is read (seconds, for a real model's file)."""
+    if text is not None and not text:
+        raise ValueError(f"{what} is empty: give at least one token of text")
+
+
 def _ids(model, tok, text: str, what: str) -> list[int]:
     """``text``'s ids, checked against the model (empty, too long, unknown words: an error naming ``what``)."""
     from ..glassbox.cache import as_ids
 
-    if not text:
-        raise ValueError(f"{what} is empty: give at least one token of text")
+    _not_empty(text, what)
     try:
         return as_ids(model, text, tok)[0].tolist()
     except (ValueError, KeyError) as e:
@@ -85,6 +90,7 @@ def cmd_lens(args) -> int:
     from ..glassbox import decompose, logit_lens, run_with_cache
 
     _check_outputs(args)
+    _not_empty(args.text, "the text")
     set_threads(args)
     model, tok, _, _ = load_model(args)
     ids = _ids(model, tok, args.text, "the text")
@@ -144,6 +150,7 @@ def cmd_heads(args) -> int:
     from ..glassbox.watching import probe_tokens
 
     _check_outputs(args)
+    _not_empty(args.text, "the text")
     set_threads(args)
     model, tok, _, _ = load_model(args)
     if args.ablate and args.text is None:
@@ -224,6 +231,8 @@ def cmd_patch(args) -> int:
     from ..glassbox import activation_patching, logit_difference, patching_table, run_with_hooks
 
     _check_outputs(args)
+    _not_empty(args.clean, "--clean")
+    _not_empty(args.corrupt, "--corrupt")
     set_threads(args)
     model, tok, _, _ = load_model(args)
     clean, corrupt = _ids(model, tok, args.clean, "--clean"), _ids(model, tok, args.corrupt, "--corrupt")
