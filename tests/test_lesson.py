@@ -364,7 +364,7 @@ def test_lesson_attention_with_a_mask_works_in_half_precision(dtype):
     assert torch.allclose(got.float(), want, atol=3e-2)
 
 
-def test_new_runs_never_overwrite_a_checkpoint_or_other_files(statquest_checkpoint, tmp_path, decoderlab_cli):
+def test_new_runs_never_overwrite_a_checkpoint_or_other_files(statquest_checkpoint, tmp_path, decoderlab_cli, capsys):
     """The newcomer's data loss: `train --preset statquest --out runs/statquest`, then `train --data mytext.txt ...
     --out runs/statquest` (or `finetune ... --out` the same folder) replaced the lesson's checkpoint with rc 0."""
     import json
@@ -383,11 +383,12 @@ def test_new_runs_never_overwrite_a_checkpoint_or_other_files(statquest_checkpoi
                                               {"role": "assistant", "content": "ho"}]}) + "\n", encoding="utf-8")
     want = (f"decoderlab: error: {out} already holds a training run (lightning/last.ckpt); continue it with --resume "
             f"{out}, or train into another --out directory\n")
-    for argv in (("train", "--preset", "statquest", "--out", out),
-                 ("train", "--data", mytext, "--max-steps", "5", "--out", out),
+    r = decoderlab_cli("train", "--preset", "statquest", "--out", out)  # the console script's line
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", want)
+    for argv in (("train", "--data", mytext, "--max-steps", "5", "--out", out),  # (in this process: ~10 s each saved)
                  ("finetune", "--preset", "statquest", "--data", chats, "--max-steps", "2", "--out", out)):
-        r = decoderlab_cli(*argv)
-        assert (r.returncode, r.stdout, r.stderr) == (2, "", want), argv
+        assert cli_main([str(a) for a in argv]) == 2, argv
+        assert capsys.readouterr() == ("", want), argv
     with pytest.raises(FileExistsError, match="already holds a training run .*another --out"):
         train_pairs(out=out)
     with pytest.raises(FileExistsError, match="already holds a training run"):

@@ -91,9 +91,11 @@ def test_the_card_equals_an_independent_scoring_of_its_checkpoints(tiny_run):
     card = json.loads((tiny_run / "card.json").read_text())
     k = card["samples"]
     assert (tiny_run / "report.png").stat().st_size > 1000 and k == 2
-    for stage in STAGES:
+    rows = list(held_out(card["questions"]).items())
+    for s, stage in enumerate(STAGES):
         model, tok, template, _ = load_model(tiny_run / stage)
-        for (skill, d), items in held_out(card["questions"]).items():
+        # every row in every other stage (each row and stage at least once; all of them took ~30 s of the suite)
+        for (skill, d), items in rows[s % 2::2]:
             label, cap = row_label(skill, d), max_new_tokens(skill)
             got = card["scores"][stage][label]["off"]
             mine = [my_reply(model, tok, template, i.question, cap) for i in items]
