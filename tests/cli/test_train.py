@@ -101,15 +101,16 @@ def test_a_closed_output_costs_no_training_state(closed_stdout_cli, small_corpus
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no directory can be made")
-def test_an_out_where_no_directory_can_be_made_is_one_line(decoderlab_cli, tmp_path):
+def test_an_out_where_no_directory_can_be_made_is_one_line(decoderlab_cli, tmp_path, capsys):
     """`train --out /proc/x` said "[Errno 2] No such file or directory: '/proc/x'" after reading the corpus and
     building the model; now one line naming --out, before any work."""
     r = decoderlab_cli("train", "--out", "/proc/x/run")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("decoderlab: error: --out /proc/x/run: cannot make this directory (No such file or "
                         "directory)\n")
-    r = decoderlab_cli("train", "--out", tmp_path / "new" / "run", "--epochs", "3")  # a later refusal
-    assert r.returncode == 2 and "--epochs applies to --preset statquest only" in r.stderr
+    # a later refusal (in this process)
+    assert cli.main(["train", "--out", str(tmp_path / "new" / "run"), "--epochs", "3"]) == 2
+    assert "--epochs applies to --preset statquest only" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()  # the check made nothing that stays
 
 
@@ -194,7 +195,7 @@ VAL_LINE = re.compile(r"step (\d)/4  val loss \d+\.\d{4}  perplexity \d+\.\d\d  
 
 
 @pytest.mark.slow
-def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab_cli):
+def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab_cli, monkeypatch, capsys):
     """`decoderlab train --no-progress-bar ... > log.txt`: plain lines (no carriage returns), the model shape from
     the flags, decoderlab's own warnings only, a labelled summary; resuming the finished run says so."""
     corpus = tmp_path / "corpus.txt"
@@ -236,10 +237,11 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
     # the final evaluation (made after fit, at step 4) is logged too
     assert sum(1 for row in rows[1:] if row.split(",")[header.index("val_loss")]) == 2
 
-    r = decoderlab_cli("train", "--resume", out, env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"decoderlab: error: {out} is already finished: it trained 4 steps of --max-steps 4; to continue "
-                        f"it, give a larger --max-steps: decoderlab train --resume {out} --max-steps 8\n")
+    monkeypatch.setenv("DECODERLAB_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["train", "--resume", str(out)]) == 2  # (in this process: a process saved)
+    assert capsys.readouterr() == ("", f"decoderlab: error: {out} is already finished: it trained 4 steps of "
+                                       f"--max-steps 4; to continue it, give a larger --max-steps: decoderlab train "
+                                       f"--resume {out} --max-steps 8\n")
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -376,13 +378,15 @@ def test_out_of_range_training_seeds_are_refused(decoderlab_cli):
                                                             f"{command} --help)\n")
 
 
-def test_cli_train_bad_data_path_is_one_line(decoderlab_cli, tmp_path):
-    """`train --data nonexistent.txt --max-steps 5` printed the warm-up warning before the error; /dev/null said
-    "does not exist"."""
+def test_cli_train_bad_data_path_is_one_line(decoderlab_cli, tmp_path, capsys):
+    """`train --data nonexistent.txt --max-steps 5` printed the warm-up warning before the error (the console
+    script's whole standard error, in a process); /dev/null said "does not exist" (in this process)."""
     tail = "(give a text file, a folder of .txt files, or nothing for the embedded tinyshakespeare)"
-    for data, what in (("nonexistent.txt", "does not exist"), ("/dev/null", "is not a regular file")):
-        r = decoderlab_cli("train", "--data", data, "--max-steps", "5", "--out", tmp_path / "run", cwd=tmp_path)
-        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"decoderlab: error: corpus path {data} {what} {tail}\n")
+    r = decoderlab_cli("train", "--data", "nonexistent.txt", "--max-steps", "5", "--out", tmp_path / "run", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"decoderlab: error: corpus path nonexistent.txt does not exist {tail}\n")
+    assert cli.main(["train", "--data", "/dev/null", "--max-steps", "5", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr() == ("", f"decoderlab: error: corpus path /dev/null is not a regular file {tail}\n")
     assert not (tmp_path / "run").exists()
 
 
