@@ -160,8 +160,9 @@ def test_cli_passes_top_k_0_through(lm_checkpoint, capsys, monkeypatch):
     assert seen["params"] == SamplingParams(top_k=0)  # read by the library's one check: 0 = no filter
 
 
-def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path):
-    """The real console script: --stop "\\n\\n" ends the output before the first blank line."""
+def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path, capsys):
+    """The real console script: --stop "\\n\\n" ends the output before the first blank line (and, in this
+    process, with --no-stream --echo)."""
     import subprocess
 
     tok, model, _ = newline_bpe
@@ -170,26 +171,22 @@ def test_cli_stop_string_in_a_subprocess(newline_bpe, tmp_path):
     cmd = [exe, "generate", "--checkpoint", str(tmp_path / "ckpt"), "--temperature", "0", "--max-new-tokens", "6"]
     r = subprocess.run(cmd + ["--stop", "\n\n", "p"], capture_output=True, text=True, env=run_env())
     assert (r.returncode, r.stdout, r.stderr) == (0, "a\n", "")  # was "a" and six newlines
-    r = subprocess.run(cmd + ["--no-stream", "--echo", "--stop", "\n\n", "p"], capture_output=True, text=True,
-                       env=run_env())
-    assert (r.returncode, r.stdout) == (0, "pa\n")
+    assert cli_main(cmd[1:] + ["--no-stream", "--echo", "--stop", "\n\n", "p"]) == 0
+    assert capsys.readouterr().out == "pa\n"
 
 
-def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path):
+def test_cli_sample_ends_at_eos_and_writes_no_control_token(tmp_path, capsys):
     """`sample` on a model whose most probable token is <PAD>: it ends at <EOS> and prints no control token."""
     tok = CharTokenizer.from_text("hello world\n")
     pad, eos = tok.pad_id, tok.eos_id
     model = biased_char_model(tok, {pad: 3.0, eos: -1.0})  # <PAD> is the most probable token
     # the CLI: `sample` ends at <EOS>, prints no control token
     save_checkpoint(tmp_path / "c", model, tok, meta={"task": "lm"})
-    import subprocess
-
-    exe = str(Path(sys.executable).with_name("decoderlab"))
-    r = subprocess.run([exe, "sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
-                        "h"], capture_output=True, text=True, env=run_env())
-    assert r.returncode == 0 and r.stderr == ""
+    assert cli_main(["sample", "--checkpoint", str(tmp_path / "c"), "--max-new-tokens", "2000", "--seed", "0",
+                     "h"]) == 0
+    out, err = capsys.readouterr()
     want = "h" + "".join(stream_text(model, "h", tok, 2000, seed=0)) + "\n"
-    assert r.stdout == want and "<" not in r.stdout
+    assert err == "" and out == want and "<" not in out
 
 
 def test_invalid_unicode_on_the_command_line(newline_bpe, lm_checkpoint, tmp_path, capsys):
