@@ -78,7 +78,7 @@ def test_chat_reads_stdin_until_end_of_file(statquest_checkpoint, capsys, monkey
     assert capsys.readouterr().out.splitlines() == ["awesome", "(conversation reset)", "awesome"]
 
 
-def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
+def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli, monkeypatch, capsys):
     stdin = ("what is statquest\n/top-k 3\n/top_k 0\n/max-new-tokens 4\n/max_new_tokens x\n/top-p 0.9\n/help\n"
              "/quit\nwhat is statquest\n")
     r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin=stdin)
@@ -89,8 +89,9 @@ def test_cli_chat_commands_named_as_flags(statquest_checkpoint, decoderlab_cli):
     assert out[5:] == CHAT_HELP.splitlines()  # and nothing after /quit
     for command in ("/top-k K", "/top-p P", "/max-new-tokens N", "/temperature T", "/reset", "/quit"):
         assert any(line.strip().startswith(command) for line in CHAT_HELP.splitlines()), command
-    r = decoderlab_cli("chat", "--checkpoint", statquest_checkpoint, stdin="/exit\nwhat is statquest\n")
-    assert (r.returncode, r.stdout) == (0, "")
+    type_lines(monkeypatch, ["/exit", "what is statquest"])  # (in this process: a console-script process saved)
+    assert cli_main(["chat", "--checkpoint", str(statquest_checkpoint)]) == 0
+    assert capsys.readouterr().out == ""
 
 
 def test_ctrl_c_in_chat(statquest_checkpoint, capsys, monkeypatch):
