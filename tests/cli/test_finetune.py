@@ -84,22 +84,24 @@ def test_cli_errors(tmp_path, capsys):
     assert "line 2: malformed JSON" in capsys.readouterr().err
 
 
-def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path):
+def test_console_script_finetune_errors_in_one_line(decoderlab_cli, tmp_path, capsys):
     data = write(tmp_path, GOOD, "{oops")
     r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == f"decoderlab: error: {data}, line 2: malformed JSON: Expecting property name enclosed in " \
                        f"double quotes (column 2)\n"
-    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", data, "--out", tmp_path / "o", "--lr", "x")
-    assert r.returncode == 2
-    assert r.stderr == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune --help)\n"
+    with pytest.raises(SystemExit) as e:  # (in this process, as argparse refuses it: a process saved)
+        cli.main(["finetune", "--preset", "statquest", "--data", str(data), "--out", str(tmp_path / "o"), "--lr", "x"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "decoderlab: error: --lr must be a number, got 'x' (see decoderlab finetune " \
+                                      "--help)\n"
 
 
-def test_finetune_data_that_is_not_a_regular_file(decoderlab_cli, tmp_path):
+def test_finetune_data_that_is_not_a_regular_file(tmp_path, capsys):
     """/dev/null said "no conversation file /dev/null" (it exists: it is not a regular file)."""
-    r = decoderlab_cli("finetune", "--preset", "statquest", "--data", "/dev/null", "--out", tmp_path / "o")
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", "decoderlab: error: conversation file /dev/null is not a "
-                                                         "regular file (give a JSONL file)\n")
+    assert cli.main(["finetune", "--preset", "statquest", "--data", "/dev/null", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr() == ("", "decoderlab: error: conversation file /dev/null is not a regular file (give a "
+                                       "JSONL file)\n")
 
 
 def test_resume_with_a_changed_seed_or_template_is_refused_naming_it(tmp_path, capsys):
