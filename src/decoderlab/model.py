@@ -21,6 +21,7 @@ Gemma Team 2025 ("Gemma 3 Technical Report"), as ``Gemma3ForCausalLM``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -430,7 +431,7 @@ class DecoderOnlyTransformer(nn.Module):
     def forward(self, token_ids: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None, last_only: bool = False,
                 check_ids: bool = True, attn_mask: torch.Tensor | None = None,
-                select: torch.Tensor | None = None) -> torch.Tensor:
+                select: torch.Tensor | None = None, head=None) -> torch.Tensor:
         """Logits of every position: (T,) -> (T, num_tokens), or (B, T) -> (B, T, num_tokens).
 
         ``last_only=True`` runs the final norm and ``fc_layer`` on the last position alone and returns its
@@ -446,7 +447,11 @@ class DecoderOnlyTransformer(nn.Module):
         into the flattened (B * T) positions; the final norm and the output layer then run on those positions
         alone and the logits are (len(select), num_tokens) -- a fine-tuning step needs the logits of its
         supervised tokens only, and over a 49,152-token vocabulary the output layer and the float32
-        log-softmax of every position cost a quarter of the step.
+        log-softmax of every position cost a quarter of the step. ``head``: a function ``head(project, hidden)``
+        called in place of the output layer, ``project`` mapping (..., d_model) -> (..., num_tokens) logits and
+        ``hidden`` the final norm's output ((K, d_model) with ``select``); its result is returned as it is --
+        a loss taken a slice of rows at a time (:func:`decoderlab.training.rows.chunked_ce_sum`) never holds
+        the logits of every row, which over Gemma 3's 262,144-token vocabulary are 1 MB a row.
         """
         self.check_token_ids(token_ids, values=check_ids)
         unbatched = token_ids.dim() == 1
@@ -469,10 +474,10 @@ class DecoderOnlyTransformer(nn.Module):
                 )
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
-        logits = self._logits(token_ids, padding_mask, positions, cache, last_only, attn_mask, select)
+        logits = self._logits(token_ids, padding_mask, positions, cache, last_only, attn_mask, select, head)
         if cache is not None:
             cache.advance(t)
-        return logits[0] if unbatched and select is None else logits
+        return logits[0] if unbatched and select is None and head is None else logits
 
     @staticmethod
     def positions_from_mask(padding_mask: torch.Tensor, t: int) -> torch.Tensor:
@@ -558,7 +563,7 @@ class DecoderOnlyTransformer(nn.Module):
         return self.compiled_decode
 
     def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False, attn_mask=None,
-                select=None) -> torch.Tensor:
+                select=None, head=None) -> torch.Tensor:
         """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only).
         Positions are taken as given (``forward`` checked them; ``decode``'s caller made them)."""
         hooks = self.hooks
@@ -582,6 +587,8 @@ class DecoderOnlyTransformer(nn.Module):
         elif select is not None:  # (K, d_model): the output layer only where a target is scored
             x = x.reshape(-1, x.size(-1)).index_select(0, select)
         x = self.norm_f(x) if hooks is None else hooked_norm(self.norm_f, x, hooks, "ln_final")
+        if head is not None:  # (inside forward: under FSDP the output layer's weights are gathered only here)
+            return head(functools.partial(linear, self.fc_layer), x)
         return linear(self.fc_layer, x)  # (B, T, num_tokens)
 
     # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----
