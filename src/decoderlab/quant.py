@@ -244,8 +244,11 @@ def grown_rows(weight: BlockWeight, count: int) -> BlockWeight | None:
     for s in range(0, out, rows):
         part = _dequantized_rows(weight.packed.cpu(), weight.kind, weight.shape, s, min(s + rows, out))
         total += part.sum(0, dtype=torch.float64)
-    mean = (total / out).float().expand(count, inp)
-    grown = BlockWeight.cat([weight, BlockWeight.quantize(mean, weight.kind)])
+    new = BlockWeight.quantize((total / out).float().expand(count, inp), weight.kind)
+    if out % kernels.ROWS == 0:  # the packed bytes are whole groups of 16 rows, one after another: appended as is
+        packed = torch.cat([weight.packed, new.packed.to(weight.packed.device)])
+        return BlockWeight(weight.kind, packed, (out + count, inp))
+    grown = BlockWeight.cat([weight, new])
     return BlockWeight(grown.kind, grown.packed.to(weight.packed.device), grown.shape)
 
 
