@@ -185,8 +185,8 @@ def chunked_ce_sum(project, hidden: torch.Tensor, labels: torch.Tensor, *, rows:
         accuracy: also count ``argmax == label`` (without a gradient; ignored labels never count).
 
     Returns the float32 (float64 for float64 logits) 0-d sum (its gradient, when ``hidden`` has one, equals the
-    unchunked sum's to rounding: with more than one slice each slice's logits are recomputed in the backward pass instead of kept,
-    ``torch.utils.checkpoint``) and an int64 0-d count or None.
+    unchunked sum's to rounding: with more than one slice each slice's logits are recomputed in the backward pass
+    instead of kept, ``torch.utils.checkpoint``) and an int64 0-d count or None.
     """
     k = hidden.shape[0]
     rows = rows or max(k, 1)
