@@ -325,9 +325,11 @@ def supervised_ce(model, x: torch.Tensor, y: torch.Tensor, *, select: torch.Tens
     flat = y.reshape(-1)
     if select is None:
         select = (flat != IGNORE_INDEX).nonzero().squeeze(1)
-    labels, rows = flat.index_select(0, select), head_chunk_rows(unwrap_model(model).config.num_tokens)
-    return model(x, select=select, check_ids=False, **forward,
-                 head=lambda project, hidden: chunked_ce_sum(project, hidden, labels, rows=rows, accuracy=accuracy))
+    inner = unwrap_model(model)
+    labels, rows = flat.index_select(0, select), head_chunk_rows(inner.config.num_tokens)
+    frozen = not any(p.requires_grad for p in inner.fc_layer.parameters())  # (LoRA's; a block layer's)
+    return model(x, select=select, check_ids=False, **forward, head=lambda project, hidden: chunked_ce_sum(
+        project, hidden, labels, rows=rows, accuracy=accuracy, frozen=frozen))
 
 
 def format_evaluation(ev: dict, on: str = "held-out") -> str:
