@@ -197,6 +197,31 @@ def train(model, steps=40, lr=1e-2):
     return torch.tensor(losses)
 
 
+def test_the_sft_loss_in_row_slices_over_a_tied_block_vocabulary_equals_the_whole_loss(monkeypatch):
+    """SFT's supervised_ce over a q8_0 tied embedding and output layer: slices of 2 rows of logits (the output
+    layer's product through the kernels, its gradient through the dequantized slices, recomputed in the backward
+    pass) give the loss, the correct count and the adapters' gradients of all the rows at once, to float32
+    rounding (the slices' sums in another order)."""
+    from decoderlab.finetuning.sft import supervised_ce
+    from decoderlab.training import rows as rows_module
+
+    model, _ = block_and_float(init=False)
+    batch = arithmetic_rows(n=3, length=9)
+    x, y = batch[:, :-1], batch[:, 1:].clone()
+    y[:, :3] = -100  # (a prompt: not scored)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for chunk_bytes in (1 << 30, 2 * 4 * V):  # (one slice of all 15 rows; slices of 2 rows)
+        monkeypatch.setattr(rows_module, "HEAD_CHUNK_BYTES", chunk_bytes)
+        ce, correct = supervised_ce(model, x, y, accuracy=True)
+        results.append((ce, correct, torch.autograd.grad(ce, trained)))
+    (whole, right, grads), (ce, correct, chunked) = results
+    torch.testing.assert_close(ce, whole, rtol=1e-6, atol=0)
+    assert int(correct) == int(right)
+    for g, h in zip(chunked, grads):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6 * float(h.abs().max()))
+
+
 def test_lora_over_blocks_trains_as_over_the_float_model_of_its_dequantized_weights():
     """The kernels quantize the activations to 8 bits (q8_0's products; the gradient goes through the dequantized
     weight, exactly the float model's): the first loss agrees to 1e-3 (measured 8e-6), and after 40 AdamW steps

@@ -409,19 +409,34 @@ def test_resize_token_embeddings_keeps_the_tying_and_the_old_logits():
         model.resize_token_embeddings(12)
 
 
-def test_a_vocabulary_held_in_blocks_grows_as_float_and_the_rest_stays_in_blocks():
+def test_a_vocabulary_held_in_blocks_grows_in_its_blocks_and_the_rest_stays_in_blocks():
     """A GGUF model's tied embedding and output layer in q8_0 blocks (a LoRA run over the blocks adding chat
-    tokens): they become one float Parameter of the dequantized rows plus the mean rows; the blocks' other layers
-    are kept, and the old tokens' hidden states are the same numbers (the embedding rows are exact)."""
-    from decoderlab.quant import dequantized_state_dict, is_block_layer, quantize_model
+    tokens): they stay one q8_0 weight, the old rows byte for byte, the new rows the mean row quantized to q8_0 --
+    no float copy of the vocabulary (Gemma 3's would be 671 MB); the old tokens' logits are the same numbers. A
+    K-quant embedding (no quantizer here) becomes one float Parameter of the dequantized rows plus the mean."""
+    from decoderlab.quant import BlockWeight, dequantized_state_dict, is_block_layer, quantize_model
 
     torch.manual_seed(0)
     model = quantize_model(dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=32, d_model=32,
-                                                               n_layer=1, n_head=2, max_len=16)), "q8_0")
-    rows = dequantized_state_dict(model)["we.weight"]
-    model.resize_token_embeddings(34)
-    assert not is_block_layer(model.we) and not is_block_layer(model.fc_layer)
-    assert model.fc_layer.weight is model.we.weight and model.we.weight.shape == (34, 32)
-    torch.testing.assert_close(model.we.weight[:32], rows, rtol=0, atol=0)
-    torch.testing.assert_close(model.we.weight[32:], rows.mean(0).expand(2, -1))
+                                                               n_layer=1, n_head=2, max_len=16, dropout=0.0)), "q8_0")
+    x = torch.tensor([[1, 2, 31]])
+    rows, bytes_before, before = dequantized_state_dict(model)["we.weight"], model.we.blocks.to_gguf(), model(x)
+    we = model.resize_token_embeddings(34)
+    assert we is model.we and is_block_layer(model.we) and is_block_layer(model.fc_layer)
+    assert model.we.blocks.shape == (34, 32) and model.fc_layer.out_features == 34 == model.config.num_tokens
+    assert model.fc_layer.packed[0] is model.we.packed[0]  # (still one set of bytes, read both ways)
+    assert (model.we.blocks.to_gguf()[:32] == bytes_before).all()
+    mean = BlockWeight.quantize(rows.mean(0, keepdim=True), "q8_0").dequantize()
+    torch.testing.assert_close(model.we.dequantize(), torch.cat([rows, mean.expand(2, -1)]), rtol=0, atol=0)
+    torch.testing.assert_close(model(x)[..., :32], before, rtol=0, atol=0)
     assert is_block_layer(model.blocks[0].attention.qkv)
+
+    kquant = BlockWeight.from_gguf(torch.zeros(256, 144, dtype=torch.uint8), "q4_k", (256, 256))
+    model = dl.DecoderOnlyTransformer(dl.preset("baby-shakespeare", num_tokens=256, d_model=256, n_layer=1,
+                                                n_head=2, max_len=16))
+    from decoderlab.quant import use_block_weights
+
+    use_block_weights(model, {"we": kquant})
+    model.resize_token_embeddings(258)
+    assert not is_block_layer(model.we) and model.fc_layer.weight is model.we.weight
+    assert model.we.weight.shape == (258, 256) and not model.we.weight.any()

@@ -21,6 +21,7 @@ Gemma Team 2025 ("Gemma 3 Technical Report"), as ``Gemma3ForCausalLM``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -33,7 +34,8 @@ from .config.model import PRESETS, ModelConfig, preset
 from .config.names import INITS, MLPS, NORMS
 from .matvec import linear
 from .positions import LearnedPositionEncoding, PositionEncoding, RotaryEmbedding, check_positions
-from .quant import FAST_CONTRACT, block_dtype, block_weights, is_block_layer, tie_block_weights
+from .quant import (FAST_CONTRACT, BlockEmbedding, BlockLinear, block_dtype, block_weights, grown_rows,
+                    is_block_layer, tie_block_weights)
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
@@ -325,7 +327,7 @@ class DecoderOnlyTransformer(nn.Module):
         return self
 
     @torch.no_grad()
-    def resize_token_embeddings(self, num_tokens: int) -> nn.Embedding:
+    def resize_token_embeddings(self, num_tokens: int) -> nn.Module:
         """Grow the vocabulary to ``num_tokens`` in place (Hugging Face's ``resize_token_embeddings``) and return
         the new word embedding ``we`` (num_tokens, d_model).
 
@@ -333,8 +335,11 @@ class DecoderOnlyTransformer(nn.Module):
         at the mean of the old rows, so a new token begins as an "average" token rather than at random (as
         Hugging Face's mean resizing, without its sampled noise); the old rows are kept exactly. A tied head
         stays tied (one ``Parameter``). ``config.num_tokens`` follows. Unchanged size: nothing changes. A word
-        embedding or output layer held in GGUF blocks becomes float first (its dequantized weight): the mean row
-        is no row of blocks; the other block layers stay as they are.
+        embedding (and output layer) held in GGUF blocks of a type decoderlab quantizes to (q8_0, q4_0, q4_1,
+        q5_0, q5_1: a GGUF file's embedding is mostly q8_0) stays in its blocks, the mean row quantized to that
+        type (:func:`decoderlab.quant.grown_rows`: a float32 copy of Gemma 3's embedding would be 671 MB, 2.7x
+        its whole file); a K-quant one becomes float first (its dequantized weight). The other block layers stay
+        as they are.
 
         Raises:
             ValueError: ``num_tokens`` is not an integer or smaller than the current vocabulary.
@@ -352,11 +357,13 @@ class DecoderOnlyTransformer(nn.Module):
             return nn.Parameter(torch.cat([t, mean.expand(num_tokens - old, *t.shape[1:])], dim=0),
                                 requires_grad=t.requires_grad)
 
-        self._float_vocabulary()
+        in_blocks = self._grown_in_blocks(num_tokens - old)
+        if not in_blocks:
+            self._float_vocabulary()
+            self.we.weight = grown(self.we.weight)
+            self.we.num_embeddings = num_tokens
         self.config = self.config.replace(num_tokens=int(num_tokens))
-        self.we.weight = grown(self.we.weight)
-        self.we.num_embeddings = num_tokens
-        if not self.config.tie_weights:
+        if not self.config.tie_weights and not is_block_layer(self.fc_layer):
             self.fc_layer.weight = grown(self.fc_layer.weight)
         if self.fc_layer.bias is not None:
             self.fc_layer.bias = grown(self.fc_layer.bias)
@@ -364,19 +371,39 @@ class DecoderOnlyTransformer(nn.Module):
         self.tie_weights()
         return self.we
 
+    def _grown_in_blocks(self, count: int) -> bool:
+        """Append ``count`` rows to a word embedding held in blocks -- and to its tied output layer, or an untied
+        one in blocks -- in their blocks (:func:`decoderlab.quant.grown_rows`); False, nothing changed, where
+        the embedding is float or a layer's block type has no quantizer here."""
+        we, head, tied = self.we, self.fc_layer, self.config.tie_weights
+        if not is_block_layer(we) or (not tied and is_block_layer(head) and len(head.kinds) != 1):
+            return False
+        embedding = grown_rows(we.blocks, count)
+        output = embedding if tied else grown_rows(head.blocks, count) if is_block_layer(head) else head
+        if embedding is None or output is None:
+            return False
+        self.we = BlockEmbedding(embedding)
+        self.we.out_dtype = we.out_dtype
+        if tied or is_block_layer(head):
+            self.fc_layer = BlockLinear(output, head.bias)
+            self.fc_layer.out_dtype = head.out_dtype if is_block_layer(head) else we.out_dtype
+        return True
+
     def _float_vocabulary(self) -> None:
         """The word embedding and output layer as ordinary float layers (the dtype of the model's float parts)
         where they hold GGUF blocks: their dequantized weights (a tied pair sharing one ``Parameter`` again)."""
-        we, head = self.we, self.fc_layer
+        we, head, tied = self.we, self.fc_layer, self.config.tie_weights
+        # (the layers made on the meta device and the weights put in: no allocation or initialisation of another
+        # matrix the vocabulary's size; a tied output layer's weight is the embedding's, not dequantized again)
         if is_block_layer(we):
             w = we.dequantize(we.out_dtype)
-            self.we = nn.Embedding(*w.shape, device=w.device, dtype=w.dtype)
+            self.we = nn.Embedding(*w.shape, device="meta", dtype=w.dtype)
             self.we.weight = nn.Parameter(w)
         if is_block_layer(head):
-            w = head.dequantize(head.out_dtype)
+            w = self.we.weight if tied else nn.Parameter(head.dequantize(head.out_dtype))
             bias = head.bias
-            self.fc_layer = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-            self.fc_layer.weight = self.we.weight if self.config.tie_weights else nn.Parameter(w)
+            self.fc_layer = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta", dtype=w.dtype)
+            self.fc_layer.weight = w
             self.fc_layer.bias = bias
         self.tie_weights()
 
@@ -430,7 +457,7 @@ class DecoderOnlyTransformer(nn.Module):
     def forward(self, token_ids: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache=None, last_only: bool = False,
                 check_ids: bool = True, attn_mask: torch.Tensor | None = None,
-                select: torch.Tensor | None = None) -> torch.Tensor:
+                select: torch.Tensor | None = None, head=None) -> torch.Tensor:
         """Logits of every position: (T,) -> (T, num_tokens), or (B, T) -> (B, T, num_tokens).
 
         ``last_only=True`` runs the final norm and ``fc_layer`` on the last position alone and returns its
@@ -446,7 +473,11 @@ class DecoderOnlyTransformer(nn.Module):
         into the flattened (B * T) positions; the final norm and the output layer then run on those positions
         alone and the logits are (len(select), num_tokens) -- a fine-tuning step needs the logits of its
         supervised tokens only, and over a 49,152-token vocabulary the output layer and the float32
-        log-softmax of every position cost a quarter of the step.
+        log-softmax of every position cost a quarter of the step. ``head``: a function ``head(project, hidden)``
+        called in place of the output layer, ``project`` mapping (..., d_model) -> (..., num_tokens) logits and
+        ``hidden`` the final norm's output ((K, d_model) with ``select``); its result is returned as it is --
+        a loss taken a slice of rows at a time (:func:`decoderlab.training.rows.chunked_ce_sum`) never holds
+        the logits of every row, which over Gemma 3's 262,144-token vocabulary are 1 MB a row.
         """
         self.check_token_ids(token_ids, values=check_ids)
         unbatched = token_ids.dim() == 1
@@ -469,10 +500,10 @@ class DecoderOnlyTransformer(nn.Module):
                 )
             if start:
                 positions = torch.arange(start, start + t, device=token_ids.device)
-        logits = self._logits(token_ids, padding_mask, positions, cache, last_only, attn_mask, select)
+        logits = self._logits(token_ids, padding_mask, positions, cache, last_only, attn_mask, select, head)
         if cache is not None:
             cache.advance(t)
-        return logits[0] if unbatched and select is None else logits
+        return logits[0] if unbatched and select is None and head is None else logits
 
     @staticmethod
     def positions_from_mask(padding_mask: torch.Tensor, t: int) -> torch.Tensor:
@@ -558,7 +589,7 @@ class DecoderOnlyTransformer(nn.Module):
         return self.compiled_decode
 
     def _logits(self, token_ids, padding_mask, positions, cache, last_only: bool = False, attn_mask=None,
-                select=None) -> torch.Tensor:
+                select=None, head=None) -> torch.Tensor:
         """The forward pass proper: (B, T) ids -> (B, T, num_tokens) logits ((B, 1, num_tokens) if last_only).
         Positions are taken as given (``forward`` checked them; ``decode``'s caller made them)."""
         hooks = self.hooks
@@ -582,6 +613,8 @@ class DecoderOnlyTransformer(nn.Module):
         elif select is not None:  # (K, d_model): the output layer only where a target is scored
             x = x.reshape(-1, x.size(-1)).index_select(0, select)
         x = self.norm_f(x) if hooks is None else hooked_norm(self.norm_f, x, hooks, "ln_final")
+        if head is not None:  # (inside forward: under FSDP the output layer's weights are gathered only here)
+            return head(functools.partial(linear, self.fc_layer), x)
         return linear(self.fc_layer, x)  # (B, T, num_tokens)
 
     # -- the lesson's training pieces (plain torch; Lightning's wrapper is decoderlab.training.LitModel) ----

@@ -230,6 +230,28 @@ class BlockWeight:
         return cls.from_gguf(raw, weights[0].kind, (raw.shape[0], weights[0].shape[1]))
 
 
+def grown_rows(weight: BlockWeight, count: int) -> BlockWeight | None:
+    """``weight`` (out, in) with ``count`` rows appended, each the mean of its rows quantized to its own kind (the
+    rows a chat template's new tokens get in a vocabulary held in blocks: the old rows stay exactly as they are);
+    None for a kind with no quantizer here (the K-quants: the caller grows a float copy instead).
+
+    The mean is summed in float64 over the rows dequantized a cache-sized slice at a time, so no float32 copy of
+    the matrix is made (Gemma 3's 262,144 x 640 embedding: 671 MB)."""
+    if weight.kind not in QUANTIZABLE_BLOCK_DTYPES:
+        return None
+    out, inp = weight.shape
+    total, rows = torch.zeros(inp, dtype=torch.float64), _slice_rows(inp)
+    for s in range(0, out, rows):
+        part = _dequantized_rows(weight.packed.cpu(), weight.kind, weight.shape, s, min(s + rows, out))
+        total += part.sum(0, dtype=torch.float64)
+    new = BlockWeight.quantize((total / out).float().expand(count, inp), weight.kind)
+    if out % kernels.ROWS == 0:  # the packed bytes are whole groups of 16 rows, one after another: appended as is
+        packed = torch.cat([weight.packed, new.packed.to(weight.packed.device)])
+        return BlockWeight(weight.kind, packed, (out + count, inp))
+    grown = BlockWeight.cat([weight, new])
+    return BlockWeight(grown.kind, grown.packed.to(weight.packed.device), grown.shape)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the products
 # ---------------------------------------------------------------------------------------------------------
@@ -279,14 +301,15 @@ class _KernelProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         kinds, outs, inp = ctx.parts
+        saved = ctx.saved_tensors  # (read once: a second read fails inside torch.utils.checkpoint)
         flat = grad.reshape(-1, grad.shape[-1])
         grad_x, at, rows = flat.new_zeros(flat.shape[0], inp), 0, _slice_rows(inp)
-        for p, kind, out in zip(ctx.saved_tensors, kinds, outs):
+        for p, kind, out in zip(saved, kinds, outs):
             for s in range(0, out, rows):
                 e = min(s + rows, out)
                 grad_x.addmm_(flat[:, at + s:at + e], _dequantized_rows(p, kind, (out, inp), s, e))
             at += out
-        return (grad_x.reshape(*grad.shape[:-1], inp), None, None, None, *[None] * len(ctx.saved_tensors))
+        return (grad_x.reshape(*grad.shape[:-1], inp), None, None, None, *[None] * len(saved))
 
 
 def _kernel_products(x: torch.Tensor, packed, kinds, outs) -> torch.Tensor:

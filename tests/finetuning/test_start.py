@@ -188,3 +188,20 @@ def test_a_lora_run_on_a_block_file_loads_back_over_its_float_base(tmp_path):
              lora={"rank": 2, "alpha": 4, "dropout": 0.0, "targets": ["attn"]})
     model = load_model(tmp_path / "run").model
     assert not any(is_block_layer(m) for m in model.modules())
+
+
+def test_a_lora_run_adding_chat_tokens_keeps_the_vocabulary_in_blocks_and_evaluates_the_model_as_it_trained(tmp_path):
+    """A template whose tokens the file lacks (decoderlab's) grows the tied q8_0 embedding and output layer in their
+    blocks (one set of bytes, read both ways: no float32 copy of the vocabulary); the run returns the model as it
+    trained, adapters unmerged, and the end-of-run evaluation scores that model: the last validation's loss."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("peft")
+    from decoderlab.lora import has_lora
+    from decoderlab.quant import is_block_layer
+
+    model, tok, s = lora_over(block_file(tmp_path), tmp_path / "run", steps=2, template="decoderlab")
+    assert s.added_tokens and model.config.num_tokens == tok.vocab_size == model.we.num_embeddings
+    assert is_block_layer(model.we) and is_block_layer(model.fc_layer) and has_lora(model)
+    assert model.fc_layer.packed[0] is model.we.packed[0]
+    assert s.eval_on == "train" and s.val_history
+    assert s.evaluation["loss"] == pytest.approx(s.val_history[-1][1], rel=1e-5)

@@ -122,3 +122,36 @@ def test_no_prefix_is_shared_over_a_target_or_a_whole_row():
     assert shared_prefix([([1, 2, 3], [IGNORE_INDEX, 5, 6])]) == 0  # one row: nothing to share
     assert shared_prefix([([1, 2, 3], [IGNORE_INDEX, 5, 6]), ([1, 2, 3], [IGNORE_INDEX, 5, 6])]) == 1  # a target
     assert shared_prefix([([1, 2], [IGNORE_INDEX] * 2), ([1, 2, 4], [IGNORE_INDEX] * 3)]) == 1  # a row kept its own
+
+
+def test_the_loss_in_row_slices_equals_the_loss_of_all_the_logits_and_so_do_its_gradients():
+    """chunked_ce_sum through forward(head=...): the summed cross-entropy, the correct count and the adapters'
+    gradients of slices of 3 rows (recomputed in the backward pass; or, the output layer frozen as under LoRA, taken
+    in the forward pass) equal those of one (K, V) logits tensor, in float64 to 1e-12; no row at all keeps a graph
+    (a step of no target)."""
+    from decoderlab.lora import apply_lora
+    from decoderlab.model import DecoderOnlyTransformer, preset
+    from decoderlab.training.rows import IGNORE_INDEX, chunked_ce_sum, collate
+
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(preset("baby-shakespeare", num_tokens=16, d_model=32, n_layer=2, n_head=4,
+                                          max_len=64, dropout=0.0)).double()
+    apply_lora(model, 2, init=False)
+    x, y = collate(_packable_rows(), 0)
+    flat = y.reshape(-1)
+    select = (flat != IGNORE_INDEX).nonzero().squeeze(1)
+    labels = flat[select]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    logits = model(x, select=select)
+    whole = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    grads = torch.autograd.grad(whole, trained)
+    for rows, frozen in ((3, False), (3, True), (1, True), (len(labels) + 5, False)):
+        ce, correct = model(x, select=select, head=lambda f, h: chunked_ce_sum(f, h, labels, rows=rows, accuracy=True,
+                                                                               frozen=frozen))
+        torch.testing.assert_close(ce, whole, rtol=1e-12, atol=0)
+        assert int(correct) == int((logits.argmax(-1) == labels).sum())
+        for g, h in zip(torch.autograd.grad(ce, trained), grads):
+            torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-12)
+    none = torch.zeros(0, dtype=torch.long)
+    ce, correct = model(x, select=none, head=lambda f, h: chunked_ce_sum(f, h, none, rows=3))
+    assert float(ce.detach()) == 0 and ce.requires_grad and correct is None

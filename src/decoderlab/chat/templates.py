@@ -354,16 +354,18 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, allow_special=False))
 
 
-def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | JinjaChatTemplate | None = None):
+def add_chat_tokens(model, tokenizer: Tokenizer, template: str | ChatTemplate | JinjaChatTemplate | None = None,
+                    *, inplace: bool = False):
     """Give ``(model, tokenizer)`` the special tokens of ``template``: ``(model, tokenizer, added)`` with the
     tokenizer extended (:meth:`Tokenizer.add_special_tokens`) and the model resized
     (:meth:`DecoderOnlyTransformer.resize_token_embeddings`: new rows at the mean of the old ones, tying
-    kept) -- a copy when it grows, so the model given is left as it was; ``added`` lists the new tokens ([]
-    when all were there). ``model`` may be None (only the tokenizer is extended)."""
+    kept) -- a copy when it grows, so the model given is left as it was (``inplace``: the model itself, for a
+    caller that just loaded it: no second model held for a moment); ``added`` lists the new tokens ([] when all
+    were there). ``model`` may be None (only the tokenizer is extended)."""
     template = get_template(template)
     new_tok = tokenizer.add_special_tokens(template.special_tokens)
     added = [t for t in new_tok.added_special_tokens if t not in tokenizer.token_to_id]
     if model is not None and new_tok.vocab_size != model.config.num_tokens:
-        model = copy.deepcopy(model)
+        model = model if inplace else copy.deepcopy(model)
         model.resize_token_embeddings(new_tok.vocab_size)
     return model, new_tok, added

@@ -52,7 +52,7 @@ from ..training.rows import (IGNORE_INDEX, Row, StepBatches, StepDataModule, col
                              token_logprobs)
 from ..training.strategy import on_training_device
 from ..training.sums import sum_over_ranks
-from .method import Job, Method, merged
+from .method import Job, Method
 from .start import held_out_fraction, path_or_none, sha256_of, split_held_out
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
@@ -512,12 +512,12 @@ def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
     evaluation: dict = {}
     model, beta = module.model, job.options["beta"]
     with on_training_device(trainer, model) as (whole, device):
-        if whole is not None:
-            model = merged(whole)
+        if whole is not None:  # (a LoRA model as it trained: a merged copy over GGUF blocks is float32, 4x the file)
+            model = whole.eval()
             evaluation = evaluate_preferences(model, reference.to(device), eval_ex, job.pad_id, beta)
             exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
             exporter.export(trainer, whole, final=True)  # (the merged model too, when asked)
-    model, _ = model.cpu(), reference.cpu()  # (the merged copy too, as Lightning leaves a trained module)
+    model, _ = model.cpu(), reference.cpu()  # (as Lightning leaves a trained module)
     summary = PreferenceSummary(
         steps=trainer.global_step, train_loss=mean_of_last([h["loss"] for h in module.history])[0],
         history=[dict(h) for h in module.history], val_history=list(module.val_history), evaluation=evaluation,

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 
 from ..chat import ChatTemplate
-from ..lora import has_lora, merge_lora
 from ..tokenizers import Tokenizer
 from ..training import Run
 from .start import pad_id_for
@@ -87,8 +86,3 @@ class Method:
     summarize: Callable[..., tuple]
     closing: Callable[[Any], str]
     reference: bool = False
-
-
-def merged(model):
-    """The trained model as an ordinary one, in eval mode: LoRA adapters folded in (a copy), else itself."""
-    return (merge_lora(model) if has_lora(model) else model).eval()

@@ -62,7 +62,9 @@ def finetune(data=None, *, out: str | os.PathLike, checkpoint: str | os.PathLike
     adapter (``out/adapter``), the optimizer's state of the adapters and a pointer to the base (its path and
     sha256, checked on every load and resume; a base with no file of its own is kept once in ``out/base``) -- no
     copy of the base; :func:`decoderlab.chat.load_model` puts the adapter on it. With ``merge`` the merged model
-    is written once at the end too, in the base's dtype, in ``out/merged``. ``dtype``: the frozen base of a LoRA run
+    is written once at the end too, in the base's dtype, in ``out/merged``; the model returned (and evaluated) keeps
+    its adapters, as it trained (:func:`decoderlab.lora.merge_lora` folds them in: over GGUF blocks a float32
+    copy, 4x the file). ``dtype``: the frozen base of a LoRA run
     from a GGUF file -- ``"auto"`` (default) keeps its block weights in their blocks, QLoRA-style (memory close to
     the file's; :mod:`decoderlab.lora`), ``"float32"`` dequantizes them (a full fine-tune is always float32:
     :func:`~.start.run_base_dtype`). ``out`` becomes the run

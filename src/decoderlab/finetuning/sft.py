@@ -32,18 +32,17 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..chat import ChatTemplate, as_conversations, fit_messages, stream_chat_reply
 from ..checkpoint import unwrap_model
 from ..config.defaults import FINETUNE_VAL_FRACTION
 from ..tokenizers import Tokenizer
 from ..training import LitModel, Run, Summary, TrainConfig, mean_of_last
-from ..training.rows import (IGNORE_INDEX, StepBatches, StepDataModule, collate, masked_ce_sum, pack_rows,
-                             segment_mask, shift_for_training, supervised_count)
+from ..training.rows import (IGNORE_INDEX, StepBatches, StepDataModule, chunked_ce_sum, collate, head_chunk_rows,
+                             pack_rows, segment_mask, shift_for_training, supervised_count)
 from ..training.strategy import on_training_device
 from ..training.sums import host_column_sums, sum_over_ranks
-from .method import Job, Method, merged
+from .method import Job, Method
 from .start import held_out_fraction, pad_id_for, path_or_none, sha256_of, split_held_out
 
 # ---------------------------------------------------------------------------------------------------------
@@ -195,14 +194,10 @@ class SFTModule(LitModel):
 
     def training_step(self, batch, batch_idx):
         x, y, step_count, positions, segments, targets = batch
-        # the logits of the supervised positions alone (the ids and positions come from the tokenizer and packer);
-        # targets None: of every position
-        logits = self.model(x, positions=positions, attn_mask=None if segments is None else segment_mask(segments),
-                            select=targets, check_ids=False)
-        if targets is None:
-            ce, _ = masked_ce_sum(logits, y)
-        else:
-            ce = F.cross_entropy(logits.float(), y.reshape(-1).index_select(0, targets), reduction="sum")
+        # the logits of the supervised positions alone, a slice of rows at a time (the ids and positions come from
+        # the tokenizer and packer)
+        ce, _ = supervised_ce(self.model, x, y, select=targets, positions=positions,
+                              attn_mask=None if segments is None else segment_mask(segments))
         # a step whose every target is masked has a loss of 0 (and no gradient), not 0 / 0
         n = step_count.clamp(min=1).to(ce.dtype)
         self._step_ce.append(ce.detach())
@@ -222,8 +217,8 @@ class SFTModule(LitModel):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        ce, n = masked_ce_sum(self.model(x, check_ids=False), y)
-        self._val.append([ce.detach(), n])
+        ce, _ = supervised_ce(self.model, x, y)
+        self._val.append([ce.detach(), (y != IGNORE_INDEX).sum()])
 
     def on_validation_epoch_end(self):
         if self.trainer.sanity_checking:
@@ -312,13 +307,29 @@ def _teacher_forced(model, ex: Examples, pad: int, batch_size: int) -> tuple[flo
     ce_sum, count, correct = 0.0, 0, 0
     for i in range(0, len(ex.rows), batch_size):
         x, y = collate(ex.rows[i : i + batch_size], pad)
-        logits = model(x)
-        ce, n = masked_ce_sum(logits, y)
+        ce, right = supervised_ce(model, x, y, accuracy=True)
         ce_sum += float(ce)
-        count += int(n)
-        sel = y != IGNORE_INDEX
-        correct += int((logits.argmax(-1)[sel] == y[sel]).sum())
+        count += int((y != IGNORE_INDEX).sum())
+        correct += int(right)
     return ce_sum, count, correct
+
+
+def supervised_ce(model, x: torch.Tensor, y: torch.Tensor, *, select: torch.Tensor | None = None,
+                  accuracy: bool = False, **forward) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(summed cross-entropy, correct argmax predictions or None)`` of ``model`` over the supervised labels of
+    (B, T) inputs ``x`` and shifted labels ``y`` (-100 elsewhere): the final norm and the output layer run on
+    the supervised positions alone (``select``: their flat indices into B * T, found from ``y`` when None), their
+    float32 logits and log-softmax a slice of rows at a time (:func:`~decoderlab.training.rows.chunked_ce_sum`),
+    so no (B, T, V) or (K, V) logits tensor lives -- 1 GB at 1,024 positions of Gemma 3's 262,144-token
+    vocabulary. ``forward``: more keywords of the model's forward (``positions``, ``attn_mask``)."""
+    flat = y.reshape(-1)
+    if select is None:
+        select = (flat != IGNORE_INDEX).nonzero().squeeze(1)
+    inner = unwrap_model(model)
+    labels, rows = flat.index_select(0, select), head_chunk_rows(inner.config.num_tokens)
+    frozen = not any(p.requires_grad for p in inner.fc_layer.parameters())  # (LoRA's; a block layer's)
+    return model(x, select=select, check_ids=False, **forward, head=lambda project, hidden: chunked_ce_sum(
+        project, hidden, labels, rows=rows, accuracy=accuracy, frozen=frozen))
 
 
 def format_evaluation(ev: dict, on: str = "held-out") -> str:
@@ -389,12 +400,12 @@ def summarize(job: Job, trainer, exporter, seconds: float) -> tuple:
     evaluation: dict = {}
     model = module.model
     with on_training_device(trainer, model) as (whole, device):  # every process enters (a collective under FSDP)
-        if whole is not None:
-            model = merged(whole)
+        if whole is not None:  # (a LoRA model as it trained: a merged copy over GGUF blocks is float32, 4x the file)
+            model = whole.eval()
             evaluation = evaluate_chat(model, job.tokenizer, job.template, eval_convs, **job.eval_options)
             exporter.meta.update(evaluation=dict(evaluation), eval_on=eval_on)
             exporter.export(trainer, whole, final=True)  # (the merged model too, when asked)
-    model = model.cpu()  # (the merged copy too, as Lightning leaves a trained module)
+    model = model.cpu()  # (as Lightning leaves a trained module)
     summary = FinetuneSummary(
         steps=trainer.global_step, train_loss=mean_of_last(module.losses)[0], train_losses=list(module.losses),
         val_history=list(module.val_history), evaluation=evaluation, eval_on=eval_on,

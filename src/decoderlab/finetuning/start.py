@@ -111,7 +111,7 @@ def starting_point(run: Run, checkpoint, preset, base_model, tokenizer, vocab_si
         shape = {**(model_overrides or {}), "num_tokens": tok.vocab_size}
         model = DecoderOnlyTransformer(preset_config(preset, **shape))
     check_representable(as_conversations(convs), tok)
-    model, tok, added = add_chat_tokens(model, tok, template)
+    model, tok, added = add_chat_tokens(model, tok, template, inplace=base_model is None)  # (a copy of the caller's)
     return model.train(), tok, template, {"checkpoint": checkpoint, "preset": preset, "added_tokens": added}
 
 
