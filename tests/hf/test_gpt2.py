@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import decoderlab as dl  # noqa: E402
+from decoderlab.cli import main as cli_main  # noqa: E402
 from decoderlab.hf import from_hf, to_hf  # noqa: E402
 
 SMALL = dict(vocab_size=100, n_positions=32, n_embd=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None)
@@ -342,28 +343,31 @@ def test_checkpoint_reader_reads_both_formats_as_the_one_loader(gpt2_dirs, statq
 
 
 
-def test_cli_commands_take_a_gpt2_directory(gpt2_dirs, bpe, decoderlab_cli):
+def test_cli_commands_take_a_gpt2_directory(gpt2_dirs, bpe, decoderlab_cli, capsys):
+    """generate and chat through the console script; verify and explain in this process (a process each saved)."""
     hf, root = gpt2_dirs
     model = from_hf(root / "files")
     want = bpe.decode(dl.generate(model, bpe.encode("To be"), 8, seed=1, tokenizer=bpe))
     r = decoderlab_cli("generate", "--checkpoint", root / "files", "--no-stream", "--seed", "1", "--max-new-tokens", "8",
                        "To be")
     assert (r.returncode, r.stdout, r.stderr) == (0, want + "\n", "")
-    r = decoderlab_cli("verify", "--checkpoint", root / "exported", "To be, or not")
-    assert (r.returncode, r.stderr) == (0, "") and r.stdout.splitlines()[-1].endswith("all ok")
-    r = decoderlab_cli("explain", "--checkpoint", root / "files", "To be, or not")
-    assert r.returncode == 0 and "=> the top next token after" in r.stdout
+    assert cli_main(["verify", "--checkpoint", str(root / "exported"), "To be, or not"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.splitlines()[-1].endswith("all ok")
+    assert cli_main(["explain", "--checkpoint", str(root / "files"), "To be, or not"]) == 0
+    assert "=> the top next token after" in capsys.readouterr().out
     r = decoderlab_cli("chat", "--checkpoint", root / "files", "--seed", "1", "--max-new-tokens", "3", stdin="To be\n")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
     assert r.stderr.startswith(f"({root / 'files'} has no chat template: each line continues the text so far")
 
 
-def test_gpt2_directory_without_tokenizer_says_what_is_missing(gpt2_dirs, decoderlab_cli):
+def test_gpt2_directory_without_tokenizer_says_what_is_missing(gpt2_dirs, capsys):
     _, root = gpt2_dirs
-    r = decoderlab_cli("generate", "--checkpoint", root / "bare", "To be")
-    assert (r.returncode, r.stdout) == (2, "")
+    assert cli_main(["generate", "--checkpoint", str(root / "bare"), "To be"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
     bare = root / "bare"
-    assert r.stderr == (f"decoderlab: error: {bare} has weights but no tokenizer: it needs "
+    assert err == (f"decoderlab: error: {bare} has weights but no tokenizer: it needs "
                         "tokenizer.json, or vocab.json and merges.txt (vocab.json and merges.txt missing). Copy the "
                         "tokenizer files of the model next to its weights, or load the weights alone in Python with "
                         f"decoderlab.hf.from_hf({str(bare)!r}) and a tokenizer of your own\n")
