@@ -139,20 +139,25 @@ def test_cli_dtype_on_generate_sample_and_chat(trained_checkpoint, dtype, capsys
     assert capsys.readouterr().out.strip()
 
 
-def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint):
-    """The real console script: one ``decoderlab: error:`` line listing the choices, exit status 2."""
+def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint, capsys):
+    """The real console script: one ``decoderlab: error:`` line listing the choices, exit status 2 (generate's
+    process; sample and chat in this process)."""
     import os
     import shutil
     import subprocess
     from pathlib import Path
 
     exe = shutil.which("decoderlab", path=str(Path(sys.executable).parent)) or shutil.which("decoderlab")
-    for command in ("generate", "sample", "chat"):
-        r = subprocess.run([exe, command, "--checkpoint", str(trained_checkpoint), "--dtype", "float8"],
-                           capture_output=True, text=True, timeout=300, env=os.environ, stdin=subprocess.DEVNULL)
-        assert r.returncode == 2, (command, r.stderr)
-        assert r.stderr.splitlines() == ["decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, "
-                                         "float16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"], command
+    from decoderlab.cli import main as cli_main
+
+    line = ("decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, float16, q8_0, q4_0, q4_1, "
+            "q5_0, q5_1, q4_k, q5_k, q6_k")
+    r = subprocess.run([exe, "generate", "--checkpoint", str(trained_checkpoint), "--dtype", "float8"],
+                       capture_output=True, text=True, timeout=300, env=os.environ, stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [line])
+    for command in ("sample", "chat"):
+        assert cli_main([command, "--checkpoint", str(trained_checkpoint), "--dtype", "float8"]) == 2, command
+        assert capsys.readouterr().err.splitlines() == [line], command
 
 
 def test_a_model_of_several_block_types_is_said_by_all_of_them_most_held_first():

@@ -26,11 +26,12 @@ def test_a_closed_output_ends_explain_quietly(closed_stdout_cli):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
-def test_a_png_that_cannot_be_written_is_named_as_typed(decoderlab_cli, statquest_checkpoint):
+def test_a_png_that_cannot_be_written_is_named_as_typed(statquest_checkpoint, capsys):
     """`explain --png /proc/x.png` named the temporary file (/proc/.x.png.zc_2ge_d.tmp)."""
-    r = decoderlab_cli("explain", "--checkpoint", statquest_checkpoint, "--png", "/proc/x.png", "what is")
-    assert r.returncode == 2
-    assert r.stderr == "decoderlab: error: /proc/x.png: No such file or directory\n"
+    from decoderlab.cli import main
+
+    assert main(["explain", "--checkpoint", str(statquest_checkpoint), "--png", "/proc/x.png", "what is"]) == 2
+    assert capsys.readouterr().err == "decoderlab: error: /proc/x.png: No such file or directory\n"
 
 
 def _watched_run(directory):
