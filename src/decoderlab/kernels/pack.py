@@ -17,7 +17,7 @@ q8_0's int8 quants are stored with their sign bit flipped (q + 128, an unsigned 
 unsigned by signed bytes). The bytes are the file's, moved: the packed weight is exactly as large as the file's
 tensor, plus zero rows up to a multiple of 16 rows when ``out`` is not one (no model's matrix here).
 
-Pure torch (byte reshapes and permutes), the same for every kernel path; :func:`unpack` gives the file's bytes back.
+Pure NumPy (byte reshapes and transposes, on one thread), the same for every kernel path; :func:`unpack` gives the file's bytes back.
 """
 
 from __future__ import annotations
@@ -82,32 +82,45 @@ def _as_bytes(raw, t: GGMLType, out: int, inp: int, name: str) -> torch.Tensor:
 _QH = {"q5_0": 2, "q5_1": 4}
 
 
-def _transpose_qh(blocks: torch.Tensor, at: int, inverse: bool = False) -> torch.Tensor:
-    """A copy of ``blocks`` whose 4 qh bytes at ``at`` have bit j = 4c + i moved to bit c of byte i (or back)."""
-    qh = blocks[..., at:at + 4]
-    shifts = torch.arange(8, dtype=torch.uint8, device=blocks.device)
-    bits = (qh.unsqueeze(-1) >> shifts) & 1  # (..., byte, bit)
-    pairs = (4, 8) if inverse else (8, 4)  # bit j = 4c + i as (c, i) -> (i, c); or back
-    moved = bits.reshape(*qh.shape[:-1], *pairs).transpose(-1, -2).reshape(*qh.shape[:-1], 4, 8)
-    out = blocks.clone()
-    out[..., at:at + 4] = (moved << shifts).sum(-1, dtype=torch.uint8)
-    return out
+def _transposed_qh(qh: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """``qh`` (..., 4) uint8 with bit j = 4c + i of its 32 bits (little-endian: byte i's bit b is bit 8i + b)
+    moved to bit c of byte i, or back: a new tensor. A nibble at a time on 32-bit words, in NumPy: one thread
+    whatever torch's intra-op threads (expanding each bit to a byte in torch took 3.3 of Gemma 3's 5.4 s load,
+    and torch's two threads beside a busy core ran these small steps 5-8x slower than one)."""
+    word = np.ascontiguousarray(qh).view("<u4")
+    out = np.zeros_like(word)
+    for c in range(8):
+        if inverse:  # bit c of each byte (bits c, 8 + c, 16 + c, 24 + c) -> the nibble at 4c
+            z = (word >> c) & 0x01010101
+            out |= ((z | (z >> 7) | (z >> 14) | (z >> 21)) & 0xF) << (4 * c)
+        else:  # the nibble at 4c (bit i = weight 4c + i) -> bit c of byte i
+            y = (word >> (4 * c)) & 0xF
+            out |= ((y & 1) | ((y & 2) << 7) | ((y & 4) << 14) | ((y & 8) << 21)) << c
+    return out.view(np.uint8)
 
 
-def _side_by_side(field: torch.Tensor, width: int) -> torch.Tensor:
+def _in_place(array: np.ndarray, shape: tuple) -> np.ndarray:
+    """``array`` seen in ``shape`` without a copy (NumPy's reshape copies where it must: a write would be lost;
+    setting ``.shape`` raises instead)."""
+    view = array.view()
+    view.shape = shape
+    return view
+
+
+def _side_by_side(field: np.ndarray, width: int) -> np.ndarray:
     """(groups, 16 rows, blocks, length) -> (groups, blocks, length / width chunks, 16 rows, width)."""
     g, r, nb, n = field.shape
-    return field.reshape(g, r, nb, n // width, width).permute(0, 2, 3, 1, 4)
+    return field.reshape(g, r, nb, n // width, width).transpose(0, 2, 3, 1, 4)
 
 
-def _q6_k_quants(blocks: torch.Tensor, out: torch.Tensor) -> None:
+def _q6_k_quants(blocks: np.ndarray, out: np.ndarray) -> None:
     """q6_k's ql / qh chunks of (groups, 16, blocks, 210) written into ``out`` (groups, blocks, 2 halves, 8, 3, 16,
     4): the half's low and high 32 ql bytes, then its qh."""
     g, r, nb, _ = blocks.shape
     ql = blocks[..., :128].reshape(g, r, nb, 2, 2, 8, 4)  # (half, low or high 32 of the half's 64 bytes, c, byte)
     qh = blocks[..., 128:192].reshape(g, r, nb, 2, 1, 8, 4)
-    out[:, :, :, :, :2].copy_(ql.permute(0, 2, 3, 5, 4, 1, 6))
-    out[:, :, :, :, 2:].copy_(qh.permute(0, 2, 3, 5, 4, 1, 6))
+    out[:, :, :, :, :2] = ql.transpose(0, 2, 3, 5, 4, 1, 6)
+    out[:, :, :, :, 2:] = qh.transpose(0, 2, 3, 5, 4, 1, 6)
 
 
 def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
@@ -125,26 +138,29 @@ def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
             (named).
     """
     t, out, inp = check_shape(kind, shape, name)
-    blocks = _as_bytes(raw, t, out, inp, name)
+    # in NumPy: byte moves on one thread whatever torch's intra-op threads (torch's two threads beside a busy
+    # core ran these strided copies 5-10x slower than one)
+    blocks = _as_bytes(raw, t, out, inp, name).numpy()
     pad = -out % ROWS
     if pad:
-        blocks = torch.cat([blocks, blocks.new_zeros(pad, *blocks.shape[1:])])
-    if t.name in _QH:
-        blocks = _transpose_qh(blocks, _QH[t.name])
+        blocks = np.concatenate([blocks, np.zeros((pad, *blocks.shape[1:]), dtype=np.uint8)])
     groups = blocks.reshape(-1, ROWS, *blocks.shape[1:])
     g, nb = groups.shape[0], groups.shape[2]
+    # q5_0 / q5_1's qh transposed apart (4 bytes a block), not in a copy of every block
+    qh = _transposed_qh(groups[..., _QH[t.name]:_QH[t.name] + 4]) if t.name in _QH else None
     # each field copied straight into its place: no regrouped copy of the fields and then their concatenation
     # (Gemma 3's 178 MB embedding passed through two such transients as it loaded)
-    packed = torch.empty(g, nb, ROWS * t.bytes, dtype=torch.uint8, device=groups.device)
+    packed = np.empty((g, nb, ROWS * t.bytes), dtype=np.uint8)
     at = 0
     for s, n, w in _FIELDS[t.name]:
-        packed[..., at:at + ROWS * n].view(g, nb, n // w, ROWS, w).copy_(_side_by_side(groups[..., s:s + n], w))
+        field = qh if qh is not None and s == _QH[t.name] else groups[..., s:s + n]
+        _in_place(packed[..., at:at + ROWS * n], (g, nb, n // w, ROWS, w))[...] = _side_by_side(field, w)
         at += ROWS * n
     if t.name == "q6_k":
-        _q6_k_quants(groups, packed[..., at:].view(g, nb, 2, 8, 3, ROWS, 4))
+        _q6_k_quants(groups, _in_place(packed[..., at:], (g, nb, 2, 8, 3, ROWS, 4)))
     if t.name == "q8_0":
         packed[..., 2 * ROWS:] ^= 0x80
-    return packed.reshape(-1)
+    return torch.from_numpy(packed.reshape(-1))
 
 
 def unpack(packed: torch.Tensor, kind, shape) -> torch.Tensor:
@@ -169,5 +185,6 @@ def unpack(packed: torch.Tensor, kind, shape) -> torch.Tensor:
         blocks[..., :128] = quants[..., :2, :, :].reshape(g, ROWS, nb, 128)
         blocks[..., 128:192] = quants[..., 2:, :, :].reshape(g, ROWS, nb, 64)
     if t.name in _QH:
-        blocks = _transpose_qh(blocks, _QH[t.name], inverse=True)
+        at = _QH[t.name]
+        blocks[..., at:at + 4] = torch.from_numpy(_transposed_qh(blocks[..., at:at + 4].numpy(), True))
     return blocks.reshape(g * ROWS, nb * t.bytes)[:out]
