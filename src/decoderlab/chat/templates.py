@@ -190,7 +190,8 @@ class ChatTemplate:
         sp = self._ids(tokenizer)
         if (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)) and not self.has_tools:
             raise ValueError(f"the {self.name!r} chat template has no tool-call tokens, so it cannot render tools, "
-                             f"tool calls or tool results (the \"tools\" template can)")
+                             f"tool calls or tool results (the \"tools\" template can: fine-tune with "
+                             f"--template tools)")
         ids: list[int] = []
         mask: list[bool] = []
 
