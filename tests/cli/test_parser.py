@@ -185,3 +185,10 @@ def test_no_command_or_an_unknown_one_is_one_line_or_the_list(decoderlab_cli, ar
         assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
     else:
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("decoderlab: error: ")
+
+
+def test_a_misspelt_command_is_told_its_near_spelling(capsys):
+    err = _error(capsys, "verfy", "x")
+    assert err.startswith("decoderlab: error: COMMAND: invalid choice: 'verfy' (choose from 'train', ")
+    assert err.endswith("'serve'); did you mean verify? (see decoderlab --help)\n")
+    assert "did you mean" not in _error(capsys, "zzz", "x")

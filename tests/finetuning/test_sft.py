@@ -244,7 +244,7 @@ def test_no_evaluation_prompts_print_no_nan(tmp_path, capsys):
     _, _, s = finetune(CONVS, out=tmp_path / "r", base_model=(model, tok), train_config=tiny_cfg(), val_fraction=0,
                        eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.startswith("fine-tuned for 1 steps; train (8 conversations, ") and "nan" not in line, line
+    assert line.startswith("fine-tuned for 1 step; train (8 conversations, ") and "nan" not in line, line
     assert line.endswith("; no greedy replies (eval_prompts 0)"), line
     assert s.evaluation["prompts"] == 0 and s.evaluation["end_of_turn_rate"] is None
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["evaluation"]["exact_match"] is None
@@ -269,7 +269,7 @@ def test_held_out_conversations_that_were_all_dropped_print_no_nan(tmp_path, cap
     _, _, s = finetune(CONVS, val_data=long, out=tmp_path / "r", base_model=chat_pair(), train_config=tiny_cfg(),
                        eval_prompts=2, progress_bar="plain", logger=False, accelerator="cpu")
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line == ("fine-tuned for 1 steps; held-out (0 conversations, 3 dropped: no assistant token within max_len, 0 "
+    assert line == ("fine-tuned for 1 step; held-out (0 conversations, 3 dropped: no assistant token within max_len, 0 "
                     "assistant tokens): no loss: no assistant token to score; no greedy replies (no conversation to "
                     "answer)")
     assert s.evaluation["loss"] is None and s.evaluation["token_accuracy"] is None and s.val_conversations == 0

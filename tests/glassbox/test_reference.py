@@ -57,6 +57,7 @@ def test_a_float16_pass_that_overflows_fails_naming_the_step():
     assert all(s.ok for s in rep.steps)  # the float32 arithmetic on these weights is right
     assert not rep.ok and rep.overflow.startswith("layer 0"), rep.note
     assert f"overflows on this text (at {rep.overflow})" in rep.note
+    assert rep.table().splitlines()[-2].endswith(f"all ok in float32, but the float16 pass overflows at {rep.overflow}")
 
 
 def test_verify_catches_a_wrong_step():

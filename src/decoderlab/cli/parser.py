@@ -72,6 +72,12 @@ class ArgumentParser(argparse.ArgumentParser):
             unknown = unknown_options(self, self._words)  # `--chekpoint X` is the mistake, not a missing --checkpoint
             if unknown:
                 message = unrecognized(self, unknown)
+        typo = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if typo:  # `decoderlab verfy`: the near command, as for an option
+            import difflib
+
+            near = difflib.get_close_matches(typo.group(1), list(COMMANDS), n=1, cutoff=0.75)
+            message += f"; did you mean {near[0]}?" if near else ""
         m = re.match(r"argument ([^:]+): (.*)", message, re.S)
         if m:
             flag = m.group(1).split("/")[-1]

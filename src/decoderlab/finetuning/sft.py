@@ -343,11 +343,17 @@ def format_evaluation(ev: dict, on: str = "held-out") -> str:
     else:
         scores = "no loss: no assistant token to score"
     if ev["prompts"]:
-        replies = (f"greedy replies to {ev['prompts']} prompts: end of turn {ev['end_of_turn_rate']:.1%}, exact "
-                   f"match {ev['exact_match']:.1%}")
+        replies = (f"greedy replies to {_count(ev['prompts'], 'prompt')}: end of turn {ev['end_of_turn_rate']:.1%}, "
+                   f"exact match {ev['exact_match']:.1%}")
     else:
         replies = "no greedy replies (" + ("eval_prompts 0)" if ev["conversations"] else "no conversation to answer)")
-    return f"{on} ({ev['conversations']} conversations{dropped}, {ev['tokens']} assistant tokens): {scores}; {replies}"
+    return (f"{on} ({_count(ev['conversations'], 'conversation')}{dropped}, {_count(ev['tokens'], 'assistant token')}): "
+            f"{scores}; {replies}")
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 conversation", "7 conversations"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass
@@ -431,4 +437,4 @@ def train(job: Job, model) -> tuple:
 #: supervised fine-tuning's parts, for :func:`~decoderlab.finetuning.finetune`
 SFT = Method(name="sft", option_names=(), options=lambda run, given: {}, read_data=conversations_of,
              texts=lambda convs: list(convs), train=train, summarize=summarize,
-             closing=lambda s: f"fine-tuned for {s.steps} steps; {format_evaluation(s.evaluation, s.eval_on)}")
+             closing=lambda s: f"fine-tuned for {_count(s.steps, 'step')}; {format_evaluation(s.evaluation, s.eval_on)}")

@@ -46,7 +46,8 @@ def check_rows(logits: torch.Tensor) -> None:
     """Raise ``ValueError`` for NaN logits or a row with no possible token (every logit -inf)."""
     if torch.isnan(logits).any():
         raise ValueError("the model's logits hold NaN, so no token can be chosen (check the weights, and "
-                         "that the model's values fit its dtype)")
+                         "that the model's values fit its dtype: in float16 a value past 65,504 overflows, as "
+                         "Gemma 3's do -- use bfloat16 or float32)")
     if (logits == NEG_INF).all(dim=-1).any():
         raise ValueError("no token can be chosen: every logit of a row is -inf (every token suppressed or "
                          "filtered out)")

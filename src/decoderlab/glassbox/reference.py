@@ -348,7 +348,9 @@ class VerifyReport:
         bad = [s.name for s in self.steps if not s.ok]
         lines.append(
             f"{len(self.steps)} steps, {self.dtype} model vs float64 NumPy, tolerance {self.tol:g} "
-            f"(x max(1, max |ref|)): " + ("all ok" if not bad else f"{len(bad)} FAILED: {_first(bad)}")
+            f"(x max(1, max |ref|)): " + (f"{len(bad)} FAILED: {_first(bad)}" if bad else
+                                          f"all ok in float32, but the {self.dtype} pass overflows at "
+                                          f"{self.overflow}" if self.overflow else "all ok")
         )
         return "\n".join(lines + [self.note] * bool(self.note))
 
