@@ -347,8 +347,8 @@ def format_evaluation(ev: dict, on: str = "held-out") -> str:
                    f"exact match {ev['exact_match']:.1%}")
     else:
         replies = "no greedy replies (" + ("eval_prompts 0)" if ev["conversations"] else "no conversation to answer)")
-    return (f"{on} ({_count(ev['conversations'], 'conversation')}{dropped}, {_count(ev['tokens'], 'assistant token')}): "
-            f"{scores}; {replies}")
+    counted = f"{_count(ev['conversations'], 'conversation')}{dropped}, {_count(ev['tokens'], 'assistant token')}"
+    return f"{on} ({counted}): {scores}; {replies}"
 
 
 def _count(n: int, noun: str) -> str:
@@ -437,4 +437,5 @@ def train(job: Job, model) -> tuple:
 #: supervised fine-tuning's parts, for :func:`~decoderlab.finetuning.finetune`
 SFT = Method(name="sft", option_names=(), options=lambda run, given: {}, read_data=conversations_of,
              texts=lambda convs: list(convs), train=train, summarize=summarize,
-             closing=lambda s: f"fine-tuned for {_count(s.steps, 'step')}; {format_evaluation(s.evaluation, s.eval_on)}")
+             closing=lambda s: f"fine-tuned for {_count(s.steps, 'step')}; "
+                               f"{format_evaluation(s.evaluation, s.eval_on)}")
