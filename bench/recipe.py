@@ -34,7 +34,7 @@ from decoderlab.tasks.work import WORK_SUFFIX  # noqa: E402
 
 #: the fine-tuning mix: (task or skill, difficulty or None for its whole range, share of the conversations) -- the
 #: card's rows get most of it, each skill's other difficulties a little
-SFT_MIX = (("addition", 3, .11), ("subtraction", 3, .11), ("addition", 4, .05), ("subtraction", 4, .05),
+SFT_MIX = (("addition_work", 3, .11), ("subtraction_work", 3, .11), ("addition", 4, .05), ("subtraction", 4, .05),
            ("addition", None, .02), ("subtraction", None, .02),
            ("multiplication", 2, .03), ("multiplication", 3, .01), ("multiplication", 1, .01),
            ("multiplication_work", 2, .08), ("multiplication_work", 3, .03), ("multiplication_work", 1, .01),
@@ -53,10 +53,10 @@ CHAT_SHARE = 0.05
 #: multi-digit arithmetic at 0-3% however long it runs (to 7,000 steps of 32), and so do add, subtract and multiply
 #: taught together (5,500 steps); one operation alone clicks within 2,000 steps of 16 (3-digit addition 93%, then
 #: subtraction 100% with addition kept at 100%); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
-PHASES = ((2000, (("addition", 3, .9),), .1),
-          (2000, (("subtraction", 3, .6), ("addition", 3, .3)), .1),
-          (2000, (("multiplication_work", 2, .6), ("multiplication_work", 1, .1), ("addition", 3, .05),
-                  ("subtraction", 3, .05)), .2),
+PHASES = ((800, (("addition_work", 3, .7), ("addition_work", None, .2)), .1),
+          (800, (("subtraction_work", 3, .45), ("subtraction_work", None, .15), ("addition_work", 3, .3)), .1),
+          (2000, (("multiplication_work", 2, .6), ("multiplication_work", 1, .1), ("addition_work", 3, .05),
+                  ("subtraction_work", 3, .05)), .2),
           (1500, (("letter_count_work", 3, .3), ("letter_count_work", None, .15), ("first_letter", 2, .1),
                   ("last_letter", 2, .1)), .35),
           (4000, (), 1.0),
@@ -71,8 +71,10 @@ TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (("letter_count_work", 3, .5
 #: from it only in their float rounding (pretrained on one thread instead of two) 85 and 90 with the same data order.
 #: So after a gated phase its row is scored greedily on GATE_QUESTIONS train-split questions, and under the share the
 #: phase runs again from the same start on the next data order (seed + 100), at most GATE_TRIES times in all.
-GATES = {0: ("addition", 3, .5), 1: ("subtraction", 3, .5)}
+GATES: dict = {}
 GATE_QUESTIONS, GATE_TRIES = 100, 3
+#: the row each arithmetic phase teaches, scored after ``--stop-after sft-phaseK`` (the phases' measurement)
+CHECKS = {0: ("addition_work", 3), 1: ("subtraction_work", 3)}
 
 
 class Clock:
@@ -114,6 +116,7 @@ def pretrain(args, out: Path):
     return train_lm(preset="baby-shakespeare-speedrun", tokenizer="bpe", vocab_size=args.vocab,
                     model_overrides=shape, out=out / "base", progress_bar=False, logger=False, accelerator="cpu",
                     config_overrides=dict(max_steps=args.pretrain_steps, batch_size=args.pretrain_batch,
+                                          **({} if args.pretrain_seed is None else {"seed": args.pretrain_seed}),
                                           eval_every=max(1, args.pretrain_steps // 2),
                                           warmup=min(50, args.pretrain_steps // 4)))
 
@@ -150,7 +153,7 @@ def sft(args, out: Path):
     held = [conversation(i) for i in generate("arithmetic", "held-out", 64, seed=9)]
     phases, gates = phases_of(args)
     start, record = out / "base", []
-    for k, (steps, spec, replay, *scale) in enumerate(phases):
+    for k, (steps, spec, replay, *scale) in enumerate(phases[: last_phase(args, phases) + 1]):
         dst = out / ("sft" if k == len(phases) - 1 else f"sft-phase{k}")
         lr = args.sft_lr * (scale[0] if scale else 1.0)
         for seed in range(k, k + 100 * (GATE_TRIES if k in gates else 1), 100):  # the phase's data orders
@@ -176,6 +179,40 @@ def sft(args, out: Path):
 def phases_of(args) -> tuple[tuple, dict]:
     """``(phases, gates)``: ``PHASES`` and ``GATES``, or a tiny run's ``TINY_PHASES`` and none."""
     return (TINY_PHASES, {}) if args.tiny else (PHASES, GATES)
+
+
+def last_phase(args, phases) -> int:
+    """The index of the last phase to run: every one, or K of ``--stop-after sft-phaseK``. Raises
+    ``ValueError`` naming what ``--stop-after`` takes."""
+    if args.stop_after is None or args.stop_after == "sft":
+        return len(phases) - 1
+    allowed = ["base"] + [f"sft-phase{k}" for k in range(len(phases) - 1)] + ["sft"]
+    if args.stop_after not in allowed:
+        raise ValueError(f"--stop-after must be one of {', '.join(allowed)}; got {args.stop_after!r}")
+    return -1 if args.stop_after == "base" else int(args.stop_after.removeprefix("sft-phase"))
+
+
+def phase_rows(args, out: Path) -> dict:
+    """The ``CHECKS`` rows of the phases a ``--stop-after sft-phaseK`` run ran, its model scored greedily on the
+    card's held-out questions (``--questions`` a row): ``{label: {"right", "n", "low", "high"}}`` (the Wilson
+    95% interval), printed."""
+    from decoderlab.reportcard import row_label, score_stage
+    from decoderlab.reportcard.stats import wilson
+
+    phases, _ = phases_of(args)
+    k = last_phase(args, phases)
+    rows = [CHECKS[j] for j in sorted(CHECKS) if j <= k]
+    name = "sft" if k == len(phases) - 1 else f"sft-phase{k}"
+    scores = score_stage(out / name, questions_per_row=args.questions, rows=rows, samples=0)
+    result = {}
+    for skill, difficulty in rows:
+        label = row_label(skill, difficulty)
+        right = scores["rows"][label]["off"]["right"]
+        low, high = wilson(sum(right), len(right))
+        result[label] = {"right": sum(right), "n": len(right), "low": round(low, 4), "high": round(high, 4)}
+        print(f"[{name}] {label}: {sum(right)} of {len(right)} held-out right ({sum(right) / len(right):.1%}, "
+              f"95% interval {low:.1%}-{high:.1%})", flush=True)
+    return result
 
 
 def gate(directory, phase: int, seed: int, skill: str, difficulty: int, least: float) -> dict:
@@ -314,6 +351,11 @@ def parse(argv=None):
     ap.add_argument("--sft", default=None, help="reuse this SFT run (copied in) instead of fine-tuning")
     ap.add_argument("--tiny", action="store_true", help="a seconds-long run of every stage (tests)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pretrain-seed", type=int, default=None,
+                    help="the base's training seed (its weights and windows; default the preset's, 42)")
+    ap.add_argument("--stop-after", default=None, metavar="STAGE",
+                    help="end after this stage: base, or sft-phaseK (the phases 0..K, then their rows scored "
+                         "greedily on the card's held-out questions: the phases' measurement)")
     for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
                               pretrain_batch=12, sft_batch=16,
                               rl_steps=300, rl_prompts=2400, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=48,
@@ -345,6 +387,16 @@ def copied(src, dst: Path) -> float:
     return json.loads(prev.read_text())["stages"].get(dst.name, {}).get("cpu_s", 0.0) if prev.exists() else 0.0
 
 
+def stopped(args, out: Path, clock, reused) -> int:
+    """A run ended early by ``--stop-after``: recipe.json with its stages, and after a phase its rows scored."""
+    record = {"args": vars(args), "stages": clock.stages, "reused_cpu_s": reused}
+    if args.stop_after != "base":
+        record["rows"] = clock.run("score", phase_rows, args, out)
+    record["stages"] = clock.stages
+    (out / "recipe.json").write_text(json.dumps(record, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -352,6 +404,7 @@ def main(argv=None) -> int:
 
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    last_phase(args, phases_of(args)[0])  # a wrong --stop-after refused before any stage runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     clock, reused, gates = Clock(), {}, []
@@ -359,10 +412,14 @@ def main(argv=None) -> int:
         reused["base"] = copied(args.base, out / "base")
     else:
         clock.run("base", pretrain, args, out)
+    if args.stop_after == "base":
+        return stopped(args, out, clock, reused)
     if args.sft:
         reused["sft"] = copied(args.sft, out / "sft")
     else:
         gates = clock.run("sft", sft, args, out)
+    if args.stop_after is not None:
+        return stopped(args, out, clock, reused)
     chosen = clock.run("choose", choose, args, out) if args.rl_rows == "auto" else parse_rows(args.rl_rows)
     print(f"RL rows: {chosen}", flush=True)
     clock.run("rl", reinforce, args, out, chosen)
