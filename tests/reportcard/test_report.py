@@ -257,3 +257,23 @@ def test_the_gate_scores_its_row_on_train_questions(tiny_run):
         record = recipe.gate(tiny_run / "sft-phase0", 0, 0, "addition", 3, least)
         assert record["right"] == count and record["questions"] == recipe.GATE_QUESTIONS
         assert record["passed"] == (least == 0.0)
+
+
+def test_stop_after_ends_the_run_early_and_scores_the_phase_rows(tmp_path):
+    """``--stop-after sft-phase0`` runs the base and the first phase only, then scores its ``CHECKS`` row on the
+    card's held-out questions (the phases' 5-seed measurement); a stage the run has not is refused, naming them,
+    before anything runs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    out = tmp_path / "run"
+    assert recipe.main(["--tiny", "--out", str(out), "--threads", "1", "--stop-after", "sft-phase0"]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert (out / "sft-phase0").is_dir() and not (out / "sft").exists()
+    assert set(record["stages"]) == {"base", "sft", "score"}
+    label = row_label(*recipe.CHECKS[0])
+    assert list(record["rows"]) == [label] and record["rows"][label]["n"] == recipe.TINY["questions"]
+    assert 0 <= record["rows"][label]["low"] <= record["rows"][label]["right"] / 3 <= record["rows"][label]["high"]
+    with pytest.raises(ValueError, match="--stop-after must be one of base, sft-phase0, sft; got 'sft-phase7'"):
+        recipe.main(["--tiny", "--out", str(tmp_path / "no"), "--stop-after", "sft-phase7"])
+    assert not (tmp_path / "no").exists()
