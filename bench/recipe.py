@@ -34,7 +34,7 @@ from decoderlab.tasks.work import WORK_SUFFIX  # noqa: E402
 
 #: the fine-tuning mix: (task or skill, difficulty or None for its whole range, share of the conversations) -- the
 #: card's rows get most of it, each skill's other difficulties a little
-SFT_MIX = (("addition", 3, .11), ("subtraction", 3, .11), ("addition", 4, .05), ("subtraction", 4, .05),
+SFT_MIX = (("addition_work", 3, .11), ("subtraction_work", 3, .11), ("addition", 4, .05), ("subtraction", 4, .05),
            ("addition", None, .02), ("subtraction", None, .02),
            ("multiplication", 2, .03), ("multiplication", 3, .01), ("multiplication", 1, .01),
            ("multiplication_work", 2, .08), ("multiplication_work", 3, .03), ("multiplication_work", 1, .01),
@@ -49,14 +49,18 @@ CHAT_SHARE = 0.05
 #: learning rate as a share of --sft-lr])``: one arithmetic operation at a time first, then spelling, then the whole
 #: mix, then a short phase where one plain question in five of 2x1-digit products and long-word letter counts is
 #: answered with its work unasked ("unasked": the work form's reply to the question without " Show your work."), as
-#: chat models sometimes show their working -- a behaviour RL can find pays and the plain answers do not teach. Measured: the mix alone leaves
-#: multi-digit arithmetic at 0-3% however long it runs (to 7,000 steps of 32), and so do add, subtract and multiply
-#: taught together (5,500 steps); one operation alone clicks within 2,000 steps of 16 (3-digit addition 93%, then
-#: subtraction 100% with addition kept at 100%); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
-PHASES = ((2000, (("addition", 3, .9),), .1),
-          (2000, (("subtraction", 3, .6), ("addition", 3, .3)), .1),
-          (2000, (("multiplication_work", 2, .6), ("multiplication_work", 1, .1), ("addition", 3, .05),
-                  ("subtraction", 3, .05)), .2),
+#: chat models sometimes show their working -- a behaviour RL can find pays and the plain answers do not teach.
+#: Measured: the mix alone leaves multi-digit arithmetic at 0-3% however long it runs (to 7,000 steps of 32), and so
+#: do add, subtract and multiply taught together; one operation alone answered at once found the carry on some
+#: bases and data orders and not others (1% to 93% after 2,000 steps of 16). Written column by column, units first
+#: with the carry or borrow (``addition_work``, ``subtraction_work``), 800 steps of each give 3-digit sums 98-99.8%
+#: and differences 94-98% on each of 4 pretraining seeds, the two that failed the plain form included
+#: (docs/finetuning.md, "The first phases, column by column"), so no phase is retried (the recipe's gates did,
+#: up to three times); the spelling phase lifts first/last letter from 80%/72% to 88%/90%
+PHASES = ((800, (("addition_work", 3, .7), ("addition_work", None, .2)), .1),
+          (800, (("subtraction_work", 3, .45), ("subtraction_work", None, .15), ("addition_work", 3, .3)), .1),
+          (2000, (("multiplication_work", 2, .6), ("multiplication_work", 1, .1), ("addition_work", 3, .05),
+                  ("subtraction_work", 3, .05)), .2),
           (1500, (("letter_count_work", 3, .3), ("letter_count_work", None, .15), ("first_letter", 2, .1),
                   ("last_letter", 2, .1)), .35),
           (4000, (), 1.0),
@@ -64,15 +68,8 @@ PHASES = ((2000, (("addition", 3, .9),), .1),
                  ("letter_count_work", 3, .02, "unasked")), .8, .25))
 #: a seconds-long run of the same shape (tests)
 TINY_PHASES = ((4, (("addition", 3, .9),), .1), (4, (("letter_count_work", 3, .5, "unasked"),), .5, .25))
-#: the phases whose operation a model this small finds on some runs and not others, with the row that shows it and
-#: the least share of it answered: ``{phase: (skill, difficulty, share)}``. Measured (Intel Xeon, 2026-12-05): phase 0
-#: from one base and data order left 3-digit sums at 1 of 100 -- and at 1-15 with other learning rates, a second
-#: training seed or twice the steps --, while the same base with another data order gave 83, and two bases that differ
-#: from it only in their float rounding (pretrained on one thread instead of two) 85 and 90 with the same data order.
-#: So after a gated phase its row is scored greedily on GATE_QUESTIONS train-split questions, and under the share the
-#: phase runs again from the same start on the next data order (seed + 100), at most GATE_TRIES times in all.
-GATES = {0: ("addition", 3, .5), 1: ("subtraction", 3, .5)}
-GATE_QUESTIONS, GATE_TRIES = 100, 3
+#: the row each arithmetic phase teaches, scored after ``--stop-after sft-phaseK`` (the phases' measurement)
+CHECKS = {0: ("addition_work", 3), 1: ("subtraction_work", 3)}
 
 
 class Clock:
@@ -114,6 +111,7 @@ def pretrain(args, out: Path):
     return train_lm(preset="baby-shakespeare-speedrun", tokenizer="bpe", vocab_size=args.vocab,
                     model_overrides=shape, out=out / "base", progress_bar=False, logger=False, accelerator="cpu",
                     config_overrides=dict(max_steps=args.pretrain_steps, batch_size=args.pretrain_batch,
+                                          **({} if args.pretrain_seed is None else {"seed": args.pretrain_seed}),
                                           eval_every=max(1, args.pretrain_steps // 2),
                                           warmup=min(50, args.pretrain_steps // 4)))
 
@@ -139,58 +137,64 @@ def phase_conversations(spec, replay: float, n: int, seed: int) -> list[list[dic
 
 
 def sft(args, out: Path):
-    """The ``PHASES`` in turn from the base, each a fine-tuning of ``--sft-batch`` conversations per step at
-    ``--sft-lr`` (times the phase's share, if it has one; cosine to a tenth) from the one before, the ``tools``
-    template; the last is ``out/sft``, the others ``out/sft-phaseK``. A phase of ``GATES`` runs again on the next
-    data order while its :func:`gate` fails (``GATE_TRIES`` in all; after the last the run goes on, and the card
-    shows the row). Returns the gates' records (recipe.json's ``"gates"``)."""
+    """The ``PHASES`` in turn from the base (up to ``--stop-after``'s), each a fine-tuning of ``--sft-batch``
+    conversations per step at ``--sft-lr`` (times the phase's share, if it has one; cosine to a tenth) from the
+    one before, the ``tools`` template; the last is ``out/sft``, the others ``out/sft-phaseK``."""
     from decoderlab.finetuning import finetune
     from decoderlab.training import TrainConfig
 
     held = [conversation(i) for i in generate("arithmetic", "held-out", 64, seed=9)]
-    phases, gates = phases_of(args)
-    start, record = out / "base", []
-    for k, (steps, spec, replay, *scale) in enumerate(phases):
+    phases = phases_of(args)
+    start = out / "base"
+    for k, (steps, spec, replay, *scale) in enumerate(phases[: last_phase(args, phases) + 1]):
         dst = out / ("sft" if k == len(phases) - 1 else f"sft-phase{k}")
         lr = args.sft_lr * (scale[0] if scale else 1.0)
-        for seed in range(k, k + 100 * (GATE_TRIES if k in gates else 1), 100):  # the phase's data orders
-            shutil.rmtree(dst, ignore_errors=True)  # a phase run again starts afresh, not as a resume
-            finetune(phase_conversations(spec, replay, steps * args.sft_batch, seed=seed),
-                     val_data=held, checkpoint=start, out=dst, template="tools" if k == 0 else None,
-                     train_config=TrainConfig(max_steps=steps, batch_size=args.sft_batch, lr=lr, min_lr=lr / 10,
-                                              warmup=min(50, steps // 4), eval_every=steps, val_batch_size=32,
-                                              log_every=250),
-                     eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
-            if k not in gates:
-                break
-            record.append(gate(dst, k, seed, *gates[k]))
-            if record[-1]["passed"]:
-                break
-            print(f"[gate] SFT phase {k} again on the next data order" if seed < k + 100 * (GATE_TRIES - 1) else
-                  f"[gate] SFT phase {k} failed {GATE_TRIES} times; the run goes on (the card shows the row)",
-                  flush=True)
+        finetune(phase_conversations(spec, replay, steps * args.sft_batch, seed=k),
+                 val_data=held, checkpoint=start, out=dst, template="tools" if k == 0 else None,
+                 train_config=TrainConfig(max_steps=steps, batch_size=args.sft_batch, lr=lr, min_lr=lr / 10,
+                                          warmup=min(50, steps // 4), eval_every=steps, val_batch_size=32,
+                                          log_every=250),
+                 eval_prompts=0, progress_bar="plain", logger=False, accelerator="cpu")
         start = dst
-    return record
 
 
-def phases_of(args) -> tuple[tuple, dict]:
-    """``(phases, gates)``: ``PHASES`` and ``GATES``, or a tiny run's ``TINY_PHASES`` and none."""
-    return (TINY_PHASES, {}) if args.tiny else (PHASES, GATES)
+def phases_of(args) -> tuple:
+    """``PHASES``, or a tiny run's ``TINY_PHASES``."""
+    return TINY_PHASES if args.tiny else PHASES
 
 
-def gate(directory, phase: int, seed: int, skill: str, difficulty: int, least: float) -> dict:
-    """A gated phase's model scored greedily on ``GATE_QUESTIONS`` train-split questions of its row (seed 404;
-    never the card's held-out ones): ``{"phase", "seed", "row", "right", "questions", "passed"}``, printed."""
+def last_phase(args, phases) -> int:
+    """The index of the last phase to run: every one, or K of ``--stop-after sft-phaseK``. Raises
+    ``ValueError`` naming what ``--stop-after`` takes."""
+    if args.stop_after is None or args.stop_after == "sft":
+        return len(phases) - 1
+    allowed = ["base"] + [f"sft-phase{k}" for k in range(len(phases) - 1)] + ["sft"]
+    if args.stop_after not in allowed:
+        raise ValueError(f"--stop-after must be one of {', '.join(allowed)}; got {args.stop_after!r}")
+    return -1 if args.stop_after == "base" else int(args.stop_after.removeprefix("sft-phase"))
+
+
+def phase_rows(args, out: Path) -> dict:
+    """The ``CHECKS`` rows of the phases a ``--stop-after sft-phaseK`` run ran, its model scored greedily on the
+    card's held-out questions (``--questions`` a row): ``{label: {"right", "n", "low", "high"}}`` (the Wilson
+    95% interval), printed."""
     from decoderlab.reportcard import row_label, score_stage
+    from decoderlab.reportcard.stats import wilson
 
-    label, items = row_label(skill, difficulty), generate(skill, "train", GATE_QUESTIONS, seed=404,
-                                                          difficulty=difficulty)
-    scores = score_stage(directory, rows=[(skill, difficulty)], samples=0, items={(skill, difficulty): items})
-    right = sum(scores["rows"][label]["off"]["right"])
-    passed = right >= least * len(items)
-    print(f"[gate] SFT phase {phase} (data seed {seed}): {label} {right} of {len(items)} train questions right, "
-          f"{'at least' if passed else 'under'} {least:.0%}", flush=True)
-    return {"phase": phase, "seed": seed, "row": label, "right": right, "questions": len(items), "passed": passed}
+    phases = phases_of(args)
+    k = last_phase(args, phases)
+    rows = [CHECKS[j] for j in sorted(CHECKS) if j <= k]
+    name = "sft" if k == len(phases) - 1 else f"sft-phase{k}"
+    scores = score_stage(out / name, questions_per_row=args.questions, rows=rows, samples=0)
+    result = {}
+    for skill, difficulty in rows:
+        label = row_label(skill, difficulty)
+        right = scores["rows"][label]["off"]["right"]
+        low, high = wilson(sum(right), len(right))
+        result[label] = {"right": sum(right), "n": len(right), "low": round(low, 4), "high": round(high, 4)}
+        print(f"[{name}] {label}: {sum(right)} of {len(right)} held-out right ({sum(right) / len(right):.1%}, "
+              f"95% interval {low:.1%}-{high:.1%})", flush=True)
+    return result
 
 
 def rl_prompts(chosen: list[tuple[str, int]], n: int, seed: int) -> list[dict]:
@@ -314,6 +318,11 @@ def parse(argv=None):
     ap.add_argument("--sft", default=None, help="reuse this SFT run (copied in) instead of fine-tuning")
     ap.add_argument("--tiny", action="store_true", help="a seconds-long run of every stage (tests)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pretrain-seed", type=int, default=None,
+                    help="the base's training seed (its weights and windows; default the preset's, 42)")
+    ap.add_argument("--stop-after", default=None, metavar="STAGE",
+                    help="end after this stage: base, or sft-phaseK (the phases 0..K, then their rows scored "
+                         "greedily on the card's held-out questions: the phases' measurement)")
     for name, default in dict(vocab=1024, context=256, d_model=128, n_layer=4, n_head=4, pretrain_steps=400,
                               pretrain_batch=12, sft_batch=16,
                               rl_steps=300, rl_prompts=2400, rl_batch=8, rl_accumulate=1, rl_group=8, rl_tokens=48,
@@ -345,6 +354,16 @@ def copied(src, dst: Path) -> float:
     return json.loads(prev.read_text())["stages"].get(dst.name, {}).get("cpu_s", 0.0) if prev.exists() else 0.0
 
 
+def stopped(args, out: Path, clock, reused) -> int:
+    """A run ended early by ``--stop-after``: recipe.json with its stages, and after a phase its rows scored."""
+    record = {"args": vars(args), "stages": clock.stages, "reused_cpu_s": reused}
+    if args.stop_after != "base":
+        record["rows"] = clock.run("score", phase_rows, args, out)
+    record["stages"] = clock.stages
+    (out / "recipe.json").write_text(json.dumps(record, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -352,22 +371,27 @@ def main(argv=None) -> int:
 
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    last_phase(args, phases_of(args))  # a wrong --stop-after refused before any stage runs
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    clock, reused, gates = Clock(), {}, []
+    clock, reused = Clock(), {}
     if args.base:
         reused["base"] = copied(args.base, out / "base")
     else:
         clock.run("base", pretrain, args, out)
+    if args.stop_after == "base":
+        return stopped(args, out, clock, reused)
     if args.sft:
         reused["sft"] = copied(args.sft, out / "sft")
     else:
-        gates = clock.run("sft", sft, args, out)
+        clock.run("sft", sft, args, out)
+    if args.stop_after is not None:
+        return stopped(args, out, clock, reused)
     chosen = clock.run("choose", choose, args, out) if args.rl_rows == "auto" else parse_rows(args.rl_rows)
     print(f"RL rows: {chosen}", flush=True)
     clock.run("rl", reinforce, args, out, chosen)
     clock.run("control", control, args, out, chosen)
-    record = {"args": vars(args), "chosen": chosen, "stages": clock.stages, "reused_cpu_s": reused, "gates": gates}
+    record = {"args": vars(args), "chosen": chosen, "stages": clock.stages, "reused_cpu_s": reused}
     (out / "recipe.json").write_text(json.dumps(record, indent=2))
     card = clock.run("report", report, out, questions=args.questions, samples=args.samples)
     print(clock.run("story", story, out, chosen, card["card"]), flush=True)

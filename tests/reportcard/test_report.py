@@ -206,56 +206,67 @@ def test_unasked_work_asks_the_plain_question_of_the_same_split_and_answers_with
     assert len(convs) == 8 and len(plain) == 4  # half the phase, the rest the (here story-only) replayed mix
 
 
-def test_a_gated_phase_runs_again_on_the_next_data_order_until_its_row_passes(tmp_path, monkeypatch):
-    """The recipe's SFT gates: a gated phase whose row fails runs again from the same start on the next data order
-    (seed + 100), a phase that passes once runs once, an ungated phase never asks, and a phase that fails every
-    try is recorded and the run goes on; recipe.json's "gates" is the record."""
+def test_the_phases_run_in_turn_each_from_the_one_before_up_to_stop_after(tmp_path, monkeypatch):
+    """SFT's phases run once each, in order, each from the checkpoint the one before wrote (the first from the
+    base), each on its own data order; ``--stop-after sft-phaseK`` ends after phase K."""
     sys.path.insert(0, str(ROOT / "bench"))
     import recipe
 
     import decoderlab.finetuning
 
-    runs, verdicts = [], {0: [False, True], 1: [False, False, False]}
+    runs = []
 
     def fake_finetune(convs, *, checkpoint, out, **kwargs):
-        assert not Path(out).exists()  # a phase run again starts afresh
-        Path(out).mkdir()
+        Path(out).mkdir(parents=True)
         runs.append((Path(out).name, Path(checkpoint).name, convs))
 
-    def fake_gate(directory, phase, seed, skill, difficulty, least):
-        return {"phase": phase, "seed": seed, "row": row_label(skill, difficulty), "passed": verdicts[phase].pop(0)}
-
     monkeypatch.setattr(decoderlab.finetuning, "finetune", fake_finetune)
-    monkeypatch.setattr(recipe, "gate", fake_gate)
-    monkeypatch.setattr(recipe, "phases_of", lambda args: (((2, (("addition", 3, .9),), .1),
-                                                            (2, (("subtraction", 3, .9),), .1),
-                                                            (2, (("addition", 3, .5),), .5)),
-                                                           {0: ("addition", 3, .5), 1: ("subtraction", 3, .5)}))
-    args = recipe.parse(["--out", str(tmp_path), "--sft-batch", "4"])
-    record = recipe.sft(args, tmp_path)
-    assert [r[:2] for r in runs] == [("sft-phase0", "base"), ("sft-phase0", "base"), ("sft-phase1", "sft-phase0"),
-                                     ("sft-phase1", "sft-phase0"), ("sft-phase1", "sft-phase0"),
-                                     ("sft", "sft-phase1")]
-    assert runs[0][2] != runs[1][2] and len(runs[0][2]) == len(runs[1][2])  # another data order, as long
-    assert [(r["phase"], r["seed"], r["passed"]) for r in record] == [(0, 0, False), (0, 100, True), (1, 1, False),
-                                                                      (1, 101, False), (1, 201, False)]
+    phases = ((2, (("addition_work", 3, .9),), .1), (2, (("subtraction_work", 3, .9),), .1),
+              (2, (("addition", 3, .5),), .5))
+    monkeypatch.setattr(recipe, "phases_of", lambda args: phases)
+    recipe.sft(recipe.parse(["--out", str(tmp_path / "a"), "--sft-batch", "4"]), tmp_path / "a")
+    assert [r[:2] for r in runs] == [("sft-phase0", "base"), ("sft-phase1", "sft-phase0"), ("sft", "sft-phase1")]
+    assert runs[0][2] != recipe.phase_conversations(*phases[0][1:], 8, seed=1)  # phase k: data order k
+    assert runs[0][2] == recipe.phase_conversations(*phases[0][1:], 8, seed=0)
+    runs.clear()
+    recipe.sft(recipe.parse(["--out", str(tmp_path / "b"), "--sft-batch", "4", "--stop-after", "sft-phase0"]),
+               tmp_path / "b")
+    assert [r[:2] for r in runs] == [("sft-phase0", "base")]
 
 
 @pytest.mark.slow
-def test_the_gate_scores_its_row_on_train_questions(tiny_run):
-    """The gate's count is the phase model's greedy right answers on GATE_QUESTIONS train-split questions of its
-    row -- scored here one question at a time by this file's own rules -- and it passes exactly when that count
-    reaches the share."""
+def test_the_phase_rows_are_scored_on_the_cards_held_out_questions(tiny_run):
+    """``--stop-after``'s count is the phase model's greedy right answers on the card's held-out questions of its
+    row -- scored here one question at a time by this file's own rules --, with its Wilson interval."""
     sys.path.insert(0, str(ROOT / "bench"))
     import recipe
 
-    from decoderlab.tasks import generate
-
-    items = generate("addition", "train", recipe.GATE_QUESTIONS, seed=404, difficulty=3)
-    assert all(i.split == "train" for i in items)  # never the card's held-out questions
+    skill, difficulty = recipe.CHECKS[0]
+    items = held_out(3, [(skill, difficulty)])[(skill, difficulty)]
     model, tok, template, _ = load_model(tiny_run / "sft-phase0")
-    count = sum(right(i, my_reply(model, tok, template, i.question, max_new_tokens("addition"))) for i in items)
-    for least in (0.0, (count + 1) / recipe.GATE_QUESTIONS):
-        record = recipe.gate(tiny_run / "sft-phase0", 0, 0, "addition", 3, least)
-        assert record["right"] == count and record["questions"] == recipe.GATE_QUESTIONS
-        assert record["passed"] == (least == 0.0)
+    count = sum(right(i, my_reply(model, tok, template, i.question, max_new_tokens(skill))) for i in items)
+    args = recipe.parse(["--tiny", "--out", str(tiny_run), "--stop-after", "sft-phase0"])
+    rows = recipe.phase_rows(args, tiny_run)
+    low, high = wilson(count, 3)
+    assert rows == {row_label(skill, difficulty): {"right": count, "n": 3, "low": round(low, 4),
+                                                   "high": round(high, 4)}}
+
+
+def test_stop_after_ends_the_run_early_and_scores_the_phase_rows(tmp_path):
+    """``--stop-after sft-phase0`` runs the base and the first phase only, then scores its ``CHECKS`` row on the
+    card's held-out questions (the phases' 5-seed measurement); a stage the run has not is refused, naming them,
+    before anything runs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    out = tmp_path / "run"
+    assert recipe.main(["--tiny", "--out", str(out), "--threads", "1", "--stop-after", "sft-phase0"]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert (out / "sft-phase0").is_dir() and not (out / "sft").exists()
+    assert set(record["stages"]) == {"base", "sft", "score"}
+    label = row_label(*recipe.CHECKS[0])
+    assert list(record["rows"]) == [label] and record["rows"][label]["n"] == recipe.TINY["questions"]
+    assert 0 <= record["rows"][label]["low"] <= record["rows"][label]["right"] / 3 <= record["rows"][label]["high"]
+    with pytest.raises(ValueError, match="--stop-after must be one of base, sft-phase0, sft; got 'sft-phase7'"):
+        recipe.main(["--tiny", "--out", str(tmp_path / "no"), "--stop-after", "sft-phase7"])
+    assert not (tmp_path / "no").exists()

@@ -12,8 +12,8 @@ from decoderlab.chat import evaluate
 from decoderlab.reinforcement.rewards import load_reward
 from decoderlab.tasks import SKILLS, generate, split_of
 from decoderlab.tasks.make import problem_of
-from decoderlab.tasks.work import (check_work, countdown_chance, countdown_of, countdown_results, countdown_solutions,
-                                   multiplication_work, spelled_count)
+from decoderlab.tasks.work import (check_work, column_lines, column_work, countdown_chance, countdown_of,
+                                   countdown_results, countdown_solutions, multiplication_work, spelled_count)
 
 WORK = [s for s in SKILLS if SKILLS[s].work]
 
@@ -35,6 +35,76 @@ def test_the_forms_by_hand():
         "108 + 300 = 408", "Answer: 408"]
     assert spelled_count("excellence", "e") == "e1-x-c-e2-l-l-e3-n-c-e4\nAnswer: 4"
     assert spelled_count("king", "z") == "k-i-n-g\nAnswer: 0"
+
+
+def test_the_column_forms_against_python():
+    """Every column of a sum or difference against Python's arithmetic on thousands of random draws (0-6 digits,
+    unequal lengths, differences with long borrow chains): the column's digits, the carry or borrow passed on, the
+    digits found so far equal to the true result of the columns so far, the answer the true result."""
+    rng = random.Random(3)
+    draws = [(rng.randrange(10 ** rng.randint(1, 6)), rng.choice("+-"), rng.randrange(10 ** rng.randint(1, 6)))
+             for _ in range(4000)] + [(1000, "-", 1), (999, "+", 1), (0, "+", 0), (5, "-", 5), (100, "-", 99)]
+    for a, op, b in draws:
+        a, b = (b, a) if op == "-" and a < b else (a, b)
+        lines, n = column_lines(a, op, b), max(len(str(a)), len(str(b)))
+        assert len(lines) == n
+        for k, (x, y, c, r, digits) in enumerate(lines):
+            assert (x % 10, y) == (a // 10 ** k % 10, b // 10 ** k % 10)
+            low = a % 10 ** (k + 1) + b % 10 ** (k + 1) if op == "+" else a % 10 ** (k + 1) - b % 10 ** (k + 1)
+            if op == "+":
+                assert r == x + y + c and int(digits) == low and c == (a % 10 ** k + b % 10 ** k >= 10 ** k)
+            else:  # a borrow: the columns so far of a below b's, so the true result of them wraps past 10^(k+1)
+                assert r == x - y - c and 0 <= r <= 9 and c == (a % 10 ** k < b % 10 ** k)
+                assert int(digits) == low % 10 ** (k + 1) and (x >= 10) == (low < 0)
+            assert len(digits) == k + 1 + (op == "+" and r >= 10)
+        work = column_work(a, op, b)
+        assert work.split("\n")[-1] == f"Answer: {a + b if op == '+' else a - b}"
+        assert check_work(f"What is {a} {op} {b}? Show your work.", work, evaluate).false == 0
+
+
+def test_the_column_forms_by_hand_and_their_tokens():
+    """Lee et al.'s order (units first) with the carry and borrow written, digits one BPE token each."""
+    assert column_work(847, "+", 585) == "7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\n8 + 5 + 1 = 14, 1432\nAnswer: 1432"
+    assert column_work(532, "-", 187) == "12 - 7 - 0 = 5, 5\n13 - 8 - 1 = 4, 45\n5 - 1 - 1 = 3, 345\nAnswer: 345"
+    assert column_work(815, "-", 802).split("\n")[-2:] == ["8 - 8 - 0 = 0, 013", "Answer: 13"]
+    for a, op, b in ((5, "-", 7), (-1, "+", 2), (3, "*", 4)):
+        with pytest.raises(ValueError, match=r"a \+ b or a - b .* got"):
+            column_work(a, op, b)
+    # the recipe's tokenizer: BPE trained on the corpus alone, which has no digits -- so each digit of a line is
+    # its own token and a column's digits sit at the same offsets in every line
+    from decoderlab.tasks.skills import CORPUS
+    from decoderlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(CORPUS.read_text(encoding="utf-8"), 1024)
+    text = column_work(847, "+", 585)
+    pieces = [tok.decode([i]) for i in tok.encode(text)]
+    assert [p for p in pieces if any(ch.isdigit() for ch in p)] == [ch for ch in text if ch.isdigit()]
+
+
+@pytest.mark.parametrize("reply,false", [
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\n8 + 5 + 1 = 14, 1432\nAnswer: 1432", 0),
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 0 = 12, 122\n8 + 5 + 1 = 14, 1422\nAnswer: 1422", 1),  # the carry dropped
+    ("7 + 5 + 0 = 13, 13\n4 + 8 + 1 = 13, 133\n8 + 5 + 1 = 14, 1433\nAnswer: 1433", 1),  # a false sum
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\n8 + 5 + 1 = 14, 1423\nAnswer: 1423", 1),  # digits miscopied
+    ("7 + 5 + 0 = 12, 12\n8 + 4 + 1 = 13, 132\n8 + 5 + 1 = 14, 1432\nAnswer: 1432", 1),  # not the question's
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\nAnswer: 132", 1),  # a column missing: the answer does not follow
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\n8 + 5 + 1 = 14, 1432\nAnswer: 1433", 1),
+    ("7 + 5 + 0 = 12, 12\n4 + 8 + 1 = 13, 132\n8 + 5 + 1 = 14, 1432\n0 + 0 + 1 = 1, 11432\nAnswer: 1432", 1),
+])
+def test_a_false_column_line_is_counted(reply, false):
+    assert check_work("What is 847 + 585? Show your work.", reply, evaluate).false == false
+
+
+@pytest.mark.parametrize("reply,false", [
+    ("12 - 7 - 0 = 5, 5\n13 - 8 - 1 = 4, 45\n5 - 1 - 1 = 3, 345\nAnswer: 345", 0),
+    ("12 - 7 - 0 = 5, 5\n3 - 8 - 1 = 4, 45\n5 - 1 - 1 = 3, 345\nAnswer: 345", 2),  # 3 - 8 - 1 false, so no borrow
+    ("12 - 7 - 0 = 5, 5\n13 - 8 - 0 = 5, 55\n5 - 1 - 0 = 4, 455\nAnswer: 455", 2),  # the borrow dropped, twice
+    ("2 - 7 - 0 = 5, 5\n13 - 8 - 1 = 4, 45\n5 - 1 - 1 = 3, 345\nAnswer: 345", 2),  # and the next borrow from it
+    ("12 - 7 - 0 = 5, 5\n13 - 8 - 1 = 4, 45\n15 - 1 - 1 = 13, 1345\nAnswer: 1345", 1),  # a borrow not needed
+    ("12 - 7 - 0 = 5, 5\n13 - 8 - 1 = 4, 45\n5 - 1 - 1 = 3, 345\nAnswer: 0345", 1),  # the answer's leading zero
+])
+def test_a_false_borrow_line_is_counted(reply, false):
+    assert check_work("What is 532 - 187? Show your work.", reply, evaluate).false == false
 
 
 @pytest.mark.parametrize("question,reply,false", [

@@ -32,8 +32,9 @@ __all__ = ["QUESTIONS", "ROWS", "SAMPLES", "STAGES", "STORY", "TaskReward", "cho
 
 #: the stages a run may hold, in the card's order
 STAGES = ("base", "sft", "control", "rl")
-#: the card's rows: (skill, difficulty)
-ROWS = (("addition", 3), ("subtraction", 3), ("addition", 4), ("subtraction", 4), ("multiplication", 2),
+#: the card's rows: (skill, difficulty); 3-digit sums and differences asked with " Show your work." (the form the
+#: recipe teaches) and scored on their answer line
+ROWS = (("addition_work", 3), ("subtraction_work", 3), ("addition", 4), ("subtraction", 4), ("multiplication", 2),
         ("multiplication_work", 2), ("multiplication_work", 3), ("first_letter", 2), ("last_letter", 2),
         ("letter_count", 1), ("letter_count", 3), ("letter_count_work", 3), ("backwards", 1), ("larger", 3),
         ("smallest", 2), ("countdown", 1), ("countdown", 2), ("big_multiplication", 4))

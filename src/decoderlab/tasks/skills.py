@@ -3,7 +3,7 @@ name of the reward that checks a reply (``number``: the reply's last number; ``e
 ``countdown``: every line of the work true and the target reached).
 
 A skill has a difficulty knob (``difficulties``: the values it takes) and one phrasing per question kind, so a
-small model learns the skill rather than the wording. The ``scratchpad`` family asks two of them again with
+small model learns the skill rather than the wording. The ``scratchpad`` family asks four of them again with
 " Show your work." and answers with the steps (:mod:`.work`); ``search`` is countdown. Pure Python: no torch, nothing downloaded; the words of
 the spelling skills come from the embedded tinyshakespeare corpus.
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import words
-from .work import WORK_SUFFIX, countdown_chance, countdown_of, draw_countdown, multiplication_work, spelled_count
+from .work import (WORK_SUFFIX, column_work, countdown_chance, countdown_of, draw_countdown, multiplication_work,
+                   spelled_count)
 
 #: the embedded corpus the spelling words come from (the file ``decoderlab.data`` trains on by default)
 CORPUS = Path(__file__).resolve().parents[1] / "corpora" / "tinyshakespeare.txt"
@@ -149,6 +150,18 @@ def _multiplication_work(rng, d):
     return q + WORK_SUFFIX, multiplication_work(x, y)
 
 
+def _addition_work(rng, d):
+    q, _ = _addition(rng, d)
+    x, y = _ints(q)
+    return q + WORK_SUFFIX, column_work(x, "+", y)
+
+
+def _subtraction_work(rng, d):
+    q, _ = _subtraction(rng, d)
+    x, y = _ints(q)
+    return q + WORK_SUFFIX, column_work(x, "-", y)
+
+
 def _letter_count_work(rng, d):
     q, _ = _letter_count(rng, d)
     letter, word = _COUNT_Q.fullmatch(q).groups()
@@ -267,6 +280,10 @@ SKILLS: dict[str, Skill] = {s.name: s for s in (
           lambda d: f"{d}x3-{d}-digit", needs_tool=True, chance=_big_product_chance),
     Skill("word_problem", "words", "number", words.STEPS, 2, _word_problem, lambda d: f"{d}-step",
           needs_tool=True, chance=_word_chance),
+    Skill("addition_work", "scratchpad", "number", (1, 2, 3, 4), 3, _addition_work, _digits, chance=_sum_chance,
+          work=True),
+    Skill("subtraction_work", "scratchpad", "number", (1, 2, 3, 4), 3, _subtraction_work, _digits,
+          chance=_difference_chance, work=True),
     Skill("multiplication_work", "scratchpad", "number", (1, 2, 3), 2, _multiplication_work, _factors,
           chance=_product_chance, work=True),
     Skill("letter_count_work", "scratchpad", "number", (1, 2, 3), 3, _letter_count_work, _letters,

@@ -1,6 +1,26 @@
 """Answers that show their work, and the program that checks every line of it.
 
-Three forms, each written so that a line is one small step a program can check on its own:
+Four forms, each written so that a line is one small step a program can check on its own:
+
+* a sum or a difference column by column, the units first (Lee et al. 2023: the digits in the order a carry
+  travels let a small model add digit by digit instead of guessing the carry ahead), each line one column's
+  digits with the carry (or borrow) that came in, the column's result, and after the comma the digits found
+  so far (the result then the digits before it, so the last line holds the answer to copy)::
+
+      What is 847 + 585? Show your work.
+      7 + 5 + 0 = 12, 12
+      4 + 8 + 1 = 13, 132
+      8 + 5 + 1 = 14, 1432
+      Answer: 1432
+
+  a difference borrows by writing the column's top digit plus ten (``12 - 7 - 0 = 5``), and the next column
+  takes the 1 away::
+
+      What is 532 - 187? Show your work.
+      12 - 7 - 0 = 5, 5
+      13 - 8 - 1 = 4, 45
+      5 - 1 - 1 = 3, 345
+      Answer: 345
 
 * multiplication with partial products (Lee et al. 2023, "Teaching arithmetic to small transformers": a
   scratchpad of the steps lets a small model learn products it cannot answer at once)::
@@ -50,6 +70,8 @@ _EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 _COUNTDOWN = re.compile(r"Make (\d+) from (\d+(?:, \d+)+)\.")
 _COUNT = re.compile(r"How many times does the letter ([a-z]) appear in ([a-z]+)\?")
 _PRODUCT = re.compile(r"What is (\d+) \* (\d+)\?")
+_SUM = re.compile(r"What is (\d+) ([-+]) (\d+)\?")
+_COLUMN = re.compile(r"(\d+) ([-+]) (\d) \2 ([01]) = (\d+), (\d+)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -71,6 +93,40 @@ def multiplication_work(a: int, b: int) -> str:
         lines.append(f"{total} + {p} = {total + p}")
         total += p
     return "\n".join(lines + [f"{ANSWER}{total}"])
+
+
+def column_work(a: int, op: str, b: int) -> str:
+    """The scratchpad of ``a + b`` or ``a - b`` (``op`` ``"+"`` or ``"-"``; ``a >= b >= 0`` for a difference):
+    one line per column of the longer number, the units first, ``x op y op c = r, digits`` (``c`` the carry or
+    borrow the column takes in; a borrowing column's ``x`` is its digit plus ten; ``digits`` the result's
+    digits from this column down, :func:`column_lines`), then ``Answer: a op b``. Raises ``ValueError`` for
+    another op, a negative number, or a difference below zero."""
+    lines = [f"{x} {op} {y} {op} {c} = {r}, {digits}" for x, y, c, r, digits in column_lines(a, op, b)]
+    return "\n".join(lines + [f"{ANSWER}{a + b if op == '+' else a - b}"])
+
+
+def column_lines(a: int, op: str, b: int) -> list[tuple[int, int, int, int, str]]:
+    """The columns of :func:`column_work`, units first: ``(x, y, c, r, digits)`` -- ``x`` a's digit (plus ten
+    where a difference borrows), ``y`` b's digit (0 past its length), ``c`` the carry or borrow in, ``r`` the
+    column's result (a sum's may be 10-19: its tens are the next carry), ``digits`` ``r`` then the last k
+    digits of the line before (k: the columns before)."""
+    if op not in ("+", "-") or a < 0 or b < 0 or (op == "-" and a < b):
+        raise ValueError(f"column_work takes a + b or a - b of whole numbers >= 0 with a >= b for a difference; "
+                         f"got {a} {op} {b}")
+    n = max(len(str(a)), len(str(b)))
+    xs, ys = str(a).zfill(n)[::-1], str(b).zfill(n)[::-1]
+    out, c, digits = [], 0, ""
+    for k in range(n):
+        x, y = int(xs[k]), int(ys[k])
+        if op == "+":
+            r, nxt = x + y + c, int(x + y + c >= 10)
+        else:
+            x += 10 * (x - y - c < 0)
+            r, nxt = x - y - c, int(x >= 10)
+        digits = str(r) + (digits[-k:] if k else "")
+        out.append((x, y, c, r, digits))
+        c = nxt
+    return out
 
 
 def spelled_count(word: str, letter: str) -> str:
@@ -238,6 +294,37 @@ def check_multiplication(reply: str, evaluate: Callable[[str], str]) -> WorkChec
     return WorkCheck(len(lines), false)
 
 
+def check_columns(a: int, op: str, b: int, reply: str, evaluate: Callable[[str], str]) -> WorkCheck:
+    """:func:`column_work`'s lines checked one at a time: column k's line true when its digits are the
+    question's (``x`` a's digit, or it plus ten in a difference), its carry or borrow is the one the line
+    before passes on (a sum's result 10 or more, a difference's ``x`` 10 or more; 0 for the first), its
+    result is ``evaluate("x op y op c")`` and a single digit where a difference or a column left of it needs
+    one, and its digits are the result then the line before's last k; the ``Answer:`` line true when every
+    column came before it and it is the last line's digits as a number. Each line is checked against the one
+    before as written, so a slip is one false line, not every line after it. A line past the last column, or
+    in no form, is false."""
+    lines, false, k, prev = _lines(reply), 0, 0, None
+    n = max(len(str(a)), len(str(b)))
+    xs, ys = str(a).zfill(n)[::-1], str(b).zfill(n)[::-1]
+    for line in lines:
+        if line.startswith(ANSWER):
+            false += k < n or prev is None or _answer_line(line) != int(prev[4]) or line[len(ANSWER):] != \
+                str(int(prev[4]))
+            continue
+        m = _COLUMN.fullmatch(line)
+        ok = m is not None and m[2] == op and k < n
+        if ok:
+            x, y, c, r, digits = int(m[1]), int(m[3]), int(m[4]), int(m[5]), m[6]
+            carry = 0 if prev is None else int(prev[3] >= 10 if op == "+" else prev[0] >= 10)
+            ok = (x % 10 == int(xs[k]) and (op == "-" or x < 10) and y == int(ys[k]) and c == carry
+                  and evaluate(f"{x} {op} {y} {op} {c}") == m[5] and (op == "+" or r < 10)
+                  and digits == m[5] + (prev[4][-k:] if k else ""))
+            prev = (x, y, c, r, digits)  # the next line is checked against this one as written: one slip, one line
+        false += not ok
+        k += 1
+    return WorkCheck(len(lines), false)
+
+
 def check_spelled_count(word: str, letter: str, reply: str) -> WorkCheck:
     """The first line true when it is exactly :func:`spelled_count`'s spelling of ``word`` with ``letter``
     numbered; the ``Answer:`` line true when it gives the number of marks the first line made."""
@@ -295,4 +382,6 @@ def check_work(question: str, reply: str, evaluate: Callable[[str], str]) -> Wor
         return check_spelled_count(m[2], m[1], reply)
     if _PRODUCT.fullmatch(plain) is not None:
         return check_multiplication(reply, evaluate)
+    if (m := _SUM.fullmatch(plain)) is not None:
+        return check_columns(int(m[1]), m[2], int(m[3]), reply, evaluate)
     return None
