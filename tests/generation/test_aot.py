@@ -25,7 +25,8 @@ def _decode_all(model) -> list:
             generate_batch(model, PROMPTS, n, temperature=0), generate_batch(model, PROMPTS, n, **SAMPLED)]
 
 
-# the new process: the same model (same seed), the packages this test wrote, the same calls
+# the new process: the same model (seed 5) and one with other weights (seed 6), the packages this test wrote, the
+# same calls -- one line of JSON per model
 CHILD = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
@@ -33,12 +34,14 @@ sys.path.insert(0, {here!r})
 from tiny_models import make_model
 from test_aot import _decode_all
 torch.set_num_threads(1)
-model = make_model("gpt2", "sdpa", seed={seed})
-eager = _decode_all(model)
-step = model.compile_decode(mode="aot", cache_dir={cache!r})
-out = _decode_all(model)
-print(json.dumps({{"out": out, "eager": eager, "compile_seconds": sorted(step.compile_seconds.values()),
-                   "packages": sorted(p.name for p in step.packages.values())}}))
+for seed in (5, 6):
+    model = make_model("gpt2", "sdpa", seed=seed)
+    eager = _decode_all(model)
+    step = model.compile_decode(mode="aot", cache_dir={cache!r})
+    out = _decode_all(model)
+    print(json.dumps({{"seed": seed, "out": out, "eager": eager,
+                       "compile_seconds": sorted(step.compile_seconds.values()),
+                       "packages": sorted(p.name for p in step.packages.values())}}))
 """
 
 
@@ -84,11 +87,12 @@ def test_the_aot_package_decodes_eagers_tokens_and_reloads_in_a_new_process(tmp_
     own = {id(t) for t in model.state_dict(keep_vars=True).values()}
     assert step._slots and all(id(t) in own for _, _, t in step._slots.values())
     here = str(Path(__file__).resolve().parent)
-    for seed in (5, 6):
-        code = CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path), seed=seed)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env(), timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        child = json.loads(r.stdout.strip().splitlines()[-1])
+    code = CHILD.format(tests=str(Path(here).parent), here=here, cache=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    children = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith('{"seed"')]
+    assert [c["seed"] for c in children] == [5, 6]
+    for seed, child in zip((5, 6), children):
         assert child["compile_seconds"] == [0.0, 0.0], "the new process compiled instead of loading"
         assert child["packages"] == sorted(p.name for p in step.packages.values())
         assert child["out"] == child["eager"]
