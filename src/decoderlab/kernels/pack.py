@@ -17,7 +17,8 @@ q8_0's int8 quants are stored with their sign bit flipped (q + 128, an unsigned 
 unsigned by signed bytes). The bytes are the file's, moved: the packed weight is exactly as large as the file's
 tensor, plus zero rows up to a multiple of 16 rows when ``out`` is not one (no model's matrix here).
 
-Pure NumPy (byte reshapes and transposes, on one thread), the same for every kernel path; :func:`unpack` gives the file's bytes back.
+Pure NumPy (byte reshapes and transposes, on one thread), the same for every kernel path; :func:`unpack` gives the
+file's bytes back.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ _QH = {"q5_0": 2, "q5_1": 4}
 
 def _transposed_qh(qh: np.ndarray, inverse: bool = False) -> np.ndarray:
     """``qh`` (..., 4) uint8 with bit j = 4c + i of its 32 bits (little-endian: byte i's bit b is bit 8i + b)
-    moved to bit c of byte i, or back: a new tensor. A nibble at a time on 32-bit words, in NumPy: one thread
+    moved to bit c of byte i, or back: a new array. A nibble at a time on 32-bit words, in NumPy: one thread
     whatever torch's intra-op threads (expanding each bit to a byte in torch took 3.3 of Gemma 3's 5.4 s load,
     and torch's two threads beside a busy core ran these small steps 5-8x slower than one)."""
     word = np.ascontiguousarray(qh).view("<u4")
