@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from support.caches import own_cache
 from support.processes import running
 
 from decoderlab.config import SERVE_HOST, SERVE_LIMIT_DEFAULTS, SERVE_LIMIT_HELP, SERVE_PORT, ServeLimits
@@ -96,7 +97,7 @@ def test_a_compiled_step_is_warmed_up_before_the_address_is_said(statquest_check
 
     from decoderlab.waiting import MeasuredWaits
 
-    server, port = _serve("--checkpoint", statquest_checkpoint, "--compile", env={"DECODERLAB_CACHE": str(tmp_path)})
+    server, port = _serve("--checkpoint", statquest_checkpoint, "--compile", env={"DECODERLAB_CACHE": str(own_cache(tmp_path))})
     with server as p:
         body = json.dumps({"prompt": "what is statquest", "max_tokens": 3}).encode()
         ask = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.caches import own_cache
 from tiny_runs import TINY, cache, ddp_env, one_thread, run, run_group, text, tiny_config  # noqa: F401
 
 from decoderlab import cli
@@ -162,7 +163,7 @@ def test_cli_train_ctrl_c_exits_130_with_one_line(tmp_path, text):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DECODERLAB_CACHE": str(tmp_path / "cache"),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DECODERLAB_CACHE": str(own_cache(tmp_path / "cache")),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("DECODERLAB_RUN_DIR", None)
     p = subprocess.Popen([sys.executable, "-m", "decoderlab.cli", "train", "--preset", "baby-shakespeare", "--data",
@@ -207,7 +208,8 @@ def test_cli_train_plain_log_shape_flags_and_warnings(tmp_path, text, decoderlab
                        "--max-steps", "4", "--eval-every", "2", "--log-every", "3", "--warmup", "4",
                        "--batch-size", "2", "--val-batches", "2", "--n-layer", "1", "--n-head", "2", "--d-model", "16",
                        "--max-len", "16", "--position", "rope", "--norm", "rmsnorm", "--n-kv-head", "1",
-                       "--rope-theta", "50000", "--no-progress-bar", env={"DECODERLAB_CACHE": str(tmp_path / "cache")})
+                       "--rope-theta", "50000", "--no-progress-bar",
+                       env={"DECODERLAB_CACHE": str(own_cache(tmp_path / "cache"))})
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stdout + r.stderr
     vocab = json.loads((out / "config.json").read_text())["num_tokens"]

@@ -16,6 +16,8 @@ httpx = pytest.importorskip("httpx")
 
 import decoderlab as dl  # noqa: E402
 
+from support.caches import own_cache  # noqa: E402
+
 from .helpers import ref_text, client, cli_server  # noqa: E402
 
 
@@ -94,17 +96,17 @@ def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
 @pytest.mark.slow
 def test_cli_serve_q8_0_compiled_gives_the_eager_texts(mt, tmp_path):
     """`serve --dtype q8_0 --compile` decodes through the compiled step (the default from a million parameters;
-    this tiny model needs --compile) -- Inductor compiles the block products before serving and at the first
-    request of each new kind of batch, said on standard error -- and answers four requests sent together --
-    batched steps, each block read once for all rows -- with the texts of the library on the q8_0 model (which
-    the eager server gives: this tiny model's default). A few graphs are compiled: minutes on a loaded 2-core
-    machine."""
+    this tiny model needs --compile) -- Inductor compiles the one-row step before serving and one graph for every
+    batch of two or more rows at the first such request, said on standard error -- and answers four requests
+    sent together -- batched steps, each block read once for all rows -- with the texts of the library on the
+    q8_0 model (which the eager server gives: this tiny model's default). The server keeps the kernels `make
+    install` built (its own cache root would build them again: 20-25 s).
     from concurrent.futures import ThreadPoolExecutor
 
     model, tok = mt
     dl.save_checkpoint(tmp_path / "ck", model, tok)
     asks = [("ab", 0, None), ("ba", 0, None), ("abc", 1.0, 3), ("c", 1.0, 4)]
-    with cli_server(tmp_path / "ck", "--dtype", "q8_0", "--compile", env={"DECODERLAB_CACHE": str(tmp_path)}) as url:
+    with cli_server(tmp_path / "ck", "--dtype", "q8_0", "--compile", env={"DECODERLAB_CACHE": str(own_cache(tmp_path))}) as url:
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1200)
         with ThreadPoolExecutor(len(asks)) as pool:
             done = [pool.submit(lambda a=a: c.completions.create(model="ck", prompt=a[0], max_tokens=12,

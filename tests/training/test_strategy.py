@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from support.caches import own_cache
+
 from decoderlab import cli
 from decoderlab.checkpoint import load_checkpoint
 from decoderlab.training import TrainConfig, train_lm
@@ -42,7 +44,7 @@ def config(optimizer, processes=1, **kw):
 
 
 def env(cache):
-    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(cache)}
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "DECODERLAB_CACHE": str(own_cache(cache))}
     e.pop("DECODERLAB_RUN_DIR", None)
     return e
 
