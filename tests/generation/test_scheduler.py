@@ -12,6 +12,7 @@ from tiny_models import CHARS, end_of_turn_model, one_thread, tiny_model  # noqa
 import decoderlab as dl
 from decoderlab.generation import SamplingParams, generate, stream_text
 from decoderlab.generation.scheduler import GenerationRequest, Scheduler
+from decoderlab.quant import quantize_model
 
 
 @pytest.fixture(scope="module", params=["baby-shakespeare", "llama-gqa", "gemma-sliding"])
@@ -391,3 +392,45 @@ def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
         model.compiled_decode = None
         torch._dynamo.reset()
     assert len(compiles) == 1, compiles
+
+
+def test_a_compiled_step_compiles_one_graph_for_every_batch_of_two_or_more_rows():
+    """Rows joining and leaving change the batch (2, 3, 4 rows, then fewer) and the padding mask's columns: the
+    scheduler hands them to a compiled step as dynamic sizes, and the block-weight embedding's dequantize op takes
+    its row count as a SymInt -- so one graph serves every batch of 2 or more (an ``int`` there fixed the row
+    count: a compile of the whole model at each new batch size while every request waited). The one-row step
+    (the warm-up's) and a one-row step under a mask are graphs of their own: at most three in all. The texts
+    stay generate's, on the q8_0 model."""
+    from torch._dynamo.callback import callback_handler
+
+    model, tok = tiny_model("baby-shakespeare")
+    quantize_model(model, "q8_0")
+    compiles = []
+    start = lambda *_: compiles.append(1)  # noqa: E731
+    prompts = ["a", "hello", "to be", "the cat sat", "xyz"]
+    torch._dynamo.reset()
+    callback_handler.register_start_callback(start)
+    try:
+        model.compile_decode(backend="eager")
+        sch = Scheduler(model, tok, max_batch=4)
+        sch.close()  # no thread: _step is driven here
+        texts = {k: [] for k in range(len(prompts))}
+        reqs = [GenerationRequest(prompt_ids=tok.encode(p), on_event=lambda ev, k=k: ev[0] == "delta" and
+                                  texts[k].append(ev[2]), params=SamplingParams(max_new_tokens=4 + 2 * k,
+                                                                                temperature=0))
+                for k, p in enumerate(prompts)]
+        for r in reqs:
+            sch._prepare(r)
+        with torch.inference_mode():
+            for r in reqs:  # one more row a step: 1, 2, 3, 4 rows, as the first ends a fifth
+                sch._step([r])
+            while sch._rows:
+                sch._step([])
+        model.compiled_decode = None  # (the reference decodes eagerly)
+        for k, p in enumerate(prompts):
+            assert "".join(texts[k]) == ref_text((model, tok), tok.encode(p), 4 + 2 * k, 0, None), p
+    finally:
+        callback_handler.remove_start_callback(start)
+        model.compiled_decode = None
+        torch._dynamo.reset()
+    assert len(compiles) <= 3, compiles

@@ -428,6 +428,14 @@ class Scheduler:
             # as dynamic from its first compile -- dynamo would compile a graph for the first length it sees, then
             # a second, dynamic one (two compiles of the whole model: twice a server's warm-up)
             positions, cache.length = dynamic_int(positions), dynamic_int(cache.length)
+            if n > 1:  # and so do the running rows: one graph for every batch of 2 or more, not a graph for 2,
+                # then a dynamic one (each a compile of the whole model while every request waits)
+                cache.n = dynamic_int(cache.n)
+                for t in (tokens, positions, mask):
+                    if isinstance(t, torch.Tensor):
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+            if mask is not None:  # (its columns are the timeline's: as dynamic as its length)
+                torch._dynamo.maybe_mark_dynamic(mask, 1)
         logits = decode(tokens, positions, mask, cache)  # the model's own blocks, one token a row
         cache.advance(1)
         self.steps += 1

@@ -10,8 +10,8 @@ The ops (schemas as ``torch.library`` states them; fake implementations register
     decoderlab::dense_linear(Tensor x, Tensor weight) -> Tensor
     decoderlab::dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]
     decoderlab::quantize_activation(Tensor x, int ggml_type) -> Tensor
-    decoderlab::dequantize(Tensor packed, int ggml_type, int out_features, int in_features, int start, int stop)
-        -> Tensor                                       (float32 rows [start, stop) of a packed weight)
+    decoderlab::dequantize(Tensor packed, int ggml_type, SymInt out_features, SymInt in_features, SymInt start,
+        SymInt stop) -> Tensor                          (float32 rows [start, stop) of a packed weight)
     decoderlab::kernels_isa(str request) -> str        (the C++ library only)
     decoderlab::kernels_isas() -> str[]                (the C++ library only)
 
@@ -55,8 +55,9 @@ _SCHEMAS = {
     "dense_linear": "dense_linear(Tensor x, Tensor weight) -> Tensor",
     "dense_linear_many": "dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]",
     "quantize_activation": "quantize_activation(Tensor x, int ggml_type) -> Tensor",
-    "dequantize": "dequantize(Tensor packed, int ggml_type, int out_features, int in_features, int start, int stop) "
-                  "-> Tensor",
+    # SymInt: a compiled graph's row count stays symbolic (with int, a graph per batch size)
+    "dequantize": "dequantize(Tensor packed, int ggml_type, SymInt out_features, SymInt in_features, SymInt start, "
+                  "SymInt stop) -> Tensor",
 }
 #: the ops whose C++ is plain (the baseline's instructions): the library's, on every CPU that loads it
 _PLAIN = ("dequantize",)

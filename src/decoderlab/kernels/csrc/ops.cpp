@@ -444,7 +444,10 @@ TORCH_LIBRARY(decoderlab, m) {
   m.def("dense_linear(Tensor x, Tensor weight) -> Tensor");
   m.def("dense_linear_many(Tensor x, Tensor[] weights) -> Tensor[]");
   m.def("quantize_activation(Tensor x, int ggml_type) -> Tensor");
-  m.def("dequantize(Tensor packed, int ggml_type, int out_features, int in_features, int start, int stop) -> Tensor");
+  // SymInt: a compiled graph's row count (a batch's token count) stays symbolic -- with int, dynamo fixes
+  // it and compiles a graph per batch size
+  m.def("dequantize(Tensor packed, int ggml_type, SymInt out_features, SymInt in_features, SymInt start, "
+        "SymInt stop) -> Tensor");
   m.def("decode_step(Tensor x, Tensor positions, int column, Tensor? padding_mask, Tensor[] tensors, int[] ints, "
         "float[] floats, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache) -> Tensor");
   m.def("kernels_isa(str request) -> str", &dlk::kernels_isa);
