@@ -66,6 +66,7 @@ typedef __m512 VW;
 typedef __m512i VQ;
 constexpr int kLanes = 16;
 constexpr int kDenseTile = 4;
+constexpr int64_t kDensePrefetch = 0;
 inline VW vw_zero() { return _mm512_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm512_fmadd_ps(a, b, c); }
 inline VW vw_add(VW a, VW b) { return _mm512_add_ps(a, b); }
@@ -73,8 +74,12 @@ inline VW vw_add(VW a, VW b) { return _mm512_add_ps(a, b); }
 template <int N>
 inline void vw_sums(const VW* v, float* out) { sums16<N>(v, out); }
 inline VW vw_w(const float* p) { return _mm512_loadu_ps(p); }
+// float16 widened as two 8-lane F16C conversions: the one 16-lane vcvtph2ps read SmolLM2's F16 step at 0.7 of this
+// rate on an AVX-512 EPYC (2026-12-07: 19.3 vs 13.4 ms a token, llama.cpp's 10.4)
 inline VW vw_w(const dlk::f16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 inline VW vw_w(const dlk::bf16_t* p) {
   __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -129,6 +129,7 @@ typedef __m256 VW;
 typedef __m256i VQ;
 constexpr int kLanes = 8;
 constexpr int kDenseTile = 3;
+constexpr int64_t kDensePrefetch = 1024;
 inline VW vw_zero() { return _mm256_setzero_ps(); }
 inline VW vw_fmadd(VW a, VW b, VW c) { return _mm256_fmadd_ps(a, b, c); }
 inline VW vw_add(VW a, VW b) { return _mm256_add_ps(a, b); }
