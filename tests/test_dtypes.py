@@ -140,8 +140,8 @@ def test_cli_dtype_on_generate_sample_and_chat(trained_checkpoint, dtype, capsys
 
 
 def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint, capsys):
-    """The real console script: one ``decoderlab: error:`` line listing the choices, exit status 2 (generate's
-    process; sample and chat in this process)."""
+    """The real console script: one ``decoderlab: error:`` line naming the flag and listing the choices, exit
+    status 2 (generate's process; sample and chat in this process)."""
     import os
     import shutil
     import subprocess
@@ -150,7 +150,7 @@ def test_cli_bad_dtype_prints_one_error_line(trained_checkpoint, capsys):
     exe = shutil.which("decoderlab", path=str(Path(sys.executable).parent)) or shutil.which("decoderlab")
     from decoderlab.cli import main as cli_main
 
-    line = ("decoderlab: error: unknown dtype 'float8'; allowed: auto, float32, bfloat16, float16, q8_0, q4_0, q4_1, "
+    line = ("decoderlab: error: unknown --dtype 'float8'; allowed: auto, float32, bfloat16, float16, q8_0, q4_0, q4_1, "
             "q5_0, q5_1, q4_k, q5_k, q6_k")
     r = subprocess.run([exe, "generate", "--checkpoint", str(trained_checkpoint), "--dtype", "float8"],
                        capture_output=True, text=True, timeout=300, env=os.environ, stdin=subprocess.DEVNULL)

@@ -79,7 +79,7 @@ def test_cli_serve_runs_a_gguf_file_with_its_chat_template(tmp_path):
                                          (["--checkpoint", ".", "--prefill-chunk", "0"], "--prefill-chunk must be >= 1"),
                                          (["--checkpoint", ".", "--prefill-chunk", "-3"], "got -3"),
                                          (["--checkpoint", ".", "--threads", "0"], "--threads must be >= 1"),
-                                         (["--checkpoint", ".", "--dtype", "q2_k"], "unknown dtype 'q2_k'; allowed: "
+                                         (["--checkpoint", ".", "--dtype", "q2_k"], "unknown --dtype 'q2_k'; allowed: "
                                                                                     "auto, float32, bfloat16")])
 def test_cli_serve_bad_input_is_one_error_line(args, needle, capsys):
     from decoderlab.cli import main as cli_main
@@ -100,7 +100,7 @@ def test_cli_serve_q8_0_compiled_gives_the_eager_texts(mt, tmp_path):
     batch of two or more rows at the first such request, said on standard error -- and answers four requests
     sent together -- batched steps, each block read once for all rows -- with the texts of the library on the
     q8_0 model (which the eager server gives: this tiny model's default). The server keeps the kernels `make
-    install` built (its own cache root would build them again: 20-25 s).
+    install` built (its own cache root would build them again: 20-25 s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     model, tok = mt

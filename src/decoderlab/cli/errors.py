@@ -45,6 +45,7 @@ def in_flag_words(message) -> str:
 
 #: advice in library messages that names a Python argument -> what a user of the command line does instead
 CLI_PHRASES = {
+    "unknown dtype '": "unknown --dtype '",  # (the library's ValueError, which names no flag)
     "or with unk=True to map unknown characters to <unk>":
         "or use a model whose tokenizer has it (one trained with --tokenizer bpe reads any text as bytes)",
 }
