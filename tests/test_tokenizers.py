@@ -431,5 +431,7 @@ def test_encode_with_special_tokens_puts_the_start_token_first_with_add_bos_toke
         tok = BPETokenizer(HFTokenizer.from_str(hf.to_str()), {"bos_token": "<s>", "add_bos_token": add_bos})
         assert encode_with_special_tokens(tok, "to be") == want + tok.encode("to be")
         assert encode_with_special_tokens(tok, "") == want
-        assert encode_with_special_tokens(tok, "<s>") == want + tok.encode("<s>")  # typed: text, not the token
+        # typed: the token, as transformers' tokenizer(text), vLLM and llama.cpp read a prompt; a message's
+        # content (encode's default) keeps it text
+        assert encode_with_special_tokens(tok, "<s>to be") == want + [bos] + tok.encode("to be")
         assert bos not in tok.encode("<s>")

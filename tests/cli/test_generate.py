@@ -413,3 +413,12 @@ def test_without_a_prompt_the_lesson_model_asks_for_words_it_knows(statquest_che
     assert example_message(CharTokenizer.from_text("hello world")) == "hello"
     text = actions("generate")["prompt"].help
     assert "default: a newline" in text and "required with --chat and for the lesson's model" in text
+
+
+def test_an_empty_chat_message_is_refused_before_the_model_is_read(tmp_path, capsys):
+    """`generate --chat ""` rendered an empty user turn and answered it; it is one error line now, before any file
+    is read (the checkpoint here does not exist: the message is refused first)."""
+    for empty in ("", "  \n"):
+        assert cli_main(["generate", "--checkpoint", str(tmp_path / "none"), "--chat", empty]) == 2
+        assert capsys.readouterr().err == (f"decoderlab: error: --chat's user message is empty ({empty!r}); give the "
+                                           "message to answer\n")

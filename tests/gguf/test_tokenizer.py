@@ -114,7 +114,9 @@ def test_real_file_tokenizer_equals_transformers(smollm_path, strings):
 
     tok = BPETokenizer(ours, special_tokens=_named_tokens(read_info(smollm_path)))
     assert not tok.add_bos_token  # the file says false: a SmolLM2 prompt is its text's ids alone, as llama.cpp
-    assert [encode_with_special_tokens(tok, t) for t in strings] == [tok.encode(t) for t in strings]
+    # a prompt as transformers reads it: its special tokens written in the text (``<|im_start|>``) are those tokens
+    assert [encode_with_special_tokens(tok, t) for t in strings] == [theirs(t)["input_ids"] for t in strings]
+    assert any(tok.encode(t) != theirs(t)["input_ids"] for t in strings)  # (the strings hold such a token)
 
 
 @pytest.fixture(scope="module")

@@ -114,6 +114,8 @@ def cmd_generate(args) -> int:
     prompt = args.prompt
     if args.system is not None and not args.chat:
         raise ValueError("--system applies with --chat (a system message of a chat checkpoint's conversation)")
+    if args.chat and prompt is not None and not prompt.strip():  # (before the model is read)
+        raise ValueError(f"--chat's user message is empty ({prompt!r}); give the message to answer")
     threads = set_threads(args)
     model, tok, template, _ = load_model(args)
     if getattr(args, "verbose", False):
