@@ -16,34 +16,50 @@ inline __m512bh load_bh(const dlk::bf16_t* p, int64_t n) {  // n < 32 values, th
   return (__m512bh)_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), p);
 }
 
-// One weight row read once for NB activation rows, start to end: one stream for the hardware prefetcher. Four rows
-// side by side (four streams, each prefetched 512 bytes ahead) read SmolLM2's step at half that rate on an AVX-512
-// EPYC (2026-12-07: 23.6 vs 10.9 ms; llama.cpp's 12.1).
-template <int NB>
+// RW weight rows read once for NB activation rows: RW x NB accumulators. A decode step (few activation rows) reads
+// one weight row at a time, start to end -- one stream for the hardware prefetcher: four rows side by side (four
+// streams) read SmolLM2's step at half that rate on an AVX-512 EPYC (2026-12-07: 23.6 vs 10.9 ms; llama.cpp's
+// 12.1). With more activation rows the products, not the reads, bound a pass: four weight rows share each
+// activation load (half the loads of one row's pass).
+template <int RW, int NB>
 void tile(const dlk::bf16_t* w, int64_t in, const dlk::bf16_t* x, int64_t ldx, float* y, int64_t ldy) {
-  __m512 acc[NB];
-  for (int a = 0; a < NB; ++a) acc[a] = _mm512_setzero_ps();
+  __m512 acc[RW][NB];
+  for (int r = 0; r < RW; ++r)
+    for (int a = 0; a < NB; ++a) acc[r][a] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= in; k += 32) {
-    const __m512bh wv = load_bh(w + k);
-    for (int a = 0; a < NB; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], wv, load_bh(x + a * ldx + k));
+    __m512bh wv[RW];
+    for (int r = 0; r < RW; ++r) wv[r] = load_bh(w + r * in + k);
+    for (int a = 0; a < NB; ++a) {
+      const __m512bh xv = load_bh(x + a * ldx + k);
+      for (int r = 0; r < RW; ++r) acc[r][a] = _mm512_dpbf16_ps(acc[r][a], wv[r], xv);
+    }
   }
   if (k < in) {
-    const __m512bh wv = load_bh(w + k, in - k);
-    for (int a = 0; a < NB; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], wv, load_bh(x + a * ldx + k, in - k));
+    __m512bh wv[RW];
+    for (int r = 0; r < RW; ++r) wv[r] = load_bh(w + r * in + k, in - k);
+    for (int a = 0; a < NB; ++a) {
+      const __m512bh xv = load_bh(x + a * ldx + k, in - k);
+      for (int r = 0; r < RW; ++r) acc[r][a] = _mm512_dpbf16_ps(acc[r][a], wv[r], xv);
+    }
   }
-  float sums[NB];
-  sums16<NB>(acc, sums);
-  for (int a = 0; a < NB; ++a) y[a * ldy] = sums[a];
+  float sums[RW * NB];
+  sums16<RW * NB>(&acc[0][0], sums);
+  for (int r = 0; r < RW; ++r)
+    for (int a = 0; a < NB; ++a) y[a * ldy + r] = sums[r * NB + a];
 }
 
+template <int RW>
 void rows(const dlk::bf16_t* w, int64_t in, const dlk::bf16_t* x, int64_t ldx, int n_act, float* y, int64_t ldy) {
   int a0 = 0;
-  for (; n_act - a0 >= 4; a0 += 4) tile<4>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
-  if (n_act - a0 == 3) tile<3>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
-  if (n_act - a0 == 2) tile<2>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
-  if (n_act - a0 == 1) tile<1>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
+  for (; n_act - a0 >= 4; a0 += 4) tile<RW, 4>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
+  if (n_act - a0 == 3) tile<RW, 3>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
+  if (n_act - a0 == 2) tile<RW, 2>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
+  if (n_act - a0 == 1) tile<RW, 1>(w, in, x + a0 * ldx, ldx, y + a0 * ldy, ldy);
 }
+
+// activation rows from which four weight rows go together
+constexpr int kFourRowsFrom = 4;
 
 // a prompt's rows in blocks that stay in L2 while the weight rows pass over them
 void product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void* xv, int64_t ldx, int n_act,
@@ -52,7 +68,10 @@ void product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void*
   for (int a0 = 0; a0 < n_act; a0 += 64) {
     const int n = n_act - a0 < 64 ? n_act - a0 : 64;
     const auto* x = static_cast<const dlk::bf16_t*>(xv) + a0 * ldx;
-    for (int64_t r = r0; r < r1; ++r) rows(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
+    int64_t r = r0;
+    if (n >= kFourRowsFrom)
+      for (; r + 4 <= r1; r += 4) rows<4>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
+    for (; r < r1; ++r) rows<1>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
   }
 }
 
