@@ -92,7 +92,7 @@ def encode_with_special_tokens(tokenizer, text: str) -> list[int]:
     nor for a piece of a text (a message's content, a stop string, a continuation).
 
     Special tokens written in the text are those tokens (``encode(text, allow_special=True)``): a prompt typed as
-    ``<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n`` is SmolLM2's chat markup, as transformers,
+    ``<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n`` is SmolLM2's chat markup, as transformers,
     vLLM and llama.cpp read a prompt; a message's content is text (``encode``'s default).
 
     Raises: what ``tokenizer.encode`` raises (``KeyError`` for an unknown word, ``ValueError`` for a lone
