@@ -2,6 +2,7 @@
 strings, and rows with different settings decoded together each give exactly their own ``generate`` /
 ``stream_text`` text; a control token that ends text ends a row with finish reason "stop"."""
 
+import contextlib
 import threading
 import time
 
@@ -360,14 +361,13 @@ def test_chunked_prefill_keeps_one_host_sync_per_step(mt):
     assert counts[None] == counts[4] == {"decoderlab.generation.scheduler.Scheduler._sample": 23 + 3}, counts
 
 
-def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
-    """The scheduler hands a compiled step the timeline's length (and the rows' position) as sizes dynamic from
-    the first compile: one graph serves one row at every length (dynamo compiled a graph for the first length
-    it saw, then a second, dynamic one -- two compiles of the whole model, half of SmolLM2's 265 s warm-up).
-    Dynamo's own backend ("eager": tracing only, no Inductor) counts the graphs; the texts stay generate's."""
+@contextlib.contextmanager
+def eager_compiled_scheduler(model, tok):
+    """``model``'s decode step compiled with dynamo's own backend ("eager": tracing only, no Inductor) and a
+    scheduler without its thread (``_step`` driven by the test); yields (scheduler, the list of compiles started),
+    and resets dynamo and the model's step after."""
     from torch._dynamo.callback import callback_handler
 
-    model, tok = tiny_model("baby-shakespeare")
     compiles = []
     start = lambda *_: compiles.append(1)  # noqa: E731
     torch._dynamo.reset()
@@ -376,6 +376,20 @@ def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
         model.compile_decode(backend="eager")
         sch = Scheduler(model, tok, max_batch=4)
         sch.close()  # no thread: _step is driven here
+        yield sch, compiles
+    finally:
+        callback_handler.remove_start_callback(start)
+        model.compiled_decode = None
+        torch._dynamo.reset()
+
+
+def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
+    """The scheduler hands a compiled step the timeline's length (and the rows' position) as sizes dynamic from
+    the first compile: one graph serves one row at every length (dynamo compiled a graph for the first length
+    it saw, then a second, dynamic one -- two compiles of the whole model, half of SmolLM2's 265 s warm-up).
+    Dynamo's own backend counts the graphs; the texts stay generate's."""
+    model, tok = tiny_model("baby-shakespeare")
+    with eager_compiled_scheduler(model, tok) as (sch, compiles):
         for prompt in ("a", "hello there"):  # the warm-up's one token, then a first client's longer prompt
             text = []
             req = GenerationRequest(prompt_ids=tok.encode(prompt), on_event=lambda ev: ev[0] == "delta" and
@@ -387,10 +401,6 @@ def test_a_compiled_step_compiles_one_graph_for_every_length_of_the_timeline():
             model.compiled_decode, compiled = None, model.compiled_decode  # (the reference decodes eagerly)
             assert "".join(text) == ref_text((model, tok), tok.encode(prompt), 6, 0, None), prompt
             model.compiled_decode = compiled
-    finally:
-        callback_handler.remove_start_callback(start)
-        model.compiled_decode = None
-        torch._dynamo.reset()
     assert len(compiles) == 1, compiles
 
 
@@ -401,19 +411,10 @@ def test_a_compiled_step_compiles_one_graph_for_every_batch_of_two_or_more_rows(
     count: a compile of the whole model at each new batch size while every request waited). The one-row step
     (the warm-up's) and a one-row step under a mask are graphs of their own: at most three in all. The texts
     stay generate's, on the q8_0 model."""
-    from torch._dynamo.callback import callback_handler
-
     model, tok = tiny_model("baby-shakespeare")
     quantize_model(model, "q8_0")
-    compiles = []
-    start = lambda *_: compiles.append(1)  # noqa: E731
     prompts = ["a", "hello", "to be", "the cat sat", "xyz"]
-    torch._dynamo.reset()
-    callback_handler.register_start_callback(start)
-    try:
-        model.compile_decode(backend="eager")
-        sch = Scheduler(model, tok, max_batch=4)
-        sch.close()  # no thread: _step is driven here
+    with eager_compiled_scheduler(model, tok) as (sch, compiles):
         texts = {k: [] for k in range(len(prompts))}
         reqs = [GenerationRequest(prompt_ids=tok.encode(p), on_event=lambda ev, k=k: ev[0] == "delta" and
                                   texts[k].append(ev[2]), params=SamplingParams(max_new_tokens=4 + 2 * k,
@@ -429,8 +430,4 @@ def test_a_compiled_step_compiles_one_graph_for_every_batch_of_two_or_more_rows(
         model.compiled_decode = None  # (the reference decodes eagerly)
         for k, p in enumerate(prompts):
             assert "".join(texts[k]) == ref_text((model, tok), tok.encode(p), 4 + 2 * k, 0, None), p
-    finally:
-        callback_handler.remove_start_callback(start)
-        model.compiled_decode = None
-        torch._dynamo.reset()
     assert len(compiles) <= 3, compiles
