@@ -301,7 +301,13 @@ def synthetic(shape: str, tok, tmp: str, args):
     def make(dtype):
         m = dl.DecoderOnlyTransformer(cfg).eval()
         m.load_state_dict(base.state_dict())
-        return to_inference_dtype(m, dtype)
+        m = to_inference_dtype(m, dtype)
+        try:  # where the one loader puts a model's weights (a tree before it: where they are)
+            from decoderlab.kernels import huge_pages
+        except ImportError:
+            return m
+        huge_pages(m)
+        return m
 
     calls = floors(base, args)
     for spec in args.ours.split(","):
@@ -318,17 +324,19 @@ def synthetic(shape: str, tok, tmp: str, args):
 
 
 def gguf_loader(path: str):
-    """``make(dtype)`` -> our model of the GGUF file at ``path`` (float32: dequantized; a block type: the file's
-    matrices of that type as they are, every other one quantized from its float32 values -- SmolLM2's Q8_0
-    embedding too, at q4_1), or None without decoderlab's GGUF loader (``decoderlab.gguf``) in this tree."""
+    """``make(dtype)`` -> our model of the GGUF file at ``path`` through the one loader a user's command reads it
+    with (``decoderlab.chat.load_model``: on the CPU, the weights in huge pages) -- float32: dequantized; a block
+    type: the file's matrices of that type as they are, every other one quantized from its float32 values --
+    SmolLM2's Q8_0 embedding too, at q4_1 --, or None without decoderlab's GGUF loader in this tree."""
     try:
-        from decoderlab.gguf import load_gguf
+        from decoderlab.chat import load_model
+        from decoderlab.gguf import load_gguf  # noqa: F401  (a tree that reads GGUF files)
     except ImportError:
         print("decoderlab's GGUF loader (decoderlab.gguf) is not in this tree: llama.cpp measured alone")
         return None
 
     def make(dtype):
-        return load_gguf(path, dtype=None if dtype == "float32" else dtype)[0]
+        return load_model(path, dtype=None if dtype == "float32" else dtype).model
 
     return make
 
@@ -563,9 +571,9 @@ def run_one() -> None:
             llm.eval(long_prompt)
     else:
         torch.set_num_threads(spec["threads"])
-        from decoderlab.gguf import load_gguf
+        from decoderlab.chat import load_model
 
-        model = load_gguf(spec["path"], dtype=spec["dtype"])[0]
+        model = load_model(spec["path"], dtype=spec["dtype"]).model  # the one loader, as the command reads it
         if spec["mode"] == "aot":
             model.compile_decode(mode="aot", cache_dir=spec["cache"])
         load = time.perf_counter() - t

@@ -16,6 +16,7 @@ off by up to 2^-11 of that term).
     types.py     the one table: each GGML type's block, bytes and activation type
     pack.py      a GGUF tensor's blocks regrouped once at load into the kernels' layout (same bytes), and back
     ops.py       torch.ops.decoderlab.* (C++, else the portable path) and the functions that call them
+    pages.py     where a model's weights live: one mapping of 2 MiB transparent huge pages (the step's stream)
     portable.py  the same products in plain torch (Apple silicon, no compiler): exact integer sums, then scales
     build.py     csrc/ compiled once per source hash, torch and compiler into the cache, under a file lock
     csrc/        the C++: ops.cpp (quantizers, dispatch, threads), one file per instruction set, decode.cpp
@@ -38,9 +39,10 @@ dequantized weights times the dequantized quantized activations).
 from .ops import (ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
                   dequantize, isa, load, quantize_activation, set_isa)
 from .pack import ROWS, check_shape, pack, unpack
+from .pages import huge_pages
 from .types import ACTIVATION_TYPES, FLOAT_TYPES, TYPES, WEIGHT_BLOCK_TYPES, GGMLType, ggml_type
 
 __all__ = ["ACTIVATION_TYPES", "ENV", "FLOAT_TYPES", "GGMLType", "ISAS", "PATHS", "ROWS", "TYPES",
            "WEIGHT_BLOCK_TYPES", "available_isas", "block_linear", "block_linear_many", "check_shape", "dense_linear",
-           "dense_linear_many", "dequantize", "ggml_type", "isa", "load", "pack", "quantize_activation", "set_isa",
+           "dense_linear_many", "dequantize", "ggml_type", "huge_pages", "isa", "load", "pack", "quantize_activation", "set_isa",
            "unpack"]

@@ -1,0 +1,122 @@
+"""decoderlab.kernels.huge_pages: a model's weights moved into one mapping advised MADV_HUGEPAGE -- the same
+values and outputs, tied weights still tied, each tensor its own storage (safetensors saves them), views left
+where they are; and the one loader puts a model's weights there."""
+
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import decoderlab as dl
+from decoderlab import kernels
+from decoderlab.dtypes import to_inference_dtype
+from decoderlab.kernels import pages
+
+linux_only = pytest.mark.skipif(not pages.available(), reason="transparent huge pages are Linux's")
+
+
+def _model(tie: bool = True, **shape) -> dl.DecoderOnlyTransformer:
+    torch.manual_seed(0)
+    shape = {"num_tokens": 64, "d_model": 64, "n_layer": 2, "n_head": 4, "max_len": 32, **shape}
+    return dl.DecoderOnlyTransformer(dl.ModelConfig(tie_weights=tie, **shape)).eval()
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@linux_only
+def test_the_weights_move_into_one_huge_page_mapping_with_the_same_outputs():
+    model = _model()
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        before = model(ids)
+    values = {k: v.clone() for k, v in model.state_dict().items()}
+    params = dict(model.named_parameters())
+    moved = kernels.huge_pages(model, min_bytes=0)
+    assert moved >= sum(v.numel() * v.element_size() for v in params.values())
+    with torch.no_grad():
+        assert torch.equal(model(ids), before)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, values[k]), k
+    assert dict(model.named_parameters()) == params  # the same Parameter objects, requires_grad kept
+    assert all(p.requires_grad for p in model.parameters())
+    assert model.we.weight is model.fc_layer.weight  # still tied
+    assert "hg" in _vm_flags(model.we.weight.data_ptr())
+    assert "hg" not in _vm_flags(ids.data_ptr())  # (the test tells: an ordinary tensor's mapping has no advice)
+
+
+@linux_only
+def test_each_moved_tensor_owns_its_storage_and_safetensors_saves_them(tmp_path):
+    model = _model(tie=False)
+    kernels.huge_pages(model, min_bytes=0)
+    state = model.state_dict()
+    for v in state.values():
+        assert v.untyped_storage().nbytes() == v.numel() * v.element_size()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    back = load_file(str(tmp_path / "w.safetensors"))
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+@linux_only
+def test_block_weights_move_and_multiply_as_before():
+    model = to_inference_dtype(_model(d_model=64), "q8_0")
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        before = model(ids)
+        kernels.huge_pages(model, min_bytes=0)
+        assert torch.equal(model(ids), before)
+    packed = [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1].startswith("packed_")]
+    assert packed and all("hg" in _vm_flags(b.data_ptr()) for b in packed)
+
+
+@linux_only
+def test_a_view_and_a_shared_storage_stay_where_they_are():
+    layer = torch.nn.Linear(16, 16)
+    layer.register_buffer("half_view", layer.weight.detach()[:8])
+    other = torch.nn.Module()
+    other.a, other.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+    both = torch.nn.ModuleDict({"layer": layer, "other": other})
+    view_at = layer.half_view.data_ptr()
+    kernels.huge_pages(both, min_bytes=0)
+    assert layer.half_view.data_ptr() == view_at  # a view of another tensor's storage: not moved
+    assert layer.weight.data_ptr() == view_at  # nor the storage it shares
+    assert "hg" in _vm_flags(other.a.weight.data_ptr())
+
+
+def test_too_few_bytes_or_no_huge_pages_moves_nothing(monkeypatch):
+    model = _model()
+    at = model.we.weight.data_ptr()
+    assert kernels.huge_pages(model) == 0  # under one huge page of weights: nothing to gain
+    monkeypatch.setattr(pages, "available", lambda: False)
+    assert kernels.huge_pages(model, min_bytes=0) == 0
+    assert model.we.weight.data_ptr() == at
+
+
+@linux_only
+def test_the_one_loader_puts_a_models_weights_in_huge_pages(tmp_path):
+    from decoderlab.chat import load_model
+    from decoderlab.checkpoint import save_checkpoint
+
+    tok = dl.CharTokenizer.from_text("".join(chr(32 + i) for i in range(90)))
+    model = _model(num_tokens=tok.vocab_size, d_model=256, n_layer=3)  # 2.5 MiB of weights: over one huge page
+    loaded = load_model(save_checkpoint(tmp_path / "ckpt", model, tok, meta={"task": "lm"}))
+    assert "hg" in _vm_flags(loaded.model.we.weight.data_ptr())
+    assert torch.equal(loaded.model.we.weight, model.we.weight)
+
+
+if sys.platform.startswith("linux"):
+    def test_this_linux_advises_huge_pages():
+        """The platform check itself: Python's mmap has MADV_HUGEPAGE on Linux (3.8+)."""
+        assert pages.available()
