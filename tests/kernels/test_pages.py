@@ -1,6 +1,7 @@
-"""decoderlab.kernels.huge_pages: a model's weights moved into one mapping advised MADV_HUGEPAGE -- the same
-values and outputs, tied weights still tied, each tensor its own storage (safetensors saves them), views left
-where they are; and the one loader puts a model's weights there."""
+"""decoderlab.kernels.huge_pages: the pages under a model's weights made huge -- in place where the kernel
+collapses ranges (MADV_COLLAPSE, Linux 6.1+), else copied into one mapping advised MADV_HUGEPAGE: the same values
+and outputs, tied weights still tied, each copied tensor its own storage (safetensors saves them), views left where
+they are; and the one loader does it."""
 
 import sys
 
@@ -22,22 +23,55 @@ def _model(tie: bool = True, **shape) -> dl.DecoderOnlyTransformer:
     return dl.DecoderOnlyTransformer(dl.ModelConfig(tie_weights=tie, **shape)).eval()
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
-    inside = False
+def _smaps(address: int) -> dict[str, list[str]]:
+    """The /proc/self/smaps fields of the mapping of this process that holds ``address``."""
+    fields, inside = {}, False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
+                if inside:
+                    break
                 lo, hi = (int(v, 16) for v in head.split("-"))
                 inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+            elif inside:
+                fields[head.rstrip(":")] = line.split()[1:]
+    if not fields:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return fields
+
+
+def _vm_flags(address: int) -> list[str]:
+    return _smaps(address)["VmFlags"]
+
+
+def _huge_kb(address: int) -> int:
+    """AnonHugePages of the mapping holding ``address``, kB."""
+    return int(_smaps(address)["AnonHugePages"][0])
+
+
+@pytest.fixture
+def copying(monkeypatch):
+    """The path of a kernel without MADV_COLLAPSE: the copy into an advised mapping."""
+    monkeypatch.setattr(pages, "collapse_works", lambda: False)
+
+
+@pytest.mark.skipif(not pages.collapse_works(), reason="this kernel has no MADV_COLLAPSE (Linux 6.1+)")
+def test_the_pages_under_the_weights_become_huge_in_place():
+    model = _model(num_tokens=8192, d_model=256)  # an 8 MiB embedding: at least three whole huge pages
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        before = model(ids)
+    at, huge = model.we.weight.data_ptr(), _huge_kb(model.we.weight.data_ptr())
+    assert kernels.huge_pages(model) >= 8 << 20
+    assert model.we.weight.data_ptr() == at  # nothing moved
+    assert _huge_kb(at) - huge >= 6 << 10
+    with torch.no_grad():
+        assert torch.equal(model(ids), before)
 
 
 @linux_only
-def test_the_weights_move_into_one_huge_page_mapping_with_the_same_outputs():
+def test_the_weights_move_into_one_huge_page_mapping_with_the_same_outputs(copying):
     model = _model()
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.no_grad():
@@ -58,7 +92,7 @@ def test_the_weights_move_into_one_huge_page_mapping_with_the_same_outputs():
 
 
 @linux_only
-def test_each_moved_tensor_owns_its_storage_and_safetensors_saves_them(tmp_path):
+def test_each_moved_tensor_owns_its_storage_and_safetensors_saves_them(tmp_path, copying):
     model = _model(tie=False)
     kernels.huge_pages(model, min_bytes=0)
     state = model.state_dict()
@@ -70,7 +104,7 @@ def test_each_moved_tensor_owns_its_storage_and_safetensors_saves_them(tmp_path)
 
 
 @linux_only
-def test_block_weights_move_and_multiply_as_before():
+def test_block_weights_move_and_multiply_as_before(copying):
     model = to_inference_dtype(_model(d_model=64), "q8_0")
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.no_grad():
@@ -82,7 +116,7 @@ def test_block_weights_move_and_multiply_as_before():
 
 
 @linux_only
-def test_a_view_and_a_shared_storage_stay_where_they_are():
+def test_a_view_and_a_shared_storage_stay_where_they_are(copying):
     layer = torch.nn.Linear(16, 16)
     layer.register_buffer("half_view", layer.weight.detach()[:8])
     other = torch.nn.Module()
@@ -95,24 +129,30 @@ def test_a_view_and_a_shared_storage_stay_where_they_are():
     assert "hg" in _vm_flags(other.a.weight.data_ptr())
 
 
-def test_too_few_bytes_or_no_huge_pages_moves_nothing(monkeypatch):
-    model = _model()
+@pytest.mark.parametrize("collapse", [True, False])
+def test_too_few_bytes_or_no_huge_pages_moves_nothing(monkeypatch, collapse):
+    monkeypatch.setattr(pages, "collapse_works", lambda: collapse)
+    model = _model(n_layer=1, d_model=32)  # 40 KB of weights: under one huge page, nothing to gain
     at = model.we.weight.data_ptr()
-    assert kernels.huge_pages(model) == 0  # under one huge page of weights: nothing to gain
+    assert kernels.huge_pages(model) == 0
     monkeypatch.setattr(pages, "available", lambda: False)
     assert kernels.huge_pages(model, min_bytes=0) == 0
     assert model.we.weight.data_ptr() == at
 
 
 @linux_only
-def test_the_one_loader_puts_a_models_weights_in_huge_pages(tmp_path):
+def test_the_one_loader_puts_a_models_weights_in_huge_pages(tmp_path, monkeypatch):
     from decoderlab.chat import load_model
     from decoderlab.checkpoint import save_checkpoint
 
     tok = dl.CharTokenizer.from_text("".join(chr(32 + i) for i in range(90)))
     model = _model(num_tokens=tok.vocab_size, d_model=256, n_layer=3)  # 2.5 MiB of weights: over one huge page
-    loaded = load_model(save_checkpoint(tmp_path / "ckpt", model, tok, meta={"task": "lm"}))
-    assert "hg" in _vm_flags(loaded.model.we.weight.data_ptr())
+    path = save_checkpoint(tmp_path / "ckpt", model, tok, meta={"task": "lm"})
+    calls = []
+    real = pages.huge_pages
+    monkeypatch.setattr("decoderlab.chat.loading.huge_pages", lambda m, *a: calls.append(m) or real(m, *a))
+    loaded = load_model(path)
+    assert calls == [loaded.model] and real(loaded.model) > 0  # (its pages huge: the call's own test above)
     assert torch.equal(loaded.model.we.weight, model.we.weight)
 
 

@@ -1,5 +1,4 @@
-"""Where a model's weights live on the CPU: one mapping of transparent huge pages (2 MiB), in the order the decode
-step reads them.
+"""Where a model's weights live on the CPU: in transparent huge pages (2 MiB), not 4 KiB ones.
 
 A decode step reads every weight once, start to end, as one stream (:mod:`decoderlab.kernels`' products). In the
 4 KiB pages PyTorch's allocator hands out, SmolLM2-135M's float16 weights (270 MB) span 66,000 pages: the stream
@@ -8,17 +7,21 @@ with AVX-512 (2026-12-07, one thread, SmolLM2's 211 products of a token through 
 9.9 ms, bfloat16 12.5 -> 9.4, float32 29.9 -> 22.6 (1.28-1.33x); a plain read of the same bytes gains as much.
 llama.cpp's step reads its weights near the floor of the huge pages' read. ``bench/llamacpp.py`` has the decode.
 
-:func:`huge_pages` copies a model's CPU parameters and buffers into one anonymous private mapping advised
-``MADV_HUGEPAGE`` (Linux's transparent huge pages: honoured where ``/sys/kernel/mm/transparent_hugepage/enabled``
-says ``always`` or ``madvise``, the kernel's default), each tensor getting a storage of its own over its slice --
-so nothing else sees a difference: ``state_dict``, safetensors, ``.to()`` and ``deepcopy`` read them as any tensor.
-Elsewhere (macOS, Windows, THP off) it moves nothing and says so by its return value. The loaders call it
-(:func:`decoderlab.chat.load_model`); a model built in code can call it itself.
+:func:`huge_pages` makes the pages under a model's CPU parameters and buffers huge. Where the kernel can
+(Linux 6.1+: ``madvise(MADV_COLLAPSE)``) it does so in place -- each storage's memory rounded out to 2 MiB, nothing
+copied by us, no tensor replaced, no memory beside it: Gemma 3's 140 MB embedding is collapsed where it lies. On an
+older Linux it copies them into one anonymous private mapping advised ``MADV_HUGEPAGE``, in module order, each
+tensor a storage of its own over its slice (``state_dict``, safetensors, ``.to()`` and ``deepcopy`` read them as
+any tensor); old copies are freed as they go, but the largest tensor sits twice for a moment. Transparent huge
+pages must not be ``never`` in ``/sys/kernel/mm/transparent_hugepage/enabled``. Elsewhere (macOS, Windows) it does
+nothing and says so by its return value. The one loader calls it (:func:`decoderlab.chat.load_model`); a model
+built in code can call it itself.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import sys
 
@@ -27,6 +30,8 @@ from torch import nn
 
 #: a huge page: the mapping's first tensor starts on one
 HUGE_PAGE = 2 << 20
+#: madvise's advice to make a range's pages huge in place, now (Linux 6.1; Python's mmap names it from 3.13 only)
+MADV_COLLAPSE = 25
 #: every tensor's offset in the mapping is a multiple of this (a cache line: the kernels' loads never split one)
 ALIGN = 64
 #: freed memory is handed back to the system after every this many bytes moved, so that the old copies never all
@@ -37,6 +42,55 @@ TRIM_EVERY = 64 << 20
 def available() -> bool:
     """Whether this platform can advise transparent huge pages (Linux, Python's ``mmap.MADV_HUGEPAGE``)."""
     return sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+@functools.cache
+def collapse_works() -> bool:
+    """Whether this kernel collapses a range into huge pages in place (``MADV_COLLAPSE``): tried once on a
+    mapping of its own."""
+    if not available():
+        return False
+    mm = mmap.mmap(-1, 2 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        view = torch.frombuffer(mm, dtype=torch.uint8)
+        view.fill_(1)
+        start = -(-view.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # the huge page inside the two
+        ok = start + HUGE_PAGE <= view.data_ptr() + len(mm) and _libc().madvise(start, HUGE_PAGE, MADV_COLLAPSE) == 0
+        del view
+        return ok
+    finally:
+        mm.close()
+
+
+def _spans(model: nn.Module) -> list[tuple[int, int]]:
+    """The address ranges of ``model``'s distinct CPU storages, in address order."""
+    return sorted({(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in
+                   (t.untyped_storage() for t in (*model.parameters(), *model.buffers())
+                    if t.device.type == "cpu" and t.numel())})
+
+
+def _collapse(spans: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
+    """``MADV_COLLAPSE`` over each span rounded out to whole huge pages (a page two spans share, once); returns
+    the bytes of the spans made huge and the spans left -- memory the kernel cannot collapse: a file's pages (a
+    safetensors file's tensors map it), a small span's page reaching past its mapping, none free now."""
+    libc, tried, done, left = _libc(), {}, 0, []
+    for lo, hi in spans:
+        ok = {p: tried.setdefault(p, libc.madvise(p, HUGE_PAGE, MADV_COLLAPSE) == 0)
+              for p in range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE)}
+        inside = [v for p, v in ok.items() if lo <= p and p + HUGE_PAGE <= hi]
+        # a span's whole pages must collapse; its two end pages may reach past its mapping (a tensor glibc mapped
+        # on its own) and stay small -- but a span with no whole page (under 2 MiB) needs its end pages
+        if all(inside) if inside else all(ok.values()):
+            done += hi - lo
+        else:
+            left.append((lo, hi))
+    return done, left
 
 
 def _owners(model: nn.Module) -> dict[int, tuple[torch.Tensor, list[tuple[nn.Module, str, str]]]]:
@@ -89,19 +143,32 @@ def _mapping(nbytes: int) -> mmap.mmap | None:
 
 
 def huge_pages(model: nn.Module, min_bytes: int = HUGE_PAGE) -> int:
-    """Move ``model``'s CPU parameters and buffers into one mapping of transparent huge pages, in module order
-    (the order a decode step reads them); returns the bytes moved.
+    """Put ``model``'s CPU parameters and buffers in transparent huge pages; returns the bytes now in them.
 
-    A parameter keeps its ``nn.Parameter`` (its ``.data`` is replaced: tied weights stay tied, ``requires_grad``
-    stays); a buffer is replaced in every module that holds it. Views and storages shared by several tensors stay
-    where they are. Moves nothing (returns 0) off Linux, where the kernel refuses the advice, or when the movable
-    tensors come to less than ``min_bytes`` (one huge page: nothing to gain). The values are copied exactly.
+    In place where the kernel collapses ranges (:func:`collapse_works`): nothing moves, each storage's memory
+    rounded out to whole huge pages. The rest -- every storage on a kernel without ``MADV_COLLAPSE``, the
+    file-backed ones (a safetensors checkpoint's) on one with it -- copied, in module order, into one mapping
+    advised ``MADV_HUGEPAGE``: a
+    parameter keeps its ``nn.Parameter`` (its ``.data`` replaced: tied weights stay tied, ``requires_grad`` stays);
+    a buffer is replaced in every module that holds it; views and storages shared by several tensors stay where
+    they are. Does nothing (returns 0) off Linux, where the kernel refuses huge pages, or when the tensors come to
+    less than ``min_bytes`` (one huge page: nothing to gain). The values are never changed.
     """
     if not available():
         return 0
-    tensors = _movable(_owners(model))
+    spans = _spans(model)
+    if sum(hi - lo for lo, hi in spans) < min_bytes:
+        return 0
+    done, left = _collapse(spans) if collapse_works() else (0, spans)
+    return done + (_copy(model, {lo for lo, _ in left}) if left else 0)
+
+
+def _copy(model: nn.Module, starts: set[int]) -> int:
+    """:func:`huge_pages` for the storages starting at ``starts`` (those not collapsed in place): their tensors
+    copied into one advised mapping; returns the bytes copied."""
+    tensors = [(t, h) for t, h in _movable(_owners(model)) if t.untyped_storage().data_ptr() in starts]
     sizes = [-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t, _ in tensors]
-    if sum(sizes) < min_bytes:
+    if not tensors:
         return 0
     mm = _mapping(sum(sizes))
     if mm is None:
