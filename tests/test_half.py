@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import decoderlab as dl
-from decoderlab import fastdecode, kernels
+from decoderlab import fastdecode, half, kernels
 from decoderlab.attention import KVCache
 from decoderlab.export import to_gguf
 from decoderlab.generation import generate
@@ -48,7 +48,8 @@ def test_few_rows_take_the_kernels_product_and_many_rows_the_widened_weight(dtyp
             torch.testing.assert_close(layer(many), F.linear(many, w, layer.bias), rtol=0, atol=1e-5)
 
 
-def test_the_widened_slices_cover_a_matrix_larger_than_one_slice_and_carry_the_gradient():
+def test_the_widened_slices_cover_a_matrix_larger_than_one_slice_and_carry_the_gradient(monkeypatch):
+    monkeypatch.setattr(half, "_SLICE", 1 << 17)  # (a small matrix in slices: 128K weights at a time)
     layer = _layer(torch.bfloat16, bias=False, out=300, inp=512)  # 300 x 512: three slices of 256 rows
     x = torch.randn(5, 512, requires_grad=True)
     y = layer(x)  # a gradient asked: the widened slices, not the kernels

@@ -11,8 +11,8 @@ and the model reads half the bytes of float32 per token.
 
 * few rows (a decode step: at most :data:`KERNEL_ROWS`), no gradient asked, on the CPU: ``dense_linear``;
 * more rows (a prompt) or a gradient (LoRA over the frozen 16-bit base): ``F.linear`` on the weight widened a
-  slice of rows at a time (cache-sized: no float32 copy of the matrix is kept, and the slices' gradients flow to
-  the input);
+  slice of rows at a time (:data:`_SLICE`: no float32 copy of a large matrix is kept, and the slices' gradients
+  flow to the input);
 * an input of the weight's own dtype (the model cast whole, ``model.double()`` for the float64 reference): plain
   ``F.linear``.
 
@@ -38,8 +38,11 @@ HALF = (torch.float16, torch.bfloat16)
 #: (a GEMM's blocking). Measured: SmolLM2-135M's 128-token prompt, 1 thread, AMD EPYC AVX2, alternating rounds
 #: (2026-12-07): widened slices 222 / 236 tok/s (f16 / bf16 file), every row through dense_linear 157 / 143
 KERNEL_ROWS = 16
-#: weights widened to float32 at a time for ``F.linear`` (~512 KB of float32: a slice stays in L2)
-_SLICE = 1 << 17
+#: weights widened to float32 at a time for ``F.linear`` (4 MB of float32: SmolLM2's matrices whole, its output
+#: layer in slices; no float32 copy of a large matrix is kept). Measured: the 210 products of a 128-token prompt
+#: over SmolLM2's float16 weights, 1 thread, AMD EPYC AVX-512 (2026-12-07), alternating: 311 ms at 4 MB slices,
+#: 311 ms widening each matrix whole, 398 ms at 512 KB (L2-sized: more, smaller GEMMs, each packing its slice)
+_SLICE = 1 << 20
 
 
 def _kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
