@@ -156,7 +156,18 @@ def test_the_one_loader_puts_a_models_weights_in_huge_pages(tmp_path, monkeypatc
     assert torch.equal(loaded.model.we.weight, model.we.weight)
 
 
-if sys.platform.startswith("linux"):
-    def test_this_linux_advises_huge_pages():
-        """The platform check itself: Python's mmap has MADV_HUGEPAGE on Linux (3.8+)."""
-        assert pages.available()
+def test_a_kernel_with_huge_pages_switched_off_or_absent_gets_none(tmp_path, monkeypatch):
+    """The platform check reads the kernel's switch: ``never`` in force, or no such file, is no huge pages."""
+    setting = tmp_path / "enabled"
+    monkeypatch.setattr(pages, "THP_SETTING", str(setting))
+    cases = [("always madvise [never]\n", False), ("always [madvise] never\n", True), (None, False)]
+    for text, want in cases:
+        if text is None:
+            setting.unlink()
+        else:
+            setting.write_text(text)
+        pages.available.cache_clear()
+        try:
+            assert pages.available() is (want and sys.platform.startswith("linux")), text
+        finally:
+            pages.available.cache_clear()

@@ -39,9 +39,21 @@ ALIGN = 64
 TRIM_EVERY = 64 << 20
 
 
+#: the kernel's switch for transparent huge pages: ``always [madvise] never``, the bracketed one in force
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+@functools.cache
 def available() -> bool:
-    """Whether this platform can advise transparent huge pages (Linux, Python's ``mmap.MADV_HUGEPAGE``)."""
-    return sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+    """Whether this platform gives transparent huge pages on request: Linux (Python's ``mmap.MADV_HUGEPAGE``),
+    its kernel built with them and not switched to ``never`` (:data:`THP_SETTING`)."""
+    if not (sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")):
+        return False
+    try:
+        with open(THP_SETTING) as f:
+            return "[never]" not in f.read()
+    except OSError:  # a kernel without transparent huge pages
+        return False
 
 
 def _libc():
