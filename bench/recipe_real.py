@@ -36,6 +36,9 @@ from recipe import Clock  # noqa: E402  (bench/recipe.py: each stage's wall and 
 ROWS = (("multiplication", 3), ("word_problem", 2))
 #: fewer held-out questions per row are refused: a 95% interval on fewer is wider than the effects it would show
 MIN_QUESTIONS = 100
+#: held-out questions per row by default: +-5 points at worst, +-1 at 0% or 100% (a split with fewer -- 179
+#: 2x1-digit products -- gives what it has)
+QUESTIONS = 400
 #: the tool conversations of the SFT mix: (skill, difficulty, relative share); with plain chat (CHAT_SHARE)
 TOOL_MIX = (("multiplication", 3, .24), ("word_problem", 2, .2), ("word_problem", 1, .12), ("multiplication", 2, .04),
             ("addition", 2, .03), ("addition", 3, .02), ("addition", 4, .02), ("subtraction", 2, .03),
@@ -612,8 +615,8 @@ def parse(argv=None):
     ap.add_argument("--card-modes", default="off,on", help="the calculator modes the RL and control models are "
                                                           "scored in on the card's rows (off,on; off alone saves "
                                                           "the calculator's second round)")
-    ap.add_argument("--questions", type=int, default=MIN_QUESTIONS,
-                    help=f"held-out questions per row (at least {MIN_QUESTIONS})")
+    ap.add_argument("--questions", type=int, default=QUESTIONS,
+                    help=f"held-out questions per row (default {QUESTIONS}, at least {MIN_QUESTIONS})")
     ap.add_argument("--train-conversations", type=int, default=1200, help="conversations generated for SFT (more "
                                                                          "than the budget sees; the rest unused)")
     ap.add_argument("--sft-minutes", type=float, default=7.0, help="SFT's CPU-time budget in minutes")
@@ -628,7 +631,8 @@ def parse(argv=None):
     ap.add_argument("--dtype", choices=("auto", "float32"), default="float32",
                     help="the frozen base under the adapters: float32 (dequantized; a step ~1.45x faster than "
                          "auto on AVX2) or auto (the GGUF file's blocks, the file's memory)")
-    ap.add_argument("--eval-threads", type=int, default=2, help="PyTorch threads of the scoring (greedy replies)")
+    ap.add_argument("--eval-threads", type=int, default=1, help="PyTorch threads of the scoring (greedy replies; "
+                                                                   "two on a shared 2-core machine mostly wait)")
     args = ap.parse_args(argv)
     if args.questions < MIN_QUESTIONS:
         ap.error(f"--questions {args.questions} is under {MIN_QUESTIONS}: a row's 95% interval on so few held-out "
