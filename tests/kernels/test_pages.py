@@ -70,6 +70,16 @@ def test_the_pages_under_the_weights_become_huge_in_place():
         assert torch.equal(model(ids), before)
 
 
+@pytest.mark.skipif(not pages.collapse_works(), reason="this kernel has no MADV_COLLAPSE (Linux 6.1+)")
+def test_a_collapse_in_the_background_leaves_the_pages_huge_when_waited_for():
+    weight = torch.randn(4 << 20)  # 16 MiB: at least seven whole huge pages
+    want = weight.clone()
+    at, huge = weight.data_ptr(), _huge_kb(weight.data_ptr())
+    wait = pages.collapse_in_background([weight])
+    wait()
+    assert _huge_kb(at) - huge >= 14 << 10 and torch.equal(weight, want)
+
+
 @linux_only
 def test_the_weights_move_into_one_huge_page_mapping_with_the_same_outputs(copying):
     model = _model()

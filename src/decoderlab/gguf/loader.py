@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.pages import collapse_in_background
 from .architecture import check_architecture, check_tensors, family_of, model_fields
 from .reader import GGUFFile
 from .tokenizer import check_tokenizer, hf_tokenizer, special_flags, special_ids
@@ -150,10 +151,11 @@ def _tokenizer(meta: dict, path):
     return hf_tokenizer(meta, path, merges)
 
 
-def read_gguf(path: str | os.PathLike, *, keep: str | None = None) -> GGUFContents:
+def read_gguf(path: str | os.PathLike, *, keep: str | None = None, huge_pages: bool = False) -> GGUFContents:
     """Read a GGUF file of a carried architecture into decoderlab's terms (module docstring), float32 -- but for,
     with ``keep`` a block dtype (``q8_0``, ``q4_0``, ``q4_1``), the linear layers' matrices of that very type, kept
-    in their blocks (``blocks``).
+    in their blocks (``blocks``). ``huge_pages``: the weights' pages collapsed into 2 MiB ones as the tokenizer is
+    built (for weights the model will hold as they are read).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -163,11 +165,16 @@ def read_gguf(path: str | os.PathLike, *, keep: str | None = None) -> GGUFConten
             pre-tokenizer) -- each one line naming the file.
     """
     gf, arch, fields = open_checked(path)
-    tokenizer = _tokenizer(gf.metadata, gf.path)
     info = _info(gf, arch)
     family = family_of(arch)
     orders = family.qkv_orders(arch, fields) if family.SPLIT_QKV else None
     state, blocks, info.report = state_dict(gf, fields, keep, orders)
+    # the weights' pages made huge (decoderlab.kernels.pages) while the tokenizer is built: for Gemma 3, 0.8 s
+    # of the kernel's work beside 1.6 s of ours
+    weights = [*state.values(), *(w.packed for v in blocks.values() for w in (v if isinstance(v, list) else [v]))]
+    collapsed = collapse_in_background(weights) if huge_pages else (lambda: None)
+    tokenizer = _tokenizer(gf.metadata, gf.path)
+    collapsed()
     return GGUFContents(fields, state, tokenizer, info, blocks)
 
 
@@ -234,7 +241,8 @@ def load_gguf(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     target = torch.device(map_location) if device is None else resolve_device(device)
     if auto and target.type != "cpu":  # the kernels are the CPU's: elsewhere the file's weights dequantized
         auto, name = False, "float32"
-    contents = read_gguf(path, keep=KEEP_ALL if auto else name if name in BLOCK_DTYPES else None)
+    contents = read_gguf(path, keep=KEEP_ALL if auto else name if name in BLOCK_DTYPES else None,
+                         huge_pages=target.type == "cpu" and (auto or name == "float32"))
     config = ModelConfig.from_dict(contents.fields)
     with initialisers_skipped():  # every weight comes from the file
         model = DecoderOnlyTransformer(config)

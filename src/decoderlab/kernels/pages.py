@@ -24,6 +24,8 @@ import ctypes
 import functools
 import mmap
 import sys
+import threading
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -80,11 +82,10 @@ def collapse_works() -> bool:
         mm.close()
 
 
-def _spans(model: nn.Module) -> list[tuple[int, int]]:
-    """The address ranges of ``model``'s distinct CPU storages, in address order."""
+def _spans(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+    """The address ranges of the distinct CPU storages of ``tensors``, in address order."""
     return sorted({(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in
-                   (t.untyped_storage() for t in (*model.parameters(), *model.buffers())
-                    if t.device.type == "cpu" and t.numel())})
+                   (t.untyped_storage() for t in tensors if t.device.type == "cpu" and t.numel())})
 
 
 def _collapse(spans: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
@@ -168,11 +169,24 @@ def huge_pages(model: nn.Module, min_bytes: int = HUGE_PAGE) -> int:
     """
     if not available():
         return 0
-    spans = _spans(model)
+    spans = _spans((*model.parameters(), *model.buffers()))
     if sum(hi - lo for lo, hi in spans) < min_bytes:
         return 0
     done, left = _collapse(spans) if collapse_works() else (0, spans)
     return done + (_copy(model, {lo for lo, _ in left}) if left else 0)
+
+
+def collapse_in_background(tensors: Iterable[torch.Tensor]) -> Callable[[], None]:
+    """Start collapsing the pages under ``tensors``' CPU storages in place on a thread (the kernel's work: the
+    thread waits in ``madvise`` without the GIL), so that a loader builds its tokenizer meanwhile; returns the
+    function that waits for it. Where the kernel cannot collapse (:func:`collapse_works`), starts nothing.
+    :func:`huge_pages` afterwards finds those pages huge (~0.4 ms for 190 MB) and does the rest. Gemma 3's GGUF
+    load (AMD EPYC, 2026-12-07): its 299 MB collapsed in 0.8 s, its tokenizer built in 1.6."""
+    if not (available() and collapse_works()):
+        return lambda: None
+    thread = threading.Thread(target=_collapse, args=(_spans(tensors),), name="huge pages", daemon=True)
+    thread.start()
+    return thread.join
 
 
 def _copy(model: nn.Module, starts: set[int]) -> int:
