@@ -74,7 +74,8 @@ CHECKS = {0: ("addition_work", 3), 1: ("subtraction_work", 3)}
 
 
 class Clock:
-    """Wall and CPU seconds of each stage (``time.process_time``: this process, all threads)."""
+    """Wall and CPU seconds of each stage (``time.process_time``: this process, all threads); a stage run again
+    under the same name (a card scored a row at a time) adds to its total."""
 
     def __init__(self):
         self.stages: dict[str, dict] = {}
@@ -82,9 +83,10 @@ class Clock:
     def run(self, name: str, fn, *args, **kwargs):
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn(*args, **kwargs)
-        self.stages[name] = {"wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)}
-        print(f"[{name}] {self.stages[name]['wall_s']:.0f} s wall, {self.stages[name]['cpu_s'] / 60:.1f} CPU-min",
-              flush=True)
+        wall, cpu = round(time.perf_counter() - t0, 1), round(time.process_time() - c0, 1)
+        total = self.stages.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
+        total["wall_s"], total["cpu_s"] = round(total["wall_s"] + wall, 1), round(total["cpu_s"] + cpu, 1)
+        print(f"[{name}] {wall:.0f} s wall, {cpu / 60:.1f} CPU-min", flush=True)
         return out
 
 

@@ -7,6 +7,7 @@ Wilson interval where it is installed). Bad input is one error line naming the v
 import json
 import re
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -270,3 +271,17 @@ def test_stop_after_ends_the_run_early_and_scores_the_phase_rows(tmp_path):
     with pytest.raises(ValueError, match="--stop-after must be one of base, sft-phase0, sft; got 'sft-phase7'"):
         recipe.main(["--tiny", "--out", str(tmp_path / "no"), "--stop-after", "sft-phase7"])
     assert not (tmp_path / "no").exists()
+
+
+def test_a_stage_clocked_again_under_its_name_adds_to_its_total():
+    """bench/recipe_real.py scores a card a row at a time under one name: the stage's cost is every row's, not
+    the last one's (a card's 13.6 CPU-minutes read as 7.5 before)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import recipe
+
+    clock = recipe.Clock()
+    clock.run("card", time.sleep, 0.2)
+    clock.run("card", time.sleep, 0.3)
+    clock.run("other", time.sleep, 0.2)
+    assert set(clock.stages) == {"card", "other"}
+    assert 0.5 <= clock.stages["card"]["wall_s"] < 2.0 and clock.stages["other"]["wall_s"] < 0.5
