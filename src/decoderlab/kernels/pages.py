@@ -58,7 +58,9 @@ def available() -> bool:
         return False
 
 
+@functools.cache
 def _libc():
+    """This process's C library, its ``madvise`` typed (loaded once)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
@@ -138,7 +140,7 @@ def _movable(found: dict) -> list[tuple[torch.Tensor, list]]:
 def _trim() -> None:
     """Hand glibc's freed heap memory back to the system (nothing where the C library has no ``malloc_trim``)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         pass
 
@@ -161,10 +163,9 @@ def huge_pages(model: nn.Module, min_bytes: int = HUGE_PAGE) -> int:
     In place where the kernel collapses ranges (:func:`collapse_works`): nothing moves, each storage's memory
     rounded out to whole huge pages. The rest -- every storage on a kernel without ``MADV_COLLAPSE``, the
     file-backed ones (a safetensors checkpoint's) on one with it -- copied, in module order, into one mapping
-    advised ``MADV_HUGEPAGE``: a
-    parameter keeps its ``nn.Parameter`` (its ``.data`` replaced: tied weights stay tied, ``requires_grad`` stays);
-    a buffer is replaced in every module that holds it; views and storages shared by several tensors stay where
-    they are. Does nothing (returns 0) off Linux, where the kernel refuses huge pages, or when the tensors come to
+    advised ``MADV_HUGEPAGE``: a parameter keeps its ``nn.Parameter`` (its ``.data`` replaced: tied weights stay
+    tied, ``requires_grad`` stays); a buffer is replaced in every module that holds it; views and storages shared
+    by several tensors stay where they are. Does nothing (returns 0) off Linux, where the kernel refuses huge pages, or when the tensors come to
     less than ``min_bytes`` (one huge page: nothing to gain). The values are never changed.
     """
     if not available():
