@@ -82,6 +82,21 @@ def timed(fn) -> tuple[float, object]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def no_extra_bufts() -> None:
+    """llama.cpp without its repacked CPU buffer types (AMX, repacked int8) in this process:
+    llama_model_params.use_extra_bufts, which Llama() does not take, set False on its defaults."""
+    import llama_cpp.llama_cpp as low
+
+    defaults = low.llama_model_default_params
+
+    def without_extra_bufts():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = without_extra_bufts
+
+
 def worker() -> None:
     """The child process of one llama.cpp variant: its settings on the first line of standard input, then one JSON
     command per line (decode, prefill, nll), one JSON answer per line on standard output."""
@@ -92,17 +107,8 @@ def worker() -> None:
 
     faulthandler.enable()
     cfg = json.loads(sys.stdin.readline())
-    if not cfg["extra_bufts"]:  # llama_model_params.use_extra_bufts, which Llama() does not take: set on its defaults
-        import llama_cpp.llama_cpp as low
-
-        defaults = low.llama_model_default_params
-
-        def without_extra_bufts():
-            params = defaults()
-            params.use_extra_bufts = False
-            return params
-
-        low.llama_model_default_params = without_extra_bufts
+    if not cfg["extra_bufts"]:
+        no_extra_bufts()
     t = time.perf_counter()
     llm = Llama(model_path=cfg["path"], n_ctx=cfg["n_ctx"], n_batch=cfg["n_batch"], n_threads=cfg["threads"],
                 n_threads_batch=cfg["threads"], logits_all=cfg["logits_all"], verbose=False)
@@ -555,6 +561,9 @@ def run_one() -> None:
     if spec["who"] == "llama.cpp":
         from llama_cpp import Llama
 
+        if not spec.get("extra_bufts", True):
+            no_extra_bufts()
+
         llm = Llama(model_path=spec["path"], n_ctx=len(long_prompt) + n + 16, n_batch=512, n_threads=spec["threads"],
                     n_threads_batch=spec["threads"], verbose=False)
         load = time.perf_counter() - t
@@ -591,8 +600,13 @@ def run_one() -> None:
     if spec["who"] == "ours" and spec["mode"] == "eager":  # a step of 8 rows (the server's, the rollouts') vs 1
         from decoderlab.generation import generate_batch
 
-        b8, _ = timed(lambda: generate_batch(model, [prompt] * 8, n, temperature=0, stop_at_eos=False))
-        batch = b8 / s
+        # the decode steps alone: each call less the same call for one token (its prompt's prefill and set-up),
+        # so 8 prompts' prefill of 8x the rows does not count as stepping
+        def rows8(count):
+            return generate_batch(model, [prompt] * 8, count, temperature=0, stop_at_eos=False)
+
+        b8, b1, s1 = timed(lambda: rows8(n))[0], timed(lambda: rows8(1))[0], timed(lambda: decode(1))[0]
+        batch = (b8 - b1) / (s - s1)
     # VmHWM, not ru_maxrss: Linux keeps the parent's high-water mark in ru_maxrss across the exec
     peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(json.dumps({"load_s": load, "decode": n / s, "prompt": len(long_prompt) / p, "peak": peak,
@@ -676,13 +690,20 @@ def issue_table(path: str, args, tmp: str) -> None:
     for r in range(args.repeats):
         for spec, src in variants:
             got = _spawn(spec, src)
+            if got is None and spec["who"] == "llama.cpp" and spec.get("extra_bufts", True) \
+                    and {"amx_int8", "amx_tile"} & set(cpu_features()):
+                # llama.cpp's AMX int8 kernel segfaults on some CPUs (ggml-org/llama.cpp#20824): its rows from
+                # here on without the extra buffer types, said under the table
+                spec["extra_bufts"] = False
+                print(f"  {spec['name']}: again without llama.cpp's extra buffer types (AMX, repacked int8)")
+                got = _spawn(spec, src)
             if got:
                 runs[spec["name"]].append(got)
         print(f"  round {r + 1} of {args.repeats} done", flush=True)
-    print_issue_table(path, files, runs, args)
+    print_issue_table(path, files, runs, args, [spec for spec, _ in variants])
 
 
-def print_issue_table(path: str, files: dict, runs: dict, args) -> None:
+def print_issue_table(path: str, files: dict, runs: dict, args, specs: list) -> None:
     def med(name, key):
         return statistics.median(g[key] for g in runs[name]) if runs.get(name) else None
 
@@ -707,6 +728,10 @@ def print_issue_table(path: str, files: dict, runs: dict, args) -> None:
             ratio = lambda x, y: f"{x / y:.2f}x" if y and name != ref else ""  # noqa: E731
             print(f"| {kind} | {name} | {d:.1f} | {ratio(d, rd)} | {p:.0f} | {ratio(p, rp)} | {m / 1e6:.0f} | "
                   f"{ratio(m, rm)} | {ld:.1f} | {same} |")
+    plain = [s["name"] for s in specs if s.get("extra_bufts") is False]
+    if plain:
+        print("without llama.cpp's extra buffer types (its AMX int8 kernel crashed, ggml-org/llama.cpp#20824): "
+              + ", ".join(plain))
     steps = [(n, statistics.median(g["batch8"] for g in got)) for n, got in runs.items()
              if got and got[0].get("batch8")]
     if steps:

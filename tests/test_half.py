@@ -41,7 +41,7 @@ def test_few_rows_take_the_kernels_product_and_many_rows_the_widened_weight(dtyp
         few = torch.randn(3, 64)
         assert torch.equal(layer(few), kernels.dense_linear(few, layer.weight) + layer.bias)
         many = torch.randn(2, 20, 64)  # 40 rows: over KERNEL_ROWS
-        if dtype == torch.bfloat16 and kernels.isa() == "avx512-bf16":  # bfloat16 pairs, four weight rows a pass
+        if dtype == torch.bfloat16 and kernels.isa() in kernels.BF16_PAIRS:  # bfloat16 pairs, in a row's own order
             assert torch.equal(layer(many), kernels.dense_linear(many, layer.weight) + layer.bias)
             assert torch.equal(layer(many)[1, 3], layer(many[1, 3:4])[0])  # a row's result is its own, alone
         else:
@@ -163,8 +163,8 @@ def test_lora_over_16_bit_matrices_trains_float32_adapters_and_merges_into_float
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainable)
     merged = merge_lora(model)
     assert {p.dtype for p in merged.parameters()} == {torch.float32}
-    # the merge checked on float32 products: AVX512-BF16's kernel would round the adapted model's activations
-    before = kernels.set_isa("avx512-vnni") if kernels.isa() == "avx512-bf16" else None
+    # the merge checked on float32 products: a bfloat16-pair kernel would round the adapted model's activations
+    before = kernels.set_isa("avx512-vnni") if kernels.isa() in kernels.BF16_PAIRS else None
     try:
         with torch.no_grad():
             many = torch.randint(0, 300, (1, 24))  # 24 rows: the widened slices in both models

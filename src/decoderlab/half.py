@@ -50,13 +50,13 @@ def _kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     :data:`KERNEL_ROWS` rows (a compiled graph's symbolic row count counts as few: a comparison would guard) --
     or any number of rows of a bfloat16 weight where the kernels multiply bfloat16 pairs (AVX512-BF16's
     vdpbf16ps, four weight rows a pass: SmolLM2's 128-row products 1.0x llama.cpp's, against 0.5-0.6x for the
-    widened slices' F.linear on an AVX-512 EPYC, 2026-12-07)."""
+    widened slices' F.linear on an AVX-512 EPYC, 2026-12-07; AMX's tiles on a Xeon that has them)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or (torch.is_grad_enabled() and x.requires_grad):
         return False
     rows = x.shape[:-1].numel()
     if not isinstance(rows, int) or rows <= KERNEL_ROWS:
         return True
-    return weight.dtype == torch.bfloat16 and kernels.isa() == "avx512-bf16"
+    return weight.dtype == torch.bfloat16 and kernels.isa() in kernels.BF16_PAIRS
 
 
 def widened_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

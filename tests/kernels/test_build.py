@@ -126,7 +126,7 @@ def test_the_portable_path_chosen_by_the_environment_is_said_once(tmp_path):
 def test_an_unknown_path_in_the_environment_is_refused_naming_the_allowed(tmp_path):
     r = _python("from decoderlab import kernels; kernels.load()", tmp_path, DECODERLAB_KERNELS="neon")
     assert r.returncode != 0
-    assert "ValueError: DECODERLAB_KERNELS='neon' is not a kernel path; allowed: auto, portable, avx512-bf16, " \
+    assert "ValueError: DECODERLAB_KERNELS='neon' is not a kernel path; allowed: auto, portable, amx-bf16, avx512-bf16, " \
         in r.stderr
 
 

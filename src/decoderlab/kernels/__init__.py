@@ -36,13 +36,13 @@ Measured in ``bench/cpu_kernels.py``; exactness in ``tests/kernels`` (each path 
 dequantized weights times the dequantized quantized activations).
 """
 
-from .ops import (ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
+from .ops import (BF16_PAIRS, ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
                   dequantize, isa, load, quantize_activation, set_isa)
 from .pack import ROWS, check_shape, pack, unpack
 from .pages import huge_pages
 from .types import ACTIVATION_TYPES, FLOAT_TYPES, TYPES, WEIGHT_BLOCK_TYPES, GGMLType, ggml_type
 
-__all__ = ["ACTIVATION_TYPES", "ENV", "FLOAT_TYPES", "GGMLType", "ISAS", "PATHS", "ROWS", "TYPES",
+__all__ = ["ACTIVATION_TYPES", "BF16_PAIRS", "ENV", "FLOAT_TYPES", "GGMLType", "ISAS", "PATHS", "ROWS", "TYPES",
            "WEIGHT_BLOCK_TYPES", "available_isas", "block_linear", "block_linear_many", "check_shape", "dense_linear",
            "dense_linear_many", "dequantize", "ggml_type", "huge_pages", "isa", "load", "pack", "quantize_activation", "set_isa",
            "unpack"]

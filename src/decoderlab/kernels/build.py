@@ -40,11 +40,12 @@ SOURCES = {
                             "-mf16c"), "DLK_NO_AVX512VNNI"),
     "isa_avx512bf16.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"),
                            "DLK_NO_AVX512BF16"),
+    "isa_amx.cpp": (("-mamx-tile", "-mamx-bf16"), "DLK_NO_AMX"),
 }
 HEADERS = ("common.h", "products.h", "block_kernels.h", "dense_kernels.h", "quant_kernels.h", "sums512.h", "ymm_backend.h")
 #: an instruction set file's name -> the set's name
 SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512vnni.cpp": "avx512-vnni",
-             "isa_avx512bf16.cpp": "avx512-bf16"}
+             "isa_avx512bf16.cpp": "avx512-bf16", "isa_amx.cpp": "amx-bf16"}
 #: every file's flags: no contraction of a multiply and an add into an FMA that ggml's quantizers do not make
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-DNDEBUG", "-w")
 LIBRARY = "decoderlab_kernels.so"

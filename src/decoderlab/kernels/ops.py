@@ -22,7 +22,8 @@ dispatch), as much as a small product's arithmetic: the fastest eager call is th
 ``torch.ops.decoderlab.block_linear.default(...)``, or the functions here, which go straight to it.
 
 Which path: ``$DECODERLAB_KERNELS`` = ``auto`` (the default: the best instruction set this CPU runs), ``portable``,
-``avx512-bf16`` (AVX512-VNNI with the bfloat16 product by vdpbf16ps), ``avx512-vnni``, ``avx-vnni`` or ``avx2``;
+``amx-bf16`` (``avx512-bf16`` with the bfloat16 product by AMX's tiles), ``avx512-bf16`` (AVX512-VNNI with the
+bfloat16 product by vdpbf16ps), ``avx512-vnni``, ``avx-vnni`` or ``avx2``;
 :func:`set_isa` changes it in a running process, and each function's ``isa=`` argument for one call (the tests'
 and benchmarks' way to compare paths). The portable path is said once on standard error, with why.
 """
@@ -43,8 +44,11 @@ from .types import TYPES, WEIGHT_BLOCK_TYPES, ggml_type
 #: the environment variable that picks the path
 ENV = "DECODERLAB_KERNELS"
 #: the C++ kernels' instruction sets, best first
-ISAS = ("avx512-bf16", "avx512-vnni", "avx-vnni", "avx2")
+ISAS = ("amx-bf16", "avx512-bf16", "avx512-vnni", "avx-vnni", "avx2")
 PATHS = ("auto", "portable", *ISAS)
+#: the sets whose bfloat16 product multiplies bfloat16 pairs (the activations rounded, as ggml's) in an order that
+#: does not follow the batch, for any number of rows
+BF16_PAIRS = ("amx-bf16", "avx512-bf16")
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -64,5 +64,7 @@ const KernelSet* kernels_avxvnni();
 const KernelSet* kernels_avx512vnni();
 // the bfloat16 product by AVX512-BF16's vdpbf16ps (isa_avx512bf16.cpp), for CPUs that have it beside AVX512-VNNI
 DenseKernel dense_bf16_avx512bf16();
+// the bfloat16 product by AMX's tdpbf16ps (isa_amx.cpp), for CPUs with AMX-TILE and AMX-BF16 beside AVX512-BF16
+DenseKernel dense_bf16_amx();
 
 }  // namespace dlk

@@ -16,6 +16,10 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 #include "common.h"
@@ -45,7 +49,31 @@ const KernelSet* kernels_avx512bf16() {
 }
 #endif
 
+#if !defined(DLK_NO_AVX512VNNI) && !defined(DLK_NO_AVX512BF16) && !defined(DLK_NO_AMX)
+// AVX512-BF16's table with the bfloat16 product by AMX's tiles
+const KernelSet* kernels_amx() {
+  static const KernelSet set = [] {
+    KernelSet s = *kernels_avx512bf16();
+    s.name = "amx-bf16";
+    s.bf16 = dense_bf16_amx();
+    return s;
+  }();
+  return &set;
+}
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
+// Linux hands a process AMX's tile registers (8 KB of state a thread) only when asked; a tile instruction before
+// that is SIGILL. Asked once, at detection: the set is offered only where the kernel said yes
+bool tiles_granted() {
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 uint64_t xcr0() {
   uint32_t eax, edx;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
@@ -68,9 +96,14 @@ std::vector<Isa> detect() {
   unsigned a1 = 0, b1, c1, d1;
   __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
   const bool avxvnni = avx2 && (a1 & (1u << 4)), avx512bf16 = avx512vnni && (a1 & (1u << 5));
+  // AMX-BF16 and AMX-TILE (leaf 7's EDX bits 22, 24); XCR0's tile configuration and data (bits 17, 18)
+  const bool amx = avx512bf16 && (d & (1u << 22)) && (d & (1u << 24)) && (xcr0() & 0x60000) == 0x60000;
   if (!avx2) return found;
 #ifndef DLK_NO_AVX512VNNI
 #ifndef DLK_NO_AVX512BF16
+#ifndef DLK_NO_AMX
+  if (amx && tiles_granted()) found.push_back({"amx-bf16", kernels_amx});
+#endif
   if (avx512bf16) found.push_back({"avx512-bf16", kernels_avx512bf16});
 #endif
   if (avx512vnni) found.push_back({"avx512-vnni", kernels_avx512vnni});
