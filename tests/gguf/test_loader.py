@@ -198,3 +198,26 @@ def test_a_k_quant_dtype_the_file_does_not_hold_is_refused_naming_the_file_s_typ
     with pytest.raises(ValueError, match=r"--dtype q4_k needs every matrix in q4_k blocks, and this file's are F32, "
                                          r"Q4_1: q4_k has no quantizer here .* use --dtype auto"):
         load_gguf(path, dtype="q4_k")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_a_file_pauses_the_garbage_collector_and_leaves_it_as_it_was(tiny_gguf, monkeypatch, enabled):
+    """The cyclic collector is off while the file is read (its millions of small objects would start pass after
+    pass), and as the caller had it afterwards -- also when the read fails."""
+    import gc
+
+    from decoderlab.gguf import loader
+
+    seen = []
+    real = loader._tokenizer
+    monkeypatch.setattr(loader, "_tokenizer", lambda *a: (seen.append(gc.isenabled()), real(*a))[1])
+    (gc.enable if enabled else gc.disable)()
+    try:
+        load_gguf(tiny_gguf("llama")[0])
+        assert seen == [False] and gc.isenabled() is enabled
+        with pytest.raises(ValueError):
+            monkeypatch.setattr(loader, "_tokenizer", lambda *a: (_ for _ in ()).throw(ValueError("broken")))
+            load_gguf(tiny_gguf("llama")[0])
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
