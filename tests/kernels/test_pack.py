@@ -57,3 +57,36 @@ def test_shapes_that_are_not_whole_blocks_or_the_wrong_size_are_refused_by_name(
         pack(np.zeros(10, np.uint8), "bf16", (5, 1))
     with pytest.raises(ValueError, match="576 uint8 bytes; got 575"):
         unpack(torch.zeros(575, dtype=torch.uint8), "q4_0", (16, 64))
+
+
+@pytest.mark.parametrize("name", WEIGHT_BLOCK_TYPES)
+def test_the_c_plus_plus_byte_moves_give_numpys_bytes(name):
+    """kernels.pack moves the fields in the library's C++ (decoderlab::pack_fields) where it loads; the NumPy
+    path of kernels.pack.pack gives the same bytes, padding rows included."""
+    import importlib
+
+    from decoderlab import kernels
+
+    kernels.load()
+    move = kernels.ops._state.get("pack_fields")
+    if move is None:
+        pytest.skip("the kernels' library is not loaded here")
+    numpy_path = importlib.import_module("decoderlab.kernels.pack").pack
+    block = TYPES[name].block
+    for out in (16, 37):
+        raw = _raw(name, out, 3 * block)
+        assert torch.equal(numpy_path(raw, name, (out, 3 * block), move=move),
+                           numpy_path(raw, name, (out, 3 * block)))
+
+
+def test_the_byte_move_op_refuses_a_field_outside_the_block():
+    from decoderlab import kernels
+
+    kernels.load()
+    move = kernels.ops._state.get("pack_fields")
+    if move is None:
+        pytest.skip("the kernels' library is not loaded here")
+    with pytest.raises(ValueError, match=r"field \(30, 8, 4\) does not fit a block of 34 bytes"):
+        move(torch.zeros(16 * 34, dtype=torch.uint8), 1, 34, [0, 2, 2, 30, 8, 4])
+    with pytest.raises(ValueError, match="whole groups of 16 rows"):
+        move(torch.zeros(15 * 34, dtype=torch.uint8), 1, 34, [0, 2, 2])

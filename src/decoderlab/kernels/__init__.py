@@ -36,9 +36,10 @@ Measured in ``bench/cpu_kernels.py``; exactness in ``tests/kernels`` (each path 
 dequantized weights times the dequantized quantized activations).
 """
 
-from .ops import (BF16_PAIRS, ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear, dense_linear_many,
-                  dequantize, isa, load, quantize_activation, set_isa)
-from .pack import ROWS, check_shape, pack, unpack
+from .pack import ROWS, check_shape, unpack
+# (after .pack: the name ``pack`` is the function that moves the bytes in C++ where it can, not the module)
+from .ops import (BF16_PAIRS, ENV, ISAS, PATHS, available_isas, block_linear, block_linear_many, dense_linear,
+                  dense_linear_many, dequantize, isa, load, pack, quantize_activation, set_isa)
 from .pages import huge_pages
 from .types import ACTIVATION_TYPES, FLOAT_TYPES, TYPES, WEIGHT_BLOCK_TYPES, GGMLType, ggml_type
 

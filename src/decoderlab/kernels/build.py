@@ -34,6 +34,7 @@ SOURCES = {
     "ops.cpp": ((), None),
     "decode.cpp": ((), None),
     "dequant.cpp": ((), None),
+    "pack.cpp": ((), None),
     "isa_avx2.cpp": (("-mavx2", "-mfma", "-mf16c"), None),
     "isa_avxvnni.cpp": (("-mavx2", "-mfma", "-mf16c", "-mavxvnni"), "DLK_NO_AVXVNNI"),
     "isa_avx512vnni.cpp": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma",
@@ -50,7 +51,7 @@ SET_NAMES = {"isa_avx2.cpp": "avx2", "isa_avxvnni.cpp": "avx-vnni", "isa_avx512v
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-DNDEBUG", "-w")
 LIBRARY = "decoderlab_kernels.so"
 #: the files that include torch (the ops and their dispatch, at the baseline's flags)
-TORCH_SOURCES = ("ops.cpp", "decode.cpp", "dequant.cpp")
+TORCH_SOURCES = ("ops.cpp", "decode.cpp", "dequant.cpp", "pack.cpp")
 #: the most seconds a process waits for another's build
 LOCK_TIMEOUT = 900
 

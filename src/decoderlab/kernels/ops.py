@@ -38,6 +38,7 @@ from contextlib import contextmanager
 import torch
 
 from . import portable
+from . import pack as packing
 from .pack import check_shape
 from .types import TYPES, WEIGHT_BLOCK_TYPES, ggml_type
 
@@ -153,11 +154,23 @@ def _load() -> None:
             _register_portable(define=False)
             _state["mode"], why = "portable", "this CPU lacks AVX2, FMA or F16C"
     _register_fakes()
+    _state["pack_fields"] = torch.ops.decoderlab.pack_fields.default if path is not None else None
     if _state["mode"] == "portable":
         _say_portable(why)
     elif choice != "auto":
         torch.ops.decoderlab.kernels_isa(choice)  # ValueError for a set this CPU does not run
     _BOUND.update({name: getattr(torch.ops.decoderlab, name).default for name in _SCHEMAS})
+
+
+def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
+    """:func:`decoderlab.kernels.pack.pack` -- a GGUF block tensor's bytes in the kernels' layout, a 1-D uint8
+    tensor -- with its byte moves in the library's C++ where it loads (Gemma 3's 180 MB q8_0 embedding: 0.54 s
+    in NumPy); the same bytes either way.
+
+    Raises:
+        ValueError: as :func:`decoderlab.kernels.pack.pack`."""
+    load()
+    return packing.pack(raw, kind, shape, name, move=_state.get("pack_fields"))
 
 
 def load() -> str:

@@ -124,7 +124,7 @@ def _q6_k_quants(blocks: np.ndarray, out: np.ndarray) -> None:
     out[:, :, :, :, 2:] = qh.transpose(0, 2, 3, 5, 4, 1, 6)
 
 
-def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
+def pack(raw, kind, shape, name: str = "weight", *, move=None) -> torch.Tensor:
     """The kernels' layout (module docstring) of a GGUF block tensor: a 1-D uint8 tensor.
 
     Args:
@@ -133,6 +133,9 @@ def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
         kind: q8_0, q4_0, q4_1, q4_k, q5_k or q6_k (a name in any case, or GGML's type number).
         shape: the matrix's (out, in) -- ``nn.Linear``'s layout (GGUF lists ggml's (in, out)).
         name: the tensor's name, for errors.
+        move: the fields' byte moves done by ``decoderlab::pack_fields`` (the kernels' library's C++: its bound
+            op, which :func:`decoderlab.kernels.pack` passes where the library is loaded); None: in NumPy here.
+            The bytes are the same either way.
 
     Raises:
         ValueError: another type, a width that is not whole blocks, or a byte count that is not the shape's
@@ -149,13 +152,17 @@ def pack(raw, kind, shape, name: str = "weight") -> torch.Tensor:
     g, nb = groups.shape[0], groups.shape[2]
     # q5_0 / q5_1's qh transposed apart (4 bytes a block), not in a copy of every block
     qh = _transposed_qh(groups[..., _QH[t.name]:_QH[t.name] + 4]) if t.name in _QH else None
-    # each field copied straight into its place: no regrouped copy of the fields and then their concatenation
-    # (Gemma 3's 178 MB embedding passed through two such transients as it loaded)
-    packed = np.empty((g, nb, ROWS * t.bytes), dtype=np.uint8)
+    if move is not None:  # the byte moves in C++, then q5's fifth bits put in their place
+        fields = [v for f in _FIELDS[t.name] for v in f]
+        packed = move(torch.from_numpy(np.ascontiguousarray(groups)), nb, t.bytes, fields).numpy().reshape(g, nb, -1)
+    else:  # each field copied straight into its place: no regrouped copy of the fields and then their
+        # concatenation (Gemma 3's 178 MB embedding passed through two such transients as it loaded)
+        packed = np.empty((g, nb, ROWS * t.bytes), dtype=np.uint8)
     at = 0
     for s, n, w in _FIELDS[t.name]:
-        field = qh if qh is not None and s == _QH[t.name] else groups[..., s:s + n]
-        _in_place(packed[..., at:at + ROWS * n], (g, nb, n // w, ROWS, w))[...] = _side_by_side(field, w)
+        if move is None or qh is not None and s == _QH[t.name]:
+            field = qh if qh is not None and s == _QH[t.name] else groups[..., s:s + n]
+            _in_place(packed[..., at:at + ROWS * n], (g, nb, n // w, ROWS, w))[...] = _side_by_side(field, w)
         at += ROWS * n
     if t.name == "q6_k":
         _q6_k_quants(groups, _in_place(packed[..., at:], (g, nb, 2, 8, 3, ROWS, 4)))

@@ -483,6 +483,7 @@ TORCH_LIBRARY(decoderlab, m) {
         "SymInt stop) -> Tensor");
   m.def("decode_step(Tensor x, Tensor positions, int column, Tensor? padding_mask, Tensor[] tensors, int[] ints, "
         "float[] floats, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache) -> Tensor");
+  m.def("pack_fields(Tensor blocks, int blocks_per_row, int block_bytes, int[] fields) -> Tensor");
   m.def("kernels_isa(str request) -> str", &dlk::kernels_isa);
   m.def("kernels_isas() -> str[]", &dlk::kernels_isas);
 }
