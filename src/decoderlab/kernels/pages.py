@@ -165,8 +165,9 @@ def huge_pages(model: nn.Module, min_bytes: int = HUGE_PAGE) -> int:
     file-backed ones (a safetensors checkpoint's) on one with it -- copied, in module order, into one mapping
     advised ``MADV_HUGEPAGE``: a parameter keeps its ``nn.Parameter`` (its ``.data`` replaced: tied weights stay
     tied, ``requires_grad`` stays); a buffer is replaced in every module that holds it; views and storages shared
-    by several tensors stay where they are. Does nothing (returns 0) off Linux, where the kernel refuses huge pages, or when the tensors come to
-    less than ``min_bytes`` (one huge page: nothing to gain). The values are never changed.
+    by several tensors stay where they are. Does nothing (returns 0) off Linux, where the kernel refuses huge
+    pages, or when the tensors come to less than ``min_bytes`` (one huge page: nothing to gain). The values are
+    never changed.
     """
     if not available():
         return 0

@@ -2,11 +2,19 @@
 // intrinsics -- so that no inline function compiled for one instruction set is linked into another's callers.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace dlk {
 
 // output rows per packed group: one per 32-bit lane of a 512-bit register (pack.py's ROWS)
 constexpr int kRows = 16;
+
+// a thread's buffer, kept between calls: it only grows, so that a product allocates nothing but its output
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
 
 // 16-bit weights as their bits (the float16 and bfloat16 of a torch tensor)
 struct f16_t { uint16_t bits; };

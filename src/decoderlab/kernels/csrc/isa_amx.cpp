@@ -43,12 +43,6 @@ constexpr int64_t kChunk = 32;  // weights a tile row holds
 
 thread_local std::vector<dlk::bf16_t> t_b, t_w;
 
-template <typename T>
-T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 // `rows` activation rows as B tiles, one a chunk of 32 weights: tile row r holds, for each activation row m, the
 // pair x[m][32c + 2r], x[m][32c + 2r + 1]; zeros past the width
 void pack_b(const dlk::bf16_t* x, int64_t ldx, int64_t in, int rows, int64_t chunks, dlk::bf16_t* b) {
@@ -61,7 +55,7 @@ void pack_b(const dlk::bf16_t* x, int64_t ldx, int64_t in, int rows, int64_t chu
 // weight rows [n0, n0 + n) as 16 rows of `width` (a multiple of 32) bfloat16, zeros past them: the A tiles of a
 // block of fewer than 16 rows, or of a width no multiple of 32 (a tile load reads whole 64-byte rows)
 const dlk::bf16_t* padded_rows(const dlk::bf16_t* w, int64_t in, int64_t n0, int64_t n, int64_t width) {
-  dlk::bf16_t* a = grow(t_w, 16 * width);
+  dlk::bf16_t* a = dlk::grow(t_w, 16 * width);
   std::memset(a, 0, sizeof(dlk::bf16_t) * 16 * width);
   for (int64_t r = 0; r < n; ++r) std::memcpy(a + r * width, w + (n0 + r) * in, sizeof(dlk::bf16_t) * in);
   return a;
@@ -115,7 +109,7 @@ void product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void*
   const auto* w = static_cast<const dlk::bf16_t*>(weight);
   const auto* x = static_cast<const dlk::bf16_t*>(xv);
   const int64_t chunks = (in + kChunk - 1) / kChunk;
-  dlk::bf16_t* b = grow(t_b, 2 * chunks * 16 * 32);
+  dlk::bf16_t* b = dlk::grow(t_b, 2 * chunks * 16 * 32);
   int configured[2] = {-1, -1};
   for (int m0 = 0; m0 < n_act; m0 += 32) {
     const int rows0 = std::min(16, n_act - m0), rows1 = std::max(0, std::min(16, n_act - m0 - 16));

@@ -135,13 +135,6 @@ const KernelSet* current() {
 
 // ---- activations -------------------------------------------------------------------------------------------------
 
-// a thread's buffers, kept between calls: they only grow, so that a product allocates nothing but its output
-template <typename T>
-T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 // n rows of width k quantized for a product by the instruction set's quantizer (quant_kernels.h): the quants, the
 // scales and the per-block terms of common.h's Act
 struct Acts {

@@ -9,10 +9,10 @@
 
 #include <cstring>
 
+#include "common.h"
+
 namespace dlk {
 namespace {
-
-constexpr int64_t kRows = 16;
 
 template <int W>
 void move_field(const uint8_t* src, uint8_t* dst, int64_t nb, int64_t bpb, int64_t first, int64_t length) {
