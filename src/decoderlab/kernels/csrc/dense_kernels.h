@@ -80,9 +80,20 @@ void dense_rows(const T* w, int64_t in, const X* x, int64_t ldx, int n_act, floa
   }
 }
 
-// weight rows [r0, r1), one at a time. A
-// prompt's rows go in blocks of kDenseRowBlock, so that a block stays in L2 while the weight rows pass over it
+// Weight rows [r0, r1), one at a time, each for every activation row (tiles of kDenseTile); a prompt's rows go in
+// blocks of kDenseRowBlock, so that a block stays in L2 while the weight rows pass over it. From two activation
+// rows on the products bound a pass more than the reads, and the row kDenseAhead rows ahead is asked into L2 while
+// this one is multiplied, so that memory and arithmetic overlap (AVX-512 EPYC, 2026-12-07: SmolLM2's 211 products
+// for 8 rows, float16 54-59 -> 43-50 ms, float32 72-88 -> 49-57; 4 to 32 rows ahead alike). A
+// decode step's one row is left to the hardware prefetcher, which reads one stream at the memory's rate.
 constexpr int kDenseRowBlock = 64;
+constexpr int64_t kDenseAhead = 8;
+
+template <typename T>
+inline void dense_ask_l2(const T* row, int64_t in) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < in * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
 
 template <typename T>
 void dense_product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void* xv, int64_t ldx, int n_act,
@@ -93,6 +104,9 @@ void dense_product(const void* weight, int64_t in, int64_t r0, int64_t r1, const
     const int n = n_act - a0 < kDenseRowBlock ? n_act - a0 : kDenseRowBlock;
     const X* x = static_cast<const X*>(xv) + a0 * ldx;
     float* ya = y + a0 * ldy;
-    for (int64_t r = r0; r < r1; ++r) dense_rows<T, X>(w + r * in, in, x, ldx, n, ya + r, ldy);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (n > 1 && r + kDenseAhead < r1) dense_ask_l2(w + (r + kDenseAhead) * in, in);
+      dense_rows<T, X>(w + r * in, in, x, ldx, n, ya + r, ldy);
+    }
   }
 }
