@@ -9,6 +9,12 @@ namespace dlk {
 // output rows per packed group: one per 32-bit lane of a 512-bit register (pack.py's ROWS)
 constexpr int kRows = 16;
 
+// ask `bytes` at p into L2 (prefetcht1 on x86: the same instruction whatever the set a file is compiled for), a
+// cache line at a time: a pass over several activation rows asks for the weight rows after its own (dense_kernels.h)
+inline void ask_l2(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, 2);
+}
+
 // a thread's buffer, kept between calls: it only grows, so that a product allocates nothing but its output
 template <typename T>
 T* grow(std::vector<T>& v, size_t n) {

@@ -92,12 +92,6 @@ constexpr int kDenseRowBlock = 64;
 constexpr int64_t kDenseAhead = 8;
 
 template <typename T>
-inline void dense_ask_l2(const T* row, int64_t in) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < in * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
-}
-
-template <typename T>
 void dense_product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void* xv, int64_t ldx, int n_act,
                    float* y, int64_t ldy) {
   using X = float;  // (a bfloat16 weight's activations come rounded to bfloat16, as float32 values: ops.cpp)
@@ -107,7 +101,7 @@ void dense_product(const void* weight, int64_t in, int64_t r0, int64_t r1, const
     const X* x = static_cast<const X*>(xv) + a0 * ldx;
     float* ya = y + a0 * ldy;
     for (int64_t r = r0; r < r1; ++r) {
-      if (n > 1 && r + kDenseAhead < r1) dense_ask_l2(w + (r + kDenseAhead) * in, in);
+      if (n > 1 && r + kDenseAhead < r1) dlk::ask_l2(w + (r + kDenseAhead) * in, in * sizeof(T));
       dense_rows<T, X>(w + r * in, in, x, ldx, n, ya + r, ldy);
     }
   }

@@ -75,10 +75,7 @@ void product(const void* weight, int64_t in, int64_t r0, int64_t r1, const void*
     int64_t r = r0;
     if (n >= kFourRowsFrom)
       for (; r + 4 <= r1; r += 4) {
-        if (r + kAhead + 4 <= r1) {
-          const char* p = reinterpret_cast<const char*>(w + (r + kAhead) * in);
-          for (int64_t b = 0; b < 4 * in * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
-        }
+        if (r + kAhead + 4 <= r1) dlk::ask_l2(w + (r + kAhead) * in, 4 * in * 2);
         rows<4>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
       }
     for (; r < r1; ++r) rows<1>(w + r * in, in, x, ldx, n, y + a0 * ldy + r, ldy);
