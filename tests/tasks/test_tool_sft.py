@@ -113,6 +113,40 @@ def test_greedy_replies_over_the_shared_prefix_equal_generate_batch(recipe_real,
     assert [ended for _, ended in ours] == [len(ids) < 12 for ids in theirs]
 
 
+@pytest.mark.parametrize("eval_dtype", ["float32", "bfloat16"])
+def test_rows_that_end_leave_the_batch_and_the_replies_stay_generate_batchs(recipe_real, smollm2_gguf, eval_dtype,
+                                                                           monkeypatch):
+    """Three copies each of two questions, stopped at a token of the first one's reply: its three rows end early
+    and leave the batch (the cache rows dropped), the others go on -- every reply still generate_batch's, with the
+    card's matrices in float32 and in bfloat16 (float32 activations, as a BF16 file runs)."""
+    import torch
+
+    from decoderlab.generation import SamplingParams, generate_batch
+    from decoderlab.half import HalfLinear
+
+    model, tok, template = recipe_real.load_scored(smollm2_gguf, eval_dtype)
+    assert any(isinstance(m, HalfLinear) for m in model.modules()) == (eval_dtype == "bfloat16")
+    with torch.no_grad():  # the random base's greedy replies one token over and over; larger weights vary them
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(6)
+    prompts = [template.render([{"role": "user", "content": q}], tok, add_generation_prompt=True)[0]
+               for q in ["What is 12 + 7?"] * 3 + ["What is 35 * 4?"] * 3]
+
+    def theirs(stop=None):
+        params = SamplingParams(max_new_tokens=12, stop=(stop,) if stop is not None else (), temperature=0)
+        return generate_batch(model, prompts, params, tokenizer=tok)
+
+    with torch.no_grad():
+        free = theirs()
+        stop = next(t for t in free[0][2:] if t not in free[3])  # ends the first question's rows only
+        expected = theirs(stop)
+        monkeypatch.setattr(recipe_real, "MIN_GROUP", 1)  # the shared-prefix path (_decode), not generate_batch
+        ours = recipe_real.replies(model, tok, prompts, 12, stop)
+    assert [ended for _, ended in ours] == [True] * 3 + [False] * 3
+    assert [text for text, _ in ours] == [tok.decode(ids) for ids in expected]
+
+
 def test_the_tool_reward_scores_the_first_call_or_else_the_last_number(recipe_real):
     row = {"reference": "373"}
     call = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
