@@ -243,6 +243,25 @@ def test_batch_rows_with_their_own_settings_equal_each_alone():
         generate_batch(model, prompts, rows[:2])
 
 
+def test_rows_that_are_done_leave_the_batch_and_the_others_keep_their_tokens(monkeypatch):
+    """Rows done early leave generate_batch's batch once a quarter of the rows stepped are done -- their cache
+    rows, seeded generators and penalty counts with them -- and every row's tokens stay those it gets alone."""
+    from decoderlab.generation import engine
+
+    model = make_model("llama-gqa", "sdpa", seed=5)
+    prompts = [[1, 2], [3], [4, 5, 6], [7], [2, 9, 9]]
+    rows = [SamplingParams(max_new_tokens=n, seed=s, temperature=0.9, repetition_penalty=1.3, frequency_penalty=0.4)
+            for n, s in zip((3, 20, 6, 20, 11), range(5))]
+    alone = [generate(model, p, r) for p, r in zip(prompts, rows)]
+    sizes, retire = [], engine._Windows.retire
+    monkeypatch.setattr(engine._Windows, "retire", lambda self, keep: sizes.append(len(keep)) or retire(self, keep))
+    assert generate_batch(model, prompts, rows) == alone
+    # row 0 done after 3 tokens (1 of 5: stays), row 2 after 6 (2 of 5: both leave), row 4 after 11 (1 of 3)
+    assert sizes == [3, 2]
+    greedy = [SamplingParams(max_new_tokens=n, temperature=0) for n in (1, 2, 9, 9)]
+    assert generate_batch(model, prompts[:4], greedy) == [generate(model, p, r) for p, r in zip(prompts, greedy)]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Host syncs: counted on the CPU, where they cost nothing but are the calls that stall a GPU
 # ----------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ Both follow the same window rule (``_slide``), which is what keeps them exactly 
 
 from __future__ import annotations
 
-from typing import Generator, Iterator, Sequence
+from typing import Generator, Sequence
 
 import torch
 
@@ -181,6 +181,24 @@ class _Windows:
         cache.advance(1)
         return logits
 
+    def retire(self, keep: list[int]) -> bool:
+        """Keep only the rows ``keep`` (indices, ascending) of the batch -- their windows, cache rows and
+        padding -- so rows that are done stop costing a step. False (nothing changed) over a compiled step's
+        static cache, whose shapes are fixed."""
+        if self.static:
+            return False
+        idx = torch.tensor(keep, device=self.device)
+        self.rows[:] = [self.rows[k] for k in keep]  # (the engine's own list, shared with _steps)
+        self.starts, self.b = [self.starts[k] for k in keep], len(keep)
+        self.pad_buf = self.pad_buf.index_select(0, idx)
+        if self.pads is not None:
+            self.pads = self.pads.index_select(0, idx)
+        if self.cache is not None:
+            for layer in self.cache.layers:
+                if layer.k is not None:
+                    layer.k, layer.v = layer.k.index_select(0, idx), layer.v.index_select(0, idx)
+        return True
+
     def full(self) -> torch.Tensor:  # the lesson's loop: the whole window, every step
         rows, starts, device = self.rows, self.starts, self.device
         if self.b == 1:
@@ -199,15 +217,21 @@ class _Windows:
 
 def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
            generators: list[torch.Generator | None], counts: TokenCounts | None, use_cache: bool,
-           keep: int) -> Iterator[list[int]]:
+           keep: int) -> Generator[list[int], list[int] | None, None]:
     """The engine: yields, per step, the B next token ids; ``rows`` (lists of ids) are extended in place and
     ``counts`` (the penalties' state, when a penalty is on) counts each step's tokens.
+
+    The caller may ``send`` the indices of the rows to keep (ascending) instead of asking for the next step:
+    the others leave the batch -- their cache rows, generators and counts (:meth:`TokenCounts.keep`, in place)
+    -- and later steps yield the kept rows' ids only. Over a compiled step's static cache the batch stays whole
+    and yields every row (the caller sees its B ids and ignores the rows it is done with).
 
     Runs under ``torch.inference_mode`` for the caller (see the decorated callers) with the model in eval
     mode. The KV cache is allocated once and reused (re-prefilled) when a window slides.
     """
     if max_new_tokens == 0:
         return
+    rows = list(rows)  # (retiring rows narrows this list, never the caller's)
     windows = _Windows(model, rows, use_cache, keep)
     logits = windows.first()
     for step in range(max_new_tokens):
@@ -218,9 +242,15 @@ def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
             counts.add(next_ids)
         for r, t in zip(rows, new):
             r.append(t)
-        yield new
+        kept = yield new
         if step == max_new_tokens - 1:
             return
+        if kept is not None and windows.retire(kept):
+            next_ids = next_ids.index_select(0, torch.tensor(kept, device=next_ids.device))
+            sampler = Sampler([sampler.rows[k] for k in kept]) if sampler.per_row else sampler
+            generators = [generators[k] for k in kept] if generators else generators
+            if counts is not None:
+                counts.keep(kept)
         logits = windows.after(next_ids)
 
 
@@ -394,8 +424,9 @@ def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use
     its own positions, so every prompt starts at position 0 exactly as when generated alone. Each row follows
     its own context window (the rule of :func:`stream`); when a row's window slides, or the shared cache is
     full, the cache is re-prefilled with every row's current window. A row that hits a stop (token ids, a stop
-    string in its text, or an end-of-text token) or its own ``max_new_tokens`` is done (the others go on); the
-    call ends when all rows are done.
+    string in its text, or an end-of-text token) or its own ``max_new_tokens`` is done (the others go on); once a
+    quarter of the rows still stepped are done they leave the batch, so a batch of short and long replies costs
+    about what its rows' own lengths cost; the call ends when all rows are done.
 
     Settings: ``params`` one :class:`SamplingParams` (or an int, short for max_new_tokens) for every row, or a
     list of one per prompt -- every row has its own settings, penalties' counts and ``torch.Generator``, so
@@ -423,9 +454,16 @@ def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use
     return _run_batch(model, rows, bounds, use_cache, keep)
 
 
+#: the share of the rows still stepped that must be done before they leave generate_batch's batch (each leaving
+#: copies the kept rows' KV cache once; a step then costs what the rows still running cost)
+RETIRE_SHARE = 0.25
+
+
 def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cache: bool,
                keep: int) -> list[list[int]]:
-    """generate_batch's loop over checked arguments: each row through its own stops and token limit."""
+    """generate_batch's loop over checked arguments: each row through its own stops and token limit. Once a
+    quarter of the rows still stepped are done (:data:`RETIRE_SHARE`), they leave the batch (``_steps``'
+    ``send``): replies of mixed lengths no longer cost every row the longest one's steps."""
     device = model_device(model)
     sampler = Sampler([b.params for b in bounds])
     gens = [] if sampler.greedy else [None if b.params.greedy else make_generator(b.params.seed, device)
@@ -436,19 +474,30 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
     matchers = [b.stops() for b in bounds]
     outs: list[list[int]] = [[] for _ in rows]
     done = [n == 0 for n in limits]
+    live = list(range(len(rows)))  # the original row of each row the engine still steps
     steps = _stream_rows(model, rows, max(limits), sampler, gens, counts, use_cache, keep)
-    for step, new in enumerate(steps, start=1):
-        for i, t in enumerate(new):
+    step, new = 1, next(steps, None)
+    while new is not None:
+        for pos, (i, t) in enumerate(zip(live, new)):
             if done[i]:
                 continue
             emitted, matched = matchers[i].push(t)
             outs[i].extend(emitted)
             done[i] = matched is not None
-            if not done[i] and (step == limits[i] or counts is not None and counts.complete(i)):
+            if not done[i] and (step == limits[i] or counts is not None and counts.complete(pos)):
                 # this row's own limit, or its grammar is complete: what the stops hold is text
                 outs[i].extend(matchers[i].flush())
                 done[i] = True
         if all(done):
             steps.close()
             break
+        kept = [pos for pos, i in enumerate(live) if not done[i]]
+        retire = (len(live) - len(kept)) >= RETIRE_SHARE * len(live)
+        try:
+            new = steps.send(kept if retire else None)
+        except StopIteration:
+            break
+        if retire and len(new) == len(kept):  # (a compiled step's static cache keeps every row)
+            live = [live[pos] for pos in kept]
+        step += 1
     return outs

@@ -62,8 +62,8 @@ class TokenCounts:
         in_prompt: (B, V) bool, True where the token occurs in the row's prompt.
         grammars: per row its :class:`decoderlab.generation.grammar.GrammarState`, or None (no grammar).
 
-    ``add(ids)`` counts one generated token per row (and advances each row's grammar); :meth:`cat` joins rows
-    kept apart (the scheduler keeps one (1, V) state per row, as its rows join and leave; the grammar states
+    ``add(ids)`` counts one generated token per row (and advances each row's grammar); :meth:`keep` drops rows;
+    :meth:`cat` joins rows kept apart (the scheduler keeps one (1, V) state per row, as its rows join and leave; the grammar states
     are shared, not copied); :meth:`complete` says a row's grammar allows no more text.
     """
 
@@ -88,6 +88,12 @@ class TokenCounts:
     def cat(cls, parts: Sequence["TokenCounts"]) -> "TokenCounts":
         return cls(torch.cat([p.generated for p in parts]), torch.cat([p.in_prompt for p in parts]),
                    [g for p in parts for g in p.grammars])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices), in place: rows that left a batch (the engine's ``generate_batch``)."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long, device=self.generated.device)
+        self.generated, self.in_prompt = self.generated.index_select(0, idx), self.in_prompt.index_select(0, idx)
+        self.grammars = [self.grammars[k] for k in rows]
 
     def add(self, ids: torch.Tensor | Sequence[int]) -> None:
         """Count ``ids`` (B,): one generated token per row; each row's grammar takes its token."""
