@@ -241,8 +241,7 @@ def _decode(model, cache, logits, cap: int, stop: int, temperature: float = 0.0,
         done = [k for k, r in enumerate(live) if ended[r]]
         if len(done) * 4 >= len(live):
             keep = torch.tensor([k for k, r in enumerate(live) if not ended[r]])
-            for layer in cache.layers:
-                layer.k, layer.v = layer.k.index_select(0, keep), layer.v.index_select(0, keep)
+            cache.keep_rows(keep)
             live, nxt = [live[k] for k in keep.tolist()], nxt.index_select(0, keep)
         logits = model(nxt[:, None], cache=cache)
     return list(zip(rows, ended))
@@ -664,7 +663,7 @@ def load_chat_base(path, eval_dtype: str = "float32"):
     if template is None:
         raise SystemExit(f"--base {path} is not a chat model (it carries no chat template); recipe_real.py "
                          f"fine-tunes a chat model such as SmolLM2-135M-Instruct")
-    return model.eval(), tok, template
+    return model, tok, template
 
 
 def load_scored(path, eval_dtype: str = "float32"):

@@ -617,3 +617,27 @@ class KVCache:
         self.length = 0
         if self.static:
             self.column.zero_()
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (indices, (B',) int64) of every layer, e.g. the rows of a batch still
+        generating. Only the columns written are copied: a cache spans the whole context (SmolLM2's 8,192
+        columns) and the pages never written are never touched, so copying them would make resident what never
+        was (GBs for a batch of 128).
+
+        Raises:
+            ValueError: on a static cache, whose shapes a compiled step holds fixed.
+        """
+        if self.static:
+            raise ValueError("a static KV cache keeps its batch rows (a compiled step's shapes are fixed)")
+        for layer in self.layers:
+            if layer.k is not None:
+                w = min(self.length, layer.k.size(2))
+                layer.k, layer.v = (_rows_written(t, rows, w) for t in (layer.k, layer.v))
+
+
+def _rows_written(buffer: torch.Tensor, rows: torch.Tensor, written: int) -> torch.Tensor:
+    """Rows ``rows`` of a cache buffer (B, H, C, D) in a new (B', H, C, D) buffer, its first ``written`` columns
+    copied, the rest unwritten."""
+    out = buffer.new_empty(len(rows), *buffer.shape[1:])
+    out[:, :, :written] = buffer[:, :, :written].index_select(0, rows)
+    return out

@@ -194,9 +194,7 @@ class _Windows:
         if self.pads is not None:
             self.pads = self.pads.index_select(0, idx)
         if self.cache is not None:
-            for layer in self.cache.layers:
-                if layer.k is not None:
-                    layer.k, layer.v = (_kept_rows(t, idx, self.cache.length) for t in (layer.k, layer.v))
+            self.cache.keep_rows(idx)
         return True
 
     def full(self) -> torch.Tensor:  # the lesson's loop: the whole window, every step
@@ -213,16 +211,6 @@ class _Windows:
             for i, row_logits in zip(members, self.model(tokens, check_ids=False)[:, -1]):
                 out[i] = row_logits
         return torch.stack(out)
-
-
-def _kept_rows(buffer: torch.Tensor, idx: torch.Tensor, written: int) -> torch.Tensor:
-    """Rows ``idx`` of a cache buffer (B, H, C, D) in a new buffer, its first ``written`` columns copied: an
-    eager cache spans the whole context (SmolLM2's 8,192 columns) and only the pages written are ever touched,
-    so copying the rest would make resident what never was (GBs for a batch of 128)."""
-    out = buffer.new_empty(len(idx), *buffer.shape[1:])
-    w = min(written, buffer.size(2))
-    out[:, :, :w] = buffer[:, :, :w].index_select(0, idx)
-    return out
 
 
 def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
