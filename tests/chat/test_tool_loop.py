@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import decoderlab as dl
-from decoderlab.chat import TOOLS, Tool, add_chat_tokens, calculate, get_template, run_tool_turn
+from decoderlab.chat import TOOLS, Tool, add_chat_tokens, calculate, get_template, run_tool_turn, run_tool_turns
 from decoderlab.chat.tool_loop import TRUNCATED, fit_result
 
 ASK = [{"role": "user", "content": "What is 4821 * 377?"}]
@@ -43,6 +43,33 @@ def test_a_call_runs_and_its_result_is_in_the_next_prompt(tiny):
     first = ASK + turn.messages[:2]
     ids, _ = TEMPLATE.render(first, tok, add_generation_prompt=True)
     assert tok.decode(ids).endswith(f"<|tool|>{turn.calls[0].result}<|end|><|assistant|>")
+
+
+QUESTIONS = ["What is 4821 * 377?", "What is 12 + 7?", "Add 3 and 9.", "How much is 60 / 4?", "Hello!",
+             "What is 2 * 3 * 4?", "Compute 100 - 58."]
+
+
+@pytest.mark.parametrize("sampling, call, end", [(dict(temperature=0), 0.2, 0.2),
+                                                  (dict(temperature=1, seed=5), 3.0, 2.0)])
+def test_many_turns_batched_are_each_turn_alone(tiny, sampling, call, end):
+    """run_tool_turns steps every conversation's generations together (two rows a batch here): each turn --
+    its text, calls, results, messages and finish reason -- is run_tool_turn's on that conversation alone.
+    A slight push towards the call token and the end of turn gives turns that answer, call once, call to the
+    limit and run out of tokens, so a batch holds rows at different rounds."""
+    model, tok = tiny
+    convs = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    bias = {**pushed(tok, "<|tool_call|>", call), **pushed(tok, "<|end|>", end)}
+    settings = dict(max_new_tokens=30, max_calls=2, logit_bias=bias, **sampling)
+    batched = run_tool_turns(model, tok, convs, TEMPLATE, TOOLS, batch_size=2, **settings)
+    alone = [run_tool_turn(model, tok, c, TEMPLATE, TOOLS, **settings) for c in convs]
+    assert batched == alone
+    assert len({len(t.calls) for t in alone}) > 1 and len({t.finish_reason for t in alone}) > 1
+
+
+def test_many_turns_refuse_a_batch_size_under_one(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        run_tool_turns(model, tok, [ASK], TEMPLATE, TOOLS, batch_size=0)
 
 
 def test_no_call_is_an_answer_and_zero_calls_allowed_ends_at_the_first(tiny):
@@ -175,6 +202,17 @@ def test_the_opener_spelled_in_pieces_is_found_and_the_text_before_it_kept():
     (call,) = turn.calls
     assert call.name == "add" and call.result == str(sum(__import__("json").loads(call.arguments).values()))
     assert turn.messages[0]["content"] == "Let me add." and turn.finish_reason == "max_tool_calls"
+
+
+def test_many_turns_in_a_template_that_writes_calls_as_text_are_each_turn_alone():
+    """Hermes calls stop on the text <tool_call>: run_tool_turns runs those generations one at a time, and each
+    turn is still run_tool_turn's alone."""
+    model, tok = hermes_model(("<tool_call>", "</tool_call>"))
+    convs = [[{"role": "user", "content": q}] for q in QUESTIONS[:3]]
+    settings = dict(temperature=0, max_new_tokens=40, max_calls=1, logit_bias=pushed(tok, "<tool_call>", 3.0))
+    batched = run_tool_turns(model, tok, convs, "chatml-tools", {"add": ADDER}, **settings)
+    assert batched == [run_tool_turn(model, tok, c, "chatml-tools", {"add": ADDER}, **settings) for c in convs]
+    assert any(t.calls for t in batched)
 
 
 def test_calls_written_freely_are_read_back_and_bad_ones_answered_with_errors():

@@ -125,6 +125,11 @@ def test_generation_ends_when_the_grammar_is_complete():
     out = generate_batch(model, [[a], [a, a]], [SamplingParams(max_new_tokens=50, grammar=Grammar.regex("a{2}")),
                                                 SamplingParams(max_new_tokens=5)], tokenizer=tok, temperature=0)
     assert out == [[a, a], [a] * 5]  # the second row has no grammar: its own limit
+    # how each row ended, as stream returns it: () a complete grammar, None the limit, the stop's tokens
+    rows = [SamplingParams(max_new_tokens=50, grammar=Grammar.regex("a{2}")), SamplingParams(max_new_tokens=5),
+            SamplingParams(max_new_tokens=5, stop=[a])]
+    ends = generate_batch(model, [[a], [a, a], [a]], rows, tokenizer=tok, temperature=0, return_stops=True)
+    assert ends == [([a, a], ()), ([a] * 5, None), ([], (a,))]
     assert "".join(stream_text(model, [a], tok, 50, temperature=0, grammar=Grammar.regex("a{4}"))) == "aaaa"
 
 

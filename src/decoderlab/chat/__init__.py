@@ -20,7 +20,8 @@ layout it was trained on.
 - :mod:`.replies`: ``stream_chat_reply`` / ``chat_reply`` and ``TemplateChatSession``;
 - :mod:`.calculator`: the built-in ``calculator`` tool (a syntax-tree walker, never ``eval``) and ``TOOLS``;
 - :mod:`.tool_loop`: ``run_tool_turn``, a turn that runs the tools the model calls and feeds their results back
-  (in either format of calls: ``check_tool_template``);
+  (in either format of calls: ``check_tool_template``), and ``run_tool_turns``, many turns with their
+  generations batched;
 - :mod:`.loading`: ``load_model``, the model, tokenizer, template and ``meta.json`` of a checkpoint together (a
   LoRA run's: its base, checked, with the adapter: ``load_base``); ``weights_dtype``, the dtype a checkpoint stores;
   ``checkpoint_kind``, what a path is to it (the one message for a path that is no checkpoint).
@@ -42,7 +43,7 @@ from .jinja import JinjaChatTemplate
 from .hf_templates import chat_template_jinja, read_chat_template
 from .tools import ToolSet
 from .calculator import TOOLS, CalculatorError, Tool, calculate, evaluate, get_tools
-from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, check_tool_template, run_tool_turn
+from .tool_loop import ToolCallRecord, ToolChatSession, ToolTurn, check_tool_template, run_tool_turn, run_tool_turns
 
 __all__ = [
     "CHAT_TEMPLATE_KEY", "FORMATS", "Conversations", "as_conversations", "check_representable", "load_conversations",
@@ -52,6 +53,7 @@ __all__ = [
     "render_chat", "template_from_meta", "tool_call_text", "tools_text", "tools_template", "parse_tool_call",
     "ToolSet", "message_text",
     "TOOLS", "CalculatorError", "Tool", "calculate", "evaluate", "get_tools", "ToolCallRecord", "ToolChatSession", "ToolTurn",
-    "run_tool_turn", "JinjaChatTemplate", "chat_template_jinja", "read_chat_template", "JINJA_TEMPLATES",
+    "run_tool_turn", "run_tool_turns",
+    "JinjaChatTemplate", "chat_template_jinja", "read_chat_template", "JINJA_TEMPLATES",
     "CHATML_TOOLS", "ParsedCall", "arguments_as_objects", "parse_hermes_calls", "check_tool_template",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ..generation import SamplingParams, stream, stream_text
+from ..generation import SamplingParams, generate_batch, stream, stream_text
 from ..tokenizers import Tokenizer
 from .calculator import Tool
 from ..generation.text import EMPTY_REPLY
@@ -66,25 +66,29 @@ class ToolTurn:
     finish_reason: str = "stop"
 
 
-def _generate(model, tokenizer, ids, params: SamplingParams, stops) -> tuple[list[int], tuple | None]:
-    gen = stream(model, ids, params.replace(stop=tuple(stops)), tokenizer=tokenizer)
+@dataclass
+class _Ask:
+    """One generation a turn asks for: ``ids`` continued under ``params`` up to one of ``stops`` -- token ids
+    (answered ``(ids, stop)``, as :func:`~decoderlab.generation.stream` ends) or, ``text``, strings (answered
+    ``(text, stop)``, as :func:`~decoderlab.generation.stream_text` ends)."""
+
+    ids: list[int]
+    params: SamplingParams
+    stops: tuple
+    text: bool = False
+
+
+def _answer(model, tokenizer, ask: _Ask) -> tuple:
+    """``ask`` generated alone."""
+    params = ask.params.replace(stop=tuple(ask.stops))
+    gen = (stream_text(model, ask.ids, tokenizer, params) if ask.text
+           else stream(model, ask.ids, params, tokenizer=tokenizer))
     out = []
     while True:
         try:
             out.append(next(gen))
         except StopIteration as end:
-            return out, end.value
-
-
-def _generate_text(model, tokenizer, ids, params: SamplingParams, stops) -> tuple[str, tuple | None]:
-    """The text generated (up to a stop, with the text a stop string began inside a token) and the stop."""
-    pieces = stream_text(model, ids, tokenizer, params.replace(stop=tuple(stops)))
-    out = []
-    while True:
-        try:
-            out.append(next(pieces))
-        except StopIteration as end:
-            return "".join(out), end.value
+            return ("".join(out) if ask.text else out), end.value
 
 
 def _run(tools: Mapping[str, Tool | Callable], name: str, arguments: str) -> str:
@@ -142,10 +146,11 @@ class _Step:
     finish: str | None = None
 
 
-def _token_step(model, tokenizer, template, ids, params, room, grammar, budget) -> _Step:
-    """The ``"tools"`` template: text up to the end of turn or ``<|tool_call|>``, then ``NAME {ARGUMENTS}``."""
+def _token_step(model, tokenizer, template, ids, params, room, grammar, budget):
+    """The ``"tools"`` template: text up to the end of turn or ``<|tool_call|>``, then ``NAME {ARGUMENTS}``
+    (a generator: yields its :class:`_Ask` s, returns the :class:`_Step`)."""
     tc, eot = template.tool_call_id(tokenizer), template.end_of_turn_id(tokenizer)
-    out, matched = _generate(model, tokenizer, ids, params.replace(max_new_tokens=room), (eot, tc))
+    out, matched = yield _Ask(ids, params.replace(max_new_tokens=room), (eot, tc))
     content = tokenizer.decode(out)
     if matched != (tc,):
         return _Step(content, [], "stop" if matched == (eot,) else "length")
@@ -154,7 +159,7 @@ def _token_step(model, tokenizer, template, ids, params, room, grammar, budget) 
     head = ids + encode_text(tokenizer, content) + [tc]
     room = min(params.max_new_tokens, model.config.max_len - len(head))
     call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
-    call_ids, _ = _generate(model, tokenizer, head, call_params, (eot,)) if room > 0 else ([], None)
+    call_ids, _ = (yield _Ask(head, call_params, (eot,))) if room > 0 else ([], None)
     name, arguments = parse_tool_call(tokenizer.decode(call_ids))
     return _Step(content, [ParsedCall(name, arguments)])
 
@@ -167,21 +172,20 @@ def _writes(tokenizer, text: str) -> bool:
     return True
 
 
-def _hermes_step(model, tokenizer, template, ids, params, room, grammar, budget) -> _Step:
+def _hermes_step(model, tokenizer, template, ids, params, room, grammar, budget):
     """A template that writes calls as text: constrained, text up to the end of turn or ``<tool_call>``, then
     one call's JSON under the grammar; else the reply up to the end of turn, read back
-    (:func:`~decoderlab.chat.hermes.parse_hermes_calls`)."""
+    (:func:`~decoderlab.chat.hermes.parse_hermes_calls`). A generator, as :func:`_token_step`."""
     eot = template.end_of_turn_id(tokenizer)
     opener = grammar is not None and _writes(tokenizer, OPENER)
-    text, matched = _generate_text(model, tokenizer, ids, params.replace(max_new_tokens=room),
-                                   (eot, OPENER) if opener else (eot,))
+    text, matched = yield _Ask(ids, params.replace(max_new_tokens=room), (eot, OPENER) if opener else (eot,), True)
     if opener and matched and OPENER in tokenizer.decode(list(matched)):
         if budget <= 0:
             return _Step(text.rstrip(), [], "max_tool_calls")
         head = ids + encode_with_offsets(tokenizer, text + OPENER + CALL_BREAK)[0]
         room = min(params.max_new_tokens, model.config.max_len - len(head))
         call_params = params.replace(max_new_tokens=max(room, 0), grammar=grammar)
-        call, _ = _generate_text(model, tokenizer, head, call_params, (eot,)) if room > 0 else ("", None)
+        call, _ = (yield _Ask(head, call_params, (eot,), True)) if room > 0 else ("", None)
         return _Step(text.rstrip(), parse_hermes_calls(OPENER + call)[1])
     content, calls = parse_hermes_calls(text)
     if matched is None or not calls:
@@ -233,22 +237,93 @@ def run_tool_turn(model, tokenizer: Tokenizer, messages: Sequence[dict], templat
     Raises:
         ValueError: bad messages, a template that writes no tool calls, ``max_calls`` < 0, bad sampling values.
     """
+    turn = _turn(model, tokenizer, messages, template, tools, SamplingParams.of(params, **sampling),
+                 max_calls=max_calls, offer=offer, constrain=constrain, on_call=on_call)
+    try:
+        ask = next(turn)
+        while True:
+            ask = turn.send(_answer(model, tokenizer, ask))
+    except StopIteration as end:
+        return end.value
+
+
+def run_tool_turns(model, tokenizer: Tokenizer, conversations: Sequence[Sequence[dict]],
+                   template: str | ChatTemplate | None, tools: Mapping[str, Tool | Callable[[str], str]],
+                   params: SamplingParams | int | None = None, *, batch_size: int = 64,
+                   max_calls: int = DEFAULT_MAX_CALLS, offer: bool | None = None, constrain: bool = True,
+                   **sampling) -> list[ToolTurn]:
+    """:func:`run_tool_turn` for each of ``conversations`` (each ending with a user message), their
+    generations run together: at each round every turn still going asks for its next generation, and those
+    stopped by tokens (the ``"tools"`` template's) go through
+    :func:`~decoderlab.generation.generate_batch`, ``batch_size`` rows at a time -- so turn i is
+    ``run_tool_turn(model, tokenizer, conversations[i], ...)``'s, token for token, at a batch's cost. A
+    template that writes calls as text (Hugging Face's ``<tool_call>``) stops on strings: those generations run
+    one at a time, as in :func:`run_tool_turn`.
+
+    Returns: one :class:`ToolTurn` per conversation. Raises: what :func:`run_tool_turn` raises, and
+    ValueError for ``batch_size`` < 1.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    params = SamplingParams.of(params, **sampling)
+    going = {i: _turn(model, tokenizer, c, template, tools, params, max_calls=max_calls, offer=offer,
+                      constrain=constrain, on_call=None) for i, c in enumerate(conversations)}
+    turns: list[ToolTurn | None] = [None] * len(conversations)
+    asks = {i: _next(going, turns, i, None) for i in list(going)}
+    while asks := {i: a for i, a in asks.items() if a is not None}:
+        answers = {i: _answer(model, tokenizer, a) for i, a in asks.items() if a.text}
+        batched = [i for i, a in asks.items() if not a.text]
+        for k in range(0, len(batched), batch_size):
+            rows = batched[k : k + batch_size]
+            got = generate_batch(model, [asks[i].ids for i in rows],
+                                 [asks[i].params.replace(stop=tuple(asks[i].stops)) for i in rows],
+                                 tokenizer=tokenizer, return_stops=True)
+            answers.update(zip(rows, got))
+        asks = {i: _next(going, turns, i, answers[i]) for i in asks}
+    return turns
+
+
+def _next(going: dict, turns: list, i: int, answer) -> _Ask | None:
+    """Turn i's next ask after ``answer`` (None: its first), or None when it has ended (its turn in ``turns``)."""
+    try:
+        return next(going[i]) if answer is None else going[i].send(answer)
+    except StopIteration as end:
+        turns[i] = end.value
+        del going[i]
+        return None
+
+
+def _turn(model, tokenizer, messages, template, tools, params: SamplingParams, *, max_calls, offer, constrain,
+          on_call):
+    """The tool loop of one turn, checked at the call (:func:`_checked`); a generator that yields each
+    generation it needs (:class:`_Ask`), is sent its answer, and returns the :class:`ToolTurn`."""
+    template, fmt, grammar, offered = _checked(tokenizer, template, tools, max_calls, offer, constrain)
+    return _loop(model, tokenizer, list(messages), template, tools, params, max_calls, fmt, grammar, offered,
+                 on_call)
+
+
+def _checked(tokenizer, template, tools, max_calls, offer, constrain) -> tuple:
+    """``(template, its call format, the calls' grammar or None, the definitions offered or None)``; raises
+    ValueError for a template that writes no calls or a bad ``max_calls``."""
     template = tools_template(get_template(template))  # SmolLM2's ChatML: chatml-tools, its tool-call extension
     if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 0:
         raise ValueError(f"max_calls must be an integer >= 0, got {max_calls!r}")
-    params = SamplingParams.of(params, **sampling)
     fmt = check_tool_template(template, tokenizer)
     grammar = _call_grammar(tools, fmt) if constrain else None
     offer = fmt == HERMES if offer is None else offer
-    max_len, offered = model.config.max_len, (_definitions(tools) if offer else None) or None
+    return template, fmt, grammar, (_definitions(tools) if offer else None) or None
+
+
+def _loop(model, tokenizer, convo, template, tools, params, max_calls, fmt, grammar, offered, on_call):
+    max_len = model.config.max_len
     step = _token_step if fmt == TOOL_TOKENS else _hermes_step
-    convo, turn = list(messages), ToolTurn("")
+    turn = ToolTurn("")
     while True:
         ids, _ = template.render(_rendered(convo, template), tokenizer, add_generation_prompt=True, tools=offered)
         room = min(params.max_new_tokens, max_len - len(ids))
         if room <= 0:
             return _finish(turn, "", "length")
-        got = step(model, tokenizer, template, ids, params, room, grammar, max_calls - len(turn.calls))
+        got = yield from step(model, tokenizer, template, ids, params, room, grammar, max_calls - len(turn.calls))
         if got.finish is not None:
             return _finish(turn, got.content, got.finish)
         added = _call_messages(turn, got)

@@ -415,8 +415,10 @@ def batch_params(params, n: int, sampling: dict) -> list[SamplingParams]:
 
 
 def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use_cache: bool = True,
-                   keep: int | None = None, **sampling) -> list[list[int]]:
-    """Continue several prompts of different lengths at once; returns the new ids of each prompt.
+                   keep: int | None = None, return_stops: bool = False, **sampling) -> list:
+    """Continue several prompts of different lengths at once; returns the new ids of each prompt (with
+    ``return_stops``, ``(ids, stop)`` pairs: ``stop`` what :func:`stream` returns for that row -- the matched
+    stop's tokens, ``()`` for a complete grammar, None at the token limit).
 
     The prompts are left-padded to a common length; a padding mask hides the padded keys and each row gets
     its own positions, so every prompt starts at position 0 exactly as when generated alone. Each row follows
@@ -449,7 +451,8 @@ def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use
     bounds = [bound_of[p] for p in rows_params]
     rows = [check_prompt(model, p, tokenizer, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
     keep = check_keep(keep, model.config.max_len)
-    return _run_batch(model, rows, bounds, use_cache, keep)
+    outs, ends = _run_batch(model, rows, bounds, use_cache, keep)
+    return list(zip(outs, ends)) if return_stops else outs
 
 
 #: the share of the rows still stepped that must be done before they leave generate_batch's batch (each leaving
@@ -458,8 +461,9 @@ RETIRE_SHARE = 0.25
 
 
 def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cache: bool,
-               keep: int) -> list[list[int]]:
-    """generate_batch's loop over checked arguments: each row through its own stops and token limit. Once a
+               keep: int) -> tuple[list[list[int]], list]:
+    """generate_batch's loop over checked arguments: each row through its own stops and token limit; returns
+    each row's ids and how it ended (:func:`stream`'s return value). Once a
     quarter of the rows still stepped are done (:data:`RETIRE_SHARE`), they leave the batch (``_steps``'
     ``send``): replies of mixed lengths no longer cost every row the longest one's steps."""
     device = model_device(model)
@@ -471,6 +475,7 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
     limits = [b.params.max_new_tokens for b in bounds]
     matchers = [b.stops() for b in bounds]
     outs: list[list[int]] = [[] for _ in rows]
+    ends: list = [None] * len(rows)
     done = [n == 0 for n in limits]
     live = list(range(len(rows)))  # the original row of each row the engine still steps
     steps = _stream_rows(model, rows, max(limits), sampler, gens, counts, use_cache, keep)
@@ -479,13 +484,14 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
         for pos, (i, t) in enumerate(zip(live, new)):
             if done[i]:
                 continue
-            emitted, matched = matchers[i].push(t)
+            emitted, ends[i] = matchers[i].push(t)
             outs[i].extend(emitted)
-            done[i] = matched is not None
-            if not done[i] and (step == limits[i] or counts is not None and counts.complete(pos)):
-                # this row's own limit, or its grammar is complete: what the stops hold is text
+            done[i] = ends[i] is not None
+            complete = not done[i] and counts is not None and counts.complete(pos)
+            if complete or not done[i] and step == limits[i]:
+                # its grammar is complete (stream's ``()``), or this row's own limit: what the stops hold is text
                 outs[i].extend(matchers[i].flush())
-                done[i] = True
+                ends[i], done[i] = (() if complete else None), True
         if all(done):
             steps.close()
             break
@@ -498,4 +504,4 @@ def _run_batch(model, rows: list[list[int]], bounds: list[BoundParams], use_cach
         if retire and len(new) == len(kept):  # (a compiled step's static cache keeps every row)
             live = [live[pos] for pos in kept]
         step += 1
-    return outs
+    return outs, ends

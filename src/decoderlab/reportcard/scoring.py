@@ -9,7 +9,7 @@ a newline) gives alone, with the same settings -- the card's test holds the two 
 * Greedy, the calculator on and off in one pass: the tool-call token is allowed and does not stop the reply.
   A reply without it is the reply of both columns (banning a token greedy never picks changes nothing); a
   question whose reply opens a call is answered again with the token banned (tools off, batched) and through
-  :func:`decoderlab.chat.run_tool_turn` (tools on, alone: the calls run).
+  :func:`decoderlab.chat.run_tool_turns` (tools on, the called questions batched: the calls run).
 * Sampled: k replies per question at temperature 1, the tool-call token banned, each with its own seed drawn
   from the question's text and the sample's number, so every stage is sampled with the same seeds.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ..chat import TOOLS, evaluate, load_model, run_tool_turn
+from ..chat import TOOLS, evaluate, load_model, run_tool_turns
 from ..generation import SamplingParams, generate_batch
 from ..reinforcement.rewards import load_reward
 from ..tasks import SKILLS, Item
@@ -134,9 +134,9 @@ def greedy(ck: Checkpoint, items: list[Item], cap: int) -> tuple[list[dict], lis
         banned = [ck.params(prompts[k], cap, ban_call=True) for k in called]
         for k, o, p in zip(called, _generate(ck, [prompts[k] for k in called], banned), banned):
             off[k] = {"reply": ck.tok.decode(o), "ended": len(o) < p.max_new_tokens}
-    for k in called:
-        turn = run_tool_turn(ck.model, ck.tok, [{"role": "user", "content": items[k].question}], ck.template, TOOLS,
-                             temperature=0, max_new_tokens=cap)
+    turns = run_tool_turns(ck.model, ck.tok, [[{"role": "user", "content": items[k].question}] for k in called],
+                           ck.template, TOOLS, temperature=0, max_new_tokens=cap, batch_size=BATCH)
+    for k, turn in zip(called, turns):
         on[k] = {"reply": turn.content, "ended": turn.finish_reason == "stop",
                  "calls": [(c.arguments, c.result) for c in turn.calls]}
     return off, on
