@@ -26,3 +26,35 @@ def test_rows_kept_out_of_a_cache_step_on_as_in_the_whole_batch(family):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="static KV cache keeps its batch rows"):
         KVCache(n, 16, static=True).keep_rows(torch.tensor([0]))
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_wide_one_token_step_is_two_products_equal_to_sdpa(heads, kv_heads, masked):
+    """From MATMUL_DECODE_ROWS rows a one-token step's attention is two batched products: the same as
+    ``F.scaled_dot_product_attention`` (float32, 1e-5; float64, 1e-12) -- grouped-query heads, a padding
+    mask, a row whose keys are all masked (zeros), a given scale -- and fewer rows keep the fused kernel."""
+    import torch.nn.functional as F
+
+    from decoderlab import attention
+    from decoderlab.attention import MATMUL_DECODE_ROWS, sdpa_attention
+
+    gen = torch.Generator().manual_seed(0)
+    b, t, d = MATMUL_DECODE_ROWS + 3, 17, 8
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        q = torch.randn(b, heads, 1, d, generator=gen, dtype=dtype)
+        k, v = (torch.randn(b, kv_heads, t, d, generator=gen, dtype=dtype) for _ in range(2))
+        mask = None
+        if masked:
+            mask = torch.arange(t).view(1, 1, 1, t) < torch.randint(0, 5, (b, 1, 1, 1), generator=gen)
+            mask[3] = True  # row 3 sees no key
+        kk, vv = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
+        for scale in (None, 0.3):
+            want = F.scaled_dot_product_attention(q, kk, vv, attn_mask=None if mask is None else ~mask, scale=scale)
+            if mask is not None:
+                want[3] = 0
+            assert attention._matmul_decode(q, mask, 0.0, False)
+            got = sdpa_attention(q, k, v, mask, enable_gqa=True, scale=scale)
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert not attention._matmul_decode(q[: MATMUL_DECODE_ROWS - 1], mask, 0.0, False)
+    assert not attention._matmul_decode(q.float().bfloat16(), mask, 0.0, False)

@@ -143,6 +143,44 @@ def test_batch_equals_each_prompt_alone(family, kernel):
     assert batch[0] == alone[0][: alone[0].index(stop)]
 
 
+@pytest.mark.parametrize("family,kernel", [("rope-rmsnorm", "explicit"), ("gpt2", "sdpa"), ("llama-gqa", "sdpa"),
+                                           ("gemma-sliding", "sdpa"), ("gemma-sliding", "explicit")])
+def test_rows_with_the_same_prompt_are_prefilled_once_and_each_equals_its_row_alone(family, kernel, monkeypatch):
+    """The samples of one prompt (RL's groups, the report card's k samples) share a prefill: the distinct
+    windows run through the model once, their KV cache rows copied to every row -- padded, longer than the
+    context, sliding rings; every row's tokens are still generate's alone with its own seed."""
+    from decoderlab.generation import engine
+
+    model = make_model(family, kernel, seed=4)
+    cfg = model.config
+    rng = random.Random(family)
+    distinct = [[rng.randrange(cfg.num_tokens) for _ in range(t)] for t in (2, cfg.max_len - 1, cfg.max_len + 3)]
+    prompts = [distinct[i] for i in (0, 1, 0, 2, 0, 1, 2)]
+    firsts, first_rows = [], engine._first_rows
+    monkeypatch.setattr(engine, "_first_rows", lambda slot: firsts.append(first_rows(slot)) or firsts[-1])
+    n = cfg.max_len + 2  # (every window slides once: the re-prefill's windows differ, nothing shared)
+    batch = generate_batch(model, prompts, n, seed=list(range(7)), temperature=0.9)
+    assert batch == [generate(model, p, n, seed=s, temperature=0.9) for s, p in enumerate(prompts)]
+    assert firsts[0] == [0, 1, 3] and len(set(map(tuple, batch))) > 3  # (a prompt's samples differ)
+
+
+@pytest.mark.parametrize("family,kernel", [("llama-gqa", "sdpa"), ("gemma-sliding", "sdpa"), ("gpt2", "sdpa")])
+def test_a_batch_wide_enough_for_the_matmul_step_equals_each_prompt_alone(family, kernel):
+    """From MATMUL_DECODE_ROWS rows a step's attention is two products (attention._decode_attention): a batch
+    of 40 padded prompts -- grouped-query heads, sliding rings, learned positions -- still gives each row's
+    tokens alone (alone: one row, the fused kernel), greedy and sampled."""
+    from decoderlab.attention import MATMUL_DECODE_ROWS
+
+    model = make_model(family, kernel, seed=5)
+    cfg = model.config
+    rng = random.Random(7)
+    prompts = [[rng.randrange(cfg.num_tokens) for _ in range(rng.randint(1, cfg.max_len))] for _ in range(40)]
+    assert len(prompts) >= MATMUL_DECODE_ROWS
+    for opts in (dict(temperature=0), dict(temperature=0.9)):
+        batch = generate_batch(model, prompts, cfg.max_len, seed=list(range(40)), **opts)
+        assert batch == [generate(model, p, cfg.max_len, seed=s, **opts) for s, p in enumerate(prompts)]
+
+
 def test_bad_inputs():
     model = make_model("baby-shakespeare", "sdpa")
     with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):

@@ -148,24 +148,35 @@ class _Windows:
         return self.decode(next_ids)
 
     def prefill(self) -> torch.Tensor:
+        """(B, num_tokens) logits after each row's window, its KV cache written. Rows with the same window (the
+        samples of one prompt) are computed once and their cache rows copied (not over a static cache)."""
         windows = [r[s:] for r, s in zip(self.rows, self.starts)]
         t = max(len(w) for w in windows)
         pads = [t - len(w) for w in windows]
-        tokens = torch.tensor([[0] * p + w for p, w in zip(pads, windows)], dtype=torch.long, device=self.device)
+        firsts: dict[tuple, int] = {}
+        slot = [firsts.setdefault(tuple(w), len(firsts)) for w in windows]
+        unique = list(range(self.b)) if self.static or len(firsts) == self.b else _first_rows(slot)
+        tokens = torch.tensor([[0] * pads[i] + windows[i] for i in unique], dtype=torch.long, device=self.device)
         self.cache.reset()
         # the ids were checked on the host (check_prompt) or sampled from the vocabulary: no range check, which
         # would wait for the device; the output layer runs on the last position only
         if not any(pads):
             self.pads = None
-            return self.model(tokens, cache=self.cache, last_only=True, check_ids=False)[:, -1]
-        p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
-        ar = torch.arange(t, device=self.device).unsqueeze(0)
-        self.pad_buf.zero_()
-        self.pad_buf[:, :t] = ar < p
-        self.pads = p
-        # the positions follow from the padding mask (each token's index among its row's real ones)
-        return self.model(tokens, padding_mask=self.pad_buf[:, :t], cache=self.cache, last_only=True,
-                          check_ids=False)[:, -1]
+            logits = self.model(tokens, cache=self.cache, last_only=True, check_ids=False)[:, -1]
+        else:
+            p = torch.tensor(pads, device=self.device).unsqueeze(1)  # (B, 1)
+            ar = torch.arange(t, device=self.device).unsqueeze(0)
+            self.pad_buf.zero_()
+            self.pad_buf[:, :t] = ar < p
+            self.pads = p
+            # the positions follow from the padding mask (each token's index among its row's real ones)
+            mask = self.pad_buf[:, :t] if len(unique) == self.b else self.pad_buf[unique, :t]
+            logits = self.model(tokens, padding_mask=mask, cache=self.cache, last_only=True, check_ids=False)[:, -1]
+        if len(unique) == self.b:
+            return logits
+        idx = torch.tensor(slot, device=self.device)
+        self.cache.keep_rows(idx)  # each row's copy of its window's cache rows
+        return logits.index_select(0, idx)
 
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         tokens = next_ids.view(self.b, 1)
@@ -211,6 +222,14 @@ class _Windows:
             for i, row_logits in zip(members, self.model(tokens, check_ids=False)[:, -1]):
                 out[i] = row_logits
         return torch.stack(out)
+
+
+def _first_rows(slot: list[int]) -> list[int]:
+    """The first row of each distinct window, in slot order (``slot[i]``: row i's window's number)."""
+    first: dict[int, int] = {}
+    for i, s in enumerate(slot):
+        first.setdefault(s, i)
+    return [first[s] for s in range(len(first))]
 
 
 def _steps(model, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
