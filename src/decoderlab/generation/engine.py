@@ -445,7 +445,8 @@ def generate_batch(model, prompts: Sequence, params=None, *, tokenizer=None, use
     full, the cache is re-prefilled with every row's current window. A row that hits a stop (token ids, a stop
     string in its text, or an end-of-text token) or its own ``max_new_tokens`` is done (the others go on); once a
     quarter of the rows still stepped are done they leave the batch, so a batch of short and long replies costs
-    about what its rows' own lengths cost; the call ends when all rows are done.
+    about what its rows' own lengths cost; the call ends when all rows are done. Rows with the same prompt (k
+    samples of one) are prefilled once, their KV cache rows copied.
 
     Settings: ``params`` one :class:`SamplingParams` (or an int, short for max_new_tokens) for every row, or a
     list of one per prompt -- every row has its own settings, penalties' counts and ``torch.Generator``, so
