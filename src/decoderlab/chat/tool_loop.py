@@ -11,8 +11,8 @@ Constrained (the default, when every tool has a definition), a call is written
 under the grammar of a call to one of the tools once the model opens it (the token, or the text ``<tool_call>``);
 else the reply is read back as written, several calls in one reply included.
 
-:func:`run_tool_turn` is the loop, for the library (``Model.chat(..., tools=...)``), ``decoderlab chat
---tools`` and the report card. Nothing the model writes raises: a call to an unknown tool, arguments that are
+:func:`run_tool_turn` is the loop, for the library (``Model.chat(..., tools=...)``) and ``decoderlab chat
+--tools``; :func:`run_tool_turns` runs many turns with their generations batched (the report card). Nothing the model writes raises: a call to an unknown tool, arguments that are
 not JSON, a tool that fails -- each becomes an ``error: ...`` result the model reads on its next step. A result
 longer than the context left is cut, ending with ``TRUNCATED``.
 """
