@@ -653,7 +653,8 @@ class KVCache:
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` (indices, (B',) int64) of every layer, e.g. the rows of a batch still
-        generating. Only the columns written are copied: a cache spans the whole context (SmolLM2's 8,192
+        generating; an index may repeat (that row copied: a prompt's samples sharing its prefill). Only the columns
+        written are copied: a cache spans the whole context (SmolLM2's 8,192
         columns) and the pages never written are never touched, so copying them would make resident what never
         was (GBs for a batch of 128).
 
